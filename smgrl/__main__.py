@@ -1,0 +1,3 @@
+from smgrl.cli import main
+
+main()
