@@ -1,1 +1,77 @@
-"""The smgrl event journal: an append-only SQLite event store with a hash chain."""
+"""The smgrl event journal: an append-only SQLite event store with a hash chain.
+
+Everything the gateway knows is a projection of this journal. The public surface, re-exported
+here explicitly (the submodules are the implementation):
+
+* events: :class:`Event`, :func:`event_type`, :func:`encode`, :func:`decode`, :class:`UnknownEvent`,
+  :class:`Recorded` and the catalogue (``WorkerRegistered`` ... ``SnapshotTaken``)
+* stores: :class:`SqliteStore` (the file), :class:`MemoryStore` (tests), both :class:`EventStore`;
+  :class:`Append` (one event to append, with its secrets), :class:`VerifyReport`
+* writing from trio: :class:`JournalWriter` (group commit), :class:`Pending`
+* errors: :class:`JournalError` and its subclasses (see ``journal/errors.py`` for the tree)
+"""
+
+from .base import Append, EventStore, RawRow, VerifyReport
+from .errors import JournalClosedError, JournalError, JournalReadOnlyError, JournalWriteError
+from .events import (
+    AuditControlPlane,
+    ControlFinished,
+    ControlInterrupted,
+    ControlOutcome,
+    ControlStarted,
+    Event,
+    GatewayStarted,
+    GatewayStopped,
+    Recorded,
+    SnapshotTaken,
+    UnknownEvent,
+    WorkerDiscovered,
+    WorkerHealthChanged,
+    WorkerLabelsChanged,
+    WorkerProbeFailed,
+    WorkerRegistered,
+    WorkerRemoved,
+    decode,
+    encode,
+    event_class,
+    event_type,
+)
+from .memory import MemoryStore
+from .store import SqliteStore
+from .writer import JournalWriter, Pending
+
+__all__ = [
+    "Append",
+    "AuditControlPlane",
+    "ControlFinished",
+    "ControlInterrupted",
+    "ControlOutcome",
+    "ControlStarted",
+    "Event",
+    "EventStore",
+    "GatewayStarted",
+    "GatewayStopped",
+    "JournalClosedError",
+    "JournalError",
+    "JournalReadOnlyError",
+    "JournalWriteError",
+    "JournalWriter",
+    "MemoryStore",
+    "Pending",
+    "RawRow",
+    "Recorded",
+    "SnapshotTaken",
+    "SqliteStore",
+    "UnknownEvent",
+    "VerifyReport",
+    "WorkerDiscovered",
+    "WorkerHealthChanged",
+    "WorkerLabelsChanged",
+    "WorkerProbeFailed",
+    "WorkerRegistered",
+    "WorkerRemoved",
+    "decode",
+    "encode",
+    "event_class",
+    "event_type",
+]

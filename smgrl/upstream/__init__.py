@@ -1,0 +1,23 @@
+"""HTTP/1.1 to inference engines: one small keep-alive pool per engine, built on trio streams.
+
+- ``http11``: the protocol as pure code (request bytes out, response events in), no I/O.
+- ``connection``: one TCP/TLS connection: open, idle check, synchronous close.
+- ``pool``: ``EnginePool`` (one per engine origin), ``Response``, ``PoolSet``.
+- ``errors``: ``UpstreamError`` > ``ConnectError`` / ``ReadError`` > ``ProtocolError``.
+
+No HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's cancel scopes
+bound every call; every await here is cancellation-safe).
+"""
+
+from smgrl.upstream.errors import ConnectError, ProtocolError, ReadError, UpstreamError
+from smgrl.upstream.pool import EnginePool, PoolSet, Response
+
+__all__ = [
+    "ConnectError",
+    "EnginePool",
+    "PoolSet",
+    "ProtocolError",
+    "ReadError",
+    "Response",
+    "UpstreamError",
+]

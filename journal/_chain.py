@@ -1,0 +1,209 @@
+"""The hash chain, shared by every store so that they cannot disagree on it.
+
+Each row's hash is::
+
+    sha256(prev_hash + "\\n" + f"{seq}\\n{ts!r}\\n{stream}\\n{type}\\n{schema}\\n" + hashed_payload)
+
+in lowercase hex over UTF-8, with ``prev_hash`` of the first row = 64 zeros. ``hashed_payload`` is
+the stored payload itself, except for a ``control.started`` row that still holds its request
+body: there it is the canonical payload with ``"body": null``. The body is bound to the chain
+through ``body_sha256`` (which *is* hashed), and verify checks every kept body against it. This
+is what makes body compaction possible without breaking the chain: a compacted payload is
+byte-for-byte the hashed form. See ``journal/store.py`` for the whole scheme.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import attrs
+
+from .events import ControlStarted, Event, Recorded, UnknownEvent, _body_bytes, _dumps, encode
+
+if TYPE_CHECKING:
+    from .base import Append
+
+GENESIS = "0" * 64
+BODY_EVENT = ControlStarted.TYPE
+_KEPT_ENCODINGS = ("utf8", "base64")
+
+
+class Prepared(NamedTuple):
+    """An event encoded for storage (computed once, when the Append is built)."""
+
+    type: str
+    schema: int
+    payload: str
+    hashed_payload: str
+
+
+def chain_hash(prev_hash: str, seq: int, ts: float, stream: str, type_: str, schema: int, hashed: str) -> str:
+    data = f"{prev_hash}\n{seq}\n{ts!r}\n{stream}\n{type_}\n{schema}\n{hashed}"
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+def hashed_payload(type_: str, payload: str, obj: Any) -> str:
+    """The text the chain hashes for a row whose payload parses to ``obj`` (see module docstring)."""
+    if type_ == BODY_EVENT and isinstance(obj, dict) and obj.get("body") is not None:
+        return _dumps({**obj, "body": None})
+    return payload
+
+
+def body_problem(obj: dict[str, Any]) -> str | None:
+    """Why a control.started payload's kept body is inconsistent, or None if it is fine."""
+    try:
+        raw = _body_bytes(obj.get("body"), obj.get("body_encoding"))
+    except (ValueError, TypeError) as exc:  # ValueError includes binascii.Error
+        return f"undecodable body: {exc}"
+    if raw is None:
+        return None
+    if hashlib.sha256(raw).hexdigest() != obj.get("body_sha256") or len(raw) != obj.get("body_size"):
+        return "body does not match body_sha256/body_size"
+    return None
+
+
+def prepare(event: Event | UnknownEvent, stream: str) -> Prepared:
+    """Encode an event for the chain, raising (in the caller's task) anything a store would choke on."""
+    type_, schema, payload = encode(event)
+    hashed = payload
+    if type_ == BODY_EVENT:
+        obj = json.loads(payload)
+        if isinstance(obj, dict):
+            problem = body_problem(obj)
+            if problem is not None:
+                raise ValueError(f"control.started: {problem}")
+            hashed = hashed_payload(type_, payload, obj)
+    # Lone surrogates survive json.dumps(ensure_ascii=False) but not UTF-8 (nor SQLite): fail here.
+    payload.encode("utf-8")
+    stream.encode("utf-8")
+    return Prepared(type_, schema, payload, hashed)
+
+
+@attrs.frozen(slots=True)
+class VerifyReport:
+    """Result of recomputing the hash chain. ``checked`` counts rows found intact before the first bad one."""
+
+    ok: bool
+    checked: int
+    first_bad_seq: int | None
+    reason: str | None
+
+
+class Head(NamedTuple):
+    seq: int
+    ts: float
+    hash: str
+
+
+EMPTY_HEAD = Head(0, 0.0, GENESIS)
+
+Row = tuple[int, float, str, str, int, str, str, str]  # seq, ts, stream, type, schema, payload, prev, hash
+SecretOp = tuple[str, "str | None", int]  # worker_id, api_key (None: delete), seq
+
+
+def build_batch(
+    items: Sequence[Append], head: Head, now: float
+) -> tuple[list[Row], list[Recorded], list[SecretOp]]:
+    """Rows, receipts and secret writes for one batch appended after ``head``.
+
+    One ts for the whole batch: the commit time, clamped so ts never goes backwards (clock steps),
+    which lets readers turn a time range into a seq range.
+    """
+    ts = max(head.ts, now)
+    seq, prev = head.seq, head.hash
+    rows: list[Row] = []
+    recorded: list[Recorded] = []
+    secret_ops: list[SecretOp] = []
+    for item in items:
+        seq += 1
+        type_, schema, payload, hashed = item._prepared
+        h = chain_hash(prev, seq, ts, item.stream, type_, schema, hashed)
+        rows.append((seq, ts, item.stream, type_, schema, payload, prev, h))
+        recorded.append(Recorded(seq, ts, item.stream, item.event, h))
+        for worker_id, api_key in item.secrets.items():
+            secret_ops.append((worker_id, api_key, seq))
+        prev = h
+    return rows, recorded, secret_ops
+
+
+def snapshot_hash(kind: str, upto_seq: int, anchor: str, state_json: str) -> str:
+    """A snapshot is bound to the chain hash of its upto_seq row: rewrite history and it is ignored."""
+    return hashlib.sha256(f"{kind}\n{upto_seq}\n{anchor}\n{state_json}".encode()).hexdigest()
+
+
+def verify_rows(
+    rows: Iterable[Row],
+    *,
+    upto: int | None,
+    high_water: Head,
+    compacted_before: int,
+) -> VerifyReport:
+    """Recompute the chain over rows in seq order (already limited to ``upto``); stop at the first bad row.
+
+    ``high_water`` is the head recorded in the same transaction as every append: a tail shorter
+    than it was truncated; a tail longer than it was appended behind the journal's back.
+    ``compacted_before``: bodies of control.started rows below it may have been compacted; a body
+    missing at or above it was removed by someone else.
+    """
+
+    def bad(seq: int, reason: str) -> VerifyReport:
+        return VerifyReport(ok=False, checked=checked, first_bad_seq=seq, reason=reason)
+
+    expected, prev, prev_ts, checked = 1, GENESIS, float("-inf"), 0
+    for seq, ts, stream, type_, schema, payload, stored_prev, stored_hash in rows:
+        if seq != expected:
+            return bad(expected, f"row {expected} is missing (next row is {seq})")
+        if stored_prev != prev:
+            return bad(seq, "prev_hash does not link to the previous row")
+        try:
+            obj = json.loads(payload)
+        except (ValueError, TypeError):
+            return bad(seq, "payload is not valid JSON")
+        try:
+            recomputed = chain_hash(prev, seq, ts, stream, type_, schema, hashed_payload(type_, payload, obj))
+        except (ValueError, TypeError) as exc:
+            return bad(seq, f"row cannot be hashed: {exc}")
+        if recomputed != stored_hash:
+            return bad(seq, "hash mismatch: the row was modified")
+        if ts < prev_ts:
+            return bad(seq, "timestamp goes backwards")
+        if type_ == BODY_EVENT and isinstance(obj, dict):
+            problem = body_problem(obj)
+            if problem is not None:
+                return bad(seq, problem)
+            if (
+                obj.get("body") is None
+                and obj.get("body_encoding") in _KEPT_ENCODINGS
+                and seq >= compacted_before
+            ):
+                return bad(seq, "request body removed outside compaction")
+        prev, prev_ts, expected, checked = stored_hash, ts, expected + 1, checked + 1
+    last = expected - 1
+    if last < high_water.seq and (upto is None or upto > last):
+        return bad(last + 1, f"tail truncated: the journal recorded seq {high_water.seq}, last row is {last}")
+    if last > high_water.seq:
+        return bad(high_water.seq + 1, "rows beyond the recorded head were added outside the journal")
+    if last == high_water.seq and last > 0 and prev != high_water.hash:
+        return bad(last, "last row's hash differs from the recorded head")
+    return VerifyReport(ok=True, checked=checked, first_bad_seq=None, reason=None)
+
+
+def compacted_payloads(rows: Iterable[tuple[int, str]]) -> list[tuple[str, int]]:
+    """``(new_payload, seq)`` for the control.started rows whose kept body compaction may drop.
+
+    Rows that do not parse or whose body fails its check are skipped: compaction must not erase
+    the evidence verify reports.
+    """
+    updates = []
+    for seq, payload in rows:
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict) or obj.get("body") is None or body_problem(obj) is not None:
+            continue
+        updates.append((_dumps({**obj, "body": None}), seq))
+    return updates

@@ -1,0 +1,106 @@
+"""Values shared by every store, and the interface a store implements (``EventStore``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from ._chain import Prepared, VerifyReport, prepare
+from .events import Event, Recorded, UnknownEvent
+
+__all__ = ["Append", "EventStore", "RawRow", "VerifyReport"]
+
+# (seq, ts, stream, type, schema, payload) as stored: what read_raw() yields.
+RawRow = tuple[int, float, str, str, int, str]
+
+
+def _check_stream(_inst: object, _attr: object, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError("stream must be a non-empty string")
+
+
+def _secrets(value: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    out = dict(value or {})
+    for worker_id, api_key in out.items():
+        if not isinstance(worker_id, str) or not worker_id:
+            raise ValueError("secrets: worker ids must be non-empty strings")
+        if api_key is not None and not isinstance(api_key, str):
+            raise ValueError("secrets: an api key must be a string (or None to delete it)")
+    return out
+
+
+def _masked(secrets: Mapping[str, str | None]) -> str:
+    # Never let a key reach a log line through repr().
+    return repr({worker_id: "***" if key is not None else None for worker_id, key in secrets.items()})
+
+
+@attrs.frozen(slots=True)
+class Append:
+    """One event to append to ``stream``, plus secret writes committed in the same transaction.
+
+    ``secrets`` maps worker_id -> api key (None deletes the key). The event is encoded when the
+    Append is built, so a value that cannot be journaled raises here, in the caller's task, instead
+    of failing a whole batch in the writer thread.
+    """
+
+    stream: str = attrs.field(validator=_check_stream)
+    event: Event | UnknownEvent
+    secrets: Mapping[str, str | None] = attrs.field(factory=dict, converter=_secrets, repr=_masked)
+    _prepared: Prepared = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_prepared", prepare(self.event, self.stream))
+
+
+class EventStore(Protocol):
+    """What JournalWriter, replay and the CLI need from a store (SqliteStore, MemoryStore).
+
+    Every method is synchronous: a trio caller runs writes in a worker thread (JournalWriter does).
+    """
+
+    def append_batch(self, items: Sequence[Append]) -> list[Recorded]: ...
+
+    def read(
+        self,
+        after_seq: int = 0,
+        *,
+        limit: int | None = None,
+        types: Iterable[str | type[Event]] | None = None,
+        stream: str | None = None,
+        until_seq: int | None = None,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> Iterator[Recorded]: ...
+
+    def read_raw(
+        self, after_seq: int = 0, types: Iterable[str | type[Event]] | None = None
+    ) -> Iterator[RawRow]: ...
+
+    def last_seq(self) -> int: ...
+
+    def count(self) -> int: ...
+
+    def secrets(self) -> dict[str, str]: ...
+
+    def get_secret(self, worker_id: str) -> str | None: ...
+
+    def save_snapshot(self, kind: str, upto_seq: int, state_json: str) -> None: ...
+
+    def latest_snapshot(self, kind: str, max_seq: int | None = None) -> tuple[int, str] | None: ...
+
+    def verify(self, *, upto: int | None = None) -> VerifyReport: ...
+
+    def compact_bodies(self, before_seq: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def type_names(types: Iterable[str | type[Event]] | None) -> list[str] | None:
+    """Normalize a ``types`` filter (names or event classes) to names."""
+    if types is None:
+        return None
+    if isinstance(types, str):
+        return [types]
+    return [t if isinstance(t, str) else t.TYPE for t in types]

@@ -1,0 +1,397 @@
+"""Journal events: the machinery (registry, canonical JSON codec) and the catalogue.
+
+An event is a frozen attrs class registered under a dotted type name and a schema number::
+
+    @event_type("worker.removed", schema=1)
+    @attrs.frozen(slots=True, kw_only=True)
+    class WorkerRemoved(Event):
+        worker_id: str
+        reason: str
+
+``encode(ev)`` gives ``(type, schema, payload)`` where payload is the canonical JSON of
+``attrs.asdict(ev, recurse=True)`` (compact separators, sorted keys, UTF-8 kept as is). The hash
+chain covers these exact bytes, so the encoding must never change for a given value.
+
+``decode(type, schema, payload)`` never raises. It returns an :class:`UnknownEvent` for a type this
+code does not know, for a schema *newer* than the class (written by a newer smgrl), or for a payload
+that does not fit the class. Projections skip UnknownEvents; the journal keeps them intact.
+
+Schema evolution rules (the contract between old and new code reading the same file):
+
+* Adding a field: give it a default (old payloads lack it) **and** bump the schema, so older
+  code sees an UnknownEvent instead of silently dropping the field.
+* Renaming, removing or retyping a field: bump the schema and teach decode an upcaster first.
+* Lists are stored as JSON arrays and held as tuples (converters), so events stay immutable.
+* No secrets in any event, ever: API keys travel in ``Append.secrets`` to the ``secrets`` table.
+"""
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, TypeVar
+
+import attrs
+
+__all__ = [
+    "AuditControlPlane",
+    "ControlFinished",
+    "ControlInterrupted",
+    "ControlOutcome",
+    "ControlStarted",
+    "Event",
+    "GatewayStarted",
+    "GatewayStopped",
+    "Recorded",
+    "SnapshotTaken",
+    "UnknownEvent",
+    "WorkerDiscovered",
+    "WorkerHealthChanged",
+    "WorkerLabelsChanged",
+    "WorkerProbeFailed",
+    "WorkerRegistered",
+    "WorkerRemoved",
+    "decode",
+    "encode",
+    "event_class",
+    "event_type",
+]
+
+
+class Event:
+    """Base class of every registered journal event (frozen attrs classes, see :func:`event_type`)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str]
+    SCHEMA: ClassVar[int]
+    # Field names in attrs order, cached at registration: encode() reads them instead of calling
+    # attrs.asdict(), which is several times slower and sits on the append hot path.
+    _FIELDS: ClassVar[tuple[str, ...]]
+
+
+@attrs.frozen(slots=True)
+class UnknownEvent:
+    """An event this code cannot decode: unknown type, newer schema, or a payload that does not fit.
+
+    ``payload`` is the parsed JSON (usually a dict), or the raw text when it is not valid JSON.
+    Re-encoding an UnknownEvent with a parsed payload gives back the same canonical JSON, so such
+    events survive copies between journals.
+    """
+
+    type: str
+    schema: int
+    payload: Any
+
+
+@attrs.frozen(slots=True)
+class Recorded:
+    """An event as stored: its global position, commit time (unix seconds), stream and chain hash."""
+
+    seq: int
+    ts: float
+    stream: str
+    event: Event | UnknownEvent
+    hash: str
+
+
+# The registry is filled by @event_type at import time and never changes afterwards.
+_REGISTRY: dict[str, type[Event]] = {}
+
+E = TypeVar("E", bound=type[Event])
+
+
+def event_type(name: str, *, schema: int) -> Callable[[E], E]:
+    """Class decorator: register an attrs event class under ``name`` with schema version ``schema``.
+
+    Apply it *outside* ``@attrs.frozen`` (slots=True makes attrs build a new class; the registry
+    must hold that one).
+    """
+    if not name or name != name.strip():
+        raise ValueError(f"invalid event type name {name!r}")
+    if schema < 1:
+        raise ValueError("schema numbers start at 1")
+
+    def register(cls: E) -> E:
+        if not attrs.has(cls) or not issubclass(cls, Event):
+            raise TypeError(f"{cls.__name__} must be an attrs class deriving from journal.events.Event")
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise ValueError(f"event type {name!r} is already registered by {existing.__qualname__}")
+        cls.TYPE = name
+        cls.SCHEMA = schema
+        cls._FIELDS = tuple(f.name for f in attrs.fields(cls))
+        _REGISTRY[name] = cls
+        return cls
+
+    return register
+
+
+def event_class(name: str) -> type[Event] | None:
+    """The class registered for a type name, or None."""
+    return _REGISTRY.get(name)
+
+
+def _dumps(obj: Any) -> str:
+    # allow_nan=False: NaN/Infinity are not JSON; SQLite's json functions and other readers reject
+    # them, so refuse them at append time (in the caller) rather than store an unreadable row.
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
+
+
+def encode(ev: Event | UnknownEvent) -> tuple[str, int, str]:
+    """``(type, schema, canonical JSON payload)`` of an event.
+
+    Identical to ``json.dumps(attrs.asdict(ev, recurse=True), separators=(",", ":"),
+    sort_keys=True, ensure_ascii=False)`` (tests assert it), but built from the cached field names:
+    json.dumps already renders tuples as arrays and recurses into dicts.
+    """
+    if isinstance(ev, UnknownEvent):
+        if isinstance(ev.payload, str):
+            raise TypeError(f"cannot re-encode an undecodable payload of event type {ev.type!r}")
+        return ev.type, ev.schema, _dumps(ev.payload)
+    cls = type(ev)
+    if _REGISTRY.get(getattr(cls, "TYPE", None)) is not cls:  # type: ignore[arg-type]
+        raise TypeError(f"{cls.__name__} is not a registered journal event")
+    try:
+        payload = _dumps({name: getattr(ev, name) for name in cls._FIELDS})
+    except TypeError:
+        # A field holds something json does not know (e.g. a nested attrs value): asdict() it.
+        payload = _dumps(attrs.asdict(ev, recurse=True))
+    return cls.TYPE, cls.SCHEMA, payload
+
+
+def decode(type: str, schema: int, payload_json: str) -> Event | UnknownEvent:
+    """The event for a stored row; an UnknownEvent instead of any error (see the module docstring)."""
+    try:
+        payload = json.loads(payload_json)
+    except (ValueError, TypeError):
+        return UnknownEvent(type, schema, payload_json)
+    cls = _REGISTRY.get(type)
+    if cls is None or schema > cls.SCHEMA or not isinstance(payload, dict):
+        return UnknownEvent(type, schema, payload)
+    try:
+        # The fast path: keyword construction, no validators. Missing optional fields take their
+        # defaults; an unexpected or missing required key raises TypeError -> UnknownEvent.
+        return cls(**payload)
+    except (TypeError, ValueError):
+        return UnknownEvent(type, schema, payload)
+
+
+def _tuple_field(**kwargs: Any) -> Any:
+    return attrs.field(converter=tuple, factory=tuple, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalogue. All fields are JSON-friendly; labels are dict[str, str]; no secrets, ever.
+# ---------------------------------------------------------------------------------------------
+
+Source = Literal["cli", "api"]
+
+
+@event_type("worker.registered", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerRegistered(Event):
+    """A worker was registered (by the CLI at launch or through the API). Its key is in ``secrets``."""
+
+    worker_id: str
+    url: str
+    base_url: str
+    source: Source
+    worker_type: str = "regular"
+    connection_mode: str = "http"
+    labels: dict[str, str] = attrs.field(factory=dict)  # as given by the caller
+    model_id: str | None = None
+    runtime: str | None = None  # the caller's hint; discovery records what the engine says
+    has_api_key: bool = False
+    bootstrap_port: int | None = None
+    dp_aware: bool = False
+
+
+@event_type("worker.discovered", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerDiscovered(Event):
+    """Discovery probed the engine. ``dp_rank_ids`` lists ranks 0..N-1 (rank 0 = worker_id) when a
+    DP-aware worker was expanded, and is empty otherwise."""
+
+    worker_id: str
+    runtime: str
+    labels: dict[str, str] = attrs.field(factory=dict)  # as discovered
+    model_id: str | None = None
+    dp_rank_ids: tuple[str, ...] = _tuple_field()
+
+
+@event_type("worker.probe_failed", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerProbeFailed(Event):
+    worker_id: str
+    attempt: int
+    error: str
+    next_retry_s: float
+
+
+@event_type("worker.labels_changed", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerLabelsChanged(Event):
+    worker_id: str
+    labels: dict[str, str]
+    mode: Literal["merge", "replace"]
+
+
+@event_type("worker.health_changed", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerHealthChanged(Event):
+    worker_id: str
+    health: str
+    reason: str
+
+
+@event_type("worker.removed", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerRemoved(Event):
+    worker_id: str
+    reason: str
+
+
+BODY_LIMIT = 64 * 1024  # request bodies up to this size are kept in control.started
+
+
+@event_type("control.started", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class ControlStarted(Event):
+    """A control call or fan-out was accepted, before any engine was contacted.
+
+    ``targets`` holds ``{"worker_id", "url", "control_url"}`` dicts. The request body is kept when
+    it is at most 64 KiB: ``body_encoding`` "utf8" (text) or "base64" (bytes that are not UTF-8);
+    "none" when there was no body to keep. ``body_sha256`` always covers the full raw body, and
+    the journal checks the kept body against it. Old bodies may be compacted away (``body``
+    becomes null, ``body_encoding`` stays): see ``journal.store``. Build the four body fields with
+    :meth:`body_fields` so they are always consistent.
+    """
+
+    op_id: str
+    kind: Literal["call", "fanout"]
+    method: str
+    path: str
+    body_size: int
+    body_sha256: str
+    query: str | None = None
+    selector: str | None = None
+    targets: tuple[dict[str, str | None], ...] = _tuple_field()
+    body: str | None = None
+    body_encoding: Literal["utf8", "base64", "none"] = "none"
+    content_type: str | None = None
+    principal: str | None = None
+    request_id: str | None = None
+
+    @staticmethod
+    def body_fields(raw: bytes, *, limit: int = BODY_LIMIT) -> dict[str, Any]:
+        """``body_size``, ``body_sha256``, ``body`` and ``body_encoding`` for a raw request body."""
+        fields: dict[str, Any] = {
+            "body_size": len(raw),
+            "body_sha256": hashlib.sha256(raw).hexdigest(),
+            "body": None,
+            "body_encoding": "none",
+        }
+        if raw and len(raw) <= limit:
+            try:
+                fields["body"], fields["body_encoding"] = raw.decode("utf-8"), "utf8"
+            except UnicodeDecodeError:
+                fields["body"], fields["body_encoding"] = base64.b64encode(raw).decode("ascii"), "base64"
+        return fields
+
+    def body_bytes(self) -> bytes | None:
+        """The kept request body as bytes; None when not kept (too large, empty or compacted)."""
+        return _body_bytes(self.body, self.body_encoding)
+
+
+def _body_bytes(body: Any, encoding: Any) -> bytes | None:
+    """Raw bytes of a control.started body (also used by verify on undecoded payloads)."""
+    if body is None:
+        return None
+    if not isinstance(body, str):
+        raise TypeError("body must be a string")
+    if encoding == "utf8":
+        return body.encode("utf-8")
+    if encoding == "base64":
+        return base64.b64decode(body.encode("ascii"), validate=True)
+    raise ValueError(f"a body is present but body_encoding is {encoding!r}")
+
+
+@event_type("control.outcome", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class ControlOutcome(Event):
+    """One engine's answer (or failure) within a control call or fan-out."""
+
+    op_id: str
+    worker_id: str
+    url: str
+    latency_ms: int
+    control_url: str | None = None
+    status: int | None = None
+    error: str | None = None
+    message: str | None = None
+    excerpt: str = ""  # bounded excerpt of the engine's answer
+    body_truncated: bool = False
+
+
+@event_type("control.finished", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class ControlFinished(Event):
+    op_id: str
+    result: Literal["ok", "partial", "no_match", "cancelled", "error"]
+    http_status: int
+    total: int
+    succeeded: int
+    failed: int
+    latency_ms: int
+
+
+@event_type("control.interrupted", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class ControlInterrupted(Event):
+    """A control operation that never got its control.finished (shutdown, or found at restart)."""
+
+    op_id: str
+    reason: Literal["gateway_restart", "shutdown"]
+    recorded_targets: tuple[str, ...] = _tuple_field()
+    missing_targets: tuple[str, ...] = _tuple_field()
+
+
+@event_type("audit.control_plane", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class AuditControlPlane(Event):
+    principal: str
+    auth_method: str
+    method: str
+    path: str
+    outcome: Literal["success", "denied"]
+    status: int
+    role: str | None = None
+    resource: str | None = None
+    request_id: str | None = None
+    reason: str | None = None
+
+
+@event_type("gateway.started", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class GatewayStarted(Event):
+    """``config`` must already be scrubbed of secrets by the caller."""
+
+    version: str
+    pid: int
+    config: dict[str, Any] = attrs.field(factory=dict)
+
+
+@event_type("gateway.stopped", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class GatewayStopped(Event):
+    clean: bool
+    reason: str
+
+
+@event_type("snapshot.taken", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class SnapshotTaken(Event):
+    """Marker only: the snapshot's state lives in the ``snapshots`` table."""
+
+    kind: str
+    upto_seq: int

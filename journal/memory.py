@@ -1,0 +1,233 @@
+"""MemoryStore: the journal in memory, same interface and same hash chain as SqliteStore.
+
+For unit tests (a projection test needs no file) and as the second backend of the store contract
+suite, which keeps SqliteStore honest about what is SQLite-specific. Ships with the package, like
+trio ships ``trio.testing``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any
+
+from ._chain import (
+    EMPTY_HEAD,
+    GENESIS,
+    Head,
+    Row,
+    VerifyReport,
+    build_batch,
+    compacted_payloads,
+    snapshot_hash,
+    verify_rows,
+)
+from .base import Append, RawRow, type_names
+from .errors import JournalReadOnlyError
+from .events import ControlStarted, Event, Recorded, decode
+
+__all__ = ["MemoryStore"]
+
+_PAGE = 2000
+_seq_of = itemgetter(0)
+
+
+class MemoryStore:
+    """An in-memory journal. ``clock`` (default ``time.time``) lets tests pin commit times."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._readonly = False
+        self._lock = threading.Lock()  # the writer calls us from a worker thread
+        self._rows: list[Row] = []
+        self._secrets: dict[str, tuple[str, int]] = {}
+        self._snapshots: list[tuple[int, str, int, float, str, str]] = []  # id, kind, upto, ts, state, hash
+        self._meta: dict[str, Any] = {"high_water": EMPTY_HEAD, "bodies_compacted_before": 0}
+
+    def _readonly_view(self) -> MemoryStore:
+        """A read-only store over the same data (what ``SqliteStore.open(readonly=True)`` is to a file)."""
+        view = MemoryStore(clock=self._clock)
+        view._readonly = True
+        view._lock, view._rows, view._secrets = self._lock, self._rows, self._secrets
+        view._snapshots, view._meta = self._snapshots, self._meta
+        return view
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    def close(self) -> None:
+        pass
+
+    def _check_writable(self) -> None:
+        if self._readonly:
+            raise JournalReadOnlyError("this MemoryStore view is read-only")
+
+    def _head(self) -> Head:
+        if not self._rows:
+            return EMPTY_HEAD
+        seq, ts, *_rest, hash_ = self._rows[-1]
+        return Head(seq, ts, hash_)
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def append_batch(self, items: Sequence[Append]) -> list[Recorded]:
+        if not items:
+            return []
+        self._check_writable()
+        with self._lock:
+            rows, recorded, secret_ops = build_batch(items, self._head(), self._clock())
+            self._rows.extend(rows)
+            for worker_id, api_key, seq in secret_ops:
+                if api_key is None:
+                    self._secrets.pop(worker_id, None)
+                else:
+                    self._secrets[worker_id] = (api_key, seq)
+            self._meta["high_water"] = Head(recorded[-1].seq, recorded[-1].ts, recorded[-1].hash)
+        return recorded
+
+    def save_snapshot(self, kind: str, upto_seq: int, state_json: str) -> None:
+        json.loads(state_json)
+        self._check_writable()
+        with self._lock:
+            anchor = self._anchor(upto_seq)
+            if anchor is None:
+                raise ValueError(f"cannot snapshot at seq {upto_seq}: no such event")
+            h = snapshot_hash(kind, upto_seq, anchor, state_json)
+            self._snapshots.append((len(self._snapshots) + 1, kind, upto_seq, self._clock(), state_json, h))
+
+    def compact_bodies(self, before_seq: int) -> int:
+        self._check_writable()
+        with self._lock:
+            start = self._meta["bodies_compacted_before"]
+            stop = min(before_seq, self._head().seq + 1)
+            if stop <= start:
+                return 0
+            candidates = [
+                (row[0], row[5])
+                for row in self._rows
+                if start <= row[0] < stop and row[3] == ControlStarted.TYPE
+            ]
+            index = {row[0]: i for i, row in enumerate(self._rows)}
+            updates = compacted_payloads(candidates)
+            for payload, seq in updates:
+                i = index[seq]
+                self._rows[i] = (*self._rows[i][:5], payload, *self._rows[i][6:])  # type: ignore[assignment]
+            self._meta["bodies_compacted_before"] = stop
+            return len(updates)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _anchor(self, upto_seq: int) -> str | None:
+        if upto_seq == 0:
+            return GENESIS
+        i = bisect.bisect_left(self._rows, upto_seq, key=_seq_of)
+        if i < len(self._rows) and self._rows[i][0] == upto_seq:
+            return self._rows[i][7]
+        return None
+
+    def _scan(self, after_seq: int) -> Iterator[Row]:
+        # Page under the lock, yield outside it: a slow consumer never blocks the writer thread.
+        while True:
+            with self._lock:
+                i = bisect.bisect_right(self._rows, after_seq, key=_seq_of)
+                page = self._rows[i : i + _PAGE]
+            yield from page
+            if len(page) < _PAGE:
+                return
+            after_seq = page[-1][0]
+
+    def last_seq(self) -> int:
+        with self._lock:
+            return self._rows[-1][0] if self._rows else 0
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._rows)
+
+    def secrets(self) -> dict[str, str]:
+        with self._lock:
+            return {worker_id: key for worker_id, (key, _seq) in sorted(self._secrets.items())}
+
+    def get_secret(self, worker_id: str) -> str | None:
+        with self._lock:
+            entry = self._secrets.get(worker_id)
+        return entry[0] if entry else None
+
+    def read(
+        self,
+        after_seq: int = 0,
+        *,
+        limit: int | None = None,
+        types: Iterable[str | type[Event]] | None = None,
+        stream: str | None = None,
+        until_seq: int | None = None,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> Iterator[Recorded]:
+        names = type_names(types)
+        wanted = None if names is None else frozenset(names)
+        return self._read(after_seq, limit, wanted, stream, until_seq, since_ts, until_ts)
+
+    def _read(
+        self,
+        after_seq: int,
+        limit: int | None,
+        wanted: frozenset[str] | None,
+        stream: str | None,
+        until_seq: int | None,
+        since_ts: float | None,
+        until_ts: float | None,
+    ) -> Iterator[Recorded]:
+        if limit is not None and limit <= 0:
+            return
+        n = 0
+        for seq, ts, st, type_, schema, payload, _prev, hash_ in self._scan(after_seq):
+            if until_seq is not None and seq > until_seq:
+                return
+            if until_ts is not None and ts >= until_ts:
+                return
+            if (
+                (since_ts is not None and ts < since_ts)
+                or (stream is not None and st != stream)
+                or (wanted is not None and type_ not in wanted)
+            ):
+                continue
+            yield Recorded(seq, ts, st, decode(type_, schema, payload), hash_)
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+    def read_raw(
+        self, after_seq: int = 0, types: Iterable[str | type[Event]] | None = None
+    ) -> Iterator[RawRow]:
+        names = type_names(types)
+        wanted = None if names is None else frozenset(names)
+        return (row[:6] for row in self._scan(after_seq) if wanted is None or row[3] in wanted)  # type: ignore[misc]
+
+    def latest_snapshot(self, kind: str, max_seq: int | None = None) -> tuple[int, str] | None:
+        with self._lock:
+            candidates = sorted(
+                (s for s in self._snapshots if s[1] == kind and (max_seq is None or s[2] <= max_seq)),
+                key=lambda s: (s[2], s[0]),
+                reverse=True,
+            )
+            for _id, _kind, upto_seq, _ts, state, stored in candidates:
+                anchor = self._anchor(upto_seq)
+                if anchor is not None and snapshot_hash(kind, upto_seq, anchor, state) == stored:
+                    return upto_seq, state
+        return None
+
+    def verify(self, *, upto: int | None = None) -> VerifyReport:
+        with self._lock:
+            high_water = self._meta["high_water"]
+            compacted_before = self._meta["bodies_compacted_before"]
+        rows = (
+            self._scan(0) if upto is None else itertools.takewhile(lambda row: row[0] <= upto, self._scan(0))
+        )
+        return verify_rows(rows, upto=upto, high_water=high_water, compacted_before=compacted_before)

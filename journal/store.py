@@ -1,0 +1,507 @@
+"""SqliteStore: the journal as one plain SQLite file (readable with ``sqlite-utils`` and datasette).
+
+Schema (created by ``sqlite_utils.Migrations`` set ``smgrl.journal``; see ``_MIGRATIONS``)::
+
+    events(seq INTEGER PRIMARY KEY, ts REAL, stream TEXT, type TEXT, schema INTEGER,
+           payload TEXT (canonical JSON), prev_hash TEXT, hash TEXT)
+        indexes: (stream, seq), (type, seq), (ts)
+    secrets(worker_id TEXT PRIMARY KEY, api_key TEXT NOT NULL, seq INTEGER -> events.seq)
+        worker API keys; never in a payload, never exported, never printed
+    snapshots(id INTEGER PRIMARY KEY, kind TEXT, upto_seq INTEGER, ts REAL, state TEXT (JSON), hash TEXT)
+        index: (kind, upto_seq)
+    meta(key TEXT PRIMARY KEY, value TEXT)
+        journal_id, created_at, format_version, and three keys maintained with every write:
+        high_water_seq / high_water_hash (the head, written in the same transaction as each batch)
+        and bodies_compacted_before (see compaction)
+
+Durability. WAL mode with ``synchronous=NORMAL`` (the default): a committed batch survives a crash
+or SIGKILL of the gateway process, because it is in the WAL file that the OS already holds. On power
+loss or a kernel crash, batches committed since the last checkpoint may be lost (never corrupted).
+Open with ``synchronous="FULL"`` to fsync the WAL at every commit and survive power loss too, at the
+cost of an fsync per batch (group commit keeps that cost per batch, not per event).
+
+Hash chain: see ``journal/_chain.py``. ``verify()`` recomputes it and names the first bad seq:
+an edited row (hash mismatch), a deleted row (seq gap / broken prev_hash link), a truncated tail
+(last row below ``high_water_seq``), rows appended behind the journal's back, an undecodable
+payload, a body that does not match its ``body_sha256``.
+
+Compaction of request bodies (``compact_bodies(before_seq)``). ``control.started`` keeps request
+bodies up to 64 KiB, which dominate the file over time. The scheme that lets them go while the
+chain stays verifiable:
+
+1. The chain never hashed the body itself. For a control.started row whose payload holds a body,
+   the hashed text is the canonical payload with ``"body": null`` (every other row hashes its
+   payload as stored). The body is still bound to the chain through ``body_sha256`` and
+   ``body_size``, which are hashed, and verify checks every kept body against them: edit a body and
+   verify fails at that seq.
+2. Compaction rewrites such a payload to ``"body": null`` (``body_encoding`` is kept, so a reader
+   can tell "compacted" from "there was no body"). The new payload is byte-for-byte the text that
+   was hashed, so the chain verifies unchanged, and every other field stays protected.
+3. ``meta.bodies_compacted_before`` records how far compaction went. A body missing at or above
+   it was not removed by compaction: verify reports it. Bodies that fail their check are left in
+   place (compaction must not launder tampering).
+4. Compaction runs in small transactions (one page of rows each) so it can run from the CLI while
+   the gateway appends: the gateway's writer only ever waits for one page. It is resumable and
+   idempotent. Freed pages are reused by later appends; run ``VACUUM`` offline to shrink the file.
+
+Threads. A store is used by one thread at a time as far as SQLite is concerned: an internal lock
+serializes every use of the connection (``check_same_thread=False`` because JournalWriter calls it
+from a worker thread). Readers that must not wait for the writer (CLI, replay while serving) open
+their own store, ideally ``readonly=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import pathlib
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Self
+
+import sqlite_utils
+
+from ._chain import (
+    EMPTY_HEAD,
+    GENESIS,
+    Head,
+    Row,
+    VerifyReport,
+    build_batch,
+    compacted_payloads,
+    snapshot_hash,
+    verify_rows,
+)
+from .base import Append, RawRow, type_names
+from .errors import JournalError, JournalReadOnlyError
+from .events import ControlStarted, Event, Recorded, decode
+
+__all__ = ["FORMAT_VERSION", "SqliteStore"]
+
+FORMAT_VERSION = 1
+_PAGE = 2000  # rows per read page: flat memory, and the read snapshot is released between pages
+_COMPACT_PAGE = 256  # control.started rows per compaction transaction (up to 64 KiB each)
+
+_MIGRATIONS = sqlite_utils.Migrations("smgrl.journal")
+
+
+@_MIGRATIONS(name="0001_create_journal")
+def _create_journal(db: sqlite_utils.Database) -> None:
+    # Explicit DDL rather than table.create(): exact column types (REAL, not FLOAT) and comments
+    # that show up in `sqlite-utils schema` / datasette.
+    db.execute(
+        """CREATE TABLE events (
+    seq INTEGER PRIMARY KEY, -- global position: 1, 2, 3 ... without gaps
+    ts REAL NOT NULL, -- commit time of the batch, unix seconds, never decreasing
+    stream TEXT NOT NULL,
+    type TEXT NOT NULL,
+    schema INTEGER NOT NULL,
+    payload TEXT NOT NULL, -- canonical JSON of the event
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL -- sha256 chain, see journal/_chain.py
+)"""
+    )
+    db.execute("CREATE INDEX idx_events_stream_seq ON events (stream, seq)")
+    db.execute("CREATE INDEX idx_events_type_seq ON events (type, seq)")
+    db.execute("CREATE INDEX idx_events_ts ON events (ts)")
+    db.execute(
+        """CREATE TABLE secrets (
+    worker_id TEXT PRIMARY KEY,
+    api_key TEXT NOT NULL, -- never exported, never printed
+    seq INTEGER REFERENCES events(seq) -- the event that set it
+)"""
+    )
+    db.execute(
+        """CREATE TABLE snapshots (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    upto_seq INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    state TEXT NOT NULL, -- JSON
+    hash TEXT NOT NULL -- sha256 over kind, upto_seq, the chain hash at upto_seq and state
+)"""
+    )
+    db.execute("CREATE INDEX idx_snapshots_kind_upto_seq ON snapshots (kind, upto_seq)")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    db.conn.executemany(
+        "INSERT INTO meta (key, value) VALUES (?, ?)",
+        [
+            ("journal_id", uuid.uuid4().hex),
+            ("created_at", now),
+            ("format_version", str(FORMAT_VERSION)),
+            ("high_water_seq", "0"),
+            ("high_water_hash", GENESIS),
+            ("bodies_compacted_before", "0"),
+        ],
+    )
+
+
+_SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
+_UPSERT_META = (
+    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+
+
+def _create_private(path: str) -> None:
+    """Create the file with mode 0600 before SQLite sees it; leave an existing file's mode alone.
+
+    SQLite creates the -wal and -shm files with the database file's permissions, so they are 0600 too.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o600)  # the umask can only remove bits; make it exactly 0600
+    finally:
+        os.close(fd)
+
+
+class SqliteStore:
+    """The journal on SQLite. Build it with :meth:`open`. Synchronous; see the module docstring."""
+
+    def __init__(self, conn: sqlite3.Connection, db: sqlite_utils.Database, *, readonly: bool, path: str):
+        self._conn = conn
+        self._db = db
+        self._readonly = readonly
+        self.path = path
+        self._lock = threading.Lock()
+        self._clock = time.time  # commit timestamps; tests substitute a fake clock
+
+    # -- opening ----------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        synchronous: str = "NORMAL",
+        busy_timeout_ms: int = 5000,
+    ) -> SqliteStore:
+        """Open (creating and migrating if needed) the journal at ``path``.
+
+        ``readonly=True`` never writes and never migrates: the file must exist and be migrated.
+        ``synchronous``: "NORMAL" (survives process crash/SIGKILL) or "FULL" (also power loss).
+        ``busy_timeout_ms``: how long a write waits for another connection's write lock.
+        """
+        path = os.fspath(path)
+        sync = synchronous.upper()
+        if sync not in _SYNC_MODES:
+            raise ValueError(f"synchronous must be one of {', '.join(_SYNC_MODES)}")
+        if readonly:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"no journal at {path}")
+            uri = pathlib.Path(path).resolve().as_uri() + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        else:
+            _create_private(path)
+            conn = sqlite3.connect(path, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            db = sqlite_utils.Database(conn, execute_plugins=False)
+            if readonly:
+                # Belt and braces on top of mode=ro: the connection refuses any write statement.
+                conn.execute("PRAGMA query_only = ON")
+                if _MIGRATIONS.pending(db):
+                    raise JournalError(f"{path} is not a migrated smgrl journal (open it read-write once)")
+            else:
+                db.enable_wal()
+                conn.execute(f"PRAGMA synchronous = {sync}")
+                conn.execute("PRAGMA foreign_keys = ON")
+                known = {m.name for m in _MIGRATIONS._migrations}
+                unknown = [m.name for m in _MIGRATIONS.applied(db) if m.name not in known]
+                if unknown:
+                    raise JournalError(
+                        f"{path} was written by a newer smgrl (migrations {unknown}); not writing"
+                    )
+                _MIGRATIONS.apply(db)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, db, readonly=readonly, path=path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        if self._readonly:
+            raise JournalReadOnlyError(f"{self.path} is open read-only")
+        with self._lock:
+            conn = self._conn
+            # BEGIN IMMEDIATE takes the write lock up front, waiting up to busy_timeout for another
+            # writer (a CLI compaction, say). A deferred BEGIN reads first and may then fail with
+            # SQLITE_BUSY_SNAPSHOT when it upgrades to a write, which busy_timeout does not retry.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                # Nothing of a failed transaction may survive (disk full mid-batch, failed COMMIT).
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+
+    @staticmethod
+    def _head(conn: sqlite3.Connection) -> Head:
+        row = conn.execute("SELECT seq, ts, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        return Head(*row) if row else EMPTY_HEAD
+
+    def append_batch(self, items: Sequence[Append]) -> list[Recorded]:
+        """Append ``items`` in ONE transaction: consecutive seqs, chained hashes, one commit ts.
+
+        Either every item is committed (and its secrets written) or none is.
+        """
+        if not items:
+            return []
+        with self._write() as conn:
+            # The head is read inside the write transaction rather than cached: another process
+            # (the CLI) may have written since, and a failed batch must leave no trace in memory.
+            rows, recorded, secret_ops = build_batch(items, self._head(conn), self._clock())
+            conn.executemany(
+                "INSERT INTO events (seq, ts, stream, type, schema, payload, prev_hash, hash)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            for worker_id, api_key, seq in secret_ops:
+                if api_key is None:
+                    conn.execute("DELETE FROM secrets WHERE worker_id = ?", (worker_id,))
+                else:
+                    conn.execute(
+                        "INSERT INTO secrets (worker_id, api_key, seq) VALUES (?, ?, ?) ON CONFLICT (worker_id)"
+                        " DO UPDATE SET api_key = excluded.api_key, seq = excluded.seq",
+                        (worker_id, api_key, seq),
+                    )
+            last = recorded[-1]
+            conn.executemany(
+                _UPSERT_META, [("high_water_seq", str(last.seq)), ("high_water_hash", last.hash)]
+            )
+        return recorded
+
+    def save_snapshot(self, kind: str, upto_seq: int, state_json: str) -> None:
+        """Store a projection's state as of ``upto_seq`` (bound to that row's chain hash)."""
+        json.loads(state_json)  # refuse garbage now rather than at the next startup
+        with self._write() as conn:
+            anchor = self._anchor(conn, upto_seq)
+            if anchor is None:
+                raise ValueError(f"cannot snapshot at seq {upto_seq}: no such event")
+            conn.execute(
+                "INSERT INTO snapshots (kind, upto_seq, ts, state, hash) VALUES (?, ?, ?, ?, ?)",
+                (
+                    kind,
+                    upto_seq,
+                    self._clock(),
+                    state_json,
+                    snapshot_hash(kind, upto_seq, anchor, state_json),
+                ),
+            )
+
+    def compact_bodies(self, before_seq: int) -> int:
+        """Drop the request bodies of control.started events with seq < before_seq; return how many.
+
+        The chain still verifies afterwards: see "Compaction" in the module docstring.
+        """
+        compacted = 0
+        while True:
+            with self._write() as conn:
+                start = int(self._meta(conn, "bodies_compacted_before"))
+                stop = min(before_seq, self._head(conn).seq + 1)
+                if stop <= start:
+                    return compacted
+                rows = conn.execute(
+                    "SELECT seq, payload FROM events WHERE type = ? AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?",
+                    (ControlStarted.TYPE, start, stop, _COMPACT_PAGE),
+                ).fetchall()
+                updates = compacted_payloads(rows)
+                conn.executemany("UPDATE events SET payload = ? WHERE seq = ?", updates)
+                done_to = rows[-1][0] + 1 if len(rows) == _COMPACT_PAGE else stop
+                conn.execute(_UPSERT_META, ("bodies_compacted_before", str(done_to)))
+                compacted += len(updates)
+            # Between pages the write lock is free: a concurrent gateway writer gets its turn.
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _meta(conn: sqlite3.Connection, key: str) -> str:
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            raise JournalError(f"journal meta key {key!r} is missing")
+        return row[0]
+
+    @staticmethod
+    def _anchor(conn: sqlite3.Connection, upto_seq: int) -> str | None:
+        if upto_seq == 0:
+            return GENESIS
+        row = conn.execute("SELECT hash FROM events WHERE seq = ?", (upto_seq,)).fetchone()
+        return row[0] if row else None
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def meta(self) -> dict[str, str]:
+        """The ``meta`` table (journal id, creation time, format version, head, compaction mark)."""
+        return dict(self._query("SELECT key, value FROM meta"))
+
+    def last_seq(self) -> int:
+        return self._query("SELECT max(seq) FROM events")[0][0] or 0
+
+    def count(self) -> int:
+        return self._query("SELECT count(*) FROM events")[0][0]
+
+    def secrets(self) -> dict[str, str]:
+        return dict(self._query("SELECT worker_id, api_key FROM secrets ORDER BY worker_id"))
+
+    def get_secret(self, worker_id: str) -> str | None:
+        rows = self._query("SELECT api_key FROM secrets WHERE worker_id = ?", (worker_id,))
+        return rows[0][0] if rows else None
+
+    def _pages(
+        self, columns: str, after_seq: int, where: str, params: Sequence[Any], limit: int | None
+    ) -> Iterator[list[Any]]:
+        """Keyset pagination by seq. Each page is its own short read: memory stays flat over 1M
+        rows and no read snapshot is held across pages (a long-lived one would stop WAL checkpoints)."""
+        sql = f"SELECT {columns} FROM events WHERE seq > ?{where} ORDER BY seq LIMIT ?"
+        remaining = limit
+        while remaining is None or remaining > 0:
+            size = _PAGE if remaining is None else min(_PAGE, remaining)
+            page = self._query(sql, (after_seq, *params, size))
+            if page:
+                yield page
+            if len(page) < size:
+                return
+            after_seq = page[-1][0]
+            if remaining is not None:
+                remaining -= len(page)
+
+    def _ts_to_seq(self, since_ts: float | None, until_ts: float | None) -> tuple[int, int | None] | None:
+        """Turn a [since_ts, until_ts) window into (after_seq, until_seq); None if it is empty.
+
+        Exact because ts never decreases with seq (the store clamps it; verify checks it), and it
+        lets every read page by seq instead of sorting a ts range.
+        """
+        after, until = 0, None
+        if since_ts is not None:
+            rows = self._query("SELECT seq FROM events WHERE ts >= ? ORDER BY ts, seq LIMIT 1", (since_ts,))
+            if not rows:
+                return None
+            after = rows[0][0] - 1
+        if until_ts is not None:
+            rows = self._query(
+                "SELECT seq FROM events WHERE ts < ? ORDER BY ts DESC, seq DESC LIMIT 1", (until_ts,)
+            )
+            if not rows:
+                return None
+            until = rows[0][0]
+        return after, until
+
+    def read(
+        self,
+        after_seq: int = 0,
+        *,
+        limit: int | None = None,
+        types: Iterable[str | type[Event]] | None = None,
+        stream: str | None = None,
+        until_seq: int | None = None,
+        since_ts: float | None = None,
+        until_ts: float | None = None,
+    ) -> Iterator[Recorded]:
+        """Recorded events with ``after_seq < seq <= until_seq`` and ``since_ts <= ts < until_ts``,
+        in seq order, optionally only some ``types`` (names or classes) or one ``stream``."""
+        if since_ts is not None or until_ts is not None:
+            window = self._ts_to_seq(since_ts, until_ts)
+            if window is None:
+                return iter(())
+            after_seq = max(after_seq, window[0])
+            if window[1] is not None:
+                until_seq = window[1] if until_seq is None else min(until_seq, window[1])
+        where, params = _filters(type_names(types), stream, until_seq)
+        pages = self._pages("seq, ts, stream, type, schema, payload, hash", after_seq, where, params, limit)
+        return _decoded(pages)
+
+    def read_raw(
+        self, after_seq: int = 0, types: Iterable[str | type[Event]] | None = None
+    ) -> Iterator[RawRow]:
+        """``(seq, ts, stream, type, schema, payload)`` tuples, undecoded: projections decode only
+        the types they fold."""
+        where, params = _filters(type_names(types), None, None)
+        pages = self._pages("seq, ts, stream, type, schema, payload", after_seq, where, params, None)
+        return (row for page in pages for row in page)
+
+    def latest_snapshot(self, kind: str, max_seq: int | None = None) -> tuple[int, str] | None:
+        """The newest valid snapshot of ``kind`` at or below ``max_seq``: ``(upto_seq, state_json)``.
+
+        A snapshot whose hash no longer matches (edited state, or history rewritten under it) is
+        skipped: snapshots are a cache, replaying from an older one or from scratch is always safe.
+        """
+        sql = "SELECT id, upto_seq FROM snapshots WHERE kind = ?"
+        params: list[Any] = [kind]
+        if max_seq is not None:
+            sql += " AND upto_seq <= ?"
+            params.append(max_seq)
+        # Candidates first (ids only), then one state at a time: states can be large.
+        for snapshot_id, upto_seq in self._query(sql + " ORDER BY upto_seq DESC, id DESC", params):
+            with self._lock:
+                row = self._conn.execute(
+                    "SELECT state, hash FROM snapshots WHERE id = ?", (snapshot_id,)
+                ).fetchone()
+                anchor = self._anchor(self._conn, upto_seq)
+            if row is None or anchor is None:
+                continue
+            state, stored = row
+            if snapshot_hash(kind, upto_seq, anchor, state) == stored:
+                return upto_seq, state
+        return None
+
+    def verify(self, *, upto: int | None = None) -> VerifyReport:
+        """Recompute the hash chain (up to ``upto``) and report the first bad seq, if any."""
+        with self._lock:
+            high_water = Head(
+                int(self._meta(self._conn, "high_water_seq")), 0.0, self._meta(self._conn, "high_water_hash")
+            )
+            compacted_before = int(self._meta(self._conn, "bodies_compacted_before"))
+        where, params = _filters(None, None, upto)
+        pages = self._pages("seq, ts, stream, type, schema, payload, prev_hash, hash", 0, where, params, None)
+        rows: Iterator[Row] = (row for page in pages for row in page)
+        return verify_rows(rows, upto=upto, high_water=high_water, compacted_before=compacted_before)
+
+
+def _filters(types: list[str] | None, stream: str | None, until_seq: int | None) -> tuple[str, list[Any]]:
+    where, params = "", []
+    if until_seq is not None:
+        where += " AND seq <= ?"
+        params.append(until_seq)
+    if stream is not None:
+        where += " AND stream = ?"
+        params.append(stream)
+    if types is not None:
+        where += f" AND type IN ({', '.join('?' * len(types))})" if types else " AND 0"
+        params.extend(types)
+    return where, params
+
+
+def _decoded(pages: Iterator[list[Any]]) -> Iterator[Recorded]:
+    for page in pages:
+        for seq, ts, stream, type_, schema, payload, hash_ in page:
+            yield Recorded(seq, ts, stream, decode(type_, schema, payload), hash_)

@@ -1,0 +1,90 @@
+"""Response builders for the envelopes SMG's gateway wraps around every route.
+
+Quirks kept on purpose because clients match on them: unknown URLs and wrong methods answer the
+OpenAI-style JSON error with ``x-smg-error-code``; the crate's own errors answer
+``{"error": code, "message": ..., ...}``; auth refusals are ``text/plain`` (control-plane keys) or
+OpenAI-style JSON (``--api-key``). Every response carries ``x-request-id``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+from typing import Any
+
+from quart import Response
+
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+_ALNUM = string.ascii_letters + string.digits
+MAX_REQUEST_ID = 128
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def new_request_id(path: str) -> str:
+    """``req-`` + 24 alphanumerics; ``gnt-`` when the path ends in ``generate`` (SMG's rule)."""
+    prefix = "gnt-" if path.endswith("generate") else "req-"
+    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(24))
+
+
+def request_id_for(header: str | None, path: str) -> tuple[str, bool]:
+    """(the response's x-request-id, whether the caller supplied it). A caller id longer than 128
+    characters is replaced by a generated one, which is then forwarded to engines."""
+    if header and len(header) <= MAX_REQUEST_ID:
+        return header, True
+    return new_request_id(path), False
+
+
+def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
+    body = b"" if obj is None else dumps(obj)
+    response = Response(body, status=status, content_type=JSON)
+    if headers:
+        response.headers.update(headers)
+    return response
+
+
+def text_response(status: int, text: str, headers: dict[str, str] | None = None) -> Response:
+    response = Response(text.encode("utf-8"), status=status, content_type=TEXT)
+    if headers:
+        response.headers.update(headers)
+    return response
+
+
+def openai_error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": None}}
+    return json_response(status, body, {"x-smg-error-code": code, **(headers or {})})
+
+
+def unknown_url(method: str, path: str) -> Response:
+    return openai_error(404, "unknown_url", f"Invalid URL ({method} {path})")
+
+
+def method_not_allowed(method: str, path: str, allow: str) -> Response:
+    return openai_error(405, "method_not_allowed", f"Invalid URL ({method} {path})", {"allow": allow})
+
+
+def payload_too_large() -> Response:
+    return openai_error(
+        413, "request_body_too_large", "Request body exceeded the payload limit (max_payload_size)"
+    )
+
+
+def empty_404() -> Response:
+    """D1: ``/v1/rl/*`` without ``--enable-rl`` is 404 with an empty body."""
+    return Response(b"", status=404)
+
+
+def api_key_error(status: int, message: str, www_authenticate: str) -> Response:
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    return json_response(status, body, {"www-authenticate": www_authenticate})

@@ -1,0 +1,234 @@
+"""``/v1/rl/*``: discovery, the per-worker proxy and the fan-out (spec §1), routed by hand.
+
+The routes are matched on the RAW path so that the engine catch-all is percent-decoded exactly
+once, as SMG's framework does (``a%2Fb`` is two segments, ``%2e%2e`` is ``..``, ``%FF`` is a
+400 "Invalid UTF-8 in `path`"), and so that routing runs before auth (unknown routes are 404 and
+wrong methods 405 for everybody). Check order per route is the spec's: proxy = path -> worker ->
+control endpoint -> send; fan-out = query -> selector -> path -> targets -> send.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote_plus, unquote_to_bytes
+
+from quart import Response, g, request
+
+from smgrl.api import envelopes as env
+from smgrl.api.guard import Guard
+from smgrl.auth import ENGINE, READ
+from smgrl.control.call import ControlRequest
+from smgrl.control.service import CallContext, OpResult
+from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
+from smgrl.core.selector import SelectorError, parse_selector
+from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
+from smgrl.errors import InvalidEnginePath, InvalidSelector, NoWorkersMatch, RlError, SelectorRequired
+from smgrl.errors import WorkerNotFound
+
+PREFIX = b"/v1/rl/"
+FORWARDED = (b"traceparent", b"tracestate")
+WS = " \t\n\x0b\x0c\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+class _BadUtf8(Exception):
+    pass
+
+
+def _decode(raw: bytes) -> str:
+    try:
+        return unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _BadUtf8 from None
+
+
+def match(raw_path: bytes) -> tuple[str, dict[str, bytes]] | None:
+    """Route a raw ``/v1/rl/...`` path to (route name, raw params), or None (no route: 404)."""
+    if not raw_path.startswith(PREFIX):
+        return None
+    rest = raw_path[len(PREFIX) :]
+    if rest == b"workers":
+        return "workers", {}
+    if rest.startswith(b"engine/") and len(rest) > len(b"engine/"):
+        return "fanout", {"path": rest[len(b"engine/") :]}
+    if rest.startswith(b"workers/"):
+        parts = rest.split(b"/", 3)
+        if len(parts) == 2 and parts[1]:
+            return "worker", {"id": parts[1]}
+        if len(parts) == 4 and parts[1] and parts[2] == b"engine" and parts[3]:
+            return "proxy", {"id": parts[1], "path": parts[3]}
+    if rest.startswith(b"operations/"):
+        op = rest[len(b"operations/") :]
+        if op and b"/" not in op:
+            return "operation", {"id": op}
+    if rest == b"journal":
+        return "journal", {}
+    return None
+
+
+ALLOW = {
+    "workers": "GET,HEAD",
+    "worker": "GET,HEAD",
+    "proxy": "GET,HEAD,POST",
+    "fanout": "GET,HEAD,POST",
+    "operation": "GET,HEAD",
+    "journal": "GET,HEAD",
+}
+ACTION = {
+    "workers": READ,
+    "worker": READ,
+    "operation": READ,
+    "journal": READ,
+    "proxy": ENGINE,
+    "fanout": ENGINE,
+}
+
+
+class RlApi:
+    def __init__(self, gateway, journal_routes=None) -> None:
+        self.gw = gateway
+        self.guard = Guard(gateway)
+        self.journal_routes = journal_routes
+        self._rows_cache: tuple[object, bytes] | None = None
+
+    async def dispatch(self) -> Response:
+        raw_path = request.scope.get("raw_path") or request.path.encode()
+        method = request.method
+        found = match(raw_path)
+        shown_path = raw_path.decode("latin-1")
+        if found is None:
+            return env.unknown_url(method, shown_path)
+        route, params = found
+        if method not in ALLOW[route].split(","):
+            return env.method_not_allowed(method, shown_path, ALLOW[route])
+        async with self.guard.check(ACTION[route], shown_path) as check:
+            if check.denied is not None:
+                return check.denied
+            try:
+                response = await getattr(self, "_" + route)(params, check.principal)
+            except _BadUtf8:
+                response = env.text_response(400, "Invalid URL: Invalid UTF-8 in `path`")
+            except RlError as exc:
+                response = env.json_response(exc.status, exc.body())
+            check.status = response.status_code
+            return response
+
+    # -- discovery -----------------------------------------------------------------------------
+
+    async def _workers(self, params, principal) -> Response:
+        fleet = self.gw.fleet
+        cached = self._rows_cache
+        if cached is not None and cached[0] == fleet.revision:
+            body = cached[1]
+        else:
+            facts = fleet.facts()
+            rows = [
+                row(g.representative, g.ranks, facts_for(g.representative, facts))
+                for g in collapse(fleet.registry)
+            ]
+            body = env.dumps(workers_response(rows))
+            self._rows_cache = (fleet.revision, body)
+        return Response(body, status=200, content_type=env.JSON)
+
+    async def _worker(self, params, principal) -> Response:
+        worker = self._visible(_decode(params["id"]))
+        fleet = self.gw.fleet
+        entry = row(worker, dp_ranks_for(worker, fleet.registry), facts_for(worker, fleet.facts()))
+        return env.json_response(200, entry)
+
+    def _visible(self, worker_id: str):
+        worker = self.gw.fleet.registry.get(worker_id)
+        if worker is None or not worker.is_visible:
+            raise WorkerNotFound(worker_id)
+        return worker
+
+    # -- engine routes -------------------------------------------------------------------------
+
+    async def _proxy(self, params, principal) -> Response:
+        path = _engine_path(params["path"])
+        worker_id = _decode(params["id"])
+        worker = self._visible(worker_id)
+        req = await self._control_request(path, passthrough_query(_raw_query()))
+        result = await self.gw.control.call(worker, req, self._context(principal))
+        return _op_response(result)
+
+    async def _fanout(self, params, principal) -> Response:
+        raw_query = _raw_query()
+        selectors = [v for k, v in _query_pairs(raw_query) if k == "selector"]
+        if len(selectors) > 1:
+            return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
+        source = selectors[0].strip(WS) if selectors else ""
+        if not source:
+            raise SelectorRequired()
+        try:
+            selector = parse_selector(source)
+        except SelectorError as exc:
+            raise InvalidSelector(str(exc), offset=exc.offset) from None
+        path = _engine_path(params["path"])
+        req = await self._control_request(path, passthrough_query(raw_query))
+        targets = self.gw.control.targets(selector)
+        ctx = self._context(principal)
+        if not targets:
+            result = await self.gw.control.no_match(selector, req, ctx)
+            err = NoWorkersMatch(selector.source)
+            return env.json_response(err.status, err.body(), _op_headers(result))
+        result = await self.gw.control.fanout(selector, targets, req, ctx)
+        return _op_response(result)
+
+    async def _control_request(self, path: str, query: str | None) -> ControlRequest:
+        body = await request.get_data(cache=False)
+        ctype = request.headers.get("content-type")
+        if ctype is None and body:
+            ctype = "application/json"
+        forward = []
+        if request.headers.get("x-request-id") is not None:
+            # The caller's id is forwarded (or the generated id that replaced an over-long one);
+            # an id the gateway invented for a caller who sent none is not.
+            forward.append((b"x-request-id", g.request_id.encode("latin-1")))
+        for name in FORWARDED:
+            value = request.headers.get(name.decode())
+            if value is not None:
+                forward.append((name, value.encode("latin-1")))
+        return ControlRequest(request.method, path, query, body, ctype, tuple(forward))
+
+    def _context(self, principal) -> CallContext:
+        return CallContext(principal=principal.label if principal else None, request_id=g.request_id)
+
+    async def _operation(self, params, principal) -> Response:
+        return await self.journal_routes.operation(_decode(params["id"]))
+
+    async def _journal(self, params, principal) -> Response:
+        return await self.journal_routes.page()
+
+
+def _raw_query() -> str | None:
+    raw = request.scope.get("query_string", b"")
+    return raw.decode("latin-1") if raw else None
+
+
+def _query_pairs(raw: str | None):
+    if not raw:
+        return
+    for piece in raw.split("&"):
+        if not piece:
+            continue
+        key, _, value = piece.partition("=")
+        yield unquote_plus(key, errors="replace"), unquote_plus(value, errors="replace")
+
+
+def _engine_path(raw: bytes) -> str:
+    try:
+        return validate_engine_path(_decode(raw))
+    except EnginePathError as exc:
+        raise InvalidEnginePath(str(exc)) from None
+
+
+def _op_headers(result: OpResult) -> dict[str, str]:
+    headers = {"x-smgrl-operation-id": result.op_id}
+    if not result.journaled:
+        headers["x-smgrl-journal"] = "unavailable"
+    return headers
+
+
+def _op_response(result: OpResult) -> Response:
+    return env.json_response(
+        result.status, None if result.status == 204 else result.body, _op_headers(result)
+    )

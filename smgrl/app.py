@@ -1,0 +1,112 @@
+"""The quart-trio application: routes only. Each route parses, authorizes, calls a service and
+renders; no business rule lives here."""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
+
+from smgrl.api import envelopes as env
+from smgrl.api.rl import RlApi
+from smgrl.api.workers import WorkersApi
+
+log = logging.getLogger("smgrl.http")
+
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def create_app(gateway, journal_routes=None) -> QuartTrio:
+    app = QuartTrio("smgrl")
+    cfg = gateway.cfg
+    app.config.update(
+        MAX_CONTENT_LENGTH=cfg.max_payload_size,
+        # A control request may legitimately carry a large body slowly; the request timeout bounds it.
+        BODY_TIMEOUT=max(60, int(cfg.request_timeout_secs)),
+        RESPONSE_TIMEOUT=None,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    app.url_map.strict_slashes = False
+    app.url_map.merge_slashes = False
+    workers = WorkersApi(gateway)
+
+    @app.before_request
+    async def _request_id() -> None:
+        g.request_id, _ = env.request_id_for(request.headers.get("x-request-id"), request.path)
+
+    @app.after_request
+    async def _stamp(response: Response) -> Response:
+        response.headers["x-request-id"] = getattr(g, "request_id", None) or env.new_request_id(request.path)
+        return response
+
+    @app.route("/health", methods=["GET"])
+    @app.route("/liveness", methods=["GET"])
+    async def _alive() -> Response:
+        return env.text_response(200, "OK")
+
+    @app.route("/readiness", methods=["GET"])
+    async def _ready() -> Response:
+        workers_ = list(gateway.fleet.registry)
+        healthy = sum(1 for w in workers_ if w.status == "ready")
+        status = 200 if healthy else 503
+        body = {
+            "status": "ready" if healthy else "not_ready",
+            "healthy_workers": healthy,
+            "total_workers": len(workers_),
+        }
+        return env.json_response(status, body)
+
+    app.add_url_rule("/workers", "workers_list", workers.list, methods=["GET"])
+    app.add_url_rule("/workers", "workers_create", workers.create, methods=["POST"])
+    app.add_url_rule(
+        "/workers/<worker_id>", "workers_one", workers.one, methods=["GET", "PUT", "PATCH", "DELETE"]
+    )
+
+    if cfg.rl.enabled:
+        rl = RlApi(gateway, journal_routes)
+        app.add_url_rule("/v1/rl/<path:rest>", "rl", lambda rest: rl.dispatch(), methods=ALL_METHODS)
+
+    def _rl_tree(path: str) -> bool:
+        return path == "/v1/rl" or path.startswith("/v1/rl/")
+
+    @app.errorhandler(NotFound)
+    async def _not_found(exc) -> Response:
+        if _rl_tree(request.path) and not cfg.rl.enabled:
+            return env.empty_404()  # D1
+        raw = request.scope.get("raw_path") or request.path.encode()
+        return env.unknown_url(request.method, raw.decode("latin-1"))
+
+    @app.errorhandler(MethodNotAllowed)
+    async def _not_allowed(exc: MethodNotAllowed) -> Response:
+        if _rl_tree(request.path) and not cfg.rl.enabled:
+            return env.empty_404()
+        allowed = sorted(
+            set(exc.valid_methods or ()) | ({"HEAD"} if "GET" in (exc.valid_methods or ()) else set()),
+            key=ALL_METHODS.index,
+        )
+        raw = request.scope.get("raw_path") or request.path.encode()
+        return env.method_not_allowed(request.method, raw.decode("latin-1"), ",".join(allowed))
+
+    @app.errorhandler(RequestEntityTooLarge)
+    async def _too_large(exc) -> Response:
+        return env.payload_too_large()
+
+    @app.errorhandler(HTTPException)
+    async def _http(exc: HTTPException) -> Response:
+        return env.openai_error(
+            exc.code or 500,
+            (exc.name or "error").lower().replace(" ", "_"),
+            exc.description or exc.name or "error",
+        )
+
+    @app.errorhandler(Exception)
+    async def _bug(exc: Exception) -> Response:
+        # A bug, not bad input: log the traceback for the operator, answer a stable code.
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return env.json_response(
+            500, {"error": "internal_error", "message": "internal error; the gateway log has the details"}
+        )
+
+    return app

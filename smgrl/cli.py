@@ -1,0 +1,240 @@
+"""``smgrl``: one click group. ``launch`` runs the gateway; ``demo``, ``fake-engine`` and
+``journal`` are the other commands.
+
+``smgrl launch`` accepts SMG's flags with SMG's meaning (``smg launch --help``), including its
+argparse habit of several values after one flag (``--worker-urls URL URL ...``). Bad values exit
+1 with one line on stderr: no traceback.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import click
+import trio
+
+from smgrl import __version__
+from smgrl.config import DEFAULT_JOURNAL, Config, ControlPlaneKey, HealthConfig, RlConfig, TenantKey, validate
+from smgrl.errors import ConfigError
+
+# Flags that take several values after one occurrence, argparse-style (nargs="*"/"+").
+MULTI_VALUE = ("--worker-urls", "--control-plane-api-keys", "--tenant-api-key")
+
+
+def expand_multi_value(args: list[str]) -> list[str]:
+    """``--worker-urls a b --port 1`` -> ``--worker-urls a --worker-urls b --port 1``."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if name in MULTI_VALUE:
+            if eq:
+                out += [name, value]
+                i += 1
+                continue
+            i += 1
+            while i < len(args) and not args[i].startswith("--"):
+                out += [name, args[i]]
+                i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+class _MultiValueCommand(click.Command):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, expand_multi_value(list(args)))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="smgrl")
+def cli() -> None:
+    """smgrl: an RL control plane for fleets of inference engines, with an event journal."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every bad flag value or configuration error is one line on stderr, exit 1."""
+    try:
+        cli.main(args=argv, prog_name="smgrl", standalone_mode=False)
+    except ConfigError as exc:
+        text = str(exc)
+        click.echo(text if text.startswith("Configuration error") else f"error: {text}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+@cli.command(cls=_MultiValueCommand)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind (SMG's default is 0.0.0.0)."
+)
+@click.option("--port", default=30000, show_default=True, type=int)
+@click.option(
+    "--worker-urls", multiple=True, help="Engine URLs to register at startup (several after one flag)."
+)
+@click.option(
+    "--api-key", default=None, help="The worker API key: sent as bearer to engines from --worker-urls."
+)
+@click.option(
+    "--policy",
+    default="cache_aware",
+    show_default=True,
+    type=click.Choice(
+        [
+            "random",
+            "round_robin",
+            "power_of_two",
+            "cache_aware",
+            "least_load",
+            "consistent_hashing",
+            "prefix_hash",
+            "manual",
+            "passthrough",
+        ]
+    ),
+    help="Data-plane load-balancing policy (accepted now; used by the data plane).",
+)
+@click.option("--enable-rl", is_flag=True, help="Mount the RL control plane under /v1/rl.")
+@click.option("--rl-control-timeout-secs", default=600, show_default=True, type=int)
+@click.option("--rl-fanout-concurrency", default=32, show_default=True, type=int)
+@click.option(
+    "--rl-version-policy",
+    default="any",
+    show_default=True,
+    help="Data-plane version policy (accepted now; used by the data plane).",
+)
+@click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
+@click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
+@click.option("--disable-health-check", is_flag=True)
+@click.option("--health-check-interval-secs", default=60.0, show_default=True, type=float)
+@click.option("--health-check-timeout-secs", default=5.0, show_default=True, type=float)
+@click.option("--health-failure-threshold", default=3, show_default=True, type=int)
+@click.option("--health-success-threshold", default=2, show_default=True, type=int)
+@click.option("--health-check-endpoint", default="/health", show_default=True)
+@click.option("--disable-circuit-breaker", is_flag=True, help="Data plane (accepted now).")
+@click.option(
+    "--dp-aware", is_flag=True, help="Register an engine reporting dp_size N as N ranks url@0..N-1."
+)
+@click.option("--control-plane-api-keys", multiple=True, help="id:name:role:key (role admin or user).")
+@click.option(
+    "--tenant-api-key", multiple=True, help="tenant_id:key (data plane; refused on control routes)."
+)
+@click.option(
+    "--control-plane-audit-enabled",
+    is_flag=True,
+    help="Accepted for SMG compatibility: audit is on by default.",
+)
+@click.option("--disable-audit-logging", is_flag=True, help="Do not journal/log control-plane audit events.")
+@click.option("--prometheus-host", default=None)
+@click.option("--prometheus-port", default=29000, show_default=True, type=int)
+@click.option("--shutdown-grace-period-secs", default=180.0, show_default=True, type=float)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warn", "error"], case_sensitive=False),
+)
+@click.option("--log-json", is_flag=True, help="One JSON object per log line.")
+@click.option("--disable-load-monitoring", is_flag=True, help="Accepted for SMG compatibility.")
+@click.option(
+    "--journal",
+    "journal_path",
+    default=DEFAULT_JOURNAL,
+    show_default=True,
+    envvar="SMGRL_JOURNAL",
+    help="The SQLite journal file (env SMGRL_JOURNAL).",
+)
+def launch(**opts) -> None:
+    """Run the gateway."""
+    cfg = config_from_options(opts)
+    run_gateway(cfg)
+
+
+def config_from_options(o: dict) -> Config:
+    cfg = Config(
+        host=o["host"],
+        port=o["port"],
+        worker_urls=tuple(o["worker_urls"]),
+        api_key=o["api_key"],
+        policy=o["policy"],
+        rl=RlConfig(
+            enabled=o["enable_rl"],
+            control_timeout_secs=o["rl_control_timeout_secs"],
+            fanout_concurrency=o["rl_fanout_concurrency"],
+            version_policy=o["rl_version_policy"],
+        ),
+        health=HealthConfig(
+            enabled=not o["disable_health_check"],
+            interval_secs=o["health_check_interval_secs"],
+            timeout_secs=o["health_check_timeout_secs"],
+            failure_threshold=o["health_failure_threshold"],
+            success_threshold=o["health_success_threshold"],
+            endpoint=o["health_check_endpoint"],
+        ),
+        max_payload_size=o["max_payload_size"],
+        request_timeout_secs=o["request_timeout_secs"],
+        disable_circuit_breaker=o["disable_circuit_breaker"],
+        dp_aware=o["dp_aware"],
+        control_plane_keys=tuple(ControlPlaneKey.parse(k) for k in o["control_plane_api_keys"]),
+        tenant_keys=tuple(TenantKey.parse(k) for k in o["tenant_api_key"]),
+        prometheus_host=o["prometheus_host"],
+        prometheus_port=o["prometheus_port"],
+        shutdown_grace_period_secs=o["shutdown_grace_period_secs"],
+        log_level=o["log_level"],
+        log_json=o["log_json"],
+        disable_load_monitoring=o["disable_load_monitoring"],
+        journal=o["journal_path"],
+        audit=not o["disable_audit_logging"],
+    )
+    return validate(cfg)
+
+
+def run_gateway(cfg: Config) -> None:
+    from smgrl import logs
+    from smgrl.server import serve
+
+    logs.configure(cfg.log_level, cfg.log_json)
+
+    async def main_task() -> None:
+        shutdown = trio.Event()
+        async with trio.open_nursery() as nursery:
+            # The signal watcher sets ``shutdown``; serve() then drains gracefully and returns.
+            nursery.start_soon(_watch_signals, shutdown, nursery.cancel_scope)
+            await serve(cfg, shutdown=shutdown)
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main_task)
+    except OSError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+async def _watch_signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        count = 0
+        async for _ in signals:
+            count += 1
+            shutdown.set()
+            if count >= 2:
+                scope.cancel()  # a second signal: stop waiting for the grace period
+                return
+
+
+def _register_subcommands() -> None:
+    try:
+        from smgrl.fake.cli import fake_engine
+    except ImportError:  # pragma: no cover - the fakes ship with the package
+        return
+    cli.add_command(fake_engine, "fake-engine")
+
+
+_register_subcommands()

@@ -1,0 +1,157 @@
+"""Gateway configuration: one frozen value built from ``smgrl launch`` flags.
+
+Flags mirror SMG 1.13.0's ``smg launch`` where they apply (same names, defaults and meaning);
+``validate`` reproduces SMG's startup error texts for the RL section because operators grep for
+them. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from smgrl.errors import ConfigError
+
+DEFAULT_JOURNAL = "./smgrl-journal.db"
+
+ROLES = ("admin", "user")
+
+
+@attrs.frozen
+class ControlPlaneKey:
+    """One ``--control-plane-api-keys id:name:role:key`` entry. ``key`` is a secret: never logged."""
+
+    id: str
+    name: str
+    role: str
+    key: str = attrs.field(repr=False)
+
+    @classmethod
+    def parse(cls, text: str) -> ControlPlaneKey:
+        parts = text.split(":", 3)
+        if len(parts) != 4 or not all(parts):
+            raise ConfigError("Invalid --control-plane-api-keys entry (expected 'id:name:role:key')")
+        kid, name, role, key = parts
+        if role.lower() not in ROLES:
+            raise ConfigError(
+                f"Invalid role '{role}' in --control-plane-api-keys entry '{kid}' (expected admin or user)"
+            )
+        return cls(id=kid, name=name, role=role.lower(), key=key)
+
+
+@attrs.frozen
+class TenantKey:
+    """One ``--tenant-api-key tenant:key`` entry (data-plane identity; refused on control routes)."""
+
+    tenant: str
+    key: str = attrs.field(repr=False)
+
+    @classmethod
+    def parse(cls, text: str) -> TenantKey:
+        tenant, sep, key = text.partition(":")
+        if not sep or not tenant or not key:
+            raise ConfigError("Invalid --tenant-api-key entry (expected 'tenant_id:key')")
+        return cls(tenant=tenant, key=key)
+
+
+@attrs.frozen
+class RlConfig:
+    enabled: bool = False
+    control_timeout_secs: int = 600
+    fanout_concurrency: int = 32
+    version_policy: str = "any"
+
+
+@attrs.frozen
+class HealthConfig:
+    enabled: bool = True
+    interval_secs: float = 60.0
+    timeout_secs: float = 5.0
+    failure_threshold: int = 3
+    success_threshold: int = 2
+    endpoint: str = "/health"
+
+
+@attrs.frozen
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    worker_urls: tuple[str, ...] = ()
+    api_key: str | None = attrs.field(default=None, repr=False)
+    policy: str = "cache_aware"
+    rl: RlConfig = RlConfig()
+    health: HealthConfig = HealthConfig()
+    max_payload_size: int = 536_870_912
+    request_timeout_secs: float = 1800.0
+    disable_circuit_breaker: bool = False
+    dp_aware: bool = False
+    control_plane_keys: tuple[ControlPlaneKey, ...] = ()
+    tenant_keys: tuple[TenantKey, ...] = ()
+    prometheus_host: str | None = None
+    prometheus_port: int = 29000
+    shutdown_grace_period_secs: float = 180.0
+    log_level: str = "info"
+    log_json: bool = False
+    disable_load_monitoring: bool = False
+    journal: str = DEFAULT_JOURNAL
+    audit: bool = True
+    # Registration probe retry: first retry after this many seconds, doubling up to the cap.
+    registration_backoff_initial_secs: float = 0.5
+    registration_backoff_max_secs: float = 30.0
+
+    def scrubbed(self) -> dict:
+        """The configuration as JSON with every secret removed (for the journal's gateway.started)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "worker_urls": list(self.worker_urls),
+            "api_key_set": self.api_key is not None,
+            "policy": self.policy,
+            "rl": attrs.asdict(self.rl),
+            "health": attrs.asdict(self.health),
+            "max_payload_size": self.max_payload_size,
+            "dp_aware": self.dp_aware,
+            "control_plane_keys": [
+                {"id": k.id, "name": k.name, "role": k.role} for k in self.control_plane_keys
+            ],
+            "tenant_keys": [k.tenant for k in self.tenant_keys],
+            "journal": self.journal,
+            "audit": self.audit,
+        }
+
+
+def validate(cfg: Config) -> Config:
+    """Raise ConfigError with SMG's wording for values SMG refuses; return cfg unchanged otherwise."""
+    rl = cfg.rl
+    if rl.enabled:
+        # SMG reports only the first failing rule (the timeout is checked first).
+        problem = None
+        if rl.control_timeout_secs < 1:
+            problem = "rl.control_timeout_secs must be >= 1"
+        elif rl.fanout_concurrency < 1:
+            problem = "rl.fanout_concurrency must be >= 1"
+        if problem:
+            raise ConfigError(
+                "Configuration error: Invalid value for field 'rl': "
+                f"control_timeout_secs={rl.control_timeout_secs} "
+                f"fanout_concurrency={rl.fanout_concurrency} - {problem}"
+            )
+    elif rl.version_policy != "any":
+        raise ConfigError(
+            "Configuration error: Invalid value for field 'rl': --rl-version-policy requires --enable-rl"
+        )
+    if not 0 <= cfg.port <= 65535:
+        raise ConfigError(f"Invalid --port {cfg.port} (expected 0-65535)")
+    if not 1 <= cfg.prometheus_port <= 65535:
+        raise ConfigError(f"Invalid --prometheus-port {cfg.prometheus_port} (expected 1-65535)")
+    if cfg.max_payload_size < 1:
+        raise ConfigError("Invalid --max-payload-size (expected a positive number of bytes)")
+    if cfg.health.interval_secs < 1 or cfg.health.timeout_secs < 1:
+        raise ConfigError("Invalid health check timing (interval and timeout must be at least 1 second)")
+    if cfg.health.failure_threshold < 1 or cfg.health.success_threshold < 1:
+        raise ConfigError("Invalid health check thresholds (expected at least 1)")
+    ids = [k.id for k in cfg.control_plane_keys]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("Duplicate id in --control-plane-api-keys")
+    if cfg.shutdown_grace_period_secs < 0:
+        raise ConfigError("Invalid --shutdown-grace-period-secs (expected >= 0)")
+    return cfg

@@ -1,0 +1,136 @@
+"""``smgrl fake-engine``: serve fake engines on many ports from one process.
+
+When every listener is up it prints ONE line of JSON to stdout and flushes it::
+
+    {"ready": true, "kind": "sglang", "urls": ["http://127.0.0.1:31000", ...], "pid": 1234}
+
+SIGINT or SIGTERM stops it cleanly (exit code 0).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import signal
+import sys
+import tempfile
+from typing import Any
+
+import click
+import trio
+
+from smgrl.fake.fleet import ENGINE_KINDS, build_engines
+from smgrl.fake.sync import Gauge
+
+
+def parse_ports(spec: str) -> list[int]:
+    """``31000-31063``, ``31000,31002``, ``0`` (ephemeral) and mixes of those."""
+    ports: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise click.BadParameter(f"not a port or range: {part!r}") from None
+        if not (0 <= first <= last <= 65535):
+            raise click.BadParameter(f"bad port range: {part!r}")
+        ports.extend(range(first, last + 1))
+    if not ports:
+        raise click.BadParameter("no ports given")
+    taken = [p for p in ports if p]
+    if len(taken) != len(set(taken)):
+        raise click.BadParameter("a port is listed twice")
+    return ports
+
+
+def _loopback(host: str) -> str:
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+    except ValueError:
+        pass
+    raise click.BadParameter(f"fake engines listen on loopback only, not {host!r}")
+
+
+async def serve(kind: str, ports: list[int], config: dict[str, Any]) -> None:
+    gauge = Gauge()
+    with tempfile.TemporaryDirectory(prefix="smgrl-fake-engine-") as root:
+        engines = build_engines(kind, ports, config, root, gauge)
+        # Installed before the ready line: a supervisor may signal us the moment it reads it.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            # The root nursery owns every engine; cancelling it on a signal closes them all.
+            async with trio.open_nursery() as nursery:
+                for engine in engines:
+                    await nursery.start(engine.serve)
+                line = {"ready": True, "kind": kind, "urls": [e.url for e in engines], "pid": _pid()}
+                sys.stdout.write(json.dumps(line) + "\n")
+                sys.stdout.flush()
+                async for _ in signals:
+                    break
+                nursery.cancel_scope.cancel()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+@click.command("fake-engine")
+@click.option("--kind", type=click.Choice(sorted(ENGINE_KINDS)), default="sglang", show_default=True)
+@click.option(
+    "--ports", default="0", show_default=True, help="Ports: 31000-31063, 31000,31001; 0 = ephemeral."
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address to listen on.")
+@click.option("--dp-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--tp-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--pp-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--model-path", default=None, help="Checkpoint dir (default: a fresh fake checkpoint).")
+@click.option("--served-model-name", default=None)
+@click.option("--weight-version", default="default", show_default=True)
+@click.option("--api-key", default=None, help="SGLang: bearer for control routes; TokenSpeed: control key.")
+@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Added to every answer.")
+@click.option("--token-latency-ms", type=float, default=0.0, show_default=True, help="Per generated token.")
+@click.option("--require-weight-session/--no-require-weight-session", default=True, show_default=True)
+@click.option("--real-distributed", is_flag=True, help="Receive tensors over torch gloo (needs torch).")
+@click.option("--vllm-server-info", is_flag=True, help="vLLM: serve the dev /server_info instead of 404.")
+def fake_engine(
+    kind: str,
+    ports: str,
+    host: str,
+    dp_size: int,
+    tp_size: int,
+    pp_size: int,
+    model_path: str | None,
+    served_model_name: str | None,
+    weight_version: str,
+    api_key: str | None,
+    latency_ms: float,
+    token_latency_ms: float,
+    require_weight_session: bool,
+    real_distributed: bool,
+    vllm_server_info: bool,
+) -> None:
+    """Serve fake SGLang, vLLM or TokenSpeed engines on many ports from one process."""
+    config = {
+        "host": _loopback(host),
+        "dp_size": dp_size,
+        "tp_size": tp_size,
+        "pp_size": pp_size,
+        "model_path": model_path,
+        "served_model_name": served_model_name,
+        "weight_version": weight_version,
+        "api_key": api_key,
+        "latency_ms": latency_ms,
+        "token_latency_ms": token_latency_ms,
+        "require_weight_session": require_weight_session,
+        "real_distributed": real_distributed,
+        "vllm_server_info": vllm_server_info,
+    }
+    trio.run(serve, kind, parse_ports(ports), config)

@@ -1,0 +1,46 @@
+"""The gateway's parts, wired together once (by ``smgrl.server`` or by a test).
+
+Nothing here starts a task: ``Gateway`` only holds references. ``smgrl.server.serve`` owns the
+root nursery and starts the journal writer, the registry jobs, the health checker and the HTTP
+listeners inside it.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from smgrl.auth import AuthPolicy
+from smgrl.config import Config
+from smgrl.control.service import ControlService
+from smgrl.metrics import Metrics
+from smgrl.registry.keys import KeyRing
+from smgrl.registry.service import RegistryService
+from smgrl.state.fleet import FleetState
+from smgrl.upstream import PoolSet
+
+
+@attrs.define
+class Gateway:
+    cfg: Config
+    fleet: FleetState
+    journal: object  # journal.JournalWriter (or any Appender)
+    store: object  # journal.SqliteStore / MemoryStore: read side for the journal routes
+    keys: KeyRing
+    pools: PoolSet
+    metrics: Metrics
+    auth: AuthPolicy
+    registry: RegistryService
+    control: ControlService
+
+    @classmethod
+    def build(
+        cls, cfg: Config, *, fleet: FleetState, journal, store, keys: KeyRing, pools: PoolSet | None = None
+    ) -> Gateway:
+        pools = pools or PoolSet()
+        metrics = Metrics(rl_enabled=cfg.rl.enabled)
+        registry = RegistryService(fleet=fleet, journal=journal, keys=keys, pools=pools, cfg=cfg)
+        control = ControlService(
+            fleet=fleet, journal=journal, pools=pools, keys=keys, rl=cfg.rl, metrics=metrics
+        )
+        auth = AuthPolicy.build(cfg.control_plane_keys, cfg.tenant_keys, cfg.api_key)
+        return cls(cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control)

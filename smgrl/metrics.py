@@ -1,0 +1,68 @@
+"""Prometheus metrics: one registry per gateway, served on the ``--prometheus-port`` listener.
+
+The ``smg_rl_*`` families, labels, HELP texts and buckets are SMG 1.13.0's (spec §8) so existing
+dashboards keep working; with ``--enable-rl`` off none of them exist (no HELP/TYPE either).
+No label ever carries a secret or an unbounded value (``op`` is normalised, never the raw path).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+DURATION_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180,
+    240, 300, 480, 900, 1200, 1800, 2700, 3600, 5400, 7200,
+)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self, *, rl_enabled: bool) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.rl_enabled = rl_enabled
+        r = self.registry
+        self.journal_appends = Counter(
+            "smgrl_journal_events_total", "Events appended to the journal, by type", ["type"], registry=r
+        )
+        self.journal_failures = Counter(
+            "smgrl_journal_write_failures_total", "Journal batches that failed to commit", registry=r
+        )
+        self.workers = Gauge("smgrl_workers", "Registry entries, by health", ["health"], registry=r)
+        self.auth_denied = Counter(
+            "smgrl_control_plane_denied_total",
+            "Control-plane requests refused by auth, by status",
+            ["status"],
+            registry=r,
+        )
+        if not rl_enabled:
+            return
+        self.control_calls = Counter(
+            "smg_rl_control_calls",
+            "RL control-plane calls proxied to engines, by operation and result",
+            ["op", "result"],
+            registry=r,
+        )
+        self.control_duration = Histogram(
+            "smg_rl_control_call_duration_seconds",
+            "Latency of one proxied RL control call, by operation",
+            ["op"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.fanouts = Counter("smg_rl_fanout", "RL fan-out requests, by result", ["result"], registry=r)
+        self.fanout_duration = Histogram(
+            "smg_rl_fanout_duration_seconds",
+            "Wall time of one RL fan-out request",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+
+    def control_call(self, op: str, result: str, seconds: float) -> None:
+        self.control_calls.labels(op=op, result=result).inc()
+        self.control_duration.labels(op=op).observe(seconds)
+
+    def fanout(self, result: str, seconds: float) -> None:
+        self.fanouts.labels(result=result).inc()
+        self.fanout_duration.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,223 @@
+"""Registration jobs: the only writer of ``worker.*`` events.
+
+``register`` appends ``worker.registered`` (the API key goes to the journal's secrets table in the
+same transaction, never into the event) and returns at once with the new id, as SMG's 202 does;
+a background job then probes the engine until it answers, appending ``worker.probe_failed`` with
+a growing backoff, and finally ``worker.discovered``. Pending workers are invisible to ``/v1/rl``.
+After a restart, replay brings pending workers back and their jobs start again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from smgrl.config import Config
+from smgrl.core.worker import Worker, connection_mode_for, new_worker_id, strip_rank
+from smgrl.errors import WorkerApiError
+from smgrl.journaling import ev
+from smgrl.logs import event as log_event
+from smgrl.registry.keys import KeyRing
+from smgrl.registry.probe import ProbeFailed, probe_control_app, probe_http
+from smgrl.upstream import PoolSet
+
+log = logging.getLogger("smgrl.registry")
+
+PROBE_TIMEOUT_SECS = 5.0
+
+
+@attrs.frozen
+class Registration:
+    url: str
+    worker_type: str = "regular"
+    labels: dict[str, str] = attrs.field(factory=dict)
+    model_id: str | None = None
+    runtime: str | None = None
+    api_key: str | None = attrs.field(default=None, repr=False)
+    bootstrap_port: int | None = None
+
+
+class RegistryService:
+    def __init__(self, *, fleet, journal, keys: KeyRing, pools: PoolSet, cfg: Config) -> None:
+        self.fleet = fleet
+        self.journal = journal
+        self.keys = keys
+        self.pools = pools
+        self.cfg = cfg
+        # Registry writes are rare (registration, relabel, removal); serialising them makes the
+        # duplicate-URL check and the append one atomic step.
+        self._lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._jobs: dict[str, trio.CancelScope] = {}
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # This nursery owns every discovery job; it lives as long as the gateway's root nursery.
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for w in list(self.fleet.registry):
+                if w.status == "pending" and w.group == w.id:
+                    self._start_job(w.id)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- writes --------------------------------------------------------------------------------
+
+    async def register(self, reg: Registration, source: str) -> Worker:
+        async with self._lock:
+            existing = self.fleet.registry.conflict_for(reg.url)
+            if existing is not None:
+                raise WorkerApiError(
+                    409,
+                    "WORKER_ALREADY_EXISTS",
+                    f"Worker already exists at URL '{reg.url}' with ID {existing.id}. Use PUT "
+                    f"/workers/{existing.id} to replace or PATCH /workers/{existing.id} to update.",
+                )
+            worker_id = new_worker_id()
+            event = ev(
+                "worker.registered",
+                worker_id=worker_id,
+                url=reg.url,
+                base_url=strip_rank(reg.url),
+                source=source,
+                worker_type=reg.worker_type,
+                connection_mode=connection_mode_for(reg.url),
+                labels=dict(reg.labels),
+                model_id=reg.model_id,
+                runtime=reg.runtime,
+                has_api_key=bool(reg.api_key),
+                bootstrap_port=reg.bootstrap_port,
+                dp_aware=self.cfg.dp_aware,
+            )
+            secrets = {worker_id: reg.api_key} if reg.api_key else None
+            await self.journal.append(f"worker:{worker_id}", event, secrets=secrets)
+            if reg.api_key:
+                self.keys.put(worker_id, reg.api_key)
+        self._start_job(worker_id)
+        return self.fleet.registry.get(worker_id)
+
+    async def set_labels(self, worker_id: str, labels: dict[str, str], mode: str) -> None:
+        async with self._lock:
+            await self.journal.append(
+                f"worker:{worker_id}",
+                ev("worker.labels_changed", worker_id=worker_id, labels=labels, mode=mode),
+            )
+
+    async def remove(self, worker_id: str, reason: str) -> None:
+        async with self._lock:
+            worker = self.fleet.registry.get(worker_id)
+            if worker is None:
+                return
+            group = worker.group
+            job = self._jobs.pop(group, None)
+            if job is not None:
+                job.cancel()
+            bases = {w.base_url for w in self.fleet.registry.group_members(group)}
+            await self.journal.append(
+                f"worker:{group}",
+                ev("worker.removed", worker_id=worker_id, reason=reason),
+                secrets={group: None},
+            )
+            self.keys.drop(group)
+        for base in bases:
+            if not any(w.base_url == base for w in self.fleet.registry):
+                await self.pools.discard(base)
+
+    async def set_health(self, worker: Worker, health: str, reason: str) -> None:
+        await self.journal.append(
+            f"worker:{worker.group}",
+            ev("worker.health_changed", worker_id=worker.group, health=health, reason=reason),
+        )
+
+    # -- discovery jobs ------------------------------------------------------------------------
+
+    def _start_job(self, worker_id: str) -> None:
+        if self._nursery is None or worker_id in self._jobs:
+            return
+        scope = trio.CancelScope()
+        self._jobs[worker_id] = scope
+        self._nursery.start_soon(self._job, worker_id, scope)
+
+    async def _job(self, worker_id: str, scope: trio.CancelScope) -> None:
+        # Cancelled by remove(); otherwise runs until the engine answers (forever if it never
+        # does: a pending registration keeps retrying, at most every backoff cap seconds).
+        with scope:
+            try:
+                await self._discover(worker_id)
+            finally:
+                if self._jobs.get(worker_id) is scope:
+                    del self._jobs[worker_id]
+
+    async def _discover(self, worker_id: str) -> None:
+        delay = self.cfg.registration_backoff_initial_secs
+        attempt = 0
+        while True:
+            worker = self.fleet.registry.get(worker_id)
+            if worker is None:
+                return
+            attempt += 1
+            try:
+                found = await self._probe(worker)
+            except ProbeFailed as exc:
+                await self.journal.append(
+                    f"worker:{worker_id}",
+                    ev(
+                        "worker.probe_failed",
+                        worker_id=worker_id,
+                        attempt=attempt,
+                        error=str(exc),
+                        next_retry_s=delay,
+                    ),
+                )
+                if attempt == 1:
+                    log_event(
+                        log,
+                        "engine not reachable yet; retrying in the background",
+                        logging.WARNING,
+                        worker_id=worker_id,
+                        url=worker.url,
+                        error=str(exc),
+                    )
+                await trio.sleep(delay)
+                delay = min(delay * 2, self.cfg.registration_backoff_max_secs)
+                continue
+            rank_ids: list[str] = []
+            if (
+                worker.dp_aware
+                and found.dp_size
+                and found.dp_size > 1
+                and strip_rank(worker.url) == worker.url
+            ):
+                rank_ids = [worker_id] + [new_worker_id() for _ in range(found.dp_size - 1)]
+            async with self._lock:
+                if self.fleet.registry.get(worker_id) is None:
+                    return  # removed while we probed
+                await self.journal.append(
+                    f"worker:{worker_id}",
+                    ev(
+                        "worker.discovered",
+                        worker_id=worker_id,
+                        runtime=found.runtime,
+                        labels=found.labels,
+                        model_id=found.model_id,
+                        dp_rank_ids=rank_ids,
+                    ),
+                )
+            log_event(
+                log,
+                "worker registered",
+                worker_id=worker_id,
+                url=worker.url,
+                engine=found.runtime,
+                ranks=max(1, len(rank_ids)),
+            )
+            return
+
+    async def _probe(self, worker: Worker):
+        key = self.keys.get(worker.group)
+        if worker.connection_mode == "http":
+            return await probe_http(self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS)
+        return await probe_control_app(
+            self.pools, worker.url, worker.labels, worker.runtime, key, PROBE_TIMEOUT_SECS
+        )

@@ -1,0 +1,333 @@
+"""Python client for the ``/v1/rl`` control plane. Standard library only.
+
+A drop-in for ``smg.rl`` from SMG 1.13.0: code written for SMG changes only its import::
+
+    from smgrl.rl import RL, paused
+
+    rl = RL("http://gateway:30000")
+    with paused(rl, "engine=sglang"):  # pause_generation ... continue_generation, always
+        rl.fanout("update_weights_from_disk", {"model_path": p, "weight_version": "42"},
+                  selector="engine=sglang")
+
+Errors::
+
+    RlError            the gateway answered with an error (``.status``, ``.code``, ``.payload``);
+     |                 a non-JSON error body has code ``http_error``, an answer of the wrong
+     |                 shape ``unexpected_response``
+     +-- FanoutError   a fan-out where some target failed (code ``fanout_partial``, ``.result``),
+                       raised unless ``allow_partial=True``
+
+Transport failures (connection refused, socket timeout) are not wrapped: they surface as
+``urllib.error.URLError`` / ``TimeoutError``, exactly as with ``smg.rl``.
+
+Engine answers are data, not errors: ``call`` returns a :class:`CallResult` for an engine
+4xx/5xx, because the gateway mirrors the engine's status and wraps its body in an envelope.
+
+SGLang needs a JSON body on ``pause_generation``/``continue_generation`` (a bodyless POST is
+a 400), so :func:`paused` always sends ``{}`` or ``{"mode": ...}``.
+
+Rows from smgrl may carry fields SMG 1.13.0 does not send (``version_source``, ``control``);
+they land in ``Worker.extra`` instead of breaking construction.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = ["RL", "CallResult", "FanoutError", "FanoutFailure", "FanoutResult", "RlError", "Worker", "paused"]
+
+
+class RlError(Exception):
+    """An error answer from ``/v1/rl`` (any status >= 400): ``{"error": <code>, "message": ...}``."""
+
+    def __init__(self, status: int, payload: dict[str, Any]):
+        self.status = status
+        self.payload = payload
+        self.code = str(payload.get("error", "unknown"))
+        super().__init__(f"{self.code} (HTTP {status}): {payload.get('message', '')}")
+
+
+@dataclass
+class Worker:
+    """One discovery row (``GET /v1/rl/workers``)."""
+
+    id: str
+    url: str
+    base_url: str
+    engine: str
+    engine_version: str | None
+    model_id: str
+    worker_type: str
+    connection_mode: str
+    tp_size: int | None
+    dp_size: int | None
+    pp_size: int | None
+    dp_ranks: int
+    role: str | None
+    health: str
+    weight_version: str | None
+    control_url: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    # Row fields this client does not model (smgrl's `version_source`, `control`, ...).
+    # Keyword-only and left out of ==, so positional use and equality match smg.rl.
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, compare=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Worker:
+        known = [f.name for f in fields(cls) if f.name != "extra"]
+        kwargs: dict[str, Any] = {name: d.get(name) for name in known}
+        # Absent or null maps become {} (as smg.rl does) so callers can index them directly.
+        kwargs["labels"] = d.get("labels") or {}
+        kwargs["capabilities"] = d.get("capabilities") or {}
+        extra = {k: v for k, v in d.items() if k not in kwargs}
+        return cls(**kwargs, extra=extra)
+
+
+@dataclass
+class CallResult:
+    """An engine's answer through the gateway: its status, latency and (JSON or text) body."""
+
+    worker_id: str
+    url: str
+    status: int
+    latency_ms: int
+    body: Any
+    # True when the engine sent over 1 MiB and `body` is its first 1 MiB as text.
+    body_truncated: bool = field(default=False, kw_only=True, compare=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CallResult:
+        return cls(
+            worker_id=str(d.get("worker_id", "")),
+            url=str(d.get("url", "")),
+            status=int(d.get("status", 0)),
+            latency_ms=int(d.get("latency_ms", 0)),
+            body=d.get("body"),
+            body_truncated=bool(d.get("body_truncated", False)),
+        )
+
+
+@dataclass
+class FanoutFailure:
+    """One ``failed[]`` entry: a non-2xx engine (``upstream_error``, with ``status``) or a call
+    that never got an answer (``upstream_unreachable``, ``upstream_timeout``,
+    ``no_control_endpoint``; ``status`` is None)."""
+
+    worker_id: str
+    url: str
+    status: int | None
+    error: str
+    message: str
+    # Set for `no_control_endpoint` (e.g. "grpc"); not part of smg.rl's FanoutFailure.
+    connection_mode: str | None = field(default=None, kw_only=True, compare=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FanoutFailure:
+        return cls(
+            worker_id=str(d.get("worker_id", "")),
+            url=str(d.get("url", "")),
+            status=d.get("status"),
+            error=str(d.get("error", "")),
+            message=str(d.get("message", "")),
+            connection_mode=d.get("connection_mode"),
+        )
+
+
+@dataclass
+class FanoutResult:
+    """A fan-out's outcome: every answered call by worker id, the failures, and the counts."""
+
+    results: dict[str, CallResult]
+    failed: list[FanoutFailure]
+    total: int
+    succeeded: int
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FanoutResult:
+        results = {}
+        for worker_id, outcome in (d.get("results") or {}).items():
+            # The key names the worker; an outcome's own worker_id, if any, wins.
+            results[worker_id] = CallResult.from_json({"worker_id": worker_id, **outcome})
+        return cls(
+            results=results,
+            failed=[FanoutFailure.from_json(f) for f in d.get("failed") or []],
+            total=int(d.get("total", 0)),
+            succeeded=int(d.get("succeeded", 0)),
+        )
+
+
+class FanoutError(RlError):
+    """``RL.fanout`` when a target failed and ``allow_partial`` is False; ``.result`` has it all."""
+
+    def __init__(self, result: FanoutResult, status: int = 207):
+        self.result = result
+        names = ", ".join(failure.worker_id for failure in result.failed)
+        super().__init__(status, {"error": "fanout_partial", "message": f"failed workers: {names}"})
+
+
+class RL:
+    """A connection to one gateway. ``timeout`` (seconds, > 0) bounds each HTTP request."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = _checked_timeout(timeout)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, Any]:
+        """Send one request; return (status, decoded body) for every HTTP answer, 4xx/5xx too."""
+        seconds = self.timeout if timeout is None else _checked_timeout(timeout)
+        url = self.base_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        headers = {"accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["content-type"] = "application/json"
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=seconds) as response:
+                return response.status, _decoded(response.read())
+        except urllib.error.HTTPError as error:  # any status >= 400 (urllib raises for them)
+            try:
+                return error.code, _decoded(error.read())
+            finally:
+                error.close()
+
+    def workers(self) -> list[Worker]:
+        """Every discovery row (DP ranks collapsed). Registration is asynchronous: poll."""
+        status, payload = self._request("GET", "/v1/rl/workers")
+        _raise_for_status(status, payload)
+        return [Worker.from_json(row) for row in payload.get("workers", [])]
+
+    def worker(self, worker_id: str) -> Worker:
+        """One worker's row; ``RlError`` with code ``worker_not_found`` for an unknown id."""
+        status, payload = self._request("GET", f"/v1/rl/workers/{worker_id}")
+        _raise_for_status(status, payload)
+        return Worker.from_json(payload)
+
+    def call(
+        self,
+        worker_id: str,
+        path: str,
+        body: Any = None,
+        *,
+        method: str = "POST",
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> CallResult:
+        """Call one engine route on one worker; engine 4xx/5xx come back as a CallResult."""
+        route = f"/v1/rl/workers/{worker_id}/engine/{path.lstrip('/')}"
+        status, payload = self._request(method, route, body, params, timeout)
+        # An envelope (it has latency_ms and no error code) is the engine's answer, whatever
+        # its status: the gateway mirrors the engine status, so the status alone cannot tell.
+        if isinstance(payload, dict) and "latency_ms" in payload and "error" not in payload:
+            return CallResult.from_json(payload)
+        _raise_for_status(status, payload)
+        raise RlError(status, {"error": "unexpected_response", "message": str(payload)})
+
+    def fanout(
+        self,
+        path: str,
+        body: Any = None,
+        *,
+        selector: str,
+        method: str = "POST",
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        allow_partial: bool = False,
+    ) -> FanoutResult:
+        """Send the same call to every worker matching ``selector``.
+
+        200 and 207 answers become a FanoutResult; a 207 (some target failed) raises
+        FanoutError unless ``allow_partial``. Any other answer raises RlError.
+        """
+        query = {**(params or {}), "selector": selector}
+        route = f"/v1/rl/engine/{path.lstrip('/')}"
+        status, payload = self._request(method, route, body, query, timeout)
+        if status in (200, 207) and isinstance(payload, dict) and "results" in payload:
+            result = FanoutResult.from_json(payload)
+            if result.failed and not allow_partial:
+                raise FanoutError(result, status)
+            return result
+        _raise_for_status(status, payload)
+        raise RlError(status, {"error": "unexpected_response", "message": str(payload)})
+
+
+@contextmanager
+def paused(
+    rl: RL,
+    selector: str,
+    *,
+    mode: str | None = None,
+    timeout: float | None = None,
+) -> Iterator[FanoutResult]:
+    """Pause every worker matching ``selector``, run the body, and always resume them.
+
+    - The pause's FanoutResult is what ``with ... as`` binds.
+    - A pause that fails (e.g. FanoutError because one worker did not pause) is re-raised
+      without running the body, but ``continue_generation`` is still sent, so the workers
+      that did pause do not stay paused.
+    - If the body raises, the workers are resumed and the body's error propagates; a resume
+      error is then attached as its ``__context__`` (the body's error is the one that matters).
+    - If only the resume fails, its error is raised.
+    """
+    pause_body: dict[str, Any] = {"mode": mode} if mode else {}
+    primary: BaseException | None = None
+    try:
+        yield rl.fanout("pause_generation", pause_body, selector=selector, timeout=timeout)
+    except BaseException as error:  # BaseException: a Ctrl-C in the body must still resume
+        primary = error
+        raise
+    finally:
+        _resume(rl, selector, timeout, primary)
+
+
+def _resume(rl: RL, selector: str, timeout: float | None, primary: BaseException | None) -> None:
+    try:
+        rl.fanout("continue_generation", {}, selector=selector, timeout=timeout)
+    except Exception as resume_error:
+        if primary is None:
+            raise
+        if primary.__context__ is None:
+            primary.__context__ = resume_error
+
+
+def _checked_timeout(timeout: float) -> float:
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    return timeout
+
+
+def _decoded(raw: bytes) -> Any:
+    """JSON when the bytes parse, else the text (invalid UTF-8 replaced); None when empty."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+def _raise_for_status(status: int, payload: Any) -> None:
+    if status >= 400:
+        if not isinstance(payload, dict):
+            payload = {"error": "http_error", "message": str(payload)}
+        raise RlError(status, payload)

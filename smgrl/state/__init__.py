@@ -1,0 +1,1 @@
+"""Projections: pure folds from journal events to the state the gateway serves from memory."""

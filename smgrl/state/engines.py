@@ -1,0 +1,140 @@
+"""Engine state (weight version, control state) projected from confirmed control outcomes.
+
+Keyed by engine address (``base_url``: DP ranks share one engine). The rules:
+
+- a 2xx answer confirms the call's intent (``smgrl.core.observe``): version and/or control state;
+- any other answer changes nothing (it is still in the journal);
+- a call with no outcome (timeout, body cut off, client gone, gateway crash) leaves the engine
+  ``unknown`` for what the call would have changed, until a later call confirms it;
+- when a fan-out moved some targets to version V and others did not get there, those others are
+  ``mixed``: their version differs from the one the rest of the fleet reached in the same refit.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from smgrl.core.observe import Intent
+from smgrl.core.view import EngineFacts
+from smgrl.core.worker import strip_rank
+
+TYPES = frozenset(
+    {
+        "worker.discovered",
+        "worker.removed",
+        "control.started",
+        "control.outcome",
+        "control.finished",
+        "control.interrupted",
+    }
+)
+
+
+@attrs.define
+class _Open:
+    intent: Intent
+    targets: dict[str, str]  # worker_id -> engine base_url
+    succeeded: set[str] = attrs.field(factory=set)
+    settled: set[str] = attrs.field(factory=set)
+
+
+class EngineStates:
+    def __init__(self) -> None:
+        self.engines: dict[str, EngineFacts] = {}
+        self._open: dict[str, _Open] = {}
+        self.revision = 0
+
+    def get(self, base_url: str) -> EngineFacts | None:
+        return self.engines.get(base_url)
+
+    def apply(self, seq: int, event, registry) -> None:
+        """Fold one event. ``registry`` is the registry projection, already updated with it."""
+        kind = getattr(event, "TYPE", None)
+        if kind == "control.outcome":
+            self._outcome(event)
+        elif kind == "control.started":
+            intent = Intent.from_json(getattr(event, "intent", None))
+            if intent.version is not None or intent.control is not None:
+                self._open[event.op_id] = _Open(
+                    intent, {t["worker_id"]: strip_rank(t["url"]) for t in event.targets}
+                )
+        elif kind in ("control.finished", "control.interrupted"):
+            self._close(event.op_id)
+        elif kind == "worker.discovered":
+            worker = registry.get(event.worker_id)
+            if worker is not None:
+                self._seed(worker.base_url, event.labels)
+
+    def forget(self, base_url: str) -> None:
+        """The last worker at this address was removed."""
+        if self.engines.pop(base_url, None) is not None:
+            self.revision += 1
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    def _seed(self, base: str, labels) -> None:
+        if base in self.engines:
+            return  # seed is insert-if-absent: the journal's later knowledge wins
+        label = (labels or {}).get("weight_version")
+        versioned = label not in (None, "", "default")
+        self.engines[base] = EngineFacts(
+            weight_version=None, version_source="registration" if versioned else None, control="active"
+        )
+        self.revision += 1
+
+    def _facts(self, base: str) -> EngineFacts:
+        return self.engines.get(base) or EngineFacts()
+
+    def _outcome(self, ev) -> None:
+        op = self._open.get(ev.op_id)
+        if op is None or ev.worker_id not in op.targets:
+            return
+        base = op.targets[ev.worker_id]
+        op.settled.add(ev.worker_id)
+        facts = self._facts(base)
+        status = ev.status
+        if ev.error is None and status is not None and 200 <= status < 300:
+            op.succeeded.add(ev.worker_id)
+            if op.intent.version is not None:
+                facts = attrs.evolve(
+                    facts,
+                    weight_version=op.intent.version,
+                    version_source="passthrough",
+                    mixed=False,
+                    version_known=True,
+                )
+            if op.intent.control is not None:
+                facts = attrs.evolve(facts, control=op.intent.control)
+        elif ev.error == "upstream_timeout" or (
+            ev.error == "upstream_unreachable" and "reading response body" in (ev.message or "")
+        ):
+            facts = self._unknown(facts, op.intent)
+        else:
+            return  # refused or never reached: nothing changed on the engine
+        self.engines[base] = facts
+        self.revision += 1
+
+    def _unknown(self, facts: EngineFacts, intent: Intent) -> EngineFacts:
+        if intent.control is not None:
+            facts = attrs.evolve(facts, control="unknown")
+        if intent.version is not None:
+            facts = attrs.evolve(facts, version_known=False)
+        return facts
+
+    def _close(self, op_id: str) -> None:
+        op = self._open.pop(op_id, None)
+        if op is None:
+            return
+        for wid, base in op.targets.items():
+            if wid not in op.settled:
+                # Cut short (client gone, shutdown, crash) before this target answered.
+                self.engines[base] = self._unknown(self._facts(base), op.intent)
+        version = op.intent.version
+        if version is not None and op.succeeded:
+            for wid, base in op.targets.items():
+                if wid in op.succeeded:
+                    continue
+                facts = self._facts(base)
+                if facts.weight_version != version:
+                    self.engines[base] = attrs.evolve(facts, mixed=True)
+        self.revision += 1

@@ -1,0 +1,114 @@
+"""Control operations (per-worker calls and fan-outs) as a projection of ``control.*`` events.
+
+Two uses: the gateway must know which operations are still open (at shutdown and after a crash it
+records them as interrupted, naming the targets whose outcomes were recorded), and
+``GET /v1/rl/operations/{id}`` serves recent operations from memory. Memory stays bounded: only
+open operations and the most recent ``RECENT`` finished ones are kept; older ones are read back
+from the journal file on demand.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import attrs
+
+RECENT = 4096
+
+
+@attrs.define
+class OpRecord:
+    op_id: str
+    kind: str
+    method: str
+    path: str
+    query: str | None
+    selector: str | None
+    targets: list[dict]
+    started_seq: int
+    principal: str | None = None
+    request_id: str | None = None
+    outcomes: dict[str, dict] = attrs.field(factory=dict)
+    result: str | None = None  # None while open
+    http_status: int | None = None
+    latency_ms: int | None = None
+    missing: list[str] = attrs.field(factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        succeeded = sum(
+            1
+            for o in self.outcomes.values()
+            if o.get("error") is None and o.get("status") is not None and 200 <= o["status"] < 300
+        )
+        return {
+            "operation_id": self.op_id,
+            "kind": self.kind,
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "selector": self.selector,
+            "status": "open" if self.result is None else "finished",
+            "result": self.result,
+            "http_status": self.http_status,
+            "total": len(self.targets),
+            "succeeded": succeeded,
+            "latency_ms": self.latency_ms,
+            "targets": [{**t, "outcome": self.outcomes.get(t["worker_id"])} for t in self.targets],
+            "missing_targets": self.missing,
+            "started_seq": self.started_seq,
+        }
+
+
+class Operations:
+    def __init__(self, recent: int = RECENT) -> None:
+        self.open: dict[str, OpRecord] = {}
+        self.recent: OrderedDict[str, OpRecord] = OrderedDict()
+        self._cap = recent
+
+    def get(self, op_id: str) -> OpRecord | None:
+        return self.open.get(op_id) or self.recent.get(op_id)
+
+    def apply(self, seq: int, ev) -> None:
+        kind = getattr(ev, "TYPE", None)
+        if kind == "control.started":
+            self.open[ev.op_id] = OpRecord(
+                op_id=ev.op_id,
+                kind=ev.kind,
+                method=ev.method,
+                path=ev.path,
+                query=ev.query,
+                selector=ev.selector,
+                targets=list(ev.targets),
+                started_seq=seq,
+                principal=ev.principal,
+                request_id=ev.request_id,
+            )
+        elif kind == "control.outcome":
+            op = self.open.get(ev.op_id)
+            if op is not None:
+                op.outcomes[ev.worker_id] = {
+                    "status": ev.status,
+                    "latency_ms": ev.latency_ms,
+                    "error": ev.error,
+                    "message": ev.message,
+                    "excerpt": ev.excerpt,
+                    "body_truncated": ev.body_truncated,
+                }
+        elif kind == "control.finished":
+            op = self.open.pop(ev.op_id, None)
+            if op is not None:
+                op.result, op.http_status, op.latency_ms = ev.result, ev.http_status, ev.latency_ms
+                op.missing = [t["worker_id"] for t in op.targets if t["worker_id"] not in op.outcomes]
+                self._remember(op)
+        elif kind == "control.interrupted":
+            op = self.open.pop(ev.op_id, None)
+            if op is not None:
+                op.result = "interrupted"
+                op.missing = list(ev.missing_targets)
+                self._remember(op)
+
+    def _remember(self, op: OpRecord) -> None:
+        self.recent[op.op_id] = op
+        while len(self.recent) > self._cap:
+            self.recent.popitem(last=False)

@@ -1,0 +1,173 @@
+"""The worker registry as a projection of ``worker.*`` journal events.
+
+Nothing mutates the registry directly: the registry service appends an event and then applies it
+here (the same code path replay uses at startup), so the in-memory registry and the journal can
+never disagree. Workers keep registration order; ``revision`` moves on every change so rendered
+views can be cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+
+from smgrl.core.worker import Worker, strip_rank
+
+TYPES = frozenset(
+    {
+        "worker.registered",
+        "worker.discovered",
+        "worker.labels_changed",
+        "worker.health_changed",
+        "worker.removed",
+    }
+)
+
+
+class RegistryState:
+    def __init__(self) -> None:
+        self.workers: dict[str, Worker] = {}
+        self._by_url: dict[str, str] = {}
+        self.revision = 0
+        self.last_seq = 0
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, worker_id: str) -> Worker | None:
+        return self.workers.get(worker_id)
+
+    def id_for_url(self, url: str) -> str | None:
+        return self._by_url.get(url)
+
+    def conflict_for(self, url: str) -> Worker | None:
+        """The worker a new registration of ``url`` would collide with (same URL, or the base URL
+        of a DP group, or a rank URL of a registered base)."""
+        wid = self._by_url.get(url) or self._by_url.get(strip_rank(url))
+        if wid is None:
+            for w in self.workers.values():
+                if w.dp_aware and w.base_url == url:
+                    return w
+            return None
+        return self.workers.get(wid)
+
+    def group_members(self, group: str) -> list[Worker]:
+        return [w for w in self.workers.values() if w.group == group]
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(self.workers.values())
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    # -- the fold ----------------------------------------------------------------------------
+
+    def apply(self, seq: int, event) -> None:
+        handler = _HANDLERS.get(getattr(event, "TYPE", None))
+        if handler is None:
+            return  # not a registry event, or an UnknownEvent from a newer smgrl: skip it
+        handler(self, seq, event)
+        self.revision += 1
+        self.last_seq = seq
+
+    def _put(self, worker: Worker) -> None:
+        old = self.workers.get(worker.id)
+        if old is not None and old.url != worker.url:
+            self._by_url.pop(old.url, None)
+        self.workers[worker.id] = worker
+        self._by_url[worker.url] = worker.id
+
+    def _drop(self, worker_id: str) -> None:
+        w = self.workers.pop(worker_id, None)
+        if w is not None and self._by_url.get(w.url) == worker_id:
+            del self._by_url[w.url]
+
+
+def _registered(state: RegistryState, seq: int, ev) -> None:
+    state._put(
+        Worker(
+            id=ev.worker_id,
+            url=ev.url,
+            base_url=ev.base_url,
+            worker_type=ev.worker_type,
+            connection_mode=ev.connection_mode,
+            runtime=ev.runtime or "unspecified",
+            model_id=ev.model_id,
+            caller_labels=dict(ev.labels),
+            status="pending",
+            dp_aware=ev.dp_aware,
+            group=ev.worker_id,
+            has_api_key=ev.has_api_key,
+            bootstrap_port=ev.bootstrap_port,
+            source=ev.source,
+            registered_seq=seq,
+        )
+    )
+
+
+def _discovered(state: RegistryState, seq: int, ev) -> None:
+    root = state.workers.get(ev.worker_id)
+    if root is None:
+        return
+    # Re-discovery replaces any ranks a previous discovery created.
+    for w in state.group_members(root.id):
+        if w.id != root.id:
+            state._drop(w.id)
+    fields = dict(
+        runtime=ev.runtime or root.runtime,
+        model_id=root.model_id or ev.model_id,
+        discovered_labels=dict(ev.labels),
+        status="ready",
+    )
+    rank_ids = list(ev.dp_rank_ids or ())
+    if not rank_ids:
+        state._put(attrs.evolve(root, **fields))
+        return
+    size = len(rank_ids)
+    for rank, rid in enumerate(rank_ids):
+        base = root if rank == 0 else attrs.evolve(root, id=rid, registered_seq=seq)
+        state._put(
+            attrs.evolve(
+                base,
+                url=f"{root.base_url}@{rank}",
+                dp_rank=rank,
+                dp_size=size,
+                group=root.id,
+                **fields,
+            )
+        )
+
+
+def _labels_changed(state: RegistryState, seq: int, ev) -> None:
+    w = state.workers.get(ev.worker_id)
+    if w is None:
+        return
+    labels = dict(ev.labels) if ev.mode == "replace" else {**w.caller_labels, **ev.labels}
+    state._put(attrs.evolve(w, caller_labels=labels))
+
+
+def _health_changed(state: RegistryState, seq: int, ev) -> None:
+    w = state.workers.get(ev.worker_id)
+    if w is None:
+        return
+    # One engine, one health: a DP group's ranks share the engine's status.
+    for member in state.group_members(w.group):
+        state._put(attrs.evolve(member, status=ev.health))
+
+
+def _removed(state: RegistryState, seq: int, ev) -> None:
+    w = state.workers.get(ev.worker_id)
+    if w is None:
+        return
+    # Ranks share one engine address: removing any of them removes the engine.
+    for member in state.group_members(w.group):
+        state._drop(member.id)
+
+
+_HANDLERS = {
+    "worker.registered": _registered,
+    "worker.discovered": _discovered,
+    "worker.labels_changed": _labels_changed,
+    "worker.health_changed": _health_changed,
+    "worker.removed": _removed,
+}

@@ -1,0 +1,81 @@
+"""One TCP (or TLS) connection to an engine: open it, test it while idle, close it.
+
+Closing is synchronous on purpose. It runs in cleanup paths, usually with a ``trio.Cancelled``
+or an error already in flight; an ``await stream.aclose()`` there would be a checkpoint, which
+in a cancelled scope raises again before or after the fd is closed depending on the stream type
+(an ``SSLStream`` even tries to send close_notify). Closing the socket directly is immediate,
+cannot be interrupted, and is all HTTP/1.1 needs: every message we reuse a connection after is
+self-delimited, so no TLS close_notify is required (which is also why TLS streams are opened
+with ``https_compatible=True``: an engine may close without one).
+"""
+
+from __future__ import annotations
+
+import select
+import ssl
+
+import trio
+
+from smgrl.upstream.errors import ConnectError
+
+__all__ = ["Connection", "open_connection"]
+
+
+class Connection:
+    """A connection owned by exactly one party at a time: the pool's idle stack or one exchange."""
+
+    __slots__ = ("_socket", "idle_since", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
+        self.stream = stream
+        self._socket = socket
+        self.idle_since = 0.0
+
+    def close(self) -> None:
+        """Close now, without a checkpoint (see the module docstring). Idempotent."""
+        self._socket.close()
+
+    def readable_while_idle(self) -> bool:
+        """True if the engine sent anything (EOF, a reset, or bytes) while nobody was asking.
+
+        An idle HTTP/1.1 connection must be silent. If it is readable, the engine has closed it
+        (FIN or RST: the common case, an idle timeout on the engine's side) or sent something
+        unsolicited (e.g. a 408) that we would otherwise read as the answer to our next
+        request. Either way it cannot be reused. A zero-timeout poll is one cheap syscall and
+        never blocks; ``poll`` rather than ``select`` so fds above 1024 work.
+        """
+        poller = select.poll()
+        poller.register(self._socket.fileno(), select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+
+
+async def open_connection(
+    origin: str, host: str, port: int, ssl_context: ssl.SSLContext | None
+) -> Connection:
+    """Connect (and do the TLS handshake when ``ssl_context`` is given), or raise ``ConnectError``.
+
+    Cancellation-safe: ``trio.open_tcp_stream`` closes its own sockets when cancelled, and a
+    handshake interrupted for any reason closes the TCP socket before the exception propagates,
+    so nothing leaks whatever point the caller's deadline fires at.
+    """
+    try:
+        tcp = await trio.open_tcp_stream(host, port)
+    except OSError as exc:
+        raise ConnectError(f"cannot connect to {origin}: {exc}") from exc
+    connection = Connection(tcp, tcp.socket)
+    if ssl_context is None:
+        return connection
+    tls = trio.SSLStream(tcp, ssl_context, server_hostname=host, https_compatible=True)
+    try:
+        # Handshake now, not lazily on the first send, so a TLS failure is a ConnectError
+        # (nothing was sent) rather than a failed request write.
+        await tls.do_handshake()
+    except (trio.BrokenResourceError, OSError) as exc:
+        connection.close()
+        raise ConnectError(f"TLS handshake with {origin} failed: {exc}") from exc
+    except BaseException:
+        # Cancelled (or anything else) mid-handshake: the socket is ours alone; close it.
+        connection.close()
+        raise
+    connection.stream = tls
+    return connection

@@ -1,0 +1,209 @@
+"""Store backends for the contract suite, and event factories shared by the journal tests.
+
+(A uniquely named module rather than conftest: test directories here have no __init__.py, so
+``import conftest`` could pick another directory's conftest.)
+
+A backend wraps one store plus the means to tamper with it behind its back (raw sqlite3 for the
+file, the private row list for MemoryStore), so the same tamper tests run against both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from journal import (
+    Append,
+    ControlFinished,
+    ControlOutcome,
+    ControlStarted,
+    MemoryStore,
+    SqliteStore,
+    WorkerRegistered,
+    WorkerRemoved,
+)
+
+
+class FakeClock:
+    """A settable clock for commit timestamps (never compared with the real one)."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SqliteBackend:
+    name = "sqlite"
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "journal.db"
+        self.store = SqliteStore.open(self.path)
+
+    def set_clock(self, clock: FakeClock) -> None:
+        self.store._clock = clock
+
+    def readonly(self) -> SqliteStore:
+        return SqliteStore.open(self.path, readonly=True)
+
+    @contextlib.contextmanager
+    def _raw(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path)
+        try:
+            with conn:
+                yield conn
+        finally:
+            conn.close()
+
+    def payload(self, seq: int) -> str:
+        with self._raw() as conn:
+            return conn.execute("SELECT payload FROM events WHERE seq = ?", (seq,)).fetchone()[0]
+
+    def set_payload(self, seq: int, payload: str) -> None:
+        with self._raw() as conn:
+            conn.execute("UPDATE events SET payload = ? WHERE seq = ?", (payload, seq))
+
+    def set_ts(self, seq: int, ts: float) -> None:
+        with self._raw() as conn:
+            conn.execute("UPDATE events SET ts = ? WHERE seq = ?", (ts, seq))
+
+    def delete(self, seq: int) -> None:
+        with self._raw() as conn:
+            conn.execute("DELETE FROM events WHERE seq = ?", (seq,))
+
+    def truncate_after(self, seq: int) -> None:
+        with self._raw() as conn:
+            conn.execute("DELETE FROM events WHERE seq > ?", (seq,))
+
+    def set_snapshot_state(self, upto_seq: int, state: str) -> None:
+        with self._raw() as conn:
+            conn.execute("UPDATE snapshots SET state = ? WHERE upto_seq = ?", (state, upto_seq))
+
+    def everything_but_secrets(self) -> str:
+        """Every value of every table except ``secrets``, as one string (what an export may show)."""
+        with self._raw() as conn:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            parts = [
+                repr(row)
+                for table in tables
+                if table != "secrets"
+                for row in conn.execute(f'SELECT * FROM "{table}"')
+            ]
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class MemoryBackend:
+    name = "memory"
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = FakeClock()
+        self.store = MemoryStore(clock=self.clock)
+
+    def set_clock(self, clock: FakeClock) -> None:
+        self.store._clock = clock
+
+    def readonly(self) -> MemoryStore:
+        return self.store._readonly_view()
+
+    def _index(self, seq: int) -> int:
+        return next(i for i, row in enumerate(self.store._rows) if row[0] == seq)
+
+    def payload(self, seq: int) -> str:
+        return self.store._rows[self._index(seq)][5]
+
+    def _replace(self, seq: int, column: int, value: object) -> None:
+        i = self._index(seq)
+        row = list(self.store._rows[i])
+        row[column] = value
+        self.store._rows[i] = tuple(row)
+
+    def set_payload(self, seq: int, payload: str) -> None:
+        self._replace(seq, 5, payload)
+
+    def set_ts(self, seq: int, ts: float) -> None:
+        self._replace(seq, 1, ts)
+
+    def delete(self, seq: int) -> None:
+        del self.store._rows[self._index(seq)]
+
+    def truncate_after(self, seq: int) -> None:
+        self.store._rows[:] = [row for row in self.store._rows if row[0] <= seq]
+
+    def set_snapshot_state(self, upto_seq: int, state: str) -> None:
+        snaps = self.store._snapshots
+        for i, snap in enumerate(snaps):
+            if snap[2] == upto_seq:
+                snaps[i] = (*snap[:4], state, snap[5])
+
+    def everything_but_secrets(self) -> str:
+        s = self.store
+        return "\n".join(map(repr, [s._rows, s._snapshots, s._meta]))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+# -- event factories -------------------------------------------------------------------------------
+
+_ids = itertools.count(1)
+
+
+def registered(worker_id: str = "w1", **kw: object) -> WorkerRegistered:
+    fields: dict[str, object] = {
+        "worker_id": worker_id,
+        "url": f"http://{worker_id}:8000",
+        "base_url": f"http://{worker_id}:8000",
+        "source": "api",
+        "labels": {"pool": "a"},
+        "model_id": "llama",
+    }
+    fields.update(kw)
+    return WorkerRegistered(**fields)  # type: ignore[arg-type]
+
+
+def started(op_id: str = "op1", body: bytes = b'{"abort_all": true}', **kw: object) -> ControlStarted:
+    fields: dict[str, object] = {
+        "op_id": op_id,
+        "kind": "fanout",
+        "method": "POST",
+        "path": "/flush_cache",
+        "selector": "pool=a",
+        "targets": [{"worker_id": "w1", "url": "http://w1:8000", "control_url": None}],
+        "content_type": "application/json",
+        **ControlStarted.body_fields(body),
+    }
+    fields.update(kw)
+    return ControlStarted(**fields)  # type: ignore[arg-type]
+
+
+def outcome(op_id: str = "op1", worker_id: str = "w1", status: int = 200) -> ControlOutcome:
+    return ControlOutcome(
+        op_id=op_id,
+        worker_id=worker_id,
+        url=f"http://{worker_id}:8000",
+        status=status,
+        latency_ms=3,
+        excerpt="ok",
+    )
+
+
+def finished(op_id: str = "op1") -> ControlFinished:
+    return ControlFinished(
+        op_id=op_id, result="ok", http_status=200, total=1, succeeded=1, failed=0, latency_ms=4
+    )
+
+
+def removed(worker_id: str = "w1") -> WorkerRemoved:
+    return WorkerRemoved(worker_id=worker_id, reason="api")
+
+
+def a_few(n: int, stream: str = "control") -> list[Append]:
+    """n ordinary appends (outcomes with distinct op ids)."""
+    return [Append(stream, outcome(op_id=f"op{next(_ids)}")) for _ in range(n)]

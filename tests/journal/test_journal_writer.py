@@ -1,0 +1,350 @@
+"""JournalWriter: group commit, durability on return, failures, cancellation, shutdown.
+
+No wall-clock assertions: ordering is driven with trio.testing.wait_all_tasks_blocked and a gate
+that holds the writer thread inside append_batch.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from collections.abc import Sequence
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from journal_helpers import outcome, registered
+
+from journal import (
+    Append,
+    JournalClosedError,
+    JournalWriteError,
+    JournalWriter,
+    MemoryStore,
+    Recorded,
+    SqliteStore,
+    WorkerProbeFailed,
+)
+
+
+class CountingStore:
+    """Delegates to a store and records every append_batch: one call = one transaction."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.batches: list[int] = []
+
+    def append_batch(self, items: Sequence[Append]) -> list[Recorded]:
+        self.batches.append(len(items))
+        return self.inner.append_batch(items)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class GatedStore(CountingStore):
+    """Holds the writer thread inside append_batch until the test opens the gate."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.gate = threading.Event()
+
+    def append_batch(self, items):
+        # The timeout only stops a failing test from hanging forever; nothing asserts on time.
+        if not self.gate.wait(timeout=10):
+            raise RuntimeError("gate never opened")
+        return super().append_batch(items)
+
+
+class FlakyStore(CountingStore):
+    """Fails the next ``fail_next`` batches as a full disk would."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.fail_next = 0
+
+    def append_batch(self, items):
+        if self.fail_next:
+            self.fail_next -= 1
+            self.batches.append(len(items))
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().append_batch(items)
+
+
+async def test_concurrent_appends_share_transactions():
+    store = CountingStore(MemoryStore())
+    writer = JournalWriter(store)
+    results: list[Recorded] = []
+
+    async def one(i: int) -> None:
+        results.append(await writer.append("control", outcome(op_id=f"op{i}")))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        async with trio.open_nursery() as appenders:
+            for i in range(200):
+                appenders.start_soon(one, i)
+        await writer.aclose()
+    assert sorted(r.seq for r in results) == list(range(1, 201))
+    assert sum(store.batches) == 200
+    assert len(store.batches) < 200  # group commit: far fewer transactions than appends
+    assert store.verify().ok
+
+
+async def test_max_batch_bounds_transactions():
+    store = CountingStore(MemoryStore())
+    writer = JournalWriter(store, max_batch=10)
+    pendings = [writer.append_nowait("control", outcome(op_id=f"op{i}")) for i in range(35)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.flush()
+        await writer.aclose()
+    assert store.batches == [10, 10, 10, 5]
+    assert [(await p.wait()).seq for p in pendings] == list(range(1, 36))
+
+
+async def test_append_returns_only_after_commit(tmp_path):
+    path = tmp_path / "j.db"
+    store = GatedStore(SqliteStore.open(path))
+    writer = JournalWriter(store)
+    reader = SqliteStore.open(path, readonly=True)
+    got: list[Recorded] = []
+
+    async def appender() -> None:
+        got.append(await writer.append("workers", registered("w1"), secrets={"w1": "k"}))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        nursery.start_soon(appender)
+        await trio.testing.wait_all_tasks_blocked()
+        # The batch is inside append_batch, held by the gate: append has not returned.
+        assert got == []
+        assert reader.count() == 0
+        store.gate.set()
+        while not got:
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.lowlevel.checkpoint()
+        # When append returns, a second connection already sees the row: it is committed.
+        assert [r.seq for r in reader.read()] == [1]
+        assert reader.secrets() == {"w1": "k"}
+        await writer.aclose()
+    reader.close()
+    store.inner.close()
+
+
+async def test_append_nowait_preserves_order(tmp_path):
+    store = SqliteStore.open(tmp_path / "j.db")
+    writer = JournalWriter(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        early = [writer.append_nowait("control", outcome(op_id=f"op{i}")) for i in range(5)]
+        last = await writer.append("control", outcome(op_id="last"))
+        # A later awaited append implies the earlier ones are durable.
+        assert all(p.done for p in early)
+        assert [(await p.wait()).seq for p in early] == [1, 2, 3, 4, 5]
+        assert last.seq == 6
+        await writer.aclose()
+    with SqliteStore.open(tmp_path / "j.db", readonly=True) as ro:
+        assert [r.event.op_id for r in ro.read()] == ["op0", "op1", "op2", "op3", "op4", "last"]
+    store.close()
+
+
+async def test_failed_batch_reaches_every_waiter_and_the_writer_recovers():
+    store = FlakyStore(MemoryStore())
+    writer = JournalWriter(store)
+    errors: list[BaseException] = []
+
+    async def doomed(i: int) -> None:
+        try:
+            await writer.append("control", outcome(op_id=f"lost{i}"))
+        except JournalWriteError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = await writer.append("control", outcome(op_id="kept"))
+        store.fail_next = 1
+        async with trio.open_nursery() as appenders:
+            for i in range(5):
+                appenders.start_soon(doomed, i)
+        assert len(errors) == 5
+        assert all(e.code == "journal_unavailable" for e in errors)
+        assert all(isinstance(e.__cause__, sqlite3.OperationalError) for e in errors)
+        assert len({id(e) for e in errors}) == 5  # one exception object per waiter
+        # Recovery: the next batch commits right after the last good one.
+        after = await writer.append("control", outcome(op_id="after"))
+        await writer.aclose()
+    assert (first.seq, after.seq) == (1, 2)
+    assert [r.event.op_id for r in store.read()] == ["kept", "after"]
+    assert store.verify().ok
+
+
+async def test_real_disk_full_then_space_returns(tmp_path):
+    store = SqliteStore.open(tmp_path / "j.db")
+    writer = JournalWriter(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.append("control", outcome(op_id="a"))
+        pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+        store._conn.execute(f"PRAGMA max_page_count = {pages}")
+        big = outcome(op_id="b" * 200_000)
+        with pytest.raises(JournalWriteError) as info:
+            await writer.append("control", big)
+        assert info.value.code == "journal_unavailable"
+        store._conn.execute("PRAGMA max_page_count = 1073741823")
+        assert (await writer.append("control", big)).seq == 2
+        await writer.aclose()
+    assert store.verify().ok
+    store.close()
+
+
+async def test_cancelled_waiter_does_not_withdraw_its_event():
+    store = GatedStore(MemoryStore())
+    writer = JournalWriter(store)
+    scope = trio.CancelScope()
+    outcomes: list[str] = []
+
+    async def impatient_appender() -> None:
+        with scope:
+            await writer.append("control", outcome(op_id="abandoned"))
+        outcomes.append("cancelled" if scope.cancelled_caught else "returned")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        writer.append_nowait("control", outcome(op_id="first"))
+        await trio.testing.wait_all_tasks_blocked()  # "first" is held in the thread by the gate
+        nursery.start_soon(impatient_appender)
+        await trio.testing.wait_all_tasks_blocked()  # "abandoned" is queued, its caller waits
+        scope.cancel()  # the caller gives up while its event is queued
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcomes == ["cancelled"]
+        store.gate.set()
+        await writer.flush()
+        await writer.aclose()
+    assert [r.event.op_id for r in store.read()] == ["first", "abandoned"]
+
+
+async def test_already_cancelled_append_writes_nothing():
+    store = MemoryStore()
+    writer = JournalWriter(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await writer.append("control", outcome(op_id="never"))
+        await writer.append("control", outcome(op_id="yes"))
+        await writer.aclose()
+    assert [r.event.op_id for r in store.read()] == ["yes"]
+
+
+async def test_aclose_drains_then_refuses():
+    store = GatedStore(MemoryStore())
+    writer = JournalWriter(store, max_batch=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        pendings = [writer.append_nowait("control", outcome(op_id=f"op{i}")) for i in range(10)]
+        await trio.testing.wait_all_tasks_blocked()
+        store.gate.set()
+        await writer.aclose()
+        assert all(p.done for p in pendings)
+        with pytest.raises(JournalClosedError):
+            writer.append_nowait("control", outcome())
+        with pytest.raises(JournalClosedError):
+            await writer.append("control", outcome())
+        await writer.aclose()  # idempotent
+    assert store.count() == 10
+    assert [(await p.wait()).seq for p in pendings] == list(range(1, 11))
+
+
+async def test_cancelling_the_writer_task_still_commits_the_queue():
+    store = GatedStore(MemoryStore())
+    writer = JournalWriter(store, max_batch=3)
+    async with trio.open_nursery() as outer:
+        root = trio.CancelScope()
+
+        async def gateway_root() -> None:
+            with root:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(writer.run)
+                    await trio.sleep_forever()
+
+        outer.start_soon(gateway_root)
+        await trio.testing.wait_all_tasks_blocked()
+        pendings = [writer.append_nowait("control", outcome(op_id=f"op{i}")) for i in range(7)]
+        await trio.testing.wait_all_tasks_blocked()  # the first batch is held in the thread
+        root.cancel()  # e.g. Ctrl-C: the root nursery is cancelled with events still queued
+        await trio.testing.wait_all_tasks_blocked()
+        # The in-flight batch is not abandoned (its thread holds a write transaction): the
+        # writer notices the cancellation once it returns, then drains the queue, shielded.
+        late = writer.append_nowait("control", outcome(op_id="late"))
+        store.gate.set()
+    assert [(await p.wait()).seq for p in [*pendings, late]] == list(range(1, 9))
+    assert store.batches == [3, 3, 2]
+    with pytest.raises(JournalClosedError):
+        writer.append_nowait("control", outcome())
+
+
+async def test_aclose_without_run_commits_inline():
+    store = MemoryStore()
+    writer = JournalWriter(store)
+    pending = writer.append_nowait("control", outcome())
+    await writer.aclose()
+    assert (await pending.wait()).seq == 1
+    with pytest.raises(RuntimeError):
+        await writer.run()
+
+
+async def test_backpressure_waits_for_room():
+    store = GatedStore(MemoryStore())
+    writer = JournalWriter(store, max_batch=2, max_queue=4)
+    done: list[int] = []
+
+    async def appender() -> None:
+        done.append((await writer.append("control", outcome(op_id="late"))).seq)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        for i in range(6):  # 2 in the thread, 4 queued: the queue is full
+            writer.append_nowait("control", outcome(op_id=f"op{i}"))
+        nursery.start_soon(appender)
+        await trio.testing.wait_all_tasks_blocked()
+        assert writer._queued == 4  # the appender waits for room, not yet enqueued
+        store.gate.set()
+        await writer.flush()
+        await trio.testing.wait_all_tasks_blocked()
+        await writer.flush()
+        await writer.aclose()
+    assert done == [7]
+
+
+async def test_bad_event_fails_in_the_caller_not_the_batch():
+    store = CountingStore(MemoryStore())
+    writer = JournalWriter(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        ok = writer.append_nowait("workers", registered("w1"))
+        with pytest.raises(ValueError):
+            await writer.append(
+                "workers", WorkerProbeFailed(worker_id="w1", attempt=1, error="x", next_retry_s=math.inf)
+            )
+        await writer.flush()
+        assert (await ok.wait()).seq == 1
+        await writer.aclose()
+    assert store.count() == 1
+
+
+async def test_flush_reports_a_failed_last_batch():
+    store = FlakyStore(MemoryStore())
+    writer = JournalWriter(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.flush()  # nothing queued: returns at once
+        store.fail_next = 1
+        pending = writer.append_nowait("control", outcome())
+        with pytest.raises(JournalWriteError):
+            await writer.flush()
+        with pytest.raises(JournalWriteError):
+            await pending.wait()
+        await writer.aclose()
