@@ -32,17 +32,19 @@ _KEPT_ENCODINGS = ("utf8", "base64")
 
 
 class Prepared(NamedTuple):
-    """An event encoded for storage (computed once, when the Append is built)."""
+    """An event encoded for storage (computed once, in the caller's task, when the Append is built)."""
 
     type: str
     schema: int
     payload: str
-    hashed_payload: str
+    hashed_utf8: bytes  # the hashed payload, already UTF-8: encoded once, hashed in the writer thread
 
 
-def chain_hash(prev_hash: str, seq: int, ts: float, stream: str, type_: str, schema: int, hashed: str) -> str:
-    data = f"{prev_hash}\n{seq}\n{ts!r}\n{stream}\n{type_}\n{schema}\n{hashed}"
-    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+def chain_hash(
+    prev_hash: str, seq: int, ts: float, stream: str, type_: str, schema: int, hashed_utf8: bytes
+) -> str:
+    header = f"{prev_hash}\n{seq}\n{ts!r}\n{stream}\n{type_}\n{schema}\n".encode()
+    return hashlib.sha256(header + hashed_utf8).hexdigest()
 
 
 def hashed_payload(type_: str, payload: str, obj: Any) -> str:
@@ -76,10 +78,10 @@ def prepare(event: Event | UnknownEvent, stream: str) -> Prepared:
             if problem is not None:
                 raise ValueError(f"control.started: {problem}")
             hashed = hashed_payload(type_, payload, obj)
-    # Lone surrogates survive json.dumps(ensure_ascii=False) but not UTF-8 (nor SQLite): fail here.
-    payload.encode("utf-8")
+    # Lone surrogates survive json.dumps(ensure_ascii=False) but not UTF-8 (nor SQLite): encoding
+    # here makes them fail in the caller.
     stream.encode("utf-8")
-    return Prepared(type_, schema, payload, hashed)
+    return Prepared(type_, schema, payload, hashed.encode("utf-8"))
 
 
 @attrs.frozen(slots=True)
@@ -163,7 +165,8 @@ def verify_rows(
         except (ValueError, TypeError):
             return bad(seq, "payload is not valid JSON")
         try:
-            recomputed = chain_hash(prev, seq, ts, stream, type_, schema, hashed_payload(type_, payload, obj))
+            hashed = hashed_payload(type_, payload, obj).encode("utf-8")
+            recomputed = chain_hash(prev, seq, ts, stream, type_, schema, hashed)
         except (ValueError, TypeError) as exc:
             return bad(seq, f"row cannot be hashed: {exc}")
         if recomputed != stored_hash:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 import attrs
@@ -21,8 +22,13 @@ def _check_stream(_inst: object, _attr: object, value: object) -> None:
         raise ValueError("stream must be a non-empty string")
 
 
-def _secrets(value: Mapping[str, str | None] | None) -> dict[str, str | None]:
-    out = dict(value or {})
+_NO_SECRETS: Mapping[str, str | None] = MappingProxyType({})
+
+
+def _secrets(value: Mapping[str, str | None] | None) -> Mapping[str, str | None]:
+    if not value:
+        return _NO_SECRETS  # the common case, on the append hot path: no copy
+    out = dict(value)
     for worker_id, api_key in out.items():
         if not isinstance(worker_id, str) or not worker_id:
             raise ValueError("secrets: worker ids must be non-empty strings")
@@ -47,7 +53,7 @@ class Append:
 
     stream: str = attrs.field(validator=_check_stream)
     event: Event | UnknownEvent
-    secrets: Mapping[str, str | None] = attrs.field(factory=dict, converter=_secrets, repr=_masked)
+    secrets: Mapping[str, str | None] = attrs.field(default=None, converter=_secrets, repr=_masked)
     _prepared: Prepared = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -279,11 +280,7 @@ class SqliteStore:
             # The head is read inside the write transaction rather than cached: another process
             # (the CLI) may have written since, and a failed batch must leave no trace in memory.
             rows, recorded, secret_ops = build_batch(items, self._head(conn), self._clock())
-            conn.executemany(
-                "INSERT INTO events (seq, ts, stream, type, schema, payload, prev_hash, hash)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+            _insert_events(conn, rows)
             for worker_id, api_key, seq in secret_ops:
                 if api_key is None:
                     conn.execute("DELETE FROM secrets WHERE worker_id = ?", (worker_id,))
@@ -485,6 +482,30 @@ class SqliteStore:
         pages = self._pages("seq, ts, stream, type, schema, payload, prev_hash, hash", 0, where, params, None)
         rows: Iterator[Row] = (row for page in pages for row in page)
         return verify_rows(rows, upto=upto, high_water=high_water, compacted_before=compacted_before)
+
+
+_INSERT_CHUNK = 128  # rows per multi-row INSERT (8 variables each, far below SQLite's limit)
+
+
+@functools.cache
+def _insert_sql(n: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * n)
+    return f"INSERT INTO events (seq, ts, stream, type, schema, payload, prev_hash, hash) VALUES {values}"
+
+
+def _insert_events(conn: sqlite3.Connection, rows: list[Row]) -> None:
+    """Insert rows with multi-row INSERTs: one statement step per chunk instead of per row.
+
+    Chunks are 128 rows, then powers of two for the rest, so only 8 distinct statements exist
+    and all stay in the connection's statement cache.
+    """
+    i, n = 0, len(rows)
+    while i < n:
+        size = _INSERT_CHUNK
+        while size > n - i:
+            size //= 2
+        conn.execute(_insert_sql(size), [value for row in rows[i : i + size] for value in row])
+        i += size
 
 
 def _filters(types: list[str] | None, stream: str | None, until_seq: int | None) -> tuple[str, list[Any]]:

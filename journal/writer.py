@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
@@ -73,14 +73,17 @@ class Pending:
         Cancelling this wait does not withdraw the event: it is still written (see ``append``).
         """
         await self._batch.done.wait()
-        batch = self._batch
-        if batch.error is not None:
-            # A fresh exception per waiter: one shared instance would have its traceback rewritten
-            # by every task that raises it.
-            cls = JournalClosedError if isinstance(batch.error, JournalClosedError) else JournalWriteError
-            raise cls(f"journal write failed: {batch.error}") from batch.error
-        assert batch.recorded is not None
-        return batch.recorded[self._index]
+        return _result(self._batch, self._index)
+
+
+def _result(batch: _Batch, index: int) -> Recorded:
+    if batch.error is not None:
+        # A fresh exception per waiter: one shared instance would have its traceback rewritten by
+        # every task that raises it.
+        cls = JournalClosedError if isinstance(batch.error, JournalClosedError) else JournalWriteError
+        raise cls(f"journal write failed: {batch.error}") from batch.error
+    assert batch.recorded is not None
+    return batch.recorded[index]
 
 
 class JournalWriter:
@@ -88,13 +91,23 @@ class JournalWriter:
 
     ``max_batch``: events per transaction. ``max_queue``: queued events beyond which ``append``
     waits for room (backpressure when the disk is slower than the producers); ``append_nowait``
-    never waits.
+    never waits. ``on_commit``: called with each committed batch's records, in journal order, in
+    the writer task, BEFORE the batch's appenders wake up: projections fed from it see events in
+    exactly commit order, and an appender that awaited its event already sees its effect.
     """
 
-    def __init__(self, store: EventStore, *, max_batch: int = 1024, max_queue: int = 64 * 1024) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        max_batch: int = 1024,
+        max_queue: int = 64 * 1024,
+        on_commit: Callable[[list[Recorded]], None] | None = None,
+    ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be positive")
         self._store = store
+        self._on_commit = on_commit
         self._max_batch = max_batch
         self._max_queue = max_queue
         self._state = _NEW
@@ -122,9 +135,9 @@ class JournalWriter:
         """
         if self._state in (_CLOSING, _CLOSED):
             raise JournalClosedError("the journal writer is closed")
-        return self._enqueue(Append(stream, event, secrets))
+        return Pending(*self._enqueue(Append(stream, event, secrets)))
 
-    def _enqueue(self, item: Append) -> Pending:
+    def _enqueue(self, item: Append) -> tuple[_Batch, int]:
         if self._state in (_CLOSING, _CLOSED):
             raise JournalClosedError("the journal writer is closed")
         queue = self._queue
@@ -135,8 +148,9 @@ class JournalWriter:
             queue.append(batch)
         batch.items.append(item)
         self._queued += 1
-        self._wakeup.unpark()
-        return Pending(batch, len(batch.items) - 1)
+        if self._wakeup:  # only the writer parks there; skip the call when it is busy
+            self._wakeup.unpark()
+        return batch, len(batch.items) - 1
 
     async def append(
         self, stream: str, event: Event | UnknownEvent, *, secrets: Mapping[str, str | None] | None = None
@@ -153,13 +167,14 @@ class JournalWriter:
         # Backpressure (a cancellation point too, still before enqueueing).
         while self._queued >= self._max_queue and self._state in (_NEW, _RUNNING):
             await self._room.park()
-        pending = self._enqueue(item)
+        batch, index = self._enqueue(item)
         # From here on the event WILL be written even if this caller is cancelled while waiting.
         # Withdrawing it is not an option: a later event from another task may already be queued
         # behind it and rely on its order, the batch may already be in the worker thread, and the
         # caller may have acted on the fact that it was journaled. Cancelling only drops the
         # caller's receipt; the journal stays consistent either way.
-        return await pending.wait()
+        await batch.done.wait()
+        return _result(batch, index)
 
     async def flush(self) -> None:
         """Wait until everything enqueued so far is committed; JournalWriteError if the last batch failed."""
@@ -227,6 +242,13 @@ class JournalWriter:
             batch.error = exc
         else:
             batch.recorded = recorded
+            if self._on_commit is not None:
+                try:
+                    self._on_commit(recorded)
+                except Exception:  # noqa: BLE001 - a projection bug must not stop the journal
+                    # The events ARE committed; a failing fold is a bug to log loudly, not a
+                    # write failure to report to the appenders.
+                    logger.exception("on_commit callback failed for a batch of %d events", len(recorded))
         self._inflight = None
         batch.done.set()
 

@@ -66,7 +66,11 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
 
     if cfg.rl.enabled:
         rl = RlApi(gateway, journal_routes)
-        app.add_url_rule("/v1/rl/<path:rest>", "rl", lambda rest: rl.dispatch(), methods=ALL_METHODS)
+
+        async def _rl(rest: str) -> Response:
+            return await rl.dispatch()
+
+        app.add_url_rule("/v1/rl/<path:rest>", "rl", _rl, methods=ALL_METHODS)
 
     def _rl_tree(path: str) -> bool:
         return path == "/v1/rl" or path.startswith("/v1/rl/")

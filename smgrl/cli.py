@@ -235,6 +235,9 @@ def _register_subcommands() -> None:
     except ImportError:  # pragma: no cover - the fakes ship with the package
         return
     cli.add_command(fake_engine, "fake-engine")
+    from smgrl.demo.run import demo
+
+    cli.add_command(demo, "demo")
 
 
 _register_subcommands()

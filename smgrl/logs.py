@@ -27,7 +27,11 @@ class _Text(logging.Formatter):
         tail = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         line = f"{stamp}.{int(record.msecs):03d}Z {record.levelname:<5} {record.name}: {record.getMessage()}"
-        return f"{line} {tail}" if tail else line
+        if tail:
+            line = f"{line} {tail}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line
 
 
 class _Json(logging.Formatter):
@@ -39,6 +43,8 @@ class _Json(logging.Formatter):
             "message": record.getMessage(),
         }
         out.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)
 
 

@@ -68,7 +68,7 @@ def hypercorn_config(cfg: Config) -> HyperConfig:
 async def serve(
     cfg: Config, *, shutdown: trio.Event | None = None, store=None, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
-    shutdown = shutdown or trio.Event()
+    shutdown = shutdown if shutdown is not None else trio.Event()
     own_store = store is None
     store = store or SqliteStore.open(cfg.journal)
     fleet = FleetState()

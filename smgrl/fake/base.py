@@ -109,7 +109,6 @@ class BaseEngine:
         self.paused: str | None = None  # the pause mode, None when running
         self.released_tags: set[str] = set()
         self.healthy = True
-        self.started_at = trio.current_time() if _in_trio() else 0.0
         self.server = HttpServer(self.handle, config.port, config.host)
         self.routes: Routes = self.build_routes()
 
@@ -117,6 +116,8 @@ class BaseEngine:
     async def serve(self, *, task_status: trio.TaskStatus[BaseEngine] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``nursery.start(engine.serve)`` returns once it listens."""
         try:
+            # The server runs inside this task (a nursery of one) so that ``started`` can hand
+            # the listening engine back while the caller's nursery keeps owning it.
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.server.run)
                 task_status.started(self)
@@ -192,6 +193,7 @@ class BaseEngine:
             "peak_concurrency": self.gauge.peak,
             "process_peak_concurrency": parent.peak if parent is not None else self.gauge.peak,
             "calls": len(self.calls),
+            "connections": {"accepted": self.server.accepted, "open": self.server.open_connections},
             "groups": sorted(self.transfers.groups),
             "knobs": self.knobs.to_json(),
             **self.extra_state(),
@@ -295,18 +297,10 @@ class BaseEngine:
             return await handler(req)
         except Reply as reply:
             return reply.response
-        except Exception:
+        except Exception:  # noqa: BLE001 - any bug in a handler is the engine's 500
             # What Starlette's ServerErrorMiddleware answers for an uncaught exception.
             traceback.print_exc(file=sys.stderr)
             return text_response("Internal Server Error", 500)
-
-
-def _in_trio() -> bool:
-    try:
-        trio.current_time()
-    except RuntimeError:
-        return False
-    return True
 
 
 def routes(*entries: tuple[str, str, Route]) -> Routes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -68,18 +69,12 @@ async def serve(kind: str, ports: list[int], config: dict[str, Any]) -> None:
             async with trio.open_nursery() as nursery:
                 for engine in engines:
                     await nursery.start(engine.serve)
-                line = {"ready": True, "kind": kind, "urls": [e.url for e in engines], "pid": _pid()}
+                line = {"ready": True, "kind": kind, "urls": [e.url for e in engines], "pid": os.getpid()}
                 sys.stdout.write(json.dumps(line) + "\n")
                 sys.stdout.flush()
                 async for _ in signals:
                     break
                 nursery.cancel_scope.cancel()
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
 
 
 @click.command("fake-engine")

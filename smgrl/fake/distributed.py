@@ -13,6 +13,7 @@ one when testing real transfers. Untested where torch is absent (the CI machine)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from datetime import timedelta
 from typing import Any
@@ -49,8 +50,10 @@ class GlooReceiver:
 
 
 def _join_blocking(name: str, info: dict[str, Any]) -> tuple[Any, int]:
+    import inspect
+
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
+    from torch.distributed.distributed_c10d import Backend, _new_process_group_helper, _world, rendezvous
 
     rank = int(info["rank_offset"])
     world_size = int(info["world_size"])
@@ -59,7 +62,12 @@ def _join_blocking(name: str, info: dict[str, Any]) -> tuple[Any, int]:
     store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = dist.PrefixStore(name, store)
-    pg, _ = _new_process_group_helper(world_size, rank, [], "gloo", store, group_name=name, timeout=timeout)
+    # torch renamed pg_options to backend_options (2.6); pass whichever this torch has.
+    params = inspect.signature(_new_process_group_helper).parameters
+    options = "backend_options" if "backend_options" in params else "pg_options"
+    pg, _ = _new_process_group_helper(
+        world_size, rank, [], Backend("gloo"), store, group_name=name, timeout=timeout, **{options: None}
+    )
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg, rank
 
@@ -82,10 +90,9 @@ def _receive_blocking(
 def _destroy_blocking(pg: Any) -> None:
     import torch.distributed as dist
 
-    try:
+    # A half-built group has nothing more to release.
+    with contextlib.suppress(Exception):
         dist.destroy_process_group(pg)
-    except Exception:  # a half-built group: nothing more to release
-        pass
 
 
 def tensor_checksum(tensor: Any) -> str:

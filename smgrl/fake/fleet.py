@@ -75,8 +75,8 @@ def build_engines(
     if settings.get("model_path") is None:
         path = make_checkpoint(f"{default_root}/{DEFAULT_MODEL_NAME.replace('/', '--')}", DEFAULT_MODEL_NAME)
         settings["model_path"] = str(path)
-        settings.setdefault("served_model_name", None)
-        settings["served_model_name"] = settings["served_model_name"] or DEFAULT_MODEL_NAME
+        # A path given by us, not the user: keep the default model name (SGLang would use the path).
+        settings["served_model_name"] = settings.get("served_model_name") or DEFAULT_MODEL_NAME
     return [
         make_engine(kind, EngineConfig(**{**settings, "port": port}), gauge_parent=gauge) for port in ports
     ]

@@ -44,12 +44,16 @@ def parse_jobs(obj: dict[str, Any]) -> tuple[list[Job], bool]:
         raise _error("Either text or input_ids should be provided, but not both.")
     if text is not None:
         batch = isinstance(text, list)
-        prompts = [model.tokenize(t) for t in (text if batch else [text])]
         if not all(isinstance(t, str) for t in (text if batch else [text])):
             raise _error("text must be a string or a list of strings.")
+        prompts = [model.tokenize(t) for t in (text if batch else [text])]
     else:
+        if not isinstance(input_ids, list):
+            raise _error("input_ids must be a list of token ids or a list of such lists.")
         batch = bool(input_ids) and isinstance(input_ids[0], list)
         prompts = list(input_ids) if batch else [input_ids]
+        if not all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompts):
+            raise _error("input_ids must be a list of token ids or a list of such lists.")
     if not prompts:
         raise _error("The batch is empty.")
     jobs = []

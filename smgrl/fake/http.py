@@ -20,6 +20,8 @@ import functools
 import http
 import json
 import math
+import sys
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
@@ -126,6 +128,8 @@ class HttpServer:
     port: int = 0
     host: str = "127.0.0.1"
     _serve_scope: trio.CancelScope | None = None
+    accepted: int = 0  # connections accepted so far (keep-alive checks)
+    open_connections: int = 0
     _down_until: float = 0.0
     _listening: bool = False
     _wake: trio.Event = attrs.Factory(trio.Event)
@@ -138,7 +142,15 @@ class HttpServer:
     async def run(self, *, task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED) -> None:
         started = False
         while True:
-            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            try:
+                listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            except OSError:
+                if not started:
+                    raise  # the first bind failing is the caller's error (port in use, ...)
+                # Coming back up: someone else may briefly hold the port; keep trying until
+                # it is free again or we are cancelled.
+                await trio.sleep(0.1)
+                continue
             # Port 0 binds an ephemeral port once; every later restart reuses that number.
             self.port = listeners[0].socket.getsockname()[1]
             # This scope owns the listener and every connection task: cancelling it (go_down)
@@ -177,12 +189,20 @@ class HttpServer:
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
+        self.accepted += 1
+        self.open_connections += 1
         try:
             while True:
                 request = await _read_request(conn, stream)
                 if request is None:
                     return
-                response = await self.handler(request)
+                try:
+                    response = await self.handler(request)
+                except Exception:  # noqa: BLE001 - a handler bug must not take the port down
+                    # Connection tasks live in the listener's nursery: an escaping exception
+                    # would cancel every connection and the listener. Answer 500 instead.
+                    traceback.print_exc(file=sys.stderr)
+                    response = Response(500, b"Internal Server Error", "text/plain; charset=utf-8")
                 if response is HANG:
                     await _drain_until_eof(stream)
                     return
@@ -195,6 +215,11 @@ class HttpServer:
         except (_ClientGone, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             # The client went away or broke the protocol mid-exchange: there is nobody to answer.
             return
+        except Exception:  # noqa: BLE001 - e.g. a streamed body failing half-way
+            # Too late for a status line: log and drop this connection only.
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            self.open_connections -= 1
 
 
 async def _read_request(conn: h11.Connection, stream: trio.SocketStream) -> Request | None:

@@ -84,6 +84,7 @@ class Scheduler:
     jobs: dict[str, Job] = attrs.Factory(dict)
     frozen: bool = False
     _cache: set[int] = attrs.Factory(set)
+    _digest_bytes: bytes | None = None
 
     # -- queries -------------------------------------------------------------------------------
     def running(self) -> list[Job]:
@@ -123,6 +124,7 @@ class Scheduler:
 
     def load(self, digest: str) -> None:
         self.digest = digest
+        self._digest_bytes = bytes.fromhex(digest)
         self.changed.notify()
 
     # -- generation ----------------------------------------------------------------------------
@@ -200,7 +202,9 @@ class Scheduler:
 
     def _emit(self, job: Job) -> None:
         position = len(job.output_ids)
-        token, logprob = model.next_token(bytes.fromhex(self.digest), job.key, position)
+        if self._digest_bytes is None:
+            self._digest_bytes = bytes.fromhex(self.digest)
+        token, logprob = model.next_token(self._digest_bytes, job.key, position)
         job.started = True
         job.output_ids.append(token)
         job.output_logprobs.append(logprob)

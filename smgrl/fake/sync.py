@@ -33,6 +33,7 @@ class Notifier:
 
     async def wait_until(self, predicate, timeout: float = math.inf) -> bool:
         """Wait until ``predicate()`` holds; False on timeout. Re-checked after every notify."""
+        # The timeout bounds the wait only: on expiry we fall through and report False.
         with trio.move_on_after(timeout):
             while not predicate():
                 await self.wait()

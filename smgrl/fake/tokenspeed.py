@@ -153,7 +153,7 @@ class TokenSpeedEngine(BaseEngine):
         group = obj.get("group_name", "weight_update_group")
         try:
             await self.transfers.init_group(group, info)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - engine exceptions are 500s in the control app
             raise fail(500, f"Failed to initialize custom process group: {exc}") from None
         return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 

@@ -313,7 +313,7 @@ class VLLMEngine(BaseEngine):
             raise self._session_error(f"init_info is missing {missing[0]!r}")
         try:
             await self.transfers.init_group(_GROUP, {**info, "backend": self.config.weight_transfer_backend})
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a worker RuntimeError is vLLM's 500
             raise self._session_error(str(exc)) from None
         self.transfer_ready = True
         return json_response({"message": "Weight transfer initialized"})

@@ -73,6 +73,8 @@ _LEADING_BLANK_LINES = re.compile(rb"(?:\r?\n)*")
 # chunk-size [ BWS ";" chunk-ext ] CRLF. Extensions are allowed and ignored (RFC 9112 §7.1.1).
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n\x00]*)?\r?")
 
+# Response fields that decide the body's framing and the connection's persistence.
+_FRAMING_FIELDS = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 # Headers the client writes itself; a caller-given copy would make the framing ambiguous.
 _RESERVED_HEADERS = frozenset((b"host", b"content-length", b"transfer-encoding"))
 
@@ -318,7 +320,7 @@ class ResponseParser:
         minor, status = match.group(1), int(match.group(2))
         if status < 100:
             raise ProtocolError(f"invalid status code {status}")
-        headers = _parse_fields(lines, 1)
+        headers, framing = _parse_fields(lines, 1)
         head = Head(status, match.group(3) or b"", b"1." + minor, headers)
 
         if status < 200:
@@ -334,7 +336,8 @@ class ResponseParser:
         content_length: list[bytes] | None = None
         transfer_encoding: list[bytes] | None = None
         connection: list[bytes] = []
-        for name, value in headers:
+        for index in framing:  # only the fields that decide framing and persistence
+            name, value = headers[index]
             if name == b"content-length":
                 content_length = [value] if content_length is None else [*content_length, value]
             elif name == b"transfer-encoding":
@@ -449,7 +452,7 @@ class ResponseParser:
             lines = _field_lines(buf[pos : match.start()])
             if len(lines) > MAX_HEADERS:
                 raise ProtocolError(f"response has more than {MAX_HEADERS} trailer fields")
-            trailers = _parse_fields(lines, 0)
+            trailers = _parse_fields(lines, 0)[0]
         except ProtocolError as exc:
             raise self._fail(exc) from None
         self._pos = match.end()
@@ -469,25 +472,30 @@ def _field_lines(block: bytes) -> list[bytes]:
     return text.split(b"\n")
 
 
-def _parse_fields(lines: list[bytes], start: int) -> list[tuple[bytes, bytes]]:
+def _parse_fields(lines: list[bytes], start: int) -> tuple[list[tuple[bytes, bytes]], list[int]]:
+    """Field lines -> (fields, indices of the fields that decide framing and persistence)."""
     fields: list[tuple[bytes, bytes]] = []
+    framing: list[int] = []
     for index in range(start, len(lines)):
         line = lines[index]
-        if line.startswith((b" ", b"\t")):
+        name, colon, value = line.partition(b":")
+        # No whitespace before the colon (RFC 9112 §5.1): a name like b"content-length " is
+        # how response smuggling starts, so it is malformed here rather than tolerated.
+        if colon and _TOKEN.fullmatch(name) is not None:
+            name = name.lower()
+            if name in _FRAMING_FIELDS:
+                framing.append(len(fields))
+            fields.append((name, value.strip(b" \t")))
+        elif line.startswith((b" ", b"\t")):
             # obs-fold: a user agent MUST replace it with SP and carry on (RFC 9112 §5.2).
             if not fields:
                 raise ProtocolError("header continuation line before the first header")
             name, value = fields[-1]
             more = line.strip(b" \t")
             fields[-1] = (name, value + b" " + more if value and more else value + more)
-            continue
-        name, colon, value = line.partition(b":")
-        # No whitespace before the colon (RFC 9112 §5.1): a name like b"content-length " is
-        # how response smuggling starts, so it is malformed here rather than tolerated.
-        if not colon or _TOKEN.fullmatch(name) is None:
+        else:
             raise ProtocolError(f"malformed header line {line[:80]!r}")
-        fields.append((name.lower(), value.strip(b" \t")))
-    return fields
+    return fields, framing
 
 
 def _tokens(value: bytes) -> list[bytes]:
@@ -498,6 +506,8 @@ def _tokens(value: bytes) -> list[bytes]:
 def _content_length(values: list[bytes]) -> int:
     # Several fields, or a list in one field, are allowed only if every value is the same
     # number (RFC 9110 §8.6); anything else means the body's end is ambiguous.
+    if len(values) == 1 and values[0].isdigit() and len(values[0]) <= 18:
+        return int(values[0])  # the usual case, without the list machinery below
     length: int | None = None
     for value in values:
         for item in value.split(b","):

@@ -217,8 +217,8 @@ class EnginePool:
             raise ConnectError(f"cannot send the request to {self.origin}: {exc}") from exc
         parser = ResponseParser(method)
         received = False
+        event = NEED_DATA  # nothing to parse before the first receive
         while True:
-            event = parser.next_event()
             if event is NEED_DATA:
                 try:
                     data = await stream.receive_some(_RECEIVE_SIZE)
@@ -239,7 +239,9 @@ class EnginePool:
                     raise ReadError(f"{self.origin} closed the connection without answering")
             elif event.status >= 200:  # type: ignore[union-attr]  (only Head comes before the body)
                 return parser, event  # type: ignore[return-value]
-            # else: a 1xx interim response (100 Continue, 103 Early Hints): skip it.
+            # Bytes were fed, or a 1xx interim response (100 Continue, 103 Early Hints) is
+            # skipped: parse on.
+            event = parser.next_event()
 
     def _checkout(self) -> Connection | None:
         idle = self._idle

@@ -127,6 +127,7 @@ async def test_calls_are_recorded_and_cleared(one):
     assert engine.calls_to("/pause_generation")[0].json_body() == {"mode": "in_place"}
     state = (await c.get("/_fake/state")).json()
     assert (state["paused"], state["weight_version"], state["inflight"]) == ("in_place", "default", 0)
+    assert state["connections"] == {"accepted": 1, "open": 1}  # one kept-alive client connection
     assert state["memory"] == {"released": []}
     assert (await c.delete("/_fake/calls")).json() == {"cleared": True}
     assert (await c.get("/_fake/calls")).json() == {"calls": []}
@@ -191,6 +192,8 @@ def test_checkpoint_digest_is_content_based(tmp_path):
 
 # -- HTTP core -----------------------------------------------------------------------------------
 async def _echo(req) -> Response:
+    if req.path == "/boom":
+        raise RuntimeError("handler bug")
     if req.path == "/stream":
 
         async def chunks():
@@ -226,7 +229,10 @@ async def test_http_core_keepalive_chunked_head_and_stream():
             r = await c.get("/stream")
             assert (r.text, r.headers["transfer-encoding"]) == ("part0;part1;part2;", "chunked")
             # every exchange above reused one kept-alive connection
-            assert len(c._transport._pool.connections) == 1
+            assert (server.accepted, server.open_connections) == (1, 1)
+            boom = await c.get("/boom")
+            assert (boom.status_code, boom.text) == (500, "Internal Server Error")
+            assert (await c.get("/after")).json()["path"] == "/after"  # the port survived
         nursery.cancel_scope.cancel()
 
 
@@ -241,3 +247,29 @@ async def test_http_core_survives_garbage():
         async with httpx.AsyncClient() as c:
             assert (await c.get(server.url + "/ok")).status_code == 200
         nursery.cancel_scope.cancel()
+
+
+async def test_weights_route_records_transfers_without_torch():
+    pytest.importorskip("smgrl.fake.distributed")
+    from smgrl.fake import distributed
+
+    if distributed.available():
+        pytest.skip("torch is installed: real mode would wait for a trainer")
+    group = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2}
+    update = {
+        "names": ["a", "b"],
+        "dtypes": ["float32", "bfloat16"],
+        "shapes": [[1], [2, 2]],
+        "weight_version": "3",
+    }
+    async with (
+        fake_fleet("tokenspeed", real_distributed=True) as fleet,
+        httpx.AsyncClient(base_url=fleet.urls[0]) as c,
+    ):
+        await c.post("/init_weights_update_group", json=group)
+        assert (await c.post("/update_weights_from_distributed", json=update)).status_code == 200
+        weights = (await c.get("/_fake/weights")).json()
+        assert weights["real"] is False
+        assert weights["groups"]["weight_update_group"]["world_size"] == 2
+        assert [(u["names"], u["weight_version"]) for u in weights["updates"]] == [(["a", "b"], "3")]
+        assert weights["checksums"] == {}

@@ -1,0 +1,353 @@
+"""Journal benchmarks: append throughput (group commit vs a transaction per event) and replay.
+
+    .venv/bin/python benchmarks/journal.py                       # 100k and 1M events replayed
+    .venv/bin/python benchmarks/journal.py --events 100000 --append-events 50000
+
+(a) Appends. Many trio tasks call ``await JournalWriter.append`` concurrently (each waits for its
+    own durable commit, as a request handler does); the writer batches them. For comparison: one
+    transaction per event (what a naive store does), and raw ``append_batch`` of 1000 events
+    without trio (the ceiling). Both synchronous=NORMAL (default) and FULL.
+(b) Replay. A realistic journal (fan-outs over 8 engines: control.started / 8 x control.outcome /
+    control.finished / audit, plus worker.* churn) is generated, then read raw, read + decoded,
+    folded with ``replay(store, fold)`` (a trivial fold today; the registry projection goes there),
+    read with a type filter (what a registry projection needs), and verified.
+
+Every database lives in a temporary directory that is deleted at the end. Runtime is bounded by
+the sizes given (about a minute for the defaults on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from journal import (
+    Append,
+    AuditControlPlane,
+    ControlFinished,
+    ControlOutcome,
+    ControlStarted,
+    EventStore,
+    JournalWriter,
+    Recorded,
+    SqliteStore,
+    WorkerDiscovered,
+    WorkerHealthChanged,
+    WorkerProbeFailed,
+    WorkerRegistered,
+)
+
+S = TypeVar("S")
+
+ENGINES = 8
+WORKER_TYPES = ["worker.registered", "worker.discovered", "worker.probe_failed", "worker.health_changed"]
+
+
+# -- the replay entry point (the lead plugs the registry projection's fold in here) ---------------
+
+
+def replay(store: EventStore, fold: Callable[[S, Recorded], S], state: S, *, after_seq: int = 0) -> S:
+    """Fold every event after ``after_seq`` into ``state``, in seq order."""
+    for rec in store.read(after_seq):
+        state = fold(state, rec)
+    return state
+
+
+def count_types(state: collections.Counter[str], rec: Recorded) -> collections.Counter[str]:
+    """The trivial fold: count events per type (UnknownEvents included)."""
+    state[getattr(rec.event, "TYPE", "unknown")] += 1
+    return state
+
+
+# -- a realistic journal ---------------------------------------------------------------------------
+
+
+def _body(op: int) -> bytes:
+    return f'{{"model_path": "/ckpt/step-{op}", "load_format": "auto", "flush_cache": true}}'.encode()
+
+
+def realistic(n: int) -> Iterator[Append]:
+    """About n appends: fan-outs to 8 engines, plus a worker registration every 40 operations."""
+    made, op = 0, 0
+    while made < n:
+        op += 1
+        batch: list[Append] = []
+        if op % 40 == 1:
+            wid = f"w{op}"
+            batch += [
+                Append(
+                    "workers",
+                    WorkerRegistered(
+                        worker_id=wid,
+                        url=f"http://10.0.0.{op % 250}:30000",
+                        base_url=f"http://10.0.0.{op % 250}:30000",
+                        source="api",
+                        labels={"pool": "rollout", "zone": "a"},
+                        has_api_key=True,
+                    ),
+                    {wid: f"key-{op}"},
+                ),
+                Append(
+                    "workers",
+                    WorkerProbeFailed(worker_id=wid, attempt=1, error="connect refused", next_retry_s=0.5),
+                ),
+                Append(
+                    "workers",
+                    WorkerDiscovered(
+                        worker_id=wid, runtime="sglang", labels={"tp": "2"}, model_id="qwen3-8b"
+                    ),
+                ),
+                Append("workers", WorkerHealthChanged(worker_id=wid, health="healthy", reason="probe ok")),
+            ]
+        op_id = f"op-{op:08d}"
+        targets = [
+            {"worker_id": f"w{i}", "url": f"http://10.0.0.{i}:30000", "control_url": None}
+            for i in range(ENGINES)
+        ]
+        batch.append(
+            Append(
+                "control",
+                ControlStarted(
+                    op_id=op_id,
+                    kind="fanout",
+                    method="POST",
+                    path="/update_weights_from_disk",
+                    selector="pool=rollout",
+                    targets=targets,
+                    content_type="application/json",
+                    principal="trainer",
+                    request_id=f"req-{op}",
+                    **ControlStarted.body_fields(_body(op)),
+                ),
+            )
+        )
+        batch += [
+            Append(
+                "control",
+                ControlOutcome(
+                    op_id=op_id,
+                    worker_id=f"w{i}",
+                    url=f"http://10.0.0.{i}:30000",
+                    status=200,
+                    latency_ms=40 + i,
+                    excerpt='{"success":true,"message":"Succeeded to update model weights."}',
+                ),
+            )
+            for i in range(ENGINES)
+        ]
+        batch.append(
+            Append(
+                "control",
+                ControlFinished(
+                    op_id=op_id,
+                    result="ok",
+                    http_status=200,
+                    total=ENGINES,
+                    succeeded=ENGINES,
+                    failed=0,
+                    latency_ms=52,
+                ),
+            )
+        )
+        batch.append(
+            Append(
+                "audit",
+                AuditControlPlane(
+                    principal="trainer",
+                    auth_method="bearer",
+                    role="admin",
+                    method="POST",
+                    path="/v1/rl/update_weights_from_disk",
+                    outcome="success",
+                    status=200,
+                    request_id=f"req-{op}",
+                ),
+            )
+        )
+        yield from batch[: n - made]
+        made += len(batch)
+
+
+def _outcome(i: int) -> ControlOutcome:
+    return ControlOutcome(
+        op_id=f"op-{i // ENGINES}",
+        worker_id=f"w{i % ENGINES}",
+        url=f"http://10.0.0.{i % ENGINES}:30000",
+        status=200,
+        latency_ms=41,
+        excerpt='{"success":true}',
+    )
+
+
+# -- measurements ----------------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+class Counting:
+    """Counts transactions (append_batch calls) on the way to a store."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+        self.transactions = 0
+
+    def append_batch(self, items: Any) -> list[Recorded]:
+        self.transactions += 1
+        return self.inner.append_batch(items)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def bench_writer(path: Path, n: int, appenders: int, synchronous: str) -> tuple[float, float]:
+    """events/s through JournalWriter with ``appenders`` concurrent awaiting tasks; mean batch size."""
+    store = Counting(SqliteStore.open(path, synchronous=synchronous))
+    writer = JournalWriter(store)  # type: ignore[arg-type]
+    per_task = n // appenders
+    events = [_outcome(i) for i in range(per_task * appenders)]
+
+    async def appender(k: int) -> None:
+        for i in range(k * per_task, (k + 1) * per_task):
+            await writer.append("control", events[i])
+
+    async def main() -> float:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as tasks:
+                for k in range(appenders):
+                    tasks.start_soon(appender, k)
+            elapsed = time.perf_counter() - t0
+            await writer.aclose()
+        return elapsed
+
+    elapsed = trio.run(main)
+    total = per_task * appenders
+    assert store.inner.count() == total
+    store.inner.close()
+    return total / elapsed, total / store.transactions
+
+
+def bench_per_event(path: Path, n: int, synchronous: str) -> float:
+    store = SqliteStore.open(path, synchronous=synchronous)
+    items = [Append("control", _outcome(i)) for i in range(n)]
+    _, elapsed = _timed(lambda: [store.append_batch([item]) for item in items])
+    store.close()
+    return n / elapsed
+
+
+def bench_raw_batches(path: Path, n: int, synchronous: str) -> float:
+    store = SqliteStore.open(path, synchronous=synchronous)
+    items = [Append("control", _outcome(i)) for i in range(n)]
+    _, elapsed = _timed(lambda: [store.append_batch(items[i : i + 1000]) for i in range(0, n, 1000)])
+    store.close()
+    return n / elapsed
+
+
+def bench_replay(path: Path, n: int) -> list[tuple[str, float, int]]:
+    """(what, seconds, events) rows for a journal of n realistic events."""
+    store = SqliteStore.open(path)
+    gen_t0 = time.perf_counter()
+    chunk: list[Append] = []
+    for item in realistic(n):
+        chunk.append(item)
+        if len(chunk) == 5000:
+            store.append_batch(chunk)
+            chunk = []
+    if chunk:
+        store.append_batch(chunk)
+    rows = [("generate (append_batch x5000)", time.perf_counter() - gen_t0, n)]
+    store.close()
+
+    reader = SqliteStore.open(path, readonly=True)
+    _, t = _timed(lambda: sum(1 for _ in reader.read_raw()))
+    rows.append(("read_raw (no decode)", t, n))
+    _, t = _timed(lambda: sum(1 for _ in reader.read()))
+    rows.append(("read + decode", t, n))
+    counts, t = _timed(lambda: replay(reader, count_types, collections.Counter()))
+    assert sum(counts.values()) == n, counts
+    rows.append(("replay(store, count_types)", t, n))
+    worker_events, t = _timed(lambda: sum(1 for _ in reader.read(types=WORKER_TYPES)))
+    rows.append((f"read worker.* only ({worker_events} events)", t, n))
+    report, t = _timed(reader.verify)
+    assert report.ok, report
+    rows.append(("verify (hash chain)", t, n))
+    reader.close()
+    return rows
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--events", default="100000,1000000", help="journal sizes to replay (comma-separated)"
+    )
+    parser.add_argument(
+        "--append-events", type=int, default=100_000, help="events appended through the writer"
+    )
+    parser.add_argument("--appenders", type=int, default=256, help="concurrent appending tasks")
+    parser.add_argument(
+        "--per-event", type=int, default=5_000, help="events for the transaction-per-event baseline"
+    )
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.events.split(",") if s]
+
+    print(
+        f"# Journal benchmark (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, trio {trio.__version__})\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="smgrl-journal-bench-") as tmp:
+        d = Path(tmp)
+        print("## Appends (SqliteStore, WAL)\n")
+        print("| path | synchronous | events | events/s | events per transaction |")
+        print("|---|---|---:|---:|---:|")
+        for sync in ("NORMAL", "FULL"):
+            rate, per_txn = bench_writer(d / f"writer-{sync}.db", args.append_events, args.appenders, sync)
+            label = f"JournalWriter, {args.appenders} concurrent `await append`"
+            print(f"| {label} | {sync} | {args.append_events:,} | {_fmt_rate(rate)} | {per_txn:,.1f} |")
+            rate = bench_per_event(d / f"per-event-{sync}.db", args.per_event, sync)
+            print(
+                f"| one transaction per event (no trio) | {sync} | {args.per_event:,} | {_fmt_rate(rate)} | 1 |"
+            )
+            rate = bench_raw_batches(d / f"raw-{sync}.db", args.append_events, sync)
+            print(
+                f"| `append_batch` of 1000 (no trio) | {sync} | {args.append_events:,} | {_fmt_rate(rate)} | 1000 |"
+            )
+            sys.stdout.flush()
+
+        print("\n## Replay (realistic mix: fan-outs to 8 engines + worker churn)\n")
+        print("| events | step | seconds | events/s |")
+        print("|---:|---|---:|---:|")
+        for n in sizes:
+            path = d / f"replay-{n}.db"
+            for what, seconds, count in bench_replay(path, n):
+                print(f"| {n:,} | {what} | {seconds:.2f} | {_fmt_rate(count / seconds)} |")
+            size = path.stat().st_size + sum(p.stat().st_size for p in d.glob(f"replay-{n}.db-*"))
+            print(f"| {n:,} | file size | {size / 1e6:.1f} MB | {size / n:.0f} B/event |")
+            sys.stdout.flush()
+            for p in d.glob(f"replay-{n}.db*"):
+                p.unlink()
+    print()
+
+
+if __name__ == "__main__":
+    main()
