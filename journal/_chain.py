@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
@@ -136,19 +136,55 @@ def snapshot_hash(kind: str, upto_seq: int, anchor: str, state_json: str) -> str
     return hashlib.sha256(f"{kind}\n{upto_seq}\n{anchor}\n{state_json}".encode()).hexdigest()
 
 
-def verify_rows(
-    rows: Iterable[Row],
-    *,
-    upto: int | None,
-    high_water: Head,
-    compacted_before: int,
-) -> VerifyReport:
-    """Recompute the chain over rows in seq order (already limited to ``upto``); stop at the first bad row.
+class Marks(NamedTuple):
+    """What a store records beside its rows, read in one snapshot (one statement, or under the lock)."""
 
-    ``high_water`` is the head recorded in the same transaction as every append: a tail shorter
-    than it was truncated; a tail longer than it was appended behind the journal's back.
-    ``compacted_before``: bodies of control.started rows below it may have been compacted; a body
-    missing at or above it was removed by someone else.
+    high_water: Head  # the head, written in the same transaction as every batch
+    compacted_before: int  # bodies of control.started rows below this seq may have been compacted
+    last_seq: int  # the last row actually present
+
+
+_BODY_REMOVED = "request body removed outside compaction"
+
+
+def verify_journal(
+    marks: Callable[[], Marks], scan: Callable[[int], Iterable[Row]], upto: int | None
+) -> VerifyReport:
+    """Verify a possibly live journal (the CLI verifies while the gateway appends, or compacts).
+
+    The scan stops at the head recorded when it starts: rows appended meanwhile are newer than this
+    verification. Rows beyond the recorded head are looked for afterwards, against a fresh reading
+    of the marks (an append moves both in one transaction, so only a forger leaves rows beyond it).
+    A body that looks removed is re-checked against the compaction mark read after the scan, since
+    a concurrent compaction may have passed it: then the verification runs again.
+    """
+    for _attempt in range(3):
+        before = marks()
+        limit = before.high_water.seq if upto is None else min(upto, before.high_water.seq)
+        report = verify_rows(
+            scan(limit), limit=limit, high_water=before.high_water, compacted_before=before.compacted_before
+        )
+        after = marks()
+        if not report.ok:
+            if report.reason == _BODY_REMOVED and after.compacted_before > before.compacted_before:
+                continue
+            return report
+        beyond = after.high_water.seq + 1
+        if after.last_seq >= beyond and (upto is None or upto >= beyond):
+            return VerifyReport(
+                ok=False,
+                checked=report.checked,
+                first_bad_seq=beyond,
+                reason="rows beyond the recorded head were added outside the journal",
+            )
+        return report
+    return report
+
+
+def verify_rows(rows: Iterable[Row], *, limit: int, high_water: Head, compacted_before: int) -> VerifyReport:
+    """Recompute the chain over rows 1..limit in seq order; stop at the first bad row.
+
+    A tail shorter than ``limit`` (which is at most the recorded head) was truncated.
     """
 
     def bad(seq: int, reason: str) -> VerifyReport:
@@ -177,18 +213,13 @@ def verify_rows(
             problem = body_problem(obj)
             if problem is not None:
                 return bad(seq, problem)
-            if (
-                obj.get("body") is None
-                and obj.get("body_encoding") in _KEPT_ENCODINGS
-                and seq >= compacted_before
-            ):
-                return bad(seq, "request body removed outside compaction")
+            kept = obj.get("body_encoding") in _KEPT_ENCODINGS
+            if kept and obj.get("body") is None and seq >= compacted_before:
+                return bad(seq, _BODY_REMOVED)
         prev, prev_ts, expected, checked = stored_hash, ts, expected + 1, checked + 1
     last = expected - 1
-    if last < high_water.seq and (upto is None or upto > last):
+    if last < limit:
         return bad(last + 1, f"tail truncated: the journal recorded seq {high_water.seq}, last row is {last}")
-    if last > high_water.seq:
-        return bad(high_water.seq + 1, "rows beyond the recorded head were added outside the journal")
     if last == high_water.seq and last > 0 and prev != high_water.hash:
         return bad(last, "last row's hash differs from the recorded head")
     return VerifyReport(ok=True, checked=checked, first_bad_seq=None, reason=None)

@@ -20,12 +20,13 @@ from ._chain import (
     EMPTY_HEAD,
     GENESIS,
     Head,
+    Marks,
     Row,
     VerifyReport,
     build_batch,
     compacted_payloads,
     snapshot_hash,
-    verify_rows,
+    verify_journal,
 )
 from .base import Append, RawRow, type_names
 from .errors import JournalReadOnlyError
@@ -224,10 +225,12 @@ class MemoryStore:
         return None
 
     def verify(self, *, upto: int | None = None) -> VerifyReport:
+        def scan(limit: int) -> Iterator[Row]:
+            return itertools.takewhile(lambda row: row[0] <= limit, self._scan(0))
+
+        return verify_journal(self._marks, scan, upto)
+
+    def _marks(self) -> Marks:
         with self._lock:
-            high_water = self._meta["high_water"]
-            compacted_before = self._meta["bodies_compacted_before"]
-        rows = (
-            self._scan(0) if upto is None else itertools.takewhile(lambda row: row[0] <= upto, self._scan(0))
-        )
-        return verify_rows(rows, upto=upto, high_water=high_water, compacted_before=compacted_before)
+            last = self._rows[-1][0] if self._rows else 0
+            return Marks(self._meta["high_water"], self._meta["bodies_compacted_before"], last)

@@ -71,12 +71,13 @@ from ._chain import (
     EMPTY_HEAD,
     GENESIS,
     Head,
+    Marks,
     Row,
     VerifyReport,
     build_batch,
     compacted_payloads,
     snapshot_hash,
-    verify_rows,
+    verify_journal,
 )
 from .base import Append, RawRow, type_names
 from .errors import JournalError, JournalReadOnlyError
@@ -89,6 +90,10 @@ _PAGE = 2000  # rows per read page: flat memory, and the read snapshot is releas
 _COMPACT_PAGE = 256  # control.started rows per compaction transaction (up to 64 KiB each)
 
 _MIGRATIONS = sqlite_utils.Migrations("smgrl.journal")
+# Every migration name, in order: Migrations has no public list of what is registered, and open()
+# must tell "a newer smgrl wrote this file" (applied names we do not know) from "needs migrating".
+# A test checks this against the set.
+_MIGRATION_NAMES = ("0001_create_journal",)
 
 
 @_MIGRATIONS(name="0001_create_journal")
@@ -216,8 +221,7 @@ class SqliteStore:
                 db.enable_wal()
                 conn.execute(f"PRAGMA synchronous = {sync}")
                 conn.execute("PRAGMA foreign_keys = ON")
-                known = {m.name for m in _MIGRATIONS._migrations}
-                unknown = [m.name for m in _MIGRATIONS.applied(db) if m.name not in known]
+                unknown = [m.name for m in _MIGRATIONS.applied(db) if m.name not in _MIGRATION_NAMES]
                 if unknown:
                     raise JournalError(
                         f"{path} was written by a newer smgrl (migrations {unknown}); not writing"
@@ -472,16 +476,31 @@ class SqliteStore:
         return None
 
     def verify(self, *, upto: int | None = None) -> VerifyReport:
-        """Recompute the hash chain (up to ``upto``) and report the first bad seq, if any."""
-        with self._lock:
-            high_water = Head(
-                int(self._meta(self._conn, "high_water_seq")), 0.0, self._meta(self._conn, "high_water_hash")
+        """Recompute the hash chain (up to ``upto``) and report the first bad seq, if any.
+
+        Safe while another connection appends or compacts (see ``_chain.verify_journal``).
+        """
+
+        def scan(limit: int) -> Iterator[Row]:
+            where, params = _filters(None, None, limit)
+            pages = self._pages(
+                "seq, ts, stream, type, schema, payload, prev_hash, hash", 0, where, params, None
             )
-            compacted_before = int(self._meta(self._conn, "bodies_compacted_before"))
-        where, params = _filters(None, None, upto)
-        pages = self._pages("seq, ts, stream, type, schema, payload, prev_hash, hash", 0, where, params, None)
-        rows: Iterator[Row] = (row for page in pages for row in page)
-        return verify_rows(rows, upto=upto, high_water=high_water, compacted_before=compacted_before)
+            return (row for page in pages for row in page)
+
+        return verify_journal(self._marks, scan, upto)
+
+    def _marks(self) -> Marks:
+        # One statement, hence one snapshot: an append moves the head and the rows together.
+        (hw_seq, hw_hash, compacted, last), *_ = self._query(
+            "SELECT (SELECT value FROM meta WHERE key = 'high_water_seq'),"
+            " (SELECT value FROM meta WHERE key = 'high_water_hash'),"
+            " (SELECT value FROM meta WHERE key = 'bodies_compacted_before'),"
+            " (SELECT max(seq) FROM events)"
+        )
+        if hw_seq is None or hw_hash is None or compacted is None:
+            raise JournalError("journal meta keys are missing")
+        return Marks(Head(int(hw_seq), 0.0, hw_hash), int(compacted), last or 0)
 
 
 _INSERT_CHUNK = 128  # rows per multi-row INSERT (8 variables each, far below SQLite's limit)

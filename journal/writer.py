@@ -245,7 +245,7 @@ class JournalWriter:
             if self._on_commit is not None:
                 try:
                     self._on_commit(recorded)
-                except Exception:  # noqa: BLE001 - a projection bug must not stop the journal
+                except Exception:
                     # The events ARE committed; a failing fold is a bug to log loudly, not a
                     # write failure to report to the appenders.
                     logger.exception("on_commit callback failed for a batch of %d events", len(recorded))

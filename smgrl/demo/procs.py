@@ -99,3 +99,17 @@ def wait_for_workers(base: str, count: int, *, token: str | None = None, timeout
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{count} workers not listed within {timeout:g}s (saw {len(rows)})")
+
+
+def wait_listening(base: str, *, timeout: float = READY_TIMEOUT_SECS, child: Child | None = None) -> None:
+    """Poll ``GET /liveness`` until the gateway answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child is not None and child.proc.poll() is not None:
+            raise RuntimeError(f"the gateway exited early (code {child.proc.returncode})")
+        try:
+            with urllib.request.urlopen(base + "/liveness", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"the gateway at {base} did not answer within {timeout:g}s")

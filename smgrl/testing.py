@@ -1,0 +1,81 @@
+"""Test helpers shipped with smgrl (as trio ships ``trio.testing``): run a gateway in process.
+
+``gateway_in_process(cfg)`` wires the real parts (journal writer with group commit, projections,
+registry jobs, the Quart app) over an in-memory or SQLite journal, without sockets for the
+gateway itself: requests go through ``httpx.ASGITransport``. Engines are real fake engines on
+loopback (``smgrl.fake.fake_fleet``), so every engine call crosses a real TCP connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator, Sequence
+
+import attrs
+import httpx
+import trio
+
+from journal import JournalWriter, MemoryStore
+from smgrl.app import create_app
+from smgrl.config import Config
+from smgrl.gateway import Gateway
+from smgrl.registry.keys import KeyRing
+from smgrl.registry.service import Registration
+from smgrl.state.fleet import FleetState
+from smgrl.state.replay import record_interrupted, replay
+
+
+@attrs.define
+class InProcess:
+    gateway: Gateway
+    app: object
+    client: httpx.AsyncClient
+    store: object
+    writer: JournalWriter
+
+    async def wait_visible(self, count: int, timeout: float = 10.0) -> None:
+        """Wait until ``count`` workers finished discovery (registration is asynchronous)."""
+        with trio.fail_after(timeout):
+            while sum(1 for w in self.gateway.fleet.registry if w.is_visible) < count:
+                await trio.sleep(0.005)
+
+    async def register(self, urls: Sequence[str], *, api_key: str | None = None, wait: bool = True,
+                       labels: dict | None = None) -> list[str]:
+        ids = []
+        for url in urls:
+            w = await self.gateway.registry.register(
+                Registration(url=url, api_key=api_key, labels=dict(labels or {})), "api")
+            ids.append(w.id)
+        if wait:
+            await self.wait_visible(len(self.gateway.fleet.registry))
+        return ids
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_process(cfg: Config, *, store=None, worker_urls: Sequence[str] = (),
+                             api_key: str | None = None) -> AsyncIterator[InProcess]:
+    store = store if store is not None else MemoryStore()
+    fleet = FleetState()
+    replay(store, fleet)
+    keys = KeyRing(store.secrets())
+    writer = JournalWriter(store, on_commit=fleet.apply_records)
+    gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)
+    app = create_app(gw)
+    # One nursery owns the writer and the registry jobs for the life of the test's gateway.
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await record_interrupted(writer, fleet, "gateway_restart")
+        await nursery.start(gw.registry.run)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://smgrl.test", timeout=math.inf) as client:
+            running = InProcess(gw, app, client, store, writer)
+            if worker_urls:
+                await running.register(worker_urls, api_key=api_key)
+            try:
+                yield running
+            finally:
+                nursery.cancel_scope.cancel()
+        # The writer drains under its own shield when cancelled; close the engine pools too.
+    with trio.CancelScope(shield=True):
+        await gw.pools.aclose()
