@@ -20,7 +20,10 @@ Schema evolution rules (the contract between old and new code reading the same f
 
 * Adding a field: give it a default (old payloads lack it) **and** bump the schema, so older
   code sees an UnknownEvent instead of silently dropping the field.
-* Renaming, removing or retyping a field: bump the schema and teach decode an upcaster first.
+* Renaming, removing or retyping a field: bump the schema, and first give decode an upcaster
+  for the older schema (today decode hands an older schema straight to the class, which is right
+  for additive changes only; no upcaster exists yet).
+* Until the first release, schema 1 of every type is still open to change.
 * Lists are stored as JSON arrays and held as tuples (converters), so events stay immutable.
 * No secrets in any event, ever: API keys travel in ``Append.secrets`` to the ``secrets`` table.
 """

@@ -1,6 +1,6 @@
 """SqliteStore: the journal as one plain SQLite file (readable with ``sqlite-utils`` and datasette).
 
-Schema (created by ``sqlite_utils.Migrations`` set ``smgrl.journal``; see ``_MIGRATIONS``)::
+Schema (created by ``sqlite_utils.Migrations`` set ``smgrl.journal``; see ``journal/_schema.py``)::
 
     events(seq INTEGER PRIMARY KEY, ts REAL, stream TEXT, type TEXT, schema INTEGER,
            payload TEXT (canonical JSON), prev_hash TEXT, hash TEXT)
@@ -18,12 +18,19 @@ Durability. WAL mode with ``synchronous=NORMAL`` (the default): a committed batc
 or SIGKILL of the gateway process, because it is in the WAL file that the OS already holds. On power
 loss or a kernel crash, batches committed since the last checkpoint may be lost (never corrupted).
 Open with ``synchronous="FULL"`` to fsync the WAL at every commit and survive power loss too, at the
-cost of an fsync per batch (group commit keeps that cost per batch, not per event).
+cost of an fsync per batch (group commit keeps that cost per batch, not per event). The SIGKILL
+promise is tested: ``tests/journal/test_journal_crash.py``.
+
+Read-only opens (``readonly=True``, the CLI while the gateway runs) use ``mode=ro`` plus
+``query_only``: they never migrate and never modify the database. SQLite may still create the
+``-wal``/``-shm`` side files (mode 0600 like the database), which it needs to read a WAL database
+that another process may be writing.
 
 Hash chain: see ``journal/_chain.py``. ``verify()`` recomputes it and names the first bad seq:
 an edited row (hash mismatch), a deleted row (seq gap / broken prev_hash link), a truncated tail
 (last row below ``high_water_seq``), rows appended behind the journal's back, an undecodable
-payload, a body that does not match its ``body_sha256``.
+payload, a body that does not match its ``body_sha256``. It is safe to run while another
+connection appends or compacts (``_chain.verify_journal`` says how).
 
 Compaction of request bodies (``compact_bodies(before_seq)``). ``control.started`` keeps request
 bodies up to 64 KiB, which dominate the file over time. The scheme that lets them go while the
@@ -53,15 +60,14 @@ their own store, ideally ``readonly=True``.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
+import itertools
 import json
 import os
 import pathlib
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Self
 
@@ -79,74 +85,15 @@ from ._chain import (
     snapshot_hash,
     verify_journal,
 )
+from ._schema import FORMAT_VERSION, MIGRATION_NAMES, MIGRATIONS
 from .base import Append, RawRow, type_names
 from .errors import JournalError, JournalReadOnlyError
 from .events import ControlStarted, Event, Recorded, decode
 
 __all__ = ["FORMAT_VERSION", "SqliteStore"]
 
-FORMAT_VERSION = 1
 _PAGE = 2000  # rows per read page: flat memory, and the read snapshot is released between pages
 _COMPACT_PAGE = 256  # control.started rows per compaction transaction (up to 64 KiB each)
-
-_MIGRATIONS = sqlite_utils.Migrations("smgrl.journal")
-# Every migration name, in order: Migrations has no public list of what is registered, and open()
-# must tell "a newer smgrl wrote this file" (applied names we do not know) from "needs migrating".
-# A test checks this against the set.
-_MIGRATION_NAMES = ("0001_create_journal",)
-
-
-@_MIGRATIONS(name="0001_create_journal")
-def _create_journal(db: sqlite_utils.Database) -> None:
-    # Explicit DDL rather than table.create(): exact column types (REAL, not FLOAT) and comments
-    # that show up in `sqlite-utils schema` / datasette.
-    db.execute(
-        """CREATE TABLE events (
-    seq INTEGER PRIMARY KEY, -- global position: 1, 2, 3 ... without gaps
-    ts REAL NOT NULL, -- commit time of the batch, unix seconds, never decreasing
-    stream TEXT NOT NULL,
-    type TEXT NOT NULL,
-    schema INTEGER NOT NULL,
-    payload TEXT NOT NULL, -- canonical JSON of the event
-    prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL -- sha256 chain, see journal/_chain.py
-)"""
-    )
-    db.execute("CREATE INDEX idx_events_stream_seq ON events (stream, seq)")
-    db.execute("CREATE INDEX idx_events_type_seq ON events (type, seq)")
-    db.execute("CREATE INDEX idx_events_ts ON events (ts)")
-    db.execute(
-        """CREATE TABLE secrets (
-    worker_id TEXT PRIMARY KEY,
-    api_key TEXT NOT NULL, -- never exported, never printed
-    seq INTEGER REFERENCES events(seq) -- the event that set it
-)"""
-    )
-    db.execute(
-        """CREATE TABLE snapshots (
-    id INTEGER PRIMARY KEY,
-    kind TEXT NOT NULL,
-    upto_seq INTEGER NOT NULL,
-    ts REAL NOT NULL,
-    state TEXT NOT NULL, -- JSON
-    hash TEXT NOT NULL -- sha256 over kind, upto_seq, the chain hash at upto_seq and state
-)"""
-    )
-    db.execute("CREATE INDEX idx_snapshots_kind_upto_seq ON snapshots (kind, upto_seq)")
-    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
-    now = datetime.datetime.now(datetime.UTC).isoformat()
-    db.conn.executemany(
-        "INSERT INTO meta (key, value) VALUES (?, ?)",
-        [
-            ("journal_id", uuid.uuid4().hex),
-            ("created_at", now),
-            ("format_version", str(FORMAT_VERSION)),
-            ("high_water_seq", "0"),
-            ("high_water_hash", GENESIS),
-            ("bodies_compacted_before", "0"),
-        ],
-    )
-
 
 _SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
 _UPSERT_META = (
@@ -215,18 +162,18 @@ class SqliteStore:
             if readonly:
                 # Belt and braces on top of mode=ro: the connection refuses any write statement.
                 conn.execute("PRAGMA query_only = ON")
-                if _MIGRATIONS.pending(db):
+                if MIGRATIONS.pending(db):
                     raise JournalError(f"{path} is not a migrated smgrl journal (open it read-write once)")
             else:
                 db.enable_wal()
                 conn.execute(f"PRAGMA synchronous = {sync}")
                 conn.execute("PRAGMA foreign_keys = ON")
-                unknown = [m.name for m in _MIGRATIONS.applied(db) if m.name not in _MIGRATION_NAMES]
+                unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]
                 if unknown:
                     raise JournalError(
                         f"{path} was written by a newer smgrl (migrations {unknown}); not writing"
                     )
-                _MIGRATIONS.apply(db)
+                MIGRATIONS.apply(db)
         except BaseException:
             conn.close()
             raise
@@ -523,7 +470,7 @@ def _insert_events(conn: sqlite3.Connection, rows: list[Row]) -> None:
         size = _INSERT_CHUNK
         while size > n - i:
             size //= 2
-        conn.execute(_insert_sql(size), [value for row in rows[i : i + size] for value in row])
+        conn.execute(_insert_sql(size), list(itertools.chain.from_iterable(rows[i : i + size])))
         i += size
 
 

@@ -158,7 +158,9 @@ class JournalWriter:
         """Append and wait until the event's batch is committed (durable); return it as Recorded.
 
         Raises JournalWriteError if the batch failed (nothing of it was written) and
-        JournalClosedError if the writer is closing.
+        JournalClosedError if the writer is closing. Cancellation: a caller cancelled before its
+        event is enqueued (already cancelled on entry, or while waiting for room) wrote nothing;
+        once enqueued, the event is written and only the wait is abandoned.
         """
         # Cancellation point *before* anything is enqueued: a caller that is already cancelled gets
         # Cancelled and its event is not written, so "cancelled on entry" means "did not happen".

@@ -16,6 +16,8 @@ from smgrl.api.workers import WorkersApi
 log = logging.getLogger("smgrl.http")
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# Paths whose 405 `allow` header SMG 1.13.0 orders differently from ALL_METHODS (observed).
+ALLOW_ORDER = {"/workers": ["POST", "GET", "HEAD"]}
 
 
 def create_app(gateway, journal_routes=None) -> QuartTrio:
@@ -35,6 +37,17 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     @app.before_request
     async def _request_id() -> None:
         g.request_id, _ = env.request_id_for(request.headers.get("x-request-id"), request.path)
+
+    @app.before_request
+    async def _payload_limit() -> Response | None:
+        # SMG's body-limit layer refuses a declared Content-Length over --max-payload-size before
+        # routing: unknown URLs and wrong methods get the 413 too (a 405 route keeps its `allow`).
+        # A chunked body is only refused when a handler reads it (see RlApi / WorkersApi).
+        length = request.content_length
+        if length is None or length <= cfg.max_payload_size:
+            return None
+        allow = _allow_for(request.method, request.scope.get("raw_path") or request.path.encode())
+        return env.payload_too_large({"allow": allow} if allow else None)
 
     @app.after_request
     async def _stamp(response: Response) -> Response:
@@ -64,6 +77,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         "/workers/<worker_id>", "workers_one", workers.one, methods=["GET", "PUT", "PATCH", "DELETE"]
     )
 
+    rl = None
     if cfg.rl.enabled:
         rl = RlApi(gateway, journal_routes)
 
@@ -82,16 +96,26 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         raw = request.scope.get("raw_path") or request.path.encode()
         return env.unknown_url(request.method, raw.decode("latin-1"))
 
+    def _allow_for(method: str, raw_path: bytes) -> str | None:
+        """The `allow` header of the 405 this request gets, or None when it is not a 405."""
+        if rl is not None and _rl_tree(request.path):
+            return rl.allow_for(method, raw_path)
+        exc = request.routing_exception
+        if not isinstance(exc, MethodNotAllowed):
+            return None
+        valid = set(exc.valid_methods or ())
+        if "GET" in valid:
+            valid.add("HEAD")
+        # SMG lists the methods in the order its router registered them.
+        order = ALLOW_ORDER.get(request.path, ALL_METHODS)
+        return ",".join(sorted(valid, key=lambda m: order.index(m) if m in order else len(order)))
+
     @app.errorhandler(MethodNotAllowed)
     async def _not_allowed(exc: MethodNotAllowed) -> Response:
         if _rl_tree(request.path) and not cfg.rl.enabled:
             return env.empty_404()
-        allowed = sorted(
-            set(exc.valid_methods or ()) | ({"HEAD"} if "GET" in (exc.valid_methods or ()) else set()),
-            key=ALL_METHODS.index,
-        )
         raw = request.scope.get("raw_path") or request.path.encode()
-        return env.method_not_allowed(request.method, raw.decode("latin-1"), ",".join(allowed))
+        return env.method_not_allowed(request.method, raw.decode("latin-1"), _allow_for(request.method, raw))
 
     @app.errorhandler(RequestEntityTooLarge)
     async def _too_large(exc) -> Response:

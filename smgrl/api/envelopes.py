@@ -67,10 +67,13 @@ def method_not_allowed(method: str, path: str, allow: str) -> Response:
     return openai_error(405, "method_not_allowed", f"Invalid URL ({method} {path})", {"allow": allow})
 
 
-def payload_too_large() -> Response:
-    return openai_error(
-        413, "request_body_too_large", "Request body exceeded the payload limit (max_payload_size)"
-    )
+PAYLOAD_TOO_LARGE = "Request body exceeded the payload limit (max_payload_size)"
+# What SMG's body extractor answers when a chunked body outgrows the limit while being read.
+BODY_BUFFER_TOO_LARGE = "Failed to buffer the request body: length limit exceeded"
+
+
+def payload_too_large(headers: dict[str, str] | None = None) -> Response:
+    return openai_error(413, "request_body_too_large", PAYLOAD_TOO_LARGE, headers)
 
 
 def empty_404() -> Response:

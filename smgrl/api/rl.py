@@ -12,6 +12,7 @@ from __future__ import annotations
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from quart import Response, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
@@ -30,14 +31,23 @@ WS = " \t\n\x0b\x0c\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2
 
 
 class _BadUtf8(Exception):
-    pass
+    def __init__(self, param: str) -> None:
+        super().__init__(param)
+        self.param = param
 
 
-def _decode(raw: bytes) -> str:
+def _decode(raw: bytes, param: str) -> str:
     try:
         return unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
-        raise _BadUtf8 from None
+        raise _BadUtf8(param) from None
+
+
+def decode_params(params: dict[str, bytes]) -> dict[str, str]:
+    """Percent-decode the path parameters in route order (``id`` before ``path``), as SMG's path
+    extractor does before the handler runs: the first invalid one names itself in the 400, and it
+    wins over every handler check (the duplicate-``selector`` query included)."""
+    return {name: _decode(raw, name) for name, raw in params.items()}
 
 
 def match(raw_path: bytes) -> tuple[str, dict[str, bytes]] | None:
@@ -72,6 +82,7 @@ ALLOW = {
     "operation": "GET,HEAD",
     "journal": "GET,HEAD",
 }
+JOURNAL_ROUTES = ("operation", "journal")
 ACTION = {
     "workers": READ,
     "worker": READ,
@@ -89,11 +100,21 @@ class RlApi:
         self.journal_routes = journal_routes
         self._rows_cache: tuple[object, bytes] | None = None
 
+    def allow_for(self, method: str, raw_path: bytes) -> str | None:
+        """The `allow` header when ``method`` is not allowed on this matched route, else None."""
+        found = match(raw_path)
+        if found is None or (found[0] in JOURNAL_ROUTES and self.journal_routes is None):
+            return None
+        allow = ALLOW[found[0]]
+        return None if method in allow.split(",") else allow
+
     async def dispatch(self) -> Response:
         raw_path = request.scope.get("raw_path") or request.path.encode()
         method = request.method
         found = match(raw_path)
         shown_path = raw_path.decode("latin-1")
+        if found is not None and found[0] in JOURNAL_ROUTES and self.journal_routes is None:
+            found = None  # journal routes not wired into this app: no such route, as in SMG
         if found is None:
             return env.unknown_url(method, shown_path)
         route, params = found
@@ -103,9 +124,13 @@ class RlApi:
             if check.denied is not None:
                 return check.denied
             try:
-                response = await getattr(self, "_" + route)(params, check.principal)
-            except _BadUtf8:
-                response = env.text_response(400, "Invalid URL: Invalid UTF-8 in `path`")
+                response = await getattr(self, "_" + route)(decode_params(params), check.principal)
+            except _BadUtf8 as exc:
+                response = env.text_response(400, f"Invalid URL: Invalid UTF-8 in `{exc.param}`")
+            except RequestEntityTooLarge:
+                # A chunked body outgrew --max-payload-size while being read (a declared
+                # Content-Length over it was refused before routing, in app.py).
+                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
             except RlError as exc:
                 response = env.json_response(exc.status, exc.body())
             check.status = response.status_code
@@ -129,7 +154,7 @@ class RlApi:
         return Response(body, status=200, content_type=env.JSON)
 
     async def _worker(self, params, principal) -> Response:
-        worker = self._visible(_decode(params["id"]))
+        worker = self._visible(params["id"])
         fleet = self.gw.fleet
         entry = row(worker, dp_ranks_for(worker, fleet.registry), facts_for(worker, fleet.facts()))
         return env.json_response(200, entry)
@@ -143,10 +168,12 @@ class RlApi:
     # -- engine routes -------------------------------------------------------------------------
 
     async def _proxy(self, params, principal) -> Response:
+        # SMG's extractors run before the handler: the body is buffered (413 when a chunked
+        # body is too large) before the path, the worker and the endpoint are checked.
+        body = await request.get_data(cache=False)
         path = _engine_path(params["path"])
-        worker_id = _decode(params["id"])
-        worker = self._visible(worker_id)
-        req = await self._control_request(path, passthrough_query(_raw_query()))
+        worker = self._visible(params["id"])
+        req = self._control_request(path, passthrough_query(_raw_query()), body)
         result = await self.gw.control.call(worker, req, self._context(principal))
         return _op_response(result)
 
@@ -155,6 +182,7 @@ class RlApi:
         selectors = [v for k, v in _query_pairs(raw_query) if k == "selector"]
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
+        body = await request.get_data(cache=False)  # after the query, before the handler's checks
         source = selectors[0].strip(WS) if selectors else ""
         if not source:
             raise SelectorRequired()
@@ -163,7 +191,7 @@ class RlApi:
         except SelectorError as exc:
             raise InvalidSelector(str(exc), offset=exc.offset) from None
         path = _engine_path(params["path"])
-        req = await self._control_request(path, passthrough_query(raw_query))
+        req = self._control_request(path, passthrough_query(raw_query), body)
         targets = self.gw.control.targets(selector)
         ctx = self._context(principal)
         if not targets:
@@ -173,8 +201,7 @@ class RlApi:
         result = await self.gw.control.fanout(selector, targets, req, ctx)
         return _op_response(result)
 
-    async def _control_request(self, path: str, query: str | None) -> ControlRequest:
-        body = await request.get_data(cache=False)
+    def _control_request(self, path: str, query: str | None, body: bytes) -> ControlRequest:
         ctype = request.headers.get("content-type")
         if ctype is None and body:
             ctype = "application/json"
@@ -193,7 +220,7 @@ class RlApi:
         return CallContext(principal=principal.label if principal else None, request_id=g.request_id)
 
     async def _operation(self, params, principal) -> Response:
-        return await self.journal_routes.operation(_decode(params["id"]))
+        return await self.journal_routes.operation(params["id"])
 
     async def _journal(self, params, principal) -> Response:
         return await self.journal_routes.page()
@@ -214,9 +241,9 @@ def _query_pairs(raw: str | None):
         yield unquote_plus(key, errors="replace"), unquote_plus(value, errors="replace")
 
 
-def _engine_path(raw: bytes) -> str:
+def _engine_path(decoded: str) -> str:
     try:
-        return validate_engine_path(_decode(raw))
+        return validate_engine_path(decoded)
     except EnginePathError as exc:
         raise InvalidEnginePath(str(exc)) from None
 

@@ -20,6 +20,8 @@ SERVER_INFO_KEYS = (
     "tp_size",
     "dp_size",
     "pp_size",
+    # Not in the spec's list, but SMG 1.13.0 labels it (black-box, smg-diff against SGLang 0.5.23).
+    "attn_dp_size",
     "load_balance_method",
     "version",
     "weight_version",

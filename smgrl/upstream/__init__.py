@@ -2,7 +2,8 @@
 
 - ``http11``: the protocol as pure code (request bytes out, response events in), no I/O.
 - ``connection``: one TCP/TLS connection: open, idle check, synchronous close.
-- ``pool``: ``EnginePool`` (one per engine origin), ``Response``, ``PoolSet``.
+- ``pool``: ``EnginePool`` (one per engine origin) and ``PoolSet``.
+- ``response``: ``Response``, the head plus the body read on demand.
 - ``errors``: ``UpstreamError`` > ``ConnectError`` / ``ReadError`` > ``ProtocolError``.
 
 No HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's cancel scopes
@@ -10,7 +11,8 @@ bound every call; every await here is cancellation-safe).
 """
 
 from smgrl.upstream.errors import ConnectError, ProtocolError, ReadError, UpstreamError
-from smgrl.upstream.pool import EnginePool, PoolSet, Response
+from smgrl.upstream.pool import EnginePool, PoolSet
+from smgrl.upstream.response import Response
 
 __all__ = [
     "ConnectError",

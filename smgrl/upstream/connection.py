@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import select
 import ssl
+from typing import Final
 
 import trio
 
 from smgrl.upstream.errors import ConnectError
 
-__all__ = ["Connection", "open_connection"]
+__all__ = ["RECEIVE_SIZE", "STREAM_ERRORS", "Connection", "open_connection"]
+
+# Bytes asked of one recv. Small responses arrive whole; a large body streams in 64 KiB pieces.
+RECEIVE_SIZE: Final = 65536
+# What a trio stream raises when the connection broke (SSL errors are OSErrors too).
+STREAM_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class Connection:

@@ -7,15 +7,15 @@ the gateway's fan-out slow (see docs/architecture.md). An exchange is::
         body, truncated = await response.read_bounded(1 << 20)
 
 Ownership is the whole design. A connection belongs to exactly one party: the pool's idle stack,
-or one exchange (first the code that sends the request and reads the head, then the
-``Response``). Whoever owns it either hands it on or closes it, in the same synchronous step:
-there is never an ``await`` between taking a connection and being inside the ``try`` that closes
-it, so a cancellation at any checkpoint leaves nothing half-owned. A connection goes back to the
-idle stack only when its response was read to the end, keep-alive allows it, and not a single
-byte is left over; any interruption (a cancel, an error, a body not fully read, a truncated
-``read_bounded``) closes it. There is no limit on connections and no waiting for a slot (the
-caller bounds concurrency), so the only accounting is the idle stack and a count of
-connections in use, both updated without awaits.
+or one exchange (first the code here that sends the request and reads the head, then the
+``Response`` of ``response.py``). Whoever owns it either hands it on or closes it, in the same
+synchronous step: there is never an ``await`` between taking a connection and being inside the
+``try`` that closes it, so a cancellation at any checkpoint leaves nothing half-owned. A
+connection goes back to the idle stack only when its response was read to the end, keep-alive
+allows it, and not a single byte is left over; any interruption (a cancel, an error, a body not
+fully read, a ``read_bounded`` cut short before the body ended) closes it. There is no limit on
+connections and no waiting for a slot (the caller bounds concurrency), so the only accounting
+is the idle stack and a count of connections in use, both updated without awaits.
 
 Timeouts are the caller's: wrap calls in ``trio.move_on_after`` / ``fail_after``.
 """
@@ -25,29 +25,16 @@ from __future__ import annotations
 import contextlib
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
-from typing import Final
+from collections.abc import Sequence
 
 import trio
 
-from smgrl.upstream.connection import Connection, open_connection
+from smgrl.upstream.connection import RECEIVE_SIZE, STREAM_ERRORS, Connection, open_connection
 from smgrl.upstream.errors import ConnectError, ReadError
-from smgrl.upstream.http11 import (
-    NEED_DATA,
-    Data,
-    EndOfMessage,
-    Head,
-    ResponseParser,
-    request_wants_close,
-    serialize_request,
-)
+from smgrl.upstream.http11 import NEED_DATA, Head, ResponseParser, request_wants_close, serialize_request
+from smgrl.upstream.response import Response
 
-__all__ = ["EnginePool", "PoolSet", "Response"]
-
-# Bytes asked of one recv. Small responses arrive whole; a large body streams in 64 KiB pieces.
-_RECEIVE_SIZE: Final = 65536
-# Errors a trio stream raises for a broken connection (SSL errors are OSErrors).
-_STREAM_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+__all__ = ["EnginePool", "PoolSet"]
 
 
 class _StaleConnection(Exception):
@@ -176,8 +163,7 @@ class EnginePool:
             try:
                 parser, head = await self._send_and_read_head(connection, request, method, reused)
             except _StaleConnection:
-                self._active -= 1
-                connection.close()
+                self._release(connection, reusable=False)
                 # Loop once more with a FRESH connection: reused is then False, so
                 # _send_and_read_head never raises _StaleConnection again. At most one retry.
                 connection = None
@@ -185,8 +171,7 @@ class EnginePool:
             except BaseException:
                 # Cancelled, ConnectError, ReadError, KeyboardInterrupt...: the exchange was
                 # interrupted mid-way, so the connection's state is unknown. Never pool it.
-                self._active -= 1
-                connection.close()
+                self._release(connection, reusable=False)
                 raise
             return Response(self, connection, parser, head, keep_alive)
 
@@ -211,7 +196,7 @@ class EnginePool:
         stream = connection.stream
         try:
             await stream.send_all(request)
-        except _STREAM_ERRORS as exc:
+        except STREAM_ERRORS as exc:
             if reused:
                 raise _StaleConnection from exc
             raise ConnectError(f"cannot send the request to {self.origin}: {exc}") from exc
@@ -221,8 +206,8 @@ class EnginePool:
         while True:
             if event is NEED_DATA:
                 try:
-                    data = await stream.receive_some(_RECEIVE_SIZE)
-                except _STREAM_ERRORS as exc:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                except STREAM_ERRORS as exc:
                     if reused and not received:
                         raise _StaleConnection from exc
                     raise ReadError(
@@ -255,8 +240,18 @@ class EnginePool:
             connection.close()
         return None
 
+    def _release(self, connection: Connection, *, reusable: bool) -> None:
+        """The one way an exchange gives up its connection: back to the idle stack, or closed.
+
+        Synchronous, so no cancellation can land between the accounting and the hand-over.
+        """
+        self._active -= 1
+        if reusable:
+            self._checkin(connection)
+        else:
+            connection.close()
+
     def _checkin(self, connection: Connection) -> None:
-        """Take back a connection whose exchange completed cleanly (or close it)."""
         if self._closed or self._max_idle <= 0 or self._idle_timeout <= 0:
             connection.close()
             return
@@ -306,178 +301,6 @@ class _Exchange(contextlib.AbstractAsyncContextManager["Response"]):
         response, self._response = self._response, None
         if response is not None:
             response._settle(clean=exc_type is None)
-
-
-class Response:
-    """A response whose head has been read; the body is read (once) with one of the methods."""
-
-    __slots__ = (
-        "_broken",
-        "_complete",
-        "_connection",
-        "_keep_alive",
-        "_parser",
-        "_pool",
-        "headers",
-        "http_version",
-        "reason",
-        "status",
-        "trailers",
-    )
-
-    def __init__(
-        self, pool: EnginePool, connection: Connection, parser: ResponseParser, head: Head, keep_alive: bool
-    ) -> None:
-        self.status = head.status
-        self.reason = head.reason
-        self.http_version = head.http_version
-        self.headers = head.headers
-        self.trailers: list[tuple[bytes, bytes]] = []
-        self._pool = pool
-        self._connection: Connection | None = connection
-        self._parser = parser
-        self._keep_alive = keep_alive
-        self._complete = False
-        self._broken: str | None = None
-
-    def __repr__(self) -> str:
-        return f"<Response {self.status} {self.reason.decode('latin-1')!r} from {self._pool.origin}>"
-
-    def header(self, name: bytes) -> bytes | None:
-        """The first value of header ``name`` (lower-case), or None."""
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
-
-    async def aread(self) -> bytes:
-        """The whole body (unbounded: prefer ``read_bounded`` for anything an engine controls)."""
-        pieces = []
-        while (data := await self._next_data()) is not None:
-            pieces.append(data)
-        return b"".join(pieces)
-
-    async def read_bounded(self, limit: int) -> tuple[bytes, bool]:
-        """At most ``limit`` bytes of body, and whether the body had more.
-
-        When it had more, reading stops at once (nothing is drained: the body may be huge) and
-        the connection is closed, which also tells the engine to stop sending. (If the whole
-        body had already arrived, nothing needed draining and the connection was pooled.)
-        """
-        pieces = []
-        size = 0
-        while (data := await self._next_data()) is not None:
-            pieces.append(data)
-            size += len(data)
-            if size > limit:
-                self._drop("the body was truncated by read_bounded()")
-                return b"".join(pieces)[:limit], True
-        return b"".join(pieces), False
-
-    def aiter_chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (each non-empty), e.g. to relay server-sent events."""
-        return _Chunks(self)
-
-    # -- internals -------------------------------------------------------------------------
-
-    async def _next_data(self) -> bytes | None:
-        """Every body byte available now, waiting for some if none is; None at the end."""
-        if self._complete:
-            return None
-        connection = self._connection
-        if connection is None:
-            raise RuntimeError(f"cannot read the response body: {self._broken or 'the exchange has ended'}")
-        parser = self._parser
-        pieces: list[bytes] = []
-        try:
-            while True:
-                event = parser.next_event()
-                if type(event) is Data:
-                    pieces.append(event.data)
-                elif type(event) is EndOfMessage:
-                    self.trailers = event.trailers
-                    self._finish()
-                    break
-                elif pieces:
-                    break  # deliver what we have before waiting for more
-                else:
-                    try:
-                        data = await connection.stream.receive_some(_RECEIVE_SIZE)
-                    except _STREAM_ERRORS as exc:
-                        raise ReadError(
-                            f"connection to {self._pool.origin} broke inside the body: {exc}"
-                        ) from exc
-                    if data:
-                        parser.feed(data)
-                    else:
-                        parser.feed_eof()  # ends a read-until-close body, else ReadError next
-        except BaseException:
-            # Cancelled or failed mid-body: the stream position is lost (bytes may have been
-            # consumed into `pieces` that the caller will never see), so neither this Response
-            # nor its connection can go on. Close now rather than at context exit so the
-            # engine stops sending immediately.
-            self._drop("an earlier read of the body was interrupted")
-            raise
-        if not pieces:
-            return None
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-    def _finish(self) -> None:
-        # The body ended. Give the connection back right away (not at context exit) so the
-        # next request to this engine can use it even if the caller lingers in the block.
-        connection, self._connection = self._connection, None
-        self._complete = True
-        self._pool._active -= 1
-        if self._keep_alive and self._parser.reusable:
-            self._pool._checkin(connection)  # type: ignore[arg-type]
-        else:
-            connection.close()  # type: ignore[union-attr]
-
-    def _drop(self, why: str) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            self._broken = why
-            self._pool._active -= 1
-            connection.close()
-
-    def _settle(self, clean: bool) -> None:
-        """At context exit: pool the connection if the exchange is complete, else close it."""
-        if self._connection is None:
-            return  # already finished (and pooled or closed) or dropped
-        if clean:
-            # The caller may not have read a body that is already buffered in full (a 204, a
-            # small JSON that came with the head). Consuming it needs no I/O, so do it and
-            # keep the connection; a body still in flight is NOT waited for.
-            try:
-                while True:
-                    event = self._parser.next_event()
-                    if type(event) is EndOfMessage:
-                        self._finish()
-                        return
-                    if event is NEED_DATA:
-                        break
-            except ReadError:
-                pass
-        self._drop("the exchange ended before the body was read")
-
-
-class _Chunks:
-    """Async iterator over a response body (a class, not an async generator: nothing to
-    finalize when the caller stops early, and no generator machinery on the hot path)."""
-
-    __slots__ = ("_response",)
-
-    def __init__(self, response: Response) -> None:
-        self._response = response
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        data = await self._response._next_data()
-        if data is None:
-            raise StopAsyncIteration
-        return data
 
 
 class PoolSet:

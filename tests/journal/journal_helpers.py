@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from journal import (
@@ -83,6 +83,29 @@ class SqliteBackend:
         with self._raw() as conn:
             conn.execute("UPDATE snapshots SET state = ? WHERE upto_seq = ?", (state, upto_seq))
 
+    def forge_row(self, row: tuple) -> None:
+        """Insert a row behind the store's back (the meta head is not moved)."""
+        with self._raw() as conn:
+            conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    @contextlib.contextmanager
+    def during_scan(self, callback: Callable[[], None]) -> Iterator[None]:
+        """Run ``callback`` once, after the first page of the next scan was read."""
+        store = self.store
+        original = store._pages
+
+        def pages(*args: object, **kwargs: object) -> Iterator[list]:
+            for i, page in enumerate(original(*args, **kwargs)):
+                yield page
+                if i == 0:
+                    callback()
+
+        store._pages = pages
+        try:
+            yield
+        finally:
+            del store._pages
+
     def everything_but_secrets(self) -> str:
         """Every value of every table except ``secrets``, as one string (what an export may show)."""
         with self._raw() as conn:
@@ -141,6 +164,26 @@ class MemoryBackend:
         for i, snap in enumerate(snaps):
             if snap[2] == upto_seq:
                 snaps[i] = (*snap[:4], state, snap[5])
+
+    def forge_row(self, row: tuple) -> None:
+        self.store._rows.append(row)
+
+    @contextlib.contextmanager
+    def during_scan(self, callback: Callable[[], None]) -> Iterator[None]:
+        store = self.store
+        original = store._scan
+
+        def scan(after_seq: int) -> Iterator[tuple]:
+            for i, row in enumerate(original(after_seq)):
+                yield row
+                if i == 0:
+                    callback()
+
+        store._scan = scan
+        try:
+            yield
+        finally:
+            del store._scan
 
     def everything_but_secrets(self) -> str:
         s = self.store

@@ -181,3 +181,10 @@ class TestFailures:
             assert [r.seq for r in a.read()] == list(range(1, 17))
             assert a.verify().ok
             assert b.verify().ok
+
+
+def test_migration_names_match_the_set():
+    from journal._schema import MIGRATION_NAMES, MIGRATIONS
+
+    pending = MIGRATIONS.pending(sqlite_utils.Database(memory=True))
+    assert tuple(m.name for m in pending) == MIGRATION_NAMES

@@ -22,6 +22,7 @@ from journal import (
     WorkerRemoved,
     encode,
 )
+from journal._chain import chain_hash
 from journal.store import _PAGE
 
 SECRET = "sk-live-0123456789abcdef-do-not-print"
@@ -242,6 +243,36 @@ class TestVerify:
         report = backend.store.verify()
         assert (report.ok, report.first_bad_seq) == (False, 2)
         assert "compaction" in report.reason
+
+    def test_rows_forged_beyond_the_head_are_detected(self, backend):
+        self._ten(backend)
+        head = backend.store.read(after_seq=9).__next__()
+        type_, schema, payload = encode(removed("w9"))
+        h = chain_hash(head.hash, 11, head.ts, "workers", type_, schema, payload.encode())
+        backend.forge_row((11, head.ts, "workers", type_, schema, payload, head.hash, h))
+        report = backend.store.verify()
+        assert (report.ok, report.first_bad_seq) == (False, 11)
+        assert "beyond" in report.reason
+        assert backend.store.verify(upto=10).ok
+
+    def test_verify_while_the_journal_is_appended_to(self, backend):
+        # E.g. `smgrl journal verify` while the gateway runs: rows committed during the scan are
+        # newer than the verification, not forged.
+        backend.store.append_batch(a_few(_PAGE + 10))
+        with backend.during_scan(lambda: backend.store.append_batch(a_few(5))):
+            report = backend.store.verify()
+        assert report.ok, report
+        assert report.checked == _PAGE + 10
+        assert backend.store.verify().checked == _PAGE + 15
+
+    def test_verify_while_bodies_are_compacted(self, backend):
+        store = backend.store
+        store.append_batch(a_few(_PAGE + 10))
+        store.append_batch([Append("control", started(f"op{i}")) for i in range(5)])
+        with backend.during_scan(lambda: store.compact_bodies(store.last_seq() + 1)):
+            report = store.verify()
+        assert report.ok, report
+        assert all(r.event.body is None for r in store.read(types=[ControlStarted]))
 
 
 class TestUnknownEvents:

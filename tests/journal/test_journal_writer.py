@@ -348,3 +348,43 @@ async def test_flush_reports_a_failed_last_batch():
         with pytest.raises(JournalWriteError):
             await pending.wait()
         await writer.aclose()
+
+
+async def test_on_commit_sees_each_batch_before_its_appenders_wake():
+    seen: list[int] = []
+    observed_by_appender: list[list[int]] = []
+
+    def on_commit(records: list[Recorded]) -> None:
+        seen.extend(r.seq for r in records)
+
+    store = MemoryStore()
+    writer = JournalWriter(store, on_commit=on_commit, max_batch=4)
+
+    async def appender(i: int) -> None:
+        rec = await writer.append("control", outcome(op_id=f"op{i}"))
+        assert rec.seq in seen  # the projection already holds this event
+        observed_by_appender.append(list(seen))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        async with trio.open_nursery() as appenders:
+            for i in range(10):
+                appenders.start_soon(appender, i)
+        await writer.aclose()
+    assert seen == list(range(1, 11))  # every batch, in commit order
+    assert len(observed_by_appender) == 10
+
+
+async def test_on_commit_failure_is_not_a_write_failure(caplog):
+    def broken(records: list[Recorded]) -> None:
+        raise RuntimeError("projection bug")
+
+    store = MemoryStore()
+    writer = JournalWriter(store, on_commit=broken)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        rec = await writer.append("control", outcome())  # committed: no JournalWriteError
+        await writer.aclose()
+    assert rec.seq == 1
+    assert store.count() == 1
+    assert "on_commit callback failed" in caplog.text

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Fan-out and discovery latency: smgrl vs SMG 1.13.0 vs direct calls, side by side in one run.
+
+For each fleet size N (default 1, 8, 64, 256) on the same fake SGLang engines (one fake process on
+loopback), this starts each gateway with ``--worker-urls`` of the first N engines and measures,
+one request at a time over one kept-alive connection:
+
+* ``POST /v1/rl/engine/flush_cache?selector=engine=sglang`` (a fan-out to all N);
+* ``GET /v1/rl/workers`` (discovery);
+* the same N ``POST /flush_cache`` calls made directly from this process (trio, smgrl's upstream
+  pool, all N concurrently): the floor any gateway adds to.
+
+SMG is measured when ``smg`` is installed (``--smg-bin``, default: on PATH or /tmp/smgvenv/bin/smg).
+smgrl variants: the journal on a SQLite file (the default), and ``--journal :memory:`` to show what
+the file costs. Prints a markdown table with p50/p99 and the smgrl/SMG ratio. Every process this
+starts is stopped by its PID; everything listens on 127.0.0.1; every loop is bounded.
+
+    python benchmarks/fanout.py [--sizes 1,8,64,256] [--rounds 200] [--out docs/benchmarks-fanout.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import trio
+
+from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers
+from smgrl.upstream import PoolSet
+
+FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def timed_requests(port: int, method: str, path: str, rounds: int, warmup: int = 10) -> list[float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    out = []
+    try:
+        for i in range(warmup + rounds):
+            t0 = time.perf_counter()
+            conn.request(method, path, body=b"" if method == "POST" else None)
+            resp = conn.getresponse()
+            resp.read()
+            dt = (time.perf_counter() - t0) * 1000
+            if resp.status not in (200, 207):
+                raise RuntimeError(f"{method} {path} answered {resp.status}")
+            if i >= warmup:
+                out.append(dt)
+    finally:
+        conn.close()
+    return out
+
+
+def direct(urls: list[str], rounds: int, warmup: int = 10) -> list[float]:
+    async def run() -> list[float]:
+        pools = PoolSet()
+        samples = []
+
+        async def one(url: str) -> None:
+            resp, _, _ = await pools.get(url).request("POST", "/flush_cache", headers=[(b"accept", b"*/*")])
+            assert resp.status == 200
+
+        for i in range(warmup + rounds):
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for url in urls:
+                    nursery.start_soon(one, url)
+            if i >= warmup:
+                samples.append((time.perf_counter() - t0) * 1000)
+        await pools.aclose()
+        return samples
+
+    return trio.run(run)
+
+
+def start_smg(binary: str, urls: list[str], log) -> tuple[Child, int]:
+    import subprocess
+
+    port = free_port()
+    argv = [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--enable-rl",
+            "--disable-health-check", "--disable-circuit-breaker", "--disable-load-monitoring",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    return Child(proc, "smg"), port
+
+
+def start_smgrl(urls: list[str], journal: str, log) -> tuple[Child, int]:
+    port = free_port()
+    child = start_gateway(["--enable-rl", "--disable-health-check", "--disable-load-monitoring", "--worker-urls",
+                           *urls, "--journal", journal, "--prometheus-port", str(free_port())], port=port, log=log)
+    return child, port
+
+
+def find_smg(explicit: str | None) -> str | None:
+    for cand in (explicit, shutil.which("smg"), "/tmp/smgvenv/bin/smg"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1,8,64,256")
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--smg-bin", default=None)
+    ap.add_argument("--out", default=None, help="also write the table to this file")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    smg = find_smg(args.smg_bin)
+    work = tempfile.mkdtemp(prefix="smgrl-bench-fanout-")
+    log = open(os.path.join(work, "gateways.log"), "w")
+    fakes, all_urls = start_fake_engines("sglang", max(sizes))
+    rows = []
+    try:
+        for n in sizes:
+            urls = all_urls[:n]
+            rounds = max(30, args.rounds if n <= 64 else args.rounds // 4)
+            result = {"n": n, "direct": direct(urls, rounds)}
+            variants = [("smgrl", lambda: start_smgrl(urls, os.path.join(work, f"j{n}.db"), log)),
+                        ("smgrl_mem", lambda: start_smgrl(urls, ":memory:", log))]
+            if smg:
+                variants.insert(0, ("smg", lambda: start_smg(smg, urls, log)))
+            for name, starter in variants:
+                child, port = starter()
+                try:
+                    wait_for_workers(f"http://127.0.0.1:{port}", 1 if n == 1 else n, child=child, timeout=120)
+                    result[f"{name}_fanout"] = timed_requests(port, "POST", FANOUT, rounds)
+                    result[f"{name}_workers"] = timed_requests(port, "GET", "/v1/rl/workers", rounds)
+                finally:
+                    child.stop()
+            rows.append(result)
+            print(f"N={n} done", file=sys.stderr)
+    finally:
+        fakes.stop()
+        log.close()
+    table = render(rows, smg is not None)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def render(rows: list[dict], with_smg: bool) -> str:
+    def cell(samples):
+        return f"{statistics.median(samples):.2f} / {pct(samples, 0.99):.2f}"
+
+    lines = ["Fan-out of `POST flush_cache` (ms, p50 / p99):", ""]
+    head = "| engines | direct | smgrl | smgrl (journal in memory) |" + (" SMG 1.13.0 | smgrl/SMG p50 |" if with_smg else "")
+    lines += [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        line = f"| {r['n']} | {cell(r['direct'])} | {cell(r['smgrl_fanout'])} | {cell(r['smgrl_mem_fanout'])} |"
+        if with_smg:
+            ratio = statistics.median(r["smgrl_fanout"]) / statistics.median(r["smg_fanout"])
+            line += f" {cell(r['smg_fanout'])} | {ratio:.2f}x |"
+        lines.append(line)
+    lines += ["", "Discovery `GET /v1/rl/workers` (ms, p50 / p99):", ""]
+    head = "| engines | smgrl |" + (" SMG 1.13.0 | smgrl/SMG p50 |" if with_smg else "")
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        line = f"| {r['n']} | {cell(r['smgrl_workers'])} |"
+        if with_smg:
+            ratio = statistics.median(r["smgrl_workers"]) / statistics.median(r["smg_workers"])
+            line += f" {cell(r['smg_workers'])} | {ratio:.2f}x |"
+        lines.append(line)
+    journal_cost = [statistics.median(r["smgrl_fanout"]) / statistics.median(r["smgrl_mem_fanout"]) - 1
+                    for r in rows]
+    lines += ["", "Journal cost (SQLite file vs in-memory journal, fan-out p50): "
+              + ", ".join(f"{r['n']} engines {c * 100:+.0f}%" for r, c in zip(rows, journal_cost))]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

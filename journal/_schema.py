@@ -1,0 +1,74 @@
+"""The journal's SQLite schema, as ``sqlite_utils.Migrations`` (set ``smgrl.journal``).
+
+Explicit DDL rather than ``table.create()``: exact column types (REAL, not FLOAT) and comments that
+show up in ``sqlite-utils schema`` and datasette. The schema is described in ``journal/store.py``.
+Add a migration by appending a function here AND its name to ``MIGRATION_NAMES``; never edit an
+applied one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+import sqlite_utils
+
+from ._chain import GENESIS
+
+FORMAT_VERSION = 1
+
+MIGRATIONS = sqlite_utils.Migrations("smgrl.journal")
+# Every migration name, in order: Migrations has no public list of what is registered, and the store
+# must tell "a newer smgrl wrote this file" (applied names we do not know) from "needs migrating".
+# A test checks this against the set.
+MIGRATION_NAMES = ("0001_create_journal",)
+
+
+@MIGRATIONS(name="0001_create_journal")
+def _create_journal(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """CREATE TABLE events (
+    seq INTEGER PRIMARY KEY, -- global position: 1, 2, 3 ... without gaps
+    ts REAL NOT NULL, -- commit time of the batch, unix seconds, never decreasing
+    stream TEXT NOT NULL,
+    type TEXT NOT NULL,
+    schema INTEGER NOT NULL,
+    payload TEXT NOT NULL, -- canonical JSON of the event
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL -- sha256 chain, see journal/_chain.py
+)"""
+    )
+    db.execute("CREATE INDEX idx_events_stream_seq ON events (stream, seq)")
+    db.execute("CREATE INDEX idx_events_type_seq ON events (type, seq)")
+    db.execute("CREATE INDEX idx_events_ts ON events (ts)")
+    db.execute(
+        """CREATE TABLE secrets (
+    worker_id TEXT PRIMARY KEY,
+    api_key TEXT NOT NULL, -- never exported, never printed
+    seq INTEGER REFERENCES events(seq) -- the event that set it
+)"""
+    )
+    db.execute(
+        """CREATE TABLE snapshots (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    upto_seq INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    state TEXT NOT NULL, -- JSON
+    hash TEXT NOT NULL -- sha256 over kind, upto_seq, the chain hash at upto_seq and state
+)"""
+    )
+    db.execute("CREATE INDEX idx_snapshots_kind_upto_seq ON snapshots (kind, upto_seq)")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    db.conn.executemany(
+        "INSERT INTO meta (key, value) VALUES (?, ?)",
+        [
+            ("journal_id", uuid.uuid4().hex),
+            ("created_at", now),
+            ("format_version", str(FORMAT_VERSION)),
+            ("high_water_seq", "0"),
+            ("high_water_hash", GENESIS),
+            ("bodies_compacted_before", "0"),
+        ],
+    )
