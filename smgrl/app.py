@@ -10,6 +10,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from smgrl.api import envelopes as env
+from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
 from smgrl.api.workers import WorkersApi
 
@@ -79,7 +80,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
 
     rl = None
     if cfg.rl.enabled:
-        rl = RlApi(gateway, journal_routes)
+        rl = RlApi(gateway, journal_routes or JournalRoutes(gateway))
 
         async def _rl(rest: str) -> Response:
             return await rl.dispatch()

@@ -1,0 +1,98 @@
+"""Journal read routes: ``GET /v1/rl/operations/{id}`` and ``GET /v1/rl/journal?after=&limit=``.
+
+Readable with roles ``admin`` and ``user`` (D3). Recent operations are answered from memory (the
+operations projection); older ones are rebuilt from the journal file. Reads of the file go through
+a separate read-only connection in a worker thread, so they never wait on, or block, the writer.
+Events carry no secrets by construction, so a page of events is safe to serve as is.
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+from quart import Response, request
+
+from journal import SqliteStore
+from journal.events import encode
+from smgrl.api import envelopes as env
+from smgrl.errors import OperationNotFound, RlError
+from smgrl.state.operations import Operations
+
+PAGE_DEFAULT = 100
+PAGE_MAX = 1000
+
+
+class InvalidQuery(RlError):
+    code, status = "invalid_query", 400
+
+
+class JournalRoutes:
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+        self._reader = None
+        # One reader thread at a time: the read-only connection is not shared across threads.
+        self._limiter = trio.CapacityLimiter(1)
+
+    def _store(self):
+        store = self.gw.store
+        if isinstance(store, SqliteStore):
+            if self._reader is None:
+                self._reader = SqliteStore.open(store.path, readonly=True)
+            return self._reader
+        return store
+
+    async def _read(self, fn):
+        return await trio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    async def operation(self, op_id: str) -> Response:
+        record = self.gw.fleet.operations.get(op_id)
+        if record is None:
+            store = self._store()
+
+            def rebuild():
+                ops = Operations()
+                for rec in store.read(0, stream=f"op:{op_id}"):
+                    ops.apply(rec.seq, rec.event)
+                return ops.get(op_id)
+
+            record = await self._read(rebuild)
+        if record is None:
+            raise OperationNotFound(op_id)
+        return env.json_response(200, record.to_json())
+
+    async def page(self) -> Response:
+        after = _int_arg("after", 0, 0)
+        limit = min(_int_arg("limit", PAGE_DEFAULT, 1), PAGE_MAX)
+        store = self._store()
+
+        def fetch():
+            rows = []
+            for rec in store.read(after, limit=limit):
+                type_, schema, payload = encode(rec.event)
+                rows.append({"seq": rec.seq, "ts": rec.ts, "stream": rec.stream, "type": type_,
+                             "schema": schema, "payload": json.loads(payload)})
+            return rows, store.last_seq()
+
+        rows, last = await self._read(fetch)
+        next_after = rows[-1]["seq"] if rows else after
+        return env.json_response(200, {"events": rows, "next_after": next_after, "last_seq": last,
+                                       "more": next_after < last})
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+def _int_arg(name: str, default: int, minimum: int) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidQuery(f"`{name}` must be an integer, got `{raw}`") from None
+    if value < minimum:
+        raise InvalidQuery(f"`{name}` must be at least {minimum}")
+    return value
