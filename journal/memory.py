@@ -62,6 +62,12 @@ class MemoryStore:
     def readonly(self) -> bool:
         return self._readonly
 
+    # Appending to a list never blocks: JournalWriter commits on the event loop.
+    commits_are_cheap = True
+
+    def checkpoint(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -167,6 +167,11 @@ class SqliteStore:
             else:
                 db.enable_wal()
                 conn.execute(f"PRAGMA synchronous = {sync}")
+                if sync != "FULL":
+                    # Commits are then cheap enough to run on the event loop (JournalWriter does);
+                    # checkpoints, which fsync the database file, are run by the writer in its
+                    # thread instead of inside whichever commit crossed SQLite's threshold.
+                    conn.execute("PRAGMA wal_autocheckpoint = 0")
                 conn.execute("PRAGMA foreign_keys = ON")
                 unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]
                 if unknown:
@@ -177,7 +182,20 @@ class SqliteStore:
         except BaseException:
             conn.close()
             raise
-        return cls(conn, db, readonly=readonly, path=path)
+        store = cls(conn, db, readonly=readonly, path=path)
+        store.commits_are_cheap = not readonly and sync != "FULL"
+        return store
+
+    # True when a commit never fsyncs (WAL with synchronous=NORMAL/OFF): JournalWriter then commits
+    # on the event loop and calls checkpoint() from a thread now and then.
+    commits_are_cheap = False
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database file (PASSIVE: never waits for readers)."""
+        if self._readonly:
+            return
+        with self._lock:
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def close(self) -> None:
         with self._lock:

@@ -120,8 +120,19 @@ def sglang_labels(
         runtime="sglang",
         labels=labels,
         model_id=labels.get("served_model_name") or labels.get("model_path"),
-        dp_size=_int(labels.get("dp_size")),
+        dp_size=_routing_dp_size(labels),
     )
+
+
+def _routing_dp_size(labels: Mapping[str, str]) -> int | None:
+    """How many ``--dp-aware`` ranks SMG 1.13.0 makes of an SGLang engine: ``dp_size`` times
+    ``attn_dp_size`` (1 when absent). Observed black-box: dp 2 -> 2 ranks, dp 2 + attn 2 -> 4,
+    dp 3 + attn 2 -> 6, dp 1 + attn 3 -> 3. The ``dp_size`` label itself stays the engine's."""
+    dp = _int(labels.get("dp_size"))
+    attn = _int(labels.get("attn_dp_size"))
+    if dp is None:
+        return None
+    return dp * (attn if attn is not None else 1)
 
 
 def vllm_labels(models: Mapping | None, version: Mapping | None) -> Discovery:

@@ -45,7 +45,12 @@ class CountingStore:
 
 
 class GatedStore(CountingStore):
-    """Holds the writer thread inside append_batch until the test opens the gate."""
+    """Holds the writer thread inside append_batch until the test opens the gate.
+
+    It blocks a thread, so it forces the writer's thread mode (``commits_are_cheap = False``):
+    an inline commit would block the event loop itself."""
+
+    commits_are_cheap = False
 
     def __init__(self, inner):
         super().__init__(inner)
@@ -388,3 +393,45 @@ async def test_on_commit_failure_is_not_a_write_failure(caplog):
     assert rec.seq == 1
     assert store.count() == 1
     assert "on_commit callback failed" in caplog.text
+
+
+class CheckpointCountingStore(CountingStore):
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.checkpoints = 0
+        self.threads: set[str] = set()
+
+    def checkpoint(self):
+        self.threads.add(threading.current_thread().name)
+        self.checkpoints += 1
+        self.inner.checkpoint()
+
+
+async def test_cheap_stores_commit_inline_and_checkpoint_in_a_thread(tmp_path):
+    store = CheckpointCountingStore(SqliteStore.open(tmp_path / "j.db"))
+    assert store.commits_are_cheap  # WAL + synchronous=NORMAL
+    writer = JournalWriter(store, checkpoint_every=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        for i in range(25):
+            await writer.append("workers", registered(f"w{i}"))
+        await writer.aclose()
+    assert sum(store.batches) == 25
+    assert store.checkpoints == 2  # after 10 and 20 committed events
+    assert threading.main_thread().name not in store.threads
+    with SqliteStore.open(tmp_path / "j.db", readonly=True) as reader:
+        assert reader.count() == 25 and reader.verify().ok
+    store.inner.close()
+
+
+def test_full_sync_stores_are_not_committed_inline(tmp_path):
+    full = SqliteStore.open(tmp_path / "f.db", synchronous="FULL")
+    normal = SqliteStore.open(tmp_path / "n.db")
+    try:
+        assert not full.commits_are_cheap and normal.commits_are_cheap
+        assert MemoryStore().commits_are_cheap
+        assert not JournalWriter(full)._inline and JournalWriter(normal)._inline
+        assert not JournalWriter(normal, inline=False)._inline
+    finally:
+        full.close()
+        normal.close()
