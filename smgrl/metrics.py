@@ -23,9 +23,6 @@ class Metrics:
         self.journal_appends = Counter(
             "smgrl_journal_events_total", "Events appended to the journal, by type", ["type"], registry=r
         )
-        self.journal_failures = Counter(
-            "smgrl_journal_write_failures_total", "Journal batches that failed to commit", registry=r
-        )
         self.workers = Gauge("smgrl_workers", "Registry entries, by health", ["health"], registry=r)
         self.auth_denied = Counter(
             "smgrl_control_plane_denied_total",
@@ -64,5 +61,17 @@ class Metrics:
         self.fanouts.labels(result=result).inc()
         self.fanout_duration.observe(seconds)
 
-    def render(self) -> bytes:
+    def journaled(self, records) -> None:
+        """Count committed events by type (called with each committed batch)."""
+        for rec in records:
+            self.journal_appends.labels(type=getattr(rec.event, "TYPE", "unknown")).inc()
+
+    def render(self, registry_state=None) -> bytes:
+        if registry_state is not None:
+            # Computed at scrape time from the projection: no bookkeeping on the hot path.
+            counts = {h: 0 for h in ("pending", "ready", "not_ready", "failed", "draining")}
+            for w in registry_state:
+                counts[w.status] = counts.get(w.status, 0) + 1
+            for health, n in counts.items():
+                self.workers.labels(health=health).set(n)
         return generate_latest(self.registry)

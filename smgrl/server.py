@@ -80,8 +80,16 @@ async def serve(
     fleet = FleetState()
     replayed = replay(store, fleet)
     keys = KeyRing(store.secrets())
-    writer = JournalWriter(store, on_commit=fleet.apply_records)
+    gw_ref: list[Gateway] = []
+
+    def on_commit(records) -> None:
+        fleet.apply_records(records)
+        if gw_ref:
+            gw_ref[0].metrics.journaled(records)
+
+    writer = JournalWriter(store, on_commit=on_commit)
     gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)
+    gw_ref.append(gw)
     app = create_app(gw)
     clean = False
     try:
@@ -112,7 +120,7 @@ async def serve(
                     if cfg.prometheus_port:
                         mhost = cfg.prometheus_host or cfg.host
                         listeners = await inner.start(
-                            serve_metrics, gw.metrics.render, mhost, cfg.prometheus_port
+                            serve_metrics, lambda: gw.metrics.render(fleet.registry), mhost, cfg.prometheus_port
                         )
                         sockname = listeners[0].socket.getsockname()
                         metrics_url = f"http://{_hostport(sockname)}/metrics"

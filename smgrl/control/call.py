@@ -16,6 +16,9 @@ from smgrl.core.worker import Worker
 from smgrl.errors import NoControlEndpoint, UpstreamTimeout, UpstreamUnreachable
 from smgrl.upstream import ConnectError, PoolSet, UpstreamError
 
+# SMG's text for ANY failure while reading the engine's body (cut short, bad chunking, or the
+# deadline hit mid-body): reqwest reports them all as a decode error (observed on 1.13.0).
+BODY_READ_FAILURE = "reading response body: error decoding response body"
 NO_LABEL_DETAIL = (
     "no `rl.control_url` label: set it at registration or through the worker update route "
     "(a TokenSpeed gRPC engine advertises it when launched with a routable --rl-control-host)"
@@ -91,10 +94,8 @@ async def call_worker(
                 data, truncated = await response.read_bounded(BODY_CAP)
         except ConnectError:
             failure = f"error sending request for url ({full_url})"
-        except UpstreamError as exc:
-            failure = (
-                f"reading response body: {exc}" if got_head else f"error sending request for url ({full_url})"
-            )
+        except UpstreamError:
+            failure = BODY_READ_FAILURE if got_head else f"error sending request for url ({full_url})"
         except (OSError, ValueError) as exc:  # e.g. an unparsable control URL
             failure = f"error sending request for url ({full_url}): {exc}"
     latency_ms = int((trio.current_time() - started) * 1000)
@@ -111,7 +112,7 @@ async def call_worker(
                     url=worker.url,
                 ),
             )
-        failure = "reading response body: operation timed out"
+        failure = BODY_READ_FAILURE
     if failure is not None:
         return Outcome(
             worker.id,

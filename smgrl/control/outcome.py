@@ -9,6 +9,7 @@ text, ``""`` when empty (never null). Bodies beyond the cap are cut and never pa
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import attrs
@@ -24,11 +25,36 @@ class _NotJson(ValueError):
 
 
 def _parse_int(text: str) -> int | float:
-    # serde_json keeps integers that fit u64 (or i64 when negative); larger ones become floats.
+    # serde_json keeps integers that fit u64 (or i64 when negative); larger ones become floats,
+    # and so does `-0` (serde_json parses it as the float -0.0).
     value = int(text)
+    if value == 0 and text.startswith("-"):
+        return -0.0
     if -(2**63) <= value < 2**64:
         return value
     return float(value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+SERDE_MAX_DEPTH = 127  # serde_json's recursion limit: 128 nested arrays/objects fail to parse
+
+
+def _serde_refuses(value: Any) -> bool:
+    """What Python's json accepts but serde_json does not: a lone surrogate escape (Python pairs
+    valid ones, so any surrogate left is lone; it could not even be re-encoded), or nesting
+    deeper than serde's recursion limit."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return True
+        elif isinstance(v, (list, dict)):
+            if depth >= SERDE_MAX_DEPTH:
+                return True
+            items = v if isinstance(v, list) else [*v.keys(), *v.values()]
+            stack.extend((x, depth + 1) for x in items)
+    return False
 
 
 def _parse_float(text: str) -> float:
@@ -45,7 +71,7 @@ def _parse_constant(text: str) -> Any:
 def decode_engine_body(data: bytes, content_type: str | None, truncated: bool) -> Any:
     if not truncated and content_type is not None and "json" in content_type and data:
         try:
-            return json.loads(
+            value = json.loads(
                 data.decode("utf-8"),
                 parse_int=_parse_int,
                 parse_float=_parse_float,
@@ -53,6 +79,9 @@ def decode_engine_body(data: bytes, content_type: str | None, truncated: bool) -
             )
         except (ValueError, UnicodeDecodeError, RecursionError):
             pass
+        else:
+            if not _serde_refuses(value):
+                return value
     return data.decode("utf-8", errors="replace")
 
 

@@ -53,7 +53,9 @@ def server_args(engine: SGLangEngine) -> dict[str, Any]:
         "pp_size": c.pp_size,
         "dp_size": c.dp_size,
         "ep_size": c.ep_size,
-        "attn_dp_size": max(1, c.dp_size),
+        # SGLang derives attn_dp_size from DP attention: dp_size with it, 1 without (the fake
+        # never enables it, see enable_dp_attention below).
+        "attn_dp_size": 1,
         "moe_dp_size": 1,
         "nnodes": 1,
         "node_rank": 0,

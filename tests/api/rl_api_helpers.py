@@ -117,3 +117,72 @@ def journal(gw, *types: str) -> list:
 
 def op_events(gw, op_id: str) -> list:
     return [rec.event for rec in gw.store.read(stream=f"op:{op_id}")]
+
+
+class RawEngine:
+    """A tiny HTTP/1.1 engine whose control answers are exact bytes (status, headers, body), for
+    what the fake engines cannot produce: any content-type, invalid UTF-8, a body cut short.
+    It answers the registration probe like a minimal SGLang and records every request line."""
+
+    PROBE = {
+        "/health": b"",
+        "/v1/models": json.dumps({"object": "list", "data": [{"id": "raw", "owned_by": "sglang"}]}).encode(),
+        "/server_info": json.dumps({"model_path": "raw", "tp_size": 1, "dp_size": 1, "version": "0.5.23"}).encode(),
+        "/model_info": json.dumps({"model_path": "raw"}).encode(),
+    }
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.headers: list[tuple[str, str]] = []
+        self.body = b""
+        self.declared_length: int | None = None  # lie about the length: the body is cut short
+        self.targets: list[str] = []
+        self.url = ""
+
+    def answer(self, status: int, body: bytes = b"", content_type: str | None = None,
+               declared_length: int | None = None) -> None:
+        self.status, self.body, self.declared_length = status, body, declared_length
+        self.headers = [("content-type", content_type)] if content_type is not None else []
+
+    async def serve(self, *, task_status) -> None:
+        import trio
+
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        task_status.started(self)
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream) -> None:
+        buf = b""
+        async with stream:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ", 2)
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                while len(buf) < length:
+                    buf += await stream.receive_some(65536)
+                buf = buf[length:]
+                path = target.split("?", 1)[0]
+                if path in self.PROBE:
+                    status, headers, body = 200, [("content-type", "application/json")], self.PROBE[path]
+                else:
+                    self.targets.append(f"{method} {target}")
+                    status, headers, body = self.status, self.headers, self.body
+                declared = self.declared_length if path not in self.PROBE else None
+                out = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers]
+                if method != "HEAD" or path in self.PROBE:
+                    out.append(f"content-length: {declared if declared is not None else len(body)}")
+                await stream.send_all(("\r\n".join(out) + "\r\n\r\n").encode("latin-1")
+                                      + (b"" if method == "HEAD" else body))
+                if declared is not None:
+                    return  # close mid-body
