@@ -285,6 +285,26 @@ class JournalWriter:
         except Exception as exc:  # noqa: BLE001 - a checkpoint failure loses nothing committed
             logger.warning("journal checkpoint failed: %r", exc)
 
+    async def save_snapshot(self, kind: str, upto_seq: int, state: str | Callable[[], str]) -> int:
+        """Store a projection snapshot (``store.save_snapshot``) in the writer's thread; its size.
+
+        ``state`` is the JSON text, or a function returning it: then the encoding runs in the
+        thread too, off the event loop. ``upto_seq`` must already be committed.
+        """
+        if self._state in (_CLOSING, _CLOSED):
+            raise JournalClosedError("the journal writer is closed")
+
+        def save() -> int:
+            text = state() if callable(state) else state
+            self._store.save_snapshot(kind, upto_seq, text)
+            return len(text)
+
+        # Thread hop: the snapshot row can be large and the write may wait on busy_timeout. The
+        # writer's single-token limiter keeps it from overlapping a threaded commit or checkpoint
+        # (an inline commit meanwhile waits on the store's own lock, for one INSERT).
+        # abandon_on_cancel=False: the thread owns a write transaction until it ends.
+        return await trio.to_thread.run_sync(save, limiter=self._limiter, abandon_on_cancel=False)
+
     async def _drain(self) -> None:
         while self._queue:
             await self._commit_next()

@@ -47,7 +47,11 @@ class Principal:
 
     @property
     def label(self) -> str:
-        return self.id if self.auth_method == "api_key" else self.auth_method
+        """Who the audit names: the key id, ``unauthenticated`` for a refused caller (SMG's
+        ``principal=unauthenticated``), else the auth method."""
+        if self.auth_method == "api_key" or self.id == "unauthenticated":
+            return self.id
+        return self.auth_method
 
 
 ANONYMOUS_ADMIN = Principal("anonymous", "anonymous", "admin", "none")

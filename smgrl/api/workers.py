@@ -8,13 +8,21 @@ are writes).
 
 from __future__ import annotations
 
+import json
+
 from quart import Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
-from smgrl.api.workers_body import check_labels, check_worker_spec, parse_json_body
+from smgrl.api.workers_body import (
+    PAYLOAD_TOO_LARGE,
+    check_content_type,
+    parse_worker_spec,
+    parse_worker_update,
+    uuid_error,
+)
 from smgrl.auth import READ, WRITE
-from smgrl.core.worker import is_uuid
 from smgrl.errors import WorkerApiError, bad_request
 from smgrl.registry.service import Registration
 
@@ -30,13 +38,47 @@ def worker_json(w) -> dict:
         "labels": w.labels,
         "priority": 50,
         "cost": 1.0,
+        "max_connection_attempts": 20,
     }
+    models = model_cards(w)
+    if models:
+        out = {**dict(list(out.items())[:3]), "models": models, **dict(list(out.items())[3:])}
     if w.dp_aware and w.dp_rank is not None:
         out.update(dp_base_url=w.base_url, dp_rank=w.dp_rank, dp_size=w.dp_size)
     out.update(is_healthy=w.status == "ready", status=w.status, load=0, http2=False)
     if w.bootstrap_port is not None:
         out["bootstrap_port"] = w.bootstrap_port
     return out
+
+
+def model_cards(w) -> list[dict]:
+    """SMG's ``models`` list of a discovered worker: one card built from its labels (field
+    order as SMG serialises it; absent facts are omitted)."""
+    if w.status == "pending":
+        return []
+    labels = w.labels
+    card: dict = {"id": w.effective_model_id, "model_type": ["chat", "completions", "responses", "tools"]}
+    if "model_type" in labels:
+        card["hf_model_type"] = labels["model_type"]
+    if "architectures" in labels:
+        try:
+            card["architectures"] = json.loads(labels["architectures"])
+        except ValueError:
+            pass
+    length = labels.get("max_model_len") or labels.get("context_length")
+    if length is not None and length.isdigit():
+        card["context_length"] = int(length)
+    if "tokenizer_path" in labels:
+        card["tokenizer_path"] = labels["tokenizer_path"]
+    return [card]
+
+
+async def read_body() -> bytes:
+    try:
+        return await request.get_data(cache=False)
+    except RequestEntityTooLarge:
+        # A chunked body outgrew --max-payload-size (a declared length was refused earlier).
+        raise PAYLOAD_TOO_LARGE from None
 
 
 class WorkersApi:
@@ -82,9 +124,14 @@ class WorkersApi:
         }
         return env.json_response(200, {"workers": workers, "total": len(workers), "stats": stats})
 
+    async def _body(self, parse):
+        # SMG's JSON extractor runs before the handler: content type, then the body, then the
+        # handler's own checks (the worker id included).
+        check_content_type(request.headers.get("content-type"))
+        return parse(await read_body())
+
     async def _create(self) -> Response:
-        body = parse_json_body(await request.get_data(cache=False), request.headers.get("content-type"))
-        spec = check_worker_spec(body)
+        spec = await self._body(parse_worker_spec)
         worker = await self.gw.registry.register(Registration(**spec), source="api")
         location = f"/workers/{worker.id}"
         return env.json_response(
@@ -100,8 +147,9 @@ class WorkersApi:
         )
 
     def _lookup(self, worker_id: str):
-        if not is_uuid(worker_id):
-            raise bad_request(f"Invalid worker_id '{worker_id}' (expected UUID)")
+        problem = uuid_error(worker_id)
+        if problem is not None:
+            raise bad_request(f"Invalid worker_id '{worker_id}' (expected UUID). Error: {problem}")
         worker = self.gw.fleet.registry.get(worker_id)
         if worker is None:
             raise WorkerApiError(404, "WORKER_NOT_FOUND", f"Worker {worker_id} not found")
@@ -111,18 +159,15 @@ class WorkersApi:
         return env.json_response(200, worker_json(self._lookup(worker_id)))
 
     async def _patch(self, worker_id: str) -> Response:
+        body = await self._body(parse_worker_update)
         worker = self._lookup(worker_id)
-        body = parse_json_body(await request.get_data(cache=False), request.headers.get("content-type"))
-        if not isinstance(body, dict):
-            raise bad_request("Invalid JSON data: expected a JSON object")
         if body.get("labels") is not None:
-            await self.gw.registry.set_labels(worker.id, check_labels(body["labels"]), "merge")
+            await self.gw.registry.set_labels(worker.id, body["labels"], "merge")
         return _accepted(worker.id, "Worker update queued for background processing")
 
     async def _put(self, worker_id: str) -> Response:
+        spec = await self._body(parse_worker_spec)
         worker = self._lookup(worker_id)
-        body = parse_json_body(await request.get_data(cache=False), request.headers.get("content-type"))
-        spec = check_worker_spec(body)
         if worker.dp_aware and worker.dp_rank is not None:
             raise bad_request(
                 f"Worker '{worker.url}' belongs to a data-parallel group. PUT is not supported for "

@@ -1,102 +1,132 @@
-"""Validation of ``POST/PUT /workers`` bodies, with SMG's error texts (pure).
+"""Validation of ``/workers`` requests, with SMG 1.13.0's error texts (pure).
 
-SMG answers ``400 {"error": "<text>", "code": "BAD_REQUEST"}`` where the text comes from serde:
-``Invalid JSON data: Failed to deserialize the JSON body into the target type: <path>: <problem>``
-or ``JSON syntax error: Failed to parse the request body as JSON: <problem>``. serde's trailing
-"at line L column C" is not reproduced; the field path and the problem are.
+SMG answers ``400 {"error": "<text>", "code": "BAD_REQUEST"}``. Body texts come from axum's JSON
+extractor over serde (``smgrl.api.serde_body`` reproduces them, positions included):
+``Invalid JSON data: Failed to deserialize the JSON body into the target type: <path>: <problem>
+at line L column C`` or ``JSON syntax error: Failed to parse the request body as JSON: ...``.
+Worker ids are checked with the uuid crate's rules and texts (observed black-box).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.core.worker import URL_SCHEMES, WORKER_TYPES
 from smgrl.errors import WorkerApiError, bad_request
 
 DESERIALIZE = "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+SYNTAX = "JSON syntax error: Failed to parse the request body as JSON: "
+RUNTIMES = ("unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external")
+
+# The fields of SMG's WorkerSpec (29 in all) whose types smgrl knows; the others are ignored, as
+# unknown fields are. ``runtime_type`` is an alias of ``runtime``. ``model_id`` is NOT a field:
+# SMG ignores it (the model id comes from the engine).
+WORKER_SPEC = {
+    "url": "str",
+    "api_key": "opt_str",
+    "worker_type": "enum:" + ",".join(WORKER_TYPES),
+    "runtime": "enum:" + ",".join(RUNTIMES),
+    "connection_mode": "enum:http,grpc,zmq",
+    "labels": "map_str",
+    "bootstrap_port": "opt_u16",
+    "priority": "u32",
+    "cost": "f32",
+    "dp_size": "opt_usize",
+    "max_connection_attempts": "u32",
+    "models": "seq",
+    "health": "struct:HealthCheckUpdate",
+}
+WORKER_SPEC_FIELDS = 29
+WORKER_UPDATE = {"labels": "opt_map_str", "priority": "opt_u32", "cost": "opt_f32"}
+WORKER_UPDATE_FIELDS = 5
+
+PAYLOAD_TOO_LARGE = WorkerApiError(
+    413, "PAYLOAD_TOO_LARGE", "Request body exceeded the payload limit (max_payload_size)"
+)
 
 
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return f"boolean `{str(value).lower()}`"
-    if isinstance(value, int):
-        return f"integer `{value}`"
-    if isinstance(value, float):
-        return f"floating point `{value}`"
-    if isinstance(value, str):
-        return f'string "{value}"'
-    if isinstance(value, list):
-        return "sequence"
-    if isinstance(value, dict):
-        return "map"
-    return "null"
+def is_json_content_type(content_type: str | None) -> bool:
+    """axum's rule: ``application/json`` or ``application/<anything>+json``, parameters allowed,
+    case-insensitive."""
+    if not content_type:
+        return False
+    mime = content_type.split(";", 1)[0].strip().lower()
+    kind, _, subtype = mime.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
-def _invalid(path: str, value: Any, expected: str) -> WorkerApiError:
-    return bad_request(f"{DESERIALIZE}{path}: invalid type: {_type_name(value)}, expected {expected}")
-
-
-def parse_json_body(data: bytes, content_type: str | None) -> Any:
-    if not content_type or content_type.split(";")[0].strip().lower() != "application/json":
+def check_content_type(content_type: str | None) -> None:
+    if not is_json_content_type(content_type):
         raise bad_request("Missing Content-Type: application/json header")
+
+
+def _parse(data: bytes, name: str, schema: dict[str, str], required: tuple[str, ...], count: int) -> dict:
     try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"JSON syntax error: Failed to parse the request body as JSON: {exc}") from None
+        return parse_struct(data, name, schema, required, count)
+    except SerdeError as exc:
+        raise bad_request((SYNTAX if exc.syntax else DESERIALIZE) + exc.message) from None
 
 
-def check_labels(value: Any, field: str = "labels") -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _invalid(field, value, "a map")
-    for k, v in value.items():
-        if not isinstance(v, str):
-            raise _invalid(f"{field}.{k}", v, "a string")
-    return dict(value)
-
-
-def _opt_str(body: dict, key: str) -> str | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, str):
-        raise _invalid(key, value, "a string")
-    return value
-
-
-def check_worker_spec(body: Any) -> dict[str, Any]:
-    """A worker spec as POST/PUT take it; unknown fields are ignored (as SMG does)."""
-    if not isinstance(body, dict):
-        raise bad_request(
-            f"{DESERIALIZE}invalid type: {_type_name(body)}, expected struct WorkerConfigRequest"
-        )
-    if "url" not in body:
-        raise bad_request(f"{DESERIALIZE}missing field `url`")
+def parse_worker_spec(data: bytes) -> dict[str, Any]:
+    """A worker spec as POST/PUT take it (the content type was checked)."""
+    body = _parse(data, "WorkerSpec", WORKER_SPEC, ("url",), WORKER_SPEC_FIELDS)
     url = body["url"]
-    if not isinstance(url, str):
-        raise _invalid("url", url, "a string")
-    spec: dict[str, Any] = {"url": url}
-    spec["api_key"] = _opt_str(body, "api_key")
-    spec["model_id"] = _opt_str(body, "model_id")
-    spec["runtime"] = _opt_str(body, "runtime") or _opt_str(body, "runtime_type")
-    worker_type = _opt_str(body, "worker_type") or "regular"
-    if worker_type not in WORKER_TYPES:
-        raise bad_request(
-            f"{DESERIALIZE}worker_type: unknown variant `{worker_type}`, expected one of "
-            + ", ".join(f"`{t}`" for t in WORKER_TYPES)
-        )
-    spec["worker_type"] = worker_type
-    port = body.get("bootstrap_port")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
-        raise _invalid("bootstrap_port", port, "u16")
-    spec["bootstrap_port"] = port
-    spec["labels"] = check_labels(body.get("labels"))
     if not url.startswith(URL_SCHEMES):
         raise bad_request(
             f"Invalid value for field 'worker_url': {url} - URL must start with a lowercase http://, "
             "https://, grpc://, grpcs://, or ipc:// scheme"
         )
     host = url.split("://", 1)[1].split("/", 1)[0]
-    if not host or any(c.isspace() for c in url):
-        raise bad_request(f"Invalid value for field 'worker_url': {url} - URL has no host")
-    return spec
+    if not host or host.startswith(":"):
+        raise bad_request(f"Invalid value for field 'worker_url': {url} - Invalid URL format: empty host")
+    if any(c.isspace() for c in host):
+        raise bad_request(
+            f"Invalid value for field 'worker_url': {url} - Invalid URL format: invalid international domain name"
+        )
+    runtime = body.get("runtime")
+    return {
+        "url": url,
+        "api_key": body.get("api_key"),
+        "runtime": None if runtime in (None, "unspecified") else runtime,
+        "worker_type": body.get("worker_type", "regular"),
+        "bootstrap_port": body.get("bootstrap_port"),
+        "labels": dict(body.get("labels") or {}),
+    }
+
+
+def parse_worker_update(data: bytes) -> dict[str, Any]:
+    return _parse(data, "WorkerUpdateRequest", WORKER_UPDATE, (), WORKER_UPDATE_FIELDS)
+
+
+_GROUP_LENGTHS = (8, 4, 4, 4, 12)
+
+
+def uuid_error(text: str) -> str | None:
+    """None for a UUID the uuid crate parses (simple, hyphenated, braced, urn), else its error
+    text as SMG 1.13.0 prints it (indices are 0-based character offsets)."""
+    offset, body, simple = 0, text, True
+    if len(text) >= 2 and text[0] == "{" and text[-1] == "}":
+        offset, body, simple = 1, text[1:-1], False
+    elif text.startswith("urn:uuid:"):
+        offset, body, simple = 9, text[9:], False
+    hyphens = []
+    for index, ch in enumerate(body):
+        if ch == "-":
+            hyphens.append(index)
+        elif ch not in "0123456789abcdefABCDEF":
+            return f"invalid character: found `{ch}` at {index + offset}"
+    if not hyphens and simple:
+        return None if len(text) == 32 else f"invalid length: found {len(text)}"
+    if not hyphens:
+        return None if len(body) == 32 else f"invalid length: found {len(body)}"
+    if len(hyphens) != 4:
+        return f"invalid group count: expected 5, found {len(hyphens) + 1}"
+    starts = (0, 9, 14, 19, 24)
+    for group in range(4):
+        if hyphens[group] != starts[group + 1] - 1:
+            return (f"invalid group length in group {group}: expected {_GROUP_LENGTHS[group]}, "
+                    f"found {hyphens[group] - starts[group]}")
+    if len(body) != 36:
+        return f"invalid group length in group 4: expected 12, found {len(body) - starts[4]}"
+    return None

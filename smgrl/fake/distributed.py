@@ -8,12 +8,14 @@ SGLang's or slime's helper on its side (rank 0, ``backend="gloo"``) meets this r
 
 Limits: torch registers process groups by name per process, so one process can hold only one
 member of a given group: run one engine per process (``fake-engine --ports P``) or a fleet of
-one when testing real transfers. Untested where torch is absent (the CI machine).
+one when testing real transfers. Checksums are SHA-256 of the tensor's raw bytes, read without
+numpy (the CPU torch wheel does not pull it in).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 from datetime import timedelta
 from typing import Any
@@ -82,8 +84,7 @@ def _receive_blocking(
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         tensor = torch.empty(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
         dist.broadcast(tensor, src=0, group=pg)
-        raw = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        sums[name] = hashlib.sha256(raw).hexdigest()
+        sums[name] = tensor_checksum(tensor)
     return sums
 
 
@@ -97,7 +98,6 @@ def _destroy_blocking(pg: Any) -> None:
 
 def tensor_checksum(tensor: Any) -> str:
     """The checksum the receiver keeps, for a trainer-side test to compare against."""
-    import torch
-
-    raw = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    flat = tensor.detach().cpu().contiguous()
+    raw = ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size())
     return hashlib.sha256(raw).hexdigest()

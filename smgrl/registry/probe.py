@@ -5,6 +5,12 @@ The requests are SMG's registration traffic: ``GET /health``, ``GET /v1/models``
 404); for vLLM (``owned_by: vllm``) ``GET /version``. gRPC/ZMQ workers have no HTTP data URL:
 their labels come from the control app's ``GET /get_server_info`` when ``rl.control_url`` is
 known (TokenSpeed serves it SGLang-shaped).
+
+Where that lives differs between TokenSpeed deployments: the ``ts serve`` control sidecar serves
+``/get_server_info`` (and forwards the RL routes), while the in-engine RL control app behind
+``--rl-control-port`` only has ``/model_info`` (engines.md §3). A label may name either, so a
+control app that answers 404 to both server-info paths is asked for ``/model_info`` instead (model
+path and weight version; no ``rl.*`` advertisement, so the static TokenSpeed row applies).
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import attrs
 import trio
 
-from smgrl.core.control_url import resolve_control_url
+from smgrl.core.control_url import control_url_for
 from smgrl.core.discovery import Discovery, grpc_labels, is_vllm, sglang_labels, vllm_labels
 from smgrl.upstream import PoolSet, UpstreamError
 
@@ -43,6 +50,10 @@ async def _get(
         raise ProbeFailed(f"GET {path}: timed out after {timeout:g}s") from None
     except (UpstreamError, OSError) as exc:
         raise ProbeFailed(f"GET {path}: {exc}") from None
+    except ValueError as exc:
+        # A URL no pool can be built for (an ``rl.control_url`` label like ``ftp://...`` or
+        # ``10.0.0.5:40100``): the label is the caller's to fix; the job retries meanwhile.
+        raise ProbeFailed(f"GET {base}{path}: {exc}") from None
     return response.status, data
 
 
@@ -65,17 +76,23 @@ async def _get_json(pools, base, paths, api_key, timeout) -> Mapping | None:
     return None
 
 
-async def probe_http(pools: PoolSet, base_url: str, api_key: str | None, timeout: float) -> Discovery:
+async def probe_http(
+    pools: PoolSet, base_url: str, api_key: str | None, timeout: float, runtime: str | None = None
+) -> Discovery:
+    """``runtime`` is the registration's hint: as in SMG, ``vllm`` takes the vLLM path whatever
+    ``/v1/models`` says, and a hint names the engine even when detection would say otherwise."""
     status, _ = await _get(pools, base_url, "/health", api_key, timeout)
     if not 200 <= status < 300:
         raise ProbeFailed(f"GET /health answered {status}")
+    hint = runtime if runtime and runtime != "unspecified" else None
     models = await _get_json(pools, base_url, ["/v1/models"], api_key, timeout)
-    if is_vllm(models):
+    if hint == "vllm" or (hint is None and is_vllm(models)):
         version = await _get_json(pools, base_url, ["/version"], api_key, timeout)
         return vllm_labels(models, version)
     server_info = await _get_json(pools, base_url, ["/server_info", "/get_server_info"], api_key, timeout)
     model_info = await _get_json(pools, base_url, ["/model_info", "/get_model_info"], api_key, timeout)
-    return sglang_labels(server_info, model_info, models)
+    found = sglang_labels(server_info, model_info, models)
+    return attrs.evolve(found, runtime=hint) if hint else found
 
 
 async def probe_control_app(
@@ -85,13 +102,23 @@ async def probe_control_app(
     runtime: str | None,
     api_key: str | None,
     timeout: float,
+    connection_mode: str = "grpc",
 ) -> Discovery:
-    advertised = labels.get("rl.control_url", "")
-    if not advertised.strip():
+    """Discovery for a gRPC/ZMQ worker: nothing without a control URL (the row then shows
+    ``control_url: null`` and calls answer ``no_control_endpoint``), else its control app's
+    server info. The worker key goes along as bearer: the control app is the one place that key
+    is for (an unreachable control app is a retryable ``ProbeFailed``)."""
+    control = control_url_for(connection_mode, worker_url, worker_url, labels)
+    if control is None:
         return Discovery(runtime=runtime or "unspecified", labels={}, model_id=None, dp_size=None)
-    control = resolve_control_url(advertised, worker_url)
     info = await _get_json(pools, control, ["/get_server_info", "/server_info"], api_key, timeout)
     if info is None:
-        raise ProbeFailed("the control app did not answer GET /get_server_info with JSON")
-    guessed = runtime or ("tokenspeed" if "tokenspeed_version" in info else "unspecified")
+        info = await _get_json(pools, control, ["/model_info", "/get_model_info"], api_key, timeout)
+    if info is None:
+        raise ProbeFailed(
+            f"the control app at {control} answered neither GET /get_server_info nor GET /model_info "
+            "with JSON"
+        )
+    hint = runtime if runtime and runtime != "unspecified" else None
+    guessed = hint or ("tokenspeed" if "tokenspeed_version" in info else "unspecified")
     return grpc_labels(info, guessed)

@@ -5,6 +5,10 @@ same transaction, never into the event) and returns at once with the new id, as 
 a background job then probes the engine until it answers, appending ``worker.probe_failed`` with
 a growing backoff, and finally ``worker.discovered``. Pending workers are invisible to ``/v1/rl``.
 After a restart, replay brings pending workers back and their jobs start again.
+
+gRPC/ZMQ workers (TokenSpeed) are discovered through their control app, so changing the
+``rl.control_url`` a gRPC/ZMQ worker resolves to (``PATCH``/``PUT /workers/{id}``) runs
+discovery again against the new endpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import attrs
 import trio
 
 from smgrl.config import Config
+from smgrl.core.view import control_url
 from smgrl.core.worker import Worker, connection_mode_for, new_worker_id, strip_rank
 from smgrl.errors import WorkerApiError
 from smgrl.journaling import ev
@@ -99,10 +104,22 @@ class RegistryService:
 
     async def set_labels(self, worker_id: str, labels: dict[str, str], mode: str) -> None:
         async with self._lock:
+            before = self.fleet.registry.get(worker_id)
             await self.journal.append(
                 f"worker:{worker_id}",
                 ev("worker.labels_changed", worker_id=worker_id, labels=labels, mode=mode),
             )
+            after = self.fleet.registry.get(worker_id)
+        if (
+            before is not None
+            and after is not None
+            and after.connection_mode != "http"
+            and after.group == after.id
+            and control_url(after) != control_url(before)
+        ):
+            # A new control endpoint: what it advertises (rl.* capabilities, tp_size, version)
+            # replaces what the old one did.
+            self._start_job(after.id)
 
     async def remove(self, worker_id: str, reason: str) -> None:
         async with self._lock:
@@ -113,7 +130,10 @@ class RegistryService:
             job = self._jobs.pop(group, None)
             if job is not None:
                 job.cancel()
-            bases = {w.base_url for w in self.fleet.registry.group_members(group)}
+            members = self.fleet.registry.group_members(group)
+            bases = {w.base_url for w in members}
+            # gRPC/ZMQ workers are reached through their control app's origin, not their URL.
+            controls = {control_url(w) for w in members if w.connection_mode != "http"} - {None}
             await self.journal.append(
                 f"worker:{group}",
                 ev("worker.removed", worker_id=worker_id, reason=reason),
@@ -123,6 +143,9 @@ class RegistryService:
         for base in bases:
             if not any(w.base_url == base for w in self.fleet.registry):
                 await self.pools.discard(base)
+        for origin in controls:
+            if not any(_same_origin(control_url(w), origin) for w in self.fleet.registry):
+                await self.pools.discard(origin)
 
     async def set_health(self, worker: Worker, health: str, reason: str) -> None:
         await self.journal.append(
@@ -217,7 +240,22 @@ class RegistryService:
     async def _probe(self, worker: Worker):
         key = self.keys.get(worker.group)
         if worker.connection_mode == "http":
-            return await probe_http(self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS)
+            return await probe_http(self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS, worker.runtime)
         return await probe_control_app(
-            self.pools, worker.url, worker.labels, worker.runtime, key, PROBE_TIMEOUT_SECS
+            self.pools,
+            worker.url,
+            worker.labels,
+            worker.runtime,
+            key,
+            PROBE_TIMEOUT_SECS,
+            worker.connection_mode,
         )
+
+
+def _origin(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme.lower()}://{rest.split('/', 1)[0].lower()}"
+
+
+def _same_origin(url: str | None, other: str) -> bool:
+    return url is not None and _origin(url) == _origin(other)

@@ -42,7 +42,7 @@ def labels_of(engine, dp: int = 1) -> dict:
         "tp_size": "1",
         "dp_size": str(dp),
         "pp_size": "1",
-        "attn_dp_size": str(dp),
+        "attn_dp_size": "1",
         "load_balance_method": "round_robin",
         "version": "0.5.23",
         "weight_version": "default",
@@ -105,22 +105,22 @@ async def test_empty_registry_lists_nothing(rl_config):
 
 
 async def test_dp_aware_collapses_ranks_and_a_rank_id_returns_its_own_row():
-    # The fake SGLang 0.5.23 engine reports dp_size 2 AND attn_dp_size 2; SMG 1.13.0 makes
-    # dp_size x attn_dp_size ranks of it (observed: 4), and so does smgrl.
+    # SMG 1.13.0 makes dp_size x attn_dp_size ranks of an SGLang engine (observed); the fake
+    # reports attn_dp_size 1 without DP attention, as SGLang does: 2 ranks per engine.
     cfg = Config(rl=RlConfig(enabled=True), dp_aware=True)
     async with fake_fleet("sglang", 2, dp_size=2) as fleet, gateway_in_process(cfg) as gw:
         await gw.register(fleet.urls)
         workers = list(gw.gateway.fleet.registry)
-        assert len(workers) == 8
+        assert len(workers) == 4
         rank = {w.url: w.id for w in workers}
         engines = sorted(fleet.engines, key=lambda e: e.url)
         r = await gw.client.get("/v1/rl/workers")
-        rows = [expected_row(rank[f"{e.url}@0"], e, url=f"{e.url}@0", dp=2, dp_ranks=4) for e in engines]
+        rows = [expected_row(rank[f"{e.url}@0"], e, url=f"{e.url}@0", dp=2, dp_ranks=2) for e in engines]
         assert_json(r, 200, {"protocol_version": 1, "workers": rows, "total": 2}, ROW_HEADERS)
         e = engines[0]
-        for n in range(4):
+        for n in range(2):
             one = await gw.client.get(f"/v1/rl/workers/{rank[f'{e.url}@{n}']}")
-            expected = expected_row(rank[f"{e.url}@{n}"], e, url=f"{e.url}@{n}", dp=2, dp_ranks=4)
+            expected = expected_row(rank[f"{e.url}@{n}"], e, url=f"{e.url}@{n}", dp=2, dp_ranks=2)
             assert_json(one, 200, expected, ROW_HEADERS)
 
 

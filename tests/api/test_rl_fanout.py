@@ -22,7 +22,7 @@ from smgrl.testing import gateway_in_process
 
 OP_HEADERS = {"content-type", "content-length", "x-request-id", "x-smgrl-operation-id"}
 ERR_HEADERS = {"content-type", "content-length", "x-request-id"}
-PAUSED = {"success": True, "message": "Generation paused successfully."}
+PAUSED = {"message": "Generation paused successfully.", "status": "ok"}
 
 
 def outcome(wid, url, status, body):
@@ -85,8 +85,10 @@ async def test_partial_failure_is_207_with_sorted_results_and_failed():
 
 
 async def test_concurrency_is_capped():
-    async with fake_fleet("sglang", 6, latency_ms=100) as fleet, gateway_in_process(
+    async with fake_fleet("sglang", 6) as fleet, gateway_in_process(
             rl_cfg(concurrency=2), worker_urls=fleet.urls) as gw:
+        for e in fleet.engines:
+            e.set_knobs(latency_ms=50)  # after registration: the probe is not slowed down
         fleet.clear_calls()
         r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
         assert r.status_code == 200 and r.json()["succeeded"] == 6
@@ -96,8 +98,10 @@ async def test_concurrency_is_capped():
 async def test_each_call_has_its_own_deadline():
     # Five 0.6 s calls, two at a time, under a 1 s per-call timeout: about 1.8 s in all, and
     # every call succeeds because each deadline starts with its own call.
-    async with fake_fleet("sglang", 5, latency_ms=600) as fleet, gateway_in_process(
+    async with fake_fleet("sglang", 5) as fleet, gateway_in_process(
             rl_cfg(timeout=1, concurrency=2), worker_urls=fleet.urls) as gw:
+        for e in fleet.engines:
+            e.set_knobs(latency_ms=600)
         r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
         body = r.json()
         assert r.status_code == 200 and body["failed"] == [] and body["succeeded"] == body["total"] == 5

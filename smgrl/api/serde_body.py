@@ -1,0 +1,437 @@
+"""Parse a ``/workers`` JSON body exactly as SMG's axum ``Json<T>`` extractor does (pure).
+
+SMG answers a bad body with serde_json's error text, wrapped by ``serde_path_to_error`` (a field
+path prefix) and axum (``Failed to ...``): clients and operators see e.g. ``labels.x: invalid
+type: integer `1`, expected a string at line 1 column 35``. Python's json reports other texts and
+positions, and reads the whole document before any type check, so this is a small streaming
+parser with serde_json's rules: errors in document order, serde's messages, its line/column
+convention (column = bytes since the start of the line; a *peek* error points one past the
+consumed text), a recursion limit of 128, and typed fields checked as they are met.
+
+A schema maps known field names to a type; unknown fields are parsed for syntax only (serde's
+``IgnoredAny``). Types: ``str``, ``opt_str``, ``u16|u32|usize`` (``opt_`` prefix allows null),
+``f32``, ``map_str`` (``opt_map_str``), ``seq``, ``enum:<a>,<b>``, ``struct:<Name>``.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+from typing import Any
+
+WS = b" \t\n\r"
+MAX_DEPTH = 128
+_INT_LIMITS = {"u16": 0xFFFF, "u32": 0xFFFFFFFF, "usize": 0xFFFFFFFFFFFFFFFF}
+
+
+class SerdeError(Exception):
+    """``syntax`` is True for serde's Syntax/Eof categories (axum: "Failed to parse the request
+    body as JSON"), False for Data ("Failed to deserialize the JSON body into the target type")."""
+
+    def __init__(self, message: str, syntax: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.syntax = syntax
+
+
+class _Err(Exception):
+    def __init__(self, msg: str, syntax: bool, pos: int | None) -> None:
+        self.msg, self.syntax, self.pos = msg, syntax, pos
+
+
+def _float_text(value: float) -> str:
+    """Rust's ``{}`` for f64 with serde's ``WithDecimalPoint``: plain digits, always a point."""
+    text = format(decimal.Decimal(repr(value)), "f")
+    return text if "." in text else text + ".0"
+
+
+class _Parser:
+    def __init__(self, data: bytes) -> None:
+        self.d = data
+        self.i = 0
+        self.depth = 0
+        self.path: list[str] = []
+
+    # -- positions -----------------------------------------------------------------------------
+
+    def position(self, index: int) -> str:
+        line_start = self.d.rfind(b"\n", 0, index) + 1
+        line = self.d.count(b"\n", 0, index) + 1
+        return f"line {line} column {index - line_start}"
+
+    def err(self, msg: str, syntax: bool = True) -> _Err:  # at the consumed position
+        return _Err(msg, syntax, self.i)
+
+    def peek_err(self, msg: str, syntax: bool = True) -> _Err:  # one past it
+        return _Err(msg, syntax, min(self.i + 1, len(self.d)))
+
+    # -- scanning ------------------------------------------------------------------------------
+
+    def ws(self) -> int | None:
+        d = self.d
+        while self.i < len(d) and d[self.i] in WS:
+            self.i += 1
+        return d[self.i] if self.i < len(d) else None
+
+    def string(self) -> str:
+        """At an opening quote: consume the string and return it."""
+        self.i += 1
+        out = bytearray()
+        d = self.d
+        while True:
+            if self.i >= len(d):
+                raise self.err("EOF while parsing a string")
+            c = d[self.i]
+            self.i += 1
+            if c == 0x22:
+                try:
+                    return out.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise self.err("invalid unicode code point") from None
+            if c == 0x5C:
+                if self.i >= len(d):
+                    raise self.err("EOF while parsing a string")
+                e = d[self.i]
+                self.i += 1
+                simple = {0x22: b'"', 0x5C: b"\\", 0x2F: b"/", 0x62: b"\b", 0x66: b"\f", 0x6E: b"\n",
+                          0x72: b"\r", 0x74: b"\t"}
+                if e in simple:
+                    out += simple[e]
+                elif e == 0x75:
+                    out += self._unicode_escape()
+                else:
+                    raise self.err("invalid escape")
+            elif c < 0x20:
+                raise self.err("control character (\\u0000-\\u001F) found while parsing a string")
+            else:
+                out.append(c)
+
+    def _hex4(self) -> int:
+        value = 0
+        for _ in range(4):
+            if self.i >= len(self.d):
+                raise self.err("EOF while parsing a string")
+            c = chr(self.d[self.i])
+            self.i += 1
+            if c not in "0123456789abcdefABCDEF":
+                raise self.err("invalid escape")
+            value = value * 16 + int(c, 16)
+        return value
+
+    def _unicode_escape(self) -> bytes:
+        n = self._hex4()
+        if 0xDC00 <= n <= 0xDFFF:
+            raise self.err("lone leading surrogate in hex escape")
+        if 0xD800 <= n <= 0xDBFF:
+            if self.d[self.i : self.i + 2] != b"\\u":
+                self.i = min(self.i + 2, len(self.d)) if self.i < len(self.d) else self.i
+                raise self.err("unexpected end of hex escape")
+            self.i += 2
+            low = self._hex4()
+            if not 0xDC00 <= low <= 0xDFFF:
+                raise self.err("lone leading surrogate in hex escape")
+            n = 0x10000 + ((n - 0xD800) << 10) + (low - 0xDC00)
+        return chr(n).encode("utf-8")
+
+    def number(self) -> int | float:
+        d, start = self.d, self.i
+        if d[self.i] == 0x2D:
+            self.i += 1
+        if self.i >= len(d):
+            raise self.err("EOF while parsing a value")
+        c = d[self.i]
+        self.i += 1
+        if c == 0x30:
+            if self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
+                raise self.peek_err("invalid number")
+        elif not 0x31 <= c <= 0x39:
+            raise self.err("invalid number")
+        while self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
+            self.i += 1
+        is_float = False
+        if self.i < len(d) and d[self.i] == 0x2E:
+            is_float = True
+            self.i += 1
+            if self.i >= len(d):
+                raise self.err("EOF while parsing a value")
+            if not 0x30 <= d[self.i] <= 0x39:
+                self.i += 1
+                raise self.err("invalid number")
+            while self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
+                self.i += 1
+        if self.i < len(d) and d[self.i] in b"eE":
+            is_float = True
+            self.i += 1
+            if self.i < len(d) and d[self.i] in b"+-":
+                self.i += 1
+            if self.i >= len(d):
+                raise self.err("EOF while parsing a value")
+            if not 0x30 <= d[self.i] <= 0x39:
+                self.i += 1
+                raise self.err("invalid number")
+            while self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
+                self.i += 1
+        text = d[start : self.i].decode("ascii")
+        if not is_float:
+            value = int(text)
+            if value == 0 and text.startswith("-"):
+                return -0.0
+            if -(2**63) <= value < 2**64:
+                return value
+        value = float(text)
+        if value in (float("inf"), float("-inf")):
+            raise self.err("number out of range")
+        return value
+
+    def ident(self, rest: bytes, value: Any) -> Any:
+        self.i += 1
+        for expected in rest:
+            if self.i >= len(self.d):
+                raise self.err("EOF while parsing a value")
+            got = self.d[self.i]
+            self.i += 1
+            if got != expected:
+                raise self.err("expected ident")
+        return value
+
+    def any_value(self) -> Any:
+        """A value of any shape (serde_json's ``Value``/``IgnoredAny``), syntax-checked."""
+        c = self.ws()
+        if c is None:
+            raise self.peek_err("EOF while parsing a value")
+        if c == 0x22:
+            return self.string()
+        if c == 0x2D or 0x30 <= c <= 0x39:
+            return self.number()
+        if c == 0x74:
+            return self.ident(b"rue", True)
+        if c == 0x66:
+            return self.ident(b"alse", False)
+        if c == 0x6E:
+            return self.ident(b"ull", None)
+        if c == 0x5B:
+            return self._container(b"]", "list", lambda: self.any_value())
+        if c == 0x7B:
+            out = {}
+
+            def entry():
+                key = self.string()
+                self.colon()
+                out[key] = self.any_value()
+
+            self._container(b"}", "object", entry, keys=True)
+            return out
+        raise self.peek_err("expected value")
+
+    def colon(self) -> None:
+        c = self.ws()
+        if c == 0x3A:
+            self.i += 1
+        elif c is None:
+            raise self.peek_err("EOF while parsing an object")
+        else:
+            raise self.peek_err("expected `:`")
+
+    def _container(self, close: bytes, kind: str, item, keys: bool = False) -> list:
+        self.depth += 1
+        if self.depth >= MAX_DEPTH:
+            raise self.peek_err("recursion limit exceeded")
+        self.i += 1
+        items = []
+        first = True
+        while True:
+            c = self.ws()
+            if c == close[0]:
+                self.i += 1
+                break
+            if c is None:
+                raise self.peek_err(f"EOF while parsing {'an object' if keys else 'a list'}")
+            if not first:
+                if c != 0x2C:
+                    raise self.peek_err(f"expected `,` or `{close.decode()}`")
+                self.i += 1
+                c = self.ws()
+                if c == close[0]:
+                    raise self.peek_err("trailing comma")
+                if c is None:
+                    raise self.peek_err("EOF while parsing a value")
+            first = False
+            if keys and c != 0x22:
+                raise self.peek_err("key must be a string")
+            items.append(item())
+        self.depth -= 1
+        return items
+
+    # -- typed values --------------------------------------------------------------------------
+
+    def unexpected(self) -> str:
+        """Consume a scalar (not a container) and describe it as serde's ``Unexpected``."""
+        c = self.ws()
+        if c == 0x5B:
+            return "sequence"
+        if c == 0x7B:
+            return "map"
+        value = self.any_value()
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return f"boolean `{'true' if value else 'false'}`"
+        if isinstance(value, int):
+            return f"integer `{value}`"
+        if isinstance(value, float):
+            return f"floating point `{_float_text(value)}`"
+        return f"string {json.dumps(value, ensure_ascii=False)}"
+
+    def invalid_type(self, expected: str) -> _Err:
+        what = self.unexpected()
+        return self.err(f"invalid type: {what}, expected {expected}", syntax=False)
+
+    def typed(self, kind: str) -> Any:
+        c = self.ws()
+        if c is None:
+            raise self.peek_err("EOF while parsing a value")
+        if kind.startswith("opt_"):
+            if c == 0x6E:
+                return self.ident(b"ull", None)
+            kind = kind[4:]
+        if kind == "str":
+            if c == 0x22:
+                return self.string()
+            raise self.invalid_type("a string")
+        if kind in _INT_LIMITS:
+            return self._integer(kind, c)
+        if kind == "f32":
+            if c == 0x2D or 0x30 <= c <= 0x39:
+                return self.number()
+            raise self.invalid_type("f32")
+        if kind == "map_str":
+            if c != 0x7B:
+                raise self.invalid_type("a map")
+            out: dict[str, str] = {}
+
+            def entry():
+                key = self.string()
+                self.colon()
+                self.path.append(key)
+                out[key] = self.typed("str")
+                self.path.pop()
+
+            self._container(b"}", "object", entry, keys=True)
+            return out
+        if kind == "seq":
+            if c != 0x5B:
+                raise self.invalid_type("a sequence")
+            return self.any_value()
+        if kind.startswith("struct:"):
+            if c != 0x7B:
+                raise self.invalid_type(f"struct {kind[7:]}")
+            return self.any_value()
+        if kind.startswith("enum:"):
+            return self._enum(kind[5:].split(","), c)
+        return self.any_value()
+
+    def _integer(self, kind: str, c: int) -> int:
+        if not (c == 0x2D or 0x30 <= c <= 0x39):
+            raise self.invalid_type(kind)
+        value = self.number()
+        if isinstance(value, float):
+            raise self.err(f"invalid type: floating point `{_float_text(value)}`, expected {kind}", syntax=False)
+        if not 0 <= value <= _INT_LIMITS[kind]:
+            raise self.err(f"invalid value: integer `{value}`, expected {kind}", syntax=False)
+        return value
+
+    def _enum(self, variants: list[str], c: int) -> str:
+        if c == 0x7B:  # {"variant": ...}: the key names the variant
+            self.i += 1
+            if self.ws() != 0x22:
+                raise self.peek_err("key must be a string")
+            name = self.string()
+        elif c == 0x22:
+            name = self.string()
+        else:
+            raise self.peek_err("expected value")
+        if name not in variants:
+            listed = ", ".join(f"`{v}`" for v in variants)
+            raise self.err(f"unknown variant `{name}`, expected one of {listed}", syntax=False)
+        if c == 0x7B:
+            raise self.err(f"invalid type: map, expected unit variant {name}", syntax=False)
+        return name
+
+    def struct(self, name: str, fields: dict[str, str], required: tuple[str, ...]) -> dict[str, Any]:
+        c = self.ws()
+        if c is None:
+            raise self.peek_err("EOF while parsing a value")
+        if c == 0x5B:
+            # serde derives visit_seq too: an array is read positionally; the empty one is short.
+            self.i += 1
+            if self.ws() == 0x5D:
+                self.i += 1
+                raise _Err(f"invalid length 0, expected struct {name} with {{n}} elements", False, None)
+            raise self.err(f"invalid type: sequence, expected struct {name}", syntax=False)
+        if c != 0x7B:
+            raise self.invalid_type(f"struct {name}")
+        out: dict[str, Any] = {}
+        error: _Err | None = None
+        self.depth += 1
+        self.i += 1
+        first = True
+        try:
+            while True:
+                c = self.ws()
+                if c == 0x7D:
+                    break
+                if c is None:
+                    raise self.peek_err("EOF while parsing an object")
+                if not first:
+                    if c != 0x2C:
+                        raise self.peek_err("expected `,` or `}`")
+                    self.i += 1
+                    c = self.ws()
+                    if c == 0x7D:
+                        raise self.peek_err("trailing comma")
+                    if c is None:
+                        raise self.peek_err("EOF while parsing a value")
+                first = False
+                if c != 0x22:
+                    raise self.peek_err("key must be a string")
+                key = self.string()
+                canonical = "runtime" if key == "runtime_type" else key
+                if canonical in fields and canonical in out:
+                    raise _Err(f"duplicate field `{canonical}`", False, None)
+                self.colon()
+                self.path.append(key)
+                value = self.typed(fields[canonical]) if canonical in fields else self.any_value()
+                self.path.pop()
+                if canonical in fields:
+                    out[canonical] = value
+            missing = [f for f in required if f not in out]
+            if missing:
+                raise _Err(f"missing field `{missing[0]}`", False, None)
+        except _Err as exc:
+            error = exc
+        # serde_json ends the map even after an error (consuming the `}` when it is next), and
+        # only then stamps a position on errors that have none (missing / duplicate field).
+        if self.ws() == 0x7D:
+            self.i += 1
+        self.depth -= 1
+        if error is not None:
+            if error.pos is None:
+                error.pos = self.i
+            raise error
+        return out
+
+
+def parse_struct(data: bytes, name: str, fields: dict[str, str], required: tuple[str, ...] = (),
+                 field_count: int | None = None) -> dict[str, Any]:
+    """The body as ``{field: value}`` for the schema's known fields; SerdeError with SMG's text."""
+    p = _Parser(data)
+    try:
+        out = p.struct(name, fields, required)
+        if p.ws() is not None:
+            raise p.peek_err("trailing characters")
+        return out
+    except _Err as exc:
+        msg = exc.msg.replace("{n}", str(field_count if field_count is not None else len(fields)))
+        located = f"{msg} at {p.position(exc.pos if exc.pos is not None else p.i)}"
+        path = ".".join(p.path)
+        raise SerdeError(f"{path}: {located}" if path else located, exc.syntax) from None

@@ -1,0 +1,156 @@
+"""The ``smgrl journal`` click group: options shared by every subcommand, opening the file, errors.
+
+Every subcommand reads the SQLite file directly through a read-only store (safe while the
+gateway appends: WAL readers never block the writer), except ``replay --snapshot`` and
+``compact``, which open it read-write after checking it is a journal (a read-write open of any
+other SQLite file would migrate it). Nothing here ever reads the ``secrets`` table.
+
+Errors are one line on stderr, never a traceback, with an exit status that says what went wrong:
+1 the journal failed a check or an id was not found, 2 a bad value or range on the command line,
+3 no journal at the path, 4 the file is not a journal (or unreadable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import click
+
+from journal import JournalError, SqliteStore
+from smgrl.config import DEFAULT_JOURNAL
+from smgrl.journal_cli.render import json_text
+from smgrl.journal_cli.values import BadValue
+
+__all__ = ["EXIT_BAD_VALUE", "EXIT_CHECK", "EXIT_MISSING", "EXIT_NOT_JOURNAL", "CliError", "Ctx", "command", "journal_group"]
+
+EXIT_CHECK, EXIT_BAD_VALUE, EXIT_MISSING, EXIT_NOT_JOURNAL = 1, 2, 3, 4
+
+
+class CliError(Exception):
+    """A failure to report as ``error: <message>`` with exit status ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_CHECK) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@attrs.define
+class Ctx:
+    """What the group's options give every subcommand (``click.pass_obj``)."""
+
+    path: str
+    json: bool
+    now: float = attrs.field(factory=time.time)
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[SqliteStore]:
+        store = open_readonly(self.path)
+        try:
+            yield store
+        finally:
+            store.close()
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[SqliteStore]:
+        open_readonly(self.path).close()  # proves it is a journal before a read-write open
+        try:
+            store = SqliteStore.open(self.path, busy_timeout_ms=30_000)
+        except (JournalError, sqlite3.Error, OSError) as exc:
+            raise CliError(f"cannot open {self.path} for writing: {exc}", EXIT_NOT_JOURNAL) from None
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def emit(self, obj: object, *, lines: bool = False) -> None:
+        click.echo(json_text(obj, lines=lines))
+
+
+def open_readonly(path: str) -> SqliteStore:
+    if not os.path.exists(path):
+        raise CliError(f"no journal at {path} (use --journal PATH or set SMGRL_JOURNAL)", EXIT_MISSING)
+    if os.path.isdir(path):
+        raise CliError(f"{path} is a directory, not a journal file", EXIT_NOT_JOURNAL)
+    try:
+        return SqliteStore.open(path, readonly=True)
+    except JournalError as exc:
+        raise CliError(str(exc), EXIT_NOT_JOURNAL) from None
+    except sqlite3.Error as exc:
+        raise CliError(f"{path} is not an smgrl journal ({exc})", EXIT_NOT_JOURNAL) from None
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc}", EXIT_NOT_JOURNAL) from None
+
+
+class JournalGroup(click.Group):
+    """Turns the errors a subcommand raises into one line on stderr and an exit status."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except CliError as exc:
+            _fail(ctx, str(exc), exc.code)
+        except BadValue as exc:
+            _fail(ctx, str(exc), EXIT_BAD_VALUE)
+        except JournalError as exc:
+            _fail(ctx, str(exc), EXIT_NOT_JOURNAL)
+        except sqlite3.Error as exc:
+            _fail(ctx, f"cannot read the journal: {exc}", EXIT_NOT_JOURNAL)
+        except BrokenPipeError:
+            # `smgrl journal events | head`: the reader left. Point stdout at /dev/null so the
+            # interpreter's final flush does not raise again, and end quietly.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(0)
+
+
+def _fail(ctx: click.Context, message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(code)
+
+
+@click.group("journal", cls=JournalGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--journal",
+    "path",
+    default=DEFAULT_JOURNAL,
+    show_default=True,
+    envvar="SMGRL_JOURNAL",
+    help="The journal file (env SMGRL_JOURNAL).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON; JSON Lines for events).")
+@click.pass_context
+def journal_group(ctx: click.Context, path: str, as_json: bool) -> None:
+    """Read the gateway's journal file: events, workers, operations, refits, versions, checks."""
+    ctx.obj = Ctx(path=path, json=as_json)
+
+
+def command(name: str, *, group: click.Group | None = None, **kwargs: Any) -> Callable[[Callable], click.Command]:
+    """Register a subcommand taking ``(ctx: Ctx, **options)``; it also accepts ``--journal`` and
+    ``--json`` after its name (``smgrl journal events --json``), overriding the group's."""
+
+    def deco(fn: Callable) -> click.Command:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, sub_path: str | None, sub_json: bool, **opts: Any) -> Any:
+            ctx = click.get_current_context().find_object(Ctx)
+            assert ctx is not None
+            if sub_path:
+                ctx.path = sub_path
+            if sub_json:
+                ctx.json = True
+            return fn(ctx, *args, **opts)
+
+        wrapper = click.option("--json", "sub_json", is_flag=True, help="Machine-readable output.")(wrapper)
+        wrapper = click.option(
+            "--journal", "sub_path", default=None, metavar="PATH", help="The journal file (overrides the group's)."
+        )(wrapper)
+        return (group or journal_group).command(name, **kwargs)(wrapper)
+
+    return deco

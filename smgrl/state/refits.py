@@ -1,0 +1,319 @@
+"""Refit cycles: control operations grouped into pause -> update(s) -> resume (pure, no I/O).
+
+Two folds. ``OpsFold`` assembles operations from ``control.*`` events given as
+``(seq, ts, type, payload dict)``; outcomes may be fed for some operations only (a fully
+successful operation needs none: its targets all answered 2xx). ``group_cycles`` then walks the
+operations in start order:
+
+* a ``pause``-phase op starts a cycle (or joins the newest open one that has not got past
+  pausing yet: per-engine pauses, retries);
+* an ``update``-phase op joins the newest open cycle sharing an engine with it, or starts an
+  *unpaused* cycle; ``setup``, ``teardown``, ``flush``, ``sleep`` and ``wake`` ops join the newest
+  open cycle sharing an engine, and are not refits on their own;
+* a ``resume``-phase op joins that cycle and closes it once every engine of the cycle was resumed;
+* an unpaused cycle is complete at the update that sets a version, or at any update that is not
+  one step of a longer transfer (chunks, session openers); a paused cycle without resume stays
+  ``open``, or becomes ``abandoned`` when a later pause takes over one of its engines.
+
+Phases come from the op's recorded intent (``smgrl.core.observe.PHASES``), which covers SGLang
+(pause_generation / update_weights_from_disk|tensor|distributed / continue_generation), vLLM
+(pause / collective_rpc or the weight-transfer calls / resume) and TokenSpeed
+(init_weights_update_group / update_weights_from_distributed chunks / destroy_weights_update_group).
+Engines are engine addresses (``strip_rank`` of the target URL): DP ranks share one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from smgrl.core.observe import PHASES
+from smgrl.core.worker import strip_rank
+
+__all__ = ["PHASE_ORDER", "Cycle", "Op", "OpsFold", "Span", "group_cycles", "phase_of"]
+
+PHASE_ORDER = ("pause", "setup", "update", "flush", "teardown", "sleep", "wake", "resume")
+_JOINERS = frozenset({"setup", "teardown", "flush", "sleep", "wake"})
+# Update calls that are one step of a longer transfer (chunks, or a session opener): without a
+# pause around them, the refit they belong to goes on until a version is set or another call ends it.
+_OPEN_ENDED = frozenset(
+    {
+        "update_weights_from_distributed",
+        "update_weights_from_tensor",
+        "update_weights",
+        "begin_weight_update",
+        "start_weight_update",
+    }
+)
+
+
+def phase_of(path: str, intent: dict[str, Any] | None, method: str = "POST") -> str | None:
+    """The refit phase of a call: its recorded intent's phase, else the path's (older records)."""
+    if intent and intent.get("phase"):
+        return intent["phase"]
+    if method == "HEAD":
+        return None
+    return PHASES.get(path.lstrip("/"))
+
+
+@attrs.frozen
+class Span:
+    """One target of one op on the timeline: what happened on ``engine`` from ``start`` to ``end``."""
+
+    engine: str
+    worker_id: str
+    phase: str
+    start: float
+    end: float
+    state: str  # ok | failed | missing (no outcome: cut short, interrupted, still running)
+    op_id: str
+    detail: str | None = None
+
+
+@attrs.define
+class Op:
+    op_id: str
+    seq: int
+    start: float
+    kind: str
+    method: str
+    path: str
+    selector: str | None
+    phase: str | None
+    version: str | None
+    targets: dict[str, str]  # worker_id -> engine address
+    outcomes: dict[str, tuple[float, int | None, str | None, int]] = attrs.Factory(dict)
+    end: float | None = None
+    result: str | None = None  # None while open; "interrupted" when a restart/shutdown closed it
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    latency_ms: int | None = None
+
+    @property
+    def engines(self) -> set[str]:
+        return set(self.targets.values())
+
+    @property
+    def last_ts(self) -> float:
+        if self.end is not None:
+            return self.end
+        return max([self.start, *(o[0] for o in self.outcomes.values())])
+
+    def spans(self) -> list[Span]:
+        """Per target: an answer (ok/failed, from when it was asked to when it answered), or none."""
+        out = []
+        clean = self.result == "ok" and self.failed == 0  # every target answered 2xx
+        for wid, engine in self.targets.items():
+            o = self.outcomes.get(wid)
+            if o is not None:
+                ts, status, error, latency = o
+                ok = error is None and status is not None and 200 <= status < 300
+                detail = None if ok else (f"{error}" if error else f"HTTP {status}")
+                start = max(self.start, ts - latency / 1000)
+                out.append(
+                    Span(
+                        engine, wid, self.phase or "", start, ts, "ok" if ok else "failed", self.op_id, detail
+                    )
+                )
+            elif clean:
+                out.append(Span(engine, wid, self.phase or "", self.start, self.last_ts, "ok", self.op_id))
+            else:
+                why = "no outcome (" + (self.result or "still running") + ")"
+                out.append(
+                    Span(engine, wid, self.phase or "", self.start, self.last_ts, "missing", self.op_id, why)
+                )
+        return out
+
+
+class OpsFold:
+    """Operations from ``control.*`` events (payloads as parsed JSON dicts), by op id."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, Op] = {}
+
+    def apply(self, seq: int, ts: float, type_: str, p: dict[str, Any]) -> None:
+        if type_ == "control.started":
+            intent = p.get("intent")
+            targets = {t["worker_id"]: strip_rank(t.get("url") or "") for t in p.get("targets") or ()}
+            self.ops[p["op_id"]] = Op(
+                op_id=p["op_id"],
+                seq=seq,
+                start=ts,
+                kind=p.get("kind", "call"),
+                method=p.get("method", ""),
+                path=p.get("path", ""),
+                selector=p.get("selector"),
+                phase=phase_of(p.get("path", ""), intent, p.get("method", "POST")),
+                version=(intent or {}).get("version"),
+                targets=targets,
+                total=len(targets),
+            )
+            return
+        op = self.ops.get(p.get("op_id", ""))
+        if op is None:
+            return  # its start is outside what was read
+        if type_ == "control.outcome":
+            op.outcomes[p["worker_id"]] = (ts, p.get("status"), p.get("error"), int(p.get("latency_ms") or 0))
+        elif type_ == "control.finished":
+            op.end, op.result = ts, p.get("result")
+            op.total, op.succeeded, op.failed = p.get("total", 0), p.get("succeeded", 0), p.get("failed", 0)
+            op.latency_ms = p.get("latency_ms")
+        elif type_ == "control.interrupted" and op.result is None:
+            op.end, op.result = ts, "interrupted"
+
+    def needs_outcomes(self, op: Op) -> bool:
+        """Whether ``op``'s targets can only be told apart by their control.outcome events."""
+        return not (op.result == "ok" and op.failed == 0) and bool(op.targets)
+
+    def in_order(self) -> list[Op]:
+        return sorted(self.ops.values(), key=lambda o: o.seq)
+
+
+@attrs.define
+class Cycle:
+    index: int
+    paused: bool
+    ops: list[Op] = attrs.Factory(list)
+    engines: dict[str, None] = attrs.Factory(dict)  # insertion-ordered set
+    resumed: set[str] = attrs.Factory(set)
+    stage: str = "pausing"  # pausing | updating | resuming | done
+    status: str = "open"  # open | ok | failed | abandoned
+
+    def add(self, op: Op) -> None:
+        self.ops.append(op)
+        for engine in op.targets.values():
+            self.engines.setdefault(engine)
+
+    @property
+    def start(self) -> float:
+        return self.ops[0].start
+
+    @property
+    def end(self) -> float:
+        return max(op.last_ts for op in self.ops)
+
+    @property
+    def version(self) -> str | None:
+        """The last version an update of this cycle set on at least one engine (else attempted)."""
+        reached = [op.version for op in self.ops if op.version is not None and _any_ok(op)]
+        if reached:
+            return reached[-1]
+        tried = [op.version for op in self.ops if op.version is not None]
+        return tried[-1] if tried else None
+
+    def spans(self) -> list[Span]:
+        return [span for op in self.ops for span in op.spans()]
+
+    def phases(self) -> dict[str, tuple[float, float, int]]:
+        """phase -> (first start, last end, ops), in refit order."""
+        acc: dict[str, list] = {}
+        for op in self.ops:
+            cur = acc.setdefault(op.phase or "", [op.start, op.last_ts, 0])
+            cur[0], cur[1], cur[2] = min(cur[0], op.start), max(cur[1], op.last_ts), cur[2] + 1
+        order = {p: i for i, p in enumerate(PHASE_ORDER)}
+        return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (order.get(kv[0], 99), kv[1][0]))}
+
+    def failures(self) -> dict[str, list[str]]:
+        """engine -> what went wrong there (failed or unanswered calls, never resumed)."""
+        out: dict[str, list[str]] = {}
+        for span in self.spans():
+            if span.state != "ok":
+                out.setdefault(span.engine, []).append(f"{span.phase}: {span.detail}")
+        if self.paused and self.stage in ("resuming", "done"):
+            for engine in self.engines:
+                if engine not in self.resumed:
+                    out.setdefault(engine, []).append("resume: never resumed")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cycle": self.index,
+            "status": self.status,
+            "paused": self.paused,
+            "version": self.version,
+            "start": self.start,
+            "end": self.end,
+            "duration_ms": round((self.end - self.start) * 1000, 1),
+            "engines": list(self.engines),
+            "phases": {
+                p: {"start": s, "end": e, "duration_ms": round((e - s) * 1000, 1), "ops": n}
+                for p, (s, e, n) in self.phases().items()
+            },
+            "failed": self.failures(),
+            "ops": [op.op_id for op in self.ops],
+        }
+
+
+def _any_ok(op: Op) -> bool:
+    return op.succeeded > 0 or any(s.state == "ok" for s in op.spans())
+
+
+def group_cycles(ops: Iterable[Op]) -> list[Cycle]:
+    """Group operations (in start order) into refit cycles; see the module docstring."""
+    cycles: list[Cycle] = []
+    live: list[Cycle] = []  # cycles that may still take ops, oldest first
+
+    def touching(engines: set[str]) -> Cycle | None:
+        for c in reversed(live):
+            if not engines.isdisjoint(c.engines):
+                return c
+        return None
+
+    def finish(c: Cycle, status: str | None = None) -> None:
+        live.remove(c)
+        if status is None:
+            if any(op.result is None for op in c.ops):
+                status = "open"  # its last call is still running
+            else:
+                status = "failed" if c.failures() else "ok"
+        c.status, c.stage = status, "done"
+
+    def start(op: Op, paused: bool) -> Cycle:
+        c = Cycle(index=len(cycles) + 1, paused=paused, stage="pausing" if paused else "updating")
+        cycles.append(c)
+        live.append(c)
+        c.add(op)
+        return c
+
+    for op in ops:
+        if not op.targets or op.phase is None:
+            continue
+        engines = op.engines
+        if op.phase == "pause":
+            newest = live[-1] if live else None
+            if newest is not None and newest.paused and newest.stage == "pausing":
+                newest.add(op)
+                continue
+            for c in [c for c in live if not engines.isdisjoint(c.engines)]:
+                # A new pause takes these engines over: an unpaused cycle is complete, a paused
+                # one that began resuming ended there, one that never resumed was abandoned.
+                finish(c, None if (not c.paused or c.stage == "resuming") else "abandoned")
+            start(op, paused=True)
+        elif op.phase == "update":
+            c = touching(engines)
+            if c is None:
+                c = start(op, paused=False)
+            else:
+                c.add(op)
+                c.stage = "updating" if c.stage == "pausing" else c.stage
+            if not c.paused and (op.version is not None or op.path.lstrip("/") not in _OPEN_ENDED):
+                finish(c)  # an unpaused refit is complete once it set a version (or one call did it all)
+        elif op.phase == "resume":
+            c = touching(engines)
+            if c is None or not c.paused:
+                continue  # a resume outside any refit (or after an unpaused update)
+            c.add(op)
+            c.stage = "resuming"
+            c.resumed |= engines
+            if set(c.engines) <= c.resumed:
+                finish(c)
+        elif op.phase in _JOINERS:
+            c = touching(engines)
+            if c is not None:
+                c.add(op)
+    for c in live:
+        c.status = "open"
+    return cycles
