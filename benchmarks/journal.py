@@ -81,6 +81,19 @@ def _body(op: int) -> bytes:
     return f'{{"model_path": "/ckpt/step-{op}", "load_format": "auto", "flush_cache": true}}'.encode()
 
 
+# Operations rotate through a refit cycle (pause, update from disk with a weight version, resume)
+# so that `smgrl journal refits` and the engine projection have real work; the event shapes and
+# sizes are those of issue 2's mix (every op carries the same body).
+REFIT = ("pause_generation", "update_weights_from_disk", "continue_generation")
+
+
+def _intent(path: str, op: int) -> dict[str, str | None]:
+    phase = {"pause_generation": "pause", "continue_generation": "resume"}.get(path, "update")
+    control = {"pause_generation": "paused", "continue_generation": "active"}.get(path)
+    version = f"step-{op // 3}" if phase == "update" else None
+    return {"version": version, "control": control, "phase": phase}
+
+
 def realistic(n: int) -> Iterator[Append]:
     """About n appends: fan-outs to 8 engines, plus a worker registration every 40 operations."""
     made, op = 0, 0
@@ -126,8 +139,9 @@ def realistic(n: int) -> Iterator[Append]:
                     op_id=op_id,
                     kind="fanout",
                     method="POST",
-                    path="/update_weights_from_disk",
+                    path=REFIT[op % 3],
                     selector="pool=rollout",
+                    intent=_intent(REFIT[op % 3], op),
                     targets=targets,
                     content_type="application/json",
                     principal="trainer",
@@ -313,6 +327,145 @@ def bench_replay(path: Path, n: int) -> list[tuple[str, float, int]]:
     return rows
 
 
+# -- issue 4: startup from snapshots, `smgrl journal refits`, the registry projection alone ---------
+
+SNAPSHOT_LAG = 50_000  # the gateway snapshots every 50,000 events: the worst case it starts from
+
+
+def _startup(path: Path, *, use_snapshot: bool) -> tuple[float, Any]:
+    """What `smgrl launch` does before it listens: open the journal, restore the projections,
+    load the worker keys. In process (interpreter start and imports are measured separately)."""
+    from smgrl.registry.keys import KeyRing
+    from smgrl.state.replay import restore
+
+    t0 = time.perf_counter()
+    store = SqliteStore.open(path)
+    _fleet, info = restore(store, use_snapshot=use_snapshot)
+    KeyRing(store.secrets())
+    elapsed = time.perf_counter() - t0
+    store.close()
+    return elapsed, info
+
+
+def bench_startup(path: Path, n: int) -> list[tuple[str, str]]:
+    from smgrl.state import snapshot
+    from smgrl.state.fleet import FleetState
+    from smgrl.state.replay import replay as fleet_replay
+
+    rows = []
+    elapsed, info = _startup(path, use_snapshot=False)
+    rows.append((f"startup, no snapshot (replays {info.replayed:,} folded events)", f"{elapsed:.2f} s"))
+    store = SqliteStore.open(path)
+    upto = max(1, store.last_seq() - SNAPSHOT_LAG)
+    fleet = FleetState()
+    fleet_replay(store, fleet, 0, until_seq=upto)
+    t0 = time.perf_counter()
+    cap = snapshot.capture(fleet)
+    capture_ms = (time.perf_counter() - t0) * 1000
+    t0 = time.perf_counter()
+    text = snapshot.dumps(cap)
+    dumps_ms = (time.perf_counter() - t0) * 1000
+    store.save_snapshot(snapshot.KIND, upto, text)
+    store.close()
+    rows.append(
+        (
+            f"snapshot of {len(fleet.registry):,} workers, {len(fleet.facts()):,} engines",
+            (
+                f"capture {capture_ms:.1f} ms (event loop) + encode {dumps_ms:.1f} ms (writer thread), "
+                f"{len(text) / 1e6:.2f} MB"
+            ),
+        )
+    )
+    elapsed, info = _startup(path, use_snapshot=True)
+    assert info.snapshot_seq == upto, info
+    rows.append(
+        (
+            f"startup, snapshot {SNAPSHOT_LAG:,} events behind (replays {info.replayed:,})",
+            f"{elapsed:.2f} s",
+        )
+    )
+    return rows
+
+
+def bench_refits(path: Path) -> list[tuple[str, str]]:
+    import subprocess
+
+    from smgrl.journal_cli.reading import load_ops
+    from smgrl.state.refits import group_cycles
+
+    store = SqliteStore.open(path, readonly=True)
+    t0 = time.perf_counter()
+    cycles = group_cycles(load_ops(store).in_order())
+    elapsed = time.perf_counter() - t0
+    store.close()
+    rows = [(f"`smgrl journal refits` in process ({len(cycles):,} cycles)", f"{elapsed:.2f} s")]
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", str(path), "refits", "--json"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    rows.append(
+        (
+            "`smgrl journal refits --json` as a command (with interpreter start)",
+            f"{time.perf_counter() - t0:.2f} s",
+        )
+    )
+    return rows
+
+
+def bench_registry(path: Path) -> list[tuple[str, str]]:
+    from journal.events import decode
+    from smgrl.state import registry
+    from smgrl.state.replay import read_types
+
+    store = SqliteStore.open(path, readonly=True)
+    t0 = time.perf_counter()
+    state = registry.RegistryState()
+    count = 0
+    for seq, _ts, _stream, type_, schema, payload in read_types(store, registry.TYPES):
+        state.apply(seq, decode(type_, schema, payload))
+        count += 1
+    elapsed = time.perf_counter() - t0
+    store.close()
+    return [(f"registry projection alone ({count:,} worker.* events folded)", f"{elapsed:.2f} s")]
+
+
+def bench_launch(path: Path) -> list[tuple[str, str]]:
+    """A real `smgrl launch` on the journal: from process start until /liveness answers."""
+    import subprocess
+    import urllib.request
+
+    from smgrl.demo.procs import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "smgrl", "launch", "--port", str(port), "--journal", str(path),
+            "--disable-health-check", "--prometheus-port", str(free_port())]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = t0 + 120
+        while time.perf_counter() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/liveness", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.02)
+        elapsed = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import smgrl.server"], check=True)
+    imports = time.perf_counter() - t0
+    return [
+        (
+            "`smgrl launch` until /liveness answers (real process)",
+            f"{elapsed:.2f} s (interpreter + imports alone: {imports:.2f} s)",
+        )
+    ]
+
+
 def _fmt_rate(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -334,6 +487,13 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs of each JournalWriter measurement (the best is kept)"
     )
+    parser.add_argument("--skip-appends", action="store_true", help="skip the append measurements")
+    parser.add_argument(
+        "--skip-issue4", action="store_true", help="skip startup/snapshot/refits/registry measurements"
+    )
+    parser.add_argument(
+        "--launch", action="store_true", help="also time a real `smgrl launch` on each journal"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.events.split(",") if s]
 
@@ -345,7 +505,7 @@ def main() -> None:
         print("## Appends (SqliteStore, WAL)\n")
         print("| path | synchronous | events | events/s | events per transaction |")
         print("|---|---|---:|---:|---:|")
-        for sync in ("NORMAL", "FULL"):
+        for sync in () if args.skip_appends else ("NORMAL", "FULL"):
             runs = [
                 bench_writer(d / f"writer-{sync}.db", args.append_events, args.appenders, sync)
                 for _ in range(args.repeat)
@@ -369,6 +529,7 @@ def main() -> None:
             )
             sys.stdout.flush()
 
+        issue4: list[tuple[int, str, str]] = []
         print("\n## Replay (realistic mix: fan-outs to 8 engines + worker churn)\n")
         print("| events | step | seconds | events/s |")
         print("|---:|---|---:|---:|")
@@ -379,8 +540,19 @@ def main() -> None:
             size = path.stat().st_size + sum(p.stat().st_size for p in d.glob(f"replay-{n}.db-*"))
             print(f"| {n:,} | file size | {size / 1e6:.1f} MB | {size / n:.0f} B/event |")
             sys.stdout.flush()
+            if not args.skip_issue4:
+                extra = bench_registry(path) + bench_refits(path) + bench_startup(path, n)
+                if args.launch:
+                    extra += bench_launch(path)
+                issue4.extend((n, what, value) for what, value in extra)
             for p in d.glob(f"replay-{n}.db*"):
                 p.unlink()
+        if issue4:
+            print("\n## Startup, snapshots, `smgrl journal refits`, registry projection (same journals)\n")
+            print("| events | what | time |")
+            print("|---:|---|---:|")
+            for n, what, value in issue4:
+                print(f"| {n:,} | {what} | {value} |")
     print()
 
 

@@ -10,6 +10,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from smgrl.api import envelopes as env
+from smgrl.api import openapi
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
 from smgrl.api.workers import WorkersApi
@@ -22,7 +23,9 @@ ALLOW_ORDER = {"/workers": ["POST", "GET", "HEAD"]}
 
 
 def create_app(gateway, journal_routes=None) -> QuartTrio:
-    app = QuartTrio("smgrl")
+    # No static folder: Quart would otherwise register /static/<path> (a 405 for POST /static/x
+    # where SMG answers 404 unknown_url; found by tests/api/test_openapi.py).
+    app = QuartTrio("smgrl", static_folder=None)
     cfg = gateway.cfg
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.max_payload_size,
@@ -71,6 +74,11 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
             "total_workers": len(workers_),
         }
         return env.json_response(status, body)
+
+    @app.route("/openapi.json", methods=["GET"])
+    async def _openapi() -> Response:
+        # No key needed: the document describes routes, never data (smgrl/api/openapi.py).
+        return Response(openapi.rendered(cfg.rl.enabled), status=200, content_type=env.JSON)
 
     app.add_url_rule("/workers", "workers_list", workers.list, methods=["GET"])
     app.add_url_rule("/workers", "workers_create", workers.create, methods=["POST"])

@@ -238,6 +238,9 @@ def _register_subcommands() -> None:
     from smgrl.demo.run import demo
 
     cli.add_command(demo, "demo")
+    from smgrl.journal_cli import journal_group
+
+    cli.add_command(journal_group, "journal")
 
 
 _register_subcommands()

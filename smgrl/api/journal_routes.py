@@ -21,6 +21,7 @@ from smgrl.state.operations import Operations
 
 PAGE_DEFAULT = 100
 PAGE_MAX = 1000
+SQLITE_MAX_INT = 2**63 - 1
 
 
 class InvalidQuery(RlError):
@@ -95,4 +96,6 @@ def _int_arg(name: str, default: int, minimum: int) -> int:
         raise InvalidQuery(f"`{name}` must be an integer, got `{raw}`") from None
     if value < minimum:
         raise InvalidQuery(f"`{name}` must be at least {minimum}")
-    return value
+    # SQLite integers are 64-bit: a larger `after` is past every event (it was a 500, found by
+    # tests/e2e/test_schemathesis.py), a larger `limit` is capped anyway.
+    return min(value, SQLITE_MAX_INT)

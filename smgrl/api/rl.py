@@ -22,8 +22,14 @@ from smgrl.control.service import CallContext, OpResult
 from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
 from smgrl.core.selector import SelectorError, parse_selector
 from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
-from smgrl.errors import InvalidEnginePath, InvalidSelector, NoWorkersMatch, RlError, SelectorRequired
-from smgrl.errors import WorkerNotFound
+from smgrl.errors import (
+    InvalidEnginePath,
+    InvalidSelector,
+    NoWorkersMatch,
+    RlError,
+    SelectorRequired,
+    WorkerNotFound,
+)
 
 PREFIX = b"/v1/rl/"
 FORWARDED = (b"traceparent", b"tracestate")

@@ -24,6 +24,10 @@ MAX_DEPTH = 128
 _INT_LIMITS = {"u16": 0xFFFF, "u32": 0xFFFFFFFF, "usize": 0xFFFFFFFFFFFFFFFF}
 
 
+# Nested structs whose required fields matter: name -> (typed fields, required, field count).
+STRUCTS = {"ModelCard": ({"id": "str"}, ("id",), 15)}
+
+
 class SerdeError(Exception):
     """``syntax`` is True for serde's Syntax/Eof categories (axum: "Failed to parse the request
     body as JSON"), False for Data ("Failed to deserialize the JSON body into the target type")."""
@@ -73,8 +77,9 @@ class _Parser:
             self.i += 1
         return d[self.i] if self.i < len(d) else None
 
-    def string(self) -> str:
-        """At an opening quote: consume the string and return it."""
+    def string(self, validate: bool = True) -> str:
+        """At an opening quote: consume the string and return it. Unvalidated (an ignored value,
+        serde's IgnoredAny), a ``\\u`` escape only needs four hex digits."""
         self.i += 1
         out = bytearray()
         d = self.d
@@ -87,46 +92,61 @@ class _Parser:
                 try:
                     return out.decode("utf-8")
                 except UnicodeDecodeError:
+                    if not validate:
+                        return out.decode("utf-8", "replace")
                     raise self.err("invalid unicode code point") from None
             if c == 0x5C:
                 if self.i >= len(d):
                     raise self.err("EOF while parsing a string")
                 e = d[self.i]
                 self.i += 1
-                simple = {0x22: b'"', 0x5C: b"\\", 0x2F: b"/", 0x62: b"\b", 0x66: b"\f", 0x6E: b"\n",
-                          0x72: b"\r", 0x74: b"\t"}
+                simple = {
+                    0x22: b'"',
+                    0x5C: b"\\",
+                    0x2F: b"/",
+                    0x62: b"\b",
+                    0x66: b"\f",
+                    0x6E: b"\n",
+                    0x72: b"\r",
+                    0x74: b"\t",
+                }
                 if e in simple:
                     out += simple[e]
                 elif e == 0x75:
-                    out += self._unicode_escape()
+                    if validate:
+                        out += self._unicode_escape()
+                    else:
+                        self._hex4()
                 else:
                     raise self.err("invalid escape")
             elif c < 0x20:
+                self.i -= 1  # serde points at the control character itself
                 raise self.err("control character (\\u0000-\\u001F) found while parsing a string")
             else:
                 out.append(c)
 
     def _hex4(self) -> int:
-        value = 0
-        for _ in range(4):
-            if self.i >= len(self.d):
-                raise self.err("EOF while parsing a string")
-            c = chr(self.d[self.i])
-            self.i += 1
-            if c not in "0123456789abcdefABCDEF":
-                raise self.err("invalid escape")
-            value = value * 16 + int(c, 16)
-        return value
+        # serde reads the four digits at once, then checks them.
+        if self.i + 4 > len(self.d):
+            self.i = len(self.d)
+            raise self.err("EOF while parsing a string")
+        digits = self.d[self.i : self.i + 4].decode("latin-1")
+        self.i += 4
+        if any(c not in "0123456789abcdefABCDEF" for c in digits):
+            raise self.err("invalid escape")
+        return int(digits, 16)
 
     def _unicode_escape(self) -> bytes:
         n = self._hex4()
         if 0xDC00 <= n <= 0xDFFF:
             raise self.err("lone leading surrogate in hex escape")
         if 0xD800 <= n <= 0xDBFF:
-            if self.d[self.i : self.i + 2] != b"\\u":
-                self.i = min(self.i + 2, len(self.d)) if self.i < len(self.d) else self.i
-                raise self.err("unexpected end of hex escape")
-            self.i += 2
+            for expected in b"\\u":
+                if self.i >= len(self.d):
+                    raise self.err("EOF while parsing a string")
+                self.i += 1
+                if self.d[self.i - 1] != expected:
+                    raise self.err("unexpected end of hex escape")
             low = self._hex4()
             if not 0xDC00 <= low <= 0xDFFF:
                 raise self.err("lone leading surrogate in hex escape")
@@ -200,7 +220,7 @@ class _Parser:
         if c is None:
             raise self.peek_err("EOF while parsing a value")
         if c == 0x22:
-            return self.string()
+            return self.string(validate=False)
         if c == 0x2D or 0x30 <= c <= 0x39:
             return self.number()
         if c == 0x74:
@@ -215,7 +235,7 @@ class _Parser:
             out = {}
 
             def entry():
-                key = self.string()
+                key = self.string(validate=False)
                 self.colon()
                 out[key] = self.any_value()
 
@@ -308,23 +328,48 @@ class _Parser:
             if c != 0x7B:
                 raise self.invalid_type("a map")
             out: dict[str, str] = {}
+            # serde_path_to_error names a map entry whose key is not read yet `?`.
+            self.path.append("?")
 
             def entry():
                 key = self.string()
+                self.path.pop()  # between key and value the path is the map's own
                 self.colon()
                 self.path.append(key)
                 out[key] = self.typed("str")
-                self.path.pop()
+                self.path[-1] = "?"
 
             self._container(b"}", "object", entry, keys=True)
+            self.path.pop()
             return out
-        if kind == "seq":
+        if kind.startswith("seq"):
             if c != 0x5B:
                 raise self.invalid_type("a sequence")
-            return self.any_value()
+            element = kind.partition(":")[2]
+            if not element:
+                return self.any_value()
+            items = []
+            base = self.path.pop()
+
+            def item():
+                self.path.append(f"{base}[{len(items)}]")
+                items.append(self.typed(element))
+                self.path.pop()
+
+            self._container(b"]", "list", item)
+            self.path.append(base)
+            return items
         if kind.startswith("struct:"):
+            name = kind[7:]
+            if name in STRUCTS:
+                fields, required, count = STRUCTS[name]
+                try:
+                    return self.struct(name, fields, required, {})
+                except _Err as exc:
+                    exc.msg = exc.msg.replace("{n}", str(count))
+                    raise
             if c != 0x7B:
-                raise self.invalid_type(f"struct {kind[7:]}")
+                raise self.invalid_type(f"struct {name}")
             return self.any_value()
         if kind.startswith("enum:"):
             return self._enum(kind[5:].split(","), c)
@@ -335,7 +380,9 @@ class _Parser:
             raise self.invalid_type(kind)
         value = self.number()
         if isinstance(value, float):
-            raise self.err(f"invalid type: floating point `{_float_text(value)}`, expected {kind}", syntax=False)
+            raise self.err(
+                f"invalid type: floating point `{_float_text(value)}`, expected {kind}", syntax=False
+            )
         if not 0 <= value <= _INT_LIMITS[kind]:
             raise self.err(f"invalid value: integer `{value}`, expected {kind}", syntax=False)
         return value
@@ -357,7 +404,9 @@ class _Parser:
             raise self.err(f"invalid type: map, expected unit variant {name}", syntax=False)
         return name
 
-    def struct(self, name: str, fields: dict[str, str], required: tuple[str, ...]) -> dict[str, Any]:
+    def struct(
+        self, name: str, fields: dict[str, str], required: tuple[str, ...], aliases: dict[str, str]
+    ) -> dict[str, Any]:
         c = self.ws()
         if c is None:
             raise self.peek_err("EOF while parsing a value")
@@ -395,7 +444,7 @@ class _Parser:
                 if c != 0x22:
                     raise self.peek_err("key must be a string")
                 key = self.string()
-                canonical = "runtime" if key == "runtime_type" else key
+                canonical = aliases.get(key, key)
                 if canonical in fields and canonical in out:
                     raise _Err(f"duplicate field `{canonical}`", False, None)
                 self.colon()
@@ -421,12 +470,19 @@ class _Parser:
         return out
 
 
-def parse_struct(data: bytes, name: str, fields: dict[str, str], required: tuple[str, ...] = (),
-                 field_count: int | None = None) -> dict[str, Any]:
-    """The body as ``{field: value}`` for the schema's known fields; SerdeError with SMG's text."""
+def parse_struct(
+    data: bytes,
+    name: str,
+    fields: dict[str, str],
+    required: tuple[str, ...] = (),
+    field_count: int | None = None,
+    aliases: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The body as ``{field: value}`` for the schema's known fields (``aliases`` maps other
+    accepted names onto them); SerdeError with SMG's text."""
     p = _Parser(data)
     try:
-        out = p.struct(name, fields, required)
+        out = p.struct(name, fields, required, aliases or {})
         if p.ws() is not None:
             raise p.peek_err("trailing characters")
         return out

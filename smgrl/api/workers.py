@@ -38,13 +38,13 @@ def worker_json(w) -> dict:
         "labels": w.labels,
         "priority": 50,
         "cost": 1.0,
-        "max_connection_attempts": 20,
     }
     models = model_cards(w)
     if models:
         out = {**dict(list(out.items())[:3]), "models": models, **dict(list(out.items())[3:])}
     if w.dp_aware and w.dp_rank is not None:
         out.update(dp_base_url=w.base_url, dp_rank=w.dp_rank, dp_size=w.dp_size)
+    out["max_connection_attempts"] = 20
     out.update(is_healthy=w.status == "ready", status=w.status, load=0, http2=False)
     if w.bootstrap_port is not None:
         out["bootstrap_port"] = w.bootstrap_port

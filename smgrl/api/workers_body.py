@@ -20,13 +20,13 @@ SYNTAX = "JSON syntax error: Failed to parse the request body as JSON: "
 RUNTIMES = ("unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external")
 
 # The fields of SMG's WorkerSpec (29 in all) whose types smgrl knows; the others are ignored, as
-# unknown fields are. ``runtime_type`` is an alias of ``runtime``. ``model_id`` is NOT a field:
+# unknown fields are. ``runtime`` is an alias of ``runtime_type``. ``model_id`` is NOT a field:
 # SMG ignores it (the model id comes from the engine).
 WORKER_SPEC = {
     "url": "str",
     "api_key": "opt_str",
     "worker_type": "enum:" + ",".join(WORKER_TYPES),
-    "runtime": "enum:" + ",".join(RUNTIMES),
+    "runtime_type": "enum:" + ",".join(RUNTIMES),
     "connection_mode": "enum:http,grpc,zmq",
     "labels": "map_str",
     "bootstrap_port": "opt_u16",
@@ -34,10 +34,11 @@ WORKER_SPEC = {
     "cost": "f32",
     "dp_size": "opt_usize",
     "max_connection_attempts": "u32",
-    "models": "seq",
+    "models": "seq:struct:ModelCard",
     "health": "struct:HealthCheckUpdate",
 }
 WORKER_SPEC_FIELDS = 29
+WORKER_SPEC_ALIASES = {"runtime": "runtime_type"}
 WORKER_UPDATE = {"labels": "opt_map_str", "priority": "opt_u32", "cost": "opt_f32"}
 WORKER_UPDATE_FIELDS = 5
 
@@ -61,16 +62,23 @@ def check_content_type(content_type: str | None) -> None:
         raise bad_request("Missing Content-Type: application/json header")
 
 
-def _parse(data: bytes, name: str, schema: dict[str, str], required: tuple[str, ...], count: int) -> dict:
+def _parse(
+    data: bytes,
+    name: str,
+    schema: dict[str, str],
+    required: tuple[str, ...],
+    count: int,
+    aliases: dict[str, str] | None = None,
+) -> dict:
     try:
-        return parse_struct(data, name, schema, required, count)
+        return parse_struct(data, name, schema, required, count, aliases)
     except SerdeError as exc:
         raise bad_request((SYNTAX if exc.syntax else DESERIALIZE) + exc.message) from None
 
 
 def parse_worker_spec(data: bytes) -> dict[str, Any]:
     """A worker spec as POST/PUT take it (the content type was checked)."""
-    body = _parse(data, "WorkerSpec", WORKER_SPEC, ("url",), WORKER_SPEC_FIELDS)
+    body = _parse(data, "WorkerSpec", WORKER_SPEC, ("url",), WORKER_SPEC_FIELDS, WORKER_SPEC_ALIASES)
     url = body["url"]
     if not url.startswith(URL_SCHEMES):
         raise bad_request(
@@ -84,7 +92,7 @@ def parse_worker_spec(data: bytes) -> dict[str, Any]:
         raise bad_request(
             f"Invalid value for field 'worker_url': {url} - Invalid URL format: invalid international domain name"
         )
-    runtime = body.get("runtime")
+    runtime = body.get("runtime_type")
     return {
         "url": url,
         "api_key": body.get("api_key"),
@@ -125,8 +133,10 @@ def uuid_error(text: str) -> str | None:
     starts = (0, 9, 14, 19, 24)
     for group in range(4):
         if hyphens[group] != starts[group + 1] - 1:
-            return (f"invalid group length in group {group}: expected {_GROUP_LENGTHS[group]}, "
-                    f"found {hyphens[group] - starts[group]}")
+            return (
+                f"invalid group length in group {group}: expected {_GROUP_LENGTHS[group]}, "
+                f"found {hyphens[group] - starts[group]}"
+            )
     if len(body) != 36:
         return f"invalid group length in group 4: expected 12, found {len(body) - starts[4]}"
     return None

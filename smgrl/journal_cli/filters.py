@@ -10,7 +10,17 @@ import attrs
 
 from journal.events import Recorded, UnknownEvent, encode
 
-__all__ = ["WorkerFilter", "expand_types", "payload_dict"]
+__all__ = ["WorkerFilter", "catalogue", "expand_types", "payload_dict"]
+
+
+def catalogue() -> list[str]:
+    """Every event type this smgrl knows (the journal package's catalogue)."""
+    import journal
+
+    classes = (getattr(journal, name) for name in journal.__all__)
+    return sorted(
+        {cls.TYPE for cls in classes if isinstance(cls, type) and isinstance(getattr(cls, "TYPE", None), str)}
+    )
 
 
 def expand_types(patterns: Iterable[str], known: Iterable[str]) -> list[str]:

@@ -29,7 +29,16 @@ from smgrl.config import DEFAULT_JOURNAL
 from smgrl.journal_cli.render import json_text
 from smgrl.journal_cli.values import BadValue
 
-__all__ = ["EXIT_BAD_VALUE", "EXIT_CHECK", "EXIT_MISSING", "EXIT_NOT_JOURNAL", "CliError", "Ctx", "command", "journal_group"]
+__all__ = [
+    "EXIT_BAD_VALUE",
+    "EXIT_CHECK",
+    "EXIT_MISSING",
+    "EXIT_NOT_JOURNAL",
+    "CliError",
+    "Ctx",
+    "command",
+    "journal_group",
+]
 
 EXIT_CHECK, EXIT_BAD_VALUE, EXIT_MISSING, EXIT_NOT_JOURNAL = 1, 2, 3, 4
 
@@ -125,14 +134,18 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
     envvar="SMGRL_JOURNAL",
     help="The journal file (env SMGRL_JOURNAL).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON; JSON Lines for events).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (JSON; JSON Lines for events)."
+)
 @click.pass_context
 def journal_group(ctx: click.Context, path: str, as_json: bool) -> None:
     """Read the gateway's journal file: events, workers, operations, refits, versions, checks."""
     ctx.obj = Ctx(path=path, json=as_json)
 
 
-def command(name: str, *, group: click.Group | None = None, **kwargs: Any) -> Callable[[Callable], click.Command]:
+def command(
+    name: str, *, group: click.Group | None = None, **kwargs: Any
+) -> Callable[[Callable], click.Command]:
     """Register a subcommand taking ``(ctx: Ctx, **options)``; it also accepts ``--journal`` and
     ``--json`` after its name (``smgrl journal events --json``), overriding the group's."""
 
@@ -149,8 +162,12 @@ def command(name: str, *, group: click.Group | None = None, **kwargs: Any) -> Ca
 
         wrapper = click.option("--json", "sub_json", is_flag=True, help="Machine-readable output.")(wrapper)
         wrapper = click.option(
-            "--journal", "sub_path", default=None, metavar="PATH", help="The journal file (overrides the group's)."
+            "--journal",
+            "sub_path",
+            default=None,
+            metavar="PATH",
+            help="The journal file (overrides the group's).",
         )(wrapper)
-        return (group or journal_group).command(name, **kwargs)(wrapper)
+        return (group or journal_group).command(name, **kwargs)(wrapper)  # type: ignore[no-any-return]
 
     return deco

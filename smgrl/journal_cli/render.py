@@ -26,7 +26,9 @@ def _cell(value: Any, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, limits: Mapping[str, int] | None = None) -> str:
+def table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, limits: Mapping[str, int] | None = None
+) -> str:
     """A plain-text table with a header; cells longer than their limit are cut with an ellipsis."""
     limits = limits or {}
     cells = [[_cell(r.get(c), limits.get(c, _MAX_CELL)) for c in columns] for r in rows]
@@ -84,5 +86,7 @@ def summarize(type_: str, p: Any) -> str:
         rest = _kv(p, frozenset({"worker_id"}))
         return f"worker {p['worker_id']} {rest}".rstrip()
     if type_ == "audit.control_plane":
-        return f"{p.get('principal')} {p.get('method')} {p.get('path')} -> {p.get('status')} {p.get('outcome')}"
+        return (
+            f"{p.get('principal')} {p.get('method')} {p.get('path')} -> {p.get('status')} {p.get('outcome')}"
+        )
     return _kv(p)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from smgrl.config import Config, ControlPlaneKey, RlConfig, TenantKey
 
@@ -124,7 +124,7 @@ class RawEngine:
     what the fake engines cannot produce: any content-type, invalid UTF-8, a body cut short.
     It answers the registration probe like a minimal SGLang and records every request line."""
 
-    PROBE = {
+    PROBE: ClassVar[dict[str, bytes]] = {
         "/health": b"",
         "/v1/models": json.dumps({"object": "list", "data": [{"id": "raw", "owned_by": "sglang"}]}).encode(),
         "/server_info": json.dumps({"model_path": "raw", "tp_size": 1, "dp_size": 1, "version": "0.5.23"}).encode(),

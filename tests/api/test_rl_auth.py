@@ -18,6 +18,7 @@ from rl_api_helpers import (
     rl_cfg,
     row_ids,
 )
+
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import trio
-
 from rl_api_helpers import (
     assert_generated_id,
     assert_json,
@@ -15,6 +14,7 @@ from rl_api_helpers import (
     rl_error,
     row_ids,
 )
+
 from smgrl.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rl_api_helpers import (
     MS,
     assert_json,
@@ -15,6 +14,7 @@ from rl_api_helpers import (
     row_ids,
     sent_headers,
 )
+
 from smgrl.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.registry.service import Registration

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from rl_api_helpers import rl_cfg, row_ids
+
 from smgrl.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.metrics import DURATION_BUCKETS
@@ -31,7 +31,7 @@ def samples(text: str) -> dict[tuple, float]:
 async def test_mixed_session_counts():
     async with fake_fleet("sglang", 3) as fleet, gateway_in_process(rl_cfg(timeout=1),
                                                                    worker_urls=fleet.urls) as gw:
-        a, b, c = await row_ids(gw)
+        a, _, _ = await row_ids(gw)
         post = gw.client.post
         assert (await post(f"/v1/rl/workers/{a}/engine/flush_cache")).status_code == 200
         assert (await post(f"/v1/rl/workers/{a}/engine/pause_generation", json={})).status_code == 200

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import trio
-
 from rl_api_helpers import (
     GENERATED_GNT_ID,
     MS,
@@ -21,6 +20,7 @@ from rl_api_helpers import (
     row_ids,
     sent_headers,
 )
+
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

@@ -510,3 +510,48 @@ async def test_the_control_url_used_is_part_of_every_recorded_call():
             {"worker_id": m.ts, "url": "grpc://127.0.0.1:30000", "control_url": m.advertising.url},
         )
         assert outcome.control_url == m.advertising.url
+
+
+async def test_a_tokenspeed_refit_groups_into_one_cycle_like_an_sglang_one():
+    from journal.events import encode
+    from smgrl.state.refits import OpsFold, group_cycles
+
+    async with mixed_fleet() as m:
+        c = m.gw.client
+        sel = f"?selector=id in ({m.ts},{m.sg})"
+        group = {"master_address": "127.0.0.1", "master_port": 29999, "world_size": 3, "group_name": "g"}
+        chunks = [
+            {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "g"},
+            {
+                "names": ["b"],
+                "dtypes": ["float32"],
+                "shapes": [[1]],
+                "group_name": "g",
+                "weight_version": "v1",
+            },
+        ]
+        steps = [("fanout", "pause_generation", {}),
+                 ("call", m.ts, "init_weights_update_group", {**group, "rank_offset": 1}),
+                 ("call", m.sg, "init_weights_update_group", {**group, "rank_offset": 2}),
+                 ("one", f"?selector=id={m.sg}", "begin_weight_update", {}),
+                 *[("fanout", "update_weights_from_distributed", chunk) for chunk in chunks],
+                 ("one", f"?selector=id={m.sg}", "end_weight_update", {}),
+                 ("fanout", "destroy_weights_update_group", {"group_name": "g"}),
+                 ("fanout", "continue_generation", {})]  # fmt: skip
+        for kind, *rest in steps:
+            if kind == "call":
+                wid, path, body = rest
+                r = await c.post(f"/v1/rl/workers/{wid}/engine/{path}", json=body, headers=ADMIN)
+            else:
+                query, path, body = (sel, *rest) if kind == "fanout" else rest
+                r = await c.post(f"/v1/rl/engine/{path}{query}", json=body, headers=ADMIN)
+            assert r.status_code == 200, (path, r.text)
+        fold = OpsFold()
+        for rec in m.gw.store.read(types=["control.started", "control.outcome", "control.finished"]):
+            type_, _, payload = encode(rec.event)
+            fold.apply(rec.seq, rec.ts, type_, json.loads(payload))
+        (cycle,) = group_cycles(fold.in_order())
+        assert (cycle.status, cycle.paused, cycle.version) == ("ok", True, "v1")
+        assert set(cycle.engines) == {"grpc://127.0.0.1:30000", m.sglang.url}
+        assert list(cycle.phases()) == ["pause", "setup", "update", "teardown", "resume"]
+        assert len(cycle.ops) == len(steps)

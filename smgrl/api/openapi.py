@@ -1,0 +1,723 @@
+"""The OpenAPI 3 document of the gateway, served at ``GET /openapi.json``.
+
+It describes every route the gateway serves, every request body and every envelope it answers
+with: the RL crate's ``{"error", "message", ...}`` errors, the OpenAI-style 404/405/413 envelope,
+the control-plane 401/403 ``text/plain`` refusals and the ``--api-key`` JSON 401, the ``/workers``
+``{"error", "code"}`` errors, engine-mirrored statuses and the 207 partial fan-out.
+
+``/openapi.json`` needs no key: it describes routes, never data (no worker, key, label or journal
+content is in it), and SMG clients and fuzzers need it before they hold a key. With RL disabled the
+``/v1/rl`` routes are left out, as the routes themselves are (D1: a disabled control plane does
+not describe itself).
+
+``tests/api/test_openapi.py`` keeps it in sync with the Quart routes, the ``/v1/rl`` dispatcher's
+``ALLOW`` table and the error codes; ``tests/e2e/test_schemathesis.py`` checks live answers against
+it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from smgrl import __version__
+
+OPENAPI_VERSION = "3.0.3"
+
+# -- error codes ------------------------------------------------------------------------------------
+
+RL_BAD_REQUEST = [
+    "invalid_engine_path",
+    "selector_required",
+    "invalid_selector",
+    "no_workers_match",
+    "invalid_body",
+    "invalid_version",
+    "invalid_query",
+]
+RL_NOT_FOUND = ["worker_not_found", "operation_not_found"]
+FAILED_CALL = ["upstream_error", "upstream_unreachable", "upstream_timeout", "no_control_endpoint"]
+OPENAI_CODES = [
+    "unknown_url",
+    "method_not_allowed",
+    "request_body_too_large",
+    # werkzeug HTTP errors the framework raises on its own (e.g. a body read past BODY_TIMEOUT)
+    "request_timeout",
+    "bad_request",
+]
+WORKER_CODES = ["BAD_REQUEST", "WORKER_NOT_FOUND", "WORKER_ALREADY_EXISTS", "PAYLOAD_TOO_LARGE"]
+
+# -- schema helpers -----------------------------------------------------------------------------------
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: dict) -> dict:
+    return {**schema, "nullable": True}
+
+
+STR = {"type": "string"}
+INT = {"type": "integer"}
+BOOL = {"type": "boolean"}
+ANY: dict = {"description": "any JSON value"}
+LABELS = {"type": "object", "additionalProperties": STR}
+
+
+def _obj(props: dict, required: list[str] | None = None, *, additional: Any = False, **extra) -> dict:
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    out["required"] = list(props) if required is None else required
+    if not out["required"]:
+        del out["required"]
+    out["additionalProperties"] = additional
+    out.update(extra)
+    return out
+
+
+def _rl_error(codes: list[str], context: dict | None = None, description: str = "") -> dict:
+    props = {"error": {"type": "string", "enum": codes}, "message": STR, **(context or {})}
+    return _obj(props, ["error", "message"], description=description)
+
+
+# One target's recorded outcome in an Operation (null until it arrives). Inline, not a $ref: OpenAPI 3.0
+# ignores `nullable` next to a $ref.
+OUTCOME = _obj(
+    {
+        "status": _nullable(INT),
+        "latency_ms": _nullable(INT),
+        "error": _nullable(STR),
+        "message": _nullable(STR),
+        "excerpt": _nullable(STR),
+        "body_truncated": _nullable(BOOL),
+    },
+    [],
+    additional=True,
+)
+
+SCHEMAS: dict[str, dict] = {
+    # ---- RL crate envelopes
+    "RlBadRequest": _rl_error(
+        RL_BAD_REQUEST,
+        {"offset": {**INT, "minimum": 0}, "selector": STR},
+        "400 from the RL control plane: `offset` with invalid_selector, `selector` with no_workers_match.",
+    ),
+    "RlNotFound": _rl_error(RL_NOT_FOUND, {"id": STR}),
+    "NoControlEndpoint": _rl_error(
+        ["no_control_endpoint"],
+        {"worker_id": STR, "url": STR, "connection_mode": STR},
+        "422: a gRPC/ZMQ worker without `rl.control_url`.",
+    ),
+    "UpstreamUnreachable": _rl_error(["upstream_unreachable"], {"worker_id": STR, "url": STR}),
+    "UpstreamTimeout": _rl_error(["upstream_timeout"], {"worker_id": STR, "url": STR}),
+    "JournalUnavailable": _rl_error(
+        ["journal_unavailable"], None, "503: the journal cannot record the operation; no engine was called."
+    ),
+    "InternalError": _rl_error(["internal_error"], None, "500: a gateway bug (the log has the traceback)."),
+    "RlCallOutcome": _obj(
+        {
+            "worker_id": STR,
+            "url": STR,
+            "status": {**INT, "minimum": 100, "maximum": 999},
+            "latency_ms": {**INT, "minimum": 0},
+            "body": {
+                "description": "the engine's JSON when its content-type contains `json` and the bytes "
+                "parse, else its text (lossy UTF-8); at most 1 MiB"
+            },
+            "body_truncated": {"type": "boolean", "enum": [True], "description": "present only when true"},
+        },
+        ["worker_id", "url", "status", "latency_ms", "body"],
+        description="One engine answer (any status: the per-worker route mirrors it).",
+    ),
+    "RlFailedCall": _obj(
+        {
+            "worker_id": STR,
+            "url": STR,
+            "error": {"type": "string", "enum": FAILED_CALL},
+            "message": STR,
+            "status": {**INT, "description": "the engine's status, with upstream_error only"},
+            "connection_mode": {**STR, "description": "with no_control_endpoint only"},
+        },
+        ["worker_id", "url", "error", "message"],
+    ),
+    "RlFanoutResponse": _obj(
+        {
+            "results": {"type": "object", "additionalProperties": _ref("RlCallOutcome")},
+            "failed": {"type": "array", "items": _ref("RlFailedCall")},
+            "total": {**INT, "minimum": 1},
+            "succeeded": {**INT, "minimum": 0},
+        },
+        description="200 when `failed` is empty, else 207. `results` holds every engine that answered "
+        "(any status); `failed` every non-2xx answer (upstream_error) and every transport failure.",
+    ),
+    "Capabilities": _obj(
+        {
+            "source": {"type": "string", "enum": ["static", "advertised"]},
+            "pause_modes": {"type": "array", "items": STR},
+            "update_from": {"type": "array", "items": STR},
+            "abort": BOOL,
+            "flush_cache": BOOL,
+            "sleep_wake": BOOL,
+            "reports_weight_version": BOOL,
+        }
+    ),
+    "RlWorkerEntry": _obj(
+        {
+            "id": STR,
+            "url": STR,
+            "base_url": STR,
+            "engine": STR,
+            "engine_version": _nullable(STR),
+            "model_id": _nullable(STR),
+            "worker_type": STR,
+            "connection_mode": STR,
+            "control_url": _nullable(STR),
+            "tp_size": _nullable(INT),
+            "dp_size": _nullable(INT),
+            "pp_size": _nullable(INT),
+            "dp_ranks": {**INT, "minimum": 1},
+            "role": _nullable(STR),
+            "health": STR,
+            "weight_version": _nullable(STR),
+            "labels": LABELS,
+            "capabilities": _ref("Capabilities"),
+            # smgrl additions (deviations.md): present when the journal's engine projection is known
+            "version_source": _nullable(STR),
+            "control": {"type": "string", "enum": ["active", "paused", "asleep", "unknown"]},
+            "version_status": {"type": "string", "enum": ["consistent", "mixed", "unknown"]},
+        },
+        [
+            "id", "url", "base_url", "engine", "engine_version", "model_id", "worker_type",
+            "connection_mode", "control_url", "tp_size", "dp_size", "pp_size", "dp_ranks", "role",
+            "health", "weight_version", "labels", "capabilities",
+        ],
+    ),
+    "RlWorkersResponse": _obj(
+        {
+            "protocol_version": {"type": "integer", "enum": [1]},
+            "workers": {"type": "array", "items": _ref("RlWorkerEntry")},
+            "total": {**INT, "minimum": 0},
+        }
+    ),
+    "OperationTarget": _obj(
+        {"worker_id": STR, "url": STR, "control_url": _nullable(STR), "outcome": _nullable(OUTCOME)},
+        ["worker_id", "url", "outcome"],
+        additional=True,
+    ),
+    "Operation": _obj(
+        {
+            "operation_id": STR,
+            "kind": {"type": "string", "enum": ["call", "fanout"]},
+            "method": STR,
+            "path": STR,
+            "query": _nullable(STR),
+            "selector": _nullable(STR),
+            "status": {"type": "string", "enum": ["open", "finished"]},
+            "result": _nullable(
+                {"type": "string", "enum": ["ok", "partial", "no_match", "failed", "cancelled", "interrupted"]}
+            ),
+            "http_status": _nullable(INT),
+            "total": {**INT, "minimum": 0},
+            "succeeded": {**INT, "minimum": 0},
+            "latency_ms": _nullable(INT),
+            "targets": {"type": "array", "items": _ref("OperationTarget")},
+            "missing_targets": {"type": "array", "items": STR},
+            "started_seq": INT,
+        },
+        additional=True,
+        description="The journal's record of one per-worker call or fan-out.",
+    ),
+    "JournalEvent": _obj(
+        {
+            "seq": {**INT, "minimum": 1},
+            "ts": {"type": "number"},
+            "stream": STR,
+            "type": STR,
+            "schema": INT,
+            "payload": {"type": "object", "additionalProperties": True},
+        }
+    ),
+    "JournalPage": _obj(
+        {
+            "events": {"type": "array", "items": _ref("JournalEvent")},
+            "next_after": {**INT, "minimum": 0},
+            "last_seq": {**INT, "minimum": 0},
+            "more": BOOL,
+        }
+    ),
+    # ---- gateway envelopes
+    "OpenAIError": _obj(
+        {
+            "error": _obj(
+                {
+                    "type": {"type": "string", "enum": ["invalid_request_error"]},
+                    "code": {"type": "string", "enum": OPENAI_CODES},
+                    "message": STR,
+                    "param": {"nullable": True, "enum": [None]},
+                }
+            )
+        },
+        description="Unknown URL (404), wrong method (405, with `allow`), body over --max-payload-size "
+        "(413), framework errors; header `x-smg-error-code` repeats the code.",
+    ),
+    "ApiKeyError": _obj(
+        {
+            "error": _obj(
+                {
+                    "message": STR,
+                    "type": {"type": "string", "enum": ["invalid_request_error"]},
+                    "param": {"nullable": True, "enum": [None]},
+                    "code": {"type": "string", "enum": ["invalid_api_key"]},
+                }
+            )
+        },
+        description="401 of the `--api-key` check (no control-plane keys configured).",
+    ),
+    "WorkerApiError": _obj(
+        {"error": STR, "code": {"type": "string", "enum": WORKER_CODES}},
+        description="Errors of the SMG-compatible /workers API: the text is in `error`, the code in `code`.",
+    ),
+    # ---- /workers
+    "WorkerSpec": _obj(
+        {
+            "url": {**STR, "description": "http://, https://, grpc://, grpcs:// or ipc:// engine URL"},
+            "api_key": {**_nullable(STR), "description": "sent to the engine as bearer; never shown again"},
+            "worker_type": {"type": "string", "enum": ["regular", "prefill", "decode"]},
+            "runtime": {
+                "type": "string",
+                "enum": ["unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external"],
+            },
+            "connection_mode": {"type": "string", "enum": ["http", "grpc", "zmq"]},
+            "labels": LABELS,
+            "bootstrap_port": _nullable({**INT, "minimum": 0, "maximum": 65535}),
+            "priority": {**INT, "minimum": 0, "maximum": 4294967295},
+            "cost": {"type": "number"},
+            "dp_size": _nullable({**INT, "minimum": 0}),
+            "max_connection_attempts": {**INT, "minimum": 0, "maximum": 4294967295},
+        },
+        ["url"],
+        additional=True,
+        description="SMG's WorkerSpec; unknown fields are ignored.",
+    ),
+    "WorkerUpdate": _obj(
+        {
+            "labels": _nullable(LABELS),
+            "priority": _nullable({**INT, "minimum": 0, "maximum": 4294967295}),
+            "cost": _nullable({"type": "number"}),
+        },
+        [],
+        additional=True,
+    ),
+    "Worker": _obj(
+        {
+            "id": STR,
+            "model_id": STR,
+            "url": STR,
+            "models": {"type": "array", "items": {"type": "object"}},
+            "worker_type": STR,
+            "connection_mode": STR,
+            "runtime_type": _nullable(STR),
+            "labels": LABELS,
+            "priority": INT,
+            "cost": {"type": "number"},
+            "max_connection_attempts": INT,
+            "dp_base_url": STR,
+            "dp_rank": INT,
+            "dp_size": _nullable(INT),
+            "is_healthy": BOOL,
+            "status": STR,
+            "load": INT,
+            "http2": BOOL,
+            "bootstrap_port": INT,
+        },
+        ["id", "url", "worker_type", "connection_mode", "labels", "is_healthy", "status"],
+        additional=True,
+        description="A registry entry as SMG's /workers shows it.",
+    ),
+    "WorkerList": _obj(
+        {
+            "workers": {"type": "array", "items": _ref("Worker")},
+            "total": {**INT, "minimum": 0},
+            "stats": _obj({"prefill_count": INT, "decode_count": INT, "regular_count": INT}),
+        }
+    ),
+    "WorkerAccepted": _obj(
+        {"status": {"type": "string", "enum": ["accepted"]}, "worker_id": STR, "url": STR, "location": STR,
+         "message": STR},
+        ["status", "worker_id", "message"],
+    ),
+    "Readiness": _obj(
+        {
+            "status": {"type": "string", "enum": ["ready", "not_ready"]},
+            "healthy_workers": {**INT, "minimum": 0},
+            "total_workers": {**INT, "minimum": 0},
+        }
+    ),
+}
+
+# -- headers and responses ------------------------------------------------------------------------------
+
+REQUEST_ID = {
+    "x-request-id": {
+        "description": "the caller's x-request-id (128 characters at most), else a generated `req-...` id",
+        "required": True,
+        "schema": STR,
+    }
+}
+OP_ID = {
+    "x-smgrl-operation-id": {"description": "the operation's journal record", "required": False, "schema": STR},
+    "x-smgrl-journal": {
+        "description": "`unavailable`: the engines answered but the final record could not be written",
+        "required": False,
+        "schema": {"type": "string", "enum": ["unavailable"]},
+    },
+}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _resp(description: str, content: dict | None = None, headers: dict | None = None) -> dict:
+    out: dict[str, Any] = {"description": description, "headers": {**REQUEST_ID, **(headers or {})}}
+    if content:
+        out["content"] = content
+    return out
+
+
+TEXT = {"text/plain; charset=utf-8": {"schema": STR}}
+
+RESPONSES: dict[str, dict] = {
+    "Unauthorized": _resp(
+        "No or unknown key. Control-plane keys configured: text/plain (`Missing or invalid Authorization "
+        "header` or `Invalid authentication token`), realm `control-plane`. Only --api-key: JSON "
+        "(ApiKeyError), realm `data-plane`.",
+        {**TEXT, **_json(_ref("ApiKeyError"))},
+        {"www-authenticate": {"required": True, "schema": STR}},
+    ),
+    "Forbidden": _resp("A `user` key on an admin route: `Admin role required for this control plane operation`.", TEXT),
+    "UnknownUrl": _resp("No such route (OpenAI-style envelope, code unknown_url).", _json(_ref("OpenAIError"))),
+    "MethodNotAllowed": _resp(
+        "Wrong method (OpenAI-style envelope, code method_not_allowed).",
+        _json(_ref("OpenAIError")),
+        {"allow": {"required": True, "schema": STR}},
+    ),
+    "PayloadTooLarge": _resp(
+        "Body over --max-payload-size: the OpenAI-style envelope (declared length), or text for a chunked "
+        "body that outgrew it, or WorkerApiError PAYLOAD_TOO_LARGE on /workers.",
+        {**_json({"anyOf": [_ref("OpenAIError"), _ref("WorkerApiError")]}), **TEXT},
+    ),
+}
+
+
+# A bearer key, or none when the gateway runs without keys (development mode): `{}` makes it optional.
+SECURED = [{"bearer": []}, {}]
+
+
+def _r(name: str) -> dict:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _auth_responses(write: bool) -> dict:
+    out = {"401": _r("Unauthorized")}
+    if write:
+        out["403"] = _r("Forbidden")
+    return out
+
+
+PATH_PARAM_PATH = {
+    "name": "path",
+    "in": "path",
+    "required": True,
+    "description": "The engine route: 1 to 4 segments of [A-Za-z0-9._-] (neither `.` nor `..`), "
+    "percent-decoded once (send `/` between segments raw; `%2F` is decoded to `/` too).",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"},
+    "example": "flush_cache",
+}
+SELECTOR = {
+    "name": "selector",
+    "in": "query",
+    "required": True,
+    "description": "Label selector: `k=v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, comma-joined (AND). "
+    "Other query parameters are passed through to the engines.",
+    "schema": STR,
+    "example": "engine=sglang",
+}
+
+
+def _id_param(name: str, description: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": STR}
+
+
+def _engine_responses(fanout: bool) -> dict:
+    """Engine routes. Per-worker: the gateway's status mirrors the engine's, so every status may carry
+    an RlCallOutcome; the gateway's own errors share some statuses with it."""
+    outcome = _ref("RlCallOutcome")
+
+    def either(*errors: dict) -> dict:
+        return {"anyOf": [*errors]} if fanout else {"anyOf": [outcome, *errors]}
+
+    op = "" if fanout else " (or the engine's own status, mirrored, with an RlCallOutcome)"
+    out: dict[str, dict] = {}
+    if fanout:
+        out["200"] = _resp("Every target answered 2xx.", _json(_ref("RlFanoutResponse")), OP_ID)
+        out["207"] = _resp("At least one target failed (non-2xx, unreachable, timeout).",
+                           _json(_ref("RlFanoutResponse")), OP_ID)
+    out["400"] = _resp(
+        "Invalid path, selector or query" + op + "; text/plain for a duplicate `selector` or invalid "
+        "UTF-8 in a path parameter.",
+        {**_json(either(_ref("RlBadRequest"))), **TEXT},
+        OP_ID,
+    )
+    out.update(_auth_responses(write=True))
+    out["404"] = _resp("Unknown worker, or no such route" + op + ".",
+                       _json(either(_ref("RlNotFound"), _ref("OpenAIError"))), OP_ID)
+    out["413"] = _r("PayloadTooLarge")
+    if not fanout:
+        out["422"] = _resp("No control endpoint" + op + ".", _json(either(_ref("NoControlEndpoint"))), OP_ID)
+        out["500"] = _resp("Gateway bug" + op + ".", _json(either(_ref("InternalError"))), OP_ID)
+        out["502"] = _resp("Engine unreachable" + op + ".", _json(either(_ref("UpstreamUnreachable"))), OP_ID)
+    else:
+        out["500"] = _resp("Gateway bug.", _json(_ref("InternalError")))
+    out["503"] = _resp("The journal cannot record the operation; no engine was called" + op + ".",
+                       _json(either(_ref("JournalUnavailable"))), OP_ID)
+    if not fanout:
+        out["504"] = _resp("No answer within --rl-control-timeout-secs" + op + ".",
+                           _json(either(_ref("UpstreamTimeout"))), OP_ID)
+        out["default"] = _resp("Any other engine status, mirrored (2xx, 3xx: redirects are not followed, "
+                               "4xx, 5xx).", _json(outcome), OP_ID)
+    return out
+
+
+def _head(get: dict) -> dict:
+    """HEAD: the GET's status and headers, no body."""
+    op = copy.deepcopy(get)
+    op["operationId"] = get["operationId"].replace("get", "head", 1)
+    op["summary"] = "HEAD of " + get["summary"]
+    op.pop("requestBody", None)
+    for resp in op["responses"].values():
+        if "content" in resp:
+            resp.pop("content")
+    return op
+
+
+def _engine_ops(fanout: bool) -> dict:
+    params = [PATH_PARAM_PATH, SELECTOR] if fanout else [
+        _id_param("id", "the worker id (GET /v1/rl/workers)"), PATH_PARAM_PATH
+    ]
+    what = "every worker the selector matches" if fanout else "one worker"
+    summary = f"Send an engine-native control call to {what} (admin role, D3)"
+    get = {
+        "operationId": "get" + ("Fanout" if fanout else "Proxy"),
+        "summary": summary,
+        "description": "The engine gets the method, path, passthrough query, body and content-type, and "
+        "x-request-id/traceparent/tracestate; the worker's own API key as bearer. Redirects are not "
+        "followed. Recorded in the journal (x-smgrl-operation-id).",
+        "tags": ["rl"],
+        "parameters": params,
+        "security": SECURED,
+        "responses": _engine_responses(fanout),
+    }
+    post = {
+        **copy.deepcopy(get),
+        "operationId": "post" + ("Fanout" if fanout else "Proxy"),
+        "requestBody": {
+            "required": False,
+            "description": "Forwarded verbatim (content-type defaults to application/json when a body is sent).",
+            "content": {"application/json": {"schema": ANY}},
+        },
+    }
+    return {"get": get, "head": _head(get), "post": post}
+
+
+def _read_op(op_id: str, summary: str, responses: dict, params: list | None = None, tags=("rl",)) -> dict:
+    out = {
+        "operationId": op_id,
+        "summary": summary,
+        "tags": list(tags),
+        "security": SECURED,
+        "responses": {**responses, **_auth_responses(write=False)},
+    }
+    if params:
+        out["parameters"] = params
+    return out
+
+
+def _get_and_head(get: dict) -> dict:
+    return {"get": get, "head": _head(get)}
+
+
+def _workers_write(op_id: str, summary: str, body: str | None, responses: dict, params=None) -> dict:
+    out = {
+        "operationId": op_id,
+        "summary": summary,
+        "tags": ["workers"],
+        "security": SECURED,
+        "responses": {**responses, **_auth_responses(write=True), "413": _r("PayloadTooLarge")},
+    }
+    if params:
+        out["parameters"] = params
+    if body:
+        out["requestBody"] = {"required": True, "content": _json(_ref(body))}
+    return out
+
+
+WORKER_ERR = _json(_ref("WorkerApiError"))
+WORKER_ID = _id_param("worker_id", "the registry id (a UUID)")
+
+
+def _paths(rl: bool) -> dict:
+    paths: dict[str, dict] = {
+        "/health": _get_and_head(
+            {"operationId": "getHealth", "summary": "Liveness (always 200 `OK` while serving)", "tags": ["probes"],
+             "security": [], "responses": {"200": _resp("Serving.", TEXT)}}
+        ),
+        "/liveness": _get_and_head(
+            {"operationId": "getLiveness", "summary": "Liveness (always 200 `OK` while serving)",
+             "tags": ["probes"], "security": [], "responses": {"200": _resp("Serving.", TEXT)}}
+        ),
+        "/readiness": _get_and_head(
+            {"operationId": "getReadiness", "summary": "Ready when at least one worker is healthy",
+             "tags": ["probes"], "security": [],
+             "responses": {"200": _resp("Ready.", _json(_ref("Readiness"))),
+                           "503": _resp("No healthy worker.", _json(_ref("Readiness")))}}
+        ),
+        "/openapi.json": _get_and_head(
+            {"operationId": "getOpenapi", "summary": "This document (no key needed: it describes routes, "
+             "not data)", "tags": ["meta"], "security": [],
+             "responses": {"200": _resp("The OpenAPI document.", _json({"type": "object"}))}}
+        ),
+        "/workers": {
+            **_get_and_head(
+                _read_op("getWorkers", "List the registry (SMG's /workers)",
+                         {"200": _resp("The registry.", _json(_ref("WorkerList")))}, tags=("workers",))
+            ),
+            "post": _workers_write(
+                "postWorkers", "Register an engine (asynchronous: discovery follows)", "WorkerSpec",
+                {
+                    "202": _resp("Queued.", _json(_ref("WorkerAccepted")),
+                                 {"location": {"required": True, "schema": STR}}),
+                    "400": _resp("Bad content type, body or URL.", WORKER_ERR),
+                    "409": _resp("A worker already has this URL.", WORKER_ERR),
+                },
+            ),
+        },
+        "/workers/{worker_id}": {
+            **_get_and_head(
+                _read_op("getWorker", "One registry entry",
+                         {"200": _resp("The entry.", _json(_ref("Worker"))),
+                          "400": _resp("Not a UUID.", WORKER_ERR),
+                          "404": _resp("No such worker.", WORKER_ERR)}, [WORKER_ID], tags=("workers",))
+            ),
+            "put": _workers_write(
+                "putWorker", "Replace a worker's labels", "WorkerSpec",
+                {"202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
+                 "400": _resp("Bad id, content type or body; DP rank.", WORKER_ERR),
+                 "404": _resp("No such worker.", WORKER_ERR)},
+                [WORKER_ID],
+            ),
+            "patch": _workers_write(
+                "patchWorker", "Merge labels into a worker's", "WorkerUpdate",
+                {"202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
+                 "400": _resp("Bad id, content type or body.", WORKER_ERR),
+                 "404": _resp("No such worker.", WORKER_ERR)},
+                [WORKER_ID],
+            ),
+            "delete": _workers_write(
+                "deleteWorker", "Remove a worker (every DP rank of its engine)", None,
+                {"202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
+                 "400": _resp("Not a UUID.", WORKER_ERR),
+                 "404": _resp("No such worker.", WORKER_ERR)},
+                [WORKER_ID],
+            ),
+        },
+    }
+    if not rl:
+        return paths
+    rl_404 = _resp("Unknown id, or no such route.", _json({"anyOf": [_ref("RlNotFound"), _ref("OpenAIError")]}))
+    utf8 = _resp("Invalid UTF-8 in a path parameter.", TEXT)
+    paths.update(
+        {
+            "/v1/rl/workers": _get_and_head(
+                _read_op("getRlWorkers", "Discovery: one row per engine (DP ranks collapsed)",
+                         {"200": _resp("The rows.", _json(_ref("RlWorkersResponse")))})
+            ),
+            "/v1/rl/workers/{id}": _get_and_head(
+                _read_op("getRlWorker", "One discovery row (that registry entry)",
+                         {"200": _resp("The row.", _json(_ref("RlWorkerEntry"))), "400": utf8, "404": rl_404},
+                         [_id_param("id", "the worker id")])
+            ),
+            "/v1/rl/workers/{id}/engine/{path}": _engine_ops(fanout=False),
+            "/v1/rl/engine/{path}": _engine_ops(fanout=True),
+            "/v1/rl/operations/{id}": _get_and_head(
+                _read_op("getRlOperation", "The journal's record of one operation (smgrl addition)",
+                         {"200": _resp("The record.", _json(_ref("Operation"))), "400": utf8, "404": rl_404},
+                         [_id_param("id", "x-smgrl-operation-id of a per-worker call or fan-out")])
+            ),
+            "/v1/rl/journal": _get_and_head(
+                _read_op(
+                    "getRlJournal",
+                    "Journal events, paged (smgrl addition)",
+                    {"200": _resp("A page.", _json(_ref("JournalPage"))),
+                     "400": _resp("`after`/`limit` not an integer or too small.", _json(_ref("RlBadRequest")))},
+                    [
+                        {"name": "after", "in": "query", "required": False, "allowEmptyValue": True,
+                         "description": "events after this seq (empty: 0)",
+                         "schema": {**INT, "minimum": 0, "default": 0}},
+                        {"name": "limit", "in": "query", "required": False, "allowEmptyValue": True,
+                         "description": "page size (empty: 100; at most 1000 are returned)",
+                         "schema": {**INT, "minimum": 1, "default": 100}},
+                    ],
+                )
+            ),
+        }
+    )
+    return paths
+
+
+def document(rl_enabled: bool = True) -> dict:
+    """The OpenAPI document (a fresh copy)."""
+    doc = {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "smgrl",
+            "version": __version__,
+            "description": "RL control plane for fleets of LLM inference engines, wire-compatible with SMG "
+            "1.13.0's /v1/rl (differences: docs/deviations.md). Every response carries x-request-id. "
+            "Auth (--control-plane-api-keys): `admin` reaches every route; `user` reads discovery, the "
+            "journal routes and GET /workers. Unknown routes are 404 and wrong methods 405 before auth.",
+        },
+        "tags": [
+            {"name": "rl", "description": "The RL control plane (--enable-rl)"},
+            {"name": "workers", "description": "SMG's worker registry API"},
+            {"name": "probes"},
+            {"name": "meta"},
+        ],
+        "paths": _paths(rl_enabled),
+        "components": {
+            "schemas": copy.deepcopy(SCHEMAS),
+            "responses": copy.deepcopy(RESPONSES),
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A --control-plane-api-keys key (or the --api-key when no control-plane "
+                    "key is configured). With no key configured at all, every route is open.",
+                }
+            },
+        },
+    }
+    return doc
+
+
+_RENDERED: dict[bool, bytes] = {}
+
+
+def rendered(rl_enabled: bool) -> bytes:
+    """The document as compact JSON bytes, built once per process."""
+    body = _RENDERED.get(rl_enabled)
+    if body is None:
+        body = json.dumps(document(rl_enabled), separators=(",", ":")).encode()
+        _RENDERED[rl_enabled] = body
+    return body

@@ -1,0 +1,215 @@
+"""``smgrl journal events`` (filter, tail) and ``smgrl journal export`` (JSON Lines)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+
+import click
+
+from journal import SqliteStore
+from journal.events import Recorded, UnknownEvent
+from smgrl.journal_cli.filters import WorkerFilter, catalogue, expand_types, payload_dict
+from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
+from smgrl.journal_cli.reading import read_events, resolve_worker, worker_filter
+from smgrl.journal_cli.render import json_text, summarize, table
+from smgrl.journal_cli.values import fmt_ts, parse_time, seq_range, time_window
+
+FOLLOW_POLL_SECS = 0.5
+LEARN_TYPES = ("control.started", "worker.discovered")
+
+
+def _type_option(fn):
+    return click.option(
+        "--type",
+        "types",
+        multiple=True,
+        metavar="TYPE",
+        help="Only this event type (repeatable; globs like 'worker.*' or 'control.*').",
+    )(fn)
+
+
+def _range_options(fn):
+    fn = click.option("--before", type=int, default=None, metavar="SEQ", help="Only events with seq < SEQ.")(
+        fn
+    )
+    return click.option("--after", type=int, default=None, metavar="SEQ", help="Only events with seq > SEQ.")(
+        fn
+    )
+
+
+def type_name(rec: Recorded) -> str:
+    ev = rec.event
+    return ev.type if isinstance(ev, UnknownEvent) else ev.TYPE
+
+
+def event_json(rec: Recorded, *, with_hash: bool = False) -> dict:
+    ev = rec.event
+    out = {
+        "seq": rec.seq,
+        "ts": rec.ts,
+        "time": fmt_ts(rec.ts),
+        "stream": rec.stream,
+        "type": type_name(rec),
+        "schema": ev.schema if isinstance(ev, UnknownEvent) else ev.SCHEMA,
+        "payload": payload_dict(rec),
+    }
+    if with_hash:
+        out["hash"] = rec.hash
+    return out
+
+
+def event_row(rec: Recorded) -> dict:
+    data = event_json(rec)
+    return {**data, "summary": summarize(data["type"], data["payload"])}
+
+
+class _Scan:
+    """One filtered pass over the journal (also the repeated passes of a tail)."""
+
+    def __init__(self, store: SqliteStore, types: list[str] | None, filt: WorkerFilter | None) -> None:
+        self.store, self.filt = store, filt
+        self.show = None if types is None else frozenset(types)
+        self.types = types
+        if types is not None and filt is not None:
+            # The worker filter learns the worker's operations and DP group from these two.
+            self.types = sorted({*types, *LEARN_TYPES})
+
+    def run(self, after: int, **kw) -> Iterator[Recorded]:
+        for rec in read_events(self.store, self.types, after=after, **kw):
+            type_ = type_name(rec)
+            if self.filt is not None:
+                p = payload_dict(rec) if rec.stream.startswith(("op:", "worker:")) else None
+                if not self.filt.see(rec.stream, type_, p):
+                    continue
+            if self.show is None or type_ in self.show:
+                yield rec
+
+
+@command("events")
+@_type_option
+@click.option("--worker", default=None, metavar="ID|URL", help="Only the events of this worker.")
+@_range_options
+@click.option("--since", default=None, metavar="TIME", help="Only events at or after TIME.")
+@click.option("--until", default=None, metavar="TIME", help="Only events before TIME.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Stop after N events.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events (polling) until interrupted.")
+@click.option(
+    "--follow-seconds",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="N",
+    help="Stop following after N s.",
+)
+def events(ctx: Ctx, types, worker, after, before, since, until, limit, follow, follow_seconds) -> None:
+    """Events, oldest first, as a table (JSON Lines with --json)."""
+    rng = seq_range(after, before)
+    since_ts = parse_time(since, ctx.now) if since else None
+    until_ts = parse_time(until, ctx.now) if until else None
+    time_window(since_ts, until_ts)
+    if follow and (before is not None or until is not None):
+        raise CliError(
+            "--follow reads new events: it cannot be combined with --before or --until", EXIT_BAD_VALUE
+        )
+    wanted = expand_types(types, catalogue()) if types else None
+    if wanted == []:
+        raise CliError(f"no event type matches {', '.join(types)}", EXIT_BAD_VALUE)
+    with ctx.reader() as store:
+        head = store.last_seq()
+        start = rng.after
+        if follow and after is None and since is None:
+            start = head  # a tail starts at the end unless told where to start
+        filt = worker_filter(store, resolve_worker(store, worker), start) if worker else None
+        scan = _Scan(store, wanted, filt)
+        printer = _Printer(ctx)
+        shown = 0
+        for rec in scan.run(start, until_seq=rng.until_seq, since_ts=since_ts, until_ts=until_ts):
+            printer.add(rec)
+            shown += 1
+            if limit is not None and shown >= limit:
+                break
+        printer.flush()
+        if not follow or (limit is not None and shown >= limit):
+            return
+        _follow(store, scan, printer, max(start, head), limit, shown, follow_seconds)
+
+
+def _follow(store, scan: _Scan, printer, after: int, limit, shown: int, seconds) -> None:
+    deadline = None if seconds is None else time.monotonic() + seconds
+    try:
+        while deadline is None or time.monotonic() < deadline:  # bounded by --follow-seconds or ^C
+            head = store.last_seq()
+            for rec in scan.run(after, until_seq=head):
+                printer.add(rec)
+                shown += 1
+                if limit is not None and shown >= limit:
+                    printer.flush()
+                    return
+            printer.flush()
+            after = head
+            time.sleep(
+                FOLLOW_POLL_SECS
+                if deadline is None
+                else min(FOLLOW_POLL_SECS, max(0.0, deadline - time.monotonic()))
+            )
+    except KeyboardInterrupt:
+        printer.flush()  # ^C ends a tail: that is how it is stopped, not an error
+
+
+class _Printer:
+    """JSON Lines as events arrive; tables in chunks (column widths per chunk, header once)."""
+
+    CHUNK = 200
+    COLUMNS = ("seq", "time", "stream", "type", "summary")
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.rows: list[dict] = []
+        self.header = True
+
+    def add(self, rec: Recorded) -> None:
+        if self.ctx.json:
+            click.echo(json_text(event_json(rec), lines=True))
+            return
+        self.rows.append(event_row(rec))
+        if len(self.rows) >= self.CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            text = table(self.rows, self.COLUMNS, limits={"stream": 44, "summary": 160})
+            if not self.header:
+                text = text.split("\n", 1)[1]
+            click.echo(text)
+            self.header = False
+            self.rows = []
+        sys.stdout.flush()
+
+
+@command("export")
+@_type_option
+@_range_options
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None, help="Write to FILE."
+)
+def export(ctx: Ctx, types, after, before, output) -> None:
+    """Every event as JSON Lines (seq, ts, stream, type, schema, payload, hash). Never the secrets."""
+    rng = seq_range(after, before)
+    wanted = expand_types(types, catalogue()) if types else None
+    with ctx.reader() as store:
+        out = open(output, "w", encoding="utf-8") if output else None  # noqa: SIM115 - closed below
+        try:
+            count = 0
+            for rec in read_events(store, wanted, after=rng.after, until_seq=rng.until_seq):
+                line = json_text(event_json(rec, with_hash=True), lines=True)
+                if out is not None:
+                    out.write(line + "\n")
+                else:
+                    click.echo(line)
+                count += 1
+        finally:
+            if out is not None:
+                out.close()
+    if output:
+        click.echo(f"exported {count} events to {output}", err=True)

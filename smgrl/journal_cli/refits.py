@@ -1,0 +1,91 @@
+"""``smgrl journal refits``: refit cycles as a table, JSON, or a picture (``--html``, ``--svg``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from smgrl.journal_cli.group import Ctx, command
+from smgrl.journal_cli.reading import add_outcomes, load_ops
+from smgrl.journal_cli.render import table
+from smgrl.journal_cli.timeline import render_html, render_svg
+from smgrl.journal_cli.values import fmt_ms, fmt_ts, parse_time, time_window
+from smgrl.state.refits import PHASE_ORDER, Cycle, group_cycles
+
+DETAIL_DEFAULT = 20  # cycles drawn in detail in a picture unless --last says otherwise
+
+
+def cycle_row(c: Cycle, phases: list[str]) -> dict[str, Any]:
+    spans = c.phases()
+    failed = c.failures()
+    row: dict[str, Any] = {
+        "cycle": c.index,
+        "start": fmt_ts(c.start),
+        "status": c.status,
+        "version": c.version,
+        "engines": len(c.engines),
+    }
+    for phase in phases:
+        s = spans.get(phase)
+        row[phase] = fmt_ms(s[1] - s[0]) if s else "-"
+    row["total"] = fmt_ms(c.end - c.start)
+    row["failed"] = ", ".join(f"{e} ({'; '.join(why)})" for e, why in failed.items()) if failed else "-"
+    return row
+
+
+@command("refits")
+@click.option("--since", default=None, metavar="TIME", help="Only cycles started at or after TIME.")
+@click.option("--until", default=None, metavar="TIME", help="Only cycles started before TIME.")
+@click.option(
+    "--last", type=click.IntRange(min=1), default=None, metavar="N", help="Only the N most recent cycles."
+)
+@click.option(
+    "--html", "html_path", type=click.Path(dir_okay=False), default=None, help="Write an HTML report."
+)
+@click.option(
+    "--svg", "svg_path", type=click.Path(dir_okay=False), default=None, help="Write an SVG picture."
+)
+def refits(ctx: Ctx, since, until, last, html_path, svg_path) -> None:
+    """Refit cycles (pause, weight updates, resume): version, engines, phase durations, failures."""
+    since_ts = parse_time(since, ctx.now) if since else None
+    until_ts = parse_time(until, ctx.now) if until else None
+    time_window(since_ts, until_ts)
+    picture = bool(html_path or svg_path)
+    with ctx.reader() as store:
+        fold = load_ops(store)
+        cycles = [
+            c
+            for c in group_cycles(fold.in_order())
+            if (since_ts is None or c.start >= since_ts) and (until_ts is None or c.start < until_ts)
+        ]
+        if last is not None:
+            cycles = cycles[-last:]
+        detail = cycles if last is not None else cycles[-DETAIL_DEFAULT:]
+        if picture:
+            # Per-engine bars need every target's own timing: read the outcomes of the drawn ops.
+            add_outcomes(store, fold, [op.op_id for c in detail for op in c.ops])
+    phases = [p for p in PHASE_ORDER if any(p in c.phases() for c in cycles)]
+    rows = [cycle_row(c, phases) for c in cycles]
+    title = f"smgrl refits · {ctx.path}"
+    if html_path:
+        _write(html_path, render_html(cycles, rows, title=title, detail=len(detail)))
+    if svg_path:
+        _write(svg_path, render_svg(cycles, title=title, detail=len(detail)))
+    if ctx.json:
+        ctx.emit({"cycles": [c.to_json() for c in cycles]})
+        return
+    if picture:
+        for path in (html_path, svg_path):
+            if path:
+                click.echo(f"wrote {path} ({len(cycles)} cycles, {len(detail)} in detail)")
+        return
+    if not rows:
+        click.echo("no refit cycles")
+        return
+    click.echo(table(rows, list(rows[0]), limits={"failed": 120, "version": 24}))
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
