@@ -7,7 +7,11 @@ No label ever carries a secret or an unbounded value (``op`` is normalised, neve
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+# SMG exposes no ``*_created`` series; prometheus_client adds one per counter and histogram unless
+# told not to (a process-wide switch, hence at import).
+disable_created_metrics()
 
 DURATION_BUCKETS = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180,

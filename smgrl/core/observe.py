@@ -19,6 +19,7 @@ VERSION_FIELDS = {
     "update_weights_from_disk": "weight_version",
     "update_weights_from_tensor": "weight_version",
     "update_weights_from_distributed": "weight_version",
+    "update_weights_from_mooncake": "weight_version",  # TokenSpeed builds advertising mooncake
     "update_weight_version": "new_version",
     "finish_weight_update": "weight_version",  # vLLM's weight-transfer engine
 }

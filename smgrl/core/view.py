@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from smgrl.core.capability import capabilities_for
-from smgrl.core.control_url import resolve_control_url
+from smgrl.core.control_url import control_url_for
 from smgrl.core.worker import Worker, dp_rank_of, parse_size
 
 PROTOCOL_VERSION = 1
@@ -43,12 +43,7 @@ class Group:
 def control_url(worker: Worker) -> str | None:
     """§10: HTTP workers control themselves (a ``rl.control_url`` label is ignored); gRPC/ZMQ
     workers use the ``rl.control_url`` label resolved against their own host, or have none."""
-    if worker.connection_mode == "http":
-        return worker.base_url
-    advertised = worker.labels.get("rl.control_url", "")
-    if not advertised.strip():
-        return None
-    return resolve_control_url(advertised, worker.url)
+    return control_url_for(worker.connection_mode, worker.base_url, worker.url, worker.labels)
 
 
 def collapse(workers: Iterable[Worker]) -> list[Group]:

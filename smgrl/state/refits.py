@@ -92,9 +92,12 @@ class Op:
     failed: int = 0
     latency_ms: int | None = None
 
+    engines: frozenset[str] = frozenset()  # the distinct engine addresses of the targets
+
     @property
-    def engines(self) -> set[str]:
-        return set(self.targets.values())
+    def clean(self) -> bool:
+        """Finished and every target answered 2xx (so no outcome needs to be read)."""
+        return self.result == "ok" and self.failed == 0
 
     @property
     def last_ts(self) -> float:
@@ -105,7 +108,7 @@ class Op:
     def spans(self) -> list[Span]:
         """Per target: an answer (ok/failed, from when it was asked to when it answered), or none."""
         out = []
-        clean = self.result == "ok" and self.failed == 0  # every target answered 2xx
+        clean = self.clean
         for wid, engine in self.targets.items():
             o = self.outcomes.get(wid)
             if o is not None:
@@ -133,11 +136,18 @@ class OpsFold:
 
     def __init__(self) -> None:
         self.ops: dict[str, Op] = {}
+        self._engine_of: dict[str, str] = {}  # url -> engine address (a fleet has few URLs)
+
+    def _engine(self, url: str) -> str:
+        engine = self._engine_of.get(url)
+        if engine is None:
+            engine = self._engine_of[url] = strip_rank(url)
+        return engine
 
     def apply(self, seq: int, ts: float, type_: str, p: dict[str, Any]) -> None:
         if type_ == "control.started":
             intent = p.get("intent")
-            targets = {t["worker_id"]: strip_rank(t.get("url") or "") for t in p.get("targets") or ()}
+            targets = {t["worker_id"]: self._engine(t.get("url") or "") for t in p.get("targets") or ()}
             self.ops[p["op_id"]] = Op(
                 op_id=p["op_id"],
                 seq=seq,
@@ -150,6 +160,7 @@ class OpsFold:
                 version=(intent or {}).get("version"),
                 targets=targets,
                 total=len(targets),
+                engines=frozenset(targets.values()),
             )
             return
         op = self.ops.get(p.get("op_id", ""))
@@ -166,7 +177,7 @@ class OpsFold:
 
     def needs_outcomes(self, op: Op) -> bool:
         """Whether ``op``'s targets can only be told apart by their control.outcome events."""
-        return not (op.result == "ok" and op.failed == 0) and bool(op.targets)
+        return not op.clean and bool(op.targets)
 
     def in_order(self) -> list[Op]:
         return sorted(self.ops.values(), key=lambda o: o.seq)
@@ -219,9 +230,12 @@ class Cycle:
     def failures(self) -> dict[str, list[str]]:
         """engine -> what went wrong there (failed or unanswered calls, never resumed)."""
         out: dict[str, list[str]] = {}
-        for span in self.spans():
-            if span.state != "ok":
-                out.setdefault(span.engine, []).append(f"{span.phase}: {span.detail}")
+        for op in self.ops:
+            if op.clean:
+                continue  # every target answered 2xx: nothing to report, no spans to build
+            for span in op.spans():
+                if span.state != "ok":
+                    out.setdefault(span.engine, []).append(f"{span.phase}: {span.detail}")
         if self.paused and self.stage in ("resuming", "done"):
             for engine in self.engines:
                 if engine not in self.resumed:
@@ -248,7 +262,7 @@ class Cycle:
 
 
 def _any_ok(op: Op) -> bool:
-    return op.succeeded > 0 or any(s.state == "ok" for s in op.spans())
+    return op.succeeded > 0 or (not op.clean and any(s.state == "ok" for s in op.spans()))
 
 
 def group_cycles(ops: Iterable[Op]) -> list[Cycle]:

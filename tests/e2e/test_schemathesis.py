@@ -98,8 +98,6 @@ def test_schemathesis_live_gateway(fakes, gateway):
             return
         stats["requests"] += 1
         stats["statuses"][response.status_code] = stats["statuses"].get(response.status_code, 0) + 1
-        if response.status_code == 405:
-            print("405", case.method, response.request.url)
         label = f"{case.method} {response.request.url} body={json.dumps(case.body, default=str)[:200]}"
         if response.status_code >= 500:
             if _mirrored(response):
