@@ -87,9 +87,8 @@ async def test_no_rl_series_without_enable_rl():
         assert "smg_rl" not in gw.gateway.metrics.render().decode()
 
 
-@pytest.mark.xfail(strict=True, reason="SMG 1.13.0 exposes no *_created series; prometheus_client adds one per "
-                   "counter/histogram. Fix in smgrl/metrics.py (outside this change): disable_created_metrics().")
 async def test_no_created_series():
+    """SMG 1.13.0 exposes no *_created series (smgrl/metrics.py turns them off)."""
     async with fake_fleet("sglang", 1) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
         await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
         assert "_created" not in gw.gateway.metrics.render().decode()
