@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import shutil
 import statistics
@@ -40,7 +39,7 @@ FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
 
 def pct(samples: list[float], q: float) -> float:
     s = sorted(samples)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def timed_requests(port: int, method: str, path: str, rounds: int, warmup: int = 10) -> list[float]:
@@ -88,17 +87,45 @@ def start_smg(binary: str, urls: list[str], log) -> tuple[Child, int]:
     import subprocess
 
     port = free_port()
-    argv = [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--enable-rl",
-            "--disable-health-check", "--disable-circuit-breaker", "--disable-load-monitoring",
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    argv = [
+        binary,
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--enable-rl",
+        "--disable-health-check",
+        "--disable-circuit-breaker",
+        "--disable-load-monitoring",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+    ]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     return Child(proc, "smg"), port
 
 
 def start_smgrl(urls: list[str], journal: str, log) -> tuple[Child, int]:
     port = free_port()
-    child = start_gateway(["--enable-rl", "--disable-health-check", "--disable-load-monitoring", "--worker-urls",
-                           *urls, "--journal", journal, "--prometheus-port", str(free_port())], port=port, log=log)
+    child = start_gateway(
+        [
+            "--enable-rl",
+            "--disable-health-check",
+            "--disable-load-monitoring",
+            "--worker-urls",
+            *urls,
+            "--journal",
+            journal,
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        port=port,
+        log=log,
+    )
     return child, port
 
 
@@ -119,7 +146,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     smg = find_smg(args.smg_bin)
     work = tempfile.mkdtemp(prefix="smgrl-bench-fanout-")
-    log = open(os.path.join(work, "gateways.log"), "w")
+    log = open(os.path.join(work, "gateways.log"), "w")  # noqa: SIM115 - shared by every child, closed in finally
     fakes, all_urls = start_fake_engines("sglang", max(sizes))
     rows = []
     try:
@@ -127,10 +154,12 @@ def main() -> None:
             urls = all_urls[:n]
             rounds = max(30, args.rounds if n <= 64 else args.rounds // 4)
             result = {"n": n, "direct": direct(urls, rounds)}
-            variants = [("smgrl", lambda: start_smgrl(urls, os.path.join(work, f"j{n}.db"), log)),
-                        ("smgrl_mem", lambda: start_smgrl(urls, ":memory:", log))]
+            variants = [
+                ("smgrl", lambda urls=urls, n=n: start_smgrl(urls, os.path.join(work, f"j{n}.db"), log)),
+                ("smgrl_mem", lambda urls=urls: start_smgrl(urls, ":memory:", log)),
+            ]
             if smg:
-                variants.insert(0, ("smg", lambda: start_smg(smg, urls, log)))
+                variants.insert(0, ("smg", lambda urls=urls: start_smg(smg, urls, log)))
             for name, starter in variants:
                 child, port = starter()
                 try:
@@ -157,10 +186,14 @@ def render(rows: list[dict], with_smg: bool) -> str:
         return f"{statistics.median(samples):.2f} / {pct(samples, 0.99):.2f}"
 
     lines = ["Fan-out of `POST flush_cache` (ms, p50 / p99):", ""]
-    head = "| engines | direct | smgrl | smgrl (journal in memory) |" + (" SMG 1.13.0 | smgrl/SMG p50 |" if with_smg else "")
+    head = "| engines | direct | smgrl | smgrl (journal in memory) |" + (
+        " SMG 1.13.0 | smgrl/SMG p50 |" if with_smg else ""
+    )
     lines += [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        line = f"| {r['n']} | {cell(r['direct'])} | {cell(r['smgrl_fanout'])} | {cell(r['smgrl_mem_fanout'])} |"
+        line = (
+            f"| {r['n']} | {cell(r['direct'])} | {cell(r['smgrl_fanout'])} | {cell(r['smgrl_mem_fanout'])} |"
+        )
         if with_smg:
             ratio = statistics.median(r["smgrl_fanout"]) / statistics.median(r["smg_fanout"])
             line += f" {cell(r['smg_fanout'])} | {ratio:.2f}x |"
@@ -174,10 +207,14 @@ def render(rows: list[dict], with_smg: bool) -> str:
             ratio = statistics.median(r["smgrl_workers"]) / statistics.median(r["smg_workers"])
             line += f" {cell(r['smg_workers'])} | {ratio:.2f}x |"
         lines.append(line)
-    journal_cost = [statistics.median(r["smgrl_fanout"]) / statistics.median(r["smgrl_mem_fanout"]) - 1
-                    for r in rows]
-    lines += ["", "Journal cost (SQLite file vs in-memory journal, fan-out p50): "
-              + ", ".join(f"{r['n']} engines {c * 100:+.0f}%" for r, c in zip(rows, journal_cost))]
+    journal_cost = [
+        statistics.median(r["smgrl_fanout"]) / statistics.median(r["smgrl_mem_fanout"]) - 1 for r in rows
+    ]
+    lines += [
+        "",
+        "Journal cost (SQLite file vs in-memory journal, fan-out p50): "
+        + ", ".join(f"{r['n']} engines {c * 100:+.0f}%" for r, c in zip(rows, journal_cost)),
+    ]
     return "\n".join(lines)
 
 

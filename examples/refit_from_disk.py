@@ -35,7 +35,9 @@ def main() -> int:
     if not workers:
         print("no workers registered", file=sys.stderr)
         return 1
-    print(f"{len(workers)} workers; refitting '{args.selector}' to {args.weight_version} from {args.model_path}")
+    print(
+        f"{len(workers)} workers; refitting '{args.selector}' to {args.weight_version} from {args.model_path}"
+    )
     try:
         with paused(rl, args.selector) as pause:
             print(f"paused {pause.succeeded}/{pause.total}")

@@ -35,7 +35,7 @@ _applied = False
 class IdleWatch:
     """Drop-in for ``TrioSingleTask`` as ``TCPServer.idle_task``."""
 
-    __slots__ = ("_scope", "_idle", "_server")
+    __slots__ = ("_idle", "_scope", "_server")
 
     def __init__(self) -> None:
         self._scope: trio.CancelScope | None = None
@@ -87,7 +87,9 @@ async def _coalescing_stream_send(self, event) -> None:
         if self.keep_alive_requests >= self.config.keep_alive_max_requests:
             headers.append((b"connection", b"close"))
         try:
-            self._smgrl_head = self.connection.send(h11.Response(headers=headers, status_code=event.status_code))
+            self._smgrl_head = self.connection.send(
+                h11.Response(headers=headers, status_code=event.status_code)
+            )
         except h11.LocalProtocolError:
             if self.connection.their_state != h11.ERROR:
                 raise

@@ -7,7 +7,14 @@ No label ever carries a secret or an unbounded value (``op`` is normalised, neve
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 # SMG exposes no ``*_created`` series; prometheus_client adds one per counter and histogram unless
 # told not to (a process-wide switch, hence at import).

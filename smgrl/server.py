@@ -29,9 +29,9 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from journal import JournalWriter, MemoryStore, SqliteStore
 from smgrl import __version__, hypercorn_patches
+from smgrl.api.metrics_server import serve_metrics
 from smgrl.app import create_app
 from smgrl.config import Config
-from smgrl.api.metrics_server import serve_metrics
 from smgrl.gateway import Gateway
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
@@ -131,7 +131,10 @@ async def serve(
                     if cfg.prometheus_port:
                         mhost = cfg.prometheus_host or cfg.host
                         listeners = await inner.start(
-                            serve_metrics, lambda: gw.metrics.render(fleet.registry), mhost, cfg.prometheus_port
+                            serve_metrics,
+                            lambda: gw.metrics.render(fleet.registry),
+                            mhost,
+                            cfg.prometheus_port,
                         )
                         sockname = listeners[0].socket.getsockname()
                         metrics_url = f"http://{_hostport(sockname)}/metrics"

@@ -40,12 +40,19 @@ class InProcess:
             while sum(1 for w in self.gateway.fleet.registry if w.is_visible) < count:
                 await trio.sleep(0.005)
 
-    async def register(self, urls: Sequence[str], *, api_key: str | None = None, wait: bool = True,
-                       labels: dict | None = None) -> list[str]:
+    async def register(
+        self,
+        urls: Sequence[str],
+        *,
+        api_key: str | None = None,
+        wait: bool = True,
+        labels: dict | None = None,
+    ) -> list[str]:
         ids = []
         for url in urls:
             w = await self.gateway.registry.register(
-                Registration(url=url, api_key=api_key, labels=dict(labels or {})), "api")
+                Registration(url=url, api_key=api_key, labels=dict(labels or {})), "api"
+            )
             ids.append(w.id)
         if wait:
             await self.wait_visible(len(self.gateway.fleet.registry))
@@ -53,8 +60,9 @@ class InProcess:
 
 
 @contextlib.asynccontextmanager
-async def gateway_in_process(cfg: Config, *, store=None, worker_urls: Sequence[str] = (),
-                             api_key: str | None = None) -> AsyncIterator[InProcess]:
+async def gateway_in_process(
+    cfg: Config, *, store=None, worker_urls: Sequence[str] = (), api_key: str | None = None
+) -> AsyncIterator[InProcess]:
     store = store if store is not None else MemoryStore()
     fleet = FleetState()
     replay(store, fleet)
@@ -68,7 +76,9 @@ async def gateway_in_process(cfg: Config, *, store=None, worker_urls: Sequence[s
         await record_interrupted(writer, fleet, "gateway_restart")
         await nursery.start(gw.registry.run)
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://smgrl.test", timeout=math.inf) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://smgrl.test", timeout=math.inf
+        ) as client:
             running = InProcess(gw, app, client, store, writer)
             if worker_urls:
                 await running.register(worker_urls, api_key=api_key)

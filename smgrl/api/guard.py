@@ -61,17 +61,17 @@ class Guard:
         if not self.gw.cfg.audit:
             return
         outcome = "denied" if check.denied is not None else "success"
-        fields = dict(
-            principal=principal.label,
-            auth_method=principal.auth_method,
-            role=principal.role,
-            method=request.method,
-            path=path,
-            resource=path.split("/")[3] if path.count("/") >= 3 else None,
-            outcome=outcome,
-            status=check.status,
-            request_id=getattr(g, "request_id", None),
-            reason=reason,
-        )
+        fields = {
+            "principal": principal.label,
+            "auth_method": principal.auth_method,
+            "role": principal.role,
+            "method": request.method,
+            "path": path,
+            "resource": path.split("/")[3] if path.count("/") >= 3 else None,
+            "outcome": outcome,
+            "status": check.status,
+            "request_id": getattr(g, "request_id", None),
+            "reason": reason,
+        }
         self.gw.journal.append_nowait("audit", ev("audit.control_plane", **fields))
         log_event(log, "control_plane_audit", **fields)

@@ -71,14 +71,23 @@ class JournalRoutes:
             rows = []
             for rec in store.read(after, limit=limit):
                 type_, schema, payload = encode(rec.event)
-                rows.append({"seq": rec.seq, "ts": rec.ts, "stream": rec.stream, "type": type_,
-                             "schema": schema, "payload": json.loads(payload)})
+                rows.append(
+                    {
+                        "seq": rec.seq,
+                        "ts": rec.ts,
+                        "stream": rec.stream,
+                        "type": type_,
+                        "schema": schema,
+                        "payload": json.loads(payload),
+                    }
+                )
             return rows, store.last_seq()
 
         rows, last = await self._read(fetch)
         next_after = rows[-1]["seq"] if rows else after
-        return env.json_response(200, {"events": rows, "next_after": next_after, "last_seq": last,
-                                       "more": next_after < last})
+        return env.json_response(
+            200, {"events": rows, "next_after": next_after, "last_seq": last, "more": next_after < last}
+        )
 
     def close(self) -> None:
         if self._reader is not None:

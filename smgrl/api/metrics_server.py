@@ -11,7 +11,6 @@ from functools import partial
 
 import h11
 import trio
-
 from prometheus_client import CONTENT_TYPE_LATEST
 
 MAX_REQUEST_BYTES = 64 * 1024

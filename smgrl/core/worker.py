@@ -72,7 +72,7 @@ class Worker:
 
 def dp_rank_of(url: str) -> int:
     """Rank = integer after the last ``@``; missing or non-numeric gives 0 (SMG's rule)."""
-    head, sep, tail = url.rpartition("@")
+    _, sep, tail = url.rpartition("@")
     if not sep or "/" in tail or not tail.isdigit():
         return 0
     return int(tail)

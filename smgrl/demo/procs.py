@@ -75,13 +75,23 @@ def start_fake_engines(kind: str, count: int, extra: Sequence[str] = (), log=Non
 
 def start_gateway(args: Sequence[str], *, port: int, env: dict | None = None, log=None) -> Child:
     argv = [sys.executable, "-m", "smgrl", "launch", "--host", "127.0.0.1", "--port", str(port), *args]
-    proc = subprocess.Popen(argv, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT if log else
-                            subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        argv,
+        stdout=log or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     return Child(proc, "smgrl")
 
 
-def wait_for_workers(base: str, count: int, *, token: str | None = None, timeout: float = READY_TIMEOUT_SECS,
-                     child: Child | None = None) -> list[dict]:
+def wait_for_workers(
+    base: str,
+    count: int,
+    *,
+    token: str | None = None,
+    timeout: float = READY_TIMEOUT_SECS,
+    child: Child | None = None,
+) -> list[dict]:
     """Poll ``GET /v1/rl/workers`` until ``count`` rows are listed (registration is asynchronous)."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout

@@ -35,7 +35,9 @@ def fleet_table(rl: RL) -> None:
     say(f"  {'worker':<38} {'engine':<8} {'weight_version':<16} {'control':<8} url")
     for w in rows:
         extra = getattr(w, "extra", {}) or {}
-        say(f"  {w.id:<38} {w.engine:<8} {str(w.weight_version):<16} {str(extra.get('control', '-')):<8} {w.url}")
+        say(
+            f"  {w.id:<38} {w.engine:<8} {w.weight_version!s:<16} {extra.get('control', '-')!s:<8} {w.url}"
+        )
 
 
 def generate(rl: RL, worker_id: str) -> tuple[str, str]:
@@ -48,7 +50,7 @@ def run_demo(engines: int, journal: str, keep_journal: bool) -> int:
     work = tempfile.mkdtemp(prefix="smgrl-demo-")
     new_ckpt = make_checkpoint(os.path.join(work, "ckpt-step-1"), "demo/Qwen3-0.6B-step-1")
     children = []
-    log = open(os.path.join(work, "gateway.log"), "w")
+    log = open(os.path.join(work, "gateway.log"), "w")  # noqa: SIM115 - the gateway child writes it; closed in finally
     try:
         say(f"[1/5] starting {engines} fake SGLang engines and the gateway", bold=True)
         fakes, urls = start_fake_engines("sglang", engines)
@@ -59,8 +61,20 @@ def run_demo(engines: int, journal: str, keep_journal: bool) -> int:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(journal + suffix):
                     os.remove(journal + suffix)
-        gw = start_gateway(["--enable-rl", "--worker-urls", *urls, "--journal", journal, "--prometheus-port",
-                            str(prom), "--disable-health-check"], port=port, log=log)
+        gw = start_gateway(
+            [
+                "--enable-rl",
+                "--worker-urls",
+                *urls,
+                "--journal",
+                journal,
+                "--prometheus-port",
+                str(prom),
+                "--disable-health-check",
+            ],
+            port=port,
+            log=log,
+        )
         children.append(gw)
         base = f"http://127.0.0.1:{port}"
         wait_for_workers(base, engines, child=gw)
@@ -77,9 +91,11 @@ def run_demo(engines: int, journal: str, keep_journal: bool) -> int:
         t0 = time.monotonic()
         with paused(rl, "engine=sglang") as pause:
             say(f"  paused {pause.succeeded}/{pause.total} engines")
-            upd = rl.fanout("update_weights_from_disk",
-                            {"model_path": str(new_ckpt), "weight_version": "step-1", "flush_cache": True},
-                            selector="engine=sglang")
+            upd = rl.fanout(
+                "update_weights_from_disk",
+                {"model_path": str(new_ckpt), "weight_version": "step-1", "flush_cache": True},
+                selector="engine=sglang",
+            )
             say(f"  update_weights_from_disk: {upd.succeeded}/{upd.total} succeeded")
         say(f"  resumed; refit took {(time.monotonic() - t0) * 1000:.0f} ms")
 
@@ -94,8 +110,10 @@ def run_demo(engines: int, journal: str, keep_journal: bool) -> int:
         children.remove(gw)
         summarize_journal(journal)
         if ok:
-            say("demo passed: every engine serves weight_version step-1, and the journal has the whole refit",
-                fg="green")
+            say(
+                "demo passed: every engine serves weight_version step-1, and the journal has the whole refit",
+                fg="green",
+            )
             return 0
         say(f"demo FAILED: expected weight_version 'step-1' and new text, got {new_version!r}", fg="red")
         return 1
@@ -122,14 +140,20 @@ def summarize_journal(path: str) -> None:
         say("  operations:")
         for f in ops:
             s = starts.get(f.op_id)
-            what = f"{s.method} {s.path}" + (f" selector={s.selector}" if s and s.selector else "") if s else "?"
+            what = (
+                f"{s.method} {s.path}" + (f" selector={s.selector}" if s and s.selector else "") if s else "?"
+            )
             say(f"    …{f.op_id[-8:]} {what:<58} {f.result:<8} {f.succeeded}/{f.total} in {f.latency_ms} ms")
 
 
 @click.command("demo")
 @click.option("--engines", default=4, show_default=True, type=click.IntRange(1, 64))
-@click.option("--journal", default="./smgrl-demo-journal.db", show_default=True,
-              help="The journal file the demo's gateway writes (replaced at start).")
+@click.option(
+    "--journal",
+    default="./smgrl-demo-journal.db",
+    show_default=True,
+    help="The journal file the demo's gateway writes (replaced at start).",
+)
 @click.option("--keep-journal", is_flag=True, help="Append to an existing journal instead of replacing it.")
 def demo(engines: int, journal: str, keep_journal: bool) -> None:
     """Start fake engines and the gateway, refit the fleet, show the journal; exit 0 on success."""

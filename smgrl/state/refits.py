@@ -137,6 +137,20 @@ class OpsFold:
     def __init__(self) -> None:
         self.ops: dict[str, Op] = {}
         self._engine_of: dict[str, str] = {}  # url -> engine address (a fleet has few URLs)
+        # id(targets list) -> (that list, worker -> engine, engines): readers that hand in the
+        # same parsed list for identical targets (smgrl.journal_cli.opscan) convert it once.
+        # Holding the list keeps its id from being reused.
+        self._targets_memo: dict[int, tuple[list, dict[str, str], frozenset[str]]] = {}
+
+    def _targets(self, raw: Any) -> tuple[dict[str, str], frozenset[str]]:
+        memo = self._targets_memo.get(id(raw))
+        if memo is not None and memo[0] is raw:
+            return memo[1], memo[2]
+        targets = {t["worker_id"]: self._engine(t.get("url") or "") for t in raw or ()}
+        engines = frozenset(targets.values())
+        if isinstance(raw, list):
+            self._targets_memo[id(raw)] = (raw, targets, engines)
+        return targets, engines
 
     def _engine(self, url: str) -> str:
         engine = self._engine_of.get(url)
@@ -147,7 +161,7 @@ class OpsFold:
     def apply(self, seq: int, ts: float, type_: str, p: dict[str, Any]) -> None:
         if type_ == "control.started":
             intent = p.get("intent")
-            targets = {t["worker_id"]: self._engine(t.get("url") or "") for t in p.get("targets") or ()}
+            targets, engines = self._targets(p.get("targets"))
             self.ops[p["op_id"]] = Op(
                 op_id=p["op_id"],
                 seq=seq,
@@ -160,7 +174,7 @@ class OpsFold:
                 version=(intent or {}).get("version"),
                 targets=targets,
                 total=len(targets),
-                engines=frozenset(targets.values()),
+                engines=engines,
             )
             return
         op = self.ops.get(p.get("op_id", ""))

@@ -113,12 +113,12 @@ def _discovered(state: RegistryState, seq: int, ev) -> None:
     for w in state.group_members(root.id):
         if w.id != root.id:
             state._drop(w.id)
-    fields = dict(
-        runtime=ev.runtime or root.runtime,
-        model_id=root.model_id or ev.model_id,
-        discovered_labels=dict(ev.labels),
-        status="ready",
-    )
+    fields = {
+        "runtime": ev.runtime or root.runtime,
+        "model_id": root.model_id or ev.model_id,
+        "discovered_labels": dict(ev.labels),
+        "status": "ready",
+    }
     rank_ids = list(ev.dp_rank_ids or ())
     if not rank_ids:
         state._put(attrs.evolve(root, **fields))

@@ -18,8 +18,9 @@ async def test_operation_record_is_served_from_memory_and_from_the_file(tmp_path
     store = SqliteStore.open(tmp_path / "j.db")
     async with fake_fleet("sglang", 2) as fleet:
         async with gateway_in_process(cfg(), store=store, worker_urls=fleet.urls) as gw:
-            r = await gw.client.post("/v1/rl/engine/pause_generation?selector=engine%3Dsglang", json={},
-                                     headers=ADMIN)
+            r = await gw.client.post(
+                "/v1/rl/engine/pause_generation?selector=engine%3Dsglang", json={}, headers=ADMIN
+            )
             assert r.status_code == 200
             op_id = r.headers["x-smgrl-operation-id"]
             got = await gw.client.get(f"/v1/rl/operations/{op_id}", headers=USER)

@@ -58,9 +58,10 @@ def gateway(children, tmp_path):
     def start(*args, journal=None, port=None):
         port = port or free_port()
         journal = journal or str(tmp_path / "journal.db")
-        log = open(tmp_path / f"gateway-{port}.log", "a")
-        child = start_gateway(["--journal", journal, "--prometheus-port", str(free_port()), *args], port=port,
-                              log=log)
+        log = open(tmp_path / f"gateway-{port}.log", "a")  # noqa: SIM115 - held by the child for its lifetime
+        child = start_gateway(
+            ["--journal", journal, "--prometheus-port", str(free_port()), *args], port=port, log=log
+        )
         children.append(child)
         wait_listening(f"http://127.0.0.1:{port}", child=child)
         return child, Http(f"http://127.0.0.1:{port}"), port

@@ -14,16 +14,26 @@ def fake_calls(url: str, path: str) -> list[dict]:
 
 
 def comparable(workers: list[dict]) -> list[tuple]:
-    return sorted((w["id"], w["url"], json.dumps(w["labels"], sort_keys=True), w.get("dp_rank"), w.get("dp_size"),
-                   w.get("dp_base_url")) for w in workers)
+    return sorted(
+        (
+            w["id"],
+            w["url"],
+            json.dumps(w["labels"], sort_keys=True),
+            w.get("dp_rank"),
+            w.get("dp_size"),
+            w.get("dp_base_url"),
+        )
+        for w in workers
+    )
 
 
 def test_sigkill_and_restart_keep_the_fleet_and_the_worker_key(fakes, gateway, tmp_path):
     plain = fakes("sglang", 2)
     dp = fakes("sglang", 1, "--dp-size", "2")
     journal = str(tmp_path / "fleet.db")
-    gw, http, port = gateway("--enable-rl", "--dp-aware", "--disable-health-check", "--worker-urls", dp[0],
-                             journal=journal)
+    gw, http, port = gateway(
+        "--enable-rl", "--dp-aware", "--disable-health-check", "--worker-urls", dp[0], journal=journal
+    )
     st, hdrs, body = http.request("POST", "/workers", {"url": plain[0], "labels": {"role": "policy"}})
     assert st == 202 and hdrs["location"] == f"/workers/{body['worker_id']}"
     st, _, keyed = http.request("POST", "/workers", {"url": plain[1], "api_key": "engine-secret"})
@@ -35,8 +45,15 @@ def test_sigkill_and_restart_keep_the_fleet_and_the_worker_key(fakes, gateway, t
 
     gw.kill()  # SIGKILL: no shutdown bookkeeping at all
 
-    gw2, http2, _ = gateway("--enable-rl", "--dp-aware", "--disable-health-check", "--worker-urls", dp[0],
-                            journal=journal, port=port)
+    gw2, http2, _ = gateway(
+        "--enable-rl",
+        "--dp-aware",
+        "--disable-health-check",
+        "--worker-urls",
+        dp[0],
+        journal=journal,
+        port=port,
+    )
     wait_for_workers(http2.base, 3, child=gw2)
     st, _, after = http2.request("GET", "/workers")
     assert st == 200

@@ -5,14 +5,26 @@ import pytest
 from smgrl.auth import ENGINE, READ, WRITE, AuthPolicy, Denied, Principal, bearer_token
 from smgrl.config import ControlPlaneKey, TenantKey
 
-KEYS = (ControlPlaneKey("k1", "trainer", "admin", "adm-secret"), ControlPlaneKey("k2", "viewer", "user", "usr-secret"))
+KEYS = (
+    ControlPlaneKey("k1", "trainer", "admin", "adm-secret"),
+    ControlPlaneKey("k2", "viewer", "user", "usr-secret"),
+)
 TENANTS = (TenantKey("t1", "tenant-secret"),)
 
 
 @pytest.mark.parametrize(
     "header, token",
-    [(None, None), ("", None), ("Bearer abc", "abc"), ("bearer abc", "abc"), ("BEARER   abc", "abc"),
-     ("Basic abc", None), ("abc", None), ("Bearer ", None), ("Bearer", None)],
+    [
+        (None, None),
+        ("", None),
+        ("Bearer abc", "abc"),
+        ("bearer abc", "abc"),
+        ("BEARER   abc", "abc"),
+        ("Basic abc", None),
+        ("abc", None),
+        ("Bearer ", None),
+        ("Bearer", None),
+    ],
 )
 def test_bearer_token(header, token):
     assert bearer_token(header) == token

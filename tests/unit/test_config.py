@@ -10,12 +10,30 @@ from smgrl.errors import ConfigError
 @pytest.mark.parametrize(
     "timeout, conc, message",
     [
-        (0, 32, "Configuration error: Invalid value for field 'rl': control_timeout_secs=0 fanout_concurrency=32 - "
-                "rl.control_timeout_secs must be >= 1"),
-        (600, 0, "Configuration error: Invalid value for field 'rl': control_timeout_secs=600 fanout_concurrency=0 - "
-                 "rl.fanout_concurrency must be >= 1"),
-        (0, 0, "Configuration error: Invalid value for field 'rl': control_timeout_secs=0 fanout_concurrency=0 - "
-               "rl.control_timeout_secs must be >= 1"),
+        (
+            0,
+            32,
+            (
+                "Configuration error: Invalid value for field 'rl': control_timeout_secs=0 fanout_concurrency=32 - "
+                "rl.control_timeout_secs must be >= 1"
+            ),
+        ),
+        (
+            600,
+            0,
+            (
+                "Configuration error: Invalid value for field 'rl': control_timeout_secs=600 fanout_concurrency=0 - "
+                "rl.fanout_concurrency must be >= 1"
+            ),
+        ),
+        (
+            0,
+            0,
+            (
+                "Configuration error: Invalid value for field 'rl': control_timeout_secs=0 fanout_concurrency=0 - "
+                "rl.control_timeout_secs must be >= 1"
+            ),
+        ),
     ],
 )
 def test_rl_zero_values_refused_only_when_enabled(timeout, conc, message):
@@ -27,7 +45,11 @@ def test_rl_zero_values_refused_only_when_enabled(timeout, conc, message):
 
 def test_defaults_are_smgs():
     cfg = validate(Config())
-    assert (cfg.rl.control_timeout_secs, cfg.rl.fanout_concurrency, cfg.max_payload_size) == (600, 32, 536870912)
+    assert (cfg.rl.control_timeout_secs, cfg.rl.fanout_concurrency, cfg.max_payload_size) == (
+        600,
+        32,
+        536870912,
+    )
     assert cfg.prometheus_port == 29000 and cfg.audit is True and not cfg.rl.enabled
 
 
@@ -46,8 +68,11 @@ def test_key_parsing_allows_colons_in_the_key_and_hides_it():
 
 
 def test_scrubbed_config_has_no_secret():
-    cfg = Config(api_key="wk-secret", control_plane_keys=(ControlPlaneKey("i", "n", "admin", "adm-secret"),),
-                 tenant_keys=(TenantKey("t", "tn-secret"),))
+    cfg = Config(
+        api_key="wk-secret",
+        control_plane_keys=(ControlPlaneKey("i", "n", "admin", "adm-secret"),),
+        tenant_keys=(TenantKey("t", "tn-secret"),),
+    )
     text = repr(cfg.scrubbed()) + repr(cfg)
     assert "wk-secret" not in text and "adm-secret" not in text and "tn-secret" not in text
 
@@ -55,10 +80,16 @@ def test_scrubbed_config_has_no_secret():
 @pytest.mark.parametrize(
     "argv, expanded",
     [
-        (["--worker-urls", "a", "b", "--port", "1"], ["--worker-urls", "a", "--worker-urls", "b", "--port", "1"]),
+        (
+            ["--worker-urls", "a", "b", "--port", "1"],
+            ["--worker-urls", "a", "--worker-urls", "b", "--port", "1"],
+        ),
         (["--worker-urls=a", "--enable-rl"], ["--worker-urls", "a", "--enable-rl"]),
         (["--worker-urls"], []),
-        (["--control-plane-api-keys", "x", "y"], ["--control-plane-api-keys", "x", "--control-plane-api-keys", "y"]),
+        (
+            ["--control-plane-api-keys", "x", "y"],
+            ["--control-plane-api-keys", "x", "--control-plane-api-keys", "y"],
+        ),
         (["--port", "1"], ["--port", "1"]),
     ],
 )

@@ -5,19 +5,51 @@ import pytest
 from smgrl.core.discovery import grpc_labels, is_vllm, label_value, sglang_labels, vllm_labels
 
 SERVER_INFO = {
-    "model_path": "/m", "tokenizer_path": "/m", "served_model_name": "m", "tp_size": 2, "dp_size": 1,
-    "pp_size": 1, "load_balance_method": "round_robin", "version": "0.5.23", "weight_version": "default",
-    "is_embedding": False, "context_length": 4096, "enable_dp_attention": False, "max_running_requests": 128,
-    "ep_size": 1, "page_size": 1, "dtype": "auto", "api_key": "SHOULD-NOT-LEAK", "role": "r",
-    "max_model_len": 99, "internal_states": [{"weight_version": "live"}],
+    "model_path": "/m",
+    "tokenizer_path": "/m",
+    "served_model_name": "m",
+    "tp_size": 2,
+    "dp_size": 1,
+    "pp_size": 1,
+    "load_balance_method": "round_robin",
+    "version": "0.5.23",
+    "weight_version": "default",
+    "is_embedding": False,
+    "context_length": 4096,
+    "enable_dp_attention": False,
+    "max_running_requests": 128,
+    "ep_size": 1,
+    "page_size": 1,
+    "dtype": "auto",
+    "api_key": "SHOULD-NOT-LEAK",
+    "role": "r",
+    "max_model_len": 99,
+    "internal_states": [{"weight_version": "live"}],
 }
-MODEL_INFO = {"has_image_understanding": False, "has_audio_understanding": False, "is_generation": True,
-              "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "weight_version": "live"}
+MODEL_INFO = {
+    "has_image_understanding": False,
+    "has_audio_understanding": False,
+    "is_generation": True,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "weight_version": "live",
+}
 MODELS = {"object": "list", "data": [{"id": "m", "owned_by": "sglang", "root": "/m", "max_model_len": 4096}]}
 
 
-@pytest.mark.parametrize("value, text", [(4096, "4096"), (True, "true"), (False, "false"), ("x", "x"),
-                                         (["A"], '["A"]'), ({"a": 1}, '{"a":1}'), (None, None), (0.5, "0.5")])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (4096, "4096"),
+        (True, "true"),
+        (False, "false"),
+        ("x", "x"),
+        (["A"], '["A"]'),
+        ({"a": 1}, '{"a":1}'),
+        (None, None),
+        (0.5, "0.5"),
+    ],
+)
 def test_label_values_are_strings(value, text):
     assert label_value(value) == text
 
@@ -26,11 +58,24 @@ def test_sglang_labels_take_exactly_the_listed_fields():
     d = sglang_labels(SERVER_INFO, MODEL_INFO, MODELS)
     assert d.runtime == "sglang" and d.model_id == "m" and d.dp_size == 1
     assert d.labels == {
-        "model_path": "/m", "tokenizer_path": "/m", "served_model_name": "m", "tp_size": "2", "dp_size": "1",
-        "pp_size": "1", "load_balance_method": "round_robin", "version": "0.5.23", "weight_version": "default",
-        "is_embedding": "false", "context_length": "4096", "enable_dp_attention": "false",
-        "max_running_requests": "128", "has_image_understanding": "false", "has_audio_understanding": "false",
-        "is_generation": "true", "architectures": '["Qwen3ForCausalLM"]', "model_type": "qwen3",
+        "model_path": "/m",
+        "tokenizer_path": "/m",
+        "served_model_name": "m",
+        "tp_size": "2",
+        "dp_size": "1",
+        "pp_size": "1",
+        "load_balance_method": "round_robin",
+        "version": "0.5.23",
+        "weight_version": "default",
+        "is_embedding": "false",
+        "context_length": "4096",
+        "enable_dp_attention": "false",
+        "max_running_requests": "128",
+        "has_image_understanding": "false",
+        "has_audio_understanding": "false",
+        "is_generation": "true",
+        "architectures": '["Qwen3ForCausalLM"]',
+        "model_type": "qwen3",
         "max_model_len": "4096",
     }
     assert "api_key" not in d.labels and "role" not in d.labels
@@ -48,18 +93,32 @@ def test_vllm_is_detected_from_owned_by_and_keeps_few_labels():
     assert is_vllm(models) and not is_vllm(MODELS) and not is_vllm(None) and not is_vllm({"data": []})
     d = vllm_labels(models, {"version": "0.33.0"})
     assert d.runtime == "vllm"
-    assert d.labels == {"max_model_len": "2048", "model_path": "/ckpt", "served_model_name": "served",
-                        "version": "0.33.0"}
+    assert d.labels == {
+        "max_model_len": "2048",
+        "model_path": "/ckpt",
+        "served_model_name": "served",
+        "version": "0.33.0",
+    }
 
 
 def test_grpc_labels_rename_fill_only_and_keep_rl_advertisement():
-    info = {"attn_tp_size": 4, "served_model_name": "ts", "active_requests": 3, "is_paused": False,
-            "rl.control_url": "http://10.0.0.5:40100", "rl.pause_modes": "wait,abort,keep",
-            "rl.update_from": "distributed", "tokenspeed_version": "0.1.1",
-            "server_args": {"block_size": 16}}
+    info = {
+        "attn_tp_size": 4,
+        "served_model_name": "ts",
+        "active_requests": 3,
+        "is_paused": False,
+        "rl.control_url": "http://10.0.0.5:40100",
+        "rl.pause_modes": "wait,abort,keep",
+        "rl.update_from": "distributed",
+        "tokenspeed_version": "0.1.1",
+        "server_args": {"block_size": 16},
+    }
     d = grpc_labels(info, "tokenspeed")
     assert d.labels["tp_size"] == "4" and d.labels["page_size"] == "16"
-    assert d.labels["rl.control_url"] == "http://10.0.0.5:40100" and d.labels["rl.pause_modes"] == "wait,abort,keep"
+    assert (
+        d.labels["rl.control_url"] == "http://10.0.0.5:40100"
+        and d.labels["rl.pause_modes"] == "wait,abort,keep"
+    )
     assert d.labels["version"] == "0.1.1"
     assert "active_requests" not in d.labels and "is_paused" not in d.labels
     assert grpc_labels({"tp_size": 2, "attn_tp_size": 8}, "tokenspeed").labels["tp_size"] == "2"

@@ -17,8 +17,13 @@ def test_every_command_is_documented(name):
 
 @pytest.mark.parametrize(
     "command, flag",
-    [(name, opt) for name in ("launch", "demo", "fake-engine") for p in cli.commands[name].params
-     for opt in p.opts if opt.startswith("--")],
+    [
+        (name, opt)
+        for name in ("launch", "demo", "fake-engine")
+        for p in cli.commands[name].params
+        for opt in p.opts
+        if opt.startswith("--")
+    ],
 )
 def test_every_flag_is_documented(command, flag):
     assert f"`{flag}" in DOC or f"{flag}`" in DOC, f"smgrl {command} {flag} is not in docs/cli.md"

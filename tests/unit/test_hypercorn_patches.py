@@ -25,7 +25,9 @@ async def app(scope, receive, send):
         if not msg.get("more_body"):
             break
     if scope["path"] == "/stream":
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
         for part in (b"one", b"two", b"three"):
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -35,8 +37,13 @@ async def app(scope, receive, send):
         await send({"type": "http.response.body", "body": b""})
         return
     payload = b"echo:" + body
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(payload)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(payload)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -71,8 +78,9 @@ async def start(nursery, keep_alive=5.0):
     cfg.accesslog = None
     cfg.errorlog = None
     shutdown = trio.Event()
-    urls = await nursery.start(lambda task_status: serve(app, cfg, shutdown_trigger=shutdown.wait,
-                                                         task_status=task_status))
+    urls = await nursery.start(
+        lambda task_status: serve(app, cfg, shutdown_trigger=shutdown.wait, task_status=task_status)
+    )
     port = int(urls[0].rsplit(":", 1)[1])
     return port, shutdown
 
@@ -83,7 +91,9 @@ async def test_requests_on_one_connection_head_and_body_arrive_together():
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         for i in range(3):
             body = f"n{i}".encode()
-            await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await stream.send_all(
+                b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
             status, headers, payload, rest = await read_response(stream)
             assert status == b"HTTP/1.1 200 " or status.startswith(b"HTTP/1.1 200")
             assert payload == b"echo:" + body and rest == b""

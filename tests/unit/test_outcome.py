@@ -45,7 +45,13 @@ def test_truncated_json_is_never_parsed():
 
 def test_envelope_omits_body_truncated_unless_set():
     o = Outcome("w", "http://h:1", "http://h:1", latency_ms=3, status=200, body={"x": 1})
-    assert o.envelope() == {"worker_id": "w", "url": "http://h:1", "status": 200, "latency_ms": 3, "body": {"x": 1}}
+    assert o.envelope() == {
+        "worker_id": "w",
+        "url": "http://h:1",
+        "status": 200,
+        "latency_ms": 3,
+        "body": {"x": 1},
+    }
     t = Outcome("w", "u", "u", status=200, body="x" * BODY_CAP, body_truncated=True)
     assert t.envelope()["body_truncated"] is True
 
@@ -59,19 +65,37 @@ def _err(cls, msg="m", **ctx):
     [
         (Outcome("w", "u", "u", status=200), None, "ok"),
         (Outcome("w", "u", "u", status=204), None, "ok"),
-        (Outcome("w", "u", "u", status=500, body="x"),
-         {"worker_id": "w", "url": "u", "error": "upstream_error", "message": "HTTP 500", "status": 500},
-         "upstream_error"),
-        (Outcome("w", "u", "u", status=307),
-         {"worker_id": "w", "url": "u", "error": "upstream_error", "message": "HTTP 307", "status": 307},
-         "upstream_error"),
-        (Outcome("w", "u", "u", error=_err(UpstreamUnreachable, "down")),
-         {"worker_id": "w", "url": "u", "error": "upstream_unreachable", "message": "down"}, "unreachable"),
-        (Outcome("w", "u", "u", error=_err(UpstreamTimeout, "slow")),
-         {"worker_id": "w", "url": "u", "error": "upstream_timeout", "message": "slow"}, "timeout"),
-        (Outcome("w", "u", None, error=_err(NoControlEndpoint, "none", connection_mode="grpc")),
-         {"worker_id": "w", "url": "u", "error": "no_control_endpoint", "message": "none",
-          "connection_mode": "grpc"}, None),
+        (
+            Outcome("w", "u", "u", status=500, body="x"),
+            {"worker_id": "w", "url": "u", "error": "upstream_error", "message": "HTTP 500", "status": 500},
+            "upstream_error",
+        ),
+        (
+            Outcome("w", "u", "u", status=307),
+            {"worker_id": "w", "url": "u", "error": "upstream_error", "message": "HTTP 307", "status": 307},
+            "upstream_error",
+        ),
+        (
+            Outcome("w", "u", "u", error=_err(UpstreamUnreachable, "down")),
+            {"worker_id": "w", "url": "u", "error": "upstream_unreachable", "message": "down"},
+            "unreachable",
+        ),
+        (
+            Outcome("w", "u", "u", error=_err(UpstreamTimeout, "slow")),
+            {"worker_id": "w", "url": "u", "error": "upstream_timeout", "message": "slow"},
+            "timeout",
+        ),
+        (
+            Outcome("w", "u", None, error=_err(NoControlEndpoint, "none", connection_mode="grpc")),
+            {
+                "worker_id": "w",
+                "url": "u",
+                "error": "no_control_endpoint",
+                "message": "none",
+                "connection_mode": "grpc",
+            },
+            None,
+        ),
     ],
 )
 def test_failed_entries_and_metric_results(outcome, entry, metric):

@@ -21,21 +21,41 @@ def fold(*events):
 def test_registration_is_pending_until_discovered():
     f = fold(registered("a", "http://h:1", labels={"role": "policy"}, has_api_key=True))
     w = f.registry.get("a")
-    assert w.status == "pending" and not w.is_visible and w.has_api_key and w.caller_labels == {"role": "policy"}
-    f.apply(2, ev("worker.discovered", worker_id="a", runtime="sglang", labels={"tp_size": "1", "role": "x"},
-                  model_id="m"))
+    assert (
+        w.status == "pending" and not w.is_visible and w.has_api_key and w.caller_labels == {"role": "policy"}
+    )
+    f.apply(
+        2,
+        ev(
+            "worker.discovered",
+            worker_id="a",
+            runtime="sglang",
+            labels={"tp_size": "1", "role": "x"},
+            model_id="m",
+        ),
+    )
     w = f.registry.get("a")
     assert w.status == "ready" and w.engine == "sglang" and w.labels == {"tp_size": "1", "role": "policy"}
     assert w.effective_model_id == "m"
 
 
 def test_dp_discovery_creates_ranks_sharing_one_group():
-    f = fold(registered("r0", "http://h:1", dp_aware=True),
-             ev("worker.discovered", worker_id="r0", runtime="sglang", labels={"dp_size": "3"},
-                dp_rank_ids=["r0", "r1", "r2"]))
+    f = fold(
+        registered("r0", "http://h:1", dp_aware=True),
+        ev(
+            "worker.discovered",
+            worker_id="r0",
+            runtime="sglang",
+            labels={"dp_size": "3"},
+            dp_rank_ids=["r0", "r1", "r2"],
+        ),
+    )
     urls = {w.id: (w.url, w.dp_rank, w.dp_size, w.group) for w in f.registry}
-    assert urls == {"r0": ("http://h:1@0", 0, 3, "r0"), "r1": ("http://h:1@1", 1, 3, "r0"),
-                    "r2": ("http://h:1@2", 2, 3, "r0")}
+    assert urls == {
+        "r0": ("http://h:1@0", 0, 3, "r0"),
+        "r1": ("http://h:1@1", 1, 3, "r0"),
+        "r2": ("http://h:1@2", 2, 3, "r0"),
+    }
     assert f.registry.conflict_for("http://h:1").id == "r0"
     assert f.registry.conflict_for("http://h:1@2").id == "r2"
     f.apply(3, ev("worker.health_changed", worker_id="r0", health="not_ready", reason="x"))
@@ -49,51 +69,91 @@ def test_dp_discovery_creates_ranks_sharing_one_group():
     [("merge", {"a": "1", "b": "2", "c": "3"}), ("replace", {"c": "3"})],
 )
 def test_label_changes(mode, expected):
-    f = fold(registered("a", "http://h:1", labels={"a": "1", "b": "2"}),
-             ev("worker.labels_changed", worker_id="a", labels={"c": "3"}, mode=mode))
+    f = fold(
+        registered("a", "http://h:1", labels={"a": "1", "b": "2"}),
+        ev("worker.labels_changed", worker_id="a", labels={"c": "3"}, mode=mode),
+    )
     assert f.registry.get("a").caller_labels == expected
 
 
 def test_unknown_events_and_unknown_workers_are_skipped():
     from journal.events import UnknownEvent
 
-    f = fold(UnknownEvent("worker.teleported", 9, {"worker_id": "a"}),
-             ev("worker.removed", worker_id="ghost", reason="x"),
-             ev("worker.labels_changed", worker_id="ghost", labels={}, mode="merge"))
+    f = fold(
+        UnknownEvent("worker.teleported", 9, {"worker_id": "a"}),
+        ev("worker.removed", worker_id="ghost", reason="x"),
+        ev("worker.labels_changed", worker_id="ghost", labels={}, mode="merge"),
+    )
     assert len(f.registry) == 0
 
 
 def op(op_id, path, body, targets, method="POST", kind="fanout"):
-    return ev("control.started", op_id=op_id, kind=kind, method=method, path=path, body_size=len(body),
-              body_sha256="0" * 64, targets=[{"worker_id": w, "url": u, "control_url": u} for w, u in targets],
-              intent=intent_of(method, path, body).to_json())
+    return ev(
+        "control.started",
+        op_id=op_id,
+        kind=kind,
+        method=method,
+        path=path,
+        body_size=len(body),
+        body_sha256="0" * 64,
+        targets=[{"worker_id": w, "url": u, "control_url": u} for w, u in targets],
+        intent=intent_of(method, path, body).to_json(),
+    )
 
 
 def outcome(op_id, wid, url, status=200, error=None, message=None):
-    return ev("control.outcome", op_id=op_id, worker_id=wid, url=url, control_url=url, status=status,
-              latency_ms=1, error=error, message=message, excerpt="", body_truncated=False)
+    return ev(
+        "control.outcome",
+        op_id=op_id,
+        worker_id=wid,
+        url=url,
+        control_url=url,
+        status=status,
+        latency_ms=1,
+        error=error,
+        message=message,
+        excerpt="",
+        body_truncated=False,
+    )
 
 
 def finished(op_id, result="ok"):
-    return ev("control.finished", op_id=op_id, result=result, http_status=200, total=1, succeeded=1, failed=0,
-              latency_ms=1)
+    return ev(
+        "control.finished",
+        op_id=op_id,
+        result=result,
+        http_status=200,
+        total=1,
+        succeeded=1,
+        failed=0,
+        latency_ms=1,
+    )
 
 
 FLEET = [("a", "http://a:1"), ("b", "http://b:1")]
 
 
 def base_fleet():
-    return [registered("a", "http://a:1"), registered("b", "http://b:1"),
-            ev("worker.discovered", worker_id="a", runtime="sglang", labels={"weight_version": "default"}),
-            ev("worker.discovered", worker_id="b", runtime="sglang", labels={"weight_version": "3"})]
+    return [
+        registered("a", "http://a:1"),
+        registered("b", "http://b:1"),
+        ev("worker.discovered", worker_id="a", runtime="sglang", labels={"weight_version": "default"}),
+        ev("worker.discovered", worker_id="b", runtime="sglang", labels={"weight_version": "3"}),
+    ]
 
 
 def test_refit_confirmed_by_2xx_sets_version_and_control():
-    f = fold(*base_fleet(),
-             op("p", "pause_generation", b"{}", FLEET), outcome("p", "a", "http://a:1"),
-             outcome("p", "b", "http://b:1"), finished("p"),
-             op("u", "update_weights_from_disk", b'{"model_path":"/c","weight_version":"7"}', FLEET),
-             outcome("u", "a", "http://a:1"), outcome("u", "b", "http://b:1"), finished("u"))
+    f = fold(
+        *base_fleet(),
+        op("p", "pause_generation", b"{}", FLEET),
+        outcome("p", "a", "http://a:1"),
+        outcome("p", "b", "http://b:1"),
+        finished("p"),
+        op("u", "update_weights_from_disk", b'{"model_path":"/c","weight_version":"7"}', FLEET),
+        outcome("u", "a", "http://a:1"),
+        outcome("u", "b", "http://b:1"),
+        finished("u"),
+    )
     for base in ("http://a:1", "http://b:1"):
         facts = f.engines.get(base)
         assert (facts.weight_version, facts.version_source, facts.control) == ("7", "passthrough", "paused")
@@ -103,13 +163,16 @@ def test_refit_confirmed_by_2xx_sets_version_and_control():
 
 def test_partial_refit_leaves_the_failed_engine_mixed_and_a_timeout_unknown():
     three = FLEET + [("c", "http://c:1")]
-    f = fold(*base_fleet(), registered("c", "http://c:1"),
-             ev("worker.discovered", worker_id="c", runtime="sglang", labels={}),
-             op("u", "update_weight_version", b'{"new_version":"8"}', three),
-             outcome("u", "a", "http://a:1"),
-             outcome("u", "b", "http://b:1", status=400),
-             outcome("u", "c", "http://c:1", status=None, error="upstream_timeout", message="timed out"),
-             finished("u", "partial"))
+    f = fold(
+        *base_fleet(),
+        registered("c", "http://c:1"),
+        ev("worker.discovered", worker_id="c", runtime="sglang", labels={}),
+        op("u", "update_weight_version", b'{"new_version":"8"}', three),
+        outcome("u", "a", "http://a:1"),
+        outcome("u", "b", "http://b:1", status=400),
+        outcome("u", "c", "http://c:1", status=None, error="upstream_timeout", message="timed out"),
+        finished("u", "partial"),
+    )
     a, b, c = (f.engines.get(f"http://{x}:1") for x in "abc")
     assert a.weight_version == "8" and not a.mixed
     assert b.weight_version is None and b.mixed and b.version_known
@@ -125,9 +188,18 @@ def test_partial_refit_leaves_the_failed_engine_mixed_and_a_timeout_unknown():
 
 
 def test_refused_call_changes_nothing_and_cut_short_call_is_unknown():
-    f = fold(*base_fleet(), op("p", "pause_generation", b"", FLEET), outcome("p", "a", "http://a:1", status=400),
-             ev("control.interrupted", op_id="p", reason="gateway_restart", recorded_targets=["a"],
-                missing_targets=["b"]))
+    f = fold(
+        *base_fleet(),
+        op("p", "pause_generation", b"", FLEET),
+        outcome("p", "a", "http://a:1", status=400),
+        ev(
+            "control.interrupted",
+            op_id="p",
+            reason="gateway_restart",
+            recorded_targets=["a"],
+            missing_targets=["b"],
+        ),
+    )
     assert f.engines.get("http://a:1").control == "active"
     assert f.engines.get("http://b:1").control == "unknown"
     f.apply(50, op("c", "continue_generation", b"{}", FLEET[1:]))

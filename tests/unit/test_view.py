@@ -3,16 +3,32 @@
 import pytest
 
 from smgrl.core.selector import parse_selector
-from smgrl.core.view import EngineFacts, collapse, control_url, dp_ranks_for, row, selector_view, workers_response
+from smgrl.core.view import (
+    EngineFacts,
+    collapse,
+    control_url,
+    dp_ranks_for,
+    row,
+    selector_view,
+    workers_response,
+)
 from smgrl.core.worker import Worker, dp_rank_of, new_worker_id, parse_size, strip_rank
 
 
 def w(id, url, *, dp=False, status="ready", labels=None, runtime="sglang", mode="http", model_id=None):
     base = strip_rank(url)
     return Worker(
-        id=id, url=url, base_url=base, runtime=runtime, connection_mode=mode, status=status,
-        discovered_labels=labels or {}, dp_aware=dp, dp_rank=dp_rank_of(url) if dp else None,
-        group=id, model_id=model_id,
+        id=id,
+        url=url,
+        base_url=base,
+        runtime=runtime,
+        connection_mode=mode,
+        status=status,
+        discovered_labels=labels or {},
+        dp_aware=dp,
+        dp_rank=dp_rank_of(url) if dp else None,
+        group=id,
+        model_id=model_id,
     )
 
 
@@ -60,15 +76,37 @@ def test_rank_parsing(url, rank, base):
     assert strip_rank(url) == base
 
 
-@pytest.mark.parametrize("text, value", [("2", 2), (" 4 ", 4), ("x", None), ("-1", None), ("", None), (None, None),
-                                         ("٣", None), (str(2**64), None)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("2", 2),
+        (" 4 ", 4),
+        ("x", None),
+        ("-1", None),
+        ("", None),
+        (None, None),
+        ("٣", None),
+        (str(2**64), None),
+    ],
+)
 def test_sizes_parse_as_unsigned(text, value):
     assert parse_size(text) == value
 
 
 def test_merged_labels_add_synthetic_keys_that_shadow():
-    worker = w("i1", "http://h:1", labels={"engine": "spoofed", "id": "x", "tp_size": "2", "role": "policy",
-                                           "weight_version": "7", "model": "m-label"}, model_id="m")
+    worker = w(
+        "i1",
+        "http://h:1",
+        labels={
+            "engine": "spoofed",
+            "id": "x",
+            "tp_size": "2",
+            "role": "policy",
+            "weight_version": "7",
+            "model": "m-label",
+        },
+        model_id="m",
+    )
     view = selector_view(worker)
     assert view["engine"] == "sglang"
     assert view["id"] == "i1"
@@ -88,12 +126,38 @@ def test_selector_view_uses_the_journal_facts():
 
 
 def test_row_fields_and_order():
-    worker = w("i1", "http://h:1", labels={"version": "0.5.23", "tp_size": "garbage", "dp_size": "1",
-                                           "weight_version": "default", "served_model_name": "m"})
+    worker = w(
+        "i1",
+        "http://h:1",
+        labels={
+            "version": "0.5.23",
+            "tp_size": "garbage",
+            "dp_size": "1",
+            "weight_version": "default",
+            "served_model_name": "m",
+        },
+    )
     entry = row(worker, 1)
-    assert list(entry) == ["id", "url", "base_url", "engine", "engine_version", "model_id", "worker_type",
-                           "connection_mode", "control_url", "tp_size", "dp_size", "pp_size", "dp_ranks", "role",
-                           "health", "weight_version", "labels", "capabilities"]
+    assert list(entry) == [
+        "id",
+        "url",
+        "base_url",
+        "engine",
+        "engine_version",
+        "model_id",
+        "worker_type",
+        "connection_mode",
+        "control_url",
+        "tp_size",
+        "dp_size",
+        "pp_size",
+        "dp_ranks",
+        "role",
+        "health",
+        "weight_version",
+        "labels",
+        "capabilities",
+    ]
     assert entry["engine_version"] == "0.5.23"
     assert entry["tp_size"] is None and entry["dp_size"] == 1 and entry["pp_size"] is None
     assert entry["model_id"] == "m" and entry["role"] is None
@@ -119,7 +183,12 @@ def test_row_reports_journal_facts_in_added_fields():
     "mode, url, labels, expected",
     [
         ("http", "http://h:1", {"rl.control_url": "http://other:2"}, "http://h:1"),
-        ("grpc", "grpc://10.0.0.5:30000", {"rl.control_url": "http://0.0.0.0:40100"}, "http://10.0.0.5:40100"),
+        (
+            "grpc",
+            "grpc://10.0.0.5:30000",
+            {"rl.control_url": "http://0.0.0.0:40100"},
+            "http://10.0.0.5:40100",
+        ),
         ("grpc", "grpc://10.0.0.5:30000", {}, None),
         ("grpc", "grpc://10.0.0.5:30000", {"rl.control_url": "  "}, None),
         ("zmq", "ipc:///tmp/x", {"rl.control_url": "http://ctl:1/"}, "http://ctl:1"),
