@@ -199,6 +199,12 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._lock:
+            if not self._readonly:
+                # Leave a self-contained file: move the WAL into it. SQLite only does this when the
+                # last connection closes, and the gateway's read-only connection (journal routes)
+                # may outlive this one; a copy of the .db alone would then miss every event.
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.close()
 
     def __enter__(self) -> Self:

@@ -58,7 +58,11 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every bad flag value or configuration error is one line on stderr, exit 1."""
     try:
-        cli.main(args=argv, prog_name="smgrl", standalone_mode=False)
+        # With standalone_mode=False, click RETURNS the code a command exits with (ctx.exit(n))
+        # instead of raising: pass it on, or `smgrl journal verify` on a bad journal exits 0.
+        code = cli.main(args=argv, prog_name="smgrl", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except ConfigError as exc:
         text = str(exc)
         click.echo(text if text.startswith("Configuration error") else f"error: {text}", err=True)

@@ -93,7 +93,7 @@ class _Scan:
 @_range_options
 @click.option("--since", default=None, metavar="TIME", help="Only events at or after TIME.")
 @click.option("--until", default=None, metavar="TIME", help="Only events before TIME.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Stop after N events.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N", help="Stop after N events.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events (polling) until interrupted.")
 @click.option(
     "--follow-seconds",

@@ -8,12 +8,14 @@ from typing import Any
 import click
 
 from journal.events import ControlStarted
-from smgrl.journal_cli.group import Ctx, command
-from smgrl.journal_cli.reading import find_op, load_ops
+from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
+from smgrl.journal_cli.reading import find_op, recent
 from smgrl.journal_cli.render import table
 from smgrl.journal_cli.values import fmt_ms, fmt_ts, parse_time, time_window
 from smgrl.state.operations import Operations
-from smgrl.state.refits import Op
+from smgrl.state.refits import Op, OpsFold
+
+LAST_DEFAULT = 50  # operations shown unless --last or --all say otherwise
 
 
 def op_row(op: Op) -> dict[str, Any]:
@@ -72,8 +74,15 @@ def keep(op: Op, *, path: str | None, result: str | None, worker: str | None, si
 @click.option("--worker", default=None, metavar="ID", help="Only operations that targeted this worker.")
 @click.option("--since", default=None, metavar="TIME", help="Only operations started at or after TIME.")
 @click.option("--until", default=None, metavar="TIME", help="Only operations started before TIME.")
-@click.option("--last", type=click.IntRange(min=1), default=None, metavar="N", help="Only the N most recent.")
-def ops(ctx: Ctx, path, result, worker, since, until, last) -> None:
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help=f"The N most recent (default {LAST_DEFAULT}).",
+)
+@click.option("--all", "everything", is_flag=True, help="Every matching operation.")
+def ops(ctx: Ctx, path, result, worker, since, until, last, everything) -> None:
     """Per-worker calls and fan-outs: path, selector, totals, result, latency (``ops show ID``: one)."""
     click_ctx = click.get_current_context()
     if click_ctx.invoked_subcommand is not None:
@@ -81,15 +90,20 @@ def ops(ctx: Ctx, path, result, worker, since, until, last) -> None:
     since_ts = parse_time(since, ctx.now) if since else None
     until_ts = parse_time(until, ctx.now) if until else None
     time_window(since_ts, until_ts)
+    if last is not None and everything:
+        raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
+
+    def matching(fold: OpsFold) -> list[Op]:
+        return [
+            op
+            for op in fold.in_order()
+            if keep(op, path=path, result=result, worker=worker, since=since_ts, until=until_ts)
+        ]
+
     with ctx.reader() as store:
-        fold = load_ops(store)  # outcomes of the operations that did not fully succeed
-    chosen = [
-        op
-        for op in fold.in_order()
-        if keep(op, path=path, result=result, worker=worker, since=since_ts, until=until_ts)
-    ]
-    if last is not None:
-        chosen = chosen[-last:]
+        # Windowed from the end: the last N matching operations cost what they are, not the journal.
+        want = None if everything else (last or LAST_DEFAULT)
+        _fold, chosen = recent(store, want, matching, per_item=12)
     rows = [op_row(op) for op in chosen]
     if ctx.json:
         hidden = ("done", "latency")

@@ -25,24 +25,14 @@ import heapq
 import json
 import sqlite3
 from collections.abc import Iterator
-from typing import Any
 
 from smgrl.journal_cli import sqlview
 from smgrl.state.refits import OpsFold
 
 __all__ = ["scan_ops"]
 
-_STARTED = """
-SELECT seq, ts, type,
-       CASE WHEN b > 0 AND t > b THEN '{' || substr(payload, b + 1, t - b - 1) || '}' END,
-       CASE WHEN b > 0 AND t > b THEN substr(payload, t + 11, length(payload) - t - 11) END,
-       CASE WHEN b > 0 AND t > b THEN NULL ELSE payload END
-FROM (SELECT seq, ts, type, payload, instr(payload, ',"body_encoding":') AS b,
-             instr(payload, ',"targets":') AS t
-      FROM events WHERE type = 'control.started' AND seq <= ?)
-ORDER BY seq
-"""
-_OTHER = "SELECT seq, ts, type, NULL, NULL, payload FROM events WHERE type = ? AND seq <= ? ORDER BY seq"
+_QUERY = "SELECT seq, ts, type, payload FROM events WHERE type = ? AND seq > ? AND seq <= ? ORDER BY seq"
+_TYPES = ("control.started", "control.finished", "control.interrupted")
 
 
 @contextlib.contextmanager
@@ -56,47 +46,41 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _rows(conn: sqlite3.Connection, until_seq: int) -> Iterator[tuple[Any, ...]]:
-    started = conn.execute(_STARTED, (until_seq,))
-    finished = conn.execute(_OTHER, ("control.finished", until_seq))
-    interrupted = conn.execute(_OTHER, ("control.interrupted", until_seq))
-    return heapq.merge(started, finished, interrupted)
+def _rows(conn: sqlite3.Connection, after: int, until: int) -> Iterator[tuple[int, float, str, str]]:
+    return heapq.merge(*(conn.execute(_QUERY, (type_, after, until)) for type_ in _TYPES))
 
 
-def scan_ops(path: str, until_seq: int | None = None) -> OpsFold:
-    """An OpsFold of every operation up to ``until_seq`` (no outcomes: add them per op)."""
+def _split(payload: str) -> tuple[str, str] | None:
+    """(head without body and targets, targets text) of a canonical control.started payload."""
+    b = payload.find(',"body_encoding":')
+    t = payload.find(',"targets":', b)
+    if b < 0 or t < 0 or not payload.startswith('{"body":') or not payload.endswith("]}"):
+        return None
+    return "{" + payload[b + 1 : t] + "}", payload[t + 11 : -1]
+
+
+def scan_ops(path: str, after_seq: int = 0, until_seq: int | None = None) -> OpsFold:
+    """An OpsFold of the operations started in ``(after_seq, until_seq]`` (no outcomes: add them
+    per op). Operations started before ``after_seq`` are not known: their later events are skipped."""
     fold = OpsFold()
     targets_cache: dict[str, list] = {}
     loads = json.loads
     apply = fold.apply
     with sqlview.view(path) as conn, _gc_paused():
         limit = until_seq if until_seq is not None else (1 << 62)
-        for seq, ts, type_, head, targets, whole in _rows(conn, limit):
-            if whole is not None:
-                try:
-                    p = loads(whole)
-                except ValueError:
-                    continue  # verify reports it; an unreadable row is no operation
-            else:
-                try:
-                    p = loads(head)
-                    parsed = targets_cache.get(targets)
-                    if parsed is None:
-                        parsed = targets_cache[targets] = loads(targets)
-                except ValueError:
-                    p = _whole(conn, seq)
-                    if p is None:
-                        continue
+        for seq, ts, type_, payload in _rows(conn, after_seq, limit):
+            parts = _split(payload) if type_ == "control.started" else None
+            try:
+                if parts is None:
+                    p = loads(payload)
                 else:
+                    p = loads(parts[0])
+                    parsed = targets_cache.get(parts[1])
+                    if parsed is None:
+                        parsed = targets_cache[parts[1]] = loads(parts[1])
                     p["targets"] = parsed
+            except ValueError:
+                continue  # verify reports it; an unreadable row is no operation
             if isinstance(p, dict) and "op_id" in p:
                 apply(seq, ts, type_, p)
     return fold
-
-
-def _whole(conn: sqlite3.Connection, seq: int) -> dict | None:
-    row = conn.execute("SELECT payload FROM events WHERE seq = ?", (seq,)).fetchone()
-    try:
-        return json.loads(row[0]) if row else None
-    except ValueError:
-        return None

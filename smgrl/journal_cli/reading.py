@@ -9,27 +9,29 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from journal import SqliteStore
 from journal.events import Recorded
 from smgrl.journal_cli.filters import WorkerFilter
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, EXIT_CHECK, CliError
+from smgrl.journal_cli.opscan import scan_ops
 from smgrl.journal_cli.values import Point
 from smgrl.state.refits import OpsFold
 from smgrl.state.replay import read_types
+
+MIN_WINDOW = 4096  # events: the smallest window `recent` reads from the end
 
 __all__ = [
     "add_outcomes",
     "find_op",
     "load_ops",
     "read_events",
+    "recent",
     "resolve_worker",
     "seq_at",
     "worker_filter",
 ]
-
-OP_TYPES = ("control.started", "control.finished", "control.interrupted")
 
 
 def read_events(
@@ -111,26 +113,47 @@ def find_op(store: SqliteStore, prefix: str) -> str:
 def load_ops(
     store: SqliteStore,
     *,
+    after_seq: int = 0,
     until_seq: int | None = None,
     outcomes: str = "needed",
 ) -> OpsFold:
-    """Operations from control.started/finished/interrupted (raw rows, parsed here).
+    """Operations started in ``(after_seq, until_seq]`` (``opscan``: the fast read).
 
     ``outcomes``: "needed" reads the control.outcome events of operations that did not fully
     succeed (the only ones whose targets differ), "all" of every operation, "none" of none. They
     are read per operation through the (stream, seq) index, so a journal of clean refits costs
-    two index ranges, not its million outcome rows.
+    three index ranges, not its million outcome rows.
     """
-    fold = OpsFold()
-    for seq, ts, _stream, type_, _schema, payload in read_types(store, OP_TYPES):
-        if until_seq is not None and seq > until_seq:
-            break
-        fold.apply(seq, ts, type_, json.loads(payload))
+    fold = scan_ops(store.path, after_seq, until_seq)
     if outcomes == "none":
         return fold
     ops = [op for op in fold.ops.values() if outcomes == "all" or fold.needs_outcomes(op)]
     add_outcomes(store, fold, [op.op_id for op in ops], until_seq=until_seq)
     return fold
+
+
+def recent(
+    store: SqliteStore, want: int | None, group: Callable[[OpsFold], list], *, per_item: int = 40
+) -> tuple[OpsFold, list]:
+    """The last ``want`` items (``group(fold)``: ops or cycles, oldest first) without reading the
+    whole journal: read a window at the end, widen it (x4) until it holds ``want`` complete items.
+
+    The first two items of a window that does not start at the beginning are dropped: they may
+    have begun before it (a cycle whose pause came earlier). ``want`` None reads everything.
+    """
+    head = store.last_seq()
+    window = head if want is None else max(MIN_WINDOW, (want + 2) * per_item)
+    for _ in range(64):  # bounded: the window reaches the start after a few widenings
+        start = max(0, head - window)
+        fold = load_ops(store, after_seq=start, until_seq=head)
+        items = group(fold)
+        if start == 0:
+            return fold, items if want is None else items[-want:]
+        complete = items[2:]
+        if len(complete) >= want:  # type: ignore[operator]
+            return fold, complete[-want:]  # type: ignore[operator]
+        window *= 4
+    raise AssertionError("unreachable: the window covers the journal long before")
 
 
 def add_outcomes(

@@ -16,6 +16,7 @@ import logging
 import attrs
 import trio
 
+from journal import JournalWriteError
 from smgrl.config import HealthConfig
 from smgrl.core.view import collapse
 from smgrl.logs import event as log_event
@@ -79,6 +80,15 @@ class HealthChecker:
         except ProbeFailed:
             ok = False
         streak = self._streaks.setdefault(worker.group, _Streak())
+        try:
+            await self._record(worker, ok, streak)
+        except JournalWriteError as exc:
+            # The journal cannot take the change (disk full, read-only file): the worker keeps its
+            # state and the next round tries again; the checker must not take the gateway down.
+            log_event(log, "journal unavailable; health change not recorded", logging.WARNING,
+                      worker_id=worker.id, error=str(exc))
+
+    async def _record(self, worker, ok: bool, streak) -> None:
         if ok:
             streak.successes += 1
             streak.failures = 0

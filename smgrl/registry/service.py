@@ -18,6 +18,7 @@ import logging
 import attrs
 import trio
 
+from journal import JournalWriteError
 from smgrl.config import Config
 from smgrl.core.view import control_url
 from smgrl.core.worker import Worker, connection_mode_for, new_worker_id, strip_rank
@@ -167,7 +168,19 @@ class RegistryService:
         # does: a pending registration keeps retrying, at most every backoff cap seconds).
         with scope:
             try:
-                await self._discover(worker_id)
+                delay = self.cfg.registration_backoff_initial_secs
+                while True:
+                    try:
+                        await self._discover(worker_id)
+                        return
+                    except JournalWriteError as exc:
+                        # The journal cannot take the probe's record (disk full, read-only file):
+                        # retry later rather than let the error tear down the registry's nursery,
+                        # and the gateway with it (tests/e2e/test_faults.py).
+                        log_event(log, "journal unavailable during discovery; retrying", logging.WARNING,
+                                  worker_id=worker_id, error=str(exc), next_retry_s=delay)
+                        await trio.sleep(delay)
+                        delay = min(delay * 2, self.cfg.registration_backoff_max_secs)
             finally:
                 if self._jobs.get(worker_id) is scope:
                     del self._jobs[worker_id]

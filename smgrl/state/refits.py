@@ -35,6 +35,7 @@ from smgrl.core.worker import strip_rank
 __all__ = ["PHASE_ORDER", "Cycle", "Op", "OpsFold", "Span", "group_cycles", "phase_of"]
 
 PHASE_ORDER = ("pause", "setup", "update", "flush", "teardown", "sleep", "wake", "resume")
+_ORDER = {p: i for i, p in enumerate(PHASE_ORDER)}
 _JOINERS = frozenset({"setup", "teardown", "flush", "sleep", "wake"})
 # Update calls that are one step of a longer transfer (chunks, or a session opener): without a
 # pause around them, the refit they belong to goes on until a version is set or another call ends it.
@@ -199,15 +200,17 @@ class OpsFold:
 
 @attrs.define
 class Cycle:
-    index: int
+    index: int  # the seq of its first operation's control.started: stable, whatever was read
     paused: bool
     ops: list[Op] = attrs.Factory(list)
     engines: dict[str, None] = attrs.Factory(dict)  # insertion-ordered set
     resumed: set[str] = attrs.Factory(set)
     stage: str = "pausing"  # pausing | updating | resuming | done
     status: str = "open"  # open | ok | failed | abandoned
+    _phases: dict[str, tuple[float, float, int]] | None = None  # cache, reset by add()
 
     def add(self, op: Op) -> None:
+        self._phases = None
         self.ops.append(op)
         for engine in op.targets.values():
             self.engines.setdefault(engine)
@@ -234,12 +237,16 @@ class Cycle:
 
     def phases(self) -> dict[str, tuple[float, float, int]]:
         """phase -> (first start, last end, ops), in refit order."""
+        if self._phases is None:
+            self._phases = self._compute_phases()
+        return self._phases
+
+    def _compute_phases(self) -> dict[str, tuple[float, float, int]]:
         acc: dict[str, list] = {}
         for op in self.ops:
             cur = acc.setdefault(op.phase or "", [op.start, op.last_ts, 0])
             cur[0], cur[1], cur[2] = min(cur[0], op.start), max(cur[1], op.last_ts), cur[2] + 1
-        order = {p: i for i, p in enumerate(PHASE_ORDER)}
-        return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (order.get(kv[0], 99), kv[1][0]))}
+        return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[1][0]))}
 
     def failures(self) -> dict[str, list[str]]:
         """engine -> what went wrong there (failed or unanswered calls, never resumed)."""
@@ -300,7 +307,7 @@ def group_cycles(ops: Iterable[Op]) -> list[Cycle]:
         c.status, c.stage = status, "done"
 
     def start(op: Op, paused: bool) -> Cycle:
-        c = Cycle(index=len(cycles) + 1, paused=paused, stage="pausing" if paused else "updating")
+        c = Cycle(index=op.seq, paused=paused, stage="pausing" if paused else "updating")
         cycles.append(c)
         live.append(c)
         c.add(op)

@@ -30,21 +30,27 @@ cleanup() {
 trap cleanup EXIT
 
 # start NAME CMD...: run an engine process whose first stdout line is {"ready": true, "urls": [...]}
+# (not in a $(...) subshell: its PID must reach PIDS for the cleanup)
 start() {
     local name=$1; shift
     "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
     PIDS+=($!)
+}
+urls_of() {
     for _ in $(seq 100); do
-        [ -s "$TMP/$name.out" ] && break
+        [ -s "$TMP/$1.out" ] && break
         sleep 0.1
     done
     "$PY" -c 'import json,sys; print(" ".join(sorted(json.loads(open(sys.argv[1]).readline())["urls"])))' \
-        "$TMP/$name.out"
+        "$TMP/$1.out" 2>/dev/null
 }
 
-FAKE=$(start fake "$SMGRL" fake-engine --kind sglang --ports 0,0,0)
-DP=$(start dp "$SMGRL" fake-engine --kind sglang --ports 0,0 --dp-size 2)
-RAW=$(start raw "$PY" "$HERE/raw_engine.py" 0 0 0)
+start fake "$SMGRL" fake-engine --kind sglang --ports 0,0,0
+start dp "$SMGRL" fake-engine --kind sglang --ports 0,0 --dp-size 2
+start raw "$PY" "$HERE/raw_engine.py" 0 0 0
+FAKE=$(urls_of fake)
+DP=$(urls_of dp)
+RAW=$(urls_of raw)
 [ -n "$FAKE" ] && [ -n "$DP" ] && [ -n "$RAW" ] || { echo "engines did not start"; exit 2; }
 
 KEYS="--control-plane-api-keys adm:Admin:admin:admin-secret usr:User:user:user-secret --tenant-api-key t1:tenant-secret"

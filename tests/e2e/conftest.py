@@ -1,4 +1,5 @@
 import json
+import pathlib
 import urllib.error
 import urllib.request
 
@@ -6,7 +7,15 @@ import pytest
 
 from smgrl.demo.procs import free_port, start_fake_engines, start_gateway, wait_listening
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e  # (a conftest's pytestmark marks nothing: the hook below does)
+
+
+def pytest_collection_modifyitems(items):
+    """Mark every test under tests/e2e as `e2e`, so `-m e2e` / `-m "not e2e"` select them."""
+    here = pathlib.Path(__file__).resolve().parent
+    for item in items:
+        if here in pathlib.Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 class Http:

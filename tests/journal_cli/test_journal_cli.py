@@ -266,6 +266,8 @@ def test_export_is_json_lines_with_hashes(run, journal, tmp_path):
         (["ops", "show", "0000"], 2, "ambiguous"),
         (["events", "--worker", "http://nowhere:1"], 1, "no worker"),
         (["compact", "--before", "0"], 2, "--before"),
+        (["refits", "--last", "2", "--all"], 2, "contradict"),
+        (["ops", "--last", "2", "--all"], 2, "contradict"),
     ],
 )
 def test_bad_values_are_one_line_errors(run, args, code, text):
@@ -298,3 +300,36 @@ def test_subcommand_options_and_group_options_agree(journal):
     via_flag = runner.invoke(journal_group, ["--json", "stats", "--journal", journal["path"]])
     assert via_env.exit_code == via_flag.exit_code == 0
     assert json.loads(via_env.output)["events"] == json.loads(via_flag.output)["events"]
+
+
+def test_recent_cycles_and_ops_are_read_from_a_window_at_the_end(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from journal_cli_builder import Builder
+
+    from smgrl.journal_cli import reading
+
+    path = tmp_path / "long.db"
+    b = Builder(path)
+    engines = [(f"w{i}", f"http://127.0.0.1:{31000 + i}") for i in range(2)]
+    for wid, url in engines:
+        b.register(wid, url)
+    for step in range(70):
+        b.op("pause_generation", engines, {})
+        b.op("update_weights_from_disk", engines, {"model_path": "/c", "weight_version": f"s{step}"})
+        b.op("continue_generation", engines, {})
+    b.close()
+    monkeypatch.setattr(reading, "MIN_WINDOW", 30)  # force several widenings
+
+    def run(*args):
+        result = CliRunner().invoke(journal_group, ["--journal", str(path), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    everything = run("refits", "--json", "--all")["cycles"]
+    assert len(everything) == 70 and {c["status"] for c in everything} == {"ok"}
+    assert run("refits", "--json")["cycles"] == everything[-50:]
+    assert run("refits", "--json", "--last", "3")["cycles"] == everything[-3:]
+    all_ops = run("ops", "--json", "--all")["operations"]
+    assert len(all_ops) == 210 and run("ops", "--json")["operations"] == all_ops[-50:]
+    updates = run("ops", "--json", "--path", "update_*", "--last", "5")["operations"]
+    assert [o["version"] for o in updates] == [f"s{i}" for i in range(65, 70)]
