@@ -13,6 +13,7 @@ import json
 from quart import Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
 from smgrl.api.workers_body import (
@@ -94,6 +95,13 @@ class WorkersApi:
                 response = await handler(*args)
             except WorkerApiError as exc:
                 response = env.json_response(exc.status, exc.body())
+            except JournalWriteError as exc:
+                # The registry changes only through a durable event: no event, no change, and
+                # the caller is told so (retryable), never a 500.
+                err = WorkerApiError(
+                    503, "JOURNAL_UNAVAILABLE", f"the journal cannot record this change: {exc}"
+                )
+                response = env.json_response(err.status, err.body())
             check.status = response.status_code
             return response
 

@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from journal import JournalWriteError
+from journal import JournalWriteError
 from smgrl.config import HealthConfig
 from smgrl.core.view import collapse
 from smgrl.logs import event as log_event
@@ -66,6 +67,22 @@ class HealthChecker:
             for worker in list(self.candidates()):
                 nursery.start_soon(self._check, worker)
 
+    async def _transition(self, worker, health: str, reason: str) -> bool:
+        try:
+            await self.registry.set_health(worker, health, reason)
+        except JournalWriteError:
+            # No durable event, no state change: the next round retries the transition. A full
+            # disk must not take the health checker (and its nursery, the gateway's) down.
+            log_event(
+                log,
+                "journal unavailable; health change not recorded",
+                logging.WARNING,
+                worker_id=worker.id,
+                health=health,
+            )
+            return False
+        return True
+
     async def _check(self, worker) -> None:
         ok = False
         try:
@@ -85,19 +102,24 @@ class HealthChecker:
         except JournalWriteError as exc:
             # The journal cannot take the change (disk full, read-only file): the worker keeps its
             # state and the next round tries again; the checker must not take the gateway down.
-            log_event(log, "journal unavailable; health change not recorded", logging.WARNING,
-                      worker_id=worker.id, error=str(exc))
+            log_event(
+                log,
+                "journal unavailable; health change not recorded",
+                logging.WARNING,
+                worker_id=worker.id,
+                error=str(exc),
+            )
 
     async def _record(self, worker, ok: bool, streak) -> None:
         if ok:
             streak.successes += 1
             streak.failures = 0
             if worker.status == "not_ready" and streak.successes >= self.cfg.success_threshold:
-                await self.registry.set_health(worker, "ready", "health check passed")
-                log_event(log, "engine healthy again", worker_id=worker.id, url=worker.url)
+                if await self._transition(worker, "ready", "health check passed"):
+                    log_event(log, "engine healthy again", worker_id=worker.id, url=worker.url)
         else:
             streak.failures += 1
             streak.successes = 0
             if worker.status == "ready" and streak.failures >= self.cfg.failure_threshold:
-                await self.registry.set_health(worker, "not_ready", f"{streak.failures} failed health checks")
-                log_event(log, "engine unhealthy", logging.WARNING, worker_id=worker.id, url=worker.url)
+                if await self._transition(worker, "not_ready", f"{streak.failures} failed health checks"):
+                    log_event(log, "engine unhealthy", logging.WARNING, worker_id=worker.id, url=worker.url)

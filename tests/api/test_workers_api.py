@@ -21,13 +21,21 @@ def bad(text: str) -> dict:
 
 
 BAD_BODIES = [
-    ('{}', IJD + "missing field `url` at line 1 column 2"),
+    ("{}", IJD + "missing field `url` at line 1 column 2"),
     ('{"url":1}', IJD + "url: invalid type: integer `1`, expected a string at line 1 column 8"),
     ('{"url":null}', IJD + "url: invalid type: null, expected a string at line 1 column 11"),
-    ('{"url":"http://a:1","labels":{"x":1}}',
-     IJD + "labels.x: invalid type: integer `1`, expected a string at line 1 column 35"),
-    ('{"url":"http://a:1","labels":[]}', IJD + "labels: invalid type: sequence, expected a map at line 1 column 29"),
-    ('{"url":"ftp://a","labels":null}', IJD + "labels: invalid type: null, expected a map at line 1 column 30"),
+    (
+        '{"url":"http://a:1","labels":{"x":1}}',
+        IJD + "labels.x: invalid type: integer `1`, expected a string at line 1 column 35",
+    ),
+    (
+        '{"url":"http://a:1","labels":[]}',
+        IJD + "labels: invalid type: sequence, expected a map at line 1 column 29",
+    ),
+    (
+        '{"url":"ftp://a","labels":null}',
+        IJD + "labels: invalid type: null, expected a map at line 1 column 30",
+    ),
     ('{"url":"http://a:1",', JSE + "EOF while parsing a value at line 1 column 20"),
     ("", JSE + "EOF while parsing a value at line 1 column 0"),
     ("[]", IJD + "invalid length 0, expected struct WorkerSpec with 29 elements at line 1 column 2"),
@@ -35,15 +43,25 @@ BAD_BODIES = [
     ('{"url":"HTTP://a:1"}', "Invalid value for field 'worker_url': HTTP://a:1" + SCHEME),
     ('{"url":"ftp://a"}', "Invalid value for field 'worker_url': ftp://a" + SCHEME),
     ('{"url":"http://"}', "Invalid value for field 'worker_url': http:// - Invalid URL format: empty host"),
-    ('{"url":"http://a:1","worker_type":"foo"}', IJD + "worker_type: unknown variant `foo`, expected one of "
-     "`regular`, `prefill`, `decode`, `encode` at line 1 column 39"),
+    (
+        '{"url":"http://a:1","worker_type":"foo"}',
+        IJD + "worker_type: unknown variant `foo`, expected one of "
+        "`regular`, `prefill`, `decode`, `encode` at line 1 column 39",
+    ),
     ('{"url":"ftp://a","worker_type":null}', JSE + "worker_type: expected value at line 1 column 32"),
-    ('{"url":"http://a:1","api_key":5}', IJD + "api_key: invalid type: integer `5`, expected a string at line 1 "
-     "column 31"),
-    ('{"url":"ftp://a","bootstrap_port":70000}', IJD + "bootstrap_port: invalid value: integer `70000`, "
-     "expected u16 at line 1 column 39"),
-    ('{"url":"ftp://a","runtime":"x"}', IJD + "runtime: unknown variant `x`, expected one of `unspecified`, "
-     "`sglang`, `vllm`, `trtllm`, `mlx`, `tokenspeed`, `generic`, `external` at line 1 column 30"),
+    (
+        '{"url":"http://a:1","api_key":5}',
+        IJD + "api_key: invalid type: integer `5`, expected a string at line 1 column 31",
+    ),
+    (
+        '{"url":"ftp://a","bootstrap_port":70000}',
+        IJD + "bootstrap_port: invalid value: integer `70000`, expected u16 at line 1 column 39",
+    ),
+    (
+        '{"url":"ftp://a","runtime":"x"}',
+        IJD + "runtime: unknown variant `x`, expected one of `unspecified`, "
+        "`sglang`, `vllm`, `trtllm`, `mlx`, `tokenspeed`, `generic`, `external` at line 1 column 30",
+    ),
     ('{"url":"ftp://a","url":"b"}', IJD + "duplicate field `url` at line 1 column 22"),
     ('{"url":"ftp://a"} x', JSE + "trailing characters at line 1 column 19"),
     ('{"url":"ftp://a",}', JSE + "trailing comma at line 1 column 18"),
@@ -54,14 +72,19 @@ BAD_BODIES = [
     ('{"url":"a\\q"}', JSE + "url: invalid escape at line 1 column 11"),
     ('{"url":"ftp://a","x":[1,\n}', JSE + "x: expected value at line 2 column 1"),
     ('{"url":"ftp://a","models":[{}]}', IJD + "models[0]: missing field `id` at line 1 column 29"),
-    ('{"url":"ftp://a","model_id":1}', "Invalid value for field 'worker_url': ftp://a" + SCHEME),  # not a field
+    (
+        '{"url":"ftp://a","model_id":1}',
+        "Invalid value for field 'worker_url': ftp://a" + SCHEME,
+    ),  # not a field
 ]
 
 
 @pytest.mark.parametrize("body,text", BAD_BODIES)
 async def test_post_bad_bodies(rl_config, body, text):
     async with gateway_in_process(rl_config) as gw:
-        r = await gw.client.post("/workers", content=body.encode(), headers={"content-type": "application/json"})
+        r = await gw.client.post(
+            "/workers", content=body.encode(), headers={"content-type": "application/json"}
+        )
         assert_json(r, 400, bad(text), {"content-type", "content-length", "x-request-id"})
         assert list(gw.gateway.fleet.registry) == []
 
@@ -79,45 +102,104 @@ async def test_content_type_rules(rl_config):
 
 
 async def test_register_get_patch_put_delete(rl_config):
-    async with fake_fleet("sglang", 1, api_key="wk") as fleet, gateway_in_process(rl_config) as gw:
+    async with (
+        fake_fleet("sglang", 1, api_key="wk-Secret-7f3a") as fleet,
+        gateway_in_process(rl_config) as gw,
+    ):
         url = fleet.urls[0]
-        r = await gw.client.post("/workers", json={"url": url, "api_key": "wk", "labels": {"role": "policy"},
-                                                   "unknown": [1, {"a": None}], "model_id": "ignored"})
+        r = await gw.client.post(
+            "/workers",
+            json={
+                "url": url,
+                "api_key": "wk-Secret-7f3a",
+                "labels": {"role": "policy"},
+                "unknown": [1, {"a": None}],
+                "model_id": "ignored",
+            },
+        )
         wid = r.json()["worker_id"]
         assert UUID.match(wid)
         assert r.headers["location"] == f"/workers/{wid}"
-        assert_json(r, 202, {"status": "accepted", "worker_id": wid, "url": url, "location": f"/workers/{wid}",
-                             "message": "Worker addition queued for background processing"},
-                    {"content-type", "content-length", "x-request-id", "location"})
+        assert_json(
+            r,
+            202,
+            {
+                "status": "accepted",
+                "worker_id": wid,
+                "url": url,
+                "location": f"/workers/{wid}",
+                "message": "Worker addition queued for background processing",
+            },
+            {"content-type", "content-length", "x-request-id", "location"},
+        )
         await gw.wait_visible(1)
         engine = fleet.engines[0]
-        assert all(c.headers.get("authorization") == "Bearer wk" for c in engine.calls)
+        assert all(c.headers.get("authorization") == "Bearer wk-Secret-7f3a" for c in engine.calls)
         got = await gw.client.get(f"/workers/{wid}")
         body = got.json()
-        assert list(body) == ["id", "model_id", "url", "models", "worker_type", "connection_mode", "runtime_type",
-                              "labels", "priority", "cost", "max_connection_attempts", "is_healthy", "status",
-                              "load", "http2"]
+        assert list(body) == [
+            "id",
+            "model_id",
+            "url",
+            "models",
+            "worker_type",
+            "connection_mode",
+            "runtime_type",
+            "labels",
+            "priority",
+            "cost",
+            "max_connection_attempts",
+            "is_healthy",
+            "status",
+            "load",
+            "http2",
+        ]
         assert (body["id"], body["model_id"], body["url"], body["runtime_type"], body["status"]) == (
-            wid, "fake/Qwen3-0.6B", url, "sglang", "ready")
-        assert body["models"] == [{"id": "fake/Qwen3-0.6B", "model_type": ["chat", "completions", "responses", "tools"],
-                                   "hf_model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
-                                   "context_length": 40960, "tokenizer_path": engine.model_path}]
-        assert body["labels"]["role"] == "policy" and "wk" not in got.text
+            wid,
+            "fake/Qwen3-0.6B",
+            url,
+            "sglang",
+            "ready",
+        )
+        assert body["models"] == [
+            {
+                "id": "fake/Qwen3-0.6B",
+                "model_type": ["chat", "completions", "responses", "tools"],
+                "hf_model_type": "qwen3",
+                "architectures": ["Qwen3ForCausalLM"],
+                "context_length": 40960,
+                "tokenizer_path": engine.model_path,
+            }
+        ]
+        assert body["labels"]["role"] == "policy" and "wk-Secret-7f3a" not in got.text
         listed = await gw.client.get("/workers")
         assert listed.json()["total"] == 1 and listed.json()["stats"] == {
-            "prefill_count": 0, "decode_count": 0, "regular_count": 1}
+            "prefill_count": 0,
+            "decode_count": 0,
+            "regular_count": 1,
+        }
         # The worker key is the engine's bearer on control calls too.
         engine.clear_calls()
         await gw.client.post(f"/v1/rl/workers/{wid}/engine/flush_cache")
-        assert sent_headers(engine.calls[0]) == {"accept": "*/*", "authorization": "Bearer wk"}
+        assert sent_headers(engine.calls[0]) == {"accept": "*/*", "authorization": "Bearer wk-Secret-7f3a"}
 
         # 409 for the same URL.
         r = await gw.client.post("/workers", json={"url": url})
-        assert_json(r, 409, {"error": f"Worker already exists at URL '{url}' with ID {wid}. Use PUT /workers/{wid} "
-                                      f"to replace or PATCH /workers/{wid} to update.",
-                             "code": "WORKER_ALREADY_EXISTS"})
+        assert_json(
+            r,
+            409,
+            {
+                "error": f"Worker already exists at URL '{url}' with ID {wid}. Use PUT /workers/{wid} "
+                f"to replace or PATCH /workers/{wid} to update.",
+                "code": "WORKER_ALREADY_EXISTS",
+            },
+        )
 
-        accepted = {"status": "accepted", "worker_id": wid, "message": "Worker update queued for background processing"}
+        accepted = {
+            "status": "accepted",
+            "worker_id": wid,
+            "message": "Worker update queued for background processing",
+        }
         # PATCH merges labels; rl.* labels switch the capability source.
         r = await gw.client.patch(f"/workers/{wid}", json={"labels": {"rl.abort": "false", "tp_size": "2"}})
         assert_json(r, 202, accepted)
@@ -131,8 +213,15 @@ async def test_register_get_patch_put_delete(rl_config):
         assert "role" not in row["labels"] and row["labels"]["x"] == "1" and row["tp_size"] == 1
         assert row["capabilities"]["source"] == "static" and row["role"] is None
         r = await gw.client.delete(f"/workers/{wid}")
-        assert_json(r, 202, {"status": "accepted", "worker_id": wid,
-                             "message": "Worker removal queued for background processing"})
+        assert_json(
+            r,
+            202,
+            {
+                "status": "accepted",
+                "worker_id": wid,
+                "message": "Worker removal queued for background processing",
+            },
+        )
         with trio.fail_after(5):
             while list(gw.gateway.fleet.registry):
                 await trio.sleep(0.01)
@@ -164,13 +253,18 @@ async def test_invalid_and_unknown_ids(rl_config):
                 r = await gw.client.request(method, f"/workers/{wid}")
                 assert_json(r, 404, {"error": f"Worker {wid} not found", "code": "WORKER_NOT_FOUND"})
         # PUT/PATCH read the body before the id.
-        r = await gw.client.put("/workers/nope", content=b'{"url":', headers={"content-type": "application/json"})
+        r = await gw.client.put(
+            "/workers/nope", content=b'{"url":', headers={"content-type": "application/json"}
+        )
         assert_json(r, 400, bad(JSE + "url: EOF while parsing a value at line 1 column 7"))
         r = await gw.client.patch("/workers/nope", content=b"{}", headers={"content-type": "text/plain"})
         assert_json(r, 400, bad("Missing Content-Type: application/json header"))
-        r = await gw.client.patch(f"/workers/{U0}", content=b'{"labels":{"a":1}}',
-                                  headers={"content-type": "application/json"})
-        assert_json(r, 400, bad(IJD + "labels.a: invalid type: integer `1`, expected a string at line 1 column 16"))
+        r = await gw.client.patch(
+            f"/workers/{U0}", content=b'{"labels":{"a":1}}', headers={"content-type": "application/json"}
+        )
+        assert_json(
+            r, 400, bad(IJD + "labels.a: invalid type: integer `1`, expected a string at line 1 column 16")
+        )
         r = await gw.client.patch(f"/workers/{U0}", json={"labels": None})
         assert_json(r, 404, {"error": f"Worker {U0} not found", "code": "WORKER_NOT_FOUND"})
         r = await gw.client.put(f"/workers/{U0}", json={})
@@ -179,17 +273,45 @@ async def test_invalid_and_unknown_ids(rl_config):
 
 async def test_put_on_a_dp_rank_is_refused():
     cfg = rl_cfg(dp_aware=True)
-    async with fake_fleet("sglang", 1, dp_size=2) as fleet, gateway_in_process(cfg, worker_urls=fleet.urls) as gw:
+    async with (
+        fake_fleet("sglang", 1, dp_size=2) as fleet,
+        gateway_in_process(cfg, worker_urls=fleet.urls) as gw,
+    ):
         rank0 = next(w for w in gw.gateway.fleet.registry if w.url.endswith("@0"))
         r = await gw.client.put(f"/workers/{rank0.id}", json={"url": fleet.urls[0]})
-        assert_json(r, 400, bad(f"Worker '{rank0.url}' belongs to a data-parallel group. PUT is not supported for "
-                                "data-parallel workers. Use DELETE + POST instead."))
+        assert_json(
+            r,
+            400,
+            bad(
+                f"Worker '{rank0.url}' belongs to a data-parallel group. PUT is not supported for "
+                "data-parallel workers. Use DELETE + POST instead."
+            ),
+        )
         listed = (await gw.client.get("/workers")).json()["workers"]
-        assert list(listed[0]) == ["id", "model_id", "url", "models", "worker_type", "connection_mode",
-                                   "runtime_type", "labels", "priority", "cost", "dp_base_url", "dp_rank",
-                                   "dp_size", "max_connection_attempts", "is_healthy", "status", "load", "http2"]
+        assert list(listed[0]) == [
+            "id",
+            "model_id",
+            "url",
+            "models",
+            "worker_type",
+            "connection_mode",
+            "runtime_type",
+            "labels",
+            "priority",
+            "cost",
+            "dp_base_url",
+            "dp_rank",
+            "dp_size",
+            "max_connection_attempts",
+            "is_healthy",
+            "status",
+            "load",
+            "http2",
+        ]
         assert sorted((w["url"], w["dp_rank"], w["dp_size"], w["dp_base_url"]) for w in listed) == [
-            (f"{fleet.urls[0]}@0", 0, 2, fleet.urls[0]), (f"{fleet.urls[0]}@1", 1, 2, fleet.urls[0])]
+            (f"{fleet.urls[0]}@0", 0, 2, fleet.urls[0]),
+            (f"{fleet.urls[0]}@1", 1, 2, fleet.urls[0]),
+        ]
 
 
 async def test_oversized_bodies():
@@ -202,8 +324,14 @@ async def test_oversized_bodies():
                 yield b"x" * 50
 
         r = await gw.client.post("/workers", content=chunks(), headers={"content-type": "application/json"})
-        assert_json(r, 413, {"error": "Request body exceeded the payload limit (max_payload_size)",
-                             "code": "PAYLOAD_TOO_LARGE"})
+        assert_json(
+            r,
+            413,
+            {
+                "error": "Request body exceeded the payload limit (max_payload_size)",
+                "code": "PAYLOAD_TOO_LARGE",
+            },
+        )
         r = await gw.client.post("/workers", content=chunks())
         assert_json(r, 400, bad("Missing Content-Type: application/json header"))
 
