@@ -17,7 +17,6 @@ import attrs
 import trio
 
 from journal import JournalWriteError
-from journal import JournalWriteError
 from smgrl.config import HealthConfig
 from smgrl.core.view import collapse
 from smgrl.logs import event as log_event
@@ -67,22 +66,6 @@ class HealthChecker:
             for worker in list(self.candidates()):
                 nursery.start_soon(self._check, worker)
 
-    async def _transition(self, worker, health: str, reason: str) -> bool:
-        try:
-            await self.registry.set_health(worker, health, reason)
-        except JournalWriteError:
-            # No durable event, no state change: the next round retries the transition. A full
-            # disk must not take the health checker (and its nursery, the gateway's) down.
-            log_event(
-                log,
-                "journal unavailable; health change not recorded",
-                logging.WARNING,
-                worker_id=worker.id,
-                health=health,
-            )
-            return False
-        return True
-
     async def _check(self, worker) -> None:
         ok = False
         try:
@@ -115,11 +98,11 @@ class HealthChecker:
             streak.successes += 1
             streak.failures = 0
             if worker.status == "not_ready" and streak.successes >= self.cfg.success_threshold:
-                if await self._transition(worker, "ready", "health check passed"):
-                    log_event(log, "engine healthy again", worker_id=worker.id, url=worker.url)
+                await self.registry.set_health(worker, "ready", "health check passed")
+                log_event(log, "engine healthy again", worker_id=worker.id, url=worker.url)
         else:
             streak.failures += 1
             streak.successes = 0
             if worker.status == "ready" and streak.failures >= self.cfg.failure_threshold:
-                if await self._transition(worker, "not_ready", f"{streak.failures} failed health checks"):
-                    log_event(log, "engine unhealthy", logging.WARNING, worker_id=worker.id, url=worker.url)
+                await self.registry.set_health(worker, "not_ready", f"{streak.failures} failed health checks")
+                log_event(log, "engine unhealthy", logging.WARNING, worker_id=worker.id, url=worker.url)
