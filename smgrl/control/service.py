@@ -89,10 +89,7 @@ class ControlService:
             outcome = await self._call_one(worker, req, op_id)
         finally:
             if outcome is None:
-                # Cancelled mid-call (client gone, shutdown past grace): shielded, as in fanout.
-                with trio.CancelScope(shield=True):
-                    with trio.move_on_after(SHIELDED_RECORD_SECS):
-                        await self._finish(op_id, "cancelled", 499, 1, 0, started, quiet=True)
+                await self._record_cut_short(op_id, 1, 0, started)
         if outcome.error is not None:
             status, body = outcome.error.status, outcome.error.body()
         else:
@@ -119,20 +116,7 @@ class ControlService:
             done = True
         finally:
             if not done:
-                # The request was cancelled (client disconnected, or shutdown ran out of grace)
-                # or failed. Shield the record: the client is gone, but the journal must still
-                # say which targets answered and that the rest were cut short.
-                with trio.CancelScope(shield=True):
-                    with trio.move_on_after(SHIELDED_RECORD_SECS):
-                        await self._finish(
-                            op_id,
-                            "cancelled",
-                            499,
-                            len(targets),
-                            sum(o.ok for o in outcomes),
-                            started,
-                            quiet=True,
-                        )
+                await self._record_cut_short(op_id, len(targets), sum(o.ok for o in outcomes), started)
         modes = {w.id: w.connection_mode for w in targets}
         status, body = fanout_body(outcomes, modes)
         result = "ok" if status == 200 else "partial"
@@ -161,6 +145,14 @@ class ControlService:
         return OpResult(400, None, op_id, journaled)
 
     # -- steps ---------------------------------------------------------------------------------
+
+    async def _record_cut_short(self, op_id: str, total: int, succeeded: int, started: float) -> None:
+        """The request was cancelled (client disconnected, shutdown past its grace period) or
+        failed mid-operation. Shielded: the client is gone, but the journal must still say that the
+        operation ended cancelled; the outcomes that arrived are already queued before this record.
+        Bounded, so a dead journal cannot hold a cancelled request forever."""
+        with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_RECORD_SECS):
+            await self._finish(op_id, "cancelled", 499, total, succeeded, started, quiet=True)
 
     async def _call_one(self, worker: Worker, req: ControlRequest, op_id: str) -> Outcome:
         outcome = await call_worker(
