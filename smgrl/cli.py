@@ -220,6 +220,8 @@ def run_gateway(cfg: Config) -> None:
     except OSError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    finally:
+        logs.shutdown()  # every queued log line is written before the process exits
 
 
 async def _watch_signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
