@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/journal.py                       # 100k and 1M events replayed
     .venv/bin/python benchmarks/journal.py --events 100000 --append-events 50000
+    .venv/bin/python benchmarks/journal.py --skip-appends --launch  # issue 4's numbers, real launch too
 
 (a) Appends. Many trio tasks call ``await JournalWriter.append`` concurrently (each waits for its
     own durable commit, as a request handler does); the writer batches them. Also one task
@@ -11,10 +12,18 @@
 (b) Replay. A realistic journal (fan-outs over 8 engines: control.started / 8 x control.outcome /
     control.finished / audit, plus worker.* churn) is generated, then read raw, read + decoded,
     folded with ``replay(store, fold)`` (a trivial fold today; the registry projection goes there),
-    read with a type filter (what a registry projection needs), and verified.
+    read with a type filter (what a registry projection needs), and verified. The fan-outs
+    rotate through pause_generation / update_weights_from_disk (with a weight version) /
+    continue_generation, with their recorded intents, so they form refit cycles.
+(c) On the same journals (issue 4): the registry projection alone; `smgrl journal refits` (the
+    whole journal grouped in process; the command for the last 50 cycles and for --all);
+    gateway startup (open, restore the projections, load the keys) without a snapshot and with
+    one 50,000 events behind the head (the gateway snapshots every 50,000 events: the worst
+    case), and what taking that snapshot costs; with --launch, a real `smgrl launch` until
+    /liveness answers.
 
 Every database lives in a temporary directory that is deleted at the end. Runtime is bounded by
-the sizes given (about 90 s for the defaults on a 2-core machine).
+the sizes given (a few minutes for the defaults on a 2-core machine).
 """
 
 from __future__ import annotations

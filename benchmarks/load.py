@@ -98,7 +98,7 @@ def run(fanouts: int = 1000, engines: int = 64, pollers: int = 2, journal_dir: s
     from smgrl.demo.procs import free_port, start_fake_engines, start_gateway, wait_for_workers
 
     work = journal_dir or tempfile.mkdtemp(prefix="smgrl-load-")
-    log = open(os.path.join(work, "gateway.log"), "w")
+    log = open(os.path.join(work, "gateway.log"), "w")  # noqa: SIM115 - closed in the finally below
     fakes = gw = None
     try:
         fakes, urls = start_fake_engines("sglang", engines)

@@ -72,6 +72,48 @@ class HealthConfig:
 
 
 @attrs.frozen
+class RetryConfig:
+    """Data-plane retries (SMG's ``--retry-*``): only before the first byte reaches the client,
+    only on connection errors and 5xx answers; control calls never retry."""
+
+    max_retries: int = 5
+    initial_backoff_ms: int = 50
+    max_backoff_ms: int = 30_000
+    backoff_multiplier: float = 1.5
+    jitter_factor: float = 0.2
+    enabled: bool = True
+
+
+@attrs.frozen
+class BreakerConfig:
+    """Per-engine circuit breaker (SMG's ``--cb-*``); data plane only. ``--disable-circuit-breaker``
+    is ``Config.disable_circuit_breaker``."""
+
+    failure_threshold: int = 10
+    success_threshold: int = 3
+    timeout_secs: float = 60.0
+    window_secs: float = 120.0
+
+
+@attrs.frozen
+class DataPlaneConfig:
+    """Rollout routing: policy tuning, admission, retries, breaker and the eligibility wait."""
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    max_tree_size: int = 67_108_864
+    # How long a request may wait in the gateway for an eligible engine (all paused during a
+    # refit, ...) before a retryable 503; None = the whole --request-timeout-secs.
+    eligible_wait_secs: float | None = None
+    max_concurrent_requests: int = -1
+    queue_size: int = 100
+    queue_timeout_secs: float = 60.0
+    retry: RetryConfig = RetryConfig()
+    breaker: BreakerConfig = BreakerConfig()
+
+
+@attrs.frozen
 class Config:
     host: str = "127.0.0.1"
     port: int = 30000
@@ -84,6 +126,7 @@ class Config:
     request_timeout_secs: float = 1800.0
     disable_circuit_breaker: bool = False
     dp_aware: bool = False
+    dataplane: DataPlaneConfig = DataPlaneConfig()
     control_plane_keys: tuple[ControlPlaneKey, ...] = ()
     tenant_keys: tuple[TenantKey, ...] = ()
     prometheus_host: str | None = None

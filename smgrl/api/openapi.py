@@ -46,7 +46,8 @@ OPENAI_CODES = [
     "request_timeout",
     "bad_request",
 ]
-WORKER_CODES = ["BAD_REQUEST", "WORKER_NOT_FOUND", "WORKER_ALREADY_EXISTS", "PAYLOAD_TOO_LARGE"]
+WORKER_CODES = ["BAD_REQUEST", "WORKER_NOT_FOUND", "WORKER_ALREADY_EXISTS", "PAYLOAD_TOO_LARGE",
+                "JOURNAL_UNAVAILABLE"]
 
 # -- schema helpers -----------------------------------------------------------------------------------
 
@@ -554,7 +555,13 @@ def _workers_write(op_id: str, summary: str, body: str | None, responses: dict, 
         "summary": summary,
         "tags": ["workers"],
         "security": SECURED,
-        "responses": {**responses, **_auth_responses(write=True), "413": _r("PayloadTooLarge")},
+        "responses": {
+            **responses,
+            **_auth_responses(write=True),
+            "413": _r("PayloadTooLarge"),
+            "503": _resp("The journal cannot record the change (JOURNAL_UNAVAILABLE): nothing changed; retry.",
+                         WORKER_ERR),
+        },
     }
     if params:
         out["parameters"] = params

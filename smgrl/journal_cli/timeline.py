@@ -115,7 +115,9 @@ def _panel(c: Cycle, y0: int) -> tuple[list[str], int]:
     status = c.status
     if failed:
         n = len(failed)
-        status += f" ({n} engine{'s' if n != 1 else ''} with {'failures' if c.status != 'open' else 'no outcome'})"
+        status += (
+            f" ({n} engine{'s' if n != 1 else ''} with {'failures' if c.status != 'open' else 'no outcome'})"
+        )
     head = (
         f"cycle {c.index} · version {c.version or '-'} · {status} · {len(engines)} engines · "
         f"{fmt_ms(c.end - c.start)} · {fmt_ts(c.start)}" + ("" if c.paused else " · no pause")

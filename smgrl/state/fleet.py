@@ -8,7 +8,7 @@ exactly journal order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from smgrl.core.view import EngineFacts
 from smgrl.state.engines import EngineStates
@@ -22,6 +22,22 @@ class FleetState:
         self.engines = EngineStates()
         self.operations = Operations()
         self.last_seq = 0
+        # Called (no arguments, in the writer task) after a committed batch changed the registry
+        # or the engine projection: the data plane wakes requests waiting for an eligible engine.
+        # Not state: snapshots and replay ignore it.
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def notify(self) -> None:
+        """Tell the listeners the fleet changed (``apply_records`` does it after each batch)."""
+        for listener in list(self._listeners):
+            listener()
 
     @property
     def revision(self) -> tuple[int, int]:
@@ -42,8 +58,11 @@ class FleetState:
         self.last_seq = seq
 
     def apply_records(self, records: Iterable) -> None:
+        before = self.revision
         for rec in records:
             self.apply(rec.seq, rec.event)
+        if self._listeners and self.revision != before:
+            self.notify()
 
     def facts(self) -> dict[str, EngineFacts]:
         return self.engines.engines

@@ -3,7 +3,8 @@
 Two uses: the gateway must know which operations are still open (at shutdown and after a crash it
 records them as interrupted, naming the targets whose outcomes were recorded), and
 ``GET /v1/rl/operations/{id}`` serves recent operations from memory. Memory stays bounded: only
-open operations and the most recent ``RECENT`` finished ones are kept; older ones are read back
+open operations and the most recent finished ones (at most ``RECENT`` operations and
+``RECENT_TARGETS`` targets) are kept; older ones are read back
 from the journal file on demand.
 """
 
@@ -15,6 +16,10 @@ from typing import Any
 import attrs
 
 RECENT = 4096
+# The cache of finished operations is also bounded by their targets: one outcome per target, so a
+# count bound alone let 4096 fan-outs of 64 engines hold 262,144 outcomes (hundreds of MiB; found by
+# benchmarks/load.py: +66% resident memory over 1,000 fan-outs). The newest operation is always kept.
+RECENT_TARGETS = 4096
 
 
 @attrs.define
@@ -61,10 +66,12 @@ class OpRecord:
 
 
 class Operations:
-    def __init__(self, recent: int = RECENT) -> None:
+    def __init__(self, recent: int = RECENT, recent_targets: int = RECENT_TARGETS) -> None:
         self.open: dict[str, OpRecord] = {}
         self.recent: OrderedDict[str, OpRecord] = OrderedDict()
         self._cap = recent
+        self._target_cap = recent_targets
+        self._recent_targets = 0
 
     def get(self, op_id: str) -> OpRecord | None:
         return self.open.get(op_id) or self.recent.get(op_id)
@@ -109,6 +116,15 @@ class Operations:
                 self._remember(op)
 
     def _remember(self, op: OpRecord) -> None:
+        old = self.recent.pop(op.op_id, None)
+        if old is not None:
+            self._recent_targets -= len(old.targets)
         self.recent[op.op_id] = op
-        while len(self.recent) > self._cap:
-            self.recent.popitem(last=False)
+        self._recent_targets += len(op.targets)
+        while len(self.recent) > 1 and (
+            len(self.recent) > self._cap or self._recent_targets > self._target_cap
+        ):
+            _, evicted = self.recent.popitem(last=False)
+            self._recent_targets -= len(evicted.targets)
+        if len(self.recent) == 1:
+            self._recent_targets = len(op.targets)  # exact again (e.g. after recent.clear())

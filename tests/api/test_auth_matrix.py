@@ -50,9 +50,9 @@ CREDENTIALS = {
     "apikey": f"Bearer {API_KEY}",
 }
 MODES = {
-    "cp": dict(control_plane_keys=KEYS, tenant_keys=TENANTS, api_key=API_KEY),
-    "apikey": dict(tenant_keys=TENANTS, api_key=API_KEY),
-    "tenant": dict(tenant_keys=TENANTS),
+    "cp": {"control_plane_keys": KEYS, "tenant_keys": TENANTS, "api_key": API_KEY},
+    "apikey": {"tenant_keys": TENANTS, "api_key": API_KEY},
+    "tenant": {"tenant_keys": TENANTS},
     "open": {},
 }
 FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"

@@ -92,7 +92,7 @@ def _codes_in_sources() -> dict[str, set[str]]:
     rl = set(re.findall(r'code, status = "([a-z_]+)", \d+', errors))
     rl |= set(re.findall(r'code, status = "([a-z_]+)", \d+', (ROOT / "smgrl/api/journal_routes.py").read_text()))
     # The docstring's table names codes that are not exceptions (upstream_error).
-    rl |= set(re.findall(r"^\s+(?:│\s+)?[├└]── \w+\s+([a-z_]+)\s+\d{3}", errors, re.M))
+    rl |= set(re.findall(r"^\s+(?:│\s+)?[├└]── \w+\s+([a-z_]+)\s+\d{3}", errors, re.MULTILINE))
     rl.add("upstream_error")
     rl.add("internal_error")  # app.py's answer to a bug
     workers = set(re.findall(r"\b([A-Z][A-Z_]+[A-Z])\b\s+\d{3}", errors))

@@ -265,7 +265,7 @@ def test_a_client_sending_its_body_byte_by_byte_is_served_and_blocks_nobody(fake
             if not chunk:
                 break
             raw += chunk
-    status_line, _, rest = raw.partition(b"\r\n")
+    status_line = raw.partition(b"\r\n")[0]
     assert status_line.startswith(b"HTTP/1.1 200")
     envelope = json.loads(raw.split(b"\r\n\r\n", 1)[1])
     assert envelope["worker_id"] == row["id"] and envelope["status"] == 200
@@ -326,14 +326,14 @@ def tmpfs(path, size: str):
     """A small tmpfs mounted at ``path`` (needs root and CAP_SYS_ADMIN; skips otherwise)."""
     os.makedirs(path, exist_ok=True)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield path
     finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 def fill(path) -> int:
@@ -347,10 +347,9 @@ def fill(path) -> int:
             except OSError:
                 break
     for size in (4096, 512, 1):  # the last partial blocks too
-        with open(os.path.join(path, "filler"), "ab", buffering=0) as f:
-            with contextlib.suppress(OSError):
-                while True:
-                    written += f.write(b"\0" * size)
+        with open(os.path.join(path, "filler"), "ab", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                written += f.write(b"\0" * size)
     return written
 
 
@@ -385,9 +384,10 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
         assert st == 200 and op["result"] == "ok"
         st, _, page = http.request("GET", "/v1/rl/journal?limit=1000")
         assert st == 200 and page["events"]
-        # A registry write cannot be journaled either (its status: see the xfail test below), and
-        # the pending registration's probe records fail: neither may take the gateway down.
-        http.request("PATCH", f"/workers/{ids[0]}", {"labels": {"during": "full"}})
+        # A registry write cannot be journaled either: refused with a 503, nothing changed; and the
+        # pending registration's probe records fail: neither may take the gateway down.
+        st, _, body = http.request("PATCH", f"/workers/{ids[0]}", {"labels": {"during": "full"}})
+        assert (st, body["code"]) == (503, "JOURNAL_UNAVAILABLE")
         time.sleep(1.5)  # the registration backoff starts at 0.5 s: at least one failed record
         assert gw.proc.poll() is None, "the gateway died on a full disk"
 
@@ -403,7 +403,7 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
 
         # Nothing already journaled was corrupted: the chain verifies, every operation is whole.
         verify = subprocess.run([sys.executable, "-m", "smgrl", "journal", "--journal", journal, "verify"],
-                                capture_output=True, text=True, timeout=120)
+                                capture_output=True, text=True, timeout=120, check=False)
         assert verify.returncode == 0, verify.stdout + verify.stderr
         store = SqliteStore.open(journal, readonly=True)
         try:
@@ -489,10 +489,8 @@ async def test_discovery_and_health_checks_survive_a_failing_journal():
         assert (await gw.client.get("/v1/rl/workers")).status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason="known bug, smgrl/api/workers.py: a /workers write whose record "
-                   "cannot be journaled answers 500 internal_error instead of a 503 (JournalWriteError is not "
-                   "translated); see docs/reliability.md")
 async def test_registry_writes_answer_503_when_the_journal_cannot_record_them():
+    """(They answered 500 internal_error before: found by the disk-full test.)"""
     store = FailingStore()
     async with fake_fleet("sglang", 1) as fleet, gateway_in_process(_cfg(), store=store) as gw:
         (wid,) = await gw.register(fleet.urls)
@@ -503,3 +501,40 @@ async def test_registry_writes_answer_503_when_the_journal_cannot_record_them():
             (await gw.client.delete(f"/workers/{wid}")).status_code,
         ]
         assert statuses == [503, 503, 503], statuses
+        r = await gw.client.put(f"/workers/{wid}", json={"url": "http://127.0.0.1:1", "labels": {}})
+        assert r.status_code == 503 and r.json()["code"] == "JOURNAL_UNAVAILABLE"
+        store.full = False
+        assert (await gw.client.patch(f"/workers/{wid}", json={"labels": {"a": "b"}})).status_code == 202
+
+
+async def test_disk_full_after_the_engines_were_called_answers_with_x_smgrl_journal_unavailable():
+    """The start record is written, then the disk fills: the engines' answers are not hidden, the
+    response says the record is missing, and the operation stays open in the journal (a restart
+    records it interrupted)."""
+    store = FailingStore()
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(_cfg(), store=store) as gw:
+        await gw.register(fleet.urls)
+        for engine in fleet.engines:
+            engine.set_knobs(latency_ms=300)
+        answers = []
+
+        async def call():
+            answers.append(await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call)
+            with trio.fail_after(BOUND):
+                while not all(e.calls_to("/flush_cache") for e in fleet.engines):
+                    await trio.sleep(0.01)
+            store.full = True  # control.started is durable; control.finished will not be
+        (r,) = answers
+        assert r.status_code == 200 and r.json()["succeeded"] == 2
+        assert r.headers["x-smgrl-journal"] == "unavailable"
+        op_id = r.headers["x-smgrl-operation-id"]
+        store.full = False
+        types = [rec.event.TYPE for rec in store.read(stream=f"op:{op_id}")]
+        assert types == ["control.started"]  # the outcomes were in the failed batch too
+        assert gw.gateway.fleet.operations.get(op_id).result is None  # still open
+    async with gateway_in_process(_cfg(), store=store) as gw2:  # a restart on the same journal
+        r = await gw2.client.get(f"/v1/rl/operations/{op_id}")
+        assert r.status_code == 200 and r.json()["result"] == "interrupted"

@@ -27,10 +27,10 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 requests = pytest.importorskip("requests")
 
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
-from schemathesis import GenerationMode  # noqa: E402
-from schemathesis.specs.openapi.checks import (  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
     response_headers_conformance,
@@ -38,7 +38,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from smgrl.demo.procs import free_port, wait_for_workers  # noqa: E402
+from smgrl.demo.procs import free_port, wait_for_workers
 
 EXAMPLES = {"positive": 8, "negative": 6, "real": 5}  # per operation; ~30 operations
 ENGINE_ROUTES = ["flush_cache", "server_info", "get_model_info", "get_weight_version", "health"]

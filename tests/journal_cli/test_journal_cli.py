@@ -333,3 +333,27 @@ def test_recent_cycles_and_ops_are_read_from_a_window_at_the_end(tmp_path, monke
     assert len(all_ops) == 210 and run("ops", "--json")["operations"] == all_ops[-50:]
     updates = run("ops", "--json", "--path", "update_*", "--last", "5")["operations"]
     assert [o["version"] for o in updates] == [f"s{i}" for i in range(65, 70)]
+
+
+def test_verify_detects_an_edited_snapshot(run, journal):
+    assert run("replay", "--snapshot").exit_code == 0
+    conn = sqlite3.connect(journal["path"])
+    with conn:
+        conn.execute("UPDATE snapshots SET state = replace(state, 'step-5', 'step-9')")
+    conn.close()
+    result = run("verify")
+    assert result.exit_code == 1 and "does not match its hash" in result.output
+    assert f"seq {journal['last_seq']}" in result.output
+
+
+def test_exit_statuses_through_the_smgrl_entry_point(journal, tmp_path, capsys):
+    from smgrl.cli import main
+
+    with pytest.raises(SystemExit) as missing:
+        main(["journal", "--journal", str(tmp_path / "nope.db"), "events"])
+    assert missing.value.code == 3
+    with pytest.raises(SystemExit) as bad:
+        main(["journal", "--journal", journal["path"], "events", "--after", "9", "--before", "3"])
+    assert bad.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 2 and "Traceback" not in err

@@ -1,0 +1,117 @@
+"""What the data plane needs to know about a rollout request, read from its JSON body. Pure.
+
+The body is forwarded to the engine byte for byte (the one exception: ``--dp-aware`` adds
+``data_parallel_rank``); this module only looks at it, for four things: the ``model`` (to pick the
+fleet's workers for it, never to add one: a request without ``model`` goes upstream without one),
+``stream`` (relay chunk by chunk, or buffer to stamp), the text or token ids that cache-aware
+routing matches prefixes on, and whether a ``/generate`` is a single prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+GENERATE = "/generate"
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+ROUTES = (GENERATE, COMPLETIONS, CHAT)
+# Cache-aware routing looks at no more than this much of a prompt: affinity is about the shared
+# head of prompts (system prompt, few-shot examples), and a bound keeps the tree walk cheap.
+ROUTING_TEXT_LIMIT = 4096
+
+
+class BadRequest(ValueError):
+    """The body cannot be routed (not a JSON object, or a ``model`` that is not a string)."""
+
+
+@attrs.frozen(slots=True)
+class RolloutRequest:
+    route: str
+    obj: dict[str, Any]
+    model: str | None
+    stream: bool
+    # Cache-aware routing key material: prompt text (str) or token ids (tuple); None = nothing.
+    prefix: str | tuple[int, ...] | None
+
+    @property
+    def openai(self) -> bool:
+        return self.route != GENERATE
+
+
+def parse(route: str, body: bytes) -> RolloutRequest:
+    try:
+        obj = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("the request body must be a JSON object")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("`model` must be a string")
+    return RolloutRequest(
+        route=route,
+        obj=obj,
+        model=model or None,
+        stream=obj.get("stream") is True,
+        prefix=_prefix(route, obj),
+    )
+
+
+def _prefix(route: str, obj: dict[str, Any]) -> str | tuple[int, ...] | None:
+    if route == GENERATE:
+        text = obj.get("text")
+        if text is not None:
+            return _text(text[0] if isinstance(text, list) and text else text)
+        return _ids(obj.get("input_ids"))
+    if route == COMPLETIONS:
+        prompt = obj.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+        return _text(prompt) if isinstance(prompt, str) else _ids(prompt)
+    messages = obj.get("messages")
+    if not isinstance(messages, list):
+        return None
+    parts: list[str] = []
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = " ".join(
+                p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+        if not isinstance(content, str):
+            continue
+        parts.append(content)
+        size += len(content)
+        if size >= ROUTING_TEXT_LIMIT:
+            break
+    return _text("\n".join(parts)) if parts else None
+
+
+def _text(value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return None
+    return value[:ROUTING_TEXT_LIMIT]
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        value = value[0]
+    if not isinstance(value, list) or not value:
+        return None
+    head = value[:ROUTING_TEXT_LIMIT]
+    if not all(type(t) is int for t in head):
+        return None
+    return tuple(head)
+
+
+def is_single_generate(obj: dict[str, Any]) -> bool:
+    """A ``/generate`` with one prompt (``text`` a string, or ``input_ids`` a flat list)."""
+    text = obj.get("text")
+    if text is not None:
+        return not isinstance(text, list)
+    ids = obj.get("input_ids")
+    return not (isinstance(ids, list) and ids and isinstance(ids[0], list))
