@@ -369,7 +369,7 @@ class ControlOutcome(Event):
 @attrs.frozen(slots=True, kw_only=True)
 class ControlFinished(Event):
     op_id: str
-    result: Literal["ok", "partial", "no_match", "cancelled", "error"]
+    result: Literal["ok", "partial", "no_match", "failed", "cancelled", "error"]
     http_status: int
     total: int
     succeeded: int
