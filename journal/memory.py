@@ -98,7 +98,7 @@ class MemoryStore:
             self._meta["high_water"] = Head(recorded[-1].seq, recorded[-1].ts, recorded[-1].hash)
         return recorded
 
-    def save_snapshot(self, kind: str, upto_seq: int, state_json: str) -> None:
+    def save_snapshot(self, kind: str, upto_seq: int, state_json: str, *, keep: int = 3) -> None:
         json.loads(state_json)
         self._check_writable()
         with self._lock:
@@ -106,7 +106,11 @@ class MemoryStore:
             if anchor is None:
                 raise ValueError(f"cannot snapshot at seq {upto_seq}: no such event")
             h = snapshot_hash(kind, upto_seq, anchor, state_json)
-            self._snapshots.append((len(self._snapshots) + 1, kind, upto_seq, self._clock(), state_json, h))
+            next_id = max((row[0] for row in self._snapshots), default=0) + 1
+            self._snapshots.append((next_id, kind, upto_seq, self._clock(), state_json, h))
+            mine = sorted((row for row in self._snapshots if row[1] == kind), key=lambda r: (r[2], r[0]))
+            stale = {row[0] for row in mine[: max(0, len(mine) - max(1, keep))]}
+            self._snapshots = [row for row in self._snapshots if row[0] not in stale]
 
     def compact_bodies(self, before_seq: int) -> int:
         self._check_writable()

@@ -11,9 +11,11 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, Reque
 
 from smgrl.api import envelopes as env
 from smgrl.api import openapi
+from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
 from smgrl.api.workers import WorkersApi
+from smgrl.dataplane.service import DataPlane
 
 log = logging.getLogger("smgrl.http")
 
@@ -146,4 +148,10 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
             500, {"error": "internal_error", "message": "internal error; the gateway log has the details"}
         )
 
+    # The rollout routes are served by a raw ASGI handler in front of Quart, on the same port
+    # (measured: Quart's per-request machinery costs more than the whole proxy hop; see
+    # docs/data-plane.md). Everything else reaches Quart unchanged.
+    dataplane = DataPlane(cfg=cfg, fleet=gateway.fleet, pools=gateway.pools, keys=gateway.keys)
+    app.dataplane = dataplane  # type: ignore[attr-defined]  (tests and benchmarks read it)
+    app.asgi_app = DataPlaneASGI(app.asgi_app, gateway, dataplane)  # type: ignore[method-assign]
     return app

@@ -1,0 +1,285 @@
+"""Rollout routes served as raw ASGI in front of the Quart app, on the same port.
+
+``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/models``
+are answered here; every other request goes on to Quart unchanged. Why not Quart routes:
+measured (``benchmarks/dataplane.py --front``, docs/data-plane.md), Quart's request/response
+machinery costs more per request than the whole proxy hop, and rollout traffic is the gateway's
+high-rate path. Trainers keep ONE URL for control and data, as with SMG.
+
+Per request: read the body (413 over ``--max-payload-size``), check the data-plane key, parse the
+JSON (model, stream, prompt prefix), then, with a task watching for the client's disconnect
+(which cancels the engine call: the pool closes that connection and the engine aborts the
+request), dispatch through ``smgrl.dataplane.service`` and relay: buffered answers whole,
+streams chunk by chunk as they arrive, never buffered.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from smgrl.api import envelopes as env
+from smgrl.auth import DATA_REALM, MISSING_API_KEY, bearer_token
+from smgrl.dataplane import request as rq
+from smgrl.dataplane.errors import DataPlaneError, InvalidRequestBody
+from smgrl.dataplane.service import DataPlane
+
+log = logging.getLogger("smgrl.dataplane")
+
+JSON_CT = b"application/json"
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+# Engine response headers relayed to the client (framing and hop-by-hop headers are the gateway's).
+RELAYED = frozenset({b"content-type", b"cache-control", b"x-accel-buffering"})
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+class DataPlaneASGI:
+    """ASGI middleware: the data-plane paths are served here, the rest by ``inner`` (Quart)."""
+
+    def __init__(self, inner: Callable, gateway, service: DataPlane) -> None:
+        self.inner = inner
+        self.gw = gateway
+        self.dp = service
+        self.max_body = gateway.cfg.max_payload_size
+        auth = gateway.auth
+        # Data-plane keys: --api-key and the tenant keys (control-plane keys are for /v1/rl).
+        self._keys = tuple(k for k in (auth.api_key, *(t.key for t in auth.tenant_keys)) if k)
+        self.routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            rq.GENERATE: self._rollout,
+            rq.COMPLETIONS: self._rollout,
+            rq.CHAT: self._rollout,
+            "/v1/models": self._models,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            handler = self.routes.get(scope["path"])
+            if handler is not None:
+                await handler(scope, receive, send)
+                return
+        await self.inner(scope, receive, send)
+
+    # -- small helpers -------------------------------------------------------------------------
+
+    @staticmethod
+    def _request_id(scope: Scope) -> bytes:
+        header = _header(scope, b"x-request-id")
+        rid, _ = env.request_id_for(header.decode("latin-1") if header else None, scope["path"])
+        return rid.encode("latin-1")
+
+    @staticmethod
+    async def _respond(
+        send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]], ctype: bytes = JSON_CT
+    ) -> None:
+        head = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *headers]
+        await send({"type": "http.response.start", "status": status, "headers": head})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _error(self, send: Send, rid: bytes, exc: DataPlaneError) -> None:
+        await self._respond(send, exc.status, _json(exc.body()), [(b"x-request-id", rid), *exc.headers()])
+
+    async def _openai_error(
+        self, send: Send, rid: bytes, status: int, code: str, message: str, extra=()
+    ) -> None:
+        body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": None}}
+        headers = [(b"x-request-id", rid), (b"x-smg-error-code", code.encode()), *extra]
+        await self._respond(send, status, _json(body), headers)
+
+    async def _not_allowed(self, scope: Scope, send: Send, rid: bytes, allow: str) -> None:
+        message = f"Invalid URL ({scope['method']} {scope.get('raw_path', b'').decode('latin-1') or scope['path']})"
+        await self._openai_error(send, rid, 405, "method_not_allowed", message, [(b"allow", allow.encode())])
+
+    def _denied(self, scope: Scope) -> tuple[int, str, str] | None:
+        """(status, message, www-authenticate) when the data-plane key check fails, else None."""
+        if not self._keys:
+            return None
+        header = _header(scope, b"authorization")
+        token = bearer_token(header.decode("latin-1") if header else None)
+        if token is None:
+            return 401, MISSING_API_KEY, DATA_REALM
+        if any(hmac.compare_digest(token.encode("utf-8", "surrogateescape"), k.encode()) for k in self._keys):
+            return None
+        return 401, "Invalid API key", DATA_REALM + ', error="invalid_token"'
+
+    async def _auth_error(self, send: Send, rid: bytes, denied: tuple[int, str, str]) -> None:
+        status, message, realm = denied
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+        await self._respond(
+            send, status, _json(body), [(b"x-request-id", rid), (b"www-authenticate", realm.encode())]
+        )
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise _TooLarge
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > self.max_body:
+                    raise _TooLarge
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    # -- routes --------------------------------------------------------------------------------
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rid = self._request_id(scope)
+        if scope["method"] not in ("GET", "HEAD"):
+            await self._not_allowed(scope, send, rid, "GET,HEAD")
+            return
+        denied = self._denied(scope)
+        if denied is not None:
+            await self._auth_error(send, rid, denied)
+            return
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "smgrl"}
+            for name in self.dp.served_models()
+        ]
+        body = _json({"object": "list", "data": data})
+        if scope["method"] == "HEAD":
+            head = [(b"content-type", JSON_CT), (b"content-length", str(len(body)).encode()), (b"x-request-id", rid)]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        await self._respond(send, 200, body, [(b"x-request-id", rid)])
+
+    async def _rollout(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rid = self._request_id(scope)
+        if scope["method"] != "POST":
+            await self._not_allowed(scope, send, rid, "POST")
+            return
+        try:
+            body = await self._read_body(scope, receive)
+        except _Disconnected:
+            return
+        except _TooLarge:
+            await self._openai_error(send, rid, 413, "request_body_too_large", env.PAYLOAD_TOO_LARGE)
+            return
+        denied = self._denied(scope)
+        if denied is not None:
+            await self._auth_error(send, rid, denied)
+            return
+        try:
+            req = rq.parse(scope["path"], body)
+            model = self.dp.resolve_model(req.model)
+        except rq.BadRequest as exc:
+            await self._error(send, rid, InvalidRequestBody(str(exc)))
+            return
+        except DataPlaneError as exc:
+            await self._error(send, rid, exc)
+            return
+        headers = list(scope["headers"])
+        if _header(scope, b"x-request-id") is None:
+            headers.append((b"x-request-id", rid))
+        key = _header(scope, b"x-smg-routing-key")
+        routing_key = key.decode("latin-1") if key else None
+        relay = _Relay(self, send, rid)
+        # The watcher turns the client's disconnect into a cancellation of this request: the
+        # engine call in flight is cancelled (its connection closed, so the engine aborts), and
+        # a request still waiting for an eligible engine stops waiting.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            try:
+                await relay.run(req, body, headers, model, routing_key)
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+class _Relay:
+    """Sends one rollout request's answer: buffered or streamed, errors before the first byte."""
+
+    __slots__ = ("api", "rid", "send", "started")
+
+    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes) -> None:
+        self.api = api
+        self.send = send
+        self.rid = rid
+        self.started = False
+
+    def _head(self, dispatched) -> list[tuple[bytes, bytes]]:
+        response = dispatched.response
+        out = [(k, v) for k, v in response.headers if k in RELAYED]
+        out.append((b"x-request-id", self.rid))
+        out.append((b"x-smg-routed-worker-id", dispatched.instance.worker_id.encode()))
+        return out
+
+    async def run(self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key) -> None:
+        dp = self.api.dp
+        try:
+            if req.stream:
+                async with dp.dispatch(
+                    req, body, headers, model=model, routing_key=routing_key, buffered=False
+                ) as dispatched:
+                    await self._stream(dispatched)
+            else:
+                async with dp.dispatch(
+                    req, body, headers, model=model, routing_key=routing_key, buffered=True
+                ) as dispatched:
+                    status = dispatched.response.status
+                    head = self._head(dispatched)
+                    data = dispatched.body or b""
+                head.append((b"content-length", str(len(data)).encode()))
+                self.started = True
+                await self.send({"type": "http.response.start", "status": status, "headers": head})
+                await self.send({"type": "http.response.body", "body": data, "more_body": False})
+        except DataPlaneError as exc:
+            if not self.started:
+                await self.api._error(self.send, self.rid, exc)
+            else:
+                await self._abort_stream(exc)
+
+    async def _stream(self, dispatched) -> None:
+        send = self.send
+        response = dispatched.response
+        await send({"type": "http.response.start", "status": response.status, "headers": self._head(dispatched)})
+        self.started = True
+        async for chunk in response.aiter_chunks():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _abort_stream(self, exc: DataPlaneError) -> None:
+        # The head is out: the status cannot change. Say what happened in the stream's own
+        # language (an SSE error event, as SGLang does) and end it; no [DONE] follows.
+        log.warning("stream cut short: %s", exc.message)
+        event = b"data: " + _json(exc.body()) + b"\n\n"
+        await self.send({"type": "http.response.body", "body": event, "more_body": False})
