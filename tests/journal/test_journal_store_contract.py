@@ -425,7 +425,7 @@ def test_only_the_newest_snapshots_are_kept(backend):
     store = backend.store
     store.append_batch(a_few(6))
     for seq in range(1, 7):
-        store.save_snapshot("fleet", seq, '{"n": %d}' % seq, keep=3)
+        store.save_snapshot("fleet", seq, f'{{"n": {seq}}}', keep=3)
     store.save_snapshot("other", 2, "{}")
     assert store.latest_snapshot("fleet") == (6, '{"n": 6}')
     assert store.latest_snapshot("fleet", max_seq=4) == (4, '{"n": 4}')
