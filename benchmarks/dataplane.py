@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""Data-plane speed: smgrl vs direct calls vs SMG 1.13.0, side by side in one run, same fakes.
+
+Starts E fake SGLang engines (one ``smgrl fake-engine`` process), then each gateway with
+``--worker-urls`` of all E engines, and measures from this process (trio, smgrl's upstream pool
+as the HTTP client, one kept-alive connection per concurrent client):
+
+* non-streaming ``POST /generate`` (``max_new_tokens`` 8) at 1, 64 and 256 concurrent clients:
+  p50/p99 latency, requests per second, and the latency the gateway ADDS over calling an engine
+  directly at the same concurrency (``direct``: the same requests round-robined over the
+  engines by this process);
+* ``--streams N`` concurrent streaming ``/v1/completions`` (default 1,000) through the gateway
+  and directly: chunks per second, added per-chunk latency p99 (inter-chunk gap through the
+  gateway minus directly), and dropped chunks (every stream must deliver all its tokens and
+  ``data: [DONE]``).
+
+Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``smgrl-quart`` (the same
+service behind a Quart route: the measurement behind the choice of front; ``--fronts``), and
+SMG (``smg launch``, when installed: ``--smg-bin``, default on PATH or /tmp/smgvenv/bin/smg).
+Every process this starts is stopped by its PID; everything listens on 127.0.0.1; every loop
+is bounded (a request count or a deadline).
+
+    python benchmarks/dataplane.py [--engines 4] [--requests 2000] [--concurrency 1,64,256]
+        [--streams 1000] [--fronts] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import trio
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from smgrl.demo.procs import Child, free_port, start_fake_engines, wait_listening  # noqa: E402
+from smgrl.upstream import EnginePool  # noqa: E402
+
+GENERATE_BODY = json.dumps(
+    {"text": "The quick brown fox jumps over the lazy dog.", "sampling_params": {"max_new_tokens": 8}}
+).encode()
+HEADERS = [(b"content-type", b"application/json")]
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
+
+
+# -- the load generator -------------------------------------------------------------------------
+
+
+async def closed_loop(origins: list[str], path: str, body: bytes, concurrency: int, total: int):
+    """``concurrency`` clients, each on its own kept-alive connection, ``total`` requests in all.
+
+    Returns (latencies in ms, requests per second, errors).
+    """
+    pools = [EnginePool(o, max_idle=concurrency) for o in origins]
+    latencies: list[float] = []
+    errors = 0
+    remaining = total
+    warm = min(total // 10, 200)
+
+    async def client(index: int) -> None:
+        nonlocal remaining, errors
+        i = index
+        while remaining > 0:
+            remaining -= 1
+            pool = pools[i % len(pools)]
+            i += 1
+            t0 = time.perf_counter()
+            try:
+                resp, data, _ = await pool.request("POST", path, headers=HEADERS, body=body)
+                if resp.status != 200:
+                    errors += 1
+            except Exception:
+                errors += 1
+                continue
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for c in range(concurrency):
+            nursery.start_soon(client, c)
+    elapsed = time.perf_counter() - t0
+    for pool in pools:
+        await pool.aclose()
+    measured = latencies[warm:] if len(latencies) > warm * 2 else latencies
+    return measured, len(latencies) / elapsed, errors
+
+
+async def streams(origins: list[str], count: int, tokens: int):
+    """``count`` concurrent streaming completions; (chunks/s, inter-chunk gaps ms, dropped chunks)."""
+    body = json.dumps(
+        {"prompt": "stream me", "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    ).encode()
+    pools = [EnginePool(o, max_idle=count) for o in origins]
+    gaps: list[float] = []
+    chunks = 0
+    dropped = 0
+    failed = 0
+
+    async def one(i: int) -> None:
+        nonlocal chunks, dropped, failed
+        pool = pools[i % len(pools)]
+        seen = 0
+        done = False
+        buf = b""
+        last = None
+        try:
+            async with pool.stream("POST", "/v1/completions", headers=HEADERS, body=body) as resp:
+                async for chunk in resp.aiter_chunks():
+                    now = time.perf_counter()
+                    buf += chunk
+                    while b"\n\n" in buf:
+                        event, buf = buf.split(b"\n\n", 1)
+                        if event == b"data: [DONE]":
+                            done = True
+                        elif event.startswith(b"data: "):
+                            seen += 1
+                            chunks += 1
+                            if last is not None:
+                                gaps.append((now - last) * 1000)
+                            last = now
+        except Exception:
+            failed += 1
+        dropped += max(0, tokens - seen) + (0 if done else 1)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(count):
+            nursery.start_soon(one, i)
+    elapsed = time.perf_counter() - t0
+    for pool in pools:
+        await pool.aclose()
+    return chunks / elapsed, gaps, dropped, failed
+
+
+# -- gateways -------------------------------------------------------------------------------------
+
+
+def start_smgrl(urls: list[str], port: int, front: str, workdir: str, policy: str) -> Child:
+    import subprocess
+
+    args = [
+        "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+        "--journal", ":memory:", "--prometheus-port", str(free_port()), "--policy", policy,
+        "--disable-health-check", "--log-level", "warn",
+    ]  # fmt: skip
+    argv = [sys.executable, os.path.abspath(__file__), "--serve", front, *args]
+    log = open(os.path.join(workdir, f"smgrl-{front}.log"), "w")  # noqa: SIM115 - the child holds it
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    return Child(proc, f"smgrl-{front}")
+
+
+def start_smg(smg: str, urls: list[str], port: int, workdir: str, policy: str) -> Child:
+    import subprocess
+
+    argv = [
+        smg, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+        "--policy", policy, "--disable-health-check", "--prometheus-port", str(free_port()),
+        "--log-level", "warn",
+    ]  # fmt: skip
+    log = open(os.path.join(workdir, "smg.log"), "w")  # noqa: SIM115 - the child holds it
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    return Child(proc, "smg")
+
+
+def wait_routable(base: str, deadline_s: float = 60.0) -> None:
+    """Until a /generate through the gateway answers 200 (registration is asynchronous)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(
+                base + "/generate", data=GENERATE_BODY, headers={"content-type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{base} never routed a /generate")
+
+
+def serve(front: str, argv: list[str]) -> None:
+    """Child entry: ``smgrl launch`` with the data plane behind the chosen front."""
+    import smgrl.server
+    from smgrl.cli import main
+
+    if front == "quart":
+        original = smgrl.server.create_app
+
+        def create_app(gateway, journal_routes=None):
+            app = original(gateway, journal_routes)
+            _quart_front(app)
+            return app
+
+        smgrl.server.create_app = create_app
+    main(["launch", *argv])
+
+
+def _quart_front(app) -> None:
+    """The same data-plane service behind Quart routes (buffered requests only)."""
+    from quart import Response, request
+
+    from smgrl.dataplane import request as rq
+
+    dp = app.dataplane
+    app.asgi_app = app.asgi_app.inner  # drop the raw ASGI front
+
+    async def rollout():
+        body = await request.get_data(cache=False)
+        req = rq.parse(request.path, body)
+        model = dp.resolve_model(req.model)
+        headers = [(k.lower().encode(), v.encode()) for k, v in request.headers.items()]
+        async with dp.dispatch(req, body, headers, model=model, buffered=True) as d:
+            status, data = d.response.status, d.body
+            wid = d.instance.worker_id
+        return Response(
+            data, status=status, content_type="application/json", headers={"x-smg-routed-worker-id": wid}
+        )
+
+    for path in (rq.GENERATE, rq.COMPLETIONS, rq.CHAT):
+        app.add_url_rule(path, "dp" + path, rollout, methods=["POST"])
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def measure(name: str, origins: list[str], args, results: dict) -> None:
+    for c in args.concurrency:
+        total = max(args.requests, c * 8) if c > 1 else max(args.requests // 4, 200)
+        lat, rps, errors = trio.run(closed_loop, origins, "/generate", GENERATE_BODY, c, total)
+        results.setdefault(name, {})[c] = {
+            "p50": pct(lat, 0.5),
+            "p99": pct(lat, 0.99),
+            "rps": rps,
+            "errors": errors,
+        }
+        print(f"{name:12s} c={c:<4d} p50={pct(lat, .5):7.2f}ms p99={pct(lat, .99):7.2f}ms "
+              f"{rps:8.0f} req/s errors={errors}", flush=True)  # fmt: skip
+    if args.streams:
+        cps, gaps, dropped, failed = trio.run(streams, origins, args.streams, args.stream_tokens)
+        results.setdefault(name, {})["streams"] = {
+            "chunks_per_s": cps,
+            "gap_p50": pct(gaps, 0.5),
+            "gap_p99": pct(gaps, 0.99),
+            "dropped": dropped,
+            "failed": failed,
+        }
+        print(f"{name:12s} streams={args.streams} {cps:8.0f} chunks/s gap p99={pct(gaps, .99):.2f}ms "
+              f"dropped={dropped} failed={failed}", flush=True)  # fmt: skip
+
+
+def table(results: dict, args) -> str:
+    direct = results.get("direct", {})
+    lines = [
+        "| gateway | clients | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in results.items():
+        for c in args.concurrency:
+            r = rows.get(c)
+            if r is None:
+                continue
+            d = direct.get(c)
+            add50 = f"{r['p50'] - d['p50']:.2f}" if d and name != "direct" else "-"
+            add99 = f"{r['p99'] - d['p99']:.2f}" if d and name != "direct" else "-"
+            lines.append(
+                f"| {name} | {c} | {r['p50']:.2f} | {r['p99']:.2f} | {add50} | {add99} | {r['rps']:.0f} | {r['errors']} |"
+            )
+    if args.streams:
+        lines += [
+            "",
+            f"{args.streams} concurrent streams x {args.stream_tokens} tokens (`/v1/completions`, `stream: true`):",
+            "",
+            "| gateway | chunks/s | inter-chunk p50 ms | inter-chunk p99 ms | added p99 ms | dropped chunks | failed streams |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        ds = direct.get("streams")
+        for name, rows in results.items():
+            s = rows.get("streams")
+            if s is None:
+                continue
+            added = f"{s['gap_p99'] - ds['gap_p99']:.2f}" if ds and name != "direct" else "-"
+            lines.append(
+                f"| {name} | {s['chunks_per_s']:.0f} | {s['gap_p50']:.2f} | {s['gap_p99']:.2f} | {added} | {s['dropped']} | {s['failed']} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        serve(sys.argv[2], sys.argv[3:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--concurrency", default="1,64,256")
+    ap.add_argument("--streams", type=int, default=1000)
+    ap.add_argument("--stream-tokens", type=int, default=32)
+    ap.add_argument("--token-latency-ms", type=float, default=20.0, help="fake engines' per-token delay")
+    ap.add_argument("--policy", default="round_robin")
+    ap.add_argument("--fronts", action="store_true", help="also measure the Quart-route front")
+    ap.add_argument("--smg-bin", default=shutil.which("smg") or "/tmp/smgvenv/bin/smg")
+    ap.add_argument("--no-smg", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+
+    children: list[Child] = []
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="smgrl-bench-dp-") as workdir:
+        try:
+            extra = ["--token-latency-ms", str(args.token_latency_ms)] if args.streams else []
+            fake, urls = start_fake_engines("sglang", args.engines, extra)
+            children.append(fake)
+            # Non-streaming requests go to engines with no token delay (max_new_tokens is small
+            # and the token knob applies to every request): the per-request floor dominates.
+            print(f"{args.engines} fake engines: {', '.join(urls)}", flush=True)
+            measure("direct", urls, args, results)
+            gateways = [("smgrl", "asgi")]
+            if args.fronts:
+                gateways.append(("smgrl-quart", "quart"))
+            for name, front in gateways:
+                port = free_port()
+                child = start_smgrl(urls, port, front, workdir, args.policy)
+                children.append(child)
+                base = f"http://127.0.0.1:{port}"
+                wait_listening(base, child=child)
+                wait_routable(base)
+                sub = argparse.Namespace(**{**vars(args), "streams": args.streams if front == "asgi" else 0})
+                measure(name, [base], sub, results)
+                child.stop()
+            if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
+                port = free_port()
+                child = start_smg(args.smg_bin, urls, port, workdir, args.policy)
+                children.append(child)
+                base = f"http://127.0.0.1:{port}"
+                wait_listening(base, child=child)
+                wait_routable(base)
+                measure("SMG 1.13.0", [base], args, results)
+                child.stop()
+        finally:
+            for child in reversed(children):
+                child.stop()
+    text = table(results, args)
+    print()
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+            f.write("\n<!-- raw -->\n" + json.dumps(results, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
