@@ -324,35 +324,41 @@ def main() -> None:
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="smgrl-bench-dp-") as workdir:
         try:
-            extra = ["--token-latency-ms", str(args.token_latency_ms)] if args.streams else []
-            fake, urls = start_fake_engines("sglang", args.engines, extra)
+            # Two sets of the same fakes: instant ones for the per-request floor, and ones that
+            # generate at --token-latency-ms per token for streams that behave like real ones.
+            fake, urls = start_fake_engines("sglang", args.engines)
             children.append(fake)
-            # Non-streaming requests go to engines with no token delay (max_new_tokens is small
-            # and the token knob applies to every request): the per-request floor dominates.
+            slow_fake, slow_urls = start_fake_engines(
+                "sglang", args.engines, ["--token-latency-ms", str(args.token_latency_ms)]
+            )
+            children.append(slow_fake)
             print(f"{args.engines} fake engines: {', '.join(urls)}", flush=True)
-            measure("direct", urls, args, results)
+            plain = argparse.Namespace(**{**vars(args), "streams": 0})
+            only_streams = argparse.Namespace(**{**vars(args), "concurrency": []})
+            measure("direct", urls, plain, results)
+            if args.streams:
+                measure("direct", slow_urls, only_streams, results)
             gateways = [("smgrl", "asgi")]
             if args.fronts:
                 gateways.append(("smgrl-quart", "quart"))
-            for name, front in gateways:
-                port = free_port()
-                child = start_smgrl(urls, port, front, workdir, args.policy)
-                children.append(child)
-                base = f"http://127.0.0.1:{port}"
-                wait_listening(base, child=child)
-                wait_routable(base)
-                sub = argparse.Namespace(**{**vars(args), "streams": args.streams if front == "asgi" else 0})
-                measure(name, [base], sub, results)
-                child.stop()
             if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
-                port = free_port()
-                child = start_smg(args.smg_bin, urls, port, workdir, args.policy)
-                children.append(child)
-                base = f"http://127.0.0.1:{port}"
-                wait_listening(base, child=child)
-                wait_routable(base)
-                measure("SMG 1.13.0", [base], args, results)
-                child.stop()
+                gateways.append(("SMG 1.13.0", "smg"))
+            for name, front in gateways:
+                phases = [(urls, plain)]
+                if args.streams and front != "quart":
+                    phases.append((slow_urls, only_streams))
+                for engine_urls, phase_args in phases:
+                    port = free_port()
+                    if front == "smg":
+                        child = start_smg(args.smg_bin, engine_urls, port, workdir, args.policy)
+                    else:
+                        child = start_smgrl(engine_urls, port, front, workdir, args.policy)
+                    children.append(child)
+                    base = f"http://127.0.0.1:{port}"
+                    wait_listening(base, child=child)
+                    wait_routable(base)
+                    measure(name, [base], phase_args, results)
+                    child.stop()
         finally:
             for child in reversed(children):
                 child.stop()
