@@ -239,18 +239,33 @@ def _quart_front(app) -> None:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def measure(name: str, origins: list[str], args, results: dict) -> None:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of a process so far (Linux /proc), 0.0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def measure(name: str, origins: list[str], args, results: dict, pid: int | None = None) -> None:
     for c in args.concurrency:
         total = max(args.requests, c * 8) if c > 1 else max(args.requests // 4, 200)
+        cpu0 = cpu_seconds(pid)
         lat, rps, errors = trio.run(closed_loop, origins, "/generate", GENERATE_BODY, c, total)
+        cpu_us = (cpu_seconds(pid) - cpu0) / total * 1e6 if pid else float("nan")
         results.setdefault(name, {})[c] = {
             "p50": pct(lat, 0.5),
             "p99": pct(lat, 0.99),
             "rps": rps,
             "errors": errors,
+            "cpu_us": cpu_us,
         }
         print(f"{name:12s} c={c:<4d} p50={pct(lat, .5):7.2f}ms p99={pct(lat, .99):7.2f}ms "
-              f"{rps:8.0f} req/s errors={errors}", flush=True)  # fmt: skip
+              f"{rps:8.0f} req/s errors={errors} gateway CPU {cpu_us:6.0f} us/request", flush=True)  # fmt: skip
     if args.streams:
         cps, gaps, dropped, failed = trio.run(streams, origins, args.streams, args.stream_tokens)
         results.setdefault(name, {})["streams"] = {
@@ -267,8 +282,8 @@ def measure(name: str, origins: list[str], args, results: dict) -> None:
 def table(results: dict, args) -> str:
     direct = results.get("direct", {})
     lines = [
-        "| gateway | clients | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | errors |",
-        "|---|---|---|---|---|---|---|---|",
+        "| gateway | clients | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | gateway CPU us/req | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in results.items():
         for c in args.concurrency:
@@ -279,7 +294,7 @@ def table(results: dict, args) -> str:
             add50 = f"{r['p50'] - d['p50']:.2f}" if d and name != "direct" else "-"
             add99 = f"{r['p99'] - d['p99']:.2f}" if d and name != "direct" else "-"
             lines.append(
-                f"| {name} | {c} | {r['p50']:.2f} | {r['p99']:.2f} | {add50} | {add99} | {r['rps']:.0f} | {r['errors']} |"
+                f"| {name} | {c} | {r['p50']:.2f} | {r['p99']:.2f} | {add50} | {add99} | {r['rps']:.0f} | {r['cpu_us']:.0f} | {r['errors']} |"
             )
     if args.streams:
         lines += [
@@ -357,7 +372,7 @@ def main() -> None:
                     base = f"http://127.0.0.1:{port}"
                     wait_listening(base, child=child)
                     wait_routable(base)
-                    measure(name, [base], phase_args, results)
+                    measure(name, [base], phase_args, results, child.pid)
                     child.stop()
         finally:
             for child in reversed(children):

@@ -35,9 +35,7 @@ def fleet_table(rl: RL) -> None:
     say(f"  {'worker':<38} {'engine':<8} {'weight_version':<16} {'control':<8} url")
     for w in rows:
         extra = getattr(w, "extra", {}) or {}
-        say(
-            f"  {w.id:<38} {w.engine:<8} {w.weight_version!s:<16} {extra.get('control', '-')!s:<8} {w.url}"
-        )
+        say(f"  {w.id:<38} {w.engine:<8} {w.weight_version!s:<16} {extra.get('control', '-')!s:<8} {w.url}")
 
 
 def generate(rl: RL, worker_id: str) -> tuple[str, str]:
