@@ -1,5 +1,7 @@
 """The health checker: thresholds, recovery, and never probing an engine the journal knows is paused."""
 
+import trio
+
 from smgrl.config import Config, HealthConfig, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.registry.health import HealthChecker
@@ -12,6 +14,19 @@ HEALTH = HealthConfig(interval_secs=1, timeout_secs=1, failure_threshold=2, succ
 def checker(gw):
     g = gw.gateway
     return HealthChecker(fleet=g.fleet, registry=g.registry, pools=g.pools, keys=g.keys, cfg=HEALTH)
+
+
+async def accepting(port: int) -> None:
+    """``come_up`` re-opens the listener in the background: wait until it accepts (bounded)."""
+    with trio.fail_after(10):
+        while True:
+            try:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+            except OSError:
+                await trio.sleep(0.01)
+                continue
+            await stream.aclose()
+            return
 
 
 def status(gw):
@@ -28,6 +43,7 @@ async def test_failures_then_recovery_follow_the_thresholds():
         await hc.check_once()
         assert status(gw) == {down.url: "not_ready", up.url: "ready"}
         down.come_up()
+        await accepting(down.port)
         await hc.check_once()
         assert status(gw)[down.url] == "not_ready"  # one success is below the threshold
         await hc.check_once()
