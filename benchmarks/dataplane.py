@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -41,8 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from smgrl.demo.procs import Child, free_port, start_fake_engines, wait_listening  # noqa: E402
-from smgrl.upstream import EnginePool  # noqa: E402
+from smgrl.demo.procs import Child, free_port, start_fake_engines, wait_listening
+from smgrl.upstream import EnginePool, UpstreamError
 
 GENERATE_BODY = json.dumps(
     {"text": "The quick brown fox jumps over the lazy dog.", "sampling_params": {"max_new_tokens": 8}}
@@ -78,10 +77,10 @@ async def closed_loop(origins: list[str], path: str, body: bytes, concurrency: i
             i += 1
             t0 = time.perf_counter()
             try:
-                resp, data, _ = await pool.request("POST", path, headers=HEADERS, body=body)
+                resp, _, _ = await pool.request("POST", path, headers=HEADERS, body=body)
                 if resp.status != 200:
                     errors += 1
-            except Exception:
+            except (UpstreamError, OSError):
                 errors += 1
                 continue
             latencies.append((time.perf_counter() - t0) * 1000)
@@ -130,7 +129,7 @@ async def streams(origins: list[str], count: int, tokens: int):
                             if last is not None:
                                 gaps.append((now - last) * 1000)
                             last = now
-        except Exception:
+        except (UpstreamError, OSError):
             failed += 1
         dropped += max(0, tokens - seen) + (0 if done else 1)
 

@@ -427,3 +427,39 @@ class SnapshotTaken(Event):
 
     kind: str
     upto_seq: int
+
+
+# -- explicit version/state writes (the data plane's table; rl-control-plane.md Appendix A.1) ---
+
+EngineControl = Literal["active", "paused", "asleep"]
+
+
+@event_type("engine.version_set", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class EngineVersionSet(Event):
+    """An explicit weight-version write (``POST /v1/rl/workers/{id}/version`` or
+    ``POST /v1/rl/version?selector=``): no engine is called, the table records the version
+    (``version_source: api``) and confirms it (clears ``mixed``/unknown version).
+
+    ``targets`` holds ``{"worker_id", "url", "base_url"}`` dicts, one per engine written (DP ranks
+    share one). ``selector`` is the fan-out form's (trimmed) selector, null for the per-worker form.
+    """
+
+    weight_version: str
+    targets: tuple[dict[str, str], ...] = _tuple_field()
+    selector: str | None = None
+    principal: str | None = None
+    request_id: str | None = None
+
+
+@event_type("engine.state_set", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class EngineStateSet(Event):
+    """An explicit control-state write (``POST /v1/rl/workers/{id}/state`` or
+    ``POST /v1/rl/state?selector=``): the table says ``control`` from now on (routing follows)."""
+
+    control: EngineControl
+    targets: tuple[dict[str, str], ...] = _tuple_field()
+    selector: str | None = None
+    principal: str | None = None
+    request_id: str | None = None

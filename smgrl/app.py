@@ -14,6 +14,7 @@ from smgrl.api import openapi
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
+from smgrl.api.rl_writes import RlWrites
 from smgrl.api.workers import WorkersApi
 from smgrl.dataplane.service import DataPlane
 
@@ -91,6 +92,9 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     rl = None
     if cfg.rl.enabled:
         rl = RlApi(gateway, journal_routes or JournalRoutes(gateway))
+        # The explicit version/state writes (Appendix A.1): more specific rules than the /v1/rl
+        # catch-all below, so werkzeug routes them here.
+        RlWrites(gateway).register(app)
 
         async def _rl(rest: str) -> Response:
             return await rl.dispatch()

@@ -15,7 +15,16 @@ import click
 import trio
 
 from smgrl import __version__
-from smgrl.config import DEFAULT_JOURNAL, Config, ControlPlaneKey, HealthConfig, RlConfig, TenantKey, validate
+from smgrl.config import (
+    DEFAULT_JOURNAL,
+    Config,
+    ControlPlaneKey,
+    DataPlaneConfig,
+    HealthConfig,
+    RlConfig,
+    TenantKey,
+    validate,
+)
 from smgrl.errors import ConfigError
 
 # Flags that take several values after one occurrence, argparse-style (nargs="*"/"+").
@@ -104,7 +113,37 @@ def main(argv: list[str] | None = None) -> None:
             "passthrough",
         ]
     ),
-    help="Data-plane load-balancing policy (accepted now; used by the data plane).",
+    help="Data-plane load-balancing policy (docs/data-plane.md).",
+)
+@click.option(
+    "--cache-threshold",
+    "--cache-match-threshold",
+    "cache_threshold",
+    default=0.3,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="cache_aware: matched-prefix share above which a request stays with the instance that has it.",
+)
+@click.option(
+    "--balance-abs-threshold",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="cache_aware: in-flight spread (max - min) beyond which the least-loaded instance wins.",
+)
+@click.option(
+    "--balance-rel-threshold",
+    default=1.5,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="cache_aware: ... and max > this x min.",
+)
+@click.option(
+    "--max-tree-size",
+    default=67_108_864,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="cache_aware: prefix-tree size per model (characters or tokens); LRU eviction beyond it.",
 )
 @click.option("--enable-rl", is_flag=True, help="Mount the RL control plane under /v1/rl.")
 @click.option("--rl-control-timeout-secs", default=600, show_default=True, type=int)
@@ -117,15 +156,26 @@ def main(argv: list[str] | None = None) -> None:
 )
 @click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
 @click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
+@click.option(
+    "--eligible-wait-secs",
+    default=None,
+    type=click.FloatRange(min=0.0),
+    help="How long a rollout request may wait for an eligible engine (all paused by a refit, ...) "
+    "before a retryable 503 (default: --request-timeout-secs).",
+)
 @click.option("--disable-health-check", is_flag=True)
 @click.option("--health-check-interval-secs", default=60.0, show_default=True, type=float)
 @click.option("--health-check-timeout-secs", default=5.0, show_default=True, type=float)
 @click.option("--health-failure-threshold", default=3, show_default=True, type=int)
 @click.option("--health-success-threshold", default=2, show_default=True, type=int)
 @click.option("--health-check-endpoint", default="/health", show_default=True)
-@click.option("--disable-circuit-breaker", is_flag=True, help="Data plane (accepted now).")
 @click.option(
-    "--dp-aware", is_flag=True, help="Register an engine reporting dp_size N as N ranks url@0..N-1."
+    "--disable-circuit-breaker", is_flag=True, help="No per-engine circuit breaker on the data plane."
+)
+@click.option(
+    "--dp-aware",
+    is_flag=True,
+    help="Register an engine reporting dp_size N as N ranks url@0..N-1; route to (worker, rank).",
 )
 @click.option("--control-plane-api-keys", multiple=True, help="id:name:role:key (role admin or user).")
 @click.option(
@@ -187,6 +237,7 @@ def config_from_options(o: dict) -> Config:
         request_timeout_secs=o["request_timeout_secs"],
         disable_circuit_breaker=o["disable_circuit_breaker"],
         dp_aware=o["dp_aware"],
+        dataplane=dataplane_config(o),
         control_plane_keys=tuple(ControlPlaneKey.parse(k) for k in o["control_plane_api_keys"]),
         tenant_keys=tuple(TenantKey.parse(k) for k in o["tenant_api_key"]),
         prometheus_host=o["prometheus_host"],
@@ -199,6 +250,16 @@ def config_from_options(o: dict) -> Config:
         audit=not o["disable_audit_logging"],
     )
     return validate(cfg)
+
+
+def dataplane_config(o: dict) -> DataPlaneConfig:
+    return DataPlaneConfig(
+        cache_threshold=o["cache_threshold"],
+        balance_abs_threshold=o["balance_abs_threshold"],
+        balance_rel_threshold=o["balance_rel_threshold"],
+        max_tree_size=o["max_tree_size"],
+        eligible_wait_secs=o["eligible_wait_secs"],
+    )
 
 
 def run_gateway(cfg: Config) -> None:

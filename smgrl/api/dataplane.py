@@ -26,8 +26,10 @@ import trio
 from smgrl.api import envelopes as env
 from smgrl.auth import DATA_REALM, MISSING_API_KEY, bearer_token
 from smgrl.dataplane import request as rq
-from smgrl.dataplane.errors import DataPlaneError, InvalidRequestBody
+from smgrl.dataplane.errors import DataPlaneError, InvalidRequestBody, InvalidVersionPolicyHeader
 from smgrl.dataplane.service import DataPlane
+from smgrl.dataplane.stamp import FingerprintEvents, Stamp, stamp_generate, stamp_openai, stream_version
+from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy, parse_floor
 
 log = logging.getLogger("smgrl.dataplane")
 
@@ -111,7 +113,9 @@ class DataPlaneASGI:
         await self._respond(send, status, _json(body), headers)
 
     async def _not_allowed(self, scope: Scope, send: Send, rid: bytes, allow: str) -> None:
-        message = f"Invalid URL ({scope['method']} {scope.get('raw_path', b'').decode('latin-1') or scope['path']})"
+        message = (
+            f"Invalid URL ({scope['method']} {scope.get('raw_path', b'').decode('latin-1') or scope['path']})"
+        )
         await self._openai_error(send, rid, 405, "method_not_allowed", message, [(b"allow", allow.encode())])
 
     def _denied(self, scope: Scope) -> tuple[int, str, str] | None:
@@ -128,10 +132,29 @@ class DataPlaneASGI:
 
     async def _auth_error(self, send: Send, rid: bytes, denied: tuple[int, str, str]) -> None:
         status, message, realm = denied
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        }
         await self._respond(
             send, status, _json(body), [(b"x-request-id", rid), (b"www-authenticate", realm.encode())]
         )
+
+    def _version_bounds(self, scope: Scope):
+        """The request's version policy (``x-smg-version-policy``, with --enable-rl only) and
+        PSRL version floor (``x-version-tag``)."""
+        policy = None
+        if self.gw.cfg.rl.enabled:
+            header = _header(scope, b"x-smg-version-policy")
+            if header is not None:
+                policy = VersionPolicy.parse(header.decode("latin-1"))
+        tag = _header(scope, b"x-version-tag")
+        floor = parse_floor(tag.decode("latin-1")) if tag is not None else None
+        return policy, floor
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         length = _header(scope, b"content-length")
@@ -169,7 +192,11 @@ class DataPlaneASGI:
         ]
         body = _json({"object": "list", "data": data})
         if scope["method"] == "HEAD":
-            head = [(b"content-type", JSON_CT), (b"content-length", str(len(body)).encode()), (b"x-request-id", rid)]
+            head = [
+                (b"content-type", JSON_CT),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", rid),
+            ]
             await send({"type": "http.response.start", "status": 200, "headers": head})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
@@ -200,6 +227,13 @@ class DataPlaneASGI:
         except DataPlaneError as exc:
             await self._error(send, rid, exc)
             return
+        try:
+            policy, floor = self._version_bounds(scope)
+        except InvalidVersionPolicy as exc:
+            error = InvalidVersionPolicyHeader(str(exc))
+            headers = [(b"x-request-id", rid), (b"x-smg-error-code", error.code.encode())]
+            await self._respond(send, error.status, _json(error.body()), headers)
+            return
         headers = list(scope["headers"])
         if _header(scope, b"x-request-id") is None:
             headers.append((b"x-request-id", rid))
@@ -212,7 +246,7 @@ class DataPlaneASGI:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             try:
-                await relay.run(req, body, headers, model, routing_key)
+                await relay.run(req, body, headers, model, routing_key, policy, floor)
             finally:
                 nursery.cancel_scope.cancel()
 
@@ -243,36 +277,57 @@ class _Relay:
         out.append((b"x-smg-routed-worker-id", dispatched.instance.worker_id.encode()))
         return out
 
-    async def run(self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key) -> None:
+    async def run(
+        self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
+    ) -> None:
         dp = self.api.dp
+        bounds = {"routing_key": routing_key, "policy": policy, "floor": floor}
         try:
             if req.stream:
                 async with dp.dispatch(
-                    req, body, headers, model=model, routing_key=routing_key, buffered=False
+                    req, body, headers, model=model, buffered=False, **bounds
                 ) as dispatched:
-                    await self._stream(dispatched)
+                    await self._stream(req, dispatched)
+                return
+            async with dp.dispatch(req, body, headers, model=model, buffered=True, **bounds) as dispatched:
+                status = dispatched.response.status
+                head = self._head(dispatched)
+                data = dispatched.body or b""
+                table_version = dispatched.entry.version
+            if 200 <= status < 300:
+                if req.route == rq.GENERATE:
+                    stamp = stamp_generate(data, table_version, rq.is_single_generate(req.obj))
+                else:
+                    stamp = stamp_openai(data, table_version)
+                data = stamp.body
             else:
-                async with dp.dispatch(
-                    req, body, headers, model=model, routing_key=routing_key, buffered=True
-                ) as dispatched:
-                    status = dispatched.response.status
-                    head = self._head(dispatched)
-                    data = dispatched.body or b""
-                head.append((b"content-length", str(len(data)).encode()))
-                self.started = True
-                await self.send({"type": "http.response.start", "status": status, "headers": head})
-                await self.send({"type": "http.response.body", "body": data, "more_body": False})
+                stamp = Stamp(stream_version(table_version), False, data)
+            head += stamp.headers()
+            head.append((b"content-length", str(len(data)).encode()))
+            self.started = True
+            await self.send({"type": "http.response.start", "status": status, "headers": head})
+            await self.send({"type": "http.response.body", "body": data, "more_body": False})
         except DataPlaneError as exc:
             if not self.started:
                 await self.api._error(self.send, self.rid, exc)
             else:
                 await self._abort_stream(exc)
 
-    async def _stream(self, dispatched) -> None:
+    async def _stream(self, req: rq.RolloutRequest, dispatched) -> None:
         send = self.send
         response = dispatched.response
-        await send({"type": "http.response.start", "status": response.status, "headers": self._head(dispatched)})
+        version = stream_version(dispatched.entry.version)
+        head = self._head(dispatched) + Stamp(version, False, b"").headers()
+        await send({"type": "http.response.start", "status": response.status, "headers": head})
         self.started = True
+        if req.openai and 200 <= response.status < 300:
+            events = FingerprintEvents(version)
+            async for chunk in response.aiter_chunks():
+                out = events.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            await send({"type": "http.response.body", "body": events.flush(), "more_body": False})
+            return
         async for chunk in response.aiter_chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

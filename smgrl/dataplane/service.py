@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import trio
 
 from smgrl.config import Config
+from smgrl.core.version import Version
 from smgrl.dataplane.errors import (
     ModelNotFound,
     ModelRequired,
@@ -31,9 +33,10 @@ from smgrl.dataplane.errors import (
     UpstreamUnreachable,
 )
 from smgrl.dataplane.request import RolloutRequest
-from smgrl.dataplane.table import Entry, Table, build
+from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry.keys import KeyRing
 from smgrl.routing.policy import CacheAwareConfig, make_policy, sticky
+from smgrl.routing.version_policy import ANY, VersionPolicy, floor_reason
 from smgrl.state.fleet import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
 
@@ -83,7 +86,10 @@ class DataPlane:
                 max_tree_size=dp.max_tree_size,
             ),
         )
+        # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
+        self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
+        self.waiting = 0  # requests waiting in the gateway for an eligible engine
         self._table: Table | None = None
         self._changed = trio.Event()
         fleet.subscribe(self._fleet_changed)
@@ -127,9 +133,7 @@ class DataPlane:
                 return served[0]
             if not served:
                 raise NoAvailableWorkers("no worker is registered to serve requests")
-            raise ModelRequired(
-                "several models are served (" + ", ".join(served) + "): name one in `model`"
-            )
+            raise ModelRequired("several models are served (" + ", ".join(served) + "): name one in `model`")
         if model in served:
             return model
         if served == ["unknown"]:
@@ -156,6 +160,25 @@ class DataPlane:
             chosen = self.policy.select(candidates, self.loads, req.prefix, self._now())
         return by_id[chosen.worker_id]
 
+    @staticmethod
+    def eligible(
+        slot: ModelEntries, policy: VersionPolicy, floor: Version | None
+    ) -> tuple[Sequence[Entry], Counter]:
+        """The selectable entries under a request's version policy and floor, and why the rest
+        are held out."""
+        if not policy.filters and floor is None:
+            return slot.selectable, slot.held
+        kept = []
+        held = Counter(slot.held)
+        top = slot.fleet_max
+        for entry in slot.selectable:
+            reason = policy.hold_reason(entry.version, top) or floor_reason(entry.version, floor)
+            if reason is None:
+                kept.append(entry)
+            else:
+                held[reason] += 1
+        return kept, held
+
     async def pick(
         self,
         req: RolloutRequest,
@@ -163,23 +186,32 @@ class DataPlane:
         *,
         routing_key: str | None,
         wait_until: float,
+        policy: VersionPolicy | None = None,
+        floor: Version | None = None,
         exclude: set[str] | None = None,
     ) -> Entry:
         """An eligible instance for ``model``; waits (event-driven) while every one is held out."""
         started = self._now()
+        policy = policy or self.version_policy
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
-            if slot.selectable:
-                return self._choose(slot.selectable, req, routing_key, exclude or set())
+            selectable, held = self.eligible(slot, policy, floor)
+            if selectable:
+                return self._choose(selectable, req, routing_key, exclude or set())
             if self._now() >= wait_until:
-                raise NoEligibleWorkers.because(slot.held, self._now() - started)
+                raise NoEligibleWorkers.because(held, self._now() - started)
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
-            # write, a health change), or by the wait budget running out.
-            with trio.move_on_at(wait_until):
-                await changed.wait()
+            # write, a health change), or by the wait budget running out. A client that goes
+            # away cancels the wait (the request's disconnect watcher).
+            self.waiting += 1
+            try:
+                with trio.move_on_at(wait_until):
+                    await changed.wait()
+            finally:
+                self.waiting -= 1
 
     # -- forwarding ----------------------------------------------------------------------------
 
@@ -211,6 +243,8 @@ class DataPlane:
         *,
         model: str,
         routing_key: str | None = None,
+        policy: VersionPolicy | None = None,
+        floor: Version | None = None,
         buffered: bool,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
@@ -218,8 +252,12 @@ class DataPlane:
         Bounded by ``--request-timeout-secs`` as a whole: the caller's relay runs inside it.
         """
         deadline, wait_until = self.deadlines()
+        # The wait for an eligible engine has its own bound (never past the deadline), so running
+        # out of it is a 503 naming why, not a 504.
+        entry = await self.pick(
+            req, model, routing_key=routing_key, wait_until=wait_until, policy=policy, floor=floor
+        )
         with trio.move_on_at(deadline) as timeout:
-            entry = await self.pick(req, model, routing_key=routing_key, wait_until=wait_until)
             instance = entry.instance
             target_headers, target_body = self._upstream(entry, req, body, headers)
             pool = self.pools.get(instance.base_url)
@@ -245,6 +283,4 @@ class DataPlane:
             finally:
                 self.loads[wid] -= 1
         if timeout.cancelled_caught:
-            raise RequestTimeout(
-                f"the request did not finish within {self.cfg.request_timeout_secs:g}s"
-            )
+            raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from smgrl.core.version import fleet_max
 from smgrl.core.view import EngineFacts
 from smgrl.core.worker import Worker
 from smgrl.routing.eligibility import effective_version, hold_reason
@@ -30,6 +31,7 @@ class ModelEntries:
     entries: list[Entry]
     selectable: list[Entry]
     held: Counter  # reason -> how many instances
+    fleet_max: str | None = None  # the model's newest version (numeric preferred), any state
 
 
 @attrs.define
@@ -69,4 +71,6 @@ def build(
             slot.selectable.append(entry)
         else:
             slot.held[entry.hold] += 1
+    for slot in models.values():
+        slot.fleet_max = fleet_max(e.version for e in slot.entries)
     return Table(revision, models)

@@ -169,7 +169,9 @@ class CacheAware:
             tree.remove_tenant(worker_id)
 
 
-def make_policy(name: str, rng: _random.Random | None = None, cache: CacheAwareConfig | None = None) -> Policy:
+def make_policy(
+    name: str, rng: _random.Random | None = None, cache: CacheAwareConfig | None = None
+) -> Policy:
     rng = rng or _random.Random()
     name = ALIASES.get(name, name)
     if name == "round_robin":

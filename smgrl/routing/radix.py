@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Mapping
-from typing import Union
+from typing import TypeAlias
 
-Key = Union[str, tuple[int, ...]]
+Key: TypeAlias = str | tuple[int, ...]
 
 
 def common_prefix_len(a: Key, b: Key) -> int:
@@ -149,10 +149,14 @@ class RadixTree:
             parent = node.parent
             if not node.tenants and parent is not None:
                 parent.children.pop(node.label[0], None)
-            if parent is not None and parent is not self.root and tenant in parent.tenants:
-                if not any(tenant in c.tenants for c in parent.children.values()):
-                    heapq.heappush(heap, (parent.tenants[tenant], counter, parent, tenant))
-                    counter += 1
+            if (
+                parent is not None
+                and parent is not self.root
+                and tenant in parent.tenants
+                and not any(tenant in c.tenants for c in parent.children.values())
+            ):
+                heapq.heappush(heap, (parent.tenants[tenant], counter, parent, tenant))
+                counter += 1
 
     def sizes(self) -> Mapping[str, int]:
         return self.tenant_size

@@ -26,6 +26,8 @@ TYPES = frozenset(
         "control.outcome",
         "control.finished",
         "control.interrupted",
+        "engine.version_set",
+        "engine.state_set",
     }
 )
 
@@ -60,6 +62,21 @@ class EngineStates:
                 )
         elif kind in ("control.finished", "control.interrupted"):
             self._close(event.op_id)
+        elif kind == "engine.version_set":
+            # An explicit write is a confirmation: it clears mixed and unknown-version marks.
+            for base in _bases(event.targets):
+                self.engines[base] = attrs.evolve(
+                    self._facts(base),
+                    weight_version=event.weight_version,
+                    version_source="api",
+                    version_known=True,
+                    mixed=False,
+                )
+            self.revision += 1
+        elif kind == "engine.state_set":
+            for base in _bases(event.targets):
+                self.engines[base] = attrs.evolve(self._facts(base), control=event.control)
+            self.revision += 1
         elif kind == "worker.discovered":
             worker = registry.get(event.worker_id)
             if worker is not None:
@@ -138,3 +155,8 @@ class EngineStates:
                 if facts.weight_version != version:
                     self.engines[base] = attrs.evolve(facts, mixed=True)
         self.revision += 1
+
+
+def _bases(targets) -> list[str]:
+    """Engine addresses of an explicit write's targets, each once (DP ranks share one)."""
+    return list(dict.fromkeys(t["base_url"] for t in targets if t.get("base_url")))

@@ -57,6 +57,13 @@ def _mirrored(response) -> bool:
     return isinstance(body, dict) and "worker_id" in body and body.get("status") == response.status_code
 
 
+def _describe(case) -> str:
+    try:
+        return case.as_curl_command()
+    except Exception:  # noqa: BLE001 - best effort, for the failure message only
+        return f"{case.method} {case.formatted_path} query={case.query} headers={case.headers} body={case.body!r}"
+
+
 def test_schemathesis_live_gateway(fakes, gateway):
     urls = fakes("sglang", 3)
     _, http, port = gateway("--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "5",
@@ -94,7 +101,7 @@ def test_schemathesis_live_gateway(fakes, gateway):
         try:
             response = case.call(session=session, timeout=30)
         except Exception as exc:  # noqa: BLE001 - a dropped connection is a failure to report
-            failures.append(f"{case.operation.label}: transport error {exc!r}")
+            failures.append(f"{case.operation.label}: transport error {exc!r}\n  {_describe(case)}")
             return
         stats["requests"] += 1
         stats["statuses"][response.status_code] = stats["statuses"].get(response.status_code, 0) + 1

@@ -1,0 +1,170 @@
+"""Explicit version and state writes (spec Appendix A.1): SMG-local, journaled, no engine call.
+
+    POST /v1/rl/workers/{id}/version   {"weight_version": "<v>"}     -> 200 the worker's row
+    POST /v1/rl/workers/{id}/state     {"control": "active|paused|asleep"} -> 200 the row
+    POST /v1/rl/version?selector=...   {"weight_version": "<v>"}     -> 200 RlWorkersResponse
+    POST /v1/rl/state?selector=...     {"control": ...}              -> 200 RlWorkersResponse
+
+Check order (A.1): (duplicate ``selector`` query) -> body (a JSON rejection or a bad enum such as
+``"napping"`` is 400 ``invalid_body`` with the framework's text) -> version validation
+(``invalid_version``) -> worker lookup (404) / selector (``selector_required``,
+``invalid_selector``, ``no_workers_match``). Then one ``engine.version_set`` /
+``engine.state_set`` event is appended and awaited, so the answer's rows, discovery and routing
+already reflect the write. Writes need the ``admin`` role (any control-plane write does).
+"""
+
+from __future__ import annotations
+
+from quart import Response, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from journal import JournalWriteError
+from smgrl.api import envelopes as env
+from smgrl.api.guard import Guard
+from smgrl.api.rl import WS, _query_pairs, _raw_query
+from smgrl.api.serde_body import SerdeError, parse_struct
+from smgrl.auth import WRITE
+from smgrl.core.selector import SelectorError, parse_selector
+from smgrl.core.version import InvalidVersion as BadVersion
+from smgrl.core.version import validate_version
+from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
+from smgrl.core.worker import Worker
+from smgrl.errors import (
+    InvalidBody,
+    InvalidSelector,
+    InvalidVersion,
+    JournalUnavailable,
+    NoWorkersMatch,
+    RlError,
+    SelectorRequired,
+    WorkerNotFound,
+)
+from smgrl.journaling import ev
+
+CONTROL_STATES = ("active", "paused", "asleep")
+SCHEMAS = {
+    "version": ("SetWeightVersion", {"weight_version": "str"}, ("weight_version",)),
+    "state": ("SetControlState", {"control": "enum:" + ",".join(CONTROL_STATES)}, ("control",)),
+}
+DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
+SYNTAX = "Failed to parse the request body as JSON: "
+ALLOW = "POST"
+
+
+def parse_write(kind: str, data: bytes) -> str:
+    """The validated value of a write body (the version, trimmed; or the control state)."""
+    name, fields, required = SCHEMAS[kind]
+    try:
+        body = parse_struct(data, name, fields, required)
+    except SerdeError as exc:
+        raise InvalidBody((SYNTAX if exc.syntax else DESERIALIZE) + exc.message) from None
+    if kind == "state":
+        return body["control"]
+    try:
+        return validate_version(body["weight_version"])
+    except BadVersion as exc:
+        raise InvalidVersion(str(exc)) from None
+
+
+class RlWrites:
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+        self.guard = Guard(gateway)
+
+    def register(self, app) -> None:
+        methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+        async def worker_version(worker_id: str) -> Response:
+            return await self.handle("version", worker_id)
+
+        async def worker_state(worker_id: str) -> Response:
+            return await self.handle("state", worker_id)
+
+        async def fleet_version() -> Response:
+            return await self.handle("version", None)
+
+        async def fleet_state() -> Response:
+            return await self.handle("state", None)
+
+        # All methods are routed here so that a GET answers 405 (allow: POST) instead of falling
+        # through to the /v1/rl catch-all's 404.
+        app.add_url_rule(
+            "/v1/rl/workers/<worker_id>/version", "rl_worker_version", worker_version, methods=methods
+        )
+        app.add_url_rule("/v1/rl/workers/<worker_id>/state", "rl_worker_state", worker_state, methods=methods)
+        app.add_url_rule("/v1/rl/version", "rl_fleet_version", fleet_version, methods=methods)
+        app.add_url_rule("/v1/rl/state", "rl_fleet_state", fleet_state, methods=methods)
+
+    async def handle(self, kind: str, worker_id: str | None) -> Response:
+        raw = request.scope.get("raw_path") or request.path.encode()
+        shown = raw.decode("latin-1")
+        if request.method != "POST":
+            return env.method_not_allowed(request.method, shown, ALLOW)
+        async with self.guard.check(WRITE, shown) as check:
+            if check.denied is not None:
+                return check.denied
+            try:
+                if worker_id is None:
+                    response = await self._fleet(kind, check.principal)
+                else:
+                    response = await self._worker(kind, worker_id, check.principal)
+            except RequestEntityTooLarge:
+                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
+            except RlError as exc:
+                response = env.json_response(exc.status, exc.body())
+            check.status = response.status_code
+            return response
+
+    async def _worker(self, kind: str, worker_id: str, principal) -> Response:
+        value = parse_write(kind, await request.get_data(cache=False))
+        worker = self.gw.fleet.registry.get(worker_id)
+        if worker is None or not worker.is_visible:
+            raise WorkerNotFound(worker_id)
+        await self._record(kind, value, [worker], None, principal)
+        fleet = self.gw.fleet
+        return env.json_response(
+            200, row(worker, dp_ranks_for(worker, fleet.registry), facts_for(worker, fleet.facts()))
+        )
+
+    async def _fleet(self, kind: str, principal) -> Response:
+        selectors = [v for k, v in _query_pairs(_raw_query()) if k == "selector"]
+        if len(selectors) > 1:
+            return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
+        value = parse_write(kind, await request.get_data(cache=False))
+        source = selectors[0].strip(WS) if selectors else ""
+        if not source:
+            raise SelectorRequired()
+        try:
+            selector = parse_selector(source)
+        except SelectorError as exc:
+            raise InvalidSelector(str(exc), offset=exc.offset) from None
+        targets = self.gw.control.targets(selector)
+        if not targets:
+            raise NoWorkersMatch(selector.source)
+        await self._record(kind, value, targets, selector.source, principal)
+        fleet = self.gw.fleet
+        wanted = {w.id for w in targets}
+        facts = fleet.facts()
+        rows = [
+            row(grp.representative, grp.ranks, facts_for(grp.representative, facts))
+            for grp in collapse(fleet.registry)
+            if grp.representative.id in wanted
+        ]
+        return env.json_response(200, workers_response(rows))
+
+    async def _record(self, kind: str, value: str, targets: list[Worker], selector, principal) -> None:
+        listed = tuple({"worker_id": w.id, "url": w.url, "base_url": w.base_url} for w in targets)
+        common = {
+            "targets": listed,
+            "selector": selector,
+            "principal": principal.label if principal else None,
+            "request_id": getattr(g, "request_id", None),
+        }
+        if kind == "version":
+            event = ev("engine.version_set", weight_version=value, **common)
+        else:
+            event = ev("engine.state_set", control=value, **common)
+        try:
+            await self.gw.journal.append("engine", event)
+        except JournalWriteError as exc:
+            raise JournalUnavailable(f"the journal cannot record this write: {exc}") from exc

@@ -1,0 +1,162 @@
+"""Which weights produced an answer, and the headers that say so. Pure.
+
+- ``x-smg-weight-version``: the version the ENGINE reported in the answer
+  (``meta_info.weight_version`` of a ``/generate``; SGLang's ``metadata.weight_version`` on
+  OpenAI answers) first, then the journal's table version for the engine, then ``"default"``
+  (SGLang's placeholder for "never refitted"). Streams are stamped from the table: their head
+  leaves before any token.
+- ``x-smg-mixed-version: true`` on a buffered ``/generate`` whose weights changed mid-request:
+  a ``meta_info.weight_versions`` with more than one span, items of a batch reporting different
+  versions, or a reported version that differs from the table's (the engine drifted).
+- OpenAI-shaped answers carry the same version in ``system_fingerprint`` (buffered: the JSON
+  body; streamed: every ``data:`` event), so ``/generate`` and ``/v1/chat/completions`` never
+  disagree about a version.
+- ``x-version-tag`` (PSRL): the serving engine's version, ``-1`` when it has none, so a
+  multi-turn session can pin the floor for its next turn.
+
+Bodies are only rewritten where the version must appear in them (OpenAI ``system_fingerprint``)
+or by the single-prompt rule (a one-element list answering a single-prompt ``/generate`` becomes
+the object). Error answers (non-2xx) are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from smgrl.core.version import InvalidVersion, Version, validate_version
+
+DEFAULT_VERSION = "default"
+UNVERSIONED_TAG = "-1"  # PSRL's x-version-tag for "no version"
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _valid(value: Any) -> str | None:
+    """A reported version usable in a header, or None."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    try:
+        return validate_version(str(value))
+    except InvalidVersion:
+        return None
+
+
+def _same(a: str, b: str) -> bool:
+    return Version.parse(a) == Version.parse(b)
+
+
+@attrs.frozen
+class Stamp:
+    version: str
+    mixed: bool
+    body: bytes
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        out = [
+            (b"x-smg-weight-version", self.version.encode()),
+            (b"x-version-tag", version_tag(self.version)),
+        ]
+        if self.mixed:
+            out.append((b"x-smg-mixed-version", b"true"))
+        return out
+
+
+def version_tag(version: str | None) -> bytes:
+    if version is None or version == DEFAULT_VERSION:
+        return UNVERSIONED_TAG.encode()
+    return version.encode()
+
+
+def stream_version(table_version: str | None) -> str:
+    return table_version or DEFAULT_VERSION
+
+
+def stamp_generate(body: bytes, table_version: str | None, single: bool) -> Stamp:
+    """Stamp a buffered 2xx ``/generate`` answer (single object or batch list)."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return Stamp(stream_version(table_version), False, body)
+    if single and isinstance(obj, list) and len(obj) == 1 and isinstance(obj[0], dict):
+        obj = obj[0]
+        body = _dumps(obj)
+    items = obj if isinstance(obj, list) else [obj]
+    reported: list[str] = []
+    spans = False
+    for item in items:
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        version = _valid(meta.get("weight_version"))
+        if version is not None:
+            reported.append(version)
+        history = meta.get("weight_versions")
+        if isinstance(history, list) and len(history) > 1:
+            spans = True
+    version = reported[-1] if reported else stream_version(table_version)
+    drifted = table_version is not None and any(not _same(v, table_version) for v in reported)
+    disagree = any(not _same(v, reported[0]) for v in reported[1:])
+    return Stamp(version, spans or drifted or disagree, body)
+
+
+def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
+    """Stamp a buffered 2xx OpenAI answer: the version in the header and ``system_fingerprint``."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return Stamp(stream_version(table_version), False, body)
+    if not isinstance(obj, dict):
+        return Stamp(stream_version(table_version), False, body)
+    metadata = obj.get("metadata")
+    reported = _valid(metadata.get("weight_version")) if isinstance(metadata, dict) else None
+    version = reported or stream_version(table_version)
+    if obj.get("system_fingerprint") != version:
+        obj["system_fingerprint"] = version
+        body = _dumps(obj)
+    return Stamp(version, False, body)
+
+
+class FingerprintEvents:
+    """Rewrites ``system_fingerprint`` in every JSON ``data:`` event of an OpenAI SSE stream.
+
+    ``feed`` returns the complete events received so far (rewritten); a partial event waits for
+    its end (it is useless to a client half-received anyway); ``flush`` returns what is left.
+    """
+
+    __slots__ = ("_buf", "_version")
+
+    def __init__(self, version: str) -> None:
+        self._version = version
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._buf + chunk if self._buf else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._buf = data
+            return b""
+        complete, self._buf = data[: end + 2], data[end + 2 :]
+        events = complete.split(b"\n\n")
+        events.pop()  # the empty piece after the last separator
+        return b"".join(self._rewrite(e) + b"\n\n" for e in events)
+
+    def flush(self) -> bytes:
+        rest, self._buf = self._buf, b""
+        return rest
+
+    def _rewrite(self, event: bytes) -> bytes:
+        if not event.startswith(b"data: {"):
+            return event
+        try:
+            obj = json.loads(event[6:])
+        except ValueError:
+            return event
+        if not isinstance(obj, dict) or "error" in obj:
+            return event
+        obj["system_fingerprint"] = self._version
+        return b"data: " + _dumps(obj)

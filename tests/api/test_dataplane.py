@@ -1,0 +1,223 @@
+"""Rollout routes on the gateway's port: /generate, /v1/completions, /v1/chat/completions,
+/v1/models (issue 7, step 1): passthrough, the model rules of the TokenSpeed/slime work, streams
+relayed chunk by chunk, and a client disconnect cancelling the engine call."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import trio
+
+from smgrl.config import Config, RlConfig
+from smgrl.dataplane.testing import PROBE_MODEL, ScriptedEngine, gateway_on_loopback
+from smgrl.fake import fake_fleet
+from smgrl.testing import gateway_in_process
+
+GEN = {"text": "hello there", "sampling_params": {"max_new_tokens": 4}}
+
+
+def cfg(**kw) -> Config:
+    return Config(rl=RlConfig(enabled=True), policy=kw.pop("policy", "round_robin"), **kw)
+
+
+async def test_generate_single_prompt_answers_one_object_and_a_batch_a_list():
+    async with fake_fleet("sglang", n=1) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
+        r = await gw.client.post("/generate", json=GEN)
+        assert r.status_code == 200
+        body = r.json()
+        assert isinstance(body, dict) and body["meta_info"]["completion_tokens"] == 4
+        wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
+        assert r.headers["x-smg-routed-worker-id"] == wid
+        assert r.headers["x-request-id"].startswith("gnt-")
+
+        r = await gw.client.post("/generate", json={**GEN, "text": ["a", "b"]})
+        assert r.status_code == 200 and isinstance(r.json(), list) and len(r.json()) == 2
+
+        r = await gw.client.post(
+            "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+        )
+        assert isinstance(r.json(), dict)
+
+
+async def test_openai_routes_and_models():
+    async with fake_fleet("sglang", n=2) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
+        r = await gw.client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        )
+        assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+        r = await gw.client.post(
+            "/v1/completions", json={"prompt": "hi", "max_tokens": 3, "model": "fake/Qwen3-0.6B"}
+        )
+        assert r.status_code == 200 and r.json()["object"] == "text_completion"
+        r = await gw.client.get("/v1/models")
+        assert r.status_code == 200
+        assert [m["id"] for m in r.json()["data"]] == ["fake/Qwen3-0.6B"]
+        assert r.json()["object"] == "list"
+        # Quart's routes are untouched by the data-plane front.
+        assert (await gw.client.get("/v1/rl/workers")).json()["total"] == 2
+        assert (await gw.client.get("/liveness")).status_code == 200
+
+
+async def test_a_request_without_model_is_forwarded_without_one_and_routed_to_the_single_model():
+    async with trio.open_nursery() as nursery:
+        engine = await nursery.start(ScriptedEngine().serve)
+        async with gateway_in_process(cfg(), worker_urls=[engine.url]) as gw:
+            raw = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}'
+            r = await gw.client.post(
+                "/v1/chat/completions",
+                content=raw,
+                headers={
+                    "content-type": "application/json",
+                    "authorization": "Bearer caller",
+                    "x-custom": "1",
+                },
+            )
+            assert r.status_code == 200
+            seen = engine.seen[-1]
+            assert seen.body == raw  # byte for byte: no "model": "unknown" added
+            assert seen.path == "/v1/chat/completions"
+            assert "authorization" not in seen.headers and "x-custom" not in seen.headers
+            assert seen.headers["content-type"] == "application/json"
+            # The caller's model name is forwarded as given.
+            raw = json.dumps({"model": PROBE_MODEL, "prompt": "x"}).encode()
+            assert (await gw.client.post("/v1/completions", content=raw)).status_code == 200
+            assert engine.seen[-1].body == raw
+        nursery.cancel_scope.cancel()
+
+
+async def test_model_rules_with_several_models():
+    async with (
+        fake_fleet("sglang", n=1) as a,
+        fake_fleet("sglang", n=1, served_model_name="other/model") as b,
+        gateway_in_process(cfg(), worker_urls=[*a.urls, *b.urls]) as gw,
+    ):
+        r = await gw.client.post("/generate", json=GEN)
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "model_required"
+        assert (
+            "fake/Qwen3-0.6B" in r.json()["error"]["message"]
+            and "other/model" in r.json()["error"]["message"]
+        )
+        assert r.headers["x-smg-error-code"] == "model_required"
+        r = await gw.client.post("/generate", json={**GEN, "model": "other/model"})
+        assert r.status_code == 200
+        assert r.headers["x-smg-routed-worker-id"] == gw.gateway.fleet.registry.id_for_url(b.urls[0])
+        r = await gw.client.post("/generate", json={**GEN, "model": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        models = (await gw.client.get("/v1/models")).json()["data"]
+        assert [m["id"] for m in models] == ["fake/Qwen3-0.6B", "other/model"]
+
+
+async def test_errors_before_any_engine_is_called():
+    async with gateway_in_process(cfg(max_payload_size=64)) as gw:
+        r = await gw.client.post("/generate", json=GEN)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_available_workers"
+        assert r.json()["error"]["retryable"] is True
+        r = await gw.client.post("/generate", content=b"{not json")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request_body"
+        r = await gw.client.post("/generate", content=b"[1, 2]")
+        assert r.status_code == 400
+        r = await gw.client.get("/generate")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["error"]["code"] == "method_not_allowed"
+        r = await gw.client.post("/generate", content=b"x" * 65)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_body_too_large"
+        r = await gw.client.post("/v1/models")
+        assert r.status_code == 405 and r.headers["allow"] == "GET,HEAD"
+        assert (await gw.client.get("/v1/models")).json() == {"object": "list", "data": []}
+
+
+async def test_data_plane_keys():
+    config = cfg(api_key="secret")
+    async with fake_fleet("sglang", n=1) as fleet, gateway_in_process(config, worker_urls=fleet.urls) as gw:
+        r = await gw.client.post("/generate", json=GEN)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = await gw.client.post("/generate", json=GEN, headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = await gw.client.post("/generate", json=GEN, headers={"authorization": "Bearer secret"})
+        assert r.status_code == 200
+
+
+async def test_streams_are_relayed_chunk_by_chunk():
+    """The first chunk reaches the client while the engine still holds the rest: no buffering."""
+    release = trio.Event()
+
+    async def script(req, w):
+        await w.start()
+        await w.chunk(b'data: {"text": "a"}\n\n')
+        await release.wait()
+        await w.chunk(b'data: {"text": "ab"}\n\n')
+        await w.chunk(b"data: [DONE]\n\n")
+        await w.end()
+
+    engine = ScriptedEngine(script)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.serve)
+        async with gateway_on_loopback(cfg(worker_urls=(engine.url,))) as gw:
+            await gw.wait_routable(1)
+            body = {"text": "x", "stream": True}
+            async with gw.client.stream("POST", "/generate", json=body) as r:
+                assert r.status_code == 200
+                assert r.headers["content-type"] == "text/event-stream"
+                assert r.headers["x-smg-routed-worker-id"]
+                chunks = r.aiter_raw()
+                first = await chunks.__anext__()
+                assert first == b'data: {"text": "a"}\n\n'
+                assert engine.active == 1  # the engine has not finished: nothing was buffered
+                release.set()
+                rest = b"".join([c async for c in chunks])
+            assert rest == b'data: {"text": "ab"}\n\ndata: [DONE]\n\n'
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_disconnect_cancels_the_engine_call(stream):
+    engine_saw_close = trio.Event()
+    started = trio.Event()
+
+    async def script(req, w):
+        if stream:
+            await w.start()
+            await w.chunk(b'data: {"text": "a"}\n\n')
+        started.set()
+        # The engine keeps the request open until the gateway hangs up on it.
+        data = await w.stream.receive_some(1024)
+        assert data == b""
+        engine_saw_close.set()
+        w.close_after = True
+
+    engine = ScriptedEngine(script)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.serve)
+        async with gateway_on_loopback(cfg(worker_urls=(engine.url,))) as gw:
+            await gw.wait_routable(1)
+
+            async def call(client):
+                async with client.stream("POST", "/generate", json={"text": "x", "stream": stream}) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+
+            with trio.fail_after(10):
+                async with httpx.AsyncClient(base_url=gw.base) as client, trio.open_nursery() as inner:
+                    inner.start_soon(call, client)
+                    await started.wait()
+                    inner.cancel_scope.cancel()  # the client goes away mid-request
+                await engine_saw_close.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_streams_from_the_fake_engines_end_with_done():
+    async with fake_fleet("sglang", n=2) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
+        for path, body in (
+            ("/generate", {"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 3}}),
+            ("/v1/completions", {"prompt": "hi", "stream": True, "max_tokens": 3}),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 3},
+            ),
+        ):
+            r = await gw.client.post(path, json=body)
+            assert r.status_code == 200, path
+            assert r.text.endswith("data: [DONE]\n\n"), path
