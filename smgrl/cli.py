@@ -17,10 +17,12 @@ import trio
 from smgrl import __version__
 from smgrl.config import (
     DEFAULT_JOURNAL,
+    BreakerConfig,
     Config,
     ControlPlaneKey,
     DataPlaneConfig,
     HealthConfig,
+    RetryConfig,
     RlConfig,
     TenantKey,
     validate,
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     "--rl-version-policy",
     default="any",
     show_default=True,
-    help="Data-plane version policy (accepted now; used by the data plane).",
+    help="Which engine versions rollouts may use: any | latest-only | min-version:V | max-staleness:K "
+    "(needs --enable-rl; per request: x-smg-version-policy).",
 )
 @click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
 @click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
@@ -163,6 +166,37 @@ def main(argv: list[str] | None = None) -> None:
     help="How long a rollout request may wait for an eligible engine (all paused by a refit, ...) "
     "before a retryable 503 (default: --request-timeout-secs).",
 )
+@click.option(
+    "--retry-max-retries",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Data plane: attempts per request (1 = no retry); only before the first byte.",
+)
+@click.option("--retry-initial-backoff-ms", default=50, show_default=True, type=click.IntRange(min=0))
+@click.option("--retry-max-backoff-ms", default=30_000, show_default=True, type=click.IntRange(min=0))
+@click.option("--retry-backoff-multiplier", default=1.5, show_default=True, type=click.FloatRange(min=1.0))
+@click.option("--retry-jitter-factor", default=0.2, show_default=True, type=click.FloatRange(0.0, 1.0))
+@click.option("--disable-retries", is_flag=True, help="Data plane: one attempt per request.")
+@click.option("--cb-failure-threshold", default=10, show_default=True, type=click.IntRange(min=1))
+@click.option("--cb-success-threshold", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--cb-timeout-duration-secs", default=60.0, show_default=True, type=click.FloatRange(min=0.0))
+@click.option("--cb-window-duration-secs", default=120.0, show_default=True, type=click.FloatRange(min=0.0))
+@click.option(
+    "--max-concurrent-requests",
+    default=-1,
+    show_default=True,
+    type=click.IntRange(min=-1),
+    help="Rollout requests in progress at once (-1: 1024 per core, at least 4096; 0: no limit).",
+)
+@click.option(
+    "--queue-size",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests that may wait for a slot; beyond it 429.",
+)
+@click.option("--queue-timeout-secs", default=60.0, show_default=True, type=click.FloatRange(min=0.0))
 @click.option("--disable-health-check", is_flag=True)
 @click.option("--health-check-interval-secs", default=60.0, show_default=True, type=float)
 @click.option("--health-check-timeout-secs", default=5.0, show_default=True, type=float)
@@ -259,6 +293,23 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         balance_rel_threshold=o["balance_rel_threshold"],
         max_tree_size=o["max_tree_size"],
         eligible_wait_secs=o["eligible_wait_secs"],
+        max_concurrent_requests=o["max_concurrent_requests"],
+        queue_size=o["queue_size"],
+        queue_timeout_secs=o["queue_timeout_secs"],
+        retry=RetryConfig(
+            max_retries=o["retry_max_retries"],
+            initial_backoff_ms=o["retry_initial_backoff_ms"],
+            max_backoff_ms=o["retry_max_backoff_ms"],
+            backoff_multiplier=o["retry_backoff_multiplier"],
+            jitter_factor=o["retry_jitter_factor"],
+            enabled=not o["disable_retries"],
+        ),
+        breaker=BreakerConfig(
+            failure_threshold=o["cb_failure_threshold"],
+            success_threshold=o["cb_success_threshold"],
+            timeout_secs=o["cb_timeout_duration_secs"],
+            window_secs=o["cb_window_duration_secs"],
+        ),
     )
 
 

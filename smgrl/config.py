@@ -182,6 +182,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             "Configuration error: Invalid value for field 'rl': --rl-version-policy requires --enable-rl"
         )
+    _validate_dataplane(cfg)
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"Invalid --port {cfg.port} (expected 0-65535)")
     if not 1 <= cfg.prometheus_port <= 65535:
@@ -198,3 +199,17 @@ def validate(cfg: Config) -> Config:
     if cfg.shutdown_grace_period_secs < 0:
         raise ConfigError("Invalid --shutdown-grace-period-secs (expected >= 0)")
     return cfg
+
+
+def _validate_dataplane(cfg: Config) -> None:
+    from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy
+
+    try:
+        VersionPolicy.parse(cfg.rl.version_policy)
+    except InvalidVersionPolicy as exc:
+        raise ConfigError(f"Invalid --rl-version-policy: {exc}") from None
+    dp = cfg.dataplane
+    if dp.eligible_wait_secs is not None and dp.eligible_wait_secs < 0:
+        raise ConfigError("Invalid --eligible-wait-secs (expected >= 0)")
+    if cfg.request_timeout_secs <= 0:
+        raise ConfigError("Invalid --request-timeout-secs (expected > 0)")

@@ -246,7 +246,11 @@ class DataPlaneASGI:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             try:
-                await relay.run(req, body, headers, model, routing_key, policy, floor)
+                # The admission slot is held for the whole answer, streamed bodies included.
+                async with self.dp.admission.slot():
+                    await relay.run(req, body, headers, model, routing_key, policy, floor)
+            except DataPlaneError as exc:  # queue full / queue timeout: nothing was sent yet
+                await self._error(send, rid, exc)
             finally:
                 nursery.cancel_scope.cancel()
 

@@ -24,6 +24,8 @@ import trio
 
 from smgrl.config import Config
 from smgrl.core.version import Version
+from smgrl.dataplane.admission import Admission
+from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.errors import (
     ModelNotFound,
     ModelRequired,
@@ -89,7 +91,9 @@ class DataPlane:
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
+        self.breakers = Breakers(dp.breaker, enabled=not cfg.disable_circuit_breaker)
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
+        self.admission = Admission(dp.max_concurrent_requests, dp.queue_size, dp.queue_timeout_secs)
         self._table: Table | None = None
         self._changed = trio.Event()
         fleet.subscribe(self._fleet_changed)
@@ -149,30 +153,39 @@ class DataPlane:
     def _choose(
         self, selectable: Sequence[Entry], req: RolloutRequest, routing_key: str | None, exclude: set[str]
     ) -> Entry:
-        pool = selectable
         if exclude:
-            pool = [e for e in selectable if e.instance.worker_id not in exclude] or selectable
-        by_id = {e.instance.worker_id: e for e in pool}
-        candidates = [e.instance for e in pool]
+            # A retry: the least-loaded instance not tried yet (any, when all were), without
+            # consulting the policy, so a retry neither skews round-robin turns nor pins a
+            # prefix to an instance that did not serve it.
+            untried = [e for e in selectable if e.instance.worker_id not in exclude] or selectable
+            return min(untried, key=lambda e: self.loads.get(e.instance.worker_id, 0))
         if routing_key:
-            chosen = sticky(candidates, routing_key)
+            chosen = sticky([e.instance for e in selectable], routing_key)
+        elif len(selectable) == 1:
+            return selectable[0]
         else:
-            chosen = self.policy.select(candidates, self.loads, req.prefix, self._now())
-        return by_id[chosen.worker_id]
+            chosen = self.policy.select([e.instance for e in selectable], self.loads, req.prefix, self._now())
+        for entry in selectable:
+            if entry.instance is chosen:
+                return entry
+        raise AssertionError("the policy chose an instance it was not offered")
 
-    @staticmethod
     def eligible(
-        slot: ModelEntries, policy: VersionPolicy, floor: Version | None
+        self, slot: ModelEntries, policy: VersionPolicy, floor: Version | None
     ) -> tuple[Sequence[Entry], Counter]:
-        """The selectable entries under a request's version policy and floor, and why the rest
-        are held out."""
-        if not policy.filters and floor is None:
-            return slot.selectable, slot.held
+        """The selectable entries under a request's version policy and floor and the engines'
+        circuit breakers, and why the rest are held out."""
+        breakers = self.breakers
+        if not policy.filters and floor is None and not breakers.open_count:
+            return slot.selectable, slot.held  # the common case: nothing to recompute
         kept = []
         held = Counter(slot.held)
         top = slot.fleet_max
+        now = self._now()
         for entry in slot.selectable:
             reason = policy.hold_reason(entry.version, top) or floor_reason(entry.version, floor)
+            if reason is None and not breakers.allows(entry.instance.base_url, now):
+                reason = "circuit_open"
             if reason is None:
                 kept.append(entry)
             else:
@@ -204,11 +217,17 @@ class DataPlane:
                 raise NoEligibleWorkers.because(held, self._now() - started)
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
-            # write, a health change), or by the wait budget running out. A client that goes
-            # away cancels the wait (the request's disconnect watcher).
+            # write, a health change), by an open circuit breaker's timeout (it goes half-open
+            # without any event), or by the wait budget running out. A client that goes away
+            # cancels the wait (the request's disconnect watcher).
+            wake = wait_until
+            if held.get("circuit_open"):
+                reopen = self.breakers.next_reopen()
+                if reopen is not None:
+                    wake = min(wake, reopen)
             self.waiting += 1
             try:
-                with trio.move_on_at(wait_until):
+                with trio.move_on_at(wake):
                     await changed.wait()
             finally:
                 self.waiting -= 1
@@ -249,24 +268,47 @@ class DataPlane:
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
-        Bounded by ``--request-timeout-secs`` as a whole: the caller's relay runs inside it.
+        Retries (``--retry-*``) happen here and only here, before anything reaches the client:
+        on a connection error or a 5xx answer (for a buffered request also a body cut short),
+        with backoff, preferring an instance not tried yet. Once this yields, the caller relays
+        and nothing is retried. ``--request-timeout-secs`` bounds the whole, relay included;
+        the wait for an eligible engine has its own bound (never past the deadline), so running
+        out of it is a 503 naming why, not a 504.
         """
         deadline, wait_until = self.deadlines()
-        # The wait for an eligible engine has its own bound (never past the deadline), so running
-        # out of it is a 503 naming why, not a 504.
-        entry = await self.pick(
-            req, model, routing_key=routing_key, wait_until=wait_until, policy=policy, floor=floor
-        )
-        with trio.move_on_at(deadline) as timeout:
+        retry = self.cfg.dataplane.retry
+        attempts = max(1, retry.max_retries) if retry.enabled else 1
+        tried: set[str] = set()
+        for attempt in range(attempts):
+            if attempt:
+                with trio.move_on_at(deadline):
+                    await trio.sleep(self._backoff(attempt))
+            entry = await self.pick(
+                req,
+                model,
+                routing_key=routing_key,
+                wait_until=min(wait_until, deadline),
+                policy=policy,
+                floor=floor,
+                exclude=tried,
+            )
             instance = entry.instance
+            wid, base = instance.worker_id, instance.base_url
             target_headers, target_body = self._upstream(entry, req, body, headers)
-            pool = self.pools.get(instance.base_url)
-            wid = instance.worker_id
+            last = attempt + 1 == attempts
+            relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
-            try:
+            with trio.move_on_at(deadline) as timeout:
                 try:
-                    exchange = pool.stream("POST", req.route, headers=target_headers, body=target_body)
+                    exchange = self.pools.get(base).stream(
+                        "POST", req.route, headers=target_headers, body=target_body
+                    )
                     async with exchange as response:
+                        if response.status >= 500 and not last:
+                            # Not relayed: leaving the block closes the connection unread.
+                            self._record(base, False)
+                            tried.add(wid)
+                            continue
                         dispatched = Dispatch(entry, response)
                         if buffered:
                             data, truncated = await response.read_bounded(MAX_RESPONSE_BYTES)
@@ -275,12 +317,28 @@ class DataPlane:
                                     f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
                                 )
                             dispatched.body = data
+                        self._record(base, response.status < 500)
+                        relaying = True
                         yield dispatched
+                        return
                 except UpstreamError as exc:
+                    self._record(base, False)
+                    if not relaying and not last:
+                        tried.add(wid)
+                        continue
                     raise UpstreamUnreachable(
                         f"upstream `{instance.url}` unreachable: {exc}", worker_id=wid
                     ) from exc
-            finally:
-                self.loads[wid] -= 1
-        if timeout.cancelled_caught:
-            raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")
+                finally:
+                    self.loads[wid] -= 1
+            if timeout.cancelled_caught:
+                raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")
+
+    def _backoff(self, attempt: int) -> float:
+        r = self.cfg.dataplane.retry
+        delay = min(r.max_backoff_ms, r.initial_backoff_ms * r.backoff_multiplier ** (attempt - 1))
+        jitter = 1 + r.jitter_factor * (2 * self.rng.random() - 1)
+        return max(0.0, delay * jitter) / 1000
+
+    def _record(self, base_url: str, success: bool) -> None:
+        self.breakers.record(base_url, success, self._now())

@@ -35,6 +35,18 @@ class Loopback:
     def gateway(self):
         return self.running.gateway
 
+    @property
+    def dataplane(self):
+        """The app's DataPlane (``serve`` builds the app itself: found through the fleet
+        listener it subscribed)."""
+        from smgrl.dataplane.service import DataPlane
+
+        for listener in self.gateway.fleet._listeners:
+            owner = getattr(listener, "__self__", None)
+            if isinstance(owner, DataPlane):
+                return owner
+        raise LookupError("no DataPlane is subscribed to this gateway's fleet")
+
     async def wait_routable(self, count: int, timeout: float = 10.0) -> None:
         with trio.fail_after(timeout):
             while sum(1 for w in self.gateway.fleet.registry if w.status == "ready") < count:

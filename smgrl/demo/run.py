@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 import click
 
@@ -144,6 +146,58 @@ def summarize_journal(path: str) -> None:
             say(f"    …{f.op_id[-8:]} {what:<58} {f.result:<8} {f.succeeded}/{f.total} in {f.latency_ms} ms")
 
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "async_rl_loop.py"
+
+
+def run_rollouts(engines: int, journal: str, keep_journal: bool, clients: int) -> int:
+    """``--rollouts``: examples/async_rl_loop.py against fake engines that generate at a
+    realistic pace: rollouts stream through the gateway while the trainer refits."""
+    if not EXAMPLE.exists():
+        say(f"--rollouts needs the repository's examples/ ({EXAMPLE} not found)", fg="red")
+        return 1
+    work = tempfile.mkdtemp(prefix="smgrl-demo-rollouts-")
+    children = []
+    log = open(os.path.join(work, "gateway.log"), "w")  # noqa: SIM115 - the gateway child writes it; closed in finally
+    try:
+        say(f"[1/3] starting {engines} fake SGLang engines (5 ms per token) and the gateway", bold=True)
+        fakes, urls = start_fake_engines("sglang", engines, ["--token-latency-ms", "5"])
+        children.append(fakes)
+        if os.path.exists(journal) and not keep_journal:
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(journal + suffix):
+                    os.remove(journal + suffix)
+        port = free_port()
+        args = ["--enable-rl", "--worker-urls", *urls, "--journal", journal]
+        args += ["--prometheus-port", str(free_port()), "--disable-health-check"]
+        gw = start_gateway(args, port=port, log=log)
+        children.append(gw)
+        base = f"http://127.0.0.1:{port}"
+        wait_for_workers(base, engines, child=gw)
+        say(f"  gateway: {base} (pid {gw.pid}), journal {journal}")
+        say("[2/3] rollouts stream through smgrl while the trainer refits every 2 s", bold=True)
+        code = subprocess.run(
+            [sys.executable, str(EXAMPLE), "--gateway", base, "--clients", str(clients)],
+            check=False,
+            timeout=600,
+        ).returncode
+        say("[3/3] what the journal recorded", bold=True)
+        gw.stop()
+        children.remove(gw)
+        summarize_journal(journal)
+        if code == 0:
+            say(
+                "demo passed: rollouts never failed and every sample names the weights that made it",
+                fg="green",
+            )
+        else:
+            say("demo FAILED (see above)", fg="red")
+        return code
+    finally:
+        for child in reversed(children):
+            child.stop()
+        log.close()
+
+
 @click.command("demo")
 @click.option("--engines", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option(
@@ -153,6 +207,16 @@ def summarize_journal(path: str) -> None:
     help="The journal file the demo's gateway writes (replaced at start).",
 )
 @click.option("--keep-journal", is_flag=True, help="Append to an existing journal instead of replacing it.")
-def demo(engines: int, journal: str, keep_journal: bool) -> None:
+@click.option(
+    "--rollouts",
+    is_flag=True,
+    help="Run examples/async_rl_loop.py: rollouts stream through smgrl while the trainer refits.",
+)
+@click.option(
+    "--clients", default=32, show_default=True, type=click.IntRange(1, 1024), help="With --rollouts."
+)
+def demo(engines: int, journal: str, keep_journal: bool, rollouts: bool, clients: int) -> None:
     """Start fake engines and the gateway, refit the fleet, show the journal; exit 0 on success."""
+    if rollouts:
+        sys.exit(run_rollouts(engines, journal, keep_journal, clients))
     sys.exit(run_demo(engines, journal, keep_journal))

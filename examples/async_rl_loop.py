@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""An asynchronous RL loop through smgrl: rollouts stream while the trainer refits.
+
+    python examples/async_rl_loop.py --gateway http://127.0.0.1:30000 \
+        [--clients 32] [--refits 3] [--refit-every 2] [--tokens 16] [--selector engine=sglang]
+
+Many rollout clients stream generations through the gateway's data plane (half ``/generate``,
+half ``/v1/chat/completions``, ``stream: true``) for the whole run. Meanwhile a trainer refits the
+fleet every ``--refit-every`` seconds through ``smgrl.rl``, the way that never cuts a rollout:
+
+1. ``POST /v1/rl/state?selector=... {"control": "paused"}``: the gateway stops dispatching; new
+   rollouts wait in the gateway (nothing fails, they are just later);
+2. ``update_weights_from_disk`` fanned out with the new ``weight_version``: each engine finishes
+   the generations it has (SGLang's model-update lock) and then loads the weights;
+3. ``POST /v1/rl/state?selector=... {"control": "active"}``: the waiting rollouts go out, to
+   the new weights.
+
+At the end it checks, and exits 1 if any check fails:
+
+* no rollout failed (every stream answered 200 and ended with ``data: [DONE]``);
+* every sample names the version that produced it (``x-smg-weight-version``, equal to what the
+  engine reported in the stream: ``meta_info.weight_version`` / ``system_fingerprint``);
+* no sample came from an engine mid-refit: no sample's weights changed while it ran
+  (``meta_info.weight_versions`` has one span at most), every sample that started after refit k
+  finished carries version k or newer, and every sample that ended before refit k began carries
+  an older one.
+
+``smgrl demo --rollouts`` starts fake engines and a gateway and runs this against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import attrs
+import httpx
+import trio
+
+from smgrl.rl import RL
+
+
+@attrs.define
+class Sample:
+    client: int
+    route: str
+    started: float
+    ended: float = 0.0
+    status: int = 0
+    done: bool = False
+    header_version: str | None = None
+    reported_version: str | None = None
+    spans: int = 0
+    worker: str | None = None
+    error: str | None = None
+
+
+@attrs.define
+class Refit:
+    index: int
+    version: str
+    began: float
+    finished: float = 0.0
+
+
+def set_state(rl: RL, selector: str, control: str) -> None:
+    """``POST /v1/rl/state?selector=...`` (SMG M2's ``RL.set_state``; stdlib only here)."""
+    url = f"{rl.base_url}/v1/rl/state?{urllib.parse.urlencode({'selector': selector})}"
+    headers = {"content-type": "application/json"}
+    if rl.api_key:
+        headers["authorization"] = f"Bearer {rl.api_key}"
+    req = urllib.request.Request(url, data=json.dumps({"control": control}).encode(), headers=headers)
+    with urllib.request.urlopen(req, timeout=rl.timeout) as response:
+        if response.status != 200:
+            raise RuntimeError(f"state write answered {response.status}")
+
+
+def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.Event) -> None:
+    """The trainer's side, blocking (``smgrl.rl`` is synchronous): one refit every few seconds."""
+    for k in range(1, args.refits + 1):
+        if stop.wait(args.refit_every):
+            return
+        refit = Refit(k, f"{args.version_prefix}{k}", time.monotonic())
+        set_state(rl, args.selector, "paused")
+        try:
+            body = {"model_path": model_path, "weight_version": refit.version, "flush_cache": False}
+            result = rl.fanout("update_weights_from_disk", body, selector=args.selector)
+            print(
+                f"  refit {k}: {result.succeeded}/{result.total} engines now at {refit.version}", flush=True
+            )
+        finally:
+            set_state(rl, args.selector, "active")  # always: never leave the fleet held out
+        refit.finished = time.monotonic()
+        refits.append(refit)
+
+
+async def rollout_client(i: int, args, stop_at: float, samples: list[Sample]) -> None:
+    route = "/generate" if i % 2 == 0 else "/v1/chat/completions"
+    prompt = f"Rollout {i}: solve the task step by step."
+    if route == "/generate":
+        body = {
+            "text": prompt,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": args.tokens, "ignore_eos": True},
+        }
+    else:
+        body = {"messages": [{"role": "user", "content": prompt}], "stream": True, "max_tokens": args.tokens,
+                "ignore_eos": True}  # fmt: skip
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    async with httpx.AsyncClient(
+        base_url=args.gateway, timeout=args.request_timeout, headers=headers
+    ) as client:
+        while time.monotonic() < stop_at:
+            sample = Sample(i, route, time.monotonic())
+            try:
+                async with client.stream("POST", route, json=body) as r:
+                    sample.status = r.status_code
+                    sample.header_version = r.headers.get("x-smg-weight-version")
+                    sample.worker = r.headers.get("x-smg-routed-worker-id")
+                    async for line in r.aiter_lines():
+                        _event(sample, line)
+            except httpx.HTTPError as exc:
+                sample.error = repr(exc)
+            sample.ended = time.monotonic()
+            samples.append(sample)
+
+
+def _event(sample: Sample, line: str) -> None:
+    if not line.startswith("data: "):
+        return
+    data = line[6:]
+    if data == "[DONE]":
+        sample.done = True
+        return
+    event = json.loads(data)
+    if "error" in event:
+        sample.error = str(event["error"])
+        return
+    meta = event.get("meta_info")
+    if isinstance(meta, dict):  # /generate
+        sample.reported_version = meta.get("weight_version")
+        sample.spans = max(sample.spans, len(meta.get("weight_versions") or []))
+    elif event.get("system_fingerprint") is not None:  # OpenAI-shaped
+        sample.reported_version = event["system_fingerprint"]
+
+
+def check(samples: list[Sample], refits: list[Refit], initial: str | None) -> list[str]:
+    problems = []
+    order = {initial: 0, **{r.version: r.index for r in refits}}
+    for s in samples:
+        who = f"client {s.client} {s.route} at +{s.started:.2f}s"
+        if s.status != 200 or not s.done or s.error:
+            problems.append(f"{who}: failed (status {s.status}, done {s.done}, error {s.error})")
+            continue
+        if not s.header_version or s.header_version != s.reported_version:
+            problems.append(
+                f"{who}: names {s.header_version!r} but the engine reported {s.reported_version!r}"
+            )
+            continue
+        if s.spans > 1:
+            problems.append(f"{who}: its weights changed while it ran ({s.spans} versions)")
+        k = order.get(s.header_version)
+        if k is None:
+            problems.append(f"{who}: version {s.header_version!r} was never published")
+            continue
+        for r in refits:
+            if s.started >= r.finished and k < r.index:
+                problems.append(
+                    f"{who}: started after refit {r.index} finished but ran on {s.header_version}"
+                )
+            if s.ended <= r.began and k >= r.index:
+                problems.append(f"{who}: ended before refit {r.index} began but ran on {s.header_version}")
+    return problems
+
+
+async def run(args) -> int:
+    rl = RL(args.gateway, api_key=args.api_key, timeout=120)
+    workers = [w for w in rl.workers() if w.health == "ready"]
+    if not workers:
+        print("no ready workers", file=sys.stderr)
+        return 1
+    model_path = args.model_path or workers[0].labels.get("model_path")
+    if not model_path:
+        print("no --model-path and the engines report none", file=sys.stderr)
+        return 1
+    initial = {w.weight_version for w in workers}
+    initial_version = initial.pop() if len(initial) == 1 else None
+    print(f"{len(workers)} engines at {initial_version or 'default'}; {args.clients} rollout clients; "
+          f"{args.refits} refits every {args.refit_every:g}s", flush=True)  # fmt: skip
+    samples: list[Sample] = []
+    refits: list[Refit] = []
+    stop = threading.Event()
+    stop_at = time.monotonic() + args.refits * args.refit_every + args.tail
+    with trio.fail_after(args.refits * args.refit_every + args.tail + args.request_timeout + 60):
+        async with trio.open_nursery() as nursery:
+            for i in range(args.clients):
+                nursery.start_soon(rollout_client, i, args, stop_at, samples)
+            try:
+                await trio.to_thread.run_sync(trainer, rl, args, refits, model_path, stop)
+            finally:
+                stop.set()
+    t0 = min((s.started for s in samples), default=0.0)
+    problems = check(samples, refits, initial_version or "default")
+    versions: dict[str, int] = {}
+    for s in samples:
+        versions[s.header_version or "?"] = versions.get(s.header_version or "?", 0) + 1
+    print(f"{len(samples)} samples in {max((s.ended for s in samples), default=t0) - t0:.1f}s; by version: "
+          + ", ".join(f"{v}={n}" for v, n in sorted(versions.items())), flush=True)  # fmt: skip
+    if len(refits) != args.refits:
+        problems.append(f"only {len(refits)} of {args.refits} refits ran")
+    if problems:
+        for p in problems[:20]:
+            print("  FAIL " + p)
+        print(f"async RL loop FAILED: {len(problems)} problems")
+        return 1
+    print("async RL loop passed: no rollout failed, every sample names its version, none came from an "
+          "engine mid-refit")  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gateway", default="http://127.0.0.1:30000")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--selector", default="engine=sglang")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--refits", type=int, default=3)
+    ap.add_argument("--refit-every", type=float, default=2.0)
+    ap.add_argument("--tail", type=float, default=1.0, help="seconds of rollouts after the last refit")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--model-path", default=None, help="checkpoint to load (default: the engines' own)")
+    ap.add_argument("--version-prefix", default="step-")
+    ap.add_argument("--request-timeout", type=float, default=120.0)
+    args = ap.parse_args(argv)
+    return trio.run(run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
