@@ -47,6 +47,7 @@ GENERATE_BODY = json.dumps(
     {"text": "The quick brown fox jumps over the lazy dog.", "sampling_params": {"max_new_tokens": 8}}
 ).encode()
 HEADERS = [(b"content-type", b"application/json")]
+MODEL = "fake/Qwen3-0.6B"  # SMG 1.13.0 requires `model` on OpenAI routes; smgrl does not
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -96,11 +97,23 @@ async def closed_loop(origins: list[str], path: str, body: bytes, concurrency: i
     return measured, len(latencies) / elapsed, errors
 
 
-async def streams(origins: list[str], count: int, tokens: int):
-    """``count`` concurrent streaming completions; (chunks/s, inter-chunk gaps ms, dropped chunks)."""
-    body = json.dumps(
-        {"prompt": "stream me", "max_tokens": tokens, "ignore_eos": True, "stream": True}
-    ).encode()
+async def streams(origins: list[str], count: int, tokens: int, route: str = "/v1/completions"):
+    """``count`` concurrent streams; (chunks/s, inter-chunk gaps ms, dropped chunks, failed)."""
+    if route == "/generate":
+        payload = {
+            "text": "stream me",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        }
+    else:
+        payload = {
+            "model": MODEL,
+            "prompt": "stream me",
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    body = json.dumps(payload).encode()
     pools = [EnginePool(o, max_idle=count) for o in origins]
     gaps: list[float] = []
     chunks = 0
@@ -115,7 +128,7 @@ async def streams(origins: list[str], count: int, tokens: int):
         buf = b""
         last = None
         try:
-            async with pool.stream("POST", "/v1/completions", headers=HEADERS, body=body) as resp:
+            async with pool.stream("POST", route, headers=HEADERS, body=body) as resp:
                 async for chunk in resp.aiter_chunks():
                     now = time.perf_counter()
                     buf += chunk
@@ -266,7 +279,9 @@ def measure(name: str, origins: list[str], args, results: dict, pid: int | None 
         print(f"{name:12s} c={c:<4d} p50={pct(lat, .5):7.2f}ms p99={pct(lat, .99):7.2f}ms "
               f"{rps:8.0f} req/s errors={errors} gateway CPU {cpu_us:6.0f} us/request", flush=True)  # fmt: skip
     if args.streams:
-        cps, gaps, dropped, failed = trio.run(streams, origins, args.streams, args.stream_tokens)
+        cps, gaps, dropped, failed = trio.run(
+            streams, origins, args.streams, args.stream_tokens, args.stream_route
+        )
         results.setdefault(name, {})["streams"] = {
             "chunks_per_s": cps,
             "gap_p50": pct(gaps, 0.5),
@@ -298,7 +313,7 @@ def table(results: dict, args) -> str:
     if args.streams:
         lines += [
             "",
-            f"{args.streams} concurrent streams x {args.stream_tokens} tokens (`/v1/completions`, `stream: true`):",
+            f"{args.streams} concurrent streams x {args.stream_tokens} tokens (`{args.stream_route}`, `stream: true`):",
             "",
             "| gateway | chunks/s | inter-chunk p50 ms | inter-chunk p99 ms | added p99 ms | dropped chunks | failed streams |",
             "|---|---|---|---|---|---|---|",
@@ -325,6 +340,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,64,256")
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--stream-tokens", type=int, default=32)
+    ap.add_argument("--stream-route", default="/v1/completions", choices=["/v1/completions", "/generate"])
     ap.add_argument("--token-latency-ms", type=float, default=20.0, help="fake engines' per-token delay")
     ap.add_argument("--policy", default="round_robin")
     ap.add_argument("--fronts", action="store_true", help="also measure the Quart-route front")

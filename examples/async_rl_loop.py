@@ -9,7 +9,8 @@ half ``/v1/chat/completions``, ``stream: true``) for the whole run. Meanwhile a 
 fleet every ``--refit-every`` seconds through ``smgrl.rl``, the way that never cuts a rollout:
 
 1. ``POST /v1/rl/state?selector=... {"control": "paused"}``: the gateway stops dispatching; new
-   rollouts wait in the gateway (nothing fails, they are just later);
+   rollouts wait in the gateway (nothing fails, they are just later); a short ``--grace`` lets
+   the ones dispatched just before reach their engines;
 2. ``update_weights_from_disk`` fanned out with the new ``weight_version``: each engine finishes
    the generations it has (SGLang's model-update lock) and then loads the weights;
 3. ``POST /v1/rl/state?selector=... {"control": "active"}``: the waiting rollouts go out, to
@@ -87,6 +88,9 @@ def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.
             return
         refit = Refit(k, f"{args.version_prefix}{k}", time.monotonic())
         set_state(rl, args.selector, "paused")
+        # Rollouts the gateway dispatched just before the write are still on the wire: let them
+        # reach their engines, whose model-update lock then lets them finish on the old weights.
+        time.sleep(args.grace)
         try:
             body = {"model_path": model_path, "weight_version": refit.version, "flush_cache": False}
             result = rl.fanout("update_weights_from_disk", body, selector=args.selector)
@@ -99,7 +103,7 @@ def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.
         refits.append(refit)
 
 
-async def rollout_client(i: int, args, stop_at: float, samples: list[Sample]) -> None:
+async def rollout_client(i: int, args, stop_at: list[float], samples: list[Sample]) -> None:
     route = "/generate" if i % 2 == 0 else "/v1/chat/completions"
     prompt = f"Rollout {i}: solve the task step by step."
     if route == "/generate":
@@ -115,13 +119,13 @@ async def rollout_client(i: int, args, stop_at: float, samples: list[Sample]) ->
     async with httpx.AsyncClient(
         base_url=args.gateway, timeout=args.request_timeout, headers=headers
     ) as client:
-        while time.monotonic() < stop_at:
+        while time.monotonic() < stop_at[0]:
             sample = Sample(i, route, time.monotonic())
             try:
                 async with client.stream("POST", route, json=body) as r:
                     sample.status = r.status_code
                     sample.header_version = r.headers.get("x-smg-weight-version")
-                    sample.worker = r.headers.get("x-smg-routed-worker-id")
+                    sample.worker = r.headers.get("x-smg-routed-worker-id")  # the serving worker URL
                     async for line in r.aiter_lines():
                         _event(sample, line)
             except httpx.HTTPError as exc:
@@ -195,8 +199,8 @@ async def run(args) -> int:
     samples: list[Sample] = []
     refits: list[Refit] = []
     stop = threading.Event()
-    stop_at = time.monotonic() + args.refits * args.refit_every + args.tail
-    with trio.fail_after(args.refits * args.refit_every + args.tail + args.request_timeout + 60):
+    stop_at = [float("inf")]  # the clients roll out until --tail seconds after the last refit
+    with trio.fail_after(args.refits * (args.refit_every + 60) + args.tail + args.request_timeout + 60):
         async with trio.open_nursery() as nursery:
             for i in range(args.clients):
                 nursery.start_soon(rollout_client, i, args, stop_at, samples)
@@ -204,6 +208,7 @@ async def run(args) -> int:
                 await trio.to_thread.run_sync(trainer, rl, args, refits, model_path, stop)
             finally:
                 stop.set()
+                stop_at[0] = time.monotonic() + args.tail
     t0 = min((s.started for s in samples), default=0.0)
     problems = check(samples, refits, initial_version or "default")
     versions: dict[str, int] = {}
@@ -235,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--model-path", default=None, help="checkpoint to load (default: the engines' own)")
     ap.add_argument("--version-prefix", default="step-")
+    ap.add_argument(
+        "--grace", type=float, default=0.05, help="seconds between holding rollouts and the refit"
+    )
     ap.add_argument("--request-timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
     return trio.run(run, args)

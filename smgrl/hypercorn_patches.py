@@ -1,6 +1,7 @@
-"""Two measured speed-ups for hypercorn 0.18's trio worker (``shared/design/hypercorn-perf.md``).
+"""Two measured speed-ups for hypercorn 0.18's trio worker (``shared/design/hypercorn-perf.md``), and
+one fix (3, below).
 
-hypercorn is pinned to 0.18.0 in pyproject.toml because both patches replace internals:
+hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace internals:
 
 1. **One idle watcher per connection.** Stock hypercorn, on every request, takes a lock, cancels
    the connection's keep-alive task and ``nursery.start``s a new one (``TrioSingleTask``): 15-20%
@@ -12,6 +13,8 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because both patches replace int
    and an empty end-of-message separately (three locked, shielded sends, two ``sendto``); ASGI
    lets a server hold the head until the first body message, so the patched ``stream_send`` sends
    head + body in one write and skips empty writes. Streaming bodies still go out chunk by chunk.
+3. **The close after an early answer is shielded** (``_shielded_maybe_recycle``): a fix, not a
+   speed-up; see its docstring.
 
 ``apply()`` is idempotent and checks the version first: on any other hypercorn it does nothing.
 """
@@ -24,6 +27,7 @@ from itertools import chain
 import h11
 import hypercorn
 import trio
+from hypercorn.events import Closed, Updated
 from hypercorn.protocol import h11 as h11_protocol
 from hypercorn.protocol.events import Body, EndBody, Response
 from hypercorn.trio import tcp_server
@@ -117,6 +121,36 @@ async def _coalescing_stream_send(self, event) -> None:
     await _stock_stream_send(self, event)
 
 
+async def _shielded_maybe_recycle(self) -> None:
+    """hypercorn's ``_maybe_recycle`` with its recycle-or-close step shielded from cancellation.
+
+    It runs in the app's task, which quart-trio cancels once the response is sent. When the answer
+    went out before the request body had all arrived (a 404/405, an auth refusal, any error
+    answered before the body is read) the connection must be closed; stock hypercorn's close was
+    cancelled at its first checkpoint (``send_eof``), so the connection was neither closed nor
+    recycled: the client's next request on it hung forever, and the connection and its tasks
+    leaked even after the client left (found by tests/e2e/test_schemathesis.py; checked by
+    tests/e2e/test_faults.py::test_an_answer_sent_before_the_body_arrived_*)."""
+    try:
+        await self._close_stream()
+    finally:
+        with trio.CancelScope(shield=True):
+            conn = self.connection
+            if not self.context.terminated.is_set() and conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+                try:
+                    conn.start_next_cycle()
+                except h11.LocalProtocolError:
+                    await self.send(Closed())
+                else:
+                    self.response = None
+                    self.scope = None
+                    await self.can_read.set()
+                    await self.send(Updated(idle=True))
+            else:
+                await self.can_read.set()
+                await self.send(Closed())
+
+
 _stock_stream_send = h11_protocol.H11Protocol.stream_send
 _stock_tcp_init = tcp_server.TCPServer.__init__
 
@@ -139,5 +173,6 @@ def apply() -> bool:
         return False
     tcp_server.TCPServer.__init__ = _tcp_init
     h11_protocol.H11Protocol.stream_send = _coalescing_stream_send
+    h11_protocol.H11Protocol._maybe_recycle = _shielded_maybe_recycle
     _applied = True
     return True

@@ -123,6 +123,8 @@ class DataPlane:
             for worker_id, version in before.items():
                 if worker_id not in after or after[worker_id] != version:
                     self.policy.forget(worker_id)
+            for worker_id in [w for w, n in self.loads.items() if not n and w not in after]:
+                del self.loads[worker_id]  # a removed worker's idle counter
         self._table = new
         return new
 
@@ -281,6 +283,8 @@ class DataPlane:
         tried: set[str] = set()
         for attempt in range(attempts):
             if attempt:
+                # Past the deadline the backoff just ends; the exchange scope below then
+                # reports the timeout.
                 with trio.move_on_at(deadline):
                     await trio.sleep(self._backoff(attempt))
             entry = await self.pick(
@@ -298,6 +302,10 @@ class DataPlane:
             last = attempt + 1 == attempts
             relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
+            # The deadline scope spans the caller's relay too (it runs at ``yield``, in this
+            # task: the asynccontextmanager pattern trio allows for a yield inside a scope). A
+            # cancellation at any checkpoint closes the engine connection (upstream/pool.py),
+            # so the engine aborts the request.
             with trio.move_on_at(deadline) as timeout:
                 try:
                     exchange = self.pools.get(base).stream(

@@ -1,10 +1,10 @@
 """Which weights produced an answer, and the headers that say so. Pure.
 
 - ``x-smg-weight-version``: the version the ENGINE reported in the answer
-  (``meta_info.weight_version`` of a ``/generate``; SGLang's ``metadata.weight_version`` on
-  OpenAI answers) first, then the journal's table version for the engine, then ``"default"``
-  (SGLang's placeholder for "never refitted"). Streams are stamped from the table: their head
-  leaves before any token.
+  (``meta_info.weight_version`` of a ``/generate``, a stream's first event included: its head
+  waits for that event; SGLang's ``metadata.weight_version`` on OpenAI answers) first, then the
+  journal's table version for the engine, then ``"default"`` (SGLang's placeholder for "never
+  refitted"). OpenAI streams carry no version in their events: they are stamped from the table.
 - ``x-smg-mixed-version: true`` on a buffered ``/generate`` whose weights changed mid-request:
   a ``meta_info.weight_versions`` with more than one span, items of a batch reporting different
   versions, or a reported version that differs from the table's (the engine drifted).
@@ -37,13 +37,15 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _valid(value: Any) -> str | None:
-    """A reported version usable in a header, or None."""
+    """A reported version usable in a header, or None. SGLang's ``default`` placeholder means
+    "no version" and does not override the table (an API version write, say)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None
     try:
-        return validate_version(str(value))
+        version = validate_version(str(value))
     except InvalidVersion:
         return None
+    return None if version == DEFAULT_VERSION else version
 
 
 def _same(a: str, b: str) -> bool:
@@ -119,6 +121,22 @@ def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
         obj["system_fingerprint"] = version
         body = _dumps(obj)
     return Stamp(version, False, body)
+
+
+def first_event_version(chunk: bytes) -> str | None:
+    """The ``meta_info.weight_version`` of the first complete ``data:`` event of a ``/generate``
+    stream's first chunk, or None (the stream's head then names the table's version)."""
+    if not chunk.startswith(b"data: {"):
+        return None
+    end = chunk.find(b"\n\n")
+    if end < 0:
+        return None
+    try:
+        event = json.loads(chunk[6:end])
+    except ValueError:
+        return None
+    meta = event.get("meta_info") if isinstance(event, dict) else None
+    return _valid(meta.get("weight_version")) if isinstance(meta, dict) else None
 
 
 class FingerprintEvents:

@@ -32,7 +32,9 @@ TENANTS = (TenantKey("t1", TENANT_KEY),)
 
 
 def rl_cfg(*, timeout: int = 5, concurrency: int = 32, **kw: Any) -> Config:
-    return Config(rl=RlConfig(enabled=True, control_timeout_secs=timeout, fanout_concurrency=concurrency), **kw)
+    return Config(
+        rl=RlConfig(enabled=True, control_timeout_secs=timeout, fanout_concurrency=concurrency), **kw
+    )
 
 
 def ordered(value: Any) -> Any:
@@ -127,7 +129,9 @@ class RawEngine:
     PROBE: ClassVar[dict[str, bytes]] = {
         "/health": b"",
         "/v1/models": json.dumps({"object": "list", "data": [{"id": "raw", "owned_by": "sglang"}]}).encode(),
-        "/server_info": json.dumps({"model_path": "raw", "tp_size": 1, "dp_size": 1, "version": "0.5.23"}).encode(),
+        "/server_info": json.dumps(
+            {"model_path": "raw", "tp_size": 1, "dp_size": 1, "version": "0.5.23"}
+        ).encode(),
         "/model_info": json.dumps({"model_path": "raw"}).encode(),
     }
 
@@ -139,8 +143,13 @@ class RawEngine:
         self.targets: list[str] = []
         self.url = ""
 
-    def answer(self, status: int, body: bytes = b"", content_type: str | None = None,
-               declared_length: int | None = None) -> None:
+    def answer(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: str | None = None,
+        declared_length: int | None = None,
+    ) -> None:
         self.status, self.body, self.declared_length = status, body, declared_length
         self.headers = [("content-type", content_type)] if content_type is not None else []
 
@@ -182,7 +191,8 @@ class RawEngine:
                 out = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers]
                 if method != "HEAD" or path in self.PROBE:
                     out.append(f"content-length: {declared if declared is not None else len(body)}")
-                await stream.send_all(("\r\n".join(out) + "\r\n\r\n").encode("latin-1")
-                                      + (b"" if method == "HEAD" else body))
+                await stream.send_all(
+                    ("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
+                )
                 if declared is not None:
                     return  # close mid-body

@@ -67,63 +67,229 @@ TABLE = [
     ("GET", "/readiness", {m: "200 200 200 200 200 200 200 200" for m in MODES}),
     ("GET", "/openapi.json", {m: "200 200 200 200 200 200 200 200" for m in MODES}),
     # discovery: read
-    ("GET", "/v1/rl/workers", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                               "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", "/v1/rl/workers", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                                "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("GET", "/v1/rl/workers/{wid}", {"cp": "401 401 401 401 401 200 200 401",
-                                     "apikey": "401 401 401 401 401 401 401 200",
-                                     "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", "/v1/rl/workers/{wid}", {"cp": "401 401 401 401 401 200 200 401",
-                                      "apikey": "401 401 401 401 401 401 401 200",
-                                      "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
+    (
+        "GET",
+        "/v1/rl/workers",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        "/v1/rl/workers",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "GET",
+        "/v1/rl/workers/{wid}",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        "/v1/rl/workers/{wid}",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
     # engine routes: admin only, whatever the method (D3)
-    ("GET", "/v1/rl/workers/{wid}/engine/server_info", {"cp": "401 401 401 401 401 403 200 401",
-                                                        "apikey": "401 401 401 401 401 401 401 200",
-                                                        "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", "/v1/rl/workers/{wid}/engine/server_info", {"cp": "401 401 401 401 401 403 200 401",
-                                                         "apikey": "401 401 401 401 401 401 401 200",
-                                                         "tenant": ALL_401,
-                                                         "open": "200 200 200 200 200 200 200 200"}),
-    ("POST", "/v1/rl/workers/{wid}/engine/flush_cache", {"cp": "401 401 401 401 401 403 200 401",
-                                                         "apikey": "401 401 401 401 401 401 401 200",
-                                                         "tenant": ALL_401,
-                                                         "open": "200 200 200 200 200 200 200 200"}),
-    ("GET", FANOUT, {"cp": "401 401 401 401 401 403 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                     "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", FANOUT, {"cp": "401 401 401 401 401 403 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                      "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("POST", FANOUT, {"cp": "401 401 401 401 401 403 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                      "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
+    (
+        "GET",
+        "/v1/rl/workers/{wid}/engine/server_info",
+        {
+            "cp": "401 401 401 401 401 403 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        "/v1/rl/workers/{wid}/engine/server_info",
+        {
+            "cp": "401 401 401 401 401 403 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "POST",
+        "/v1/rl/workers/{wid}/engine/flush_cache",
+        {
+            "cp": "401 401 401 401 401 403 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "GET",
+        FANOUT,
+        {
+            "cp": "401 401 401 401 401 403 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        FANOUT,
+        {
+            "cp": "401 401 401 401 401 403 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "POST",
+        FANOUT,
+        {
+            "cp": "401 401 401 401 401 403 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
     # journal routes: read
-    ("GET", "/v1/rl/operations/{op}", {"cp": "401 401 401 401 401 200 200 401",
-                                       "apikey": "401 401 401 401 401 401 401 200",
-                                       "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", "/v1/rl/operations/{op}", {"cp": "401 401 401 401 401 200 200 401",
-                                        "apikey": "401 401 401 401 401 401 401 200",
-                                        "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("GET", "/v1/rl/journal", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                               "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", "/v1/rl/journal", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                                "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
+    (
+        "GET",
+        "/v1/rl/operations/{op}",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        "/v1/rl/operations/{op}",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "GET",
+        "/v1/rl/journal",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        "/v1/rl/journal",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
     # the worker registry: GET is a read, the rest are writes
-    ("GET", "/workers", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                         "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", "/workers", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                          "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("POST", "/workers", {"cp": "401 401 401 401 401 403 202 401", "apikey": "401 401 401 401 401 401 401 202",
-                          "tenant": ALL_401, "open": "202 202 202 202 202 202 202 202"}),
-    ("GET", "/workers/{wid}", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                               "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("HEAD", "/workers/{wid}", {"cp": "401 401 401 401 401 200 200 401", "apikey": "401 401 401 401 401 401 401 200",
-                                "tenant": ALL_401, "open": "200 200 200 200 200 200 200 200"}),
-    ("PUT", "/workers/{wid}", {"cp": "401 401 401 401 401 403 202 401", "apikey": "401 401 401 401 401 401 401 202",
-                               "tenant": ALL_401, "open": "202 202 202 202 202 202 202 202"}),
-    ("PATCH", "/workers/{wid}", {"cp": "401 401 401 401 401 403 202 401", "apikey": "401 401 401 401 401 401 401 202",
-                                 "tenant": ALL_401, "open": "202 202 202 202 202 202 202 202"}),
-    ("DELETE", "/workers/{victim}", {"cp": "401 401 401 401 401 403 202 401",
-                                     "apikey": "401 401 401 401 401 401 401 202",
-                                     "tenant": ALL_401, "open": "202 202 202 202 202 202 202 202"}),
+    (
+        "GET",
+        "/workers",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        "/workers",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "POST",
+        "/workers",
+        {
+            "cp": "401 401 401 401 401 403 202 401",
+            "apikey": "401 401 401 401 401 401 401 202",
+            "tenant": ALL_401,
+            "open": "202 202 202 202 202 202 202 202",
+        },
+    ),
+    (
+        "GET",
+        "/workers/{wid}",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "HEAD",
+        "/workers/{wid}",
+        {
+            "cp": "401 401 401 401 401 200 200 401",
+            "apikey": "401 401 401 401 401 401 401 200",
+            "tenant": ALL_401,
+            "open": "200 200 200 200 200 200 200 200",
+        },
+    ),
+    (
+        "PUT",
+        "/workers/{wid}",
+        {
+            "cp": "401 401 401 401 401 403 202 401",
+            "apikey": "401 401 401 401 401 401 401 202",
+            "tenant": ALL_401,
+            "open": "202 202 202 202 202 202 202 202",
+        },
+    ),
+    (
+        "PATCH",
+        "/workers/{wid}",
+        {
+            "cp": "401 401 401 401 401 403 202 401",
+            "apikey": "401 401 401 401 401 401 401 202",
+            "tenant": ALL_401,
+            "open": "202 202 202 202 202 202 202 202",
+        },
+    ),
+    (
+        "DELETE",
+        "/workers/{victim}",
+        {
+            "cp": "401 401 401 401 401 403 202 401",
+            "apikey": "401 401 401 401 401 401 401 202",
+            "tenant": ALL_401,
+            "open": "202 202 202 202 202 202 202 202",
+        },
+    ),
     # routing runs before auth: unknown routes and wrong methods answer the same to everybody
     ("GET", "/v1/rl/nope", {m: "404 404 404 404 404 404 404 404" for m in MODES}),
     ("GET", "/v1/rl/engine/", {m: "404 404 404 404 404 404 404 404" for m in MODES}),
@@ -185,7 +351,8 @@ async def test_auth_matrix(mode):
                 params = {"wid": wid, "op": op}
                 if "{victim}" in template:
                     victim = await gw.gateway.registry.register(
-                        Registration(url=f"http://127.0.0.1:{closed}/victim{next(spare)}"), "api")
+                        Registration(url=f"http://127.0.0.1:{closed}/victim{next(spare)}"), "api"
+                    )
                     params["victim"] = victim.id
                 path = template.format(**params)
                 body = None
@@ -193,8 +360,9 @@ async def test_auth_matrix(mode):
                     body = {"url": f"http://127.0.0.1:{closed}/new{next(spare)}"}
                 elif method in ("PUT", "PATCH"):
                     body = {"url": "http://127.0.0.1:1", "labels": {"role": "policy"}}
-                r = await gw.client.request(method, path, json=body,
-                                            headers={"authorization": header} if header else {})
+                r = await gw.client.request(
+                    method, path, json=body, headers={"authorization": header} if header else {}
+                )
                 if r.status_code != status:
                     problems.append((mode, name, method, path, status, r.status_code, r.text[:120]))
                     continue

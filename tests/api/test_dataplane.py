@@ -29,7 +29,8 @@ async def test_generate_single_prompt_answers_one_object_and_a_batch_a_list():
         body = r.json()
         assert isinstance(body, dict) and body["meta_info"]["completion_tokens"] == 4
         wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
-        assert r.headers["x-smg-routed-worker-id"] == wid
+        assert r.headers["x-smgrl-worker-id"] == wid
+        assert r.headers["x-smg-routed-worker-id"] == fleet.urls[0]  # SMG names the worker URL
         assert r.headers["x-request-id"].startswith("gnt-")
 
         r = await gw.client.post("/generate", json={**GEN, "text": ["a", "b"]})
@@ -103,7 +104,7 @@ async def test_model_rules_with_several_models():
         assert r.headers["x-smg-error-code"] == "model_required"
         r = await gw.client.post("/generate", json={**GEN, "model": "other/model"})
         assert r.status_code == 200
-        assert r.headers["x-smg-routed-worker-id"] == gw.gateway.fleet.registry.id_for_url(b.urls[0])
+        assert r.headers["x-smgrl-worker-id"] == gw.gateway.fleet.registry.id_for_url(b.urls[0])
         r = await gw.client.post("/generate", json={**GEN, "model": "nope"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         models = (await gw.client.get("/v1/models")).json()["data"]
@@ -161,7 +162,7 @@ async def test_streams_are_relayed_chunk_by_chunk():
             async with gw.client.stream("POST", "/generate", json=body) as r:
                 assert r.status_code == 200
                 assert r.headers["content-type"] == "text/event-stream"
-                assert r.headers["x-smg-routed-worker-id"]
+                assert r.headers["x-smgrl-worker-id"]
                 chunks = r.aiter_raw()
                 first = await chunks.__anext__()
                 assert first == b'data: {"text": "a"}\n\n'

@@ -66,7 +66,7 @@ async def test_a_5xx_or_a_connection_error_is_retried_on_another_engine():
                 wids = [gw.gateway.fleet.registry.id_for_url(u) for u in (broken.url, healthy.url)]
                 for _ in range(4):
                     r = await gw.client.post("/generate", json=GEN)
-                    assert r.status_code == 200 and r.headers["x-smg-routed-worker-id"] == wids[1]
+                    assert r.status_code == 200 and r.headers["x-smgrl-worker-id"] == wids[1]
                 # Round robin sent every other first attempt there (the upstream pool may resend
                 # once on a fresh connection when a kept-alive one dies without a byte: pool.py).
                 assert len(broken.seen) in (2, 3)

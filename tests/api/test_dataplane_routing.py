@@ -21,7 +21,7 @@ def cfg(policy: str, **kw) -> Config:
 async def routed(gw, body=GEN, headers=None) -> str:
     r = await gw.client.post("/generate", json=body, headers=headers or {})
     assert r.status_code == 200, r.text
-    return r.headers["x-smg-routed-worker-id"]
+    return r.headers["x-smgrl-worker-id"]
 
 
 async def test_round_robin_visits_every_engine_in_turn():
@@ -95,8 +95,11 @@ async def test_dp_aware_routes_to_worker_and_rank():
             for call in engine.calls_to("/generate"):
                 ranks[(engine.url, call.json_body()["data_parallel_rank"])] += 1
         assert ranks == {(url, rank): 1 for url in fleet.urls for rank in (0, 1)}
-        # The routed worker id names the rank's registry record.
+        # The routed worker id names the rank's registry record, the SMG header its URL.
         assert {by_id[p].dp_rank for p in picks} == {0, 1}
+        r = await gw.client.post("/generate", json=GEN)
+        assert r.headers["x-smg-routed-worker-id"] == by_id[r.headers["x-smgrl-worker-id"]].url
+        assert "@" in r.headers["x-smg-routed-worker-id"]
 
 
 async def test_cache_aware_tuning_flags_reach_the_policy():

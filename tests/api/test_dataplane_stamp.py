@@ -34,7 +34,7 @@ async def test_responses_carry_the_weight_version_once_known_and_follow_a_refit(
         r = await gw.client.post("/generate", json=GEN)
         assert r.headers["x-smg-weight-version"] == "default"  # never refitted: SGLang's placeholder
         assert r.headers["x-version-tag"] == "-1"
-        assert r.headers["x-smg-routed-worker-id"] == wid
+        assert r.headers["x-smgrl-worker-id"] == wid
         assert "x-smg-mixed-version" not in r.headers
 
         refit = {"model_path": fleet[0].config.model_path, "weight_version": "v7"}
@@ -93,7 +93,10 @@ async def test_buffered_generate_flags_mixed_versions_and_streams_are_never_flag
                 assert r.headers["x-smg-weight-version"] == meta["weight_version"]
                 r = await gw.client.post("/generate", json={"text": "x", "stream": True})
                 assert "x-smg-mixed-version" not in r.headers
-                assert r.headers["x-smg-weight-version"] == "v1"  # the table's, from the label
+                # The head waited for the first event: the engine's version, not the table's v1.
+                assert r.headers["x-smg-weight-version"] == meta["weight_version"]
+                r = await gw.client.post("/v1/completions", json={"prompt": "x", "stream": True})
+                assert r.headers["x-smg-weight-version"] == "v1"  # OpenAI streams: the table's
             nursery.cancel_scope.cancel()
 
 

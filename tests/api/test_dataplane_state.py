@@ -32,7 +32,7 @@ async def routed_set(gw, n: int = 6) -> set[str]:
     for _ in range(n):
         r = await gw.client.post("/generate", json=GEN)
         assert r.status_code == 200, r.text
-        out.add(r.headers["x-smg-routed-worker-id"])
+        out.add(r.headers["x-smgrl-worker-id"])
     return out
 
 
@@ -131,7 +131,7 @@ async def test_requests_wait_while_every_engine_is_paused_and_go_out_when_one_re
 
         async def rollout():
             r = await gw.client.post("/generate", json=GEN)
-            results.append((r.status_code, r.headers.get("x-smg-routed-worker-id")))
+            results.append((r.status_code, r.headers.get("x-smgrl-worker-id")))
 
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:

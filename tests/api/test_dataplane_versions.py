@@ -30,7 +30,7 @@ async def routed(gw, n: int = 6, headers=None) -> Counter:
     for _ in range(n):
         r = await gw.client.post("/generate", json=GEN, headers=headers or {})
         assert r.status_code == 200, r.text
-        out[r.headers["x-smg-routed-worker-id"]] += 1
+        out[r.headers["x-smgrl-worker-id"]] += 1
     return out
 
 
@@ -117,7 +117,7 @@ async def test_psrl_version_tag_is_a_floor_and_is_echoed():
             r = await gw.client.post(
                 "/generate", json={**GEN, "stream": True}, headers={"x-version-tag": "-1"}
             )
-            expected = "3" if r.headers["x-smg-routed-worker-id"] == a else "5"
+            expected = "3" if r.headers["x-smgrl-worker-id"] == a else "5"
             assert r.headers["x-version-tag"] == expected
         r = await gw.client.post("/generate", json=GEN, headers={"x-version-tag": "6"})
         assert r.status_code == 503 and r.json()["error"]["reasons"] == {"stale": 2}
@@ -146,7 +146,7 @@ async def test_a_request_waits_for_an_engine_at_the_latest_version():
                 while gw.app.dataplane.waiting < 1:
                     await trio.sleep(0.001)
                 await gw.client.post(f"/v1/rl/workers/{a}/state", json={"control": "active"})
-        assert result[0].status_code == 200 and result[0].headers["x-smg-routed-worker-id"] == a
+        assert result[0].status_code == 200 and result[0].headers["x-smgrl-worker-id"] == a
 
 
 @pytest.mark.parametrize("policy", ["newest", "min-version:", "max-staleness:x"])

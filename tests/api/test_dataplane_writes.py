@@ -49,7 +49,7 @@ async def test_per_worker_version_write_updates_the_row_the_journal_and_the_stam
         # Streams are stamped from the table.
         for _ in range(2):
             r = await gw.client.post("/generate", json={**GEN, "stream": True})
-            if r.headers["x-smg-routed-worker-id"] == a:
+            if r.headers["x-smgrl-worker-id"] == a:
                 assert r.headers["x-smg-weight-version"] == "step-5"
 
 
@@ -60,12 +60,12 @@ async def test_per_worker_state_write_drives_routing():
         assert r.status_code == 200 and r.json()["control"] == "asleep"
         for _ in range(4):
             r = await gw.client.post("/generate", json=GEN)
-            assert r.headers["x-smg-routed-worker-id"] == b
+            assert r.headers["x-smgrl-worker-id"] == b
         await gw.client.post(f"/v1/rl/workers/{b}/state", json={"control": "paused"})
         r = await gw.client.post("/generate", json=GEN)
         assert r.status_code == 503 and r.json()["error"]["reasons"] == {"asleep": 1, "paused": 1}
         await gw.client.post(f"/v1/rl/workers/{a}/state", json={"control": "active"})
-        assert (await gw.client.post("/generate", json=GEN)).headers["x-smg-routed-worker-id"] == a
+        assert (await gw.client.post("/generate", json=GEN)).headers["x-smgrl-worker-id"] == a
         assert [e.control for e in events(gw, "engine.state_set")] == ["asleep", "paused", "active"]
 
 

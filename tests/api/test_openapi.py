@@ -90,7 +90,9 @@ def _codes_in_sources() -> dict[str, set[str]]:
     until it is documented)."""
     errors = (ROOT / "smgrl/errors.py").read_text()
     rl = set(re.findall(r'code, status = "([a-z_]+)", \d+', errors))
-    rl |= set(re.findall(r'code, status = "([a-z_]+)", \d+', (ROOT / "smgrl/api/journal_routes.py").read_text()))
+    rl |= set(
+        re.findall(r'code, status = "([a-z_]+)", \d+', (ROOT / "smgrl/api/journal_routes.py").read_text())
+    )
     # The docstring's table names codes that are not exceptions (upstream_error).
     rl |= set(re.findall(r"^\s+(?:│\s+)?[├└]── \w+\s+([a-z_]+)\s+\d{3}", errors, re.MULTILINE))
     rl.add("upstream_error")
@@ -109,7 +111,9 @@ def test_every_error_code_is_in_the_document():
     codes = _codes_in_sources()
     assert {"invalid_engine_path", "journal_unavailable", "upstream_timeout"} <= codes["rl"]
     assert {"BAD_REQUEST", "WORKER_NOT_FOUND", "WORKER_ALREADY_EXISTS"} <= codes["workers"]
-    assert {"unknown_url", "method_not_allowed", "request_body_too_large", "invalid_api_key"} <= codes["openai"]
+    assert {"unknown_url", "method_not_allowed", "request_body_too_large", "invalid_api_key"} <= codes[
+        "openai"
+    ]
     doc = openapi.document(True)
     schemas = doc["components"]["schemas"]
 

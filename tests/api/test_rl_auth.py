@@ -57,8 +57,10 @@ async def test_role_matrix_and_audit_events():
         (wid,) = await gw.register(fleet.urls[:1])
         fleet.clear_calls()
         for method, path, body, admin_status, user_status in matrix(wid, fleet.urls[1]):
-            for headers, expected, principal, role in ((USER, user_status, "usr", "user"),
-                                                        (ADMIN, admin_status, "adm", "admin")):
+            for headers, expected, principal, role in (
+                (USER, user_status, "usr", "user"),
+                (ADMIN, admin_status, "adm", "admin"),
+            ):
                 before = len(journal(gw, "audit.control_plane"))
                 r = await gw.client.request(method, path, json=body, headers=headers)
                 assert r.status_code == expected, (method, path, role, r.text)
@@ -67,12 +69,32 @@ async def test_role_matrix_and_audit_events():
                 await gw.writer.flush()
                 (event,) = journal(gw, "audit.control_plane")[before:]
                 raw_path = path.split("?")[0]
-                assert (event.principal, event.auth_method, event.role, event.method, event.path,
-                        event.outcome, event.status, event.request_id) == (
-                    principal, "api_key", role, method, raw_path,
-                    "denied" if expected == 403 else "success", expected, r.headers["x-request-id"])
+                assert (
+                    event.principal,
+                    event.auth_method,
+                    event.role,
+                    event.method,
+                    event.path,
+                    event.outcome,
+                    event.status,
+                    event.request_id,
+                ) == (
+                    principal,
+                    "api_key",
+                    role,
+                    method,
+                    raw_path,
+                    "denied" if expected == 403 else "success",
+                    expected,
+                    r.headers["x-request-id"],
+                )
         # A user key never reached an engine route: the only engine calls are the admin's.
-        assert [c.method for c in fleet.engines[0].calls_to("/flush_cache")] == ["POST", "GET", "HEAD", "POST"]
+        assert [c.method for c in fleet.engines[0].calls_to("/flush_cache")] == [
+            "POST",
+            "GET",
+            "HEAD",
+            "POST",
+        ]
 
 
 async def test_401_texts_and_headers():
@@ -87,12 +109,20 @@ async def test_401_texts_and_headers():
             ({"authorization": "Bearer wrong"}, INVALID),
             ({"authorization": f"Bearer {TENANT_KEY}"}, INVALID),
         ]
-        for path in ("/v1/rl/workers", f"/v1/rl/workers/{wid}/engine/flush_cache", "/workers",
-                     "/v1/rl/workers/%FF", "/v1/rl/workers/nope/engine/a/b/c/d/e",
-                     "/v1/rl/engine/x?selector=a&selector=b"):
+        for path in (
+            "/v1/rl/workers",
+            f"/v1/rl/workers/{wid}/engine/flush_cache",
+            "/workers",
+            "/v1/rl/workers/%FF",
+            "/v1/rl/workers/nope/engine/a/b/c/d/e",
+            "/v1/rl/engine/x?selector=a&selector=b",
+        ):
             for headers, text in cases:
-                r = await gw.client.post(path, headers=headers) if "engine" in path else \
-                    await gw.client.get(path, headers=headers)
+                r = (
+                    await gw.client.post(path, headers=headers)
+                    if "engine" in path
+                    else await gw.client.get(path, headers=headers)
+                )
                 assert_text(r, 401, text, CONTROL_401)
                 assert r.headers["www-authenticate"] == REALM
         # Scheme case-insensitive, extra spaces tolerated.
@@ -109,7 +139,8 @@ async def test_401_texts_and_headers():
         await gw.writer.flush()
         denied = [e for e in journal(gw, "audit.control_plane") if e.outcome == "denied"]
         assert {(e.principal, e.auth_method, e.role, e.status) for e in denied} == {
-            ("unauthenticated", "none", "user", 401)}
+            ("unauthenticated", "none", "user", 401)
+        }
         assert len(denied) == 6 * 6
 
 
@@ -128,22 +159,44 @@ async def test_api_key_mode_answers_json_401():
         data_realm = 'Bearer realm="data-plane"'
         for headers, status, message, realm in (
             ({}, 401, "Missing API key: send it as `Authorization: Bearer <key>`", data_realm),
-            ({"authorization": "x"}, 401, "Missing API key: send it as `Authorization: Bearer <key>`", data_realm),
-            ({"authorization": "Bearer wrong"}, 401, "Invalid API key", data_realm + ', error="invalid_token"'),
+            (
+                {"authorization": "x"},
+                401,
+                "Missing API key: send it as `Authorization: Bearer <key>`",
+                data_realm,
+            ),
+            (
+                {"authorization": "Bearer wrong"},
+                401,
+                "Invalid API key",
+                data_realm + ', error="invalid_token"',
+            ),
         ):
             for path in ("/v1/rl/workers", "/workers"):
                 r = await gw.client.get(path, headers=headers)
-                assert_json(r, status, {"error": {"message": message, "type": "invalid_request_error",
-                                                  "param": None, "code": "invalid_api_key"}},
-                            {"content-type", "content-length", "x-request-id", "www-authenticate"})
+                assert_json(
+                    r,
+                    status,
+                    {
+                        "error": {
+                            "message": message,
+                            "type": "invalid_request_error",
+                            "param": None,
+                            "code": "invalid_api_key",
+                        }
+                    },
+                    {"content-type", "content-length", "x-request-id", "www-authenticate"},
+                )
                 assert r.headers["www-authenticate"] == realm
         r = await gw.client.get("/v1/rl/workers", headers=ADMIN)
         assert r.status_code == 200
 
 
 async def test_open_without_keys_and_audit_can_be_turned_off():
-    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(rl_cfg(audit=False),
-                                                                   worker_urls=fleet.urls) as gw:
+    async with (
+        fake_fleet("sglang", 1) as fleet,
+        gateway_in_process(rl_cfg(audit=False), worker_urls=fleet.urls) as gw,
+    ):
         assert (await gw.client.get("/v1/rl/workers")).status_code == 200
         assert (await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")).status_code == 200
         await gw.writer.flush()
@@ -153,19 +206,29 @@ async def test_open_without_keys_and_audit_can_be_turned_off():
         await gw.writer.flush()
         (event,) = journal(gw, "audit.control_plane")
         assert (event.principal, event.auth_method, event.role, event.outcome, event.status) == (
-            "none", "none", "admin", "success", 200)
+            "none",
+            "none",
+            "admin",
+            "success",
+            200,
+        )
         assert event.request_id == r.headers["x-request-id"]
 
 
 async def test_no_key_text_in_the_journal():
     cfg = rl_cfg(control_plane_keys=KEYS, tenant_keys=TENANTS)
     async with fake_fleet("sglang", 1, api_key="engine-key-123") as fleet, gateway_in_process(cfg) as gw:
-        r = await gw.client.post("/workers", json={"url": fleet.urls[0], "api_key": "engine-key-123"},
-                                 headers=ADMIN)
+        r = await gw.client.post(
+            "/workers", json={"url": fleet.urls[0], "api_key": "engine-key-123"}, headers=ADMIN
+        )
         assert r.status_code == 202
         await gw.wait_visible(1)
-        for headers in (ADMIN, USER, {"authorization": f"Bearer {TENANT_KEY}"},
-                        {"authorization": "Bearer guessed-key"}):
+        for headers in (
+            ADMIN,
+            USER,
+            {"authorization": f"Bearer {TENANT_KEY}"},
+            {"authorization": "Bearer guessed-key"},
+        ):
             await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang", headers=headers)
         listed = await gw.client.get("/workers", headers=ADMIN)
         assert "engine-key-123" not in listed.text

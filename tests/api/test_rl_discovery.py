@@ -175,8 +175,17 @@ async def test_head_is_the_get_without_a_body(rl_config):
         assert head.headers["content-length"] == "76"
 
 
-UNKNOWN = ["/v1/rl/workers/", "/v1/rl/", "/v1/rl", "/v1/rl/foo", "/v1/rl/engine/", "/v1/rl/workers/x/engine/",
-           "/v1/rl/workers/x/engine", "/v1/rl/workers/x/other/y", "/v1/rl/Workers"]
+UNKNOWN = [
+    "/v1/rl/workers/",
+    "/v1/rl/",
+    "/v1/rl",
+    "/v1/rl/foo",
+    "/v1/rl/engine/",
+    "/v1/rl/workers/x/engine/",
+    "/v1/rl/workers/x/engine",
+    "/v1/rl/workers/x/other/y",
+    "/v1/rl/Workers",
+]
 
 
 @pytest.mark.parametrize("path", UNKNOWN)
@@ -184,8 +193,12 @@ async def test_unknown_routes_are_the_unknown_url_envelope(rl_config, path):
     async with gateway_in_process(rl_config) as gw:
         for method in ("GET", "POST", "DELETE"):
             r = await gw.client.request(method, path + "?q=1")
-            assert_json(r, 404, openai_error("unknown_url", f"Invalid URL ({method} {path})"),
-                        {"content-type", "content-length", "x-request-id", "x-smg-error-code"})
+            assert_json(
+                r,
+                404,
+                openai_error("unknown_url", f"Invalid URL ({method} {path})"),
+                {"content-type", "content-length", "x-request-id", "x-smg-error-code"},
+            )
             assert r.headers["x-smg-error-code"] == "unknown_url"
             assert_generated_id(r)
 
@@ -204,8 +217,12 @@ async def test_wrong_method_is_405_with_allow_and_nothing_forwarded(rl_config, p
         fleet.clear_calls()
         for method in methods:
             r = await gw.client.request(method, path + "?selector=engine%3Dsglang", content=b"{}")
-            assert_json(r, 405, openai_error("method_not_allowed", f"Invalid URL ({method} {path})"),
-                        {"content-type", "content-length", "x-request-id", "x-smg-error-code", "allow"})
+            assert_json(
+                r,
+                405,
+                openai_error("method_not_allowed", f"Invalid URL ({method} {path})"),
+                {"content-type", "content-length", "x-request-id", "x-smg-error-code", "allow"},
+            )
             assert r.headers["allow"] == allow
             assert r.headers["x-smg-error-code"] == "method_not_allowed"
         assert list(fleet.engines[0].calls) == []
@@ -215,12 +232,19 @@ async def test_payload_limit_is_checked_before_routing():
     cfg = rl_cfg(max_payload_size=100)
     async with gateway_in_process(cfg) as gw:
         big = b"x" * 101
-        expected = openai_error("request_body_too_large",
-                                "Request body exceeded the payload limit (max_payload_size)")
-        for method, path in (("POST", "/v1/rl/workers/nope/engine/x"), ("POST", "/v1/rl/engine/a/b/c/d/e"),
-                             ("POST", "/v1/rl/foo"), ("GET", "/v1/rl/workers")):
+        expected = openai_error(
+            "request_body_too_large", "Request body exceeded the payload limit (max_payload_size)"
+        )
+        for method, path in (
+            ("POST", "/v1/rl/workers/nope/engine/x"),
+            ("POST", "/v1/rl/engine/a/b/c/d/e"),
+            ("POST", "/v1/rl/foo"),
+            ("GET", "/v1/rl/workers"),
+        ):
             r = await gw.client.request(method, path, content=big)
-            assert_json(r, 413, expected, {"content-type", "content-length", "x-request-id", "x-smg-error-code"})
+            assert_json(
+                r, 413, expected, {"content-type", "content-length", "x-request-id", "x-smg-error-code"}
+            )
             assert r.headers["x-smg-error-code"] == "request_body_too_large"
         # A 405 route keeps its allow header on the 413 (as SMG's layers do).
         r = await gw.client.post("/v1/rl/workers", content=big)
@@ -254,9 +278,14 @@ async def test_disabled_rl_is_an_empty_404_and_workers_still_work():
     # D1: smgrl answers 404 with an EMPTY body (SMG 1.13.0: the unknown_url envelope).
     cfg = Config(rl=RlConfig(enabled=False))
     async with fake_fleet("sglang", 1) as fleet, gateway_in_process(cfg, worker_urls=fleet.urls) as gw:
-        for method, path in (("GET", "/v1/rl/workers"), ("POST", "/v1/rl/engine/flush_cache?selector=x"),
-                             ("DELETE", "/v1/rl/workers"), ("GET", "/v1/rl"), ("GET", "/v1/rl/foo"),
-                             ("HEAD", "/v1/rl/workers")):
+        for method, path in (
+            ("GET", "/v1/rl/workers"),
+            ("POST", "/v1/rl/engine/flush_cache?selector=x"),
+            ("DELETE", "/v1/rl/workers"),
+            ("GET", "/v1/rl"),
+            ("GET", "/v1/rl/foo"),
+            ("HEAD", "/v1/rl/workers"),
+        ):
             r = await gw.client.request(method, path)
             assert r.status_code == 404 and r.content == b"", (method, path)
             assert r.headers["content-length"] == "0"

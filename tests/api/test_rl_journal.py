@@ -21,27 +21,42 @@ async def test_fanout_records_start_outcomes_and_finish(rl_config):
     async with fake_fleet("sglang", 3) as fleet, gateway_in_process(rl_config, worker_urls=fleet.urls) as gw:
         ids = await row_ids(gw)
         body = b'{"model_path":"/m","weight_version":"v2"}'
-        r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang&x=1", content=body,
-                                 headers={"x-request-id": "rid-9"})
+        r = await gw.client.post(
+            "/v1/rl/engine/flush_cache?selector=engine%3Dsglang&x=1",
+            content=body,
+            headers={"x-request-id": "rid-9"},
+        )
         op_id = r.headers["x-smgrl-operation-id"]
         events = op_events(gw, op_id)
         started, *outcomes, finished = events
         assert type(started).__name__ == "ControlStarted" and type(finished).__name__ == "ControlFinished"
         assert (started.kind, started.method, started.path, started.query, started.selector) == (
-            "fanout", "POST", "flush_cache", "x=1", "engine=sglang")
+            "fanout",
+            "POST",
+            "flush_cache",
+            "x=1",
+            "engine=sglang",
+        )
         assert started.body == body.decode() and started.body_encoding == "utf8"
         assert started.body_size == len(body) and started.body_sha256 == hashlib.sha256(body).hexdigest()
         assert started.content_type == "application/json" and started.request_id == "rid-9"
         assert sorted(t["worker_id"] for t in started.targets) == sorted(ids)
         assert sorted(o.worker_id for o in outcomes) == sorted(ids)
         assert all(o.status == 200 and o.error is None and o.op_id == op_id for o in outcomes)
-        assert (finished.result, finished.http_status, finished.total, finished.succeeded, finished.failed) == (
-            "ok", 200, 3, 3, 0)
+        assert (
+            finished.result,
+            finished.http_status,
+            finished.total,
+            finished.succeeded,
+            finished.failed,
+        ) == ("ok", 200, 3, 3, 0)
 
 
 async def test_large_bodies_are_hashed_not_kept_and_failures_are_outcomes():
-    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(timeout=1),
-                                                                   worker_urls=fleet.urls) as gw:
+    async with (
+        fake_fleet("sglang", 2) as fleet,
+        gateway_in_process(rl_cfg(timeout=1), worker_urls=fleet.urls) as gw,
+    ):
         rows = (await gw.client.get("/v1/rl/workers")).json()["workers"]
         down = next(e for e in fleet.engines if e.url == rows[1]["url"])
         down.go_down(30)
@@ -56,8 +71,13 @@ async def test_large_bodies_are_hashed_not_kept_and_failures_are_outcomes():
         failed = by_id[rows[1]["id"]]
         assert (failed.status, failed.error) == (None, "upstream_unreachable")
         assert failed.message.startswith(f"upstream `{rows[1]['url']}` unreachable")
-        assert (finished.result, finished.http_status, finished.total, finished.succeeded, finished.failed) == (
-            "partial", 207, 2, 1, 1)
+        assert (
+            finished.result,
+            finished.http_status,
+            finished.total,
+            finished.succeeded,
+            finished.failed,
+        ) == ("partial", 207, 2, 1, 1)
 
 
 async def test_no_match_and_validation_failures(rl_config):
@@ -76,12 +96,19 @@ async def test_no_match_and_validation_failures(rl_config):
 
 async def test_client_disconnect_mid_fanout_is_recorded_as_cancelled():
     store = MemoryStore()
-    cfg = rl_cfg(concurrency=1, timeout=30, port=0, prometheus_port=0, health=HealthConfig(enabled=False),
-                 shutdown_grace_period_secs=0)
+    cfg = rl_cfg(
+        concurrency=1,
+        timeout=30,
+        port=0,
+        prometheus_port=0,
+        health=HealthConfig(enabled=False),
+        shutdown_grace_period_secs=0,
+    )
     async with fake_fleet("sglang", 3) as fleet, trio.open_nursery() as nursery:
         shutdown = trio.Event()
-        running = await nursery.start(lambda task_status: serve(cfg, shutdown=shutdown, store=store,
-                                                                task_status=task_status))
+        running = await nursery.start(
+            lambda task_status: serve(cfg, shutdown=shutdown, store=store, task_status=task_status)
+        )
         for url in fleet.urls:
             await running.gateway.registry.register(Registration(url=url), "api")
         with trio.fail_after(10):
@@ -94,8 +121,10 @@ async def test_client_disconnect_mid_fanout_is_recorded_as_cancelled():
             e.set_knobs(hang=True)
         host, port = running.urls[0].removeprefix("http://").rsplit(":", 1)
         stream = await trio.open_tcp_stream(host, int(port))
-        await stream.send_all(b"POST /v1/rl/engine/flush_cache?selector=engine%3Dsglang HTTP/1.1\r\n"
-                              b"host: x\r\ncontent-length: 0\r\n\r\n")
+        await stream.send_all(
+            b"POST /v1/rl/engine/flush_cache?selector=engine%3Dsglang HTTP/1.1\r\n"
+            b"host: x\r\ncontent-length: 0\r\n\r\n"
+        )
         # Concurrency 1, targets in row order: the fast engine answers, then the next one hangs.
         with trio.fail_after(10):
             while not slow[0].calls_to("/flush_cache"):
@@ -107,7 +136,12 @@ async def test_client_disconnect_mid_fanout_is_recorded_as_cancelled():
         (finished,) = [r.event for r in store.read(types=["control.finished"])]
         started = next(r.event for r in store.read(types=["control.started"]))
         outcomes = [r.event for r in store.read(types=["control.outcome"])]
-        assert (finished.result, finished.total, finished.succeeded, finished.failed) == ("cancelled", 3, 1, 2)
+        assert (finished.result, finished.total, finished.succeeded, finished.failed) == (
+            "cancelled",
+            3,
+            1,
+            2,
+        )
         assert finished.op_id == started.op_id
         assert [(o.worker_id, o.status) for o in outcomes] == [(rows[0].id, 200)]
         assert fast.calls_to("/flush_cache") and not slow[1].calls_to("/flush_cache")

@@ -28,8 +28,10 @@ def samples(text: str) -> dict[tuple, float]:
 
 
 async def test_mixed_session_counts():
-    async with fake_fleet("sglang", 3) as fleet, gateway_in_process(rl_cfg(timeout=1),
-                                                                   worker_urls=fleet.urls) as gw:
+    async with (
+        fake_fleet("sglang", 3) as fleet,
+        gateway_in_process(rl_cfg(timeout=1), worker_urls=fleet.urls) as gw,
+    ):
         a, _, _ = await row_ids(gw)
         post = gw.client.post
         assert (await post(f"/v1/rl/workers/{a}/engine/flush_cache")).status_code == 200
@@ -65,13 +67,17 @@ async def test_mixed_session_counts():
             (("op", "flush_cache"), ("result", "timeout")): 1.0,
         }
         fanouts = {k[1]: v for k, v in got.items() if k[0] == "smg_rl_fanout_total"}
-        assert fanouts == {(("result", "no_match"),): 1.0, (("result", "ok"),): 1.0,
-                           (("result", "partial"),): 1.0}
+        assert fanouts == {
+            (("result", "no_match"),): 1.0,
+            (("result", "ok"),): 1.0,
+            (("result", "partial"),): 1.0,
+        }
         assert got[("smg_rl_fanout_duration_seconds_count", ())] == 3.0
         assert got[("smg_rl_control_call_duration_seconds_count", (("op", "other"),))] == 3.0
         assert got[("smg_rl_control_call_duration_seconds_count", (("op", "flush_cache"),))] == 7.0
-        buckets = sorted(float(dict(k[1])["le"]) for k in got
-                         if k[0] == "smg_rl_fanout_duration_seconds_bucket")
+        buckets = sorted(
+            float(dict(k[1])["le"]) for k in got if k[0] == "smg_rl_fanout_duration_seconds_bucket"
+        )
         assert buckets == sorted([*map(float, DURATION_BUCKETS), float("inf")])
         for name, help_text in HELP.items():
             assert f"# HELP {name if name.endswith('seconds') else name + '_total'} {help_text}\n" in text
@@ -80,8 +86,10 @@ async def test_mixed_session_counts():
 
 
 async def test_no_rl_series_without_enable_rl():
-    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(Config(rl=RlConfig(enabled=False)),
-                                                                   worker_urls=fleet.urls) as gw:
+    async with (
+        fake_fleet("sglang", 1) as fleet,
+        gateway_in_process(Config(rl=RlConfig(enabled=False)), worker_urls=fleet.urls) as gw,
+    ):
         await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
         assert "smg_rl" not in gw.gateway.metrics.render().decode()
 

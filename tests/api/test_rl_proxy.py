@@ -25,8 +25,10 @@ from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 
 OP_HEADERS = {"content-type", "content-length", "x-request-id", "x-smgrl-operation-id"}
-FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or "
-           "waiting requests, the operation will not be performed.)\n")
+FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    "waiting requests, the operation will not be performed.)\n"
+)
 NOT_FOUND = {"detail": "Not Found"}
 
 
@@ -38,33 +40,107 @@ def envelope(wid, url, status, body, **extra):
 # (engine method, engine path, engine query, engine body, engine headers without host)
 FORWARDING = [
     pytest.param(
-        "POST", "a%2Fb?x=1&&selector=q&y&selector=z&Selector=k", b"hello",
-        {"content-type": "text/plain", "x-request-id": "abc", "traceparent": "tp", "tracestate": "ts",
-         "authorization": "Bearer caller", "user-agent": "ua", "x-custom": "1", "accept": "text/html",
-         "cookie": "c=1", "x-smg-routing-key": "k", "x-forwarded-for": "1.2.3.4", "x-correlation-id": "c"},
-        ("POST", "/a/b", "x=1&y&Selector=k", b"hello",
-         {"accept": "*/*", "content-length": "5", "content-type": "text/plain", "x-request-id": "abc",
-          "traceparent": "tp", "tracestate": "ts"}),
-        id="headers-query-path"),
-    pytest.param("POST", "flush_cache", None, {}, ("POST", "/flush_cache", "", b"", {"accept": "*/*"}),
-                 id="bodyless-post"),
-    pytest.param("POST", "flush_cache", b"", {"content-type": "application/json"},
-                 ("POST", "/flush_cache", "", b"", {"accept": "*/*", "content-type": "application/json"}),
-                 id="empty-body-with-type"),
-    pytest.param("GET", "flush_cache", b"{}", {},
-                 ("GET", "/flush_cache", "", b"{}",
-                  {"accept": "*/*", "content-length": "2", "content-type": "application/json"}),
-                 id="get-with-body-defaults-type"),
-    pytest.param("HEAD", "flush_cache", None, {}, ("HEAD", "/flush_cache", "", b"", {"accept": "*/*"}),
-                 id="head-as-head"),
-    pytest.param("GET", "a%41b/x%2Fc?a+b=%7E&e=%C3%A9&selector", None, {},
-                 ("GET", "/aAb/x/c", "a+b=%7E&e=%C3%A9", b"", {"accept": "*/*"}), id="decoding-and-raw-query"),
-    pytest.param("POST", "/v1/x?selector=only", b'{"a": 1}', {},
-                 ("POST", "/v1/x", "", b'{"a": 1}',
-                  {"accept": "*/*", "content-length": "8", "content-type": "application/json"}),
-                 id="leading-slash-selector-only"),
-    pytest.param("POST", "...?sel%65ctor=1&selectorx=2", None, {},
-                 ("POST", "/...", "sel%65ctor=1&selectorx=2", b"", {"accept": "*/*"}), id="dots-and-lookalikes"),
+        "POST",
+        "a%2Fb?x=1&&selector=q&y&selector=z&Selector=k",
+        b"hello",
+        {
+            "content-type": "text/plain",
+            "x-request-id": "abc",
+            "traceparent": "tp",
+            "tracestate": "ts",
+            "authorization": "Bearer caller",
+            "user-agent": "ua",
+            "x-custom": "1",
+            "accept": "text/html",
+            "cookie": "c=1",
+            "x-smg-routing-key": "k",
+            "x-forwarded-for": "1.2.3.4",
+            "x-correlation-id": "c",
+        },
+        (
+            "POST",
+            "/a/b",
+            "x=1&y&Selector=k",
+            b"hello",
+            {
+                "accept": "*/*",
+                "content-length": "5",
+                "content-type": "text/plain",
+                "x-request-id": "abc",
+                "traceparent": "tp",
+                "tracestate": "ts",
+            },
+        ),
+        id="headers-query-path",
+    ),
+    pytest.param(
+        "POST",
+        "flush_cache",
+        None,
+        {},
+        ("POST", "/flush_cache", "", b"", {"accept": "*/*"}),
+        id="bodyless-post",
+    ),
+    pytest.param(
+        "POST",
+        "flush_cache",
+        b"",
+        {"content-type": "application/json"},
+        ("POST", "/flush_cache", "", b"", {"accept": "*/*", "content-type": "application/json"}),
+        id="empty-body-with-type",
+    ),
+    pytest.param(
+        "GET",
+        "flush_cache",
+        b"{}",
+        {},
+        (
+            "GET",
+            "/flush_cache",
+            "",
+            b"{}",
+            {"accept": "*/*", "content-length": "2", "content-type": "application/json"},
+        ),
+        id="get-with-body-defaults-type",
+    ),
+    pytest.param(
+        "HEAD",
+        "flush_cache",
+        None,
+        {},
+        ("HEAD", "/flush_cache", "", b"", {"accept": "*/*"}),
+        id="head-as-head",
+    ),
+    pytest.param(
+        "GET",
+        "a%41b/x%2Fc?a+b=%7E&e=%C3%A9&selector",
+        None,
+        {},
+        ("GET", "/aAb/x/c", "a+b=%7E&e=%C3%A9", b"", {"accept": "*/*"}),
+        id="decoding-and-raw-query",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/x?selector=only",
+        b'{"a": 1}',
+        {},
+        (
+            "POST",
+            "/v1/x",
+            "",
+            b'{"a": 1}',
+            {"accept": "*/*", "content-length": "8", "content-type": "application/json"},
+        ),
+        id="leading-slash-selector-only",
+    ),
+    pytest.param(
+        "POST",
+        "...?sel%65ctor=1&selectorx=2",
+        None,
+        {},
+        ("POST", "/...", "sel%65ctor=1&selectorx=2", b"", {"accept": "*/*"}),
+        id="dots-and-lookalikes",
+    ),
 ]
 
 
@@ -74,8 +150,9 @@ async def test_forwarding_is_exact(rl_config, method, path, body, headers, expec
         (wid,) = await row_ids(gw)
         engine = fleet.engines[0]
         engine.clear_calls()
-        r = await gw.client.request(method, f"/v1/rl/workers/{wid}/engine/{path}", content=body,
-                                    headers=headers)
+        r = await gw.client.request(
+            method, f"/v1/rl/workers/{wid}/engine/{path}", content=body, headers=headers
+        )
         assert r.status_code in (200, 404, 405), r.text
         (call,) = list(engine.calls)
         e_method, e_path, e_query, e_body, e_headers = expected
@@ -88,8 +165,9 @@ async def test_worker_api_key_is_the_bearer_and_the_callers_authorization_is_dro
         (wid,) = await gw.register(fleet.urls, api_key="engine-secret")
         engine = fleet.engines[0]
         engine.clear_calls()
-        r = await gw.client.post(f"/v1/rl/workers/{wid}/engine/flush_cache",
-                                 headers={"authorization": "Bearer caller-token"})
+        r = await gw.client.post(
+            f"/v1/rl/workers/{wid}/engine/flush_cache", headers={"authorization": "Bearer caller-token"}
+        )
         assert_json(r, 200, envelope(wid, engine.url, 200, FLUSHED), OP_HEADERS)
         (call,) = list(engine.calls)
         assert sent_headers(call) == {"accept": "*/*", "authorization": "Bearer engine-secret"}
@@ -165,7 +243,8 @@ async def test_bodies_over_one_mib_are_truncated(rl_config, size, truncated):
         assert r.status_code == 200
         body = json.loads(r.content)
         assert list(body) == ["worker_id", "url", "status", "latency_ms", "body"] + (
-            ["body_truncated"] if truncated else [])
+            ["body_truncated"] if truncated else []
+        )
         if truncated:
             assert body["body_truncated"] is True
             full = '{"pad":"' + "x" * (size - 10) + '"}'
@@ -204,7 +283,6 @@ CONTENT_TYPES = [
 ]
 
 
-
 async def test_engine_body_decoding_rules(rl_config):
     async with trio.open_nursery() as nursery:
         engine = await nursery.start(RawEngine().serve)
@@ -217,9 +295,12 @@ async def test_engine_body_decoding_rules(rl_config):
             # A body cut short is a body-read error: 502 upstream_unreachable.
             engine.answer(200, b'{"a":', "application/json", declared_length=100)
             r = await gw.client.post(f"/v1/rl/workers/{wid}/engine/x")
-            message = f"upstream `{engine.url}` unreachable: reading response body: error decoding response body"
-            assert_json(r, 502, rl_error("upstream_unreachable", message, worker_id=wid, url=engine.url),
-                        OP_HEADERS)
+            message = (
+                f"upstream `{engine.url}` unreachable: reading response body: error decoding response body"
+            )
+            assert_json(
+                r, 502, rl_error("upstream_unreachable", message, worker_id=wid, url=engine.url), OP_HEADERS
+            )
         nursery.cancel_scope.cancel()
 
 
@@ -248,8 +329,12 @@ async def test_invalid_engine_paths_are_checked_before_the_worker(rl_config, pat
         fleet.clear_calls()
         for worker in (wid, "nope"):
             r = await gw.client.post(f"/v1/rl/workers/{worker}/engine/{path}")
-            assert_json(r, 400, rl_error("invalid_engine_path", f"invalid engine path: {reason}"),
-                        {"content-type", "content-length", "x-request-id"})
+            assert_json(
+                r,
+                400,
+                rl_error("invalid_engine_path", f"invalid engine path: {reason}"),
+                {"content-type", "content-length", "x-request-id"},
+            )
         assert list(fleet.engines[0].calls) == []
 
 
@@ -267,26 +352,44 @@ async def test_invalid_utf8_in_a_path_parameter_is_a_plain_400(rl_config):
         ]
         for path, param in cases:
             r = await gw.client.post(path) if "/engine/" in path else await gw.client.get(path)
-            assert_text(r, 400, f"Invalid URL: Invalid UTF-8 in `{param}`",
-                        {"content-type", "content-length", "x-request-id"})
+            assert_text(
+                r,
+                400,
+                f"Invalid URL: Invalid UTF-8 in `{param}`",
+                {"content-type", "content-length", "x-request-id"},
+            )
 
 
 async def test_unreachable_and_timeout():
-    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(rl_cfg(timeout=1),
-                                                                   worker_urls=fleet.urls) as gw:
+    async with (
+        fake_fleet("sglang", 1) as fleet,
+        gateway_in_process(rl_cfg(timeout=1), worker_urls=fleet.urls) as gw,
+    ):
         (wid,) = await row_ids(gw)
         engine = fleet.engines[0]
         engine.set_knobs(hang=True)
         r = await gw.client.post(f"/v1/rl/workers/{wid}/engine/flush_cache")
-        assert_json(r, 504, rl_error("upstream_timeout", f"upstream `{engine.url}` timed out after 1s",
-                                     worker_id=wid, url=engine.url), OP_HEADERS)
+        assert_json(
+            r,
+            504,
+            rl_error(
+                "upstream_timeout",
+                f"upstream `{engine.url}` timed out after 1s",
+                worker_id=wid,
+                url=engine.url,
+            ),
+            OP_HEADERS,
+        )
         engine.set_knobs(hang=False)
         engine.go_down(30)
         r = await gw.client.post(f"/v1/rl/workers/{wid}/engine/flush_cache?a=b")
-        message = (f"upstream `{engine.url}` unreachable: error sending request for url "
-                   f"({engine.url}/flush_cache?a=b)")
-        assert_json(r, 502, rl_error("upstream_unreachable", message, worker_id=wid, url=engine.url),
-                    OP_HEADERS)
+        message = (
+            f"upstream `{engine.url}` unreachable: error sending request for url "
+            f"({engine.url}/flush_cache?a=b)"
+        )
+        assert_json(
+            r, 502, rl_error("upstream_unreachable", message, worker_id=wid, url=engine.url), OP_HEADERS
+        )
         # Control-call failures never change health.
         assert gw.gateway.fleet.registry.get(wid).status == "ready"
 
@@ -324,8 +427,11 @@ async def test_request_ids(rl_config):
 async def test_operation_id_names_the_journal_record(rl_config):
     async with fake_fleet("sglang", 1) as fleet, gateway_in_process(rl_config, worker_urls=fleet.urls) as gw:
         (wid,) = await row_ids(gw)
-        r = await gw.client.post(f"/v1/rl/workers/{wid}/engine/pause_generation?mode=x", json={"mode": "abort"},
-                                 headers={"x-request-id": "rid-1"})
+        r = await gw.client.post(
+            f"/v1/rl/workers/{wid}/engine/pause_generation?mode=x",
+            json={"mode": "abort"},
+            headers={"x-request-id": "rid-1"},
+        )
         assert r.status_code == 200
         op_id = r.headers["x-smgrl-operation-id"]
         started, outcome, finished = op_events(gw, op_id)
@@ -334,4 +440,9 @@ async def test_operation_id_names_the_journal_record(rl_config):
         assert started.body == '{"mode":"abort"}' and started.body_size == 16
         assert [t["worker_id"] for t in started.targets] == [wid]
         assert (outcome.worker_id, outcome.status, outcome.error) == (wid, 200, None)
-        assert (finished.result, finished.http_status, finished.total, finished.succeeded) == ("ok", 200, 1, 1)
+        assert (finished.result, finished.http_status, finished.total, finished.succeeded) == (
+            "ok",
+            200,
+            1,
+            1,
+        )

@@ -538,3 +538,54 @@ async def test_disk_full_after_the_engines_were_called_answers_with_x_smgrl_jour
     async with gateway_in_process(_cfg(), store=store) as gw2:  # a restart on the same journal
         r = await gw2.client.get(f"/v1/rl/operations/{op_id}")
         assert r.status_code == 200 and r.json()["result"] == "interrupted"
+
+
+# -- an answer sent before the request body arrived ------------------------------------------------------
+
+
+def _close_wait(port: int) -> int:
+    """Sockets in CLOSE-WAIT on this local port (the peer left, we did not close): /proc/net/tcp*."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "08":
+                    count += 1
+    return count
+
+
+def test_an_answer_sent_before_the_body_arrived_never_wedges_the_connection(fakes, gateway):
+    """A POST whose body comes in a second segment (as urllib3/requests send it) and is answered
+    before the body is read (unknown URL, wrong method, auth refusal...): the gateway must then
+    either serve the next request on that connection or close it. It did neither (hypercorn's
+    close ran in the app's cancelled task): the next request hung forever and the connection
+    leaked even after the client left. Found by the schemathesis run."""
+    (url,) = fakes("sglang", 1)
+    gw, http, port = gateway("--enable-rl", "--disable-health-check", "--worker-urls", url)
+    wait_for_workers(http.base, 1, child=gw)
+    body = b'{"a": 1}'
+    outcomes = []
+    for path in ("/nope", "/v1/rl/nope", "/health", "/v1/rl/engine/a%0Ab"):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n".encode())
+            first = sock.recv(65536)
+            assert first.split(b" ")[1] in (b"404", b"405"), first[:40]
+            time.sleep(0.02)
+            try:
+                sock.sendall(body)  # the body arrives after the answer
+                time.sleep(0.02)
+                sock.sendall(b"GET /v1/rl/workers HTTP/1.1\r\nhost: x\r\n\r\n")
+                second = sock.recv(65536)  # an answer, or b"" (closed): never a timeout
+            except (BrokenPipeError, ConnectionResetError):
+                second = b""
+            outcomes.append("closed" if second == b"" else second.split(b"\r\n")[0].decode())
+    assert all(o in ("closed", "HTTP/1.1 200 ") for o in outcomes), outcomes
+    # Nothing left half-open on the gateway's side once the clients are gone.
+    wait_until(lambda: _close_wait(port) == 0, "no CLOSE-WAIT connection left on the gateway")
+    # And the way clients really do it: one keep-alive session, an early 404, then more requests.
+    requests = pytest.importorskip("requests")
+    with requests.Session() as session:
+        for _ in range(3):
+            assert session.post(f"http://127.0.0.1:{port}/nope", json={"a": 1}, timeout=10).status_code == 404
+            assert session.get(f"http://127.0.0.1:{port}/v1/rl/workers", timeout=10).status_code == 200

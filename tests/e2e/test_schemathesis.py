@@ -66,7 +66,7 @@ def _describe(case) -> str:
 
 def test_schemathesis_live_gateway(fakes, gateway):
     urls = fakes("sglang", 3)
-    _gw, http, port = gateway("--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "5",
+    _, http, port = gateway("--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "5",
                             "--worker-urls", *urls)
     base = f"http://127.0.0.1:{port}"
     rows = wait_for_workers(base, 3)
@@ -100,17 +100,8 @@ def test_schemathesis_live_gateway(fakes, gateway):
     def run_one(case, extra_checks) -> None:
         case.body = loopback(case.body) if case.body is not None else case.body
         try:
-            response = case.call(session=session, timeout=10)
+            response = case.call(session=session, timeout=30)
         except Exception as exc:  # noqa: BLE001 - a dropped connection is a failure to report
-            import subprocess as _sp, time as _t, urllib.request as _u
-            with open("/tmp/hang_diag.txt", "a") as _f:
-                try:
-                    _t0 = _t.time(); _u.urlopen(base + "/liveness", timeout=5).read()
-                    _f.write(f"liveness ok in {_t.time()-_t0:.2f}s\n")
-                except Exception as _e:
-                    _f.write(f"liveness FAILED {_e!r}\n")
-                _f.write(_sp.run(["/work/main/.venv/bin/py-spy", "dump", "--pid", str(_gw.pid)], capture_output=True, text=True).stdout)
-                _f.write(_sp.run(["ss", "-tnp"], capture_output=True, text=True).stdout[-3000:])
             failures.append(f"{case.operation.label}: transport error {exc!r}\n  {_describe(case)}\n"
                             f"  after: {history[-3:]}")
             return

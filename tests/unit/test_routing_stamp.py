@@ -34,6 +34,7 @@ def gen(version=None, spans=None, **extra) -> dict:
         ([gen("v1"), gen("v1")], "v1", "v1", False),
         (gen("bad version"), "v1", "v1", False),  # not header-safe: ignored
         (gen(True), None, "default", False),
+        (gen("default"), "v3", "v3", False),  # SGLang's placeholder does not override the table
     ],
 )
 def test_generate_version_and_mixed(answer, table, version, mixed):
@@ -95,3 +96,15 @@ def test_fingerprint_events_keep_an_unterminated_tail_for_flush():
     f = FingerprintEvents("v1")
     assert f.feed(b'data: {"a":1}') == b""
     assert f.flush() == b'data: {"a":1}'
+
+
+def test_first_event_version():
+    from smgrl.dataplane.stamp import first_event_version
+
+    event = b'data: {"text": "a", "meta_info": {"weight_version": "v4"}}\n\n'
+    assert first_event_version(event + b"data: [DONE]\n\n") == "v4"
+    assert first_event_version(event[:-2]) is None  # incomplete: the table's version
+    assert first_event_version(b"data: [DONE]\n\n") is None
+    assert first_event_version(b'data: {"text": "a"}\n\n') is None
+    assert first_event_version(b"data: {bad\n\n") is None
+    assert first_event_version(b": comment\n\n") is None
