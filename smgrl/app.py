@@ -155,7 +155,13 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     # The rollout routes are served by a raw ASGI handler in front of Quart, on the same port
     # (measured: Quart's per-request machinery costs more than the whole proxy hop; see
     # docs/data-plane.md). Everything else reaches Quart unchanged.
-    dataplane = DataPlane(cfg=cfg, fleet=gateway.fleet, pools=gateway.pools, keys=gateway.keys)
+    dataplane = DataPlane(
+        cfg=cfg,
+        fleet=gateway.fleet,
+        pools=gateway.pools,
+        keys=gateway.keys,
+        registry=gateway.metrics.registry,
+    )
     app.dataplane = dataplane  # type: ignore[attr-defined]  (tests and benchmarks read it)
     app.asgi_app = DataPlaneASGI(app.asgi_app, gateway, dataplane)  # type: ignore[method-assign]
     return app

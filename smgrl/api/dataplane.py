@@ -219,6 +219,21 @@ class DataPlaneASGI:
         await self._respond(send, 200, body, [(b"x-request-id", rid)])
 
     async def _rollout(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = trio.current_time()
+        status = 0
+
+        async def counted(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._serve_rollout(scope, receive, counted)
+        finally:
+            self.dp.metrics.answered(scope["path"], status, trio.current_time() - started)
+
+    async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = self._request_id(scope)
         if scope["method"] != "POST":
             await self._not_allowed(scope, send, rid, "POST")
@@ -323,6 +338,8 @@ class _Relay:
                 else:
                     stamp = stamp_openai(data, table_version)
                 data = stamp.body
+                if stamp.mixed:
+                    dp.metrics.mixed_answer()
             else:
                 stamp = Stamp(stream_version(table_version), False, data)
             head += stamp.headers()

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import trio
+from prometheus_client import CollectorRegistry
 
 from smgrl.config import Config
 from smgrl.core.version import Version
@@ -34,6 +35,7 @@ from smgrl.dataplane.errors import (
     RequestTimeout,
     UpstreamUnreachable,
 )
+from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry.keys import KeyRing
@@ -71,6 +73,7 @@ class DataPlane:
         pools: PoolSet,
         keys: KeyRing,
         rng: random.Random | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.cfg = cfg
         self.fleet = fleet
@@ -96,6 +99,12 @@ class DataPlane:
         self.admission = Admission(dp.max_concurrent_requests, dp.queue_size, dp.queue_timeout_secs)
         self._table: Table | None = None
         self._changed = trio.Event()
+        # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
+        self.metrics = DataPlaneMetrics(
+            registry if registry is not None else CollectorRegistry(auto_describe=False),
+            rl_enabled=cfg.rl.enabled,
+            dataplane=self,
+        )
         fleet.subscribe(self._fleet_changed)
 
     def close(self) -> None:
@@ -123,6 +132,8 @@ class DataPlane:
             for worker_id, version in before.items():
                 if worker_id not in after or after[worker_id] != version:
                     self.policy.forget(worker_id)
+                    if worker_id in after and self.loads.get(worker_id):
+                        self.metrics.version_changed_with_inflight()
             for worker_id in [w for w, n in self.loads.items() if not n and w not in after]:
                 del self.loads[worker_id]  # a removed worker's idle counter
         self._table = new
@@ -214,8 +225,12 @@ class DataPlane:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
             selectable, held = self.eligible(slot, policy, floor)
             if selectable:
+                if held:
+                    self.metrics.held_out(held)
                 return self._choose(selectable, req, routing_key, exclude or set())
             if self._now() >= wait_until:
+                self.metrics.held_out(held)
+                self.metrics.unroutable_request()
                 raise NoEligibleWorkers.because(held, self._now() - started)
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
@@ -315,6 +330,7 @@ class DataPlane:
                         if response.status >= 500 and not last:
                             # Not relayed: leaving the block closes the connection unread.
                             self._record(base, False)
+                            self.metrics.retries.inc()
                             tried.add(wid)
                             continue
                         dispatched = Dispatch(entry, response)
@@ -332,6 +348,7 @@ class DataPlane:
                 except UpstreamError as exc:
                     self._record(base, False)
                     if not relaying and not last:
+                        self.metrics.retries.inc()
                         tried.add(wid)
                         continue
                     raise UpstreamUnreachable(
