@@ -8,6 +8,7 @@ import logging
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
+from werkzeug.routing import PathConverter
 
 from smgrl.api import envelopes as env
 from smgrl.api import openapi
@@ -19,6 +20,14 @@ from smgrl.api.workers import WorkersApi
 from smgrl.dataplane.service import DataPlane
 
 log = logging.getLogger("smgrl.http")
+
+class AnyPath(PathConverter):
+    """werkzeug's path converter, but ``.`` also matches newlines: a control character in an
+    engine path (``a%0Ab``) must reach the path validator (400 ``invalid_engine_path``, as SMG)
+    instead of falling through to the 404 of an unmatched route."""
+
+    regex = r"(?s:[^/].*?)"
+
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # Paths whose 405 `allow` header SMG 1.13.0 orders differently from ALL_METHODS (observed).
@@ -99,7 +108,8 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         async def _rl(rest: str) -> Response:
             return await rl.dispatch()
 
-        app.add_url_rule("/v1/rl/<path:rest>", "rl", _rl, methods=ALL_METHODS)
+        app.url_map.converters["anypath"] = AnyPath
+        app.add_url_rule("/v1/rl/<anypath:rest>", "rl", _rl, methods=ALL_METHODS)
 
     def _rl_tree(path: str) -> bool:
         return path == "/v1/rl" or path.startswith("/v1/rl/")

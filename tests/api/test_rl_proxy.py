@@ -446,3 +446,21 @@ async def test_operation_id_names_the_journal_record(rl_config):
             1,
             1,
         )
+
+
+async def test_control_characters_in_the_engine_path_are_invalid_not_unknown():
+    from smgrl.config import Config, RlConfig
+    from smgrl.fake import fake_fleet
+    from smgrl.testing import gateway_in_process
+
+    cfg = Config(rl=RlConfig(enabled=True))
+    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(cfg, worker_urls=fleet.urls) as gw:
+        wid = next(iter(gw.gateway.fleet.registry)).id
+        for path in (f"/v1/rl/workers/{wid}/engine/a%0Ab", "/v1/rl/engine/a%0Ab?selector=engine%3Dsglang"):
+            r = await gw.client.post(path)
+            assert r.status_code == 400, path
+            assert r.json() == {
+                "error": "invalid_engine_path",
+                "message": "invalid engine path: segment `a\nb` contains characters outside [A-Za-z0-9._-]",
+            }
+        assert fleet.engines[0].calls_to("/a\nb") == []
