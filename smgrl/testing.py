@@ -55,7 +55,13 @@ class InProcess:
             )
             ids.append(w.id)
         if wait:
-            await self.wait_visible(len(self.gateway.fleet.registry))
+            # Each registered worker becomes visible with its discovery event, which also creates
+            # its DP ranks: waiting on the ids (not on a count taken before the ranks exist) is
+            # what makes the fleet complete when this returns.
+            registry = self.gateway.fleet.registry
+            with trio.fail_after(10):
+                while not all((w := registry.get(i)) is not None and w.is_visible for i in ids):
+                    await trio.sleep(0.005)
         return ids
 
 
