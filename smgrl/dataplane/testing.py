@@ -21,6 +21,7 @@ import trio
 
 from journal import MemoryStore
 from smgrl.config import Config
+from smgrl.fake.scripted import read_requests
 
 PROBE_MODEL = "scripted/model"
 
@@ -119,32 +120,12 @@ class ScriptedEngine:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream) -> None:
-        buf = b""
         async with stream:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, target, _ = lines[0].split(" ", 2)
-                headers = {}
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
-                length = int(headers.get("content-length", "0"))
-                while len(buf) < length:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                body, buf = buf[:length], buf[length:]
-                path = target.split("?", 1)[0]
+            async for raw in read_requests(stream):
+                method, target, headers, body = raw.method, raw.target, raw.headers, raw.body
                 writer = ChunkWriter(stream)
-                if path in self.PROBE:
-                    await writer.full(200, self.PROBE[path])
+                if raw.path in self.PROBE:
+                    await writer.full(200, self.PROBE[raw.path])
                     continue
                 req = Seen(method, target, headers, body)
                 self.seen.append(req)

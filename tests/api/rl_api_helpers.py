@@ -162,25 +162,11 @@ class RawEngine:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream) -> None:
-        buf = b""
+        from smgrl.fake.scripted import read_requests
+
         async with stream:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, target, _ = lines[0].split(" ", 2)
-                length = 0
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value)
-                while len(buf) < length:
-                    buf += await stream.receive_some(65536)
-                buf = buf[length:]
+            async for raw in read_requests(stream):
+                method, target = raw.method, raw.target
                 path = target.split("?", 1)[0]
                 if path in self.PROBE:
                     status, headers, body = 200, [("content-type", "application/json")], self.PROBE[path]
