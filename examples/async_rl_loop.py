@@ -8,12 +8,12 @@ Many rollout clients stream generations through the gateway's data plane (half `
 half ``/v1/chat/completions``, ``stream: true``) for the whole run. Meanwhile a trainer refits the
 fleet every ``--refit-every`` seconds through ``smgrl.rl``, the way that never cuts a rollout:
 
-1. ``POST /v1/rl/state?selector=... {"control": "paused"}``: the gateway stops dispatching; new
+1. ``rl.set_state("paused", selector=...)`` (``POST /v1/rl/state``): the gateway stops dispatching; new
    rollouts wait in the gateway (nothing fails, they are just later); a short ``--grace`` lets
    the ones dispatched just before reach their engines;
 2. ``update_weights_from_disk`` fanned out with the new ``weight_version``: each engine finishes
    the generations it has (SGLang's model-update lock) and then loads the weights;
-3. ``POST /v1/rl/state?selector=... {"control": "active"}``: the waiting rollouts go out, to
+3. ``rl.set_state("active", selector=...)``: the waiting rollouts go out, to
    the new weights.
 
 At the end it checks, and exits 1 if any check fails:
@@ -36,8 +36,6 @@ import json
 import sys
 import threading
 import time
-import urllib.parse
-import urllib.request
 
 import attrs
 import httpx
@@ -69,25 +67,13 @@ class Refit:
     finished: float = 0.0
 
 
-def set_state(rl: RL, selector: str, control: str) -> None:
-    """``POST /v1/rl/state?selector=...`` (SMG M2's ``RL.set_state``; stdlib only here)."""
-    url = f"{rl.base_url}/v1/rl/state?{urllib.parse.urlencode({'selector': selector})}"
-    headers = {"content-type": "application/json"}
-    if rl.api_key:
-        headers["authorization"] = f"Bearer {rl.api_key}"
-    req = urllib.request.Request(url, data=json.dumps({"control": control}).encode(), headers=headers)
-    with urllib.request.urlopen(req, timeout=rl.timeout) as response:
-        if response.status != 200:
-            raise RuntimeError(f"state write answered {response.status}")
-
-
 def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.Event) -> None:
     """The trainer's side, blocking (``smgrl.rl`` is synchronous): one refit every few seconds."""
     for k in range(1, args.refits + 1):
         if stop.wait(args.refit_every):
             return
         refit = Refit(k, f"{args.version_prefix}{k}", time.monotonic())
-        set_state(rl, args.selector, "paused")
+        rl.set_state("paused", selector=args.selector)
         # Rollouts the gateway dispatched just before the write are still on the wire: let them
         # reach their engines, whose model-update lock then lets them finish on the old weights.
         time.sleep(args.grace)
@@ -98,7 +84,7 @@ def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.
                 f"  refit {k}: {result.succeeded}/{result.total} engines now at {refit.version}", flush=True
             )
         finally:
-            set_state(rl, args.selector, "active")  # always: never leave the fleet held out
+            rl.set_state("active", selector=args.selector)  # always: never leave the fleet held out
         refit.finished = time.monotonic()
         refits.append(refit)
 

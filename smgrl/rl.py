@@ -270,6 +270,53 @@ class RL:
         _raise_for_status(status, payload)
         raise RlError(status, {"error": "unexpected_response", "message": str(payload)})
 
+    def set_version(
+        self,
+        weight_version: str,
+        *,
+        worker_id: str | None = None,
+        selector: str | None = None,
+        timeout: float | None = None,
+    ) -> Worker | list[Worker]:
+        """Record the weights a worker (``worker_id``) or every worker matching ``selector``
+        serves (SMG M2, gateway-local: no engine call). Returns the updated row, or the rows."""
+        return self._write("version", {"weight_version": weight_version}, worker_id, selector, timeout)
+
+    def set_state(
+        self,
+        control: str,
+        *,
+        worker_id: str | None = None,
+        selector: str | None = None,
+        timeout: float | None = None,
+    ) -> Worker | list[Worker]:
+        """Set the routing state (``active``, ``paused`` or ``asleep``) of a worker (``worker_id``)
+        or of every worker matching ``selector`` (SMG M2, gateway-local: the engines are not
+        called; paused and asleep workers get no rollouts). Returns the updated row, or the rows."""
+        return self._write("state", {"control": control}, worker_id, selector, timeout)
+
+    def _write(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        worker_id: str | None,
+        selector: str | None,
+        timeout: float | None,
+    ) -> Worker | list[Worker]:
+        if (worker_id is None) == (selector is None):
+            raise ValueError("pass exactly one of worker_id and selector")
+        if worker_id is not None:
+            status, payload = self._request("POST", f"/v1/rl/workers/{worker_id}/{kind}", body, None, timeout)
+            _raise_for_status(status, payload)
+            if not isinstance(payload, dict) or "id" not in payload:
+                raise RlError(status, {"error": "unexpected_response", "message": str(payload)})
+            return Worker.from_json(payload)
+        status, payload = self._request("POST", f"/v1/rl/{kind}", body, {"selector": selector}, timeout)
+        _raise_for_status(status, payload)
+        if not isinstance(payload, dict) or not isinstance(payload.get("workers"), list):
+            raise RlError(status, {"error": "unexpected_response", "message": str(payload)})
+        return [Worker.from_json(row) for row in payload["workers"]]
+
 
 @contextmanager
 def paused(

@@ -50,6 +50,10 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 # Engine response headers relayed to the client (framing and hop-by-hop headers are the gateway's).
 RELAYED = frozenset({b"content-type", b"cache-control", b"x-accel-buffering"})
+MODELS = "/v1/models"
+# The routes served here and their methods (the ``allow`` of their 405); smgrl/api/openapi.py
+# documents exactly these (tests/api/test_openapi.py).
+ALLOW = {rq.GENERATE: "POST", rq.COMPLETIONS: "POST", rq.CHAT: "POST", MODELS: "GET,HEAD"}
 
 
 class _Disconnected(Exception):
@@ -83,10 +87,7 @@ class DataPlaneASGI:
         # Data-plane keys: --api-key and the tenant keys (control-plane keys are for /v1/rl).
         self._keys = tuple(k for k in (auth.api_key, *(t.key for t in auth.tenant_keys)) if k)
         self.routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
-            rq.GENERATE: self._rollout,
-            rq.COMPLETIONS: self._rollout,
-            rq.CHAT: self._rollout,
-            "/v1/models": self._models,
+            path: self._models if path == MODELS else self._rollout for path in ALLOW
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,8 +196,8 @@ class DataPlaneASGI:
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = self._request_id(scope)
-        if scope["method"] not in ("GET", "HEAD"):
-            await self._not_allowed(scope, send, rid, "GET,HEAD")
+        if scope["method"] not in ALLOW[MODELS].split(","):
+            await self._not_allowed(scope, send, rid, ALLOW[MODELS])
             return
         denied = self._denied(scope)
         if denied is not None:
@@ -235,8 +236,9 @@ class DataPlaneASGI:
 
     async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = self._request_id(scope)
-        if scope["method"] != "POST":
-            await self._not_allowed(scope, send, rid, "POST")
+        allow = ALLOW[scope["path"]]
+        if scope["method"] not in allow.split(","):
+            await self._not_allowed(scope, send, rid, allow)
             return
         try:
             body = await self._read_body(scope, receive)

@@ -1,7 +1,8 @@
 """The OpenAPI 3 document of the gateway, served at ``GET /openapi.json``.
 
-It describes every route the gateway serves, every request body and every envelope it answers
-with: the RL crate's ``{"error", "message", ...}`` errors, the OpenAI-style 404/405/413 envelope,
+It describes every route the gateway serves (the data-plane routes of ``smgrl/api/dataplane.py``
+and the explicit ``/v1/rl`` version/state writes included), every request body and every envelope
+it answers with: the data plane's OpenAI-style errors and stamping headers, the RL crate's ``{"error", "message", ...}`` errors, the OpenAI-style 404/405/413 envelope,
 the control-plane 401/403 ``text/plain`` refusals and the ``--api-key`` JSON 401, the ``/workers``
 ``{"error", "code"}`` errors, engine-mirrored statuses and the 207 partial fan-out.
 
@@ -11,7 +12,7 @@ content is in it), and SMG clients and fuzzers need it before they hold a key. W
 not describe itself).
 
 ``tests/api/test_openapi.py`` keeps it in sync with the Quart routes, the ``/v1/rl`` dispatcher's
-``ALLOW`` table and the error codes; ``tests/e2e/test_schemathesis.py`` checks live answers against
+``ALLOW`` table, the data plane's ``ALLOW`` table and the error codes; ``tests/e2e/test_schemathesis.py`` checks live answers against
 it.
 """
 
@@ -46,8 +47,33 @@ OPENAI_CODES = [
     "request_timeout",
     "bad_request",
 ]
-WORKER_CODES = ["BAD_REQUEST", "WORKER_NOT_FOUND", "WORKER_ALREADY_EXISTS", "PAYLOAD_TOO_LARGE",
-                "JOURNAL_UNAVAILABLE"]
+DATAPLANE_CODES = [
+    "invalid_request_body",
+    "model_required",
+    "model_not_found",
+    "too_many_requests",
+    "queue_timeout",
+    "upstream_unreachable",
+    "no_available_workers",
+    "no_eligible_workers",
+    "request_timeout",
+]
+WRITE_WORKER_CODES = ["invalid_body", "invalid_version", "worker_not_found", "journal_unavailable"]
+WRITE_FLEET_CODES = [
+    "invalid_body",
+    "invalid_version",
+    "selector_required",
+    "invalid_selector",
+    "no_workers_match",
+    "journal_unavailable",
+]
+WORKER_CODES = [
+    "BAD_REQUEST",
+    "WORKER_NOT_FOUND",
+    "WORKER_ALREADY_EXISTS",
+    "PAYLOAD_TOO_LARGE",
+    "JOURNAL_UNAVAILABLE",
+]
 
 # -- schema helpers -----------------------------------------------------------------------------------
 
@@ -189,9 +215,24 @@ SCHEMAS: dict[str, dict] = {
             "version_status": {"type": "string", "enum": ["consistent", "mixed", "unknown"]},
         },
         [
-            "id", "url", "base_url", "engine", "engine_version", "model_id", "worker_type",
-            "connection_mode", "control_url", "tp_size", "dp_size", "pp_size", "dp_ranks", "role",
-            "health", "weight_version", "labels", "capabilities",
+            "id",
+            "url",
+            "base_url",
+            "engine",
+            "engine_version",
+            "model_id",
+            "worker_type",
+            "connection_mode",
+            "control_url",
+            "tp_size",
+            "dp_size",
+            "pp_size",
+            "dp_ranks",
+            "role",
+            "health",
+            "weight_version",
+            "labels",
+            "capabilities",
         ],
     ),
     "RlWorkersResponse": _obj(
@@ -216,7 +257,10 @@ SCHEMAS: dict[str, dict] = {
             "selector": _nullable(STR),
             "status": {"type": "string", "enum": ["open", "finished"]},
             "result": _nullable(
-                {"type": "string", "enum": ["ok", "partial", "no_match", "failed", "cancelled", "interrupted"]}
+                {
+                    "type": "string",
+                    "enum": ["ok", "partial", "no_match", "failed", "cancelled", "interrupted"],
+                }
             ),
             "http_status": _nullable(INT),
             "total": {**INT, "minimum": 0},
@@ -245,6 +289,98 @@ SCHEMAS: dict[str, dict] = {
             "next_after": {**INT, "minimum": 0},
             "last_seq": {**INT, "minimum": 0},
             "more": BOOL,
+        }
+    ),
+    # ---- explicit writes (Appendix A.1)
+    "SetWeightVersion": _obj(
+        {"weight_version": {**STR, "description": "trimmed; 1 to 128 bytes of printable ASCII (0x21-0x7E)"}},
+        description="Unknown fields are ignored.",
+        additional=True,
+    ),
+    "SetControlState": _obj(
+        {"control": {"type": "string", "enum": ["active", "paused", "asleep"]}},
+        description="Unknown fields are ignored. `paused` and `asleep` workers get no rollouts.",
+        additional=True,
+    ),
+    # ---- data plane
+    "DataPlaneError": _obj(
+        {
+            "error": _obj(
+                {
+                    "type": {
+                        "type": "string",
+                        "enum": ["invalid_request_error", "service_unavailable_error"],
+                    },
+                    "code": {"type": "string", "enum": DATAPLANE_CODES},
+                    "message": STR,
+                    "param": {**_nullable(STR), "description": "`model` with model_not_found, else null"},
+                    "retryable": {
+                        "type": "boolean",
+                        "enum": [True],
+                        "description": "present (true) on 429/502/503 answers; `retry-after: 1` is sent too",
+                    },
+                    "reasons": {
+                        "type": "object",
+                        "additionalProperties": {**INT, "minimum": 1},
+                        "description": "no_eligible_workers only: how many workers were held out, by reason "
+                        "(`unhealthy`, `paused`, `asleep`, `unknown`, `mixed`, `unconfirmed`, `stale`, "
+                        "`unversioned`, `circuit_open`)",
+                    },
+                },
+                ["type", "code", "message", "param"],
+            )
+        },
+        description="The data plane's own errors (OpenAI-style envelope); header `x-smg-error-code` "
+        "repeats the code. 400 invalid_request_body (not a JSON object, or `model` not a string), "
+        "model_required (several models served, none named); 404 model_not_found; 429 too_many_requests "
+        "(--max-concurrent-requests and the queue are full), queue_timeout; 502 upstream_unreachable; "
+        "503 no_available_workers (no routable worker serves the model), no_eligible_workers (every "
+        "worker held out by state, version policy or floor; with `reasons`); 504 request_timeout.",
+    ),
+    "InvalidVersionPolicy": _rl_error(
+        ["invalid_version_policy"],
+        None,
+        "400: an invalid `x-smg-version-policy` header (the RL crate's envelope, as SMG's middleware answers).",
+    ),
+    "GenerateRequest": _obj(
+        {
+            "model": STR,
+            "text": {"description": "a prompt or a list of prompts"},
+            "input_ids": {"description": "token ids, or a list of them"},
+            "sampling_params": {"type": "object"},
+            "stream": BOOL,
+        },
+        [],
+        additional=True,
+        description="SGLang's /generate body, forwarded byte for byte (with --dp-aware, "
+        "`data_parallel_rank` is added). Must be a JSON object; `model`, when present, a string.",
+    ),
+    "CompletionRequest": _obj(
+        {"model": STR, "prompt": {"description": "text, token ids, or a list of them"}, "stream": BOOL},
+        [],
+        additional=True,
+        description="OpenAI's completions body, forwarded byte for byte.",
+    ),
+    "ChatCompletionRequest": _obj(
+        {"model": STR, "messages": {"type": "array", "items": {"type": "object"}}, "stream": BOOL},
+        [],
+        additional=True,
+        description="OpenAI's chat completions body, forwarded byte for byte.",
+    ),
+    "ModelList": _obj(
+        {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "id": STR,
+                        "object": {"type": "string", "enum": ["model"]},
+                        "created": INT,
+                        "owned_by": STR,
+                    }
+                ),
+            },
         }
     ),
     # ---- gateway envelopes
@@ -287,7 +423,16 @@ SCHEMAS: dict[str, dict] = {
             "worker_type": {"type": "string", "enum": ["regular", "prefill", "decode"]},
             "runtime": {
                 "type": "string",
-                "enum": ["unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external"],
+                "enum": [
+                    "unspecified",
+                    "sglang",
+                    "vllm",
+                    "trtllm",
+                    "mlx",
+                    "tokenspeed",
+                    "generic",
+                    "external",
+                ],
             },
             "connection_mode": {"type": "string", "enum": ["http", "grpc", "zmq"]},
             "labels": LABELS,
@@ -344,8 +489,13 @@ SCHEMAS: dict[str, dict] = {
         }
     ),
     "WorkerAccepted": _obj(
-        {"status": {"type": "string", "enum": ["accepted"]}, "worker_id": STR, "url": STR, "location": STR,
-         "message": STR},
+        {
+            "status": {"type": "string", "enum": ["accepted"]},
+            "worker_id": STR,
+            "url": STR,
+            "location": STR,
+            "message": STR,
+        },
         ["status", "worker_id", "message"],
     ),
     "Readiness": _obj(
@@ -367,7 +517,11 @@ REQUEST_ID = {
     }
 }
 OP_ID = {
-    "x-smgrl-operation-id": {"description": "the operation's journal record", "required": False, "schema": STR},
+    "x-smgrl-operation-id": {
+        "description": "the operation's journal record",
+        "required": False,
+        "schema": STR,
+    },
     "x-smgrl-journal": {
         "description": "`unavailable`: the engines answered but the final record could not be written",
         "required": False,
@@ -397,8 +551,12 @@ RESPONSES: dict[str, dict] = {
         {**TEXT, **_json(_ref("ApiKeyError"))},
         {"www-authenticate": {"required": True, "schema": STR}},
     ),
-    "Forbidden": _resp("A `user` key on an admin route: `Admin role required for this control plane operation`.", TEXT),
-    "UnknownUrl": _resp("No such route (OpenAI-style envelope, code unknown_url).", _json(_ref("OpenAIError"))),
+    "Forbidden": _resp(
+        "A `user` key on an admin route: `Admin role required for this control plane operation`.", TEXT
+    ),
+    "UnknownUrl": _resp(
+        "No such route (OpenAI-style envelope, code unknown_url).", _json(_ref("OpenAIError"))
+    ),
     "MethodNotAllowed": _resp(
         "Wrong method (OpenAI-style envelope, code method_not_allowed).",
         _json(_ref("OpenAIError")),
@@ -463,8 +621,11 @@ def _engine_responses(fanout: bool) -> dict:
     out: dict[str, dict] = {}
     if fanout:
         out["200"] = _resp("Every target answered 2xx.", _json(_ref("RlFanoutResponse")), OP_ID)
-        out["207"] = _resp("At least one target failed (non-2xx, unreachable, timeout).",
-                           _json(_ref("RlFanoutResponse")), OP_ID)
+        out["207"] = _resp(
+            "At least one target failed (non-2xx, unreachable, timeout).",
+            _json(_ref("RlFanoutResponse")),
+            OP_ID,
+        )
     out["400"] = _resp(
         "Invalid path, selector or query" + op + "; text/plain for a duplicate `selector` or invalid "
         "UTF-8 in a path parameter.",
@@ -472,8 +633,11 @@ def _engine_responses(fanout: bool) -> dict:
         OP_ID,
     )
     out.update(_auth_responses(write=True))
-    out["404"] = _resp("Unknown worker, or no such route" + op + ".",
-                       _json(either(_ref("RlNotFound"), _ref("OpenAIError"))), OP_ID)
+    out["404"] = _resp(
+        "Unknown worker, or no such route" + op + ".",
+        _json(either(_ref("RlNotFound"), _ref("OpenAIError"))),
+        OP_ID,
+    )
     out["413"] = _r("PayloadTooLarge")
     if not fanout:
         out["422"] = _resp("No control endpoint" + op + ".", _json(either(_ref("NoControlEndpoint"))), OP_ID)
@@ -481,13 +645,22 @@ def _engine_responses(fanout: bool) -> dict:
         out["502"] = _resp("Engine unreachable" + op + ".", _json(either(_ref("UpstreamUnreachable"))), OP_ID)
     else:
         out["500"] = _resp("Gateway bug.", _json(_ref("InternalError")))
-    out["503"] = _resp("The journal cannot record the operation; no engine was called" + op + ".",
-                       _json(either(_ref("JournalUnavailable"))), OP_ID)
+    out["503"] = _resp(
+        "The journal cannot record the operation; no engine was called" + op + ".",
+        _json(either(_ref("JournalUnavailable"))),
+        OP_ID,
+    )
     if not fanout:
-        out["504"] = _resp("No answer within --rl-control-timeout-secs" + op + ".",
-                           _json(either(_ref("UpstreamTimeout"))), OP_ID)
-        out["default"] = _resp("Any other engine status, mirrored (2xx, 3xx: redirects are not followed, "
-                               "4xx, 5xx).", _json(outcome), OP_ID)
+        out["504"] = _resp(
+            "No answer within --rl-control-timeout-secs" + op + ".",
+            _json(either(_ref("UpstreamTimeout"))),
+            OP_ID,
+        )
+        out["default"] = _resp(
+            "Any other engine status, mirrored (2xx, 3xx: redirects are not followed, 4xx, 5xx).",
+            _json(outcome),
+            OP_ID,
+        )
     return out
 
 
@@ -504,9 +677,11 @@ def _head(get: dict) -> dict:
 
 
 def _engine_ops(fanout: bool) -> dict:
-    params = [PATH_PARAM_PATH, SELECTOR] if fanout else [
-        _id_param("id", "the worker id (GET /v1/rl/workers)"), PATH_PARAM_PATH
-    ]
+    params = (
+        [PATH_PARAM_PATH, SELECTOR]
+        if fanout
+        else [_id_param("id", "the worker id (GET /v1/rl/workers)"), PATH_PARAM_PATH]
+    )
     what = "every worker the selector matches" if fanout else "one worker"
     summary = f"Send an engine-native control call to {what} (admin role, D3)"
     get = {
@@ -559,8 +734,10 @@ def _workers_write(op_id: str, summary: str, body: str | None, responses: dict, 
             **responses,
             **_auth_responses(write=True),
             "413": _r("PayloadTooLarge"),
-            "503": _resp("The journal cannot record the change (JOURNAL_UNAVAILABLE): nothing changed; retry.",
-                         WORKER_ERR),
+            "503": _resp(
+                "The journal cannot record the change (JOURNAL_UNAVAILABLE): nothing changed; retry.",
+                WORKER_ERR,
+            ),
         },
     }
     if params:
@@ -574,37 +751,308 @@ WORKER_ERR = _json(_ref("WorkerApiError"))
 WORKER_ID = _id_param("worker_id", "the registry id (a UUID)")
 
 
+# -- the data plane (smgrl/api/dataplane.py) --------------------------------------------------------
+
+DP_ERROR_CODE = {"x-smg-error-code": {"description": "the error's code", "required": True, "schema": STR}}
+RETRY_AFTER = {"retry-after": {"description": "`1` on retryable errors", "required": False, "schema": STR}}
+STAMP = {
+    "x-smg-weight-version": {
+        "description": "the weights that produced the answer: the version the engine reported (a stream's "
+        "first event for /generate; SGLang's `metadata.weight_version`), else the gateway's table, else "
+        "`default`. OpenAI answers carry it in `system_fingerprint` too.",
+        "required": True,
+        "schema": STR,
+    },
+    "x-version-tag": {
+        "description": "PSRL: the serving engine's version, `-1` when it has none",
+        "required": True,
+        "schema": STR,
+    },
+    "x-smg-mixed-version": {
+        "description": "`true` on a buffered /generate whose weights changed mid-request (absent otherwise)",
+        "required": False,
+        "schema": {"type": "string", "enum": ["true"]},
+    },
+    "x-smg-routed-worker-id": {
+        "description": "the serving worker's URL (`@rank` for a DP rank), as SMG names it",
+        "required": True,
+        "schema": STR,
+    },
+    "x-smgrl-worker-id": {"description": "the serving worker's registry id", "required": True, "schema": STR},
+}
+DP_SECURED = [{"dataPlaneBearer": []}, {}]
+
+
+# An engine's own non-2xx answer is relayed untouched, with the same statuses as the gateway's errors.
+ENGINE_ANSWER = {
+    "type": "object",
+    "description": "the engine's own error answer, relayed untouched (stamped like a 200, without "
+    "x-smg-error-code)",
+}
+RELAYED_NOTE = " An engine answering this status itself is relayed untouched (EngineAnswer)."
+DP_ERROR_CODE_OPTIONAL = {
+    "x-smg-error-code": {
+        "description": "the gateway error's code (absent on a relayed engine answer)",
+        "required": False,
+        "schema": STR,
+    }
+}
+
+
+def _dp_error(description: str, *schemas: dict) -> dict:
+    errors = list(schemas) or [_ref("DataPlaneError")]
+    return _resp(
+        description + RELAYED_NOTE,
+        _json({"anyOf": [*errors, ENGINE_ANSWER]}),
+        {**DP_ERROR_CODE_OPTIONAL, **RETRY_AFTER},
+    )
+
+
+def _dp_unauthorized() -> dict:
+    return _resp(
+        "No or unknown data-plane key (--api-key or a tenant key), code invalid_api_key; realm `data-plane`.",
+        _json(_ref("ApiKeyError")),
+        {"www-authenticate": {"required": True, "schema": STR}},
+    )
+
+
+def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
+    params = [
+        {
+            "name": "x-smg-routing-key",
+            "in": "header",
+            "required": False,
+            "schema": STR,
+            "description": "sticky routing: requests with the same key go to the same worker",
+        },
+        {
+            "name": "x-version-tag",
+            "in": "header",
+            "required": False,
+            "schema": STR,
+            "description": "PSRL version floor: only engines at this version or newer (`-1`: no floor)",
+        },
+    ]
+    if rl:
+        params.insert(
+            0,
+            {
+                "name": "x-smg-version-policy",
+                "in": "header",
+                "required": False,
+                "schema": STR,
+                "description": "`any` | `latest-only` | `min-version:<v>` | `max-staleness:<k>` "
+                "(default --rl-version-policy)",
+            },
+        )
+    bad_request = [_ref("DataPlaneError")]
+    if rl:
+        bad_request.append(_ref("InvalidVersionPolicy"))
+    responses = {
+        "200": _resp(
+            "The engine's answer, stamped. `stream: true`: a text/event-stream relayed event by event "
+            "(OpenAI events carry `system_fingerprint`; an error after the head is an SSE error event, "
+            "with no `[DONE]`).",
+            {"application/json": {"schema": ANY}, "text/event-stream": {"schema": STR}},
+            STAMP,
+        ),
+        "400": _dp_error(
+            "invalid_request_body, model_required"
+            + (
+                ", or an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope)"
+                if rl
+                else ""
+            )
+            + ".",
+            *bad_request,
+        ),
+        "401": _dp_unauthorized(),
+        "404": _dp_error("model_not_found: no worker serves the named model."),
+        "405": _r("MethodNotAllowed"),
+        "413": _resp(
+            "Body over --max-payload-size (request_body_too_large).",
+            _json(_ref("OpenAIError")),
+            DP_ERROR_CODE,
+        ),
+        "429": _dp_error(
+            "too_many_requests (--max-concurrent-requests and its queue are full) or "
+            "queue_timeout (waited --queue-timeout-secs for a slot); retryable."
+        ),
+        "502": _dp_error("upstream_unreachable: retries exhausted (connect errors, engine 5xx); retryable."),
+        "503": _dp_error(
+            "no_available_workers (no routable worker serves the model) or no_eligible_workers "
+            "(every worker held out by state, version policy, floor or circuit breaker, after "
+            "waiting; `reasons` counts them); retryable."
+        ),
+        "504": _dp_error("request_timeout: --request-timeout-secs passed."),
+        "default": _resp(
+            "Any other engine status, relayed as the engine sent it (body untouched).",
+            {"application/json": {"schema": ANY}},
+            STAMP,
+        ),
+    }
+    return {
+        "operationId": op_id,
+        "summary": summary,
+        "description": "Served by the data plane (raw ASGI, same port). Routed to a worker serving `model` "
+        "(or the only model served); paused/asleep workers and those outside the version policy get no "
+        "requests: the request waits for an eligible one.",
+        "tags": ["dataplane"],
+        "security": DP_SECURED,
+        "parameters": params,
+        "requestBody": {"required": True, "content": _json(_ref(body))},
+        "responses": responses,
+    }
+
+
+def _dataplane_paths(rl: bool) -> dict:
+    models = {
+        "operationId": "getModels",
+        "summary": "The models the fleet serves (OpenAI list)",
+        "tags": ["dataplane"],
+        "security": DP_SECURED,
+        "responses": {
+            "200": _resp("The models.", _json(_ref("ModelList"))),
+            "401": _dp_unauthorized(),
+            "405": _r("MethodNotAllowed"),
+        },
+    }
+    return {
+        "/generate": {"post": _rollout_op("postGenerate", "SGLang native generation", "GenerateRequest", rl)},
+        "/v1/completions": {
+            "post": _rollout_op("postCompletions", "OpenAI completions", "CompletionRequest", rl)
+        },
+        "/v1/chat/completions": {
+            "post": _rollout_op("postChatCompletions", "OpenAI chat completions", "ChatCompletionRequest", rl)
+        },
+        "/v1/models": _get_and_head(models),
+    }
+
+
+# -- explicit writes (smgrl/api/rl_writes.py) --------------------------------------------------------
+
+
+def _write_op(kind: str, fleet: bool) -> dict:
+    body = "SetWeightVersion" if kind == "version" else "SetControlState"
+    what = "the weight version" if kind == "version" else "the control state"
+    codes = WRITE_FLEET_CODES if fleet else WRITE_WORKER_CODES
+    bad = [c for c in codes if c in RL_BAD_REQUEST]
+    responses: dict[str, dict] = {
+        "200": _resp(
+            "The targets' rows (DP ranks collapsed), already reflecting the write."
+            if fleet
+            else "The worker's row, already reflecting the write.",
+            _json(_ref("RlWorkersResponse" if fleet else "RlWorkerEntry")),
+        ),
+        "400": _resp(
+            "Bad body (invalid_body), version (invalid_version)"
+            + (
+                ", selector (selector_required, invalid_selector, no_workers_match); text/plain for a "
+                "duplicate `selector`"
+                if fleet
+                else ""
+            )
+            + ".",
+            {
+                **_json(_rl_error(bad, {"offset": {**INT, "minimum": 0}, "selector": STR})),
+                **(TEXT if fleet else {}),
+            },
+        ),
+        **_auth_responses(write=True),
+        "413": _r("PayloadTooLarge"),
+        "503": _resp(
+            "The journal cannot record the write (journal_unavailable): nothing changed; retry.",
+            _json(_ref("JournalUnavailable")),
+        ),
+    }
+    if not fleet:
+        responses["404"] = _resp(
+            "No such worker (worker_not_found).", _json(_rl_error(["worker_not_found"], {"id": STR}))
+        )
+    target = "every worker the selector matches" if fleet else "one worker"
+    out = {
+        "operationId": f"post{'Fleet' if fleet else 'Worker'}{kind.capitalize()}",
+        "summary": f"Set {what} of {target} (SMG M2; gateway-local, no engine call; admin role)",
+        "description": "Journaled (`engine.version_set` / `engine.state_set`); the answer, discovery and routing "
+        "already reflect it.",
+        "tags": ["rl"],
+        "security": SECURED,
+        "parameters": [SELECTOR] if fleet else [_id_param("id", "the worker id")],
+        "requestBody": {"required": True, "content": _json(_ref(body))},
+        "responses": responses,
+    }
+    return out
+
+
+def _write_paths() -> dict:
+    return {
+        "/v1/rl/workers/{id}/version": {"post": _write_op("version", fleet=False)},
+        "/v1/rl/workers/{id}/state": {"post": _write_op("state", fleet=False)},
+        "/v1/rl/version": {"post": _write_op("version", fleet=True)},
+        "/v1/rl/state": {"post": _write_op("state", fleet=True)},
+    }
+
+
 def _paths(rl: bool) -> dict:
     paths: dict[str, dict] = {
         "/health": _get_and_head(
-            {"operationId": "getHealth", "summary": "Liveness (always 200 `OK` while serving)", "tags": ["probes"],
-             "security": [], "responses": {"200": _resp("Serving.", TEXT)}}
+            {
+                "operationId": "getHealth",
+                "summary": "Liveness (always 200 `OK` while serving)",
+                "tags": ["probes"],
+                "security": [],
+                "responses": {"200": _resp("Serving.", TEXT)},
+            }
         ),
         "/liveness": _get_and_head(
-            {"operationId": "getLiveness", "summary": "Liveness (always 200 `OK` while serving)",
-             "tags": ["probes"], "security": [], "responses": {"200": _resp("Serving.", TEXT)}}
+            {
+                "operationId": "getLiveness",
+                "summary": "Liveness (always 200 `OK` while serving)",
+                "tags": ["probes"],
+                "security": [],
+                "responses": {"200": _resp("Serving.", TEXT)},
+            }
         ),
         "/readiness": _get_and_head(
-            {"operationId": "getReadiness", "summary": "Ready when at least one worker is healthy",
-             "tags": ["probes"], "security": [],
-             "responses": {"200": _resp("Ready.", _json(_ref("Readiness"))),
-                           "503": _resp("No healthy worker.", _json(_ref("Readiness")))}}
+            {
+                "operationId": "getReadiness",
+                "summary": "Ready when at least one worker is healthy",
+                "tags": ["probes"],
+                "security": [],
+                "responses": {
+                    "200": _resp("Ready.", _json(_ref("Readiness"))),
+                    "503": _resp("No healthy worker.", _json(_ref("Readiness"))),
+                },
+            }
         ),
         "/openapi.json": _get_and_head(
-            {"operationId": "getOpenapi", "summary": "This document (no key needed: it describes routes, "
-             "not data)", "tags": ["meta"], "security": [],
-             "responses": {"200": _resp("The OpenAPI document.", _json({"type": "object"}))}}
+            {
+                "operationId": "getOpenapi",
+                "summary": "This document (no key needed: it describes routes, not data)",
+                "tags": ["meta"],
+                "security": [],
+                "responses": {"200": _resp("The OpenAPI document.", _json({"type": "object"}))},
+            }
         ),
         "/workers": {
             **_get_and_head(
-                _read_op("getWorkers", "List the registry (SMG's /workers)",
-                         {"200": _resp("The registry.", _json(_ref("WorkerList")))}, tags=("workers",))
+                _read_op(
+                    "getWorkers",
+                    "List the registry (SMG's /workers)",
+                    {"200": _resp("The registry.", _json(_ref("WorkerList")))},
+                    tags=("workers",),
+                )
             ),
             "post": _workers_write(
-                "postWorkers", "Register an engine (asynchronous: discovery follows)", "WorkerSpec",
+                "postWorkers",
+                "Register an engine (asynchronous: discovery follows)",
+                "WorkerSpec",
                 {
-                    "202": _resp("Queued.", _json(_ref("WorkerAccepted")),
-                                 {"location": {"required": True, "schema": STR}}),
+                    "202": _resp(
+                        "Queued.",
+                        _json(_ref("WorkerAccepted")),
+                        {"location": {"required": True, "schema": STR}},
+                    ),
                     "400": _resp("Bad content type, body or URL.", WORKER_ERR),
                     "409": _resp("A worker already has this URL.", WORKER_ERR),
                 },
@@ -612,69 +1060,115 @@ def _paths(rl: bool) -> dict:
         },
         "/workers/{worker_id}": {
             **_get_and_head(
-                _read_op("getWorker", "One registry entry",
-                         {"200": _resp("The entry.", _json(_ref("Worker"))),
-                          "400": _resp("Not a UUID.", WORKER_ERR),
-                          "404": _resp("No such worker.", WORKER_ERR)}, [WORKER_ID], tags=("workers",))
+                _read_op(
+                    "getWorker",
+                    "One registry entry",
+                    {
+                        "200": _resp("The entry.", _json(_ref("Worker"))),
+                        "400": _resp("Not a UUID.", WORKER_ERR),
+                        "404": _resp("No such worker.", WORKER_ERR),
+                    },
+                    [WORKER_ID],
+                    tags=("workers",),
+                )
             ),
             "put": _workers_write(
-                "putWorker", "Replace a worker's labels", "WorkerSpec",
-                {"202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
-                 "400": _resp("Bad id, content type or body; DP rank.", WORKER_ERR),
-                 "404": _resp("No such worker.", WORKER_ERR)},
+                "putWorker",
+                "Replace a worker's labels",
+                "WorkerSpec",
+                {
+                    "202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
+                    "400": _resp("Bad id, content type or body; DP rank.", WORKER_ERR),
+                    "404": _resp("No such worker.", WORKER_ERR),
+                },
                 [WORKER_ID],
             ),
             "patch": _workers_write(
-                "patchWorker", "Merge labels into a worker's", "WorkerUpdate",
-                {"202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
-                 "400": _resp("Bad id, content type or body.", WORKER_ERR),
-                 "404": _resp("No such worker.", WORKER_ERR)},
+                "patchWorker",
+                "Merge labels into a worker's",
+                "WorkerUpdate",
+                {
+                    "202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
+                    "400": _resp("Bad id, content type or body.", WORKER_ERR),
+                    "404": _resp("No such worker.", WORKER_ERR),
+                },
                 [WORKER_ID],
             ),
             "delete": _workers_write(
-                "deleteWorker", "Remove a worker (every DP rank of its engine)", None,
-                {"202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
-                 "400": _resp("Not a UUID.", WORKER_ERR),
-                 "404": _resp("No such worker.", WORKER_ERR)},
+                "deleteWorker",
+                "Remove a worker (every DP rank of its engine)",
+                None,
+                {
+                    "202": _resp("Queued.", _json(_ref("WorkerAccepted"))),
+                    "400": _resp("Not a UUID.", WORKER_ERR),
+                    "404": _resp("No such worker.", WORKER_ERR),
+                },
                 [WORKER_ID],
             ),
         },
     }
+    paths.update(_dataplane_paths(rl))
     if not rl:
         return paths
-    rl_404 = _resp("Unknown id, or no such route.", _json({"anyOf": [_ref("RlNotFound"), _ref("OpenAIError")]}))
+    paths.update(_write_paths())
+    rl_404 = _resp(
+        "Unknown id, or no such route.", _json({"anyOf": [_ref("RlNotFound"), _ref("OpenAIError")]})
+    )
     utf8 = _resp("Invalid UTF-8 in a path parameter.", TEXT)
     paths.update(
         {
             "/v1/rl/workers": _get_and_head(
-                _read_op("getRlWorkers", "Discovery: one row per engine (DP ranks collapsed)",
-                         {"200": _resp("The rows.", _json(_ref("RlWorkersResponse")))})
+                _read_op(
+                    "getRlWorkers",
+                    "Discovery: one row per engine (DP ranks collapsed)",
+                    {"200": _resp("The rows.", _json(_ref("RlWorkersResponse")))},
+                )
             ),
             "/v1/rl/workers/{id}": _get_and_head(
-                _read_op("getRlWorker", "One discovery row (that registry entry)",
-                         {"200": _resp("The row.", _json(_ref("RlWorkerEntry"))), "400": utf8, "404": rl_404},
-                         [_id_param("id", "the worker id")])
+                _read_op(
+                    "getRlWorker",
+                    "One discovery row (that registry entry)",
+                    {"200": _resp("The row.", _json(_ref("RlWorkerEntry"))), "400": utf8, "404": rl_404},
+                    [_id_param("id", "the worker id")],
+                )
             ),
             "/v1/rl/workers/{id}/engine/{path}": _engine_ops(fanout=False),
             "/v1/rl/engine/{path}": _engine_ops(fanout=True),
             "/v1/rl/operations/{id}": _get_and_head(
-                _read_op("getRlOperation", "The journal's record of one operation (smgrl addition)",
-                         {"200": _resp("The record.", _json(_ref("Operation"))), "400": utf8, "404": rl_404},
-                         [_id_param("id", "x-smgrl-operation-id of a per-worker call or fan-out")])
+                _read_op(
+                    "getRlOperation",
+                    "The journal's record of one operation (smgrl addition)",
+                    {"200": _resp("The record.", _json(_ref("Operation"))), "400": utf8, "404": rl_404},
+                    [_id_param("id", "x-smgrl-operation-id of a per-worker call or fan-out")],
+                )
             ),
             "/v1/rl/journal": _get_and_head(
                 _read_op(
                     "getRlJournal",
                     "Journal events, paged (smgrl addition)",
-                    {"200": _resp("A page.", _json(_ref("JournalPage"))),
-                     "400": _resp("`after`/`limit` not an integer or too small.", _json(_ref("RlBadRequest")))},
+                    {
+                        "200": _resp("A page.", _json(_ref("JournalPage"))),
+                        "400": _resp(
+                            "`after`/`limit` not an integer or too small.", _json(_ref("RlBadRequest"))
+                        ),
+                    },
                     [
-                        {"name": "after", "in": "query", "required": False, "allowEmptyValue": True,
-                         "description": "events after this seq (empty: 0)",
-                         "schema": {**INT, "minimum": 0, "default": 0}},
-                        {"name": "limit", "in": "query", "required": False, "allowEmptyValue": True,
-                         "description": "page size (empty: 100; at most 1000 are returned)",
-                         "schema": {**INT, "minimum": 1, "default": 100}},
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "required": False,
+                            "allowEmptyValue": True,
+                            "description": "events after this seq (empty: 0)",
+                            "schema": {**INT, "minimum": 0, "default": 0},
+                        },
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "required": False,
+                            "allowEmptyValue": True,
+                            "description": "page size (empty: 100; at most 1000 are returned)",
+                            "schema": {**INT, "minimum": 1, "default": 100},
+                        },
                     ],
                 )
             ),
@@ -698,6 +1192,7 @@ def document(rl_enabled: bool = True) -> dict:
         "tags": [
             {"name": "rl", "description": "The RL control plane (--enable-rl)"},
             {"name": "workers", "description": "SMG's worker registry API"},
+            {"name": "dataplane", "description": "Rollout traffic (--api-key / tenant keys)"},
             {"name": "probes"},
             {"name": "meta"},
         ],
@@ -711,7 +1206,13 @@ def document(rl_enabled: bool = True) -> dict:
                     "scheme": "bearer",
                     "description": "A --control-plane-api-keys key (or the --api-key when no control-plane "
                     "key is configured). With no key configured at all, every route is open.",
-                }
+                },
+                "dataPlaneBearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The --api-key or a tenant key (the data-plane routes). With neither "
+                    "configured, the data plane is open.",
+                },
             },
         },
     }

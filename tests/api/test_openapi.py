@@ -1,6 +1,8 @@
-"""`GET /openapi.json` stays in sync with the gateway: every route the Quart app registers and every
-route the `/v1/rl` dispatcher knows (`smgrl.api.rl.ALLOW`) is in the document with exactly its
-methods, and vice versa; every error code smgrl can answer with is in it."""
+"""`GET /openapi.json` stays in sync with the gateway: every route the Quart app registers (the
+explicit `/v1/rl` writes included), every route the `/v1/rl` dispatcher knows
+(`smgrl.api.rl.ALLOW`) and every data-plane route (`smgrl.api.dataplane.ALLOW`) is in the document
+with exactly its methods, and vice versa; every error code smgrl can answer with is in it, and each
+data-plane and write route documents every code it can answer."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import re
 import pytest
 from rl_api_helpers import ADMIN, KEYS, TENANTS, rl_cfg
 
-from smgrl.api import openapi
+from smgrl.api import openapi, rl_writes
+from smgrl.api.dataplane import ALLOW as DATAPLANE_ALLOW
 from smgrl.api.rl import ALLOW, match
 from smgrl.config import Config
+from smgrl.errors import RlError
 from smgrl.testing import gateway_in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -41,23 +45,33 @@ async def test_every_route_is_documented_with_its_methods_and_nothing_else(rl_en
         doc = (await gw.client.get("/openapi.json")).json()
         documented = {_template(p): _methods(item) for p, item in doc["paths"].items()}
 
-        # 1. Quart's own routes (the /v1/rl catch-all is the dispatcher's: checked below).
+        # 1. Quart's own routes (the /v1/rl catch-all is the dispatcher's: checked below) and the
+        # data plane's raw ASGI routes.
         served: dict[str, set[str]] = {}
         for rule in gw.app.url_map.iter_rules():
-            if rule.rule.startswith("/v1/rl/"):
+            if rule.endpoint == "rl":
                 continue
             methods = set(rule.methods or ()) - {"OPTIONS"}
+            if rule.endpoint.startswith("rl_"):
+                # The explicit writes take every method so that the others answer 405, not 404.
+                methods = set(rl_writes.ALLOW.split(","))
             served.setdefault(_template(rule.rule), set()).update(methods)
-        non_rl = {p: m for p, m in documented.items() if not p.startswith("/v1/rl/")}
-        assert non_rl == served
+        for path, allow in DATAPLANE_ALLOW.items():
+            assert _template(path) not in served, path
+            served[_template(path)] = set(allow.split(","))
+        assert {"/generate", "/v1/chat/completions", "/v1/models"} <= set(served)
+        assert {p: documented.get(p) for p in served} == served
 
-        # 2. The /v1/rl dispatcher: each documented template routes to one ALLOW entry, with its
-        # methods, and every ALLOW entry is documented.
-        rl_paths = {p: m for p, m in documented.items() if p.startswith("/v1/rl/")}
+        # 2. The /v1/rl dispatcher: each other documented template routes to one ALLOW entry, with
+        # its methods, and every ALLOW entry is documented.
+        rl_paths = {p: m for p, m in documented.items() if p not in served}
         if not rl_enabled:
-            assert rl_paths == {}  # D1: a disabled control plane does not describe itself
+            # D1: a disabled control plane does not describe itself
+            assert not any(p.startswith("/v1/rl/") for p in documented)
+            assert rl_paths == {}
             assert not any(r.rule.startswith("/v1/rl") for r in gw.app.url_map.iter_rules())
             return
+        assert all(p.startswith("/v1/rl/") for p in rl_paths), rl_paths
         routed = {}
         for template, methods in rl_paths.items():
             found = match(_sample(template))
@@ -131,6 +145,88 @@ def test_every_error_code_is_in_the_document():
     openai_documented = set(schemas["OpenAIError"]["properties"]["error"]["properties"]["code"]["enum"])
     openai_documented |= set(schemas["ApiKeyError"]["properties"]["error"]["properties"]["code"]["enum"])
     assert codes["openai"] <= openai_documented, codes["openai"] - openai_documented
+
+
+def _dataplane_codes() -> dict[str, set[str]]:
+    """The data plane's codes, from its sources: its exceptions, its RL-envelope error, and the
+    OpenAI-style answers the ASGI handler makes itself."""
+    errors = (ROOT / "smgrl/dataplane/errors.py").read_text()
+    own = set(re.findall(r'code, status(?:, retryable)? = "([a-z_]+)", \d+', errors))
+    handler = (ROOT / "smgrl/api/dataplane.py").read_text()
+    openai_codes = set(re.findall(r'_openai_error\(\s*send, rid, \d+, "([a-z_]+)"', handler))
+    openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', handler))
+    rl = set(re.findall(r'^    code = "([a-z_]+)"', errors, re.MULTILINE))
+    return {"own": own, "openai": openai_codes, "rl": rl}
+
+
+def _reachable_codes(doc: dict, op: dict) -> set[str]:
+    """Every enum value reachable from an operation's responses ($refs resolved)."""
+    out: set[str] = set()
+
+    def walk(node, seen=()):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if ref and ref not in seen:
+                _, _, kind, name = ref.split("/")
+                walk(doc["components"][kind][name], (*seen, ref))
+            for key, value in node.items():
+                if key == "enum":
+                    out.update(v for v in value if isinstance(v, str))
+                else:
+                    walk(value, seen)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, seen)
+
+    walk(op["responses"])
+    return out
+
+
+def test_every_dataplane_and_write_error_code_is_documented_on_its_routes():
+    codes = _dataplane_codes()
+    assert {"no_eligible_workers", "model_required", "request_timeout", "too_many_requests"} <= codes["own"]
+    assert codes["openai"] == {"method_not_allowed", "request_body_too_large", "invalid_api_key"}
+    assert codes["rl"] == {"invalid_version_policy"}
+    doc = openapi.document(True)
+    schemas = doc["components"]["schemas"]
+    assert codes["own"] == set(schemas["DataPlaneError"]["properties"]["error"]["properties"]["code"]["enum"])
+    assert "reasons" in schemas["DataPlaneError"]["properties"]["error"]["properties"]
+    rollout = {p for p, allow in DATAPLANE_ALLOW.items() if allow == "POST"}
+    for path in rollout:
+        op = doc["paths"][path]["post"]
+        reachable = _reachable_codes(doc, op)
+        assert codes["own"] | codes["openai"] | codes["rl"] <= reachable, (path, codes["own"] - reachable)
+        headers = set(op["responses"]["200"]["headers"])
+        assert {
+            "x-smg-weight-version",
+            "x-version-tag",
+            "x-smg-mixed-version",
+            "x-smg-routed-worker-id",
+            "x-smgrl-worker-id",
+            "x-request-id",
+        } <= headers
+        assert "text/event-stream" in op["responses"]["200"]["content"]
+        assert {"400", "401", "404", "405", "413", "429", "502", "503", "504"} <= set(op["responses"])
+    # Without --enable-rl there is no version policy header, hence no invalid_version_policy.
+    plain = openapi.document(False)
+    assert "invalid_version_policy" not in _reachable_codes(plain, plain["paths"]["/generate"]["post"])
+    assert "invalid_api_key" in _reachable_codes(doc, doc["paths"]["/v1/models"]["get"])
+
+    # The explicit writes: every RlError the module raises is documented on the routes that raise it.
+    raised = {
+        obj.code
+        for obj in vars(rl_writes).values()
+        if isinstance(obj, type) and issubclass(obj, RlError) and obj is not RlError
+    }
+    assert raised == set(openapi.WRITE_WORKER_CODES) | set(openapi.WRITE_FLEET_CODES)
+    selector_codes = {"selector_required", "invalid_selector", "no_workers_match"}
+    for path in ("/v1/rl/workers/{id}/version", "/v1/rl/workers/{id}/state"):
+        assert raised - selector_codes <= _reachable_codes(doc, doc["paths"][path]["post"]), path
+    for path in ("/v1/rl/version", "/v1/rl/state"):
+        reachable = _reachable_codes(doc, doc["paths"][path]["post"])
+        assert raised - {"worker_not_found"} <= reachable, path
+        (param,) = doc["paths"][path]["post"]["parameters"]
+        assert (param["name"], param["in"], param["required"]) == ("selector", "query", True)
 
 
 def test_every_ref_resolves_and_every_path_parameter_is_declared():

@@ -42,8 +42,12 @@ from smgrl.demo.procs import free_port, wait_for_workers
 
 EXAMPLES = {"positive": 8, "negative": 6, "real": 5}  # per operation; ~30 operations
 ENGINE_ROUTES = ["flush_cache", "server_info", "get_model_info", "get_weight_version", "health"]
-CHECKS = [status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance]
+CHECKS = [
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 
 
 def _mirrored(response) -> bool:
@@ -66,8 +70,9 @@ def _describe(case) -> str:
 
 def test_schemathesis_live_gateway(fakes, gateway):
     urls = fakes("sglang", 3)
-    _, http, port = gateway("--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "5",
-                            "--worker-urls", *urls)
+    _, http, port = gateway(
+        "--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "5", "--worker-urls", *urls
+    )
     base = f"http://127.0.0.1:{port}"
     rows = wait_for_workers(base, 3)
     wid = rows[0]["id"]
@@ -82,7 +87,15 @@ def test_schemathesis_live_gateway(fakes, gateway):
     doc = session.get(base + "/openapi.json", timeout=30).json()
     schema = schemathesis.openapi.from_dict(doc)
     schema.config.update(base_url=base)
-    operations = [result.ok() for result in schema.get_all_operations()]
+    # The data-plane routes are left out: they relay arbitrary bodies to the engines, and a fuzzed
+    # `x-version-tag` floor (any printable version, e.g. `[`) legitimately holds every engine out, so
+    # the request waits for an eligible one and may end in a 503 (tests/api/test_openapi.py checks
+    # their documentation; tests/e2e/test_dataplane*.py their answers).
+    operations = [
+        op
+        for op in (result.ok() for result in schema.get_all_operations())
+        if "dataplane" not in (op.definition.raw.get("tags") or ())
+    ]
     assert len(operations) >= 30
 
     counter = iter(range(10**6))
@@ -102,12 +115,16 @@ def test_schemathesis_live_gateway(fakes, gateway):
         try:
             response = case.call(session=session, timeout=30)
         except Exception as exc:  # noqa: BLE001 - a dropped connection is a failure to report
-            failures.append(f"{case.operation.label}: transport error {exc!r}\n  {_describe(case)}\n"
-                            f"  after: {history[-3:]}")
+            failures.append(
+                f"{case.operation.label}: transport error {exc!r}\n  {_describe(case)}\n"
+                f"  after: {history[-3:]}"
+            )
             return
         stats["requests"] += 1
-        history.append(f"{case.method} {response.request.url} -> {response.status_code} "
-                       f"req-headers={dict(response.request.headers)} body={str(response.request.body)[:120]}")
+        history.append(
+            f"{case.method} {response.request.url} -> {response.status_code} "
+            f"req-headers={dict(response.request.headers)} body={str(response.request.body)[:120]}"
+        )
         stats["statuses"][response.status_code] = stats["statuses"].get(response.status_code, 0) + 1
         label = f"{case.method} {response.request.url} body={json.dumps(case.body, default=str)[:200]}"
         if response.status_code >= 500:
@@ -122,8 +139,14 @@ def test_schemathesis_live_gateway(fakes, gateway):
             failures.append(f"schema: {label} -> {response.status_code} {response.text[:200]}\n  {exc}")
 
     def run(strategy, examples: int, extra_checks=()) -> None:
-        @settings(max_examples=examples, phases=[Phase.explicit, Phase.generate], database=None,
-                  deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+        @settings(
+            max_examples=examples,
+            phases=[Phase.explicit, Phase.generate],
+            database=None,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=False,
+        )
         @given(strategy)
         def drive(case):
             run_one(case, list(extra_checks))
@@ -136,8 +159,11 @@ def test_schemathesis_live_gateway(fakes, gateway):
     for op in operations:
         run(op.as_strategy(generation_mode=GenerationMode.POSITIVE), EXAMPLES["positive"])
         if op.path_parameters or op.query or op.body:  # else there is nothing to make invalid
-            run(op.as_strategy(generation_mode=GenerationMode.NEGATIVE), EXAMPLES["negative"],
-                [negative_data_rejection])
+            run(
+                op.as_strategy(generation_mode=GenerationMode.NEGATIVE),
+                EXAMPLES["negative"],
+                [negative_data_rejection],
+            )
     # The success paths: real ids, a matching selector, real engine routes.
     for op in operations:
         params = {}
@@ -152,13 +178,19 @@ def test_schemathesis_live_gateway(fakes, gateway):
         if "{path}" in path:
             for route in ENGINE_ROUTES:
                 query = {"selector": "engine=sglang"} if path.startswith("/v1/rl/engine/") else None
-                run(op.as_strategy(path_parameters={**params, "path": route}, **({"query": query} if query else {})),
-                    max(1, EXAMPLES["real"] // 2))
+                run(
+                    op.as_strategy(
+                        path_parameters={**params, "path": route}, **({"query": query} if query else {})
+                    ),
+                    max(1, EXAMPLES["real"] // 2),
+                )
         elif params or op.method.upper() in ("GET", "HEAD"):
             run(op.as_strategy(**kwargs), EXAMPLES["real"])
 
-    print(f"schemathesis: {stats['requests']} requests over {len(operations)} operations, "
-          f"statuses {dict(sorted(stats['statuses'].items()))}, mirrored engine 5xx {stats['mirrored_5xx']}")
+    print(
+        f"schemathesis: {stats['requests']} requests over {len(operations)} operations, "
+        f"statuses {dict(sorted(stats['statuses'].items()))}, mirrored engine 5xx {stats['mirrored_5xx']}"
+    )
     assert failures == [], f"{len(failures)} failures:\n" + "\n".join(failures[:40])
     assert stats["requests"] >= 200
     # The run reached the success paths, not only refusals.

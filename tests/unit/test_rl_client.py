@@ -624,3 +624,157 @@ def test_behaviour_matches_smg_rl_on_the_same_answers(gateway):
         return out
 
     assert run(smgrl_rl) == run(smg_rl)
+
+
+# -- explicit writes (SMG M2: set_version / set_state) ----------------------------------------------
+
+
+def test_set_version_per_worker_returns_the_row(rl, gateway):
+    gateway.on("POST", f"/v1/rl/workers/{WID}/version", 200, {**ROW, "weight_version": "42"})
+    worker = rl.set_version("42", worker_id=WID)
+    assert isinstance(worker, Worker) and worker.weight_version == "42"
+    (seen,) = gateway.seen
+    assert seen.json() == {"weight_version": "42"} and seen.query == {}
+    assert seen.headers["content-type"] == "application/json"
+
+
+def test_set_state_per_worker_returns_the_row(rl, gateway):
+    gateway.on("POST", f"/v1/rl/workers/{WID}/state", 200, {**ROW, "control": "paused"})
+    worker = rl.set_state("paused", worker_id=WID)
+    assert worker.id == WID and worker.extra["control"] == "paused"
+    assert gateway.seen[0].json() == {"control": "paused"}
+
+
+@pytest.mark.parametrize(
+    ("method", "value", "kind", "field"),
+    [
+        ("set_version", "7", "version", "weight_version"),
+        ("set_state", "asleep", "state", "control"),
+    ],
+)
+def test_fleet_writes_send_the_selector_and_return_the_rows(rl, gateway, method, value, kind, field):
+    other = {**ROW, "id": "w2"}
+    gateway.on("POST", f"/v1/rl/{kind}", 200, {"protocol_version": 1, "workers": [ROW, other], "total": 2})
+    workers = getattr(rl, method)(value, selector="engine=sglang", timeout=3)
+    assert [w.id for w in workers] == [WID, "w2"]
+    (seen,) = gateway.seen
+    assert seen.query == {"selector": ["engine=sglang"]} and seen.json() == {field: value}
+
+
+@pytest.mark.parametrize("method", ["set_version", "set_state"])
+@pytest.mark.parametrize("target", [{}, {"worker_id": WID, "selector": "a=b"}])
+def test_writes_need_exactly_one_target(rl, gateway, method, target):
+    with pytest.raises(ValueError, match="exactly one of worker_id and selector"):
+        getattr(rl, method)("1", **target)
+    assert gateway.seen == []
+
+
+@pytest.mark.parametrize(
+    ("path", "kwargs", "status", "payload"),
+    [
+        (
+            f"/v1/rl/workers/{WID}/version",
+            {"worker_id": WID},
+            400,
+            {"error": "invalid_version", "message": "weight_version is empty"},
+        ),
+        (
+            f"/v1/rl/workers/{WID}/version",
+            {"worker_id": WID},
+            404,
+            {"error": "worker_not_found", "message": "no worker", "id": WID},
+        ),
+        (
+            "/v1/rl/version",
+            {"selector": "x=y"},
+            400,
+            {"error": "no_workers_match", "message": "no workers match selector `x=y`", "selector": "x=y"},
+        ),
+        ("/v1/rl/version", {"selector": "x=y"}, 503, {"error": "journal_unavailable", "message": "down"}),
+    ],
+)
+def test_write_errors_raise_rl_error(rl, gateway, path, kwargs, status, payload):
+    gateway.on("POST", path, status, payload)
+    with pytest.raises(RlError) as info:
+        rl.set_version("1", **kwargs)
+    assert info.value.status == status and info.value.code == payload["error"]
+    assert info.value.payload == payload
+
+
+def test_write_text_errors_and_unexpected_answers(rl, gateway):
+    gateway.on("POST", "/v1/rl/state", 403, "Admin role required", "text/plain")
+    with pytest.raises(RlError) as info:
+        rl.set_state("paused", selector="a=b")
+    assert info.value.code == "http_error" and info.value.status == 403
+    gateway.on("POST", "/v1/rl/state", 200, {"nope": 1})
+    with pytest.raises(RlError, match="unexpected_response"):
+        rl.set_state("paused", selector="a=b")
+    gateway.on("POST", f"/v1/rl/workers/{WID}/state", 200, [1])
+    with pytest.raises(RlError, match="unexpected_response"):
+        rl.set_state("paused", worker_id=WID)
+
+
+async def test_writes_against_the_real_gateway(monkeypatch):
+    """set_version / set_state through a real hypercorn-served gateway and fake engines."""
+    import trio
+
+    from journal import MemoryStore
+    from smgrl.config import Config, HealthConfig, RlConfig
+    from smgrl.fake import fake_fleet
+    from smgrl.registry.service import Registration
+    from smgrl.server import serve
+
+    monkeypatch.setenv("no_proxy", "*")
+    monkeypatch.setenv("NO_PROXY", "*")
+    cfg = Config(
+        rl=RlConfig(enabled=True),
+        port=0,
+        prometheus_port=0,
+        health=HealthConfig(enabled=False),
+        shutdown_grace_period_secs=0,
+    )
+    async with fake_fleet("sglang", 2) as fleet, trio.open_nursery() as nursery:
+        shutdown = trio.Event()
+        running = await nursery.start(
+            lambda task_status: serve(cfg, shutdown=shutdown, store=MemoryStore(), task_status=task_status)
+        )
+        for url in fleet.urls:
+            await running.gateway.registry.register(Registration(url=url), "api")
+        with trio.fail_after(10):
+            while sum(w.is_visible for w in running.gateway.fleet.registry) < 2:
+                await trio.sleep(0.01)
+        client = RL(running.urls[0], timeout=10)
+
+        def scenario() -> None:
+            first, second = sorted(client.workers(), key=lambda w: w.id)
+            one = client.set_version("42", worker_id=first.id)
+            assert isinstance(one, Worker) and one.id == first.id and one.weight_version == "42"
+            assert one.extra["version_source"] == "api"
+            rows = client.set_state("paused", selector="engine=sglang")
+            assert sorted(w.id for w in rows) == sorted([first.id, second.id])
+            assert {w.extra["control"] for w in rows} == {"paused"}
+            assert client.set_state("active", worker_id=second.id).extra["control"] == "active"
+            assert {w.id: w.extra["control"] for w in client.workers()} == {
+                first.id: "paused",
+                second.id: "active",
+            }
+            fleet_rows = client.set_version("43", selector="engine=sglang")
+            assert {w.weight_version for w in fleet_rows} == {"43"}
+            with pytest.raises(RlError) as info:
+                client.set_state("napping", worker_id=first.id)
+            assert (info.value.status, info.value.code) == (400, "invalid_body")
+            with pytest.raises(RlError) as info:
+                client.set_version(" ", worker_id=first.id)
+            assert info.value.code == "invalid_version"
+            with pytest.raises(RlError) as info:
+                client.set_version("1", worker_id="nope")
+            assert (info.value.status, info.value.code) == (404, "worker_not_found")
+            with pytest.raises(RlError) as info:
+                client.set_state("active", selector="engine=vllm")
+            assert info.value.code == "no_workers_match"
+            with pytest.raises(RlError) as info:
+                client.set_state("active", selector="engine in (")
+            assert info.value.code == "invalid_selector"
+
+        await trio.to_thread.run_sync(scenario)
+        shutdown.set()
