@@ -29,6 +29,7 @@ CONTROL_REALM = 'Bearer realm="control-plane"'
 DATA_REALM = 'Bearer realm="data-plane"'
 MISSING = "Missing or invalid Authorization header"
 INVALID = "Invalid authentication token"
+INVALID_API_KEY = "Invalid API key"
 MISSING_API_KEY = "Missing API key: send it as `Authorization: Bearer <key>`"
 ADMIN_REQUIRED = "Admin role required for this control plane operation"
 
@@ -79,6 +80,19 @@ def bearer_token(header: str | None) -> str | None:
     return token or None
 
 
+def check_api_key(authorization: str | None, keys: Sequence[str]) -> Denied | None:
+    """The ``--api-key`` style check (also the data plane's, with the tenant keys): None when the
+    bearer is one of ``keys``, else the JSON 401 SMG answers (missing vs wrong key differ)."""
+    token = bearer_token(authorization)
+    if token is None:
+        return Denied(401, MISSING_API_KEY, DATA_REALM, json=True, reason="missing api key")
+    if any(_matches(token, key) for key in keys):
+        return None
+    return Denied(
+        401, INVALID_API_KEY, DATA_REALM + ', error="invalid_token"', json=True, reason="wrong api key"
+    )
+
+
 def _matches(token: str, key: str) -> bool:
     return hmac.compare_digest(
         token.encode("utf-8", "surrogateescape"), key.encode("utf-8", "surrogateescape")
@@ -118,16 +132,6 @@ class AuthPolicy:
                 reason="control plane closed to tenant keys",
             )
         if self.api_key:
-            token = bearer_token(authorization)
-            if token is None:
-                return Denied(401, MISSING_API_KEY, DATA_REALM, json=True, reason="missing api key")
-            if _matches(token, self.api_key):
-                return Principal("api-key", "api-key", "admin", "shared_key")
-            return Denied(
-                401,
-                "Invalid API key",
-                DATA_REALM + ', error="invalid_token"',
-                json=True,
-                reason="wrong api key",
-            )
+            denied = check_api_key(authorization, (self.api_key,))
+            return denied or Principal("api-key", "api-key", "admin", "shared_key")
         return ANONYMOUS_ADMIN

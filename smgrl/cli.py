@@ -28,6 +28,7 @@ from smgrl.config import (
     validate,
 )
 from smgrl.errors import ConfigError
+from smgrl.routing.policy import POLICIES
 
 # Flags that take several values after one occurrence, argparse-style (nargs="*"/"+").
 MULTI_VALUE = ("--worker-urls", "--control-plane-api-keys", "--tenant-api-key")
@@ -102,19 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     "--policy",
     default="cache_aware",
     show_default=True,
-    type=click.Choice(
-        [
-            "random",
-            "round_robin",
-            "power_of_two",
-            "cache_aware",
-            "least_load",
-            "consistent_hashing",
-            "prefix_hash",
-            "manual",
-            "passthrough",
-        ]
-    ),
+    type=click.Choice(list(POLICIES)),
     help="Data-plane load-balancing policy (docs/data-plane.md).",
 )
 @click.option(

@@ -15,7 +15,6 @@ streams chunk by chunk as they arrive, never buffered.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import random
@@ -26,7 +25,7 @@ from typing import Any
 import trio
 
 from smgrl.api import envelopes as env
-from smgrl.auth import DATA_REALM, MISSING_API_KEY, bearer_token
+from smgrl.auth import Denied, check_api_key
 from smgrl.dataplane import request as rq
 from smgrl.dataplane.errors import DataPlaneError, InvalidRequestBody, InvalidVersionPolicyHeader
 from smgrl.dataplane.service import DataPlane
@@ -135,31 +134,17 @@ class DataPlaneASGI:
         )
         await self._openai_error(send, rid, 405, "method_not_allowed", message, [(b"allow", allow.encode())])
 
-    def _denied(self, scope: Scope) -> tuple[int, str, str] | None:
-        """(status, message, www-authenticate) when the data-plane key check fails, else None."""
+    def _denied(self, scope: Scope) -> Denied | None:
+        """The refusal when the data-plane key check fails, else None (no keys: open)."""
         if not self._keys:
             return None
         header = _header(scope, b"authorization")
-        token = bearer_token(header.decode("latin-1") if header else None)
-        if token is None:
-            return 401, MISSING_API_KEY, DATA_REALM
-        if any(hmac.compare_digest(token.encode("utf-8", "surrogateescape"), k.encode()) for k in self._keys):
-            return None
-        return 401, "Invalid API key", DATA_REALM + ', error="invalid_token"'
+        return check_api_key(header.decode("latin-1") if header else None, self._keys)
 
-    async def _auth_error(self, send: Send, rid: bytes, denied: tuple[int, str, str]) -> None:
-        status, message, realm = denied
-        body = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "invalid_api_key",
-            }
-        }
-        await self._respond(
-            send, status, _json(body), [(b"x-request-id", rid), (b"www-authenticate", realm.encode())]
-        )
+    async def _auth_error(self, send: Send, rid: bytes, denied: Denied) -> None:
+        body = env.api_key_error_body(denied.message)
+        headers = [(b"x-request-id", rid), (b"www-authenticate", denied.www_authenticate.encode())]
+        await self._respond(send, denied.status, _json(body), headers)
 
     def _version_bounds(self, scope: Scope):
         """The request's version policy (``x-smg-version-policy``, with --enable-rl only) and

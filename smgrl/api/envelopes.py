@@ -81,8 +81,9 @@ def empty_404() -> Response:
     return Response(b"", status=404)
 
 
-def api_key_error(status: int, message: str, www_authenticate: str) -> Response:
-    body = {
+def api_key_error_body(message: str) -> dict:
+    """SMG's OpenAI-style body for a refused ``--api-key`` / data-plane key."""
+    return {
         "error": {
             "message": message,
             "type": "invalid_request_error",
@@ -90,4 +91,7 @@ def api_key_error(status: int, message: str, www_authenticate: str) -> Response:
             "code": "invalid_api_key",
         }
     }
-    return json_response(status, body, {"www-authenticate": www_authenticate})
+
+
+def api_key_error(status: int, message: str, www_authenticate: str) -> Response:
+    return json_response(status, api_key_error_body(message), {"www-authenticate": www_authenticate})

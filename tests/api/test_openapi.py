@@ -155,6 +155,11 @@ def _dataplane_codes() -> dict[str, set[str]]:
     handler = (ROOT / "smgrl/api/dataplane.py").read_text()
     openai_codes = set(re.findall(r'_openai_error\(\s*send, rid, \d+, "([a-z_]+)"', handler))
     openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', handler))
+    if "api_key_error_body(" in handler:
+        # The 401 body is built by envelopes.api_key_error_body: take its code from there.
+        envelope = (ROOT / "smgrl/api/envelopes.py").read_text()
+        builder = envelope.split("def api_key_error_body", 1)[1].split("\ndef ", 1)[0]
+        openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', builder))
     rl = set(re.findall(r'^    code = "([a-z_]+)"', errors, re.MULTILINE))
     return {"own": own, "openai": openai_codes, "rl": rl}
 
