@@ -12,7 +12,15 @@ here explicitly (the submodules are the implementation):
 """
 
 from .base import Append, EventStore, RawRow, VerifyReport
-from .errors import JournalClosedError, JournalError, JournalReadOnlyError, JournalWriteError
+from .errors import (
+    JournalBusyError,
+    JournalClosedError,
+    JournalError,
+    JournalFullError,
+    JournalReadOnlyError,
+    JournalWriteError,
+    ProjectionError,
+)
 from .events import (
     AuditControlPlane,
     ControlFinished,
@@ -51,13 +59,16 @@ __all__ = [
     "EventStore",
     "GatewayStarted",
     "GatewayStopped",
+    "JournalBusyError",
     "JournalClosedError",
     "JournalError",
+    "JournalFullError",
     "JournalReadOnlyError",
     "JournalWriteError",
     "JournalWriter",
     "MemoryStore",
     "Pending",
+    "ProjectionError",
     "RawRow",
     "Recorded",
     "SnapshotTaken",

@@ -63,10 +63,13 @@ class Append:
 class EventStore(Protocol):
     """What JournalWriter, replay and the CLI need from a store (SqliteStore, MemoryStore).
 
-    Every method is synchronous: a trio caller runs writes in a worker thread (JournalWriter does).
+    Every method is synchronous. JournalWriter commits on the event loop with ``wait=0`` when the
+    store says commits are cheap, and in its worker thread otherwise (or when the lock is taken).
     """
 
-    def append_batch(self, items: Sequence[Append]) -> list[Recorded]: ...
+    def append_batch(self, items: Sequence[Append], *, wait: float | None = None) -> list[Recorded]:
+        """One transaction; ``wait`` = 0: raise JournalBusyError instead of waiting for a lock."""
+        ...
 
     def read(
         self,

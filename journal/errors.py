@@ -7,8 +7,17 @@
      │    │                                                     (disk full, read-only file, I/O error);
      │    │                                                     nothing was written for it, the writer
      │    │                                                     keeps running and later batches may succeed
-     │    └── JournalClosedError    code "journal_unavailable"  the writer is closing or closed: the
-     │                                                          event was not accepted at all
+     │    ├── JournalClosedError    code "journal_unavailable"  the writer is closing or closed: the
+     │    │                                                     event was not accepted at all
+     │    ├── JournalFullError      code "journal_unavailable"  ``append_nowait`` found the writer's queue
+     │    │                                                     full (its bound holds for every path)
+     │    └── ProjectionError       code "journal_unavailable"  the batch committed but applying it to
+     │                                                          the projections failed: the writer
+     │                                                          stops (fail-stop, see writer.py)
+     ├── JournalBusyError           code "journal_busy"         ``append_batch(wait=0)`` found SQLite's
+     │                                                          write lock taken (the writer then waits
+     │                                                          for it in its thread; never raised to
+     │                                                          appenders)
      └── JournalReadOnlyError       code "journal_read_only"    a write on a store opened read-only
 
 ``code`` is a stable machine-readable string: the HTTP layer puts it in its error envelope (a
@@ -18,7 +27,15 @@ not an exception: ``verify()`` returns a report.
 
 from __future__ import annotations
 
-__all__ = ["JournalClosedError", "JournalError", "JournalReadOnlyError", "JournalWriteError"]
+__all__ = [
+    "JournalBusyError",
+    "JournalClosedError",
+    "JournalError",
+    "JournalFullError",
+    "JournalReadOnlyError",
+    "JournalWriteError",
+    "ProjectionError",
+]
 
 
 class JournalError(Exception):
@@ -38,6 +55,24 @@ class JournalWriteError(JournalError):
 
 class JournalClosedError(JournalWriteError):
     """The writer no longer accepts events (``aclose()`` was called or its task was cancelled)."""
+
+
+class JournalFullError(JournalWriteError):
+    """``append_nowait`` refused an event: the writer's queue holds ``max_queue`` events already."""
+
+
+class ProjectionError(JournalWriteError):
+    """A committed batch could not be applied to the in-memory projections.
+
+    The events ARE in the journal; memory no longer matches it, so the writer stops (the gateway
+    with it) rather than serve a projection that misses events. A restart replays the journal.
+    """
+
+
+class JournalBusyError(JournalError):
+    """Another connection holds SQLite's write lock and the caller asked not to wait for it."""
+
+    code = "journal_busy"
 
 
 class JournalReadOnlyError(JournalError):

@@ -83,7 +83,8 @@ class MemoryStore:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def append_batch(self, items: Sequence[Append]) -> list[Recorded]:
+    def append_batch(self, items: Sequence[Append], *, wait: float | None = None) -> list[Recorded]:
+        # ``wait`` (how long to wait for another writer's lock) means nothing here: one process.
         if not items:
             return []
         self._check_writable()

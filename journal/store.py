@@ -87,7 +87,7 @@ from ._chain import (
 )
 from ._schema import FORMAT_VERSION, MIGRATION_NAMES, MIGRATIONS
 from .base import Append, RawRow, type_names
-from .errors import JournalError, JournalReadOnlyError
+from .errors import JournalBusyError, JournalError, JournalReadOnlyError
 from .events import ControlStarted, Event, Recorded, decode
 
 __all__ = ["FORMAT_VERSION", "SqliteStore"]
@@ -96,6 +96,8 @@ _PAGE = 2000  # rows per read page: flat memory, and the read snapshot is releas
 _COMPACT_PAGE = 256  # control.started rows per compaction transaction (up to 64 KiB each)
 
 _SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
+# SQLITE_BUSY and its extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT): the lock is taken.
+_BUSY_CODES = frozenset({5, 261, 517, 773})
 _UPSERT_META = (
     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
@@ -124,12 +126,22 @@ def _create_private(path: str) -> None:
 class SqliteStore:
     """The journal on SQLite. Build it with :meth:`open`. Synchronous; see the module docstring."""
 
-    def __init__(self, conn: sqlite3.Connection, db: sqlite_utils.Database, *, readonly: bool, path: str):
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        db: sqlite_utils.Database,
+        *,
+        readonly: bool,
+        path: str,
+        busy_ms: int = 5000,
+    ):
         self._conn = conn
         self._db = db
         self._readonly = readonly
         self.path = path
         self._lock = threading.Lock()
+        self._busy_ms = busy_ms
+        self._busy_now = busy_ms  # the connection's busy_timeout right now
         self._clock = time.time  # commit timestamps; tests substitute a fake clock
 
     # -- opening ----------------------------------------------------------------------------------
@@ -187,7 +199,7 @@ class SqliteStore:
         except BaseException:
             conn.close()
             raise
-        store = cls(conn, db, readonly=readonly, path=path)
+        store = cls(conn, db, readonly=readonly, path=path, busy_ms=int(busy_timeout_ms))
         store.commits_are_cheap = not readonly and sync != "FULL"
         return store
 
@@ -200,6 +212,7 @@ class SqliteStore:
         if self._readonly:
             return
         with self._lock:
+            self._set_busy_timeout(self._busy_ms)
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def close(self) -> None:
@@ -224,16 +237,37 @@ class SqliteStore:
 
     # -- writing ----------------------------------------------------------------------------------
 
+    def _set_busy_timeout(self, ms: int) -> None:
+        # Changed only when it differs: inline commits (0) follow each other without a PRAGMA.
+        if ms != self._busy_now:
+            self._conn.execute(f"PRAGMA busy_timeout = {ms}")
+            self._busy_now = ms
+
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, wait: float | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction. ``wait``: seconds to wait for SQLite's write lock (None: the
+        store's ``busy_timeout_ms``; 0: do not wait, raise JournalBusyError at once)."""
         if self._readonly:
             raise JournalReadOnlyError(f"{self.path} is open read-only")
-        with self._lock:
+        if wait == 0:
+            # The caller runs on the event loop: it must not wait for this store's own lock either
+            # (held by the writer's thread during a snapshot or a checkpoint).
+            if not self._lock.acquire(blocking=False):
+                raise JournalBusyError("the journal store is in use by the writer's thread")
+        else:
+            self._lock.acquire()
+        try:
             conn = self._conn
+            self._set_busy_timeout(self._busy_ms if wait is None else max(0, int(wait * 1000)))
             # BEGIN IMMEDIATE takes the write lock up front, waiting up to busy_timeout for another
             # writer (a CLI compaction, say). A deferred BEGIN reads first and may then fail with
             # SQLITE_BUSY_SNAPSHOT when it upgrades to a write, which busy_timeout does not retry.
-            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if wait == 0 and exc.sqlite_errorcode in _BUSY_CODES:
+                    raise JournalBusyError("another connection holds the journal's write lock") from exc
+                raise
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -243,20 +277,24 @@ class SqliteStore:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
+        finally:
+            self._lock.release()
 
     @staticmethod
     def _head(conn: sqlite3.Connection) -> Head:
         row = conn.execute("SELECT seq, ts, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         return Head(*row) if row else EMPTY_HEAD
 
-    def append_batch(self, items: Sequence[Append]) -> list[Recorded]:
+    def append_batch(self, items: Sequence[Append], *, wait: float | None = None) -> list[Recorded]:
         """Append ``items`` in ONE transaction: consecutive seqs, chained hashes, one commit ts.
 
-        Either every item is committed (and its secrets written) or none is.
+        Either every item is committed (and its secrets written) or none is. ``wait``: how long to
+        wait for another connection's write lock, in seconds (None: ``busy_timeout_ms``; 0: raise
+        JournalBusyError at once, without waiting, as the writer's inline path needs).
         """
         if not items:
             return []
-        with self._write() as conn:
+        with self._write(wait) as conn:
             # The head is read inside the write transaction rather than cached: another process
             # (the CLI) may have written since, and a failed batch must leave no trace in memory.
             rows, recorded, secret_ops = build_batch(items, self._head(conn), self._clock())
@@ -343,6 +381,8 @@ class SqliteStore:
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
+            if not self._readonly:
+                self._set_busy_timeout(self._busy_ms)  # after inline commits it may be 0
             return self._conn.execute(sql, params).fetchall()
 
     def meta(self) -> dict[str, str]:

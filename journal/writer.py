@@ -1,11 +1,28 @@
 """JournalWriter: the one task that writes the journal, with group commit.
 
 Every append in the gateway goes through one writer. Appenders put their event in the open batch
-and wait; the writer task takes the oldest batch (at most ``max_batch`` events), commits it in ONE
-transaction on a worker thread, and wakes everyone in it. While a batch commits, new appends fill
-the next one, so the number of transactions adapts to the load: one per event when idle, one per
-``max_batch`` events under pressure. ``append`` returns only after its batch committed, so the
-gateway never answers for an event that is not on disk.
+and wait; the writer task takes the oldest batch (at most ``max_batch`` events, or one group from
+``append_many``), commits it in ONE transaction, and wakes everyone in it. While a batch commits,
+new appends fill the next one, so the number of transactions adapts to the load: one per event
+when idle, one per ``max_batch`` events under pressure. ``append`` returns only after its batch
+committed, so the gateway never answers for an event that is not on disk.
+
+Where a commit runs. With SQLite in WAL mode and ``synchronous=NORMAL`` (the default) a commit
+never fsyncs and costs tens of microseconds, less than a hop to a worker thread and back (and far
+less than the GIL hand-off that hop can cost under load). So such a commit runs on the event loop,
+but only when SQLite's write lock is free at once (``append_batch(wait=0)``): when another
+connection holds it (``smgrl journal compact``, an outside ``BEGIN IMMEDIATE``) or the writer's own
+thread is busy (a snapshot), the batch goes to the writer's thread, which waits for the lock while
+the event loop keeps serving. A batch waits at most ``lock_wait_secs`` from its first event's
+arrival; then it fails (JournalWriteError, which the gateway answers with 503). Fsyncing work
+(``synchronous=FULL`` commits, checkpoints every ``checkpoint_every`` events, snapshots) always
+runs in the thread. Benchmarks: docs/benchmarks.md.
+
+After each commit the writer calls ``on_secrets`` (the batch's secret writes) and ``on_commit``
+(its records), in the writer task, BEFORE the batch's appenders wake up. If either raises, memory
+no longer matches the journal: the batch's appenders get ProjectionError, nothing more is
+committed, and ``run()`` raises ProjectionError, which stops the gateway (fail-stop; a restart
+replays the journal).
 
 Lifecycle, in the gateway's root nursery::
 
@@ -29,13 +46,19 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
 
 from .base import Append, EventStore
-from .errors import JournalClosedError, JournalWriteError
+from .errors import (
+    JournalBusyError,
+    JournalClosedError,
+    JournalFullError,
+    JournalWriteError,
+    ProjectionError,
+)
 from .events import Event, Recorded, UnknownEvent
 
 __all__ = ["JournalWriter", "Pending"]
@@ -50,6 +73,8 @@ class _Batch:
     """Events committed together; one trio.Event wakes all their waiters at once."""
 
     items: list[Append] = attrs.Factory(list)
+    created: float = attrs.Factory(trio.current_time)  # when its first event arrived
+    sealed: bool = False  # an append_many group: nothing else joins it
     done: trio.Event = attrs.Factory(trio.Event)
     recorded: list[Recorded] | None = None
     error: BaseException | None = None
@@ -80,7 +105,7 @@ def _result(batch: _Batch, index: int) -> Recorded:
     if batch.error is not None:
         # A fresh exception per waiter: one shared instance would have its traceback rewritten by
         # every task that raises it.
-        cls = JournalClosedError if isinstance(batch.error, JournalClosedError) else JournalWriteError
+        cls = type(batch.error) if isinstance(batch.error, JournalWriteError) else JournalWriteError
         raise cls(f"journal write failed: {batch.error}") from batch.error
     assert batch.recorded is not None
     return batch.recorded[index]
@@ -90,10 +115,11 @@ class JournalWriter:
     """Group-commit writer over a synchronous store (SqliteStore, MemoryStore). See the module docstring.
 
     ``max_batch``: events per transaction. ``max_queue``: queued events beyond which ``append``
-    waits for room (backpressure when the disk is slower than the producers); ``append_nowait``
-    never waits. ``on_commit``: called with each committed batch's records, in journal order, in
-    the writer task, BEFORE the batch's appenders wake up: projections fed from it see events in
-    exactly commit order, and an appender that awaited its event already sees its effect.
+    waits for room and ``append_nowait`` is refused (JournalFullError): no path bypasses it.
+    ``lock_wait_secs``: how long a batch may wait for SQLite's write lock held by another
+    connection before its appenders get JournalWriteError. ``on_commit`` / ``on_secrets``: see the
+    module docstring; both may also be assigned after construction (the gateway wires them once
+    its services exist). ``commits`` counts the transactions committed so far.
     """
 
     def __init__(
@@ -103,34 +129,39 @@ class JournalWriter:
         max_batch: int = 1024,
         max_queue: int = 64 * 1024,
         on_commit: Callable[[list[Recorded]], None] | None = None,
+        on_secrets: Callable[[dict[str, str | None]], None] | None = None,
         inline: bool | None = None,
         checkpoint_every: int = 4096,
+        lock_wait_secs: float = 5.0,
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be positive")
+        if lock_wait_secs < 0:
+            raise ValueError("lock_wait_secs must be >= 0")
         self._store = store
-        self._on_commit = on_commit
-        # Inline commits: when the store says a commit never fsyncs (SQLite WAL with
-        # synchronous=NORMAL, or the memory store), the commit itself costs tens of microseconds,
-        # less than the hop to a worker thread and back, and far less than the GIL hand-off that
-        # hop can cost under load (up to sys.getswitchinterval(), 5 ms, measured on fan-outs).
-        # So such stores are committed on the event loop; fsyncing work (synchronous=FULL
-        # commits, and checkpoints every ``checkpoint_every`` events) stays in the thread.
+        self.on_commit = on_commit
+        self.on_secrets = on_secrets
+        # Inline commits: see the module docstring. A store whose commits fsync (synchronous=FULL)
+        # is always committed in the thread.
         self._inline = getattr(store, "commits_are_cheap", False) if inline is None else inline
         self._checkpoint_every = checkpoint_every
         self._since_checkpoint = 0
         self._max_batch = max_batch
         self._max_queue = max_queue
+        self._lock_wait = lock_wait_secs
         self._state = _NEW
+        self._failed: ProjectionError | None = None
         self._queue: deque[_Batch] = deque()  # the last batch is the open one
         self._queued = 0  # events in self._queue
-        self._inflight: _Batch | None = None  # the batch a worker thread is committing
+        self._inflight: _Batch | None = None  # the batch being committed
         self._wakeup = trio.lowlevel.ParkingLot()  # the writer task parks here when idle
         self._room = trio.lowlevel.ParkingLot()  # appenders park here when the queue is full
         self._stopped = trio.Event()
         # A private single-token limiter: at most one thread ever touches the store, and commits
         # never wait behind unrelated to_thread users saturating trio's default limiter.
         self._limiter = trio.CapacityLimiter(1)
+        self.commits = 0  # transactions committed (tests and benchmarks count them per operation)
+        self.lock_waits = 0  # batches handed to the thread because the write lock was taken
 
     # -- appending --------------------------------------------------------------------------------
 
@@ -141,27 +172,26 @@ class JournalWriter:
 
         Order is preserved: when an append that was enqueued later has returned, this one is
         committed too (or its batch failed, which ``pending.wait()`` reports). Raises
-        JournalClosedError once the writer is closing, and ValueError/TypeError (in the caller, now)
-        for an event that cannot be encoded.
+        JournalClosedError once the writer is closing, JournalFullError when ``max_queue`` events
+        are already queued (the bound holds here too), and ValueError/TypeError (in the caller,
+        now) for an event that cannot be encoded.
         """
-        if self._state in (_CLOSING, _CLOSED):
-            raise JournalClosedError("the journal writer is closed")
-        return Pending(*self._enqueue(Append(stream, event, secrets)))
+        self._check_open()
+        if self._queued >= self._max_queue:
+            raise JournalFullError(f"the journal queue is full ({self._queued} events waiting)")
+        return Pending(*self._enqueue([Append(stream, event, secrets)]))
 
-    def _enqueue(self, item: Append) -> tuple[_Batch, int]:
-        if self._state in (_CLOSING, _CLOSED):
-            raise JournalClosedError("the journal writer is closed")
-        queue = self._queue
-        if queue and len(queue[-1].items) < self._max_batch:
-            batch = queue[-1]
-        else:
-            batch = _Batch()
-            queue.append(batch)
-        batch.items.append(item)
-        self._queued += 1
-        if self._wakeup:  # only the writer parks there; skip the call when it is busy
-            self._wakeup.unpark()
-        return batch, len(batch.items) - 1
+    async def enqueue(
+        self, stream: str, event: Event | UnknownEvent, *, secrets: Mapping[str, str | None] | None = None
+    ) -> Pending:
+        """Wait for room in the queue, enqueue, and return the receipt (not yet durable).
+
+        Cancelled before it returns, nothing was enqueued; once it returned, the event WILL be
+        written (see ``append``). So a caller knows exactly whether it has something to close.
+        """
+        item = Append(stream, event, secrets)
+        await self._wait_for_room()
+        return Pending(*self._enqueue([item]))
 
     async def append(
         self, stream: str, event: Event | UnknownEvent, *, secrets: Mapping[str, str | None] | None = None
@@ -173,14 +203,9 @@ class JournalWriter:
         event is enqueued (already cancelled on entry, or while waiting for room) wrote nothing;
         once enqueued, the event is written and only the wait is abandoned.
         """
-        # Cancellation point *before* anything is enqueued: a caller that is already cancelled gets
-        # Cancelled and its event is not written, so "cancelled on entry" means "did not happen".
-        await trio.lowlevel.checkpoint_if_cancelled()
         item = Append(stream, event, secrets)
-        # Backpressure (a cancellation point too, still before enqueueing).
-        while self._queued >= self._max_queue and self._state in (_NEW, _RUNNING):
-            await self._room.park()
-        batch, index = self._enqueue(item)
+        await self._wait_for_room()
+        batch, index = self._enqueue([item])
         # From here on the event WILL be written even if this caller is cancelled while waiting.
         # Withdrawing it is not an option: a later event from another task may already be queued
         # behind it and rely on its order, the batch may already be in the worker thread, and the
@@ -188,6 +213,55 @@ class JournalWriter:
         # caller's receipt; the journal stays consistent either way.
         await batch.done.wait()
         return _result(batch, index)
+
+    async def append_many(self, items: Sequence[tuple[str, Event | UnknownEvent]]) -> list[Recorded]:
+        """Append several events in ONE transaction (all or none), in order; wait until durable.
+
+        Cancellation as for ``append``. The group is never split across transactions, even when it
+        is larger than ``max_batch``.
+        """
+        appends = [Append(stream, event) for stream, event in items]
+        if not appends:
+            await trio.lowlevel.checkpoint()
+            return []
+        await self._wait_for_room()
+        batch, first = self._enqueue(appends)
+        await batch.done.wait()  # enqueued: written even if this wait is cancelled (see append)
+        return [_result(batch, first + i) for i in range(len(appends))]
+
+    async def _wait_for_room(self) -> None:
+        # Cancellation point *before* anything is enqueued: a caller that is already cancelled gets
+        # Cancelled and its event is not written, so "cancelled on entry" means "did not happen".
+        await trio.lowlevel.checkpoint_if_cancelled()
+        # Backpressure (a cancellation point too, still before enqueueing).
+        while self._queued >= self._max_queue and self._state in (_NEW, _RUNNING):
+            await self._room.park()
+        self._check_open()
+
+    def _check_open(self) -> None:
+        if self._state in (_CLOSING, _CLOSED):
+            raise JournalClosedError("the journal writer is closed")
+
+    def _enqueue(self, items: list[Append]) -> tuple[_Batch, int]:
+        self._check_open()
+        queue = self._queue
+        n = len(items)
+        last = queue[-1] if queue else None
+        if last is not None and not last.sealed and len(last.items) + n <= self._max_batch:
+            batch = last
+        else:
+            batch = _Batch()
+            queue.append(batch)
+        index = len(batch.items)
+        batch.items.extend(items)
+        if n > 1:
+            # A group shares one transaction; a later single append may not push it past
+            # max_batch into a second one, so the batch takes nothing more.
+            batch.sealed = True
+        self._queued += n
+        if self._wakeup:  # only the writer parks there; skip the call when it is busy
+            self._wakeup.unpark()
+        return batch, index
 
     async def flush(self) -> None:
         """Wait until everything enqueued so far is committed; JournalWriteError if the last batch failed."""
@@ -202,13 +276,18 @@ class JournalWriter:
     # -- the writer task --------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The writer task: start it with ``nursery.start(writer.run)``; returns after ``aclose()``."""
+        """The writer task: start it with ``nursery.start(writer.run)``; returns after ``aclose()``.
+
+        Raises ProjectionError if a committed batch could not be applied (see the module docstring).
+        """
         if self._state != _NEW:
             raise RuntimeError("JournalWriter.run() can only run once")
         self._state = _RUNNING
         task_status.started()
         try:
             while True:
+                if self._failed is not None:
+                    raise self._failed
                 if self._queue:
                     await self._commit_next()
                 elif self._state == _RUNNING:
@@ -216,14 +295,17 @@ class JournalWriter:
                 else:
                     return  # aclose() asked, and the queue is drained
         finally:
-            # Reached on aclose() (queue already empty), on cancellation of the nursery, or on a
-            # bug. Stop accepting, then commit what is still queued under a shield: those callers
-            # were promised durability (some are shielded cleanups recording an interruption), and
-            # each batch takes milliseconds. If the disk hangs, shutdown hangs with it, rather than
-            # abandoning a thread that holds a write transaction.
+            # Reached on aclose() (queue already empty), on cancellation of the nursery, on a
+            # projection failure, or on a bug. Stop accepting, then commit what is still queued
+            # under a shield: those callers were promised durability (some are shielded cleanups
+            # recording an interruption), and each batch takes milliseconds. If the disk hangs,
+            # shutdown hangs with it, rather than abandoning a thread that holds a write
+            # transaction. After a projection failure nothing more is committed: memory would
+            # not follow it.
             self._state = _CLOSING
-            with trio.CancelScope(shield=True):
-                await self._drain()
+            if self._failed is None:
+                with trio.CancelScope(shield=True):
+                    await self._drain()
             self._finish()
 
     async def _commit_next(self) -> None:
@@ -232,18 +314,7 @@ class JournalWriter:
         self._inflight = batch
         self._room.unpark_all()
         try:
-            if self._inline:
-                # No await between taking the batch and committing it: nothing can interleave, and
-                # a cancellation cannot land half-way (see __init__ for why this is inline).
-                recorded = self._store.append_batch(batch.items)
-            else:
-                # Thread hop: SQLite blocks (fsync with synchronous=FULL, busy_timeout waits), so it
-                # runs in a worker thread. abandon_on_cancel=False: once the thread runs it owns an
-                # open write transaction; abandoning it would let the next batch start before this
-                # one ended and leave these waiters without an answer. So cancellation waits for it.
-                recorded = await trio.to_thread.run_sync(
-                    self._store.append_batch, batch.items, limiter=self._limiter, abandon_on_cancel=False
-                )
+            recorded = await self._commit(batch)
         except trio.Cancelled:
             # Only possible before the thread started (run_sync checks for cancellation on entry
             # and while taking the limiter); nothing was written. Put the batch back in front, in
@@ -253,33 +324,74 @@ class JournalWriter:
             self._queued += len(batch.items)
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the store raised belongs to the waiters
-            # Disk full, read-only file, I/O error: the store rolled the transaction back, so this
-            # batch left no trace and the next one starts from the same head. Every waiter gets
-            # JournalWriteError; the writer keeps going and later batches may succeed.
+            # Disk full, read-only file, I/O error, the lock held past lock_wait_secs: the store
+            # rolled the transaction back, so this batch left no trace and the next one starts
+            # from the same head. Every waiter gets JournalWriteError; the writer keeps going and
+            # later batches may succeed.
             logger.error("journal batch of %d events failed: %r", len(batch.items), exc)
             batch.error = exc
         else:
+            self.commits += 1
             batch.recorded = recorded
-            if self._on_commit is not None:
-                try:
-                    self._on_commit(recorded)
-                except Exception:
-                    # The events ARE committed; a failing fold is a bug to log loudly, not a
-                    # write failure to report to the appenders.
-                    logger.exception("on_commit callback failed for a batch of %d events", len(recorded))
+            self._apply(batch, recorded)
         self._inflight = None
         batch.done.set()
-        if self._inline and batch.error is None:
+        if self._failed is None and self._inline and batch.error is None:
             self._since_checkpoint += len(batch.items)
             if self._since_checkpoint >= self._checkpoint_every:
                 self._since_checkpoint = 0
                 await self._checkpoint()
 
+    async def _commit(self, batch: _Batch) -> list[Recorded]:
+        if self._inline:
+            # No await between taking the batch and committing it: nothing can interleave, and a
+            # cancellation cannot land half-way. wait=0: never block the event loop on a lock.
+            try:
+                return self._store.append_batch(batch.items, wait=0)
+            except JournalBusyError:
+                self.lock_waits += 1  # somebody else holds the lock: wait for it in the thread
+        # Thread hop: SQLite blocks (fsync with synchronous=FULL, waiting for the write lock), so it
+        # runs in a worker thread, waiting at most what is left of the batch's lock_wait_secs.
+        # abandon_on_cancel=False: once the thread runs it owns an open write transaction;
+        # abandoning it would let the next batch start before this one ended and leave these
+        # waiters without an answer. So cancellation waits for it.
+        wait = max(0.0, self._lock_wait - (trio.current_time() - batch.created))
+        return await trio.to_thread.run_sync(
+            lambda: self._store.append_batch(batch.items, wait=wait),
+            limiter=self._limiter,
+            abandon_on_cancel=False,
+        )
+
+    def _apply(self, batch: _Batch, recorded: list[Recorded]) -> None:
+        """Feed the committed batch to memory (secrets, then projections), or fail stop."""
+        try:
+            if self.on_secrets is not None:
+                changes = {wid: key for item in batch.items for wid, key in item.secrets.items()}
+                if changes:
+                    self.on_secrets(changes)
+            if self.on_commit is not None:
+                self.on_commit(recorded)
+        except Exception as exc:
+            # The events ARE committed but memory missed (part of) them: serving on would answer
+            # from state the journal contradicts. Stop: appenders get an error, run() raises.
+            logger.critical(
+                "applying journal events %d-%d to memory failed; stopping (a restart replays the journal)",
+                recorded[0].seq,
+                recorded[-1].seq,
+                exc_info=True,
+            )
+            self._failed = ProjectionError(
+                f"applying journal events {recorded[0].seq}-{recorded[-1].seq} to memory failed: {exc!r}"
+            )
+            batch.error = self._failed
+
     async def _checkpoint(self) -> None:
         # The fsyncing part of WAL mode, off the event loop. Appends arriving meanwhile queue up
         # (the next batch is larger); a failure is logged and retried at the next threshold.
         try:
-            await trio.to_thread.run_sync(self._store.checkpoint, limiter=self._limiter, abandon_on_cancel=False)
+            await trio.to_thread.run_sync(
+                self._store.checkpoint, limiter=self._limiter, abandon_on_cancel=False
+            )
         except trio.Cancelled:
             raise
         except Exception as exc:  # noqa: BLE001 - a checkpoint failure loses nothing committed
@@ -291,8 +403,7 @@ class JournalWriter:
         ``state`` is the JSON text, or a function returning it: then the encoding runs in the
         thread too, off the event loop. ``upto_seq`` must already be committed.
         """
-        if self._state in (_CLOSING, _CLOSED):
-            raise JournalClosedError("the journal writer is closed")
+        self._check_open()
 
         def save() -> int:
             text = state() if callable(state) else state
@@ -300,13 +411,13 @@ class JournalWriter:
             return len(text)
 
         # Thread hop: the snapshot row can be large and the write may wait on busy_timeout. The
-        # writer's single-token limiter keeps it from overlapping a threaded commit or checkpoint
-        # (an inline commit meanwhile waits on the store's own lock, for one INSERT).
+        # writer's single-token limiter keeps it from overlapping a threaded commit or checkpoint;
+        # an inline commit meanwhile finds the store busy and goes to the thread after it.
         # abandon_on_cancel=False: the thread owns a write transaction until it ends.
         return await trio.to_thread.run_sync(save, limiter=self._limiter, abandon_on_cancel=False)
 
     async def _drain(self) -> None:
-        while self._queue:
+        while self._queue and self._failed is None:
             await self._commit_next()
 
     def _finish(self) -> None:
@@ -316,7 +427,9 @@ class JournalWriter:
             leftovers.append(self._inflight)
         for batch in leftovers:
             if not batch.done.is_set():
-                batch.error = JournalClosedError("the journal writer stopped before this event was committed")
+                batch.error = self._failed or JournalClosedError(
+                    "the journal writer stopped before this event was committed"
+                )
                 batch.done.set()
         self._queue.clear()
         self._queued = 0

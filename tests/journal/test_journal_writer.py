@@ -20,9 +20,11 @@ from journal_helpers import outcome, registered
 from journal import (
     Append,
     JournalClosedError,
+    JournalFullError,
     JournalWriteError,
     JournalWriter,
     MemoryStore,
+    ProjectionError,
     Recorded,
     SqliteStore,
     WorkerProbeFailed,
@@ -36,9 +38,9 @@ class CountingStore:
         self.inner = inner
         self.batches: list[int] = []
 
-    def append_batch(self, items: Sequence[Append]) -> list[Recorded]:
+    def append_batch(self, items: Sequence[Append], *, wait: float | None = None) -> list[Recorded]:
         self.batches.append(len(items))
-        return self.inner.append_batch(items)
+        return self.inner.append_batch(items, wait=wait)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -56,11 +58,11 @@ class GatedStore(CountingStore):
         super().__init__(inner)
         self.gate = threading.Event()
 
-    def append_batch(self, items):
+    def append_batch(self, items, *, wait=None):
         # The timeout only stops a failing test from hanging forever; nothing asserts on time.
         if not self.gate.wait(timeout=10):
             raise RuntimeError("gate never opened")
-        return super().append_batch(items)
+        return super().append_batch(items, wait=wait)
 
 
 class FlakyStore(CountingStore):
@@ -70,12 +72,12 @@ class FlakyStore(CountingStore):
         super().__init__(inner)
         self.fail_next = 0
 
-    def append_batch(self, items):
+    def append_batch(self, items, *, wait=None):
         if self.fail_next:
             self.fail_next -= 1
             self.batches.append(len(items))
             raise sqlite3.OperationalError("database or disk is full")
-        return super().append_batch(items)
+        return super().append_batch(items, wait=wait)
 
 
 async def test_concurrent_appends_share_transactions():
@@ -311,8 +313,14 @@ async def test_backpressure_waits_for_room():
 
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
-        for i in range(6):  # 2 in the thread, 4 queued: the queue is full
+        for i in range(2):  # these 2 go to the thread, which holds them at the gate
             writer.append_nowait("control", outcome(op_id=f"op{i}"))
+        await trio.testing.wait_all_tasks_blocked()
+        for i in range(2, 6):  # 4 queued: the queue is full
+            writer.append_nowait("control", outcome(op_id=f"op{i}"))
+        # append_nowait does not bypass the bound: it refuses instead of growing the queue.
+        with pytest.raises(JournalFullError):
+            writer.append_nowait("control", outcome(op_id="one too many"))
         nursery.start_soon(appender)
         await trio.testing.wait_all_tasks_blocked()
         assert writer._queued == 4  # the appender waits for room, not yet enqueued
@@ -380,19 +388,46 @@ async def test_on_commit_sees_each_batch_before_its_appenders_wake():
     assert len(observed_by_appender) == 10
 
 
-async def test_on_commit_failure_is_not_a_write_failure(caplog):
+async def test_a_failing_projection_stops_the_writer(caplog):
+    """Fail-stop: a batch that committed but could not be applied to memory is reported to its
+    appenders, nothing after it is committed, and run() raises (the gateway stops with it)."""
+    calls = []
+
     def broken(records: list[Recorded]) -> None:
-        raise RuntimeError("projection bug")
+        calls.append([r.seq for r in records])
+        if len(calls) == 2:
+            raise RuntimeError("projection bug")
 
     store = MemoryStore()
     writer = JournalWriter(store, on_commit=broken)
+    with pytest.raises(ExceptionGroup) as raised:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            assert (await writer.append("control", outcome(op_id="a"))).seq == 1
+            with pytest.raises(ProjectionError):
+                await writer.append("control", outcome(op_id="b"))  # committed, not applied
+            await trio.sleep_forever()  # the writer's failure cancels this nursery
+    failures = raised.value.subgroup(ProjectionError).exceptions
+    assert "events 2-2" in str(failures[0])
+    with pytest.raises(JournalClosedError):
+        writer.append_nowait("control", outcome(op_id="c"))  # nothing more is accepted
+    assert calls == [[1], [2]]
+    assert store.count() == 2  # the journal keeps what committed; a restart replays it
+    assert "applying journal events 2-2 to memory failed" in caplog.text
+
+
+async def test_secrets_reach_on_secrets_before_the_appender_wakes():
+    seen: list[dict] = []
+    store = MemoryStore()
+    writer = JournalWriter(store, on_secrets=seen.append)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
-        rec = await writer.append("control", outcome())  # committed: no JournalWriteError
+        await writer.append("workers", registered("w1"), secrets={"w1": "k1"})
+        assert seen == [{"w1": "k1"}]
+        await writer.append("workers", registered("w2"))  # no secrets: no call
+        await writer.append("workers", registered("w1"), secrets={"w1": None})
         await writer.aclose()
-    assert rec.seq == 1
-    assert store.count() == 1
-    assert "on_commit callback failed" in caplog.text
+    assert seen == [{"w1": "k1"}, {"w1": None}]
 
 
 class CheckpointCountingStore(CountingStore):

@@ -1,0 +1,194 @@
+"""The writer's inline commit path (the one production uses: SQLite, WAL, synchronous=NORMAL).
+
+A second SQLite connection holding ``BEGIN IMMEDIATE`` plays ``smgrl journal compact`` (or any other
+process writing the file). The writer must never wait for that lock on the event loop: it hands the
+batch to its thread, keeps queueing, and resumes inline once the lock is free. No wall-clock
+assertions: the tests wait for the writer's counters and for tasks to block.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from journal_helpers import outcome, registered
+
+from journal import JournalClosedError, JournalWriteError, JournalWriter, SqliteStore
+
+
+class ThreadRecordingStore:
+    """Delegates to a SqliteStore and records which thread each transaction ran on."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+        self.threads: list[tuple[str, float | None]] = []
+
+    def append_batch(self, items, *, wait=None):
+        self.threads.append((threading.current_thread().name, wait))
+        return self.inner.append_batch(items, wait=wait)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def hold_lock(path) -> sqlite3.Connection:
+    """Another connection (as another process would) takes the journal's write lock."""
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+async def wait_for(predicate) -> None:
+    # Bounded: a failing test stops instead of hanging; nothing asserts on time.
+    with trio.fail_after(30):
+        while not predicate():
+            await trio.sleep(0.001)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore.open(tmp_path / "j.db")
+    assert s.commits_are_cheap
+    yield ThreadRecordingStore(s)
+    s.close()
+
+
+async def test_commits_run_on_the_event_loop_when_the_lock_is_free(store):
+    writer = JournalWriter(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        for i in range(3):
+            await writer.append("workers", registered(f"w{i}"))
+        await writer.aclose()
+    main = threading.main_thread().name
+    assert store.threads == [(main, 0)] * 3  # inline, never waiting for a lock
+    assert writer.commits == 3 and writer.lock_waits == 0
+
+
+async def test_a_held_lock_moves_the_commit_to_the_thread_and_the_loop_keeps_running(store):
+    writer = JournalWriter(store, lock_wait_secs=60)
+    other = hold_lock(store.inner.path)
+    done: list[int] = []
+
+    async def appender(name: str) -> None:
+        done.append((await writer.append("workers", registered(name))).seq)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        nursery.start_soon(appender, "w1")
+        await wait_for(lambda: writer.lock_waits == 1)  # tried inline, found the lock taken
+        # The event loop is free while the thread waits: other tasks run, more appends queue.
+        ticks = 0
+        for _ in range(50):
+            await trio.lowlevel.checkpoint()
+            ticks += 1
+        nursery.start_soon(appender, "w2")
+        await trio.testing.wait_all_tasks_blocked()
+        assert done == [] and ticks == 50
+        assert writer._queued == 1  # w2 waits behind w1, in order
+        other.execute("COMMIT")  # the outside writer lets go
+        await wait_for(lambda: len(done) == 2)
+        await writer.append("workers", registered("w3"))
+        await writer.aclose()
+    other.close()
+    main = threading.main_thread().name
+    assert sorted(done) == [1, 2]
+    # w1: inline attempt (no wait), then the thread (waiting); then inline again.
+    assert store.threads[0] == (main, 0)
+    assert store.threads[1][0] != main and store.threads[1][1] > 0
+    assert all(t == (main, 0) for t in store.threads[2:])
+    assert store.inner.verify().ok and store.inner.count() == 3
+
+
+async def test_a_lock_held_past_lock_wait_secs_fails_the_batch_then_appends_resume(store):
+    writer = JournalWriter(store, lock_wait_secs=0.05)
+    other = hold_lock(store.inner.path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        with pytest.raises(JournalWriteError, match="locked"):
+            await writer.append("workers", registered("w1"))
+        other.execute("COMMIT")
+        assert (await writer.append("workers", registered("w2"))).seq == 1  # nothing of w1 left
+        await writer.aclose()
+    other.close()
+    assert store.inner.count() == 1 and store.inner.verify().ok
+
+
+async def test_cancelled_appender_during_a_lock_wait_still_gets_its_event_written(store):
+    writer = JournalWriter(store, lock_wait_secs=60)
+    other = hold_lock(store.inner.path)
+    scope = trio.CancelScope()
+
+    async def impatient() -> None:
+        with scope:
+            await writer.append("control", outcome(op_id="abandoned"))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        nursery.start_soon(impatient)
+        await wait_for(lambda: writer.lock_waits == 1)
+        scope.cancel()  # the caller gives up while its batch waits for the lock
+        await trio.testing.wait_all_tasks_blocked()
+        assert scope.cancelled_caught
+        other.execute("COMMIT")
+        await writer.flush()
+        await writer.aclose()
+    other.close()
+    assert [r.event.op_id for r in store.inner.read()] == ["abandoned"]
+
+
+async def test_cancelling_the_writer_during_a_lock_wait_waits_for_the_thread_and_drains(store):
+    """The thread owns a transaction once it runs: cancellation never abandons it, and what was
+    queued behind it is committed (shielded) before the writer stops."""
+    writer = JournalWriter(store, lock_wait_secs=60)
+    other = hold_lock(store.inner.path)
+    async with trio.open_nursery() as root:
+        await root.start(writer.run)
+        first = writer.append_nowait("control", outcome(op_id="first"))
+        await wait_for(lambda: writer.lock_waits == 1)
+        second = writer.append_nowait("control", outcome(op_id="second"))
+        root.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):  # this body is cancelled too: look, then let go
+            await trio.testing.wait_all_tasks_blocked()
+        assert not first.done  # still waiting for the lock, not abandoned
+        # Released from another thread, as the other process would.
+        threading.Thread(target=other.execute, args=("COMMIT",)).start()
+    other.close()
+    assert (await first.wait()).seq == 1 and (await second.wait()).seq == 2
+    with pytest.raises(JournalClosedError):
+        writer.append_nowait("control", outcome(op_id="late"))
+    assert [r.event.op_id for r in store.inner.read()] == ["first", "second"]
+
+
+async def test_a_snapshot_in_the_thread_does_not_block_inline_commits(store):
+    """The store's own lock, held by the writer's thread, is not waited for on the loop either."""
+    writer = JournalWriter(store, lock_wait_secs=60)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.append("workers", registered("w1"))
+        release = threading.Event()
+        started = threading.Event()
+
+        def slow_state() -> str:
+            started.set()
+            release.wait(30)
+            return "{}"
+
+        # The snapshot's encoder runs in the thread before the write: hold the store's lock
+        # around it the way a slow snapshot write would.
+        def save_with_lock_held() -> str:
+            with store.inner._lock:
+                return slow_state()
+
+        nursery.start_soon(writer.save_snapshot, "fleet", 1, save_with_lock_held)
+        await trio.to_thread.run_sync(started.wait)
+        nursery.start_soon(writer.append, "workers", registered("w2"))
+        await wait_for(lambda: writer.lock_waits == 1)  # busy store: handed to the thread
+        release.set()
+        await writer.flush()
+        await writer.aclose()
+    assert store.inner.count() == 2
