@@ -23,6 +23,7 @@ from .errors import (
 )
 from .events import (
     AuditControlPlane,
+    AuditControlPlaneCounts,
     ControlFinished,
     ControlInterrupted,
     ControlOutcome,
@@ -51,6 +52,7 @@ from .writer import JournalWriter, Pending
 __all__ = [
     "Append",
     "AuditControlPlane",
+    "AuditControlPlaneCounts",
     "ControlFinished",
     "ControlInterrupted",
     "ControlOutcome",

@@ -39,6 +39,7 @@ import attrs
 
 __all__ = [
     "AuditControlPlane",
+    "AuditControlPlaneCounts",
     "ControlFinished",
     "ControlInterrupted",
     "ControlOutcome",
@@ -363,6 +364,11 @@ class ControlOutcome(Event):
     message: str | None = None
     excerpt: str = ""  # bounded excerpt of the engine's answer
     body_truncated: bool = False
+    # Where a failed exchange stopped (None when the engine answered): "connect" (never reached
+    # the engine), "send" (the request may not have been read), "head" (no answer before the
+    # deadline), "body" (the answer was cut off: the engine did act). Engine state is decided
+    # from it (smgrl/state/engines.py), never from the message text.
+    stage: Literal["connect", "send", "head", "body"] | None = None
 
 
 @event_type("control.finished", schema=1)
@@ -401,6 +407,19 @@ class AuditControlPlane(Event):
     resource: str | None = None
     request_id: str | None = None
     reason: str | None = None
+
+
+@event_type("audit.control_plane_counts", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class AuditControlPlaneCounts(Event):
+    """Control-plane reads and denials over ``[since, until)`` (unix seconds), counted per
+    principal, route family, outcome and reason: ``counts`` holds ``{"principal", "family",
+    "outcome", "reason", "count"}`` dicts. Allowed writes stay individual ``audit.control_plane``
+    events."""
+
+    since: float
+    until: float
+    counts: tuple[dict[str, Any], ...] = _tuple_field()
 
 
 @event_type("gateway.started", schema=1)

@@ -75,6 +75,7 @@ async def call_worker(
     got_head = False
     data, truncated, status, ctype = b"", False, None, None
     failure: str | None = None
+    stage = "connect"  # how far a failed exchange got (Outcome.stage)
     # The deadline covers the whole exchange, as SMG's per-request timeout does: hitting it before
     # the response head is `upstream_timeout`; hitting it while reading the body is a body-read
     # error (`upstream_unreachable`, "reading response body: ...").
@@ -96,8 +97,10 @@ async def call_worker(
             failure = f"error sending request for url ({full_url})"
         except UpstreamError:
             failure = BODY_READ_FAILURE if got_head else f"error sending request for url ({full_url})"
+            stage = "body" if got_head else "send"
         except (OSError, ValueError) as exc:  # e.g. an unparsable control URL
             failure = f"error sending request for url ({full_url}): {exc}"
+            stage = "body" if got_head else "connect"
     latency_ms = int((trio.current_time() - started) * 1000)
     if scope.cancelled_caught:
         if not got_head:
@@ -106,19 +109,21 @@ async def call_worker(
                 worker.url,
                 endpoint,
                 latency_ms=latency_ms,
+                stage="head",
                 error=UpstreamTimeout(
                     f"upstream `{worker.url}` timed out after {_secs(timeout)}s",
                     worker_id=worker.id,
                     url=worker.url,
                 ),
             )
-        failure = BODY_READ_FAILURE
+        failure, stage = BODY_READ_FAILURE, "body"
     if failure is not None:
         return Outcome(
             worker.id,
             worker.url,
             endpoint,
             latency_ms=latency_ms,
+            stage=stage,
             error=UpstreamUnreachable(
                 f"upstream `{worker.url}` unreachable: {failure}", worker_id=worker.id, url=worker.url
             ),

@@ -97,6 +97,14 @@ class Outcome:
     body: Any = None
     body_truncated: bool = False
     error: RlError | None = None
+    # How far a failed exchange got: "connect", "send", "head" (no answer before the deadline) or
+    # "body" (the answer was cut off); None when the engine answered or nothing was sent.
+    stage: str | None = None
+
+    @property
+    def may_have_acted(self) -> bool:
+        """The engine may have acted on the request without us seeing its answer."""
+        return self.stage in ("head", "body")
 
     @property
     def answered(self) -> bool:

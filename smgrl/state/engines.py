@@ -83,7 +83,12 @@ class EngineStates:
                 self._seed(worker.base_url, event.labels)
 
     def forget(self, base_url: str) -> None:
-        """The last worker at this address was removed."""
+        """The last worker at this address was removed: its facts go, and open operations stop
+        tracking it (an engine registered again at this address is a new engine: an operation
+        that ends later must not mark it unknown for a call it never received)."""
+        for op in self._open.values():
+            for wid in [w for w, base in op.targets.items() if base == base_url]:
+                del op.targets[wid]
         if self.engines.pop(base_url, None) is not None:
             self.revision += 1
 
@@ -122,9 +127,8 @@ class EngineStates:
                 )
             if op.intent.control is not None:
                 facts = attrs.evolve(facts, control=op.intent.control)
-        elif ev.error == "upstream_timeout" or (
-            ev.error == "upstream_unreachable" and "reading response body" in (ev.message or "")
-        ):
+        elif ev.stage in ("head", "body"):
+            # No answer before the deadline, or an answer cut off: the engine may have acted.
             facts = self._unknown(facts, op.intent)
         else:
             return  # refused or never reached: nothing changed on the engine

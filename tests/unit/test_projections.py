@@ -101,9 +101,12 @@ def op(op_id, path, body, targets, method="POST", kind="fanout"):
     )
 
 
-def outcome(op_id, wid, url, status=200, error=None, message=None):
+def outcome(op_id, wid, url, status=200, error=None, message=None, stage=None):
+    if error == "upstream_timeout" and stage is None:
+        stage = "head"  # what smgrl/control/call.py records for a deadline before the answer
     return ev(
         "control.outcome",
+        stage=stage,
         op_id=op_id,
         worker_id=wid,
         url=url,
@@ -206,6 +209,54 @@ def test_refused_call_changes_nothing_and_cut_short_call_is_unknown():
     f.apply(51, outcome("c", "b", "http://b:1"))
     f.apply(52, finished("c"))
     assert f.engines.get("http://b:1").control == "active"
+
+
+# How far a failed exchange got decides whether the engine may have acted (the structured
+# ``stage``), whatever the message says.
+STAGE_CASES = [
+    # (error, stage, message, control afterwards)
+    ("upstream_unreachable", "connect", "error sending request", "active"),
+    ("upstream_unreachable", "send", "error sending request", "active"),
+    ("upstream_unreachable", "body", "anything at all", "unknown"),
+    ("upstream_timeout", "head", "timed out", "unknown"),
+    # The text alone no longer decides: a message that merely mentions a body read, with the
+    # exchange stopped before sending, changed nothing on the engine.
+    ("upstream_unreachable", "connect", "reading response body: error decoding response body", "active"),
+]
+
+
+@pytest.mark.parametrize(("error", "stage", "message", "control"), STAGE_CASES)
+def test_engine_state_follows_the_structured_stage_of_a_failed_call(error, stage, message, control):
+    f = fold(
+        *base_fleet(),
+        op("p", "pause_generation", b"{}", FLEET[:1]),
+        outcome("p", "a", "http://a:1", status=None, error=error, message=message, stage=stage),
+        finished("p", "partial"),
+    )
+    assert f.engines.get("http://a:1").control == control
+
+
+@pytest.mark.parametrize("end", ["finished", "interrupted"])
+def test_engine_removed_during_an_operation_and_registered_again_is_not_unknown(end):
+    """The operation ends (or is found interrupted at restart) after its target was removed and a
+    new engine registered at the same URL: the new engine never got that call."""
+    closing = (
+        finished("p", "cancelled")
+        if end == "finished"
+        else ev("control.interrupted", op_id="p", reason="gateway_restart", missing_targets=["a"])
+    )
+    f = fold(
+        *base_fleet(),
+        op("p", "pause_generation", b"{}", FLEET[:1]),
+        ev("worker.removed", worker_id="a", reason="removed through DELETE /workers"),
+        registered("a2", "http://a:1"),
+        ev("worker.discovered", worker_id="a2", runtime="sglang", labels={}),
+        closing,
+    )
+    facts = f.engines.get("http://a:1")
+    assert facts.control == "active" and facts.version_known and not facts.mixed
+    # The operation's other target, never removed, is still marked as cut short.
+    assert "p" not in f.operations.open
 
 
 def test_operations_projection_tracks_open_and_finished():
