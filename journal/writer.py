@@ -163,6 +163,11 @@ class JournalWriter:
         self.commits = 0  # transactions committed (tests and benchmarks count them per operation)
         self.lock_waits = 0  # batches handed to the thread because the write lock was taken
 
+    @property
+    def failed(self) -> bool:
+        """True once a committed batch could not be applied (fail-stop: see the module docstring)."""
+        return self._failed is not None
+
     # -- appending --------------------------------------------------------------------------------
 
     def append_nowait(

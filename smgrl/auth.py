@@ -111,6 +111,11 @@ class AuthPolicy:
     ) -> AuthPolicy:
         return cls(tuple(control_keys), tuple(tenant_keys), api_key)
 
+    @property
+    def configured(self) -> bool:
+        """Some control-plane auth is configured (else every caller is the anonymous admin)."""
+        return bool(self.control_keys or self.tenant_keys or self.api_key)
+
     def check(self, authorization: str | None, action: str) -> Principal | Denied:
         if self.control_keys:
             token = bearer_token(authorization)

@@ -210,6 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     help="Accepted for SMG compatibility: audit is on by default.",
 )
 @click.option("--disable-audit-logging", is_flag=True, help="Do not journal/log control-plane audit events.")
+@click.option(
+    "--audit-interval-secs",
+    default=60.0,
+    show_default=True,
+    type=float,
+    help="Control-plane reads and denials are journaled as counts, one event per this interval.",
+)
 @click.option("--prometheus-host", default=None)
 @click.option("--prometheus-port", default=29000, show_default=True, type=int)
 @click.option("--shutdown-grace-period-secs", default=180.0, show_default=True, type=float)
@@ -228,6 +235,13 @@ def main(argv: list[str] | None = None) -> None:
     show_default=True,
     envvar="SMGRL_JOURNAL",
     help="The SQLite journal file (env SMGRL_JOURNAL).",
+)
+@click.option(
+    "--journal-lock-wait-secs",
+    default=5.0,
+    show_default=True,
+    type=float,
+    help="How long a journal append waits for another process's write lock before the operation answers 503.",
 )
 def launch(**opts) -> None:
     """Run the gateway."""
@@ -270,7 +284,9 @@ def config_from_options(o: dict) -> Config:
         log_json=o["log_json"],
         disable_load_monitoring=o["disable_load_monitoring"],
         journal=o["journal_path"],
+        journal_lock_wait_secs=o["journal_lock_wait_secs"],
         audit=not o["disable_audit_logging"],
+        audit_interval_secs=o["audit_interval_secs"],
     )
     return validate(cfg)
 

@@ -136,7 +136,12 @@ class Config:
     log_json: bool = False
     disable_load_monitoring: bool = False
     journal: str = DEFAULT_JOURNAL
+    # How long a journal append waits for SQLite's write lock held by another process (a
+    # `smgrl journal compact`, say) before the operation fails with 503.
+    journal_lock_wait_secs: float = 5.0
     audit: bool = True
+    # Reads and denials are journaled as counts, one audit.control_plane_counts event per interval.
+    audit_interval_secs: float = 60.0
     # Registration probe retry: first retry after this many seconds, doubling up to the cap.
     registration_backoff_initial_secs: float = 0.5
     registration_backoff_max_secs: float = 30.0
@@ -158,7 +163,9 @@ class Config:
             ],
             "tenant_keys": [k.tenant for k in self.tenant_keys],
             "journal": self.journal,
+            "journal_lock_wait_secs": self.journal_lock_wait_secs,
             "audit": self.audit,
+            "audit_interval_secs": self.audit_interval_secs,
         }
 
 
@@ -198,6 +205,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("Duplicate id in --control-plane-api-keys")
     if cfg.shutdown_grace_period_secs < 0:
         raise ConfigError("Invalid --shutdown-grace-period-secs (expected >= 0)")
+    if cfg.journal_lock_wait_secs < 0:
+        raise ConfigError("Invalid --journal-lock-wait-secs (expected >= 0)")
+    if cfg.audit_interval_secs <= 0:
+        raise ConfigError("Invalid --audit-interval-secs (expected > 0)")
     return cfg
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 
+from smgrl.audit import AuditCounts
 from smgrl.auth import AuthPolicy
 from smgrl.config import Config
 from smgrl.control.service import ControlService
@@ -31,6 +32,7 @@ class Gateway:
     auth: AuthPolicy
     registry: RegistryService
     control: ControlService
+    audit: AuditCounts
 
     @classmethod
     def build(
@@ -43,4 +45,16 @@ class Gateway:
             fleet=fleet, journal=journal, pools=pools, keys=keys, rl=cfg.rl, metrics=metrics
         )
         auth = AuthPolicy.build(cfg.control_plane_keys, cfg.tenant_keys, cfg.api_key)
-        return cls(cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control)
+        audit = AuditCounts(cfg.audit_interval_secs)
+        gw = cls(cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit)
+        # Every in-memory view is fed from the journal's commit path, in commit order, before the
+        # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
+        journal.on_secrets = keys.apply
+        journal.on_commit = gw.committed
+        return gw
+
+    def committed(self, records) -> None:
+        """A batch committed (called by the journal writer; an exception here stops the gateway)."""
+        self.fleet.apply_records(records)
+        self.registry.committed(records)
+        self.metrics.journaled(records)

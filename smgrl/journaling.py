@@ -1,7 +1,8 @@
 """The gateway's side of the journal: building events by type name, and the append surface.
 
-Services depend on ``Appender`` (``append`` awaited until durable, ``append_nowait`` queued), not
-on the writer class, so unit tests can hand them an in-memory journal.
+Services depend on ``Appender`` (``append`` awaited until durable; ``enqueue`` for a receipt to
+await later; ``append_many`` for several events in one transaction; ``append_nowait`` queued,
+refused when the queue is full), not on the writer class.
 """
 
 from __future__ import annotations
@@ -21,5 +22,9 @@ def ev(type_name: str, **fields: Any):
 
 class Appender(Protocol):
     async def append(self, stream: str, event, *, secrets=None) -> Recorded: ...
+
+    async def enqueue(self, stream: str, event, *, secrets=None): ...
+
+    async def append_many(self, items) -> list[Recorded]: ...
 
     def append_nowait(self, stream: str, event, *, secrets=None): ...

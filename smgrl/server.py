@@ -90,16 +90,9 @@ async def serve(
     # under a second (benchmarks/journal.py). Synchronous on purpose: nothing runs before it.
     fleet, restored = restore(store)
     keys = KeyRing(store.secrets())
-    gw_ref: list[Gateway] = []
-
-    def on_commit(records) -> None:
-        fleet.apply_records(records)
-        if gw_ref:
-            gw_ref[0].metrics.journaled(records)
-
-    writer = JournalWriter(store, on_commit=on_commit)
+    writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
+    # Gateway.build wires the writer's commit hooks (projections, key ring, registry jobs, metrics).
     gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)
-    gw_ref.append(gw)
     app = create_app(gw)
     clean = False
     try:
@@ -124,6 +117,8 @@ async def serve(
                         fleet, writer, every=snapshot_every(), last_seq=restored.snapshot_seq
                     )
                     await inner.start(snapshots.run)
+                    if cfg.audit:
+                        await inner.start(gw.audit.run, writer)
                     for url in cfg.worker_urls:
                         if fleet.registry.conflict_for(url) is None:
                             await gw.registry.register(Registration(url=url, api_key=cfg.api_key), "cli")
@@ -175,9 +170,13 @@ async def serve(
                 # Shielded: the process is going down, but the journal must still say which
                 # operations were cut short and that the gateway stopped.
                 with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_RECORD_SECS):
-                    await record_interrupted(writer, fleet, "shutdown")
-                    await writer.append("gateway", _stopped_event(clean=True, reason="shutdown"))
-                    await writer.aclose()
+                    # After a fail-stop (journal/writer.py) memory no longer matches the journal
+                    # and nothing more is written; the writer's ProjectionError ends serve().
+                    if not writer.failed:
+                        await gw.audit.flush(writer)
+                        await record_interrupted(writer, fleet, "shutdown")
+                        await writer.append("gateway", _stopped_event(clean=True, reason="shutdown"))
+                        await writer.aclose()
                     await gw.pools.aclose()
                 clean = True
     finally:

@@ -73,8 +73,8 @@ async def gateway_in_process(
     fleet = FleetState()
     replay(store, fleet)
     keys = KeyRing(store.secrets())
-    writer = JournalWriter(store, on_commit=fleet.apply_records)
-    gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)
+    writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
+    gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)  # wires the hooks
     app = create_app(gw)
     # One nursery owns the writer and the registry jobs for the life of the test's gateway.
     async with trio.open_nursery() as nursery:

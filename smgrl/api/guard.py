@@ -1,9 +1,13 @@
 """Per-request auth and audit for control-plane routes (``/v1/rl/*`` and ``/workers*``).
 
-``Guard.check(action, path)`` decides with ``smgrl.auth`` and, on leaving, appends one
-``audit.control_plane`` event (decision D2: on by default, allowed AND denied requests;
-``--disable-audit-logging`` turns it off). Audit events are queued, not awaited: the operation's
-own awaited records flush them, and the writer drains its queue at shutdown.
+``Guard.check(action, path)`` decides with ``smgrl.auth``; on leaving, every request, allowed or
+denied, gets one ``control_plane_audit`` log line (decision D2; the path cut to ``LOG_PATH_CAP``
+characters). In the journal (``smgrl/audit.py``): an allowed write is one ``audit.control_plane``
+event - committed by the operation itself with its final records when the service took it
+(``Check.audit_event``), else queued here - while reads and denials are only counted and
+journaled as ``audit.control_plane_counts`` once per interval. ``--disable-audit-logging`` turns
+all of it off. With no control-plane auth configured, the log lines of allowed reads are at DEBUG
+(every caller is the same anonymous admin: one INFO line per discovery poll says nothing).
 """
 
 from __future__ import annotations
@@ -14,12 +18,24 @@ import logging
 import attrs
 from quart import Response, g, request
 
+from journal import JournalWriteError
 from smgrl.api import envelopes as env
-from smgrl.auth import Denied, Principal
+from smgrl.audit import route_family
+from smgrl.auth import READ, Denied, Principal
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 
 log = logging.getLogger("smgrl.audit")
+
+# Characters of a path kept in an audit log line or event; the rest is replaced by a marker with
+# the full length. A path is whatever a client sent (up to hypercorn's header limits).
+LOG_PATH_CAP = 512
+
+
+def short_path(path: str) -> str:
+    if len(path) <= LOG_PATH_CAP:
+        return path
+    return f"{path[:LOG_PATH_CAP]}...({len(path)} chars)"
 
 
 @attrs.define
@@ -27,6 +43,15 @@ class Check:
     principal: Principal | None = None
     denied: Response | None = None
     status: int = 0
+    fields: dict = attrs.Factory(dict)
+    journaled: bool = False  # the service committed the audit event with its own records
+
+    def audit_event(self, status: int):
+        """This request's ``audit.control_plane`` event for ``status``, for a service that commits
+        it in its own final transaction (smgrl/control/service.py); the guard then does not
+        append it again."""
+        self.journaled = True
+        return ev("audit.control_plane", **self.fields, outcome="success", status=status)
 
 
 class Guard:
@@ -52,26 +77,37 @@ class Guard:
             principal = decision.principal
         else:
             check.principal = principal = decision
-        try:
-            yield check
-        finally:
-            self._audit(principal, path, check, reason)
-
-    def _audit(self, principal: Principal, path: str, check: Check, reason: str | None) -> None:
-        if not self.gw.cfg.audit:
-            return
-        outcome = "denied" if check.denied is not None else "success"
-        fields = {
+        shown = short_path(path)
+        check.fields = {
             "principal": principal.label,
             "auth_method": principal.auth_method,
             "role": principal.role,
             "method": request.method,
-            "path": path,
-            "resource": path.split("/")[3] if path.count("/") >= 3 else None,
-            "outcome": outcome,
-            "status": check.status,
+            "path": shown,
+            "resource": shown.split("/")[3] if shown.count("/") >= 3 else None,
             "request_id": getattr(g, "request_id", None),
             "reason": reason,
         }
-        self.gw.journal.append_nowait("audit", ev("audit.control_plane", **fields))
-        log_event(log, "control_plane_audit", **fields)
+        # Services that journal their own records take the audit event from here (rl.py passes
+        # it on in the CallContext).
+        g.audit_check = check if self.gw.cfg.audit and check.denied is None and action != READ else None
+        try:
+            yield check
+        finally:
+            self._audit(action, path, check)
+
+    def _audit(self, action: str, path: str, check: Check) -> None:
+        if not self.gw.cfg.audit:
+            return
+        denied = check.denied is not None
+        outcome = "denied" if denied else "success"
+        fields = {**check.fields, "outcome": outcome, "status": check.status}
+        if denied or action == READ:
+            self.gw.audit.add(fields["principal"], route_family(path), outcome, fields["reason"])
+        elif not check.journaled:
+            try:
+                self.gw.journal.append_nowait("audit", ev("audit.control_plane", **fields))
+            except JournalWriteError as exc:  # queue full or writer closing: the log line remains
+                log.warning("audit event not journaled: %s", exc)
+        quiet = not denied and action == READ and not self.gw.auth.configured
+        log_event(log, "control_plane_audit", logging.DEBUG if quiet else logging.INFO, **fields)

@@ -223,7 +223,12 @@ class RlApi:
         return ControlRequest(request.method, path, query, body, ctype, tuple(forward))
 
     def _context(self, principal) -> CallContext:
-        return CallContext(principal=principal.label if principal else None, request_id=g.request_id)
+        check = getattr(g, "audit_check", None)
+        return CallContext(
+            principal=principal.label if principal else None,
+            request_id=g.request_id,
+            audit=check.audit_event if check is not None else None,
+        )
 
     async def _operation(self, params, principal) -> Response:
         return await self.journal_routes.operation(params["id"])

@@ -1,23 +1,27 @@
 """Control operations with their journal records, metrics and logs.
 
-Journal order for every operation (stream ``op:<id>``):
+Two journal transactions per operation (stream ``op:<id>``):
 
-1. ``control.started`` — awaited (durable) BEFORE any engine is called: if the gateway dies
-   mid-call, the journal still says which engines may have been touched, and restart records the
-   operation as interrupted. If the journal cannot take it, no engine is called (503).
-2. ``control.outcome`` per target — queued as each answer arrives (not awaited one by one: the
-   writer commits them in order, so step 3 makes them durable too).
-3. ``control.finished`` — awaited before the response is sent, so a client never sees a result
-   the journal does not have.
+1. ``control.started`` - enqueued, then awaited (durable) BEFORE any engine is called: if the
+   gateway dies mid-call, the journal still says which engines may have been touched, and restart
+   records the operation as interrupted. If the journal cannot take it, no engine is called (503).
+2. one ``control.outcome`` per target, ``control.finished`` and the request's audit event
+   (``audit.control_plane``, from the guard) - committed together in ONE transaction
+   (``append_many``) and awaited before the response is sent, so a client never sees a result
+   the journal does not have. The outcomes wait in memory until then: a gateway that dies
+   mid-operation loses them, and the interrupted record then marks every target as cut short
+   (its engine state ``unknown``), which is what a crash before any outcome would say too.
 
 A client that disconnects cancels the handler and every engine call still in flight; a shielded
-step then records ``control.finished`` with result ``cancelled`` and the outcomes that did arrive.
+step then commits the outcomes that did arrive with ``control.finished`` result ``cancelled``. A
+cancellation after the intent was enqueued (even before it was durable) also ends that way, so no
+operation is left open until a restart.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
@@ -47,6 +51,20 @@ SHIELDED_RECORD_SECS = 10.0
 class CallContext:
     principal: str | None = None
     request_id: str | None = None
+    # The request's audit event for a given HTTP status (``Check.audit_event`` in
+    # smgrl/api/guard.py), committed with the operation's final records.
+    audit: Callable[[int], object] | None = None
+
+
+@attrs.define(eq=False)
+class _Op:
+    """One operation in flight: its id, its intent's receipt, the records still to commit."""
+
+    op_id: str
+    intent: object  # journal.Pending of control.started
+    ctx: CallContext
+    records: list = attrs.Factory(list)  # control.outcome events, in arrival order
+    intent_failed: bool = False
 
 
 @attrs.frozen
@@ -83,40 +101,41 @@ class ControlService:
 
     async def call(self, worker: Worker, req: ControlRequest, ctx: CallContext) -> OpResult:
         started = trio.current_time()
-        op_id = await self._start("call", req, None, [worker], ctx)
+        # Cancelled while enqueueing: nothing was written and there is nothing to close.
+        op = await self._start("call", req, None, [worker], ctx)
         outcome = None
         try:
-            outcome = await self._call_one(worker, req, op_id)
+            await self._intent_durable(op)
+            outcome = await self._call_one(worker, req, op)
         finally:
-            if outcome is None:
-                await self._record_cut_short(op_id, 1, 0, started)
+            if outcome is None and not op.intent_failed:
+                await self._record_cut_short(op, 1, 0, started)
         if outcome.error is not None:
             status, body = outcome.error.status, outcome.error.body()
         else:
             status, body = outcome.status, outcome.envelope()
-        journaled = await self._finish(
-            op_id, "ok" if outcome.ok else "failed", status, 1, int(outcome.ok), started
-        )
-        return OpResult(status, body, op_id, journaled)
+        journaled = await self._finish(op, "ok" if outcome.ok else "failed", status, 1, int(outcome.ok), started)
+        return OpResult(status, body, op.op_id, journaled)
 
     async def fanout(
         self, selector: Selector, targets: Sequence[Worker], req: ControlRequest, ctx: CallContext
     ) -> OpResult:
         started = trio.current_time()
-        op_id = await self._start("fanout", req, selector.source, targets, ctx)
+        op = await self._start("fanout", req, selector.source, targets, ctx)
         outcomes: list[Outcome] = []
         done = False
         try:
+            await self._intent_durable(op)
             await run_fanout(
                 targets,
-                lambda w: self._call_one(w, req, op_id),
+                lambda w: self._call_one(w, req, op),
                 self.rl.fanout_concurrency,
                 lambda w, o: outcomes.append(o),
             )
             done = True
         finally:
-            if not done:
-                await self._record_cut_short(op_id, len(targets), sum(o.ok for o in outcomes), started)
+            if not done and not op.intent_failed:
+                await self._record_cut_short(op, len(targets), sum(o.ok for o in outcomes), started)
         modes = {w.id: w.connection_mode for w in targets}
         status, body = fanout_body(outcomes, modes)
         result = "ok" if status == 200 else "partial"
@@ -133,28 +152,35 @@ class ControlService:
             failed=len(body["failed"]),
             latency_ms=int(elapsed * 1000),
         )
-        journaled = await self._finish(op_id, result, status, len(targets), body["succeeded"], started)
-        return OpResult(status, body, op_id, journaled)
+        journaled = await self._finish(op, result, status, len(targets), body["succeeded"], started)
+        return OpResult(status, body, op.op_id, journaled)
 
     async def no_match(self, selector: Selector, req: ControlRequest, ctx: CallContext) -> OpResult:
         started = trio.current_time()
-        op_id = await self._start("fanout", req, selector.source, [], ctx)
+        op = await self._start("fanout", req, selector.source, [], ctx)
+        done = False
+        try:
+            await self._intent_durable(op)
+            done = True
+        finally:
+            if not done and not op.intent_failed:
+                await self._record_cut_short(op, 0, 0, started)
         if self.metrics.rl_enabled:
             self.metrics.fanout("no_match", trio.current_time() - started)
-        journaled = await self._finish(op_id, "no_match", 400, 0, 0, started)
-        return OpResult(400, None, op_id, journaled)
+        journaled = await self._finish(op, "no_match", 400, 0, 0, started)
+        return OpResult(400, None, op.op_id, journaled)
 
     # -- steps ---------------------------------------------------------------------------------
 
-    async def _record_cut_short(self, op_id: str, total: int, succeeded: int, started: float) -> None:
+    async def _record_cut_short(self, op: _Op, total: int, succeeded: int, started: float) -> None:
         """The request was cancelled (client disconnected, shutdown past its grace period) or
         failed mid-operation. Shielded: the client is gone, but the journal must still say that the
-        operation ended cancelled; the outcomes that arrived are already queued before this record.
-        Bounded, so a dead journal cannot hold a cancelled request forever."""
+        operation ended cancelled, with the outcomes that arrived. Bounded, so a dead journal
+        cannot hold a cancelled request forever."""
         with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_RECORD_SECS):
-            await self._finish(op_id, "cancelled", 499, total, succeeded, started, quiet=True)
+            await self._finish(op, "cancelled", 499, total, succeeded, started, quiet=True)
 
-    async def _call_one(self, worker: Worker, req: ControlRequest, op_id: str) -> Outcome:
+    async def _call_one(self, worker: Worker, req: ControlRequest, op: _Op) -> Outcome:
         outcome = await call_worker(
             worker, self.keys.get(worker.group), req, self.pools, self.rl.control_timeout_secs
         )
@@ -174,12 +200,12 @@ class ControlService:
                 latency_ms=outcome.latency_ms,
             )
         err = outcome.error
-        # Queued, not awaited: the awaited control.finished that follows makes it durable.
-        self.journal.append_nowait(
-            f"op:{op_id}",
+        # Held for the operation's final transaction (see the module docstring). Built now, in
+        # this task: an outcome that cannot be encoded fails here, not the whole final batch.
+        op.records.append(
             ev(
                 "control.outcome",
-                op_id=op_id,
+                op_id=op.op_id,
                 worker_id=worker.id,
                 url=worker.url,
                 control_url=outcome.control_url,
@@ -189,7 +215,8 @@ class ControlService:
                 message=err.message if err else None,
                 excerpt=outcome.excerpt(),
                 body_truncated=outcome.body_truncated,
-            ),
+                stage=outcome.stage,
+            )
         )
         return outcome
 
@@ -200,7 +227,9 @@ class ControlService:
         selector: str | None,
         targets: Sequence[Worker],
         ctx: CallContext,
-    ) -> str:
+    ) -> _Op:
+        """Enqueue ``control.started``. Once this returns the intent WILL be written (or its batch
+        fails): the caller owes the operation a close from then on."""
         op_id = new_worker_id()
         event = ev(
             "control.started",
@@ -218,15 +247,22 @@ class ControlService:
             intent=intent_of(req.method, req.path, req.body).to_json(),
         )
         try:
-            await self.journal.append(f"op:{op_id}", event)
+            pending = await self.journal.enqueue(f"op:{op_id}", event)
+        except JournalWriteError as exc:
+            raise JournalUnavailable(f"the journal cannot record this operation: {exc}") from exc
+        return _Op(op_id, pending, ctx)
+
+    async def _intent_durable(self, op: _Op) -> None:
+        try:
+            await op.intent.wait()
         except JournalWriteError as exc:
             # No record, no engine call: an unrecorded refit is exactly what the journal prevents.
+            op.intent_failed = True
             raise JournalUnavailable(f"the journal cannot record this operation: {exc}") from exc
-        return op_id
 
     async def _finish(
         self,
-        op_id: str,
+        op: _Op,
         result: str,
         http_status: int,
         total: int,
@@ -234,9 +270,9 @@ class ControlService:
         started: float,
         quiet: bool = False,
     ) -> bool:
-        event = ev(
+        finished = ev(
             "control.finished",
-            op_id=op_id,
+            op_id=op.op_id,
             result=result,
             http_status=http_status,
             total=total,
@@ -244,8 +280,15 @@ class ControlService:
             failed=total - succeeded,
             latency_ms=int((trio.current_time() - started) * 1000),
         )
+        stream = f"op:{op.op_id}"
+        items = [(stream, e) for e in op.records]
+        items.append((stream, finished))
+        op.records = []  # a second _finish (cancelled during the first) must not repeat them
+        if op.ctx.audit is not None:
+            items.append(("audit", op.ctx.audit(http_status)))
         try:
-            await self.journal.append(f"op:{op_id}", event)
+            # Outcomes, finish and audit: one transaction, durable before the answer.
+            await self.journal.append_many(items)
             return True
         except JournalWriteError:
             # The engines were already called: hiding their answers would be worse than
@@ -253,6 +296,6 @@ class ControlService:
             if not quiet:
                 log.error(
                     "journal write failed; answering without a durable record",
-                    extra={"fields": {"op_id": op_id}},
+                    extra={"fields": {"op_id": op.op_id}},
                 )
             return False

@@ -23,6 +23,15 @@ class KeyRing:
     def drop(self, group: str) -> None:
         self._keys.pop(group, None)
 
+    def apply(self, changes: Mapping[str, str | None]) -> None:
+        """Secret writes that just committed (the journal writer's ``on_secrets``): a key, or None
+        for a removed group."""
+        for group, key in changes.items():
+            if key is None:
+                self._keys.pop(group, None)
+            else:
+                self._keys[group] = key
+
     def values(self) -> list[str]:
         return list(self._keys.values())
 

@@ -97,19 +97,34 @@ class RegistryService:
                 dp_aware=self.cfg.dp_aware,
             )
             secrets = {worker_id: reg.api_key} if reg.api_key else None
-            await self.journal.append(f"worker:{worker_id}", event, secrets=secrets)
-            if reg.api_key:
-                self.keys.put(worker_id, reg.api_key)
-        self._start_job(worker_id)
-        return self.fleet.registry.get(worker_id)
+            # The key ring and the discovery job follow from the commit itself (``committed``):
+            # a caller cancelled while this waits still gets both once the event is written.
+            recorded = await self.journal.append(f"worker:{worker_id}", event, secrets=secrets)
+        return self.fleet.registry.get(recorded.event.worker_id)
+
+    def committed(self, records) -> None:
+        """Called from the journal's commit path (after the projections applied the batch):
+        start discovery for new registrations, stop it for removed workers."""
+        for rec in records:
+            kind = getattr(rec.event, "TYPE", None)
+            if kind == "worker.registered":
+                self._start_job(rec.event.worker_id)
+            elif kind == "worker.removed":
+                for worker_id in [w for w in self._jobs if self.fleet.registry.get(w) is None]:
+                    self._jobs.pop(worker_id).cancel()
 
     async def set_labels(self, worker_id: str, labels: dict[str, str], mode: str) -> None:
         async with self._lock:
             before = self.fleet.registry.get(worker_id)
-            await self.journal.append(
+            pending = await self.journal.enqueue(
                 f"worker:{worker_id}",
                 ev("worker.labels_changed", worker_id=worker_id, labels=labels, mode=mode),
             )
+            # Enqueued, so it will be written: shielded, so that what follows from it (a new
+            # discovery when the control endpoint moved) runs even if the caller goes away. The
+            # wait is bounded by --journal-lock-wait-secs.
+            with trio.CancelScope(shield=True):
+                await pending.wait()
             after = self.fleet.registry.get(worker_id)
         if (
             before is not None
@@ -128,25 +143,28 @@ class RegistryService:
             if worker is None:
                 return
             group = worker.group
-            job = self._jobs.pop(group, None)
-            if job is not None:
-                job.cancel()
             members = self.fleet.registry.group_members(group)
             bases = {w.base_url for w in members}
             # gRPC/ZMQ workers are reached through their control app's origin, not their URL.
             controls = {control_url(w) for w in members if w.connection_mode != "http"} - {None}
-            await self.journal.append(
+            # The discovery job and the key go with the commit (``committed``, the key ring's
+            # on_secrets): if this append fails, the worker and its job stay as they were.
+            pending = await self.journal.enqueue(
                 f"worker:{group}",
                 ev("worker.removed", worker_id=worker_id, reason=reason),
                 secrets={group: None},
             )
-            self.keys.drop(group)
-        for base in bases:
-            if not any(w.base_url == base for w in self.fleet.registry):
-                await self.pools.discard(base)
-        for origin in controls:
-            if not any(_same_origin(control_url(w), origin) for w in self.fleet.registry):
-                await self.pools.discard(origin)
+            # Shielded once enqueued: the pools of a removed engine are closed even if the caller
+            # goes away (bounded by --journal-lock-wait-secs and one close per pool).
+            with trio.CancelScope(shield=True):
+                await pending.wait()
+        with trio.CancelScope(shield=True):
+            for base in bases:
+                if not any(w.base_url == base for w in self.fleet.registry):
+                    await self.pools.discard(base)
+            for origin in controls:
+                if not any(_same_origin(control_url(w), origin) for w in self.fleet.registry):
+                    await self.pools.discard(origin)
 
     async def set_health(self, worker: Worker, health: str, reason: str) -> None:
         await self.journal.append(

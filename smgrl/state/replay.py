@@ -178,24 +178,24 @@ class Snapshotter:
 
 
 async def record_interrupted(journal, fleet: FleetState, reason: str) -> list[str]:
-    op_ids = list(fleet.operations.open)
-    for op_id in op_ids:
-        op = fleet.operations.open.get(op_id)
-        if op is None:
-            continue
+    """Journal ``control.interrupted`` for every open operation, in one transaction."""
+    items = []
+    for op_id, op in list(fleet.operations.open.items()):
         targets = [t["worker_id"] for t in op.targets]
         recorded = [t for t in targets if t in op.outcomes]
         missing = [t for t in targets if t not in op.outcomes]
-        journal.append_nowait(
-            f"op:{op_id}",
-            ev(
-                "control.interrupted",
-                op_id=op_id,
-                reason=reason,
-                recorded_targets=recorded,
-                missing_targets=missing,
-            ),
+        items.append(
+            (
+                f"op:{op_id}",
+                ev(
+                    "control.interrupted",
+                    op_id=op_id,
+                    reason=reason,
+                    recorded_targets=recorded,
+                    missing_targets=missing,
+                ),
+            )
         )
-    if op_ids:
-        await journal.flush()
-    return op_ids
+    if items:
+        await journal.append_many(items)
+    return [event.op_id for _, event in items]

@@ -191,6 +191,20 @@ def test_a_snapshot_with_fields_this_code_does_not_know_is_refused():
 def test_fleet_state_ignores_every_type_outside_folded_types():
     samples = {
         "audit.control_plane": scenario()[-1],
+        "audit.control_plane_counts": ev(
+            "audit.control_plane_counts",
+            since=1.0,
+            until=2.0,
+            counts=[
+                {
+                    "principal": "unauthenticated",
+                    "family": "rl.engine",
+                    "outcome": "denied",
+                    "reason": "unknown key",
+                    "count": 3,
+                }
+            ],
+        ),
         "gateway.started": ev("gateway.started", version="x", pid=1),
         "gateway.stopped": ev("gateway.stopped", clean=True, reason="x"),
         "snapshot.taken": ev("snapshot.taken", kind="fleet", upto_seq=3),
