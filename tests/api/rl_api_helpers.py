@@ -117,6 +117,18 @@ def journal(gw, *types: str) -> list:
     return [rec.event for rec in gw.store.read(types=list(types) or None)]
 
 
+async def audit_counts(gw) -> dict[tuple[str, str, str, str | None], int]:
+    """Flush the audited reads and denials counted so far; every count journaled, summed per
+    (principal, family, outcome, reason)."""
+    await gw.gateway.audit.flush(gw.writer)
+    totals: dict[tuple[str, str, str, str | None], int] = {}
+    for event in journal(gw, "audit.control_plane_counts"):
+        for c in event.counts:
+            key = (c["principal"], c["family"], c["outcome"], c["reason"])
+            totals[key] = totals.get(key, 0) + c["count"]
+    return totals
+
+
 def op_events(gw, op_id: str) -> list:
     return [rec.event for rec in gw.store.read(stream=f"op:{op_id}")]
 

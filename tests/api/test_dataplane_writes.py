@@ -176,8 +176,15 @@ async def test_writes_need_an_admin_key_and_are_audited():
         assert r.status_code == 200
         [event] = events(gw, "engine.state_set")
         assert event.principal == "adm"
+        # D2: the allowed write is an event of its own; the two denials are counted.
         audits = [e for e in events(gw, "audit.control_plane") if e.path.endswith("/state")]
-        assert [a.outcome for a in audits] == ["denied", "denied", "success"]
+        assert [a.outcome for a in audits] == ["success"]
+        await gw.gateway.audit.flush(gw.writer)
+        (counts,) = events(gw, "audit.control_plane_counts")
+        assert sorted((c["principal"], c["family"], c["reason"], c["count"]) for c in counts.counts) == [
+            ("unauthenticated", "rl.writes", "missing or malformed authorization", 1),
+            ("usr", "rl.writes", "admin role required", 1),
+        ]
 
 
 async def test_writes_survive_replay():

@@ -14,11 +14,13 @@ from rl_api_helpers import (
     USER_KEY,
     assert_json,
     assert_text,
+    audit_counts,
     journal,
     rl_cfg,
     row_ids,
 )
 
+from smgrl.audit import route_family
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 
@@ -52,10 +54,13 @@ def matrix(wid: str, spare_url: str) -> list[tuple[str, str, dict | None, int, i
 
 
 async def test_role_matrix_and_audit_events():
+    """D2: an allowed write is an individual audit event; reads and denials are counted."""
     cfg = rl_cfg(control_plane_keys=KEYS, tenant_keys=TENANTS)
     async with fake_fleet("sglang", 2) as fleet, gateway_in_process(cfg) as gw:
         (wid,) = await gw.register(fleet.urls[:1])
         fleet.clear_calls()
+        await audit_counts(gw)  # start from an empty interval
+        expected_counts: dict = {}
         for method, path, body, admin_status, user_status in matrix(wid, fleet.urls[1]):
             for headers, expected, principal, role in (
                 (USER, user_status, "usr", "user"),
@@ -67,8 +72,20 @@ async def test_role_matrix_and_audit_events():
                 if expected == 403 and method != "HEAD":
                     assert_text(r, 403, ADMIN_ONLY, {"content-type", "content-length", "x-request-id"})
                 await gw.writer.flush()
-                (event,) = journal(gw, "audit.control_plane")[before:]
                 raw_path = path.split("?")[0]
+                read = method in ("GET", "HEAD") and "/engine/" not in path
+                if expected == 403 or read:
+                    # Counted, not journaled one by one.
+                    assert journal(gw, "audit.control_plane")[before:] == []
+                    key = (
+                        principal,
+                        route_family(raw_path),
+                        "denied" if expected == 403 else "success",
+                        "admin role required" if expected == 403 else None,
+                    )
+                    expected_counts[key] = expected_counts.get(key, 0) + 1
+                    continue
+                (event,) = journal(gw, "audit.control_plane")[before:]
                 assert (
                     event.principal,
                     event.auth_method,
@@ -84,10 +101,11 @@ async def test_role_matrix_and_audit_events():
                     role,
                     method,
                     raw_path,
-                    "denied" if expected == 403 else "success",
+                    "success",
                     expected,
                     r.headers["x-request-id"],
                 )
+        assert await audit_counts(gw) == expected_counts
         # A user key never reached an engine route: the only engine calls are the admin's.
         assert [c.method for c in fleet.engines[0].calls_to("/flush_cache")] == [
             "POST",
@@ -137,11 +155,11 @@ async def test_401_texts_and_headers():
         r = await gw.client.delete("/workers")
         assert r.status_code == 405 and r.headers["allow"] == "POST,GET,HEAD"
         await gw.writer.flush()
-        denied = [e for e in journal(gw, "audit.control_plane") if e.outcome == "denied"]
-        assert {(e.principal, e.auth_method, e.role, e.status) for e in denied} == {
-            ("unauthenticated", "none", "user", 401)
-        }
-        assert len(denied) == 6 * 6
+        assert [e for e in journal(gw, "audit.control_plane") if e.outcome == "denied"] == []
+        counts = await audit_counts(gw)
+        denied = {k: n for k, n in counts.items() if k[2] == "denied"}
+        assert {k[0] for k in denied} == {"unauthenticated"}
+        assert sum(denied.values()) == 6 * 6
 
 
 async def test_tenant_keys_alone_close_the_control_plane():
@@ -201,8 +219,13 @@ async def test_open_without_keys_and_audit_can_be_turned_off():
         assert (await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")).status_code == 200
         await gw.writer.flush()
         assert journal(gw, "audit.control_plane") == []
+        assert await audit_counts(gw) == {}
+        assert journal(gw, "audit.control_plane_counts") == []
     async with gateway_in_process(rl_cfg()) as gw:
         r = await gw.client.get("/v1/rl/workers")
+        assert r.status_code == 200
+        r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
+        assert r.status_code == 400  # no match: still an operation, and a write
         await gw.writer.flush()
         (event,) = journal(gw, "audit.control_plane")
         assert (event.principal, event.auth_method, event.role, event.outcome, event.status) == (
@@ -210,9 +233,10 @@ async def test_open_without_keys_and_audit_can_be_turned_off():
             "none",
             "admin",
             "success",
-            200,
+            400,
         )
         assert event.request_id == r.headers["x-request-id"]
+        assert await audit_counts(gw) == {("none", "rl.discovery", "success", None): 1}
 
 
 async def test_no_key_text_in_the_journal():
@@ -236,3 +260,33 @@ async def test_no_key_text_in_the_journal():
         dump = "\n".join(json.dumps(str(rec.event)) for rec in gw.store.read())
         for secret in ("engine-key-123", ADMIN_KEY, USER_KEY, TENANT_KEY, "guessed-key"):
             assert secret not in dump
+
+
+async def test_audit_log_levels_and_long_paths(caplog):
+    """Every control-plane request has its audit log line. Without any control-plane auth, an
+    allowed read's line is DEBUG (issue 12: a discovery poll is not INFO news); writes and every
+    line of a gateway with keys stay INFO. Paths are cut in the line."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="smgrl.audit")
+
+    def audit_levels() -> list[tuple[str, str]]:
+        return [
+            (r.levelname, r.fields["method"])
+            for r in caplog.records
+            if r.name == "smgrl.audit" and r.getMessage() == "control_plane_audit"
+        ]
+
+    async with gateway_in_process(rl_cfg()) as gw:
+        await gw.client.get("/v1/rl/workers")
+        await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
+        assert audit_levels() == [("DEBUG", "GET"), ("INFO", "POST")]
+    caplog.clear()
+    cfg = rl_cfg(control_plane_keys=KEYS)
+    async with gateway_in_process(cfg) as gw:
+        await gw.client.get("/v1/rl/workers", headers=USER)
+        long_path = "/v1/rl/workers/" + "x" * 5000 + "/engine/flush_cache"
+        assert (await gw.client.post(long_path)).status_code == 401
+        assert audit_levels() == [("INFO", "GET"), ("INFO", "POST")]
+        shown = caplog.records[-1].fields["path"]
+        assert len(shown) < 600 and shown.endswith(f"...({len(long_path)} chars)")
