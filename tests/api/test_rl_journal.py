@@ -5,12 +5,17 @@ cancelled with the outcomes that did arrive."""
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 
 import trio
+import trio.testing
 from rl_api_helpers import journal, op_events, rl_cfg, row_ids
 
-from journal import MemoryStore
+from journal import MemoryStore, SqliteStore
 from smgrl.config import HealthConfig
+from smgrl.control.call import ControlRequest
+from smgrl.control.service import CallContext
+from smgrl.core.selector import parse_selector
 from smgrl.fake import fake_fleet
 from smgrl.registry.service import Registration
 from smgrl.server import serve
@@ -146,3 +151,85 @@ async def test_client_disconnect_mid_fanout_is_recorded_as_cancelled():
         assert [(o.worker_id, o.status) for o in outcomes] == [(rows[0].id, 200)]
         assert fast.calls_to("/flush_cache") and not slow[1].calls_to("/flush_cache")
         shutdown.set()
+
+
+class CountingSqlite:
+    """A real SQLite journal that records each transaction's event types (one call = one commit)."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+        self.transactions: list[list[str]] = []
+
+    def append_batch(self, items, *, wait=None):
+        recorded = self.inner.append_batch(items, wait=wait)
+        self.transactions.append([r.event.TYPE for r in recorded])
+        return recorded
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_fanout_costs_two_journal_transactions(tmp_path):
+    """Issue 14: the intent (durable before any engine is called), then the 8 outcomes, the finish
+    and the audit event together (durable before the answer)."""
+    store = CountingSqlite(SqliteStore.open(tmp_path / "j.db"))
+    async with fake_fleet("sglang", 8) as fleet, gateway_in_process(rl_cfg(), store=store) as gw:
+        await gw.register(fleet.urls)
+        await gw.writer.flush()
+        for _ in range(3):  # every fan-out, not just the first
+            before, commits = len(store.transactions), gw.writer.commits
+            r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
+            assert r.status_code == 200
+            assert gw.writer.commits - commits == 2
+            first, second = store.transactions[before:]
+            assert first == ["control.started"]
+            assert second == ["control.outcome"] * 8 + ["control.finished", "audit.control_plane"]
+        # A per-worker call too.
+        wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
+        before = len(store.transactions)
+        r = await gw.client.post(f"/v1/rl/workers/{wid}/engine/flush_cache")
+        assert r.status_code == 200
+        assert store.transactions[before:] == [
+            ["control.started"],
+            ["control.outcome", "control.finished", "audit.control_plane"],
+        ]
+    store.inner.close()
+
+
+async def test_cancelled_before_the_intent_is_durable_still_closes_the_operation(tmp_path):
+    """ControlService: a cancellation after control.started is queued but before it commits
+    (here: another process holds the journal's write lock) must not leave the operation open
+    until a restart: it ends `cancelled`, and no engine was called."""
+    path = tmp_path / "j.db"
+    store = SqliteStore.open(path)
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), store=store) as gw:
+        await gw.register(fleet.urls)
+        fleet.clear_calls()
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        control = gw.gateway.control
+        targets = control.targets(parse_selector("engine=sglang"))
+        req = ControlRequest("POST", "flush_cache", None, b"", None, ())
+        scope = trio.CancelScope()
+
+        async def client() -> None:
+            with scope:
+                await control.fanout(parse_selector("engine=sglang"), targets, req, CallContext())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client)
+            with trio.fail_after(10):
+                while gw.writer.lock_waits == 0:  # the intent is queued and waits for the lock
+                    await trio.sleep(0.001)
+            scope.cancel()  # the client goes away before the intent is durable
+            await trio.testing.wait_all_tasks_blocked()
+            other.execute("COMMIT")  # the other process lets go
+        other.close()
+        with trio.fail_after(10):
+            while not list(store.read(types=["control.finished"])):
+                await trio.sleep(0.001)
+        (finished,) = [r.event for r in store.read(types=["control.finished"])]
+        assert finished.result == "cancelled" and finished.succeeded == 0
+        assert gw.gateway.fleet.operations.open == {}
+        assert not any(e.calls_to("/flush_cache") for e in fleet.engines)
+    store.close()
