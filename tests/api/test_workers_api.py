@@ -344,3 +344,45 @@ async def test_runtime_hint_chooses_the_discovery(rl_config):
         row = (await gw.client.get("/v1/rl/workers")).json()["workers"][0]
         assert row["engine"] == "vllm" and row["tp_size"] is None
         assert [c.path for c in fleet.engines[0].calls] == ["/health", "/v1/models", "/version"]
+
+
+async def test_post_workers_cancelled_after_its_event_is_queued_still_loads_the_key_and_discovers(tmp_path):
+    """Issue 10: the key ring and the discovery job follow from the commit, not from the handler
+    after its await. The client goes away while worker.registered waits for the journal's write
+    lock (held by another process); once written, the engine (which requires its key) is
+    discovered."""
+    import sqlite3
+
+    import trio.testing
+
+    from journal import SqliteStore
+
+    path = tmp_path / "j.db"
+    store = SqliteStore.open(path)
+    async with (
+        fake_fleet("sglang", 1, api_key="engine-key-7") as fleet,
+        gateway_in_process(rl_cfg(), store=store) as gw,
+    ):
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        scope = trio.CancelScope()
+
+        async def client() -> None:
+            with scope:
+                await gw.client.post("/workers", json={"url": fleet.urls[0], "api_key": "engine-key-7"})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client)
+            with trio.fail_after(10):
+                while gw.writer.lock_waits == 0:  # worker.registered is queued, waiting for the lock
+                    await trio.sleep(0.001)
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert scope.cancelled_caught
+            other.execute("COMMIT")
+        other.close()
+        await gw.wait_visible(1)  # discovered: the job started and used the key
+        (worker,) = list(gw.gateway.fleet.registry)
+        assert gw.gateway.keys.get(worker.group) == "engine-key-7"
+        assert all(c.headers.get("authorization") == "Bearer engine-key-7" for c in fleet.engines[0].calls)
+    store.close()
