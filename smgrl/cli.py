@@ -14,6 +14,7 @@ import sys
 import click
 import trio
 
+from journal import ProjectionError
 from smgrl import __version__
 from smgrl.config import (
     DEFAULT_JOURNAL,
@@ -336,6 +337,16 @@ def run_gateway(cfg: Config) -> None:
         trio.run(main_task)
     except OSError as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except BaseExceptionGroup as group:
+        # Fail-stop (journal/writer.py): memory could not follow the journal; one line, exit 1.
+        stopped = group.subgroup(ProjectionError)
+        if stopped is None:
+            raise
+        first = stopped
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        click.echo(f"error: {first}; the gateway stopped (restart it to replay the journal)", err=True)
         sys.exit(1)
     finally:
         logs.shutdown()  # every queued log line is written before the process exits

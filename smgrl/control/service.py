@@ -114,7 +114,9 @@ class ControlService:
             status, body = outcome.error.status, outcome.error.body()
         else:
             status, body = outcome.status, outcome.envelope()
-        journaled = await self._finish(op, "ok" if outcome.ok else "failed", status, 1, int(outcome.ok), started)
+        journaled = await self._finish(
+            op, "ok" if outcome.ok else "failed", status, 1, int(outcome.ok), started
+        )
         return OpResult(status, body, op.op_id, journaled)
 
     async def fanout(

@@ -195,8 +195,14 @@ class RegistryService:
                         # The journal cannot take the probe's record (disk full, read-only file):
                         # retry later rather than let the error tear down the registry's nursery,
                         # and the gateway with it (tests/e2e/test_faults.py).
-                        log_event(log, "journal unavailable during discovery; retrying", logging.WARNING,
-                                  worker_id=worker_id, error=str(exc), next_retry_s=delay)
+                        log_event(
+                            log,
+                            "journal unavailable during discovery; retrying",
+                            logging.WARNING,
+                            worker_id=worker_id,
+                            error=str(exc),
+                            next_retry_s=delay,
+                        )
                         await trio.sleep(delay)
                         delay = min(delay * 2, self.cfg.registration_backoff_max_secs)
             finally:
