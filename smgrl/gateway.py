@@ -51,6 +51,7 @@ class Gateway:
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply
         journal.on_commit = gw.committed
+        metrics.journal_lock_waits.set_function(lambda: getattr(journal, "lock_waits", 0))
         return gw
 
     def committed(self, records) -> None:

@@ -34,6 +34,15 @@ class Metrics:
         self.journal_appends = Counter(
             "smgrl_journal_events_total", "Events appended to the journal, by type", ["type"], registry=r
         )
+        self.journal_transactions = Counter(
+            "smgrl_journal_transactions", "Journal transactions committed (one per group commit)", registry=r
+        )
+        # Read from the journal writer at scrape time (Gateway.build sets the function).
+        self.journal_lock_waits = Gauge(
+            "smgrl_journal_lock_waits",
+            "Journal batches that found SQLite's write lock taken and waited for it in the writer's thread",
+            registry=r,
+        )
         self.workers = Gauge("smgrl_workers", "Registry entries, by health", ["health"], registry=r)
         self.auth_denied = Counter(
             "smgrl_control_plane_denied_total",
@@ -73,7 +82,8 @@ class Metrics:
         self.fanout_duration.observe(seconds)
 
     def journaled(self, records) -> None:
-        """Count committed events by type (called with each committed batch)."""
+        """Count committed events by type (called with each committed batch: one transaction)."""
+        self.journal_transactions.inc()
         for rec in records:
             self.journal_appends.labels(type=getattr(rec.event, "TYPE", "unknown")).inc()
 
