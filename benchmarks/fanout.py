@@ -109,8 +109,24 @@ def start_smg(binary: str, urls: list[str], log) -> tuple[Child, int]:
     return Child(proc, "smg"), port
 
 
+METRICS_PORTS: dict[int, int] = {}  # smgrl gateway port -> its metrics port
+
+
+def journal_transactions(port: int) -> float:
+    """``smgrl_journal_transactions_total`` of the smgrl gateway listening on ``port``."""
+    conn = http.client.HTTPConnection("127.0.0.1", METRICS_PORTS[port], timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    for line in text.splitlines():
+        if line.startswith("smgrl_journal_transactions_total "):
+            return float(line.split()[1])
+    raise RuntimeError("smgrl_journal_transactions_total is not exposed")
+
+
 def start_smgrl(urls: list[str], journal: str, log) -> tuple[Child, int]:
     port = free_port()
+    METRICS_PORTS[port] = metrics_port = free_port()
     child = start_gateway(
         [
             "--enable-rl",
@@ -121,7 +137,7 @@ def start_smgrl(urls: list[str], journal: str, log) -> tuple[Child, int]:
             "--journal",
             journal,
             "--prometheus-port",
-            str(free_port()),
+            str(metrics_port),
         ],
         port=port,
         log=log,
@@ -164,7 +180,12 @@ def main() -> None:
                 child, port = starter()
                 try:
                     wait_for_workers(f"http://127.0.0.1:{port}", 1 if n == 1 else n, child=child, timeout=120)
+                    before = journal_transactions(port) if name != "smg" else 0.0
                     result[f"{name}_fanout"] = timed_requests(port, "POST", FANOUT, rounds)
+                    if name != "smg":
+                        # timed_requests sends `warmup` (10) extra fan-outs before the timed rounds.
+                        spent = journal_transactions(port) - before
+                        result[f"{name}_tx"] = spent / (rounds + 10)
                     result[f"{name}_workers"] = timed_requests(port, "GET", "/v1/rl/workers", rounds)
                 finally:
                     child.stop()
@@ -207,6 +228,11 @@ def render(rows: list[dict], with_smg: bool) -> str:
             ratio = statistics.median(r["smgrl_workers"]) / statistics.median(r["smg_workers"])
             line += f" {cell(r['smg_workers'])} | {ratio:.2f}x |"
         lines.append(line)
+    lines += [
+        "",
+        "Journal transactions per fan-out (`smgrl_journal_transactions_total`): "
+        + ", ".join(f"{r['n']} engines {r['smgrl_tx']:.2f}" for r in rows),
+    ]
     journal_cost = [
         statistics.median(r["smgrl_fanout"]) / statistics.median(r["smgrl_mem_fanout"]) - 1 for r in rows
     ]

@@ -233,9 +233,9 @@ class Counting:
         self.inner = inner
         self.transactions = 0
 
-    def append_batch(self, items: Any) -> list[Recorded]:
+    def append_batch(self, items: Any, *, wait: float | None = None) -> list[Recorded]:
         self.transactions += 1
-        return self.inner.append_batch(items)
+        return self.inner.append_batch(items, wait=wait)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -456,10 +456,10 @@ class FailingStore(MemoryStore):
 
     full = False
 
-    def append_batch(self, items):
+    def append_batch(self, items, *, wait=None):
         if self.full:
             raise OSError(28, "No space left on device")
-        return super().append_batch(items)
+        return super().append_batch(items, wait=wait)
 
 
 def _cfg(**kw):
