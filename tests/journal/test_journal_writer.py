@@ -470,3 +470,20 @@ def test_full_sync_stores_are_not_committed_inline(tmp_path):
     finally:
         full.close()
         normal.close()
+
+
+async def test_append_many_is_one_transaction_never_split_nor_joined():
+    store = CountingStore(MemoryStore())
+    writer = JournalWriter(store, max_batch=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        writer.append_nowait("control", outcome(op_id="before"))
+        group = [("control", outcome(op_id=f"g{i}")) for i in range(6)]  # larger than max_batch
+        nursery.start_soon(writer.append_many, group)
+        await trio.testing.wait_all_tasks_blocked()
+        writer.append_nowait("control", outcome(op_id="after"))
+        await writer.flush()
+        await writer.aclose()
+    # The group did not join the open batch (it would not fit) and nothing joined it.
+    assert store.batches == [1, 6, 1]
+    assert [r.event.op_id for r in store.read()] == ["before"] + [f"g{i}" for i in range(6)] + ["after"]
