@@ -178,7 +178,7 @@ async def serve(
                         await writer.append("gateway", _stopped_event(clean=True, reason="shutdown"))
                         await writer.aclose()
                     await gw.pools.aclose()
-                clean = True
+                clean = not writer.failed
     finally:
         if own_store:
             store.close()

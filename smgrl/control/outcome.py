@@ -102,11 +102,6 @@ class Outcome:
     stage: str | None = None
 
     @property
-    def may_have_acted(self) -> bool:
-        """The engine may have acted on the request without us seeing its answer."""
-        return self.stage in ("head", "body")
-
-    @property
     def answered(self) -> bool:
         return self.error is None
 

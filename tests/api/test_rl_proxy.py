@@ -301,6 +301,12 @@ async def test_engine_body_decoding_rules(rl_config):
             assert_json(
                 r, 502, rl_error("upstream_unreachable", message, worker_id=wid, url=engine.url), OP_HEADERS
             )
+            # The journal says how far the exchange got (the engine answered, then was cut off),
+            # which is what engine state is decided from (smgrl/state/engines.py).
+            (event,) = [
+                e for e in op_events(gw, r.headers["x-smgrl-operation-id"]) if e.TYPE == "control.outcome"
+            ]
+            assert (event.error, event.stage) == ("upstream_unreachable", "body")
         nursery.cancel_scope.cancel()
 
 
