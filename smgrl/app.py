@@ -52,7 +52,9 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
 
     @app.before_request
     async def _request_id() -> None:
-        g.request_id, _ = env.request_id_for(request.headers.get("x-request-id"), request.path)
+        caller = env.caller_request_id(request.headers.get)
+        g.request_id_given = caller is not None
+        g.request_id, _ = env.request_id_for(caller, request.path)
 
     @app.before_request
     async def _payload_limit() -> Response | None:

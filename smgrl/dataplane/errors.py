@@ -3,7 +3,12 @@
 ::
 
     DataPlaneError
-    ├── InvalidRequestBody      invalid_request_body     400
+    ├── InvalidRequest          SMG's codes              400  the body refused as SMG refuses it:
+    │                                                         invalid_json, invalid_type, invalid_value,
+    │                                                         missing_required_parameter, empty_array,
+    │                                                         prompt_empty, integer_below_min_value,
+    │                                                         unknown_parameter, json_parse_error
+    │                                                         (422 for a /generate body of the wrong shape)
     ├── ModelRequired           model_required           400  several models served, none named
     ├── ModelNotFound           model_not_found          404
     ├── QueueFull               too_many_requests        429  --max-concurrent-requests + queue full
@@ -52,8 +57,13 @@ class DataPlaneError(Exception):
         return out
 
 
-class InvalidRequestBody(DataPlaneError):
-    code, status = "invalid_request_body", 400
+class InvalidRequest(DataPlaneError):
+    """Code and ``param`` vary as SMG's do (``smgrl.api.dataplane_body``)."""
+
+    def __init__(self, message: str, code: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message, param=param)
+        self.code = code
+        self.status = status
 
 
 class ModelRequired(DataPlaneError):

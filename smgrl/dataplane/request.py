@@ -51,10 +51,18 @@ def parse(route: str, body: bytes) -> RolloutRequest:
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("`model` must be a string")
+    return from_obj(route, obj)
+
+
+def from_obj(route: str, obj: dict[str, Any]) -> RolloutRequest:
+    """The request from its parsed (and checked: ``smgrl.api.dataplane_body``) body. An OpenAI
+    request always names its model (SMG's 400 otherwise), even an empty one (a 404); a
+    ``/generate`` without one goes to the fleet's single model."""
+    model = obj.get("model")
     return RolloutRequest(
         route=route,
         obj=obj,
-        model=model or None,
+        model=model if route != GENERATE else (model or None),
         stream=obj.get("stream") is True,
         prefix=_prefix(route, obj),
     )

@@ -156,7 +156,7 @@ class DataPlane:
         if served == ["unknown"]:
             # The only engine never told us its model name: let it judge the request.
             return "unknown"
-        raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        raise ModelNotFound(f"No worker available for model '{model}'")  # SMG's text, param null
 
     # -- picking -------------------------------------------------------------------------------
 
