@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from smgrl import __version__
+from smgrl.dataplane.errors import INVALID_REQUEST_CODES
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -48,7 +49,7 @@ OPENAI_CODES = [
     "bad_request",
 ]
 DATAPLANE_CODES = [
-    "invalid_request_body",
+    *INVALID_REQUEST_CODES,
     "model_required",
     "model_not_found",
     "too_many_requests",
@@ -331,7 +332,10 @@ SCHEMAS: dict[str, dict] = {
             )
         },
         description="The data plane's own errors (OpenAI-style envelope); header `x-smg-error-code` "
-        "repeats the code. 400 invalid_request_body (not a JSON object, or `model` not a string), "
+        "repeats the code. 400 (422 on /generate for a body of the wrong shape) with SMG 1.13.0's "
+        "codes for a refused body, `param` naming the field: invalid_json, invalid_type, invalid_value, "
+        "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
+        "prompt_empty, json_parse_error (OpenAI routes without a JSON content type); 400 "
         "model_required (several models served, none named); 404 model_not_found; 429 too_many_requests "
         "(--max-concurrent-requests and the queue are full), queue_timeout; 502 upstream_unreachable; "
         "503 no_available_workers (no routable worker serves the model), no_eligible_workers (every "
@@ -857,7 +861,9 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
             STAMP,
         ),
         "400": _dp_error(
-            "invalid_request_body, model_required"
+            "SMG's codes for a refused body (invalid_json, invalid_type, invalid_value, "
+            "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
+            "prompt_empty, json_parse_error), model_required (/generate only)"
             + (
                 ", or an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope)"
                 if rl
@@ -868,6 +874,9 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
         ),
         "401": _dp_unauthorized(),
         "404": _dp_error("model_not_found: no worker serves the named model."),
+        "422": _dp_error(
+            "/generate only: a body of the wrong shape (not an object, `model` not a string): invalid_type."
+        ),
         "405": _r("MethodNotAllowed"),
         "413": _resp(
             "Body over --max-payload-size (request_body_too_large).",

@@ -57,6 +57,20 @@ class DataPlaneError(Exception):
         return out
 
 
+# SMG's codes for a refused body (``smgrl.api.dataplane_body``), each answered as InvalidRequest.
+INVALID_REQUEST_CODES = (
+    "invalid_json",
+    "invalid_type",
+    "invalid_value",
+    "missing_required_parameter",
+    "unknown_parameter",
+    "integer_below_min_value",
+    "empty_array",
+    "prompt_empty",
+    "json_parse_error",
+)
+
+
 class InvalidRequest(DataPlaneError):
     """Code and ``param`` vary as SMG's do (``smgrl.api.dataplane_body``)."""
 
