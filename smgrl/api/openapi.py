@@ -894,6 +894,7 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
             "waiting; `reasons` counts them); retryable."
         ),
         "504": _dp_error("request_timeout: --request-timeout-secs passed."),
+        "500": _dp_error("internal_error: a gateway bug (never bad input); the log has the traceback."),
         "default": _resp(
             "Any other engine status, relayed as the engine sent it (body untouched).",
             {"application/json": {"schema": ANY}},

@@ -136,6 +136,8 @@ class DataPlane:
                         self.metrics.version_changed_with_inflight()
             for worker_id in [w for w, n in self.loads.items() if not n and w not in after]:
                 del self.loads[worker_id]  # a removed worker's idle counter
+        if self.breakers.by_engine:
+            self.breakers.prune({e.instance.base_url for slot in new.models.values() for e in slot.entries})
         self._table = new
         return new
 
@@ -239,7 +241,7 @@ class DataPlane:
             # cancels the wait (the request's disconnect watcher).
             wake = wait_until
             if held.get("circuit_open"):
-                reopen = self.breakers.next_reopen()
+                reopen = self.breakers.next_reopen(e.instance.base_url for e in slot.selectable)
                 if reopen is not None:
                     wake = min(wake, reopen)
             self.waiting += 1

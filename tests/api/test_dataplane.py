@@ -5,6 +5,7 @@ relayed chunk by chunk, and a client disconnect cancelling the engine call."""
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -381,3 +382,23 @@ async def test_streams_from_the_fake_engines_end_with_done():
             r = await gw.client.post(path, json=body)
             assert r.status_code == 200, path
             assert r.text.endswith("data: [DONE]\n\n"), path
+
+
+async def test_an_unexpected_error_in_the_raw_front_is_the_internal_error_envelope_and_logged(caplog):
+    async with trio.open_nursery() as nursery:
+        engine = await nursery.start(ScriptedEngine().serve)
+        async with gateway_in_process(cfg(), worker_urls=[engine.url]) as gw:
+            dataplane = gw.app.dataplane
+
+            def broken(model):  # a fault injected where a bug could be: not bad input
+                raise RuntimeError("a bug")
+
+            dataplane.resolve_model = broken
+            with caplog.at_level(logging.ERROR, logger="smgrl.dataplane"):
+                r = await gw.client.post("/generate", json={"text": "x"})
+            assert r.status_code == 500
+            assert r.json()["error"]["code"] == "internal_error"
+            assert r.headers["x-smg-error-code"] == "internal_error" and r.headers["x-request-id"]
+            logged = [rec for rec in caplog.records if rec.name == "smgrl.dataplane"]
+            assert logged and logged[-1].exc_info and "a bug" in str(logged[-1].exc_info[1])
+        nursery.cancel_scope.cancel()
