@@ -402,3 +402,37 @@ async def test_an_unexpected_error_in_the_raw_front_is_the_internal_error_envelo
             logged = [rec for rec in caplog.records if rec.name == "smgrl.dataplane"]
             assert logged and logged[-1].exc_info and "a bug" in str(logged[-1].exc_info[1])
         nursery.cancel_scope.cancel()
+
+
+async def test_request_ids_follow_smgs_headers_and_prefixes_and_models_are_self_hosted():
+    # Issue 10 (conformance): SMG 1.13.0 takes the id from x-request-id, x-correlation-id,
+    # x-trace-id, request-id (the first present) and echoes it; a generated id has OpenAI's prefix.
+    async with trio.open_nursery() as nursery:
+        engine = await nursery.start(ScriptedEngine().serve)
+        async with gateway_in_process(cfg(), worker_urls=[engine.url]) as gw:
+            chat = {"model": PROBE_MODEL, "messages": [{"role": "user", "content": "x"}]}
+            cases = [
+                ({"x-correlation-id": "corr-1", "x-trace-id": "tr-1"}, "corr-1"),
+                ({"x-trace-id": "tr-1", "request-id": "r-1"}, "tr-1"),
+                ({"request-id": "r-1"}, "r-1"),
+                ({"x-request-id": "own", "x-correlation-id": "corr-1"}, "own"),
+            ]
+            for headers, expected in cases:
+                r = await gw.client.post("/v1/chat/completions", json=chat, headers=headers)
+                assert r.status_code == 200 and r.headers["x-request-id"] == expected, headers
+                assert engine.seen[-1].headers["x-request-id"] == expected  # forwarded as well
+                r = await gw.client.get("/v1/rl/workers", headers=headers)
+                assert r.headers["x-request-id"] == expected, headers
+            # Over 128 characters: a new id (SMG does not fall through to the next header).
+            r = await gw.client.post(
+                "/v1/chat/completions", json=chat, headers={"x-correlation-id": "a" * 200, "x-trace-id": "t"}
+            )
+            assert r.headers["x-request-id"].startswith("chatcmpl-")
+            r = await gw.client.post("/v1/completions", json={"model": PROBE_MODEL, "prompt": "x"})
+            assert r.headers["x-request-id"].startswith("cmpl-") and len(r.headers["x-request-id"]) == 29
+            r = await gw.client.get("/v1/models")
+            assert r.headers["x-request-id"].startswith("req-")
+            assert r.json()["data"] == [
+                {"id": PROBE_MODEL, "object": "model", "created": 0, "owned_by": "self_hosted"}
+            ]
+        nursery.cancel_scope.cancel()
