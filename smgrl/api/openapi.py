@@ -314,7 +314,11 @@ SCHEMAS: dict[str, dict] = {
                     },
                     "code": {"type": "string", "enum": DATAPLANE_CODES},
                     "message": STR,
-                    "param": {**_nullable(STR), "description": "`model` with model_not_found, else null"},
+                    "param": {
+                        **_nullable(STR),
+                        "description": "the field SMG names for a refused body (e.g. `model`, "
+                        "`messages[0].role`), else null",
+                    },
                     "retryable": {
                         "type": "boolean",
                         "enum": [True],
@@ -326,6 +330,12 @@ SCHEMAS: dict[str, dict] = {
                         "description": "no_eligible_workers only: how many workers were held out, by reason "
                         "(`unhealthy`, `paused`, `asleep`, `unknown`, `mixed`, `unconfirmed`, `stale`, "
                         "`unversioned`, `circuit_open`)",
+                    },
+                    "versions": {
+                        "type": "array",
+                        "items": STR,
+                        "description": "no_eligible_workers only: the weight versions the model's "
+                        "workers have, any state (`unversioned` for none)",
                     },
                 },
                 ["type", "code", "message", "param"],

@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 
@@ -108,10 +108,16 @@ class NoEligibleWorkers(DataPlaneError):
     code, status, retryable = "no_eligible_workers", 503, True
 
     @classmethod
-    def because(cls, reasons: Mapping[str, int], waited: float) -> NoEligibleWorkers:
+    def because(
+        cls, reasons: Mapping[str, int], waited: float, floor=None, versions: Sequence[str] = ()
+    ) -> NoEligibleWorkers:
         named = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
         message = f"no eligible worker after waiting {waited:g}s ({named})"
-        return cls(message, reasons=dict(sorted(reasons.items())))
+        if floor is not None:
+            message += f"; x-version-tag {floor.raw} asks for that version or newer"
+        if versions:
+            message += "; the fleet has versions " + ", ".join(versions)
+        return cls(message, reasons=dict(sorted(reasons.items())), versions=list(versions))
 
 
 class RequestTimeout(DataPlaneError):

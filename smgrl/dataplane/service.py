@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -43,6 +44,8 @@ from smgrl.routing.policy import CacheAwareConfig, make_policy, sticky
 from smgrl.routing.version_policy import ANY, VersionPolicy, floor_reason
 from smgrl.state.fleet import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
+
+log = logging.getLogger("smgrl.dataplane")
 
 # Request headers forwarded to engines (everything else, the caller's authorization included,
 # stays at the gateway; the engine gets the worker's own key).
@@ -96,6 +99,7 @@ class DataPlane:
         self.loads: dict[str, int] = {}
         self.breakers = Breakers(dp.breaker, enabled=not cfg.disable_circuit_breaker)
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
+        self.waiting_by_reason: Counter = Counter()  # the same, by wait_reason()
         self.admission = Admission(dp.max_concurrent_requests, dp.queue_size, dp.queue_timeout_secs)
         self._table: Table | None = None
         self._changed = trio.Event()
@@ -221,6 +225,7 @@ class DataPlane:
         """An eligible instance for ``model``; waits (event-driven) while every one is held out."""
         started = self._now()
         policy = policy or self.version_policy
+        logged = False
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
@@ -233,7 +238,22 @@ class DataPlane:
             if self._now() >= wait_until:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
-                raise NoEligibleWorkers.because(held, self._now() - started)
+                raise NoEligibleWorkers.because(held, self._now() - started, floor, fleet_versions(slot))
+            reason = wait_reason(held)
+            if not logged:
+                # Visible, not silent: a version floor no engine meets can wait for a long time
+                # (PSRL's loops rely on it: the request waits for the next sync).
+                logged = True
+                log.info(
+                    "request waits for an eligible engine for model %r: %s (held out: %s; floor %s; "
+                    "the fleet has versions %s); waiting up to %gs",
+                    model,
+                    reason,
+                    ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
+                    floor.raw if floor is not None else "-",
+                    ", ".join(fleet_versions(slot)) or "none",
+                    max(0.0, wait_until - self._now()),
+                )
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
             # write, a health change), by an open circuit breaker's timeout (it goes half-open
@@ -245,11 +265,13 @@ class DataPlane:
                 if reopen is not None:
                     wake = min(wake, reopen)
             self.waiting += 1
+            self.waiting_by_reason[reason] += 1
             try:
                 with trio.move_on_at(wake):
                     await changed.wait()
             finally:
                 self.waiting -= 1
+                self.waiting_by_reason[reason] -= 1
 
     # -- forwarding ----------------------------------------------------------------------------
 
@@ -369,3 +391,14 @@ class DataPlane:
 
     def _record(self, base_url: str, success: bool) -> None:
         self.breakers.record(base_url, success, self._now())
+
+
+def wait_reason(held: Counter) -> str:
+    """Why a request waits: the reason holding out the most instances (ties: by name)."""
+    return min(held.items(), key=lambda item: (-item[1], item[0]))[0] if held else "none"
+
+
+def fleet_versions(slot: ModelEntries) -> list[str]:
+    """The weight versions the model's instances have (any state), for a waiting request's log
+    line and 503: what the fleet could offer."""
+    return sorted({e.version if e.version is not None else "unversioned" for e in slot.entries})
