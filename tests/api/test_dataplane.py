@@ -14,6 +14,7 @@ import trio
 from smgrl.config import Config, RlConfig
 from smgrl.dataplane.testing import PROBE_MODEL, ScriptedEngine, gateway_on_loopback
 from smgrl.fake import fake_fleet
+from smgrl.fake.checkpoint import make_checkpoint
 from smgrl.testing import gateway_in_process
 
 GEN = {"text": "hello there", "sampling_params": {"max_new_tokens": 4}}
@@ -121,25 +122,31 @@ OPENAI_REFUSALS = [
         b'{"model": 7, "messages": []}',
         "invalid_type",
         "model",
-        "Invalid JSON data: Failed to deserialize the JSON body into the target type: model: invalid "
-        "type: integer `7`, expected a string at line 1 column 11",
+        (
+            "Invalid JSON data: Failed to deserialize the JSON body into the target type: model: invalid "
+            "type: integer `7`, expected a string at line 1 column 11"
+        ),
     ),
     (
         "/v1/chat/completions",
         json.dumps({"model": PROBE_MODEL}).encode(),
         "missing_required_parameter",
         "messages",
-        "Invalid JSON data: Failed to deserialize the JSON body into the target type: missing field "
-        "`messages` at line 1 column 27",
+        (
+            "Invalid JSON data: Failed to deserialize the JSON body into the target type: missing field "
+            "`messages` at line 1 column 27"
+        ),
     ),
     (
         "/v1/chat/completions",
         json.dumps({"model": PROBE_MODEL, "messages": [{"role": "bogus"}]}).encode(),
         "invalid_value",
         "messages[0].role",
-        "Invalid JSON data: Failed to deserialize the JSON body into the target type: messages[0].role: "
-        "unknown variant `bogus`, expected one of `system`, `user`, `assistant`, `tool`, `function`, "
-        "`developer`, `root` at line 1 column 57",
+        (
+            "Invalid JSON data: Failed to deserialize the JSON body into the target type: messages[0].role: "
+            "unknown variant `bogus`, expected one of `system`, `user`, `assistant`, `tool`, `function`, "
+            "`developer`, `root` at line 1 column 57"
+        ),
     ),
     (
         "/v1/chat/completions",
@@ -168,8 +175,10 @@ OPENAI_REFUSALS = [
         b'{"model": "\\ud800", "messages": []}',
         "invalid_json",
         None,
-        "JSON syntax error: Failed to parse the request body as JSON: model: unexpected end of hex "
-        "escape at line 1 column 18",
+        (
+            "JSON syntax error: Failed to parse the request body as JSON: model: unexpected end of hex "
+            "escape at line 1 column 18"
+        ),
     ),
     (
         "/v1/chat/completions",
@@ -436,3 +445,29 @@ async def test_request_ids_follow_smgs_headers_and_prefixes_and_models_are_self_
                 {"id": PROBE_MODEL, "object": "model", "created": 0, "owned_by": "self_hosted"}
             ]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_refit_from_disk_never_makes_the_registered_model_name_404(tmp_path):
+    # Issue 12: after update_weights_from_disk SGLang names the checkpoint path in its answers'
+    # `model` (and its own /v1/models); clients that keep sending the registered name must still
+    # be routed, and the engine's own `model` field is relayed untouched, as SMG does.
+    name = "fake/Qwen3-0.6B"
+    async with fake_fleet("sglang", n=2) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
+        ckpt = str(make_checkpoint(tmp_path / "step-42", name, seed=42))
+        r = await gw.client.post(
+            "/v1/rl/engine/update_weights_from_disk",
+            params={"selector": "engine=sglang"},
+            json={"model_path": ckpt, "weight_version": "42"},
+        )
+        assert r.status_code == 200, r.text
+        chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for _ in range(4):  # both engines (round robin or not, each is reached in 4 with 2)
+            r = await gw.client.post("/v1/chat/completions", json=chat)
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == ckpt  # the engine's own name, passed through
+        r = await gw.client.post("/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 200 and r.json()["model"] == ckpt
+        assert [m["id"] for m in (await gw.client.get("/v1/models")).json()["data"]] == [name]
+        # Routing accepts the registered name only (docs/data-plane.md).
+        r = await gw.client.post("/v1/chat/completions", json={**chat, "model": ckpt})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
