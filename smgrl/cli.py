@@ -149,6 +149,21 @@ def main(argv: list[str] | None = None) -> None:
 @click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
 @click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
 @click.option(
+    "--dataplane-max-body-size",
+    default=67_108_864,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest rollout request body in bytes (also capped by --max-payload-size); larger gets 413.",
+)
+@click.option(
+    "--dataplane-memory-budget",
+    default=2_147_483_648,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Bytes of rollout request bodies and buffered answers held at once; beyond it a retryable "
+    "503 memory_budget_exceeded (before a declared body is read).",
+)
+@click.option(
     "--eligible-wait-secs",
     default=None,
     type=click.FloatRange(min=0.0),
@@ -282,6 +297,8 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         balance_rel_threshold=o["balance_rel_threshold"],
         max_tree_size=o["max_tree_size"],
         eligible_wait_secs=o["eligible_wait_secs"],
+        max_body_size=o["dataplane_max_body_size"],
+        memory_budget=o["dataplane_memory_budget"],
         max_concurrent_requests=o["max_concurrent_requests"],
         queue_size=o["queue_size"],
         queue_timeout_secs=o["queue_timeout_secs"],

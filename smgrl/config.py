@@ -111,6 +111,10 @@ class DataPlaneConfig:
     queue_timeout_secs: float = 60.0
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig = BreakerConfig()
+    # Memory bounds (docs/data-plane.md): the largest rollout request body (also capped by
+    # --max-payload-size), and the bytes of rollout bodies and buffered answers held at once.
+    max_body_size: int = 67_108_864
+    memory_budget: int = 2_147_483_648
 
 
 @attrs.frozen
@@ -211,5 +215,11 @@ def _validate_dataplane(cfg: Config) -> None:
     dp = cfg.dataplane
     if dp.eligible_wait_secs is not None and dp.eligible_wait_secs < 0:
         raise ConfigError("Invalid --eligible-wait-secs (expected >= 0)")
+    if dp.max_body_size < 1 or dp.memory_budget < dp.max_body_size:
+        # A budget smaller than one body would refuse every request at its size limit.
+        raise ConfigError(
+            "Invalid --dataplane-max-body-size / --dataplane-memory-budget "
+            "(expected 1 <= max body size <= memory budget)"
+        )
     if cfg.request_timeout_secs <= 0:
         raise ConfigError("Invalid --request-timeout-secs (expected > 0)")

@@ -86,7 +86,7 @@ class DataPlaneASGI:
         self.inner = inner
         self.gw = gateway
         self.dp = service
-        self.max_body = gateway.cfg.max_payload_size
+        self.max_body = service.max_body
         auth = gateway.auth
         # Data-plane keys: --api-key and the tenant keys (control-plane keys are for /v1/rl).
         self._keys = tuple(k for k in (auth.api_key, *(t.key for t in auth.tenant_keys)) if k)
@@ -98,9 +98,24 @@ class DataPlaneASGI:
         if scope["type"] == "http":
             handler = self.routes.get(scope["path"])
             if handler is not None:
-                await handler(scope, receive, send)
+                try:
+                    await handler(scope, receive, send)
+                except Exception:
+                    # A bug, not bad input (bad input has its own 4xx): the operator gets the
+                    # traceback, the client the stable internal_error envelope, as from Quart.
+                    log.exception("unhandled error on %s %r", scope["method"], scope["path"])
+                    await self._internal_error(scope, send)
                 return
         await self.inner(scope, receive, send)
+
+    async def _internal_error(self, scope: Scope, send: Send) -> None:
+        error = DataPlaneError("internal error; the gateway log has the details")
+        try:
+            await self._error(send, self._request_id(scope), error)
+        except Exception:
+            # The head was already sent: nothing more can be said on this response; the server
+            # closes the connection.
+            log.debug("could not answer internal_error: the response had started")
 
     # -- small helpers -------------------------------------------------------------------------
 
@@ -166,10 +181,13 @@ class DataPlaneASGI:
         floor = parse_floor(tag.decode("latin-1")) if tag is not None else None
         return policy, floor
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+    async def _read_body(self, scope: Scope, receive: Receive, hold) -> bytes:
         length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise _TooLarge
+        declared = length is not None and length.isdigit()
+        if declared:
+            if int(length) > self.max_body:
+                raise _TooLarge
+            hold.take(int(length))  # the memory budget, before a byte is read (503 otherwise)
         chunks = []
         size = 0
         while True:
@@ -181,6 +199,8 @@ class DataPlaneASGI:
                 size += len(chunk)
                 if size > self.max_body:
                     raise _TooLarge
+                if not declared:
+                    hold.take(len(chunk))
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -222,23 +242,28 @@ class DataPlaneASGI:
                 status = message["status"]
             await send(message)
 
+        hold = self.dp.budget.hold()
         try:
-            await self._serve_rollout(scope, receive, counted)
+            await self._serve_rollout(scope, receive, counted, hold)
         finally:
+            hold.release()
             self.dp.metrics.answered(scope["path"], status, trio.current_time() - started)
 
-    async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send, hold) -> None:
         rid = self._request_id(scope)
         allow = ALLOW[scope["path"]]
         if scope["method"] not in allow.split(","):
             await self._not_allowed(scope, send, rid, allow)
             return
         try:
-            body = await self._read_body(scope, receive)
+            body = await self._read_body(scope, receive, hold)
         except _Disconnected:
             return
         except _TooLarge:
             await self._openai_error(send, rid, 413, "request_body_too_large", env.PAYLOAD_TOO_LARGE)
+            return
+        except DataPlaneError as exc:  # the memory budget
+            await self._error(send, rid, exc)
             return
         denied = self._denied(scope)
         if denied is not None:
@@ -262,7 +287,7 @@ class DataPlaneASGI:
             headers.append((b"x-request-id", rid))
         key = _header(scope, b"x-smg-routing-key")
         routing_key = key.decode("latin-1") if key else None
-        relay = _Relay(self, send, rid)
+        relay = _Relay(self, send, rid, hold)
         # The watcher turns the client's disconnect into a cancellation of this request: the
         # engine call in flight is cancelled (its connection closed, so the engine aborts), and
         # a request still waiting for an eligible engine stops waiting.
@@ -289,12 +314,13 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
 class _Relay:
     """Sends one rollout request's answer: buffered or streamed, errors before the first byte."""
 
-    __slots__ = ("api", "rid", "send", "started")
+    __slots__ = ("api", "hold", "rid", "send", "started")
 
-    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes) -> None:
+    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes, hold) -> None:
         self.api = api
         self.send = send
         self.rid = rid
+        self.hold = hold
         self.started = False
 
     def _head(self, dispatched) -> list[tuple[bytes, bytes]]:
@@ -311,7 +337,7 @@ class _Relay:
         self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
     ) -> None:
         dp = self.api.dp
-        bounds = {"routing_key": routing_key, "policy": policy, "floor": floor}
+        bounds = {"routing_key": routing_key, "policy": policy, "floor": floor, "hold": self.hold}
         try:
             if req.stream:
                 async with dp.dispatch(

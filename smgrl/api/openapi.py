@@ -57,6 +57,7 @@ DATAPLANE_CODES = [
     "upstream_unreachable",
     "no_available_workers",
     "no_eligible_workers",
+    "memory_budget_exceeded",
     "request_timeout",
 ]
 WRITE_WORKER_CODES = ["invalid_body", "invalid_version", "worker_not_found", "journal_unavailable"]
@@ -901,7 +902,8 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
         "503": _dp_error(
             "no_available_workers (no routable worker serves the model) or no_eligible_workers "
             "(every worker held out by state, version policy, floor or circuit breaker, after "
-            "waiting; `reasons` counts them); retryable."
+            "waiting; `reasons` counts them) or memory_budget_exceeded (--dataplane-memory-budget is "
+            "held by other requests' bodies and buffered answers); retryable."
         ),
         "504": _dp_error("request_timeout: --request-timeout-secs passed."),
         "500": _dp_error("internal_error: a gateway bug (never bad input); the log has the traceback."),

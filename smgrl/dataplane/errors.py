@@ -16,6 +16,7 @@
     ├── UpstreamUnreachable     upstream_unreachable     502  retries exhausted (connect / 5xx)
     ├── NoAvailableWorkers      no_available_workers     503  no routable worker serves the model
     ├── NoEligibleWorkers       no_eligible_workers      503  retryable: every worker held out
+    ├── MemoryBudgetExceeded    memory_budget_exceeded   503  retryable: --dataplane-memory-budget in use
     └── RequestTimeout          request_timeout          504  --request-timeout-secs passed
 
 ``invalid_version_policy`` (400) is the RL crate's error and keeps the crate's envelope
@@ -118,6 +119,10 @@ class NoEligibleWorkers(DataPlaneError):
         if versions:
             message += "; the fleet has versions " + ", ".join(versions)
         return cls(message, reasons=dict(sorted(reasons.items())), versions=list(versions))
+
+
+class MemoryBudgetExceeded(DataPlaneError):
+    code, status, retryable = "memory_budget_exceeded", 503, True
 
 
 class RequestTimeout(DataPlaneError):

@@ -56,6 +56,12 @@ class _TableCollector:
             if n:
                 by_reason.add_metric([reason], n)
         yield by_reason
+        held = GaugeMetricFamily(
+            "smgrl_dataplane_memory_held_bytes",
+            "Bytes of rollout request bodies and buffered answers held (--dataplane-memory-budget)",
+        )
+        held.add_metric([], dp.budget.used)
+        yield held
         table = dp.table()
         entries = [e for slot in table.models.values() for e in slot.entries]
         inflight = GaugeMetricFamily(

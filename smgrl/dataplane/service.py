@@ -28,6 +28,7 @@ from smgrl.config import Config
 from smgrl.core.version import Version
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.breaker import Breakers
+from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.errors import (
     ModelNotFound,
     ModelRequired,
@@ -101,6 +102,8 @@ class DataPlane:
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
         self.waiting_by_reason: Counter = Counter()  # the same, by wait_reason()
         self.admission = Admission(dp.max_concurrent_requests, dp.queue_size, dp.queue_timeout_secs)
+        self.budget = ByteBudget(dp.memory_budget)  # rollout bodies and buffered answers held
+        self.max_body = min(cfg.max_payload_size, dp.max_body_size)
         self._table: Table | None = None
         self._changed = trio.Event()
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
@@ -306,6 +309,7 @@ class DataPlane:
         policy: VersionPolicy | None = None,
         floor: Version | None = None,
         buffered: bool,
+        hold: Hold | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
@@ -359,7 +363,10 @@ class DataPlane:
                             continue
                         dispatched = Dispatch(entry, response)
                         if buffered:
-                            data, truncated = await response.read_bounded(MAX_RESPONSE_BYTES)
+                            # Each piece is taken from the memory budget before it is kept.
+                            data, truncated = await response.read_bounded(
+                                MAX_RESPONSE_BYTES, hold.take if hold is not None else None
+                            )
                             if truncated:
                                 raise UpstreamUnreachable(
                                     f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
