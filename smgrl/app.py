@@ -12,6 +12,7 @@ from werkzeug.routing import PathConverter
 
 from smgrl.api import envelopes as env
 from smgrl.api import openapi
+from smgrl.api.control_bodies import ControlBodyBound
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
@@ -175,5 +176,8 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         registry=gateway.metrics.registry,
     )
     app.dataplane = dataplane  # type: ignore[attr-defined]  (tests and benchmarks read it)
-    app.asgi_app = DataPlaneASGI(app.asgi_app, gateway, dataplane)  # type: ignore[method-assign]
+    # Large control-plane bodies (tensor refits, up to --max-payload-size) have a concurrency
+    # bound of their own (smgrl/api/control_bodies.py); rollout bodies have the data plane's budget.
+    control = ControlBodyBound(app.asgi_app, cfg.max_concurrent_large_bodies)
+    app.asgi_app = DataPlaneASGI(control, gateway, dataplane)  # type: ignore[method-assign]
     return app

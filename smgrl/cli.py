@@ -149,6 +149,13 @@ def main(argv: list[str] | None = None) -> None:
 @click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
 @click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
 @click.option(
+    "--max-concurrent-large-bodies",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Control-plane requests with a body over 1 MiB (tensor refits) served at once; more wait.",
+)
+@click.option(
     "--dataplane-max-body-size",
     default=67_108_864,
     show_default=True,
@@ -272,6 +279,7 @@ def config_from_options(o: dict) -> Config:
             endpoint=o["health_check_endpoint"],
         ),
         max_payload_size=o["max_payload_size"],
+        max_concurrent_large_bodies=o["max_concurrent_large_bodies"],
         request_timeout_secs=o["request_timeout_secs"],
         disable_circuit_breaker=o["disable_circuit_breaker"],
         dp_aware=o["dp_aware"],

@@ -127,6 +127,8 @@ class Config:
     rl: RlConfig = RlConfig()
     health: HealthConfig = HealthConfig()
     max_payload_size: int = 536_870_912
+    # Control-plane requests with a body over 1 MiB served at once (smgrl/api/control_bodies.py).
+    max_concurrent_large_bodies: int = 4
     request_timeout_secs: float = 1800.0
     disable_circuit_breaker: bool = False
     dp_aware: bool = False
@@ -193,6 +195,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"Invalid --prometheus-port {cfg.prometheus_port} (expected 1-65535)")
     if cfg.max_payload_size < 1:
         raise ConfigError("Invalid --max-payload-size (expected a positive number of bytes)")
+    if cfg.max_concurrent_large_bodies < 1:
+        raise ConfigError("Invalid --max-concurrent-large-bodies (expected >= 1)")
     if cfg.health.interval_secs < 1 or cfg.health.timeout_secs < 1:
         raise ConfigError("Invalid health check timing (interval and timeout must be at least 1 second)")
     if cfg.health.failure_threshold < 1 or cfg.health.success_threshold < 1:

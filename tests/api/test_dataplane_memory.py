@@ -8,6 +8,7 @@ import json
 
 import pytest
 import trio
+import trio.testing
 
 from smgrl.config import Config, DataPlaneConfig, RlConfig
 from smgrl.dataplane.budget import ByteBudget
@@ -105,4 +106,44 @@ async def test_a_buffered_answer_past_the_budget_is_a_503_and_a_stream_is_relaye
             r = await gw.client.post("/v1/chat/completions", json=chat)
             assert r.status_code == 200 and len(r.content) > 2000  # streams hold nothing
             assert gw.app.dataplane.budget.used == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_large_control_plane_bodies_have_a_concurrency_bound_of_their_own():
+    release = trio.Event()
+
+    async def script(req, w):
+        if req.path.startswith("/update_weights_from_tensor"):
+            await release.wait()
+        await w.full(200, b"{}")
+
+    engine = ScriptedEngine(script)
+    big = b'{"serialized_named_tensors": ["' + b"t" * (2 << 20) + b'"]}'
+    config = Config(rl=RlConfig(enabled=True), max_concurrent_large_bodies=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.serve)
+        async with gateway_in_process(config, worker_urls=[engine.url]) as gw:
+            wid = gw.gateway.fleet.registry.id_for_url(engine.url)
+            url = f"/v1/rl/workers/{wid}/engine/update_weights_from_tensor"
+            answers = []
+
+            async def refit():
+                answers.append(
+                    await gw.client.post(url, content=big, headers={"content-type": "application/json"})
+                )
+
+            nursery.start_soon(refit)
+            nursery.start_soon(refit)
+            while engine.active < 1:
+                await trio.sleep(0.001)
+            # One large body at a time: the second waits for the slot, before its body is read.
+            await trio.testing.wait_all_tasks_blocked()
+            assert engine.active == 1 and len(engine.seen) == 1
+            # Small control bodies never wait.
+            r = await gw.client.post(f"/v1/rl/workers/{wid}/engine/flush_cache", json={})
+            assert r.status_code == 200
+            release.set()
+            while len(answers) < 2:
+                await trio.sleep(0.001)
+            assert [a.status_code for a in answers] == [200, 200] and len(engine.seen) == 3
         nursery.cancel_scope.cancel()
