@@ -112,7 +112,7 @@ class DataPlaneASGI:
         error = DataPlaneError("internal error; the gateway log has the details")
         try:
             await self._error(send, self._request_id(scope), error)
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever the server raises for a second head
             # The head was already sent: nothing more can be said on this response; the server
             # closes the connection.
             log.debug("could not answer internal_error: the response had started")
@@ -352,7 +352,7 @@ class _Relay:
                 table_version = dispatched.entry.version
             if 200 <= status < 300:
                 if req.route == rq.GENERATE:
-                    stamp = stamp_generate(data, table_version, rq.is_single_generate(req.obj))
+                    stamp = stamp_generate(data, table_version, req.single)
                 else:
                     stamp = stamp_openai(data, table_version)
                 data = stamp.body

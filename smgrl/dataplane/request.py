@@ -29,12 +29,15 @@ class BadRequest(ValueError):
 
 @attrs.frozen(slots=True)
 class RolloutRequest:
+    """What routing needs; the parsed body itself is not kept (it can be several times the
+    body's size: the data plane's memory budget counts the body, docs/data-plane.md)."""
+
     route: str
-    obj: dict[str, Any]
     model: str | None
     stream: bool
     # Cache-aware routing key material: prompt text (str) or token ids (tuple); None = nothing.
     prefix: str | tuple[int, ...] | None
+    single: bool = True  # a /generate with one prompt (answers one object, never a list)
 
     @property
     def openai(self) -> bool:
@@ -61,10 +64,10 @@ def from_obj(route: str, obj: dict[str, Any]) -> RolloutRequest:
     model = obj.get("model")
     return RolloutRequest(
         route=route,
-        obj=obj,
         model=model if route != GENERATE else (model or None),
         stream=obj.get("stream") is True,
         prefix=_prefix(route, obj),
+        single=route != GENERATE or is_single_generate(obj),
     )
 
 

@@ -287,7 +287,8 @@ class DataPlane:
         if key:
             out.append((b"authorization", b"Bearer " + key.encode("latin-1")))
         if instance.dp_rank is not None:
-            body = json.dumps({**req.obj, "data_parallel_rank": instance.dp_rank}).encode()
+            # Parsed again here (--dp-aware only): the request does not keep its parsed body.
+            body = json.dumps({**json.loads(body), "data_parallel_rank": instance.dp_rank}).encode()
         return out, body
 
     def deadlines(self) -> tuple[float, float]:
