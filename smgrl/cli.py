@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
 )
 @click.option(
     "--dataplane-memory-budget",
-    default=2_147_483_648,
+    default=1_073_741_824,
     show_default=True,
     type=click.IntRange(min=1),
     help="Bytes of rollout request bodies and buffered answers held at once; beyond it a retryable "

@@ -114,7 +114,7 @@ class DataPlaneConfig:
     # Memory bounds (docs/data-plane.md): the largest rollout request body (also capped by
     # --max-payload-size), and the bytes of rollout bodies and buffered answers held at once.
     max_body_size: int = 67_108_864
-    memory_budget: int = 2_147_483_648
+    memory_budget: int = 1_073_741_824
 
 
 @attrs.frozen

@@ -364,9 +364,8 @@ class DataPlane:
                             continue
                         dispatched = Dispatch(entry, response)
                         if buffered:
-                            # Each piece is taken from the memory budget before it is kept.
                             data, truncated = await response.read_bounded(
-                                MAX_RESPONSE_BYTES, hold.take if hold is not None else None
+                                MAX_RESPONSE_BYTES, _reserve(response, hold)
                             )
                             if truncated:
                                 raise UpstreamUnreachable(
@@ -410,3 +409,16 @@ def fleet_versions(slot: ModelEntries) -> list[str]:
     """The weight versions the model's instances have (any state), for a waiting request's log
     line and 503: what the fleet could offer."""
     return sorted({e.version if e.version is not None else "unversioned" for e in slot.entries})
+
+
+def _reserve(response: Response, hold: Hold | None):
+    """Take a buffered answer's bytes from the memory budget: a declared length at once, before
+    a byte is read (concurrent readers taking piece by piece could each get part of the budget
+    and all fail), else each piece as it arrives (``read_bounded``'s ``on_data``)."""
+    if hold is None:
+        return None
+    length = response.header(b"content-length")
+    if length is not None and length.isdigit() and int(length) <= MAX_RESPONSE_BYTES:
+        hold.take(int(length))
+        return None
+    return hold.take

@@ -94,14 +94,22 @@ async def test_a_buffered_answer_past_the_budget_is_a_503_and_a_stream_is_relaye
                 await w.chunk(b"data: " + b"x" * 400 + b"\n\n")
             await w.end()
             return
+        if b'"chunked"' in req.body:  # no declared length: taken piece by piece
+            await w.start(content_type="application/json")
+            for _ in range(4):
+                await w.chunk(b" " * 400)
+            await w.end()
+            return
         await w.full(200, json.dumps({"text": "y" * 2000}).encode())
 
     engine = ScriptedEngine(script)
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.serve)
         async with gateway_in_process(cfg(budget=1000, body=500), worker_urls=[engine.url]) as gw:
-            r = await gw.client.post("/generate", json={"text": "x"})
-            assert r.status_code == 503 and r.json()["error"]["code"] == "memory_budget_exceeded"
+            for text in ("x", "chunked"):
+                r = await gw.client.post("/generate", json={"text": text})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "memory_budget_exceeded"
+                assert gw.app.dataplane.budget.used == 0
             chat = {"model": PROBE_MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
             r = await gw.client.post("/v1/chat/completions", json=chat)
             assert r.status_code == 200 and len(r.content) > 2000  # streams hold nothing
