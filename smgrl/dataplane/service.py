@@ -101,6 +101,7 @@ class DataPlane:
         self.breakers = Breakers(dp.breaker, enabled=not cfg.disable_circuit_breaker)
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
         self.waiting_by_reason: Counter = Counter()  # the same, by wait_reason()
+        self.wait_passes = 0  # how many times a waiting request went to sleep (a spin shows here)
         self.admission = Admission(dp.max_concurrent_requests, dp.queue_size, dp.queue_timeout_secs)
         self.budget = ByteBudget(dp.memory_budget)  # rollout bodies and buffered answers held
         self.max_body = min(cfg.max_payload_size, dp.max_body_size)
@@ -268,6 +269,7 @@ class DataPlane:
                 if reopen is not None:
                     wake = min(wake, reopen)
             self.waiting += 1
+            self.wait_passes += 1
             self.waiting_by_reason[reason] += 1
             try:
                 with trio.move_on_at(wake):
