@@ -45,6 +45,11 @@ class Hold:
         budget.used += n
         self.held += n
 
+    def back_to(self, mark: int) -> None:
+        """Give back what was taken since ``held`` was ``mark`` (an answer a retry discards)."""
+        self.budget.used -= self.held - mark
+        self.held = mark
+
     def release(self) -> None:
         self.budget.used -= self.held
         self.held = 0

@@ -348,6 +348,7 @@ class DataPlane:
             last = attempt + 1 == attempts
             relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
+            mark = hold.held if hold is not None else 0  # what a discarded answer gives back
             # The deadline scope spans the caller's relay too (it runs at ``yield``, in this
             # task: the asynccontextmanager pattern trio allows for a yield inside a scope). A
             # cancellation at any checkpoint closes the engine connection (upstream/pool.py),
@@ -380,6 +381,8 @@ class DataPlane:
                         return
                 except UpstreamError as exc:
                     self._record(base, False)
+                    if buffered and hold is not None and not relaying:
+                        hold.back_to(mark)  # the cut-short answer is discarded
                     if not relaying and not last:
                         self.metrics.retries.inc()
                         tried.add(wid)

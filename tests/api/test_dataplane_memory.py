@@ -155,3 +155,15 @@ async def test_large_control_plane_bodies_have_a_concurrency_bound_of_their_own(
                 await trio.sleep(0.001)
             assert [a.status_code for a in answers] == [200, 200] and len(engine.seen) == 3
         nursery.cancel_scope.cancel()
+
+
+def test_a_discarded_answer_gives_its_bytes_back():
+    budget = ByteBudget(100)
+    hold = budget.hold()
+    hold.take(30)  # the body
+    mark = hold.held
+    hold.take(50)  # an answer cut short, retried
+    hold.back_to(mark)
+    assert budget.used == 30 and hold.held == 30
+    hold.release()
+    assert budget.used == 0
