@@ -22,6 +22,7 @@ is forwarded; SGLang judges the rest. Its refusals use the same codes in the sam
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from smgrl.api.serde_body import MAX_DEPTH, SerdeError, parse_struct
@@ -104,6 +105,16 @@ _CODES = (
     ("data did not match any variant", "invalid_type"),
 )
 MISSING_CONTENT_TYPE = "Missing Content-Type: application/json header"
+# A lone surrogate escape (a high one not followed by a low one, or a low one alone): serde
+# refuses it, Python does not. Pairs (emoji escaped by ensure_ascii encoders) stay on the fast path.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+# serde's reading (for SMG's exact text and position) is pure Python: above this size a refused
+# body gets the same code and param from the fast check, without serde's position (it would
+# hold the event loop for seconds on a body at --dataplane-max-body-size).
+EXACT_TEXT_LIMIT = 1 << 20
 _U32, _I32, _I64, _U64 = 2**32, 2**31, 2**63, 2**64
 
 
@@ -181,8 +192,8 @@ def _too_deep(obj: Any) -> bool:
 
 def _fast(route: str, body: bytes) -> Any:
     """The parsed body when the C parser alone can be trusted to agree with serde, else None."""
-    if b"\\ud" in body or b"\\uD" in body:
-        return None  # a surrogate escape: serde refuses a lone one, Python does not
+    if (b"\\ud" in body or b"\\uD" in body) and _LONE_SURROGATE.search(body):
+        return None  # serde refuses a lone surrogate escape, Python does not
     if body.count(b'"model"') > 1:
         return None  # perhaps a duplicate field: serde refuses it, Python keeps the last
     try:
@@ -250,6 +261,8 @@ def parse(route: str, body: bytes, content_type: bytes | None) -> rq.RolloutRequ
     if route != rq.GENERATE and not json_content_type(content_type):
         raise InvalidRequest(MISSING_CONTENT_TYPE, "json_parse_error")
     obj = _fast(route, body)
+    if obj is None and len(body) > EXACT_TEXT_LIMIT:
+        raise _approximate(route, body)
     if obj is None:
         name, fields, required = SCHEMAS[route]
         try:
@@ -261,3 +274,41 @@ def parse(route: str, body: bytes, content_type: bytes | None) -> rq.RolloutRequ
     if route != rq.GENERATE:
         _validate(route, obj)
     return rq.from_obj(route, obj)
+
+
+def _approximate(route: str, body: bytes) -> InvalidRequest:
+    """A large body's refusal from the C parser and the field checks: SMG's code and ``param``,
+    serde's wording where it is known, no position (docs/deviations.md)."""
+    openai = route != rq.GENERATE
+    try:
+        obj = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        text = f"Failed to parse the request body as JSON: {exc}"
+        return InvalidRequest(f"JSON syntax error: {text}" if openai else text, "invalid_json")
+    if _LONE_SURROGATE.search(body):
+        text = "Failed to parse the request body as JSON: lone surrogate in hex escape"
+        return InvalidRequest(f"JSON syntax error: {text}" if openai else text, "invalid_json")
+    if type(obj) in (dict, list) and _too_deep(obj):
+        text = "Failed to parse the request body as JSON: recursion limit exceeded"
+        return InvalidRequest(f"JSON syntax error: {text}" if openai else text, "invalid_json")
+    name, fields, required = SCHEMAS[route]
+    if type(obj) is not dict:
+        return _data_error(
+            route, f"invalid type: {type(obj).__name__}, expected struct {name}", "invalid_type", None
+        )
+    for field in required:
+        if field not in obj:
+            return _data_error(route, f"missing field `{field}`", "missing_required_parameter", field)
+    for key, value in obj.items():
+        kind = fields.get(key)
+        if kind is not None and not _CHECKS[kind](value):
+            return _data_error(route, f"{key}: invalid type", "invalid_type", key)
+    # The fast check doubted a detail only serde's reading shows (a duplicate field...).
+    return _data_error(route, "the body does not match the request's fields", "json_parse_error", None)
+
+
+def _data_error(route: str, detail: str, code: str, param: str | None) -> InvalidRequest:
+    text = f"Failed to deserialize the JSON body into the target type: {detail}"
+    if route == rq.GENERATE:
+        return InvalidRequest(text, code, param, status=422)
+    return InvalidRequest(f"Invalid JSON data: {text}", code, param)
