@@ -47,7 +47,7 @@ GENERATE_BODY = json.dumps(
     {"text": "The quick brown fox jumps over the lazy dog.", "sampling_params": {"max_new_tokens": 8}}
 ).encode()
 HEADERS = [(b"content-type", b"application/json")]
-MODEL = "fake/Qwen3-0.6B"  # SMG 1.13.0 requires `model` on OpenAI routes; smgrl does not
+MODEL = "fake/Qwen3-0.6B"  # SMG 1.13.0 and smgrl require `model` on OpenAI routes
 
 
 def pct(samples: list[float], q: float) -> float:

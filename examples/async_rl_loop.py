@@ -99,8 +99,8 @@ async def rollout_client(i: int, args, stop_at: list[float], samples: list[Sampl
             "sampling_params": {"max_new_tokens": args.tokens, "ignore_eos": True},
         }
     else:
-        body = {"messages": [{"role": "user", "content": prompt}], "stream": True, "max_tokens": args.tokens,
-                "ignore_eos": True}  # fmt: skip
+        body = {"model": args.model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+                "max_tokens": args.tokens, "ignore_eos": True}  # fmt: skip
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     async with httpx.AsyncClient(
         base_url=args.gateway, timeout=args.request_timeout, headers=headers
@@ -178,6 +178,11 @@ async def run(args) -> int:
     if not model_path:
         print("no --model-path and the engines report none", file=sys.stderr)
         return 1
+    # OpenAI routes need `model`: the name the gateway registered (GET /v1/models), which stays
+    # routable after refits even when the engine then reports its checkpoint path.
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    async with httpx.AsyncClient(base_url=args.gateway, headers=headers, timeout=30) as client:
+        args.model = (await client.get("/v1/models")).json()["data"][0]["id"]
     initial = {w.weight_version for w in workers}
     initial_version = initial.pop() if len(initial) == 1 else None
     print(f"{len(workers)} engines at {initial_version or 'default'}; {args.clients} rollout clients; "

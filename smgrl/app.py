@@ -12,6 +12,7 @@ from werkzeug.routing import PathConverter
 
 from smgrl.api import envelopes as env
 from smgrl.api import openapi
+from smgrl.api.control_bodies import ControlBodyBound
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
@@ -52,7 +53,9 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
 
     @app.before_request
     async def _request_id() -> None:
-        g.request_id, _ = env.request_id_for(request.headers.get("x-request-id"), request.path)
+        caller = env.caller_request_id(request.headers.get)
+        g.request_id_given = caller is not None
+        g.request_id, _ = env.request_id_for(caller, request.path)
 
     @app.before_request
     async def _payload_limit() -> Response | None:
@@ -173,5 +176,8 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         registry=gateway.metrics.registry,
     )
     app.dataplane = dataplane  # type: ignore[attr-defined]  (tests and benchmarks read it)
-    app.asgi_app = DataPlaneASGI(app.asgi_app, gateway, dataplane)  # type: ignore[method-assign]
+    # Large control-plane bodies (tensor refits, up to --max-payload-size) have a concurrency
+    # bound of their own (smgrl/api/control_bodies.py); rollout bodies have the data plane's budget.
+    control = ControlBodyBound(app.asgi_app, cfg.max_concurrent_large_bodies)
+    app.asgi_app = DataPlaneASGI(control, gateway, dataplane)  # type: ignore[method-assign]
     return app

@@ -150,6 +150,28 @@ def main(argv: list[str] | None = None) -> None:
 @click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
 @click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
 @click.option(
+    "--max-concurrent-large-bodies",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Control-plane requests with a body over 1 MiB (tensor refits) served at once; more wait.",
+)
+@click.option(
+    "--dataplane-max-body-size",
+    default=67_108_864,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest rollout request body in bytes (also capped by --max-payload-size); larger gets 413.",
+)
+@click.option(
+    "--dataplane-memory-budget",
+    default=1_073_741_824,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Bytes of rollout request bodies and buffered answers held at once; beyond it a retryable "
+    "503 memory_budget_exceeded (before a declared body is read).",
+)
+@click.option(
     "--eligible-wait-secs",
     default=None,
     type=click.FloatRange(min=0.0),
@@ -272,6 +294,7 @@ def config_from_options(o: dict) -> Config:
             endpoint=o["health_check_endpoint"],
         ),
         max_payload_size=o["max_payload_size"],
+        max_concurrent_large_bodies=o["max_concurrent_large_bodies"],
         request_timeout_secs=o["request_timeout_secs"],
         disable_circuit_breaker=o["disable_circuit_breaker"],
         dp_aware=o["dp_aware"],
@@ -299,6 +322,8 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         balance_rel_threshold=o["balance_rel_threshold"],
         max_tree_size=o["max_tree_size"],
         eligible_wait_secs=o["eligible_wait_secs"],
+        max_body_size=o["dataplane_max_body_size"],
+        memory_budget=o["dataplane_memory_budget"],
         max_concurrent_requests=o["max_concurrent_requests"],
         queue_size=o["queue_size"],
         queue_timeout_secs=o["queue_timeout_secs"],

@@ -111,6 +111,10 @@ class DataPlaneConfig:
     queue_timeout_secs: float = 60.0
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig = BreakerConfig()
+    # Memory bounds (docs/data-plane.md): the largest rollout request body (also capped by
+    # --max-payload-size), and the bytes of rollout bodies and buffered answers held at once.
+    max_body_size: int = 67_108_864
+    memory_budget: int = 1_073_741_824
 
 
 @attrs.frozen
@@ -123,6 +127,8 @@ class Config:
     rl: RlConfig = RlConfig()
     health: HealthConfig = HealthConfig()
     max_payload_size: int = 536_870_912
+    # Control-plane requests with a body over 1 MiB served at once (smgrl/api/control_bodies.py).
+    max_concurrent_large_bodies: int = 4
     request_timeout_secs: float = 1800.0
     disable_circuit_breaker: bool = False
     dp_aware: bool = False
@@ -196,6 +202,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"Invalid --prometheus-port {cfg.prometheus_port} (expected 1-65535)")
     if cfg.max_payload_size < 1:
         raise ConfigError("Invalid --max-payload-size (expected a positive number of bytes)")
+    if cfg.max_concurrent_large_bodies < 1:
+        raise ConfigError("Invalid --max-concurrent-large-bodies (expected >= 1)")
     if cfg.health.interval_secs < 1 or cfg.health.timeout_secs < 1:
         raise ConfigError("Invalid health check timing (interval and timeout must be at least 1 second)")
     if cfg.health.failure_threshold < 1 or cfg.health.success_threshold < 1:
@@ -222,5 +230,11 @@ def _validate_dataplane(cfg: Config) -> None:
     dp = cfg.dataplane
     if dp.eligible_wait_secs is not None and dp.eligible_wait_secs < 0:
         raise ConfigError("Invalid --eligible-wait-secs (expected >= 0)")
+    if dp.max_body_size < 1 or dp.memory_budget < dp.max_body_size:
+        # A budget smaller than one body would refuse every request at its size limit.
+        raise ConfigError(
+            "Invalid --dataplane-max-body-size / --dataplane-memory-budget "
+            "(expected 1 <= max body size <= memory budget)"
+        )
     if cfg.request_timeout_secs <= 0:
         raise ConfigError("Invalid --request-timeout-secs (expected > 0)")

@@ -24,10 +24,11 @@ from typing import Any
 
 import trio
 
+from smgrl.api import dataplane_body
 from smgrl.api import envelopes as env
 from smgrl.auth import Denied, check_api_key
 from smgrl.dataplane import request as rq
-from smgrl.dataplane.errors import DataPlaneError, InvalidRequestBody, InvalidVersionPolicyHeader
+from smgrl.dataplane.errors import DataPlaneError, InvalidVersionPolicyHeader
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
     FingerprintEvents,
@@ -67,6 +68,10 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -81,7 +86,7 @@ class DataPlaneASGI:
         self.inner = inner
         self.gw = gateway
         self.dp = service
-        self.max_body = gateway.cfg.max_payload_size
+        self.max_body = service.max_body
         auth = gateway.auth
         # Data-plane keys: --api-key and the tenant keys (control-plane keys are for /v1/rl).
         self._keys = tuple(k for k in (auth.api_key, *(t.key for t in auth.tenant_keys)) if k)
@@ -93,22 +98,40 @@ class DataPlaneASGI:
         if scope["type"] == "http":
             handler = self.routes.get(scope["path"])
             if handler is not None:
-                await handler(scope, receive, send)
+                try:
+                    await handler(scope, receive, send)
+                except Exception:
+                    # A bug, not bad input (bad input has its own 4xx): the operator gets the
+                    # traceback, the client the stable internal_error envelope, as from Quart.
+                    log.exception("unhandled error on %s %r", scope["method"], scope["path"])
+                    await self._internal_error(scope, send)
                 return
         await self.inner(scope, receive, send)
+
+    async def _internal_error(self, scope: Scope, send: Send) -> None:
+        error = DataPlaneError("internal error; the gateway log has the details")
+        try:
+            await self._error(send, self._request_id(scope), error)
+        except Exception:  # noqa: BLE001 - whatever the server raises for a second head
+            # The head was already sent: nothing more can be said on this response; the server
+            # closes the connection.
+            log.debug("could not answer internal_error: the response had started")
 
     # -- small helpers -------------------------------------------------------------------------
 
     @staticmethod
     def _request_id(scope: Scope) -> bytes:
-        """The caller's id (128 characters at most), else a generated one in SMG's format
-        (``gnt-``/``req-`` + 24 alphanumerics). A request id is not a secret: a fast PRNG
-        instead of ``secrets`` (measured: 2% of the data plane's CPU)."""
+        """The caller's id (SMG's headers, ``env.caller_request_id``; 128 characters at most),
+        else a generated one in SMG's format (``env.request_id_prefix`` + 24 alphanumerics). A
+        request id is not a secret: a fast PRNG instead of ``secrets`` (measured: 2% of the data
+        plane's CPU)."""
         header = _header(scope, b"x-request-id")
+        if header is None:
+            caller = env.caller_request_id(lambda n: _latin1(_header(scope, n.encode())))
+            header = caller.encode("latin-1") if caller is not None else None
         if header and len(header) <= env.MAX_REQUEST_ID:
             return header
-        prefix = "gnt-" if scope["path"].endswith("generate") else "req-"
-        return (prefix + "".join(_ids.choices(_ALNUM, k=24))).encode()
+        return (env.request_id_prefix(scope["path"]) + "".join(_ids.choices(_ALNUM, k=24))).encode()
 
     @staticmethod
     async def _respond(
@@ -158,10 +181,13 @@ class DataPlaneASGI:
         floor = parse_floor(tag.decode("latin-1")) if tag is not None else None
         return policy, floor
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+    async def _read_body(self, scope: Scope, receive: Receive, hold) -> bytes:
         length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise _TooLarge
+        declared = length is not None and length.isdigit()
+        if declared:
+            if int(length) > self.max_body:
+                raise _TooLarge
+            hold.take(int(length))  # the memory budget, before a byte is read (503 otherwise)
         chunks = []
         size = 0
         while True:
@@ -173,6 +199,8 @@ class DataPlaneASGI:
                 size += len(chunk)
                 if size > self.max_body:
                     raise _TooLarge
+                if not declared:
+                    hold.take(len(chunk))
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -189,7 +217,7 @@ class DataPlaneASGI:
             await self._auth_error(send, rid, denied)
             return
         data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "smgrl"}
+            {"id": name, "object": "model", "created": 0, "owned_by": "self_hosted"}
             for name in self.dp.served_models()
         ]
         body = _json({"object": "list", "data": data})
@@ -214,34 +242,36 @@ class DataPlaneASGI:
                 status = message["status"]
             await send(message)
 
+        hold = self.dp.budget.hold()
         try:
-            await self._serve_rollout(scope, receive, counted)
+            await self._serve_rollout(scope, receive, counted, hold)
         finally:
+            hold.release()
             self.dp.metrics.answered(scope["path"], status, trio.current_time() - started)
 
-    async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send, hold) -> None:
         rid = self._request_id(scope)
         allow = ALLOW[scope["path"]]
         if scope["method"] not in allow.split(","):
             await self._not_allowed(scope, send, rid, allow)
             return
         try:
-            body = await self._read_body(scope, receive)
+            body = await self._read_body(scope, receive, hold)
         except _Disconnected:
             return
         except _TooLarge:
             await self._openai_error(send, rid, 413, "request_body_too_large", env.PAYLOAD_TOO_LARGE)
+            return
+        except DataPlaneError as exc:  # the memory budget
+            await self._error(send, rid, exc)
             return
         denied = self._denied(scope)
         if denied is not None:
             await self._auth_error(send, rid, denied)
             return
         try:
-            req = rq.parse(scope["path"], body)
+            req = dataplane_body.parse(scope["path"], body, _header(scope, b"content-type"))
             model = self.dp.resolve_model(req.model)
-        except rq.BadRequest as exc:
-            await self._error(send, rid, InvalidRequestBody(str(exc)))
-            return
         except DataPlaneError as exc:
             await self._error(send, rid, exc)
             return
@@ -257,7 +287,7 @@ class DataPlaneASGI:
             headers.append((b"x-request-id", rid))
         key = _header(scope, b"x-smg-routing-key")
         routing_key = key.decode("latin-1") if key else None
-        relay = _Relay(self, send, rid)
+        relay = _Relay(self, send, rid, hold)
         # The watcher turns the client's disconnect into a cancellation of this request: the
         # engine call in flight is cancelled (its connection closed, so the engine aborts), and
         # a request still waiting for an eligible engine stops waiting.
@@ -284,12 +314,13 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
 class _Relay:
     """Sends one rollout request's answer: buffered or streamed, errors before the first byte."""
 
-    __slots__ = ("api", "rid", "send", "started")
+    __slots__ = ("api", "hold", "rid", "send", "started")
 
-    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes) -> None:
+    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes, hold) -> None:
         self.api = api
         self.send = send
         self.rid = rid
+        self.hold = hold
         self.started = False
 
     def _head(self, dispatched) -> list[tuple[bytes, bytes]]:
@@ -306,7 +337,7 @@ class _Relay:
         self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
     ) -> None:
         dp = self.api.dp
-        bounds = {"routing_key": routing_key, "policy": policy, "floor": floor}
+        bounds = {"routing_key": routing_key, "policy": policy, "floor": floor, "hold": self.hold}
         try:
             if req.stream:
                 async with dp.dispatch(
@@ -321,7 +352,7 @@ class _Relay:
                 table_version = dispatched.entry.version
             if 200 <= status < 300:
                 if req.route == rq.GENERATE:
-                    stamp = stamp_generate(data, table_version, rq.is_single_generate(req.obj))
+                    stamp = stamp_generate(data, table_version, req.single)
                 else:
                     stamp = stamp_openai(data, table_version)
                 data = stamp.body

@@ -9,8 +9,10 @@ OpenAI-style JSON (``--api-key``). Every response carries ``x-request-id``.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
+from collections.abc import Callable
 from typing import Any
 
 from quart import Response
@@ -25,10 +27,35 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+# Where SMG 1.13.0 takes a caller's request id from, in order (its RequestIdLayer defaults): the
+# first of these headers that is present with a visible-ASCII value; it is echoed as x-request-id.
+REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
+_INVISIBLE = re.compile("[^\t\x20-\x7e]")
+
+
+def caller_request_id(get: Callable[[str], str | None]) -> str | None:
+    """The caller's request id by SMG's rule (``get`` reads one header, latin-1), else None."""
+    for name in REQUEST_ID_HEADERS:
+        value = get(name)
+        if value is not None and _INVISIBLE.search(value) is None:
+            return value
+    return None
+
+
+def request_id_prefix(path: str) -> str:
+    """SMG's prefix for a generated id (OpenAI's, by endpoint)."""
+    if path.endswith("/chat/completions"):
+        return "chatcmpl-"
+    if path.endswith("/completions"):
+        return "cmpl-"
+    if path.endswith("generate"):
+        return "gnt-"
+    return "req-"
+
+
 def new_request_id(path: str) -> str:
-    """``req-`` + 24 alphanumerics; ``gnt-`` when the path ends in ``generate`` (SMG's rule)."""
-    prefix = "gnt-" if path.endswith("generate") else "req-"
-    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(24))
+    """SMG's prefix (``request_id_prefix``) + 24 alphanumerics."""
+    return request_id_prefix(path) + "".join(secrets.choice(_ALNUM) for _ in range(24))
 
 
 def request_id_for(header: str | None, path: str) -> tuple[str, bool]:

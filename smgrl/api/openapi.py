@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from smgrl import __version__
+from smgrl.dataplane.errors import INVALID_REQUEST_CODES
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -48,7 +49,7 @@ OPENAI_CODES = [
     "bad_request",
 ]
 DATAPLANE_CODES = [
-    "invalid_request_body",
+    *INVALID_REQUEST_CODES,
     "model_required",
     "model_not_found",
     "too_many_requests",
@@ -56,6 +57,7 @@ DATAPLANE_CODES = [
     "upstream_unreachable",
     "no_available_workers",
     "no_eligible_workers",
+    "memory_budget_exceeded",
     "request_timeout",
 ]
 WRITE_WORKER_CODES = ["invalid_body", "invalid_version", "worker_not_found", "journal_unavailable"]
@@ -313,7 +315,11 @@ SCHEMAS: dict[str, dict] = {
                     },
                     "code": {"type": "string", "enum": DATAPLANE_CODES},
                     "message": STR,
-                    "param": {**_nullable(STR), "description": "`model` with model_not_found, else null"},
+                    "param": {
+                        **_nullable(STR),
+                        "description": "the field SMG names for a refused body (e.g. `model`, "
+                        "`messages[0].role`), else null",
+                    },
                     "retryable": {
                         "type": "boolean",
                         "enum": [True],
@@ -326,12 +332,21 @@ SCHEMAS: dict[str, dict] = {
                         "(`unhealthy`, `paused`, `asleep`, `unknown`, `mixed`, `unconfirmed`, `stale`, "
                         "`unversioned`, `circuit_open`)",
                     },
+                    "versions": {
+                        "type": "array",
+                        "items": STR,
+                        "description": "no_eligible_workers only: the weight versions the model's "
+                        "workers have, any state (`unversioned` for none)",
+                    },
                 },
                 ["type", "code", "message", "param"],
             )
         },
         description="The data plane's own errors (OpenAI-style envelope); header `x-smg-error-code` "
-        "repeats the code. 400 invalid_request_body (not a JSON object, or `model` not a string), "
+        "repeats the code. 400 (422 on /generate for a body of the wrong shape) with SMG 1.13.0's "
+        "codes for a refused body, `param` naming the field: invalid_json, invalid_type, invalid_value, "
+        "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
+        "prompt_empty, json_parse_error (OpenAI routes without a JSON content type); 400 "
         "model_required (several models served, none named); 404 model_not_found; 429 too_many_requests "
         "(--max-concurrent-requests and the queue are full), queue_timeout; 502 upstream_unreachable; "
         "503 no_available_workers (no routable worker serves the model), no_eligible_workers (every "
@@ -857,7 +872,9 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
             STAMP,
         ),
         "400": _dp_error(
-            "invalid_request_body, model_required"
+            "SMG's codes for a refused body (invalid_json, invalid_type, invalid_value, "
+            "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
+            "prompt_empty, json_parse_error), model_required (/generate only)"
             + (
                 ", or an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope)"
                 if rl
@@ -868,6 +885,9 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
         ),
         "401": _dp_unauthorized(),
         "404": _dp_error("model_not_found: no worker serves the named model."),
+        "422": _dp_error(
+            "/generate only: a body of the wrong shape (not an object, `model` not a string): invalid_type."
+        ),
         "405": _r("MethodNotAllowed"),
         "413": _resp(
             "Body over --max-payload-size (request_body_too_large).",
@@ -882,9 +902,11 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
         "503": _dp_error(
             "no_available_workers (no routable worker serves the model) or no_eligible_workers "
             "(every worker held out by state, version policy, floor or circuit breaker, after "
-            "waiting; `reasons` counts them); retryable."
+            "waiting; `reasons` counts them) or memory_budget_exceeded (--dataplane-memory-budget is "
+            "held by other requests' bodies and buffered answers); retryable."
         ),
         "504": _dp_error("request_timeout: --request-timeout-secs passed."),
+        "500": _dp_error("internal_error: a gateway bug (never bad input); the log has the traceback."),
         "default": _resp(
             "Any other engine status, relayed as the engine sent it (body untouched).",
             {"application/json": {"schema": ANY}},

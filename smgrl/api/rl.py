@@ -212,7 +212,7 @@ class RlApi:
         if ctype is None and body:
             ctype = "application/json"
         forward = []
-        if request.headers.get("x-request-id") is not None:
+        if g.request_id_given:
             # The caller's id is forwarded (or the generated id that replaced an over-long one);
             # an id the gateway invented for a caller who sent none is not.
             forward.append((b"x-request-id", g.request_id.encode("latin-1")))

@@ -10,7 +10,13 @@ consumed text), a recursion limit of 128, and typed fields checked as they are m
 
 A schema maps known field names to a type; unknown fields are parsed for syntax only (serde's
 ``IgnoredAny``). Types: ``str``, ``opt_str``, ``u16|u32|usize`` (``opt_`` prefix allows null),
-``f32``, ``map_str`` (``opt_map_str``), ``seq``, ``enum:<a>,<b>``, ``struct:<Name>``.
+``f32``, ``map_str`` (``opt_map_str``), ``seq``, ``enum:<a>,<b>``, ``struct:<Name>``; for the
+OpenAI request structs (``smgrl.api.dataplane_body``) also ``i32|i64|u64``, ``bool`` (``bool_nf``:
+null reads as false), ``map_f32``, ``map`` (any map), ``untagged:<Name>`` (a value checked by
+``untagged_ok`` after it is read, as serde buffers an untagged enum) and ``messages`` (a sequence
+of the internally tagged ``ChatMessage``, tag ``role``). With ``track_any`` the path follows
+unknown fields into their nested containers (serde_path_to_error over a ``Value``), as SMG's
+``#[serde(flatten)] other`` map does.
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ from typing import Any
 
 WS = b" \t\n\r"
 MAX_DEPTH = 128
-_INT_LIMITS = {"u16": 0xFFFF, "u32": 0xFFFFFFFF, "usize": 0xFFFFFFFFFFFFFFFF}
+_INT_LIMITS = {"u16": 0xFFFF, "u32": 0xFFFFFFFF, "usize": 0xFFFFFFFFFFFFFFFF, "u64": 0xFFFFFFFFFFFFFFFF}
+_SIGNED_LIMITS = {"i32": 2**31, "i64": 2**63}
 
 
+# SMG's ChatMessage variants (the ``role`` tag), in its order.
+CHAT_ROLES = ("system", "user", "assistant", "tool", "function", "developer", "root")
 # Nested structs whose required fields matter: name -> (typed fields, required, field count).
 STRUCTS = {"ModelCard": ({"id": "str"}, ("id",), 15)}
 
@@ -32,10 +41,11 @@ class SerdeError(Exception):
     """``syntax`` is True for serde's Syntax/Eof categories (axum: "Failed to parse the request
     body as JSON"), False for Data ("Failed to deserialize the JSON body into the target type")."""
 
-    def __init__(self, message: str, syntax: bool) -> None:
+    def __init__(self, message: str, syntax: bool, path: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.syntax = syntax
+        self.path = path  # where serde_path_to_error says the error is ("" = the root)
 
 
 class _Err(Exception):
@@ -50,11 +60,15 @@ def _float_text(value: float) -> str:
 
 
 class _Parser:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, track_any: bool = False, untagged_ok=None) -> None:
         self.d = data
         self.i = 0
         self.depth = 0
         self.path: list[str] = []
+        self.track_any = track_any
+        self.flatten = track_any  # the structs with a flatten map are the ones that track it
+        # untagged_ok(name, value) -> bool: does a buffered value match an untagged enum?
+        self.untagged_ok = untagged_ok
 
     # -- positions -----------------------------------------------------------------------------
 
@@ -220,7 +234,8 @@ class _Parser:
         if c is None:
             raise self.peek_err("EOF while parsing a value")
         if c == 0x22:
-            return self.string(validate=False)
+            # A serde_json ``Value`` (track_any) checks its strings; ``IgnoredAny`` does not.
+            return self.string(validate=self.track_any)
         if c == 0x2D or 0x30 <= c <= 0x39:
             return self.number()
         if c == 0x74:
@@ -230,14 +245,31 @@ class _Parser:
         if c == 0x6E:
             return self.ident(b"ull", None)
         if c == 0x5B:
-            return self._container(b"]", "list", lambda: self.any_value())
+            if not self.track_any:
+                return self._container(b"]", "list", lambda: self.any_value())
+            if not self.path:
+                self.path.append("")
+            base = self.path[-1]
+            items: list[Any] = []
+
+            def element():
+                self.path[-1] = f"{base}[{len(items)}]"
+                items.append(self.any_value())
+                self.path[-1] = base
+
+            self._container(b"]", "list", element)
+            return items
         if c == 0x7B:
             out = {}
 
             def entry():
-                key = self.string(validate=False)
+                key = self.string(validate=self.track_any)
                 self.colon()
+                if self.track_any:
+                    self.path.append(key)
                 out[key] = self.any_value()
+                if self.track_any:
+                    self.path.pop()
 
             self._container(b"}", "object", entry, keys=True)
             return out
@@ -318,16 +350,40 @@ class _Parser:
             if c == 0x22:
                 return self.string()
             raise self.invalid_type("a string")
-        if kind in _INT_LIMITS:
+        if kind in _INT_LIMITS or kind in _SIGNED_LIMITS:
             return self._integer(kind, c)
+        if kind in ("bool", "bool_nf"):
+            if kind == "bool_nf" and c == 0x6E:
+                self.ident(b"ull", None)
+                return False
+            if c == 0x74:
+                return self.ident(b"rue", True)
+            if c == 0x66:
+                return self.ident(b"alse", False)
+            raise self.invalid_type("a boolean")
+        if kind == "map":
+            if c != 0x7B:
+                raise self.invalid_type("a map")
+            return self.any_value()
+        if kind.startswith("untagged:"):
+            # serde buffers the value, then tries each variant: the error has no position of
+            # its own (the enclosing container's end stamps it).
+            value = self.any_value()
+            if self.untagged_ok is not None and not self.untagged_ok(kind[9:], value):
+                name = kind[9:].partition("|")[0]  # "|...": smgrl's own variants of it
+                raise _Err(f"data did not match any variant of untagged enum {name}", False, None)
+            return value
+        if kind == "messages":
+            return self._messages(c)
         if kind == "f32":
             if c == 0x2D or 0x30 <= c <= 0x39:
                 return self.number()
             raise self.invalid_type("f32")
-        if kind == "map_str":
+        if kind in ("map_str", "map_f32"):
             if c != 0x7B:
                 raise self.invalid_type("a map")
-            out: dict[str, str] = {}
+            value_kind = "str" if kind == "map_str" else "f32"
+            out: dict[str, Any] = {}
             # serde_path_to_error names a map entry whose key is not read yet `?`.
             self.path.append("?")
 
@@ -336,7 +392,7 @@ class _Parser:
                 self.path.pop()  # between key and value the path is the map's own
                 self.colon()
                 self.path.append(key)
-                out[key] = self.typed("str")
+                out[key] = self.typed(value_kind)
                 self.path[-1] = "?"
 
             self._container(b"}", "object", entry, keys=True)
@@ -383,9 +439,102 @@ class _Parser:
             raise self.err(
                 f"invalid type: floating point `{_float_text(value)}`, expected {kind}", syntax=False
             )
-        if not 0 <= value <= _INT_LIMITS[kind]:
+        if kind in _SIGNED_LIMITS:
+            bound = _SIGNED_LIMITS[kind]
+            if not -bound <= value < bound:
+                raise self.err(f"invalid value: integer `{value}`, expected {kind}", syntax=False)
+        elif not 0 <= value <= _INT_LIMITS[kind]:
             raise self.err(f"invalid value: integer `{value}`, expected {kind}", syntax=False)
         return value
+
+    def _messages(self, c: int) -> list:
+        """``Vec<ChatMessage>``: ``ChatMessage`` is internally tagged by ``role`` (serde reads
+        the map until the tag, buffering the rest, and checks the variant as soon as the tag is
+        read); its ``content`` is the untagged ``MessageContent``. Only the tag and the content's
+        shape are checked here; the rest of a message is the engine's to judge."""
+        if c != 0x5B:
+            raise self.invalid_type("a sequence")
+        base = self.path.pop()
+        items: list[Any] = []
+        error: _Err | None = None
+
+        def item():
+            self.path.append(f"{base}[{len(items)}]")
+            if self.ws() != 0x7B:
+                raise self.invalid_type("internally tagged enum ChatMessage")
+            message = self._message()
+            if not isinstance(message.get("content"), (str, list, type(None))):
+                raise _Err("data did not match any variant of untagged enum MessageContent", False, None)
+            items.append(message)
+            self.path.pop()
+
+        try:
+            self._container(b"]", "list", item)
+        except _Err as exc:
+            if exc.pos is not None:
+                raise
+            error = exc
+        if error is not None:
+            # serde_json ends the sequence (``end_seq``) before it stamps a position.
+            c = self.ws()
+            if c == 0x5D:
+                self.i += 1
+            error.pos = self.i
+            raise error
+        self.path.append(base)
+        return items
+
+    def _message(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        error: _Err | None = None
+        self.depth += 1
+        if self.depth >= MAX_DEPTH:
+            raise self.peek_err("recursion limit exceeded")
+        self.i += 1
+        first = True
+        saved = self.track_any
+        self.track_any = True  # the buffered content is a serde Content: paths are tracked
+        try:
+            while True:
+                c = self.ws()
+                if c == 0x7D:
+                    break
+                if c is None:
+                    raise self.peek_err("EOF while parsing an object")
+                if not first:
+                    if c != 0x2C:
+                        raise self.peek_err("expected `,` or `}`")
+                    self.i += 1
+                    c = self.ws()
+                    if c == 0x7D:
+                        raise self.peek_err("trailing comma")
+                    if c is None:
+                        raise self.peek_err("EOF while parsing a value")
+                first = False
+                if c != 0x22:
+                    raise self.peek_err("key must be a string")
+                key = self.string()
+                self.colon()
+                self.path.append(key)
+                if key == "role" and "role" not in out:
+                    out["role"] = self._enum(list(CHAT_ROLES), self.ws())
+                else:
+                    out[key] = self.any_value()
+                self.path.pop()
+            if "role" not in out:
+                raise _Err("missing field `role`", False, None)
+        except _Err as exc:
+            error = exc
+        finally:
+            self.track_any = saved
+        if self.ws() == 0x7D:
+            self.i += 1
+        self.depth -= 1
+        if error is not None:
+            if error.pos is None:
+                error.pos = self.i
+            raise error
+        return out
 
     def _enum(self, variants: list[str], c: int) -> str:
         if c == 0x7B:  # {"variant": ...}: the key names the variant
@@ -410,6 +559,10 @@ class _Parser:
         c = self.ws()
         if c is None:
             raise self.peek_err("EOF while parsing a value")
+        if c == 0x5B and self.flatten:
+            # A struct with a ``#[serde(flatten)]`` field is read as a map only (serde_json's
+            # ``peek_invalid_type``: the ``[`` is not consumed).
+            raise _Err(f"invalid type: sequence, expected struct {name}", False, self.i)
         if c == 0x5B:
             # serde derives visit_seq too: an array is read positionally; the empty one is short.
             self.i += 1
@@ -477,10 +630,14 @@ def parse_struct(
     required: tuple[str, ...] = (),
     field_count: int | None = None,
     aliases: dict[str, str] | None = None,
+    *,
+    flatten: bool = False,
+    untagged_ok=None,
 ) -> dict[str, Any]:
     """The body as ``{field: value}`` for the schema's known fields (``aliases`` maps other
-    accepted names onto them); SerdeError with SMG's text."""
-    p = _Parser(data)
+    accepted names onto them); SerdeError with SMG's text. ``flatten``: the struct keeps its
+    unknown fields in a ``#[serde(flatten)]`` map of ``Value`` (SMG's OpenAI requests)."""
+    p = _Parser(data, track_any=flatten, untagged_ok=untagged_ok)
     try:
         out = p.struct(name, fields, required, aliases or {})
         if p.ws() is not None:
@@ -490,4 +647,4 @@ def parse_struct(
         msg = exc.msg.replace("{n}", str(field_count if field_count is not None else len(fields)))
         located = f"{msg} at {p.position(exc.pos if exc.pos is not None else p.i)}"
         path = ".".join(p.path)
-        raise SerdeError(f"{path}: {located}" if path else located, exc.syntax) from None
+        raise SerdeError(f"{path}: {located}" if path else located, exc.syntax, path) from None

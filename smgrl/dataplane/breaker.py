@@ -16,6 +16,7 @@ paused or refitting engine never trips one, and an open breaker never blocks a r
 from __future__ import annotations
 
 import collections
+from collections.abc import Container, Iterable
 
 import attrs
 
@@ -90,9 +91,21 @@ class Breakers:
         breaker = self.by_engine.get(base_url)
         return breaker is None or breaker.allows(now)
 
-    def next_reopen(self) -> float | None:
-        times = [b.reopens_at() for b in self.by_engine.values() if b.state == OPEN]
+    def next_reopen(self, among: Iterable[str]) -> float | None:
+        """When the first open breaker among these engines goes half-open. Only the engines a
+        request could use count: an open breaker of an engine held out (paused, removed) is
+        never consulted, so its reopen time stays in the past and waiting on it would spin."""
+        by_engine = self.by_engine
+        times = [
+            b.reopens_at() for b in (by_engine.get(u) for u in among) if b is not None and b.state == OPEN
+        ]
         return min(times) if times else None
+
+    def prune(self, keep: Container[str]) -> None:
+        """Forget the breakers of engines no longer in the routing table."""
+        for base_url in [u for u in self.by_engine if u not in keep]:
+            if self.by_engine.pop(base_url).state != CLOSED:
+                self.open_count -= 1
 
     def record(self, base_url: str, success: bool, now: float) -> None:
         if not self.enabled:

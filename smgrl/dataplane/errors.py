@@ -3,7 +3,12 @@
 ::
 
     DataPlaneError
-    ├── InvalidRequestBody      invalid_request_body     400
+    ├── InvalidRequest          SMG's codes              400  the body refused as SMG refuses it:
+    │                                                         invalid_json, invalid_type, invalid_value,
+    │                                                         missing_required_parameter, empty_array,
+    │                                                         prompt_empty, integer_below_min_value,
+    │                                                         unknown_parameter, json_parse_error
+    │                                                         (422 for a /generate body of the wrong shape)
     ├── ModelRequired           model_required           400  several models served, none named
     ├── ModelNotFound           model_not_found          404
     ├── QueueFull               too_many_requests        429  --max-concurrent-requests + queue full
@@ -11,6 +16,7 @@
     ├── UpstreamUnreachable     upstream_unreachable     502  retries exhausted (connect / 5xx)
     ├── NoAvailableWorkers      no_available_workers     503  no routable worker serves the model
     ├── NoEligibleWorkers       no_eligible_workers      503  retryable: every worker held out
+    ├── MemoryBudgetExceeded    memory_budget_exceeded   503  retryable: --dataplane-memory-budget in use
     └── RequestTimeout          request_timeout          504  --request-timeout-secs passed
 
 ``invalid_version_policy`` (400) is the RL crate's error and keeps the crate's envelope
@@ -19,7 +25,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 
@@ -52,8 +58,27 @@ class DataPlaneError(Exception):
         return out
 
 
-class InvalidRequestBody(DataPlaneError):
-    code, status = "invalid_request_body", 400
+# SMG's codes for a refused body (``smgrl.api.dataplane_body``), each answered as InvalidRequest.
+INVALID_REQUEST_CODES = (
+    "invalid_json",
+    "invalid_type",
+    "invalid_value",
+    "missing_required_parameter",
+    "unknown_parameter",
+    "integer_below_min_value",
+    "empty_array",
+    "prompt_empty",
+    "json_parse_error",
+)
+
+
+class InvalidRequest(DataPlaneError):
+    """Code and ``param`` vary as SMG's do (``smgrl.api.dataplane_body``)."""
+
+    def __init__(self, message: str, code: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message, param=param)
+        self.code = code
+        self.status = status
 
 
 class ModelRequired(DataPlaneError):
@@ -84,10 +109,20 @@ class NoEligibleWorkers(DataPlaneError):
     code, status, retryable = "no_eligible_workers", 503, True
 
     @classmethod
-    def because(cls, reasons: Mapping[str, int], waited: float) -> NoEligibleWorkers:
+    def because(
+        cls, reasons: Mapping[str, int], waited: float, floor=None, versions: Sequence[str] = ()
+    ) -> NoEligibleWorkers:
         named = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
         message = f"no eligible worker after waiting {waited:g}s ({named})"
-        return cls(message, reasons=dict(sorted(reasons.items())))
+        if floor is not None:
+            message += f"; x-version-tag {floor.raw} asks for that version or newer"
+        if versions:
+            message += "; the fleet has versions " + ", ".join(versions)
+        return cls(message, reasons=dict(sorted(reasons.items())), versions=list(versions))
+
+
+class MemoryBudgetExceeded(DataPlaneError):
+    code, status, retryable = "memory_budget_exceeded", 503, True
 
 
 class RequestTimeout(DataPlaneError):

@@ -2,7 +2,8 @@
 
 Always: ``smgrl_dataplane_requests_total{route,status}``,
 ``smgrl_dataplane_request_duration_seconds{route}``, ``smgrl_dataplane_retries_total``,
-``smgrl_dataplane_waiting_requests`` and ``smgrl_dataplane_inflight_requests{worker}``.
+``smgrl_dataplane_waiting_requests`` (and ``..._by_reason{reason}``) and
+``smgrl_dataplane_inflight_requests{worker}``.
 
 With ``--enable-rl``, SMG M2's families (spec Appendix A.2) under an ``smgrl_rl_`` prefix: SMG
 1.13.0 has no M2, and its ``smg_rl_*`` set is pinned by ``tests/api/test_rl_metrics.py`` (rename
@@ -45,6 +46,22 @@ class _TableCollector:
         )
         waiting.add_metric([], dp.waiting)
         yield waiting
+        by_reason = GaugeMetricFamily(
+            "smgrl_dataplane_waiting_requests_by_reason",
+            "Rollout requests waiting in the gateway for an eligible engine, by the reason holding "
+            "out most candidates (stale, unversioned: an x-version-tag floor; paused, asleep, ...)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(dp.waiting_by_reason.items()):
+            if n:
+                by_reason.add_metric([reason], n)
+        yield by_reason
+        held = GaugeMetricFamily(
+            "smgrl_dataplane_memory_held_bytes",
+            "Bytes of rollout request bodies and buffered answers held (--dataplane-memory-budget)",
+        )
+        held.add_metric([], dp.budget.used)
+        yield held
         table = dp.table()
         entries = [e for slot in table.models.values() for e in slot.entries]
         inflight = GaugeMetricFamily(

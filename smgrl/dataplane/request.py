@@ -29,12 +29,15 @@ class BadRequest(ValueError):
 
 @attrs.frozen(slots=True)
 class RolloutRequest:
+    """What routing needs; the parsed body itself is not kept (it can be several times the
+    body's size: the data plane's memory budget counts the body, docs/data-plane.md)."""
+
     route: str
-    obj: dict[str, Any]
     model: str | None
     stream: bool
     # Cache-aware routing key material: prompt text (str) or token ids (tuple); None = nothing.
     prefix: str | tuple[int, ...] | None
+    single: bool = True  # a /generate with one prompt (answers one object, never a list)
 
     @property
     def openai(self) -> bool:
@@ -51,12 +54,20 @@ def parse(route: str, body: bytes) -> RolloutRequest:
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("`model` must be a string")
+    return from_obj(route, obj)
+
+
+def from_obj(route: str, obj: dict[str, Any]) -> RolloutRequest:
+    """The request from its parsed (and checked: ``smgrl.api.dataplane_body``) body. An OpenAI
+    request always names its model (SMG's 400 otherwise), even an empty one (a 404); a
+    ``/generate`` without one goes to the fleet's single model."""
+    model = obj.get("model")
     return RolloutRequest(
         route=route,
-        obj=obj,
-        model=model or None,
+        model=model if route != GENERATE else (model or None),
         stream=obj.get("stream") is True,
         prefix=_prefix(route, obj),
+        single=route != GENERATE or is_single_generate(obj),
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +28,7 @@ from smgrl.config import Config
 from smgrl.core.version import Version
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.breaker import Breakers
+from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.errors import (
     ModelNotFound,
     ModelRequired,
@@ -43,6 +45,8 @@ from smgrl.routing.policy import CacheAwareConfig, make_policy, sticky
 from smgrl.routing.version_policy import ANY, VersionPolicy, floor_reason
 from smgrl.state.fleet import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
+
+log = logging.getLogger("smgrl.dataplane")
 
 # Request headers forwarded to engines (everything else, the caller's authorization included,
 # stays at the gateway; the engine gets the worker's own key).
@@ -96,7 +100,11 @@ class DataPlane:
         self.loads: dict[str, int] = {}
         self.breakers = Breakers(dp.breaker, enabled=not cfg.disable_circuit_breaker)
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
+        self.waiting_by_reason: Counter = Counter()  # the same, by wait_reason()
+        self.wait_passes = 0  # how many times a waiting request went to sleep (a spin shows here)
         self.admission = Admission(dp.max_concurrent_requests, dp.queue_size, dp.queue_timeout_secs)
+        self.budget = ByteBudget(dp.memory_budget)  # rollout bodies and buffered answers held
+        self.max_body = min(cfg.max_payload_size, dp.max_body_size)
         self._table: Table | None = None
         self._changed = trio.Event()
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
@@ -136,6 +144,8 @@ class DataPlane:
                         self.metrics.version_changed_with_inflight()
             for worker_id in [w for w, n in self.loads.items() if not n and w not in after]:
                 del self.loads[worker_id]  # a removed worker's idle counter
+        if self.breakers.by_engine:
+            self.breakers.prune({e.instance.base_url for slot in new.models.values() for e in slot.entries})
         self._table = new
         return new
 
@@ -156,7 +166,7 @@ class DataPlane:
         if served == ["unknown"]:
             # The only engine never told us its model name: let it judge the request.
             return "unknown"
-        raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        raise ModelNotFound(f"No worker available for model '{model}'")  # SMG's text, param null
 
     # -- picking -------------------------------------------------------------------------------
 
@@ -219,6 +229,7 @@ class DataPlane:
         """An eligible instance for ``model``; waits (event-driven) while every one is held out."""
         started = self._now()
         policy = policy or self.version_policy
+        logged = False
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
@@ -231,7 +242,22 @@ class DataPlane:
             if self._now() >= wait_until:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
-                raise NoEligibleWorkers.because(held, self._now() - started)
+                raise NoEligibleWorkers.because(held, self._now() - started, floor, fleet_versions(slot))
+            reason = wait_reason(held)
+            if not logged:
+                # Visible, not silent: a version floor no engine meets can wait for a long time
+                # (PSRL's loops rely on it: the request waits for the next sync).
+                logged = True
+                log.info(
+                    "request waits for an eligible engine for model %r: %s (held out: %s; floor %s; "
+                    "the fleet has versions %s); waiting up to %gs",
+                    model,
+                    reason,
+                    ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
+                    floor.raw if floor is not None else "-",
+                    ", ".join(fleet_versions(slot)) or "none",
+                    max(0.0, wait_until - self._now()),
+                )
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
             # write, a health change), by an open circuit breaker's timeout (it goes half-open
@@ -239,15 +265,18 @@ class DataPlane:
             # cancels the wait (the request's disconnect watcher).
             wake = wait_until
             if held.get("circuit_open"):
-                reopen = self.breakers.next_reopen()
+                reopen = self.breakers.next_reopen(e.instance.base_url for e in slot.selectable)
                 if reopen is not None:
                     wake = min(wake, reopen)
             self.waiting += 1
+            self.wait_passes += 1
+            self.waiting_by_reason[reason] += 1
             try:
                 with trio.move_on_at(wake):
                     await changed.wait()
             finally:
                 self.waiting -= 1
+                self.waiting_by_reason[reason] -= 1
 
     # -- forwarding ----------------------------------------------------------------------------
 
@@ -260,7 +289,8 @@ class DataPlane:
         if key:
             out.append((b"authorization", b"Bearer " + key.encode("latin-1")))
         if instance.dp_rank is not None:
-            body = json.dumps({**req.obj, "data_parallel_rank": instance.dp_rank}).encode()
+            # Parsed again here (--dp-aware only): the request does not keep its parsed body.
+            body = json.dumps({**json.loads(body), "data_parallel_rank": instance.dp_rank}).encode()
         return out, body
 
     def deadlines(self) -> tuple[float, float]:
@@ -282,6 +312,7 @@ class DataPlane:
         policy: VersionPolicy | None = None,
         floor: Version | None = None,
         buffered: bool,
+        hold: Hold | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
@@ -317,6 +348,7 @@ class DataPlane:
             last = attempt + 1 == attempts
             relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
+            mark = hold.held if hold is not None else 0  # what a discarded answer gives back
             # The deadline scope spans the caller's relay too (it runs at ``yield``, in this
             # task: the asynccontextmanager pattern trio allows for a yield inside a scope). A
             # cancellation at any checkpoint closes the engine connection (upstream/pool.py),
@@ -335,7 +367,9 @@ class DataPlane:
                             continue
                         dispatched = Dispatch(entry, response)
                         if buffered:
-                            data, truncated = await response.read_bounded(MAX_RESPONSE_BYTES)
+                            data, truncated = await response.read_bounded(
+                                MAX_RESPONSE_BYTES, _reserve(response, hold)
+                            )
                             if truncated:
                                 raise UpstreamUnreachable(
                                     f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
@@ -347,6 +381,8 @@ class DataPlane:
                         return
                 except UpstreamError as exc:
                     self._record(base, False)
+                    if buffered and hold is not None and not relaying:
+                        hold.back_to(mark)  # the cut-short answer is discarded
                     if not relaying and not last:
                         self.metrics.retries.inc()
                         tried.add(wid)
@@ -367,3 +403,27 @@ class DataPlane:
 
     def _record(self, base_url: str, success: bool) -> None:
         self.breakers.record(base_url, success, self._now())
+
+
+def wait_reason(held: Counter) -> str:
+    """Why a request waits: the reason holding out the most instances (ties: by name)."""
+    return min(held.items(), key=lambda item: (-item[1], item[0]))[0] if held else "none"
+
+
+def fleet_versions(slot: ModelEntries) -> list[str]:
+    """The weight versions the model's instances have (any state), for a waiting request's log
+    line and 503: what the fleet could offer."""
+    return sorted({e.version if e.version is not None else "unversioned" for e in slot.entries})
+
+
+def _reserve(response: Response, hold: Hold | None):
+    """Take a buffered answer's bytes from the memory budget: a declared length at once, before
+    a byte is read (concurrent readers taking piece by piece could each get part of the budget
+    and all fail), else each piece as it arrives (``read_bounded``'s ``on_data``)."""
+    if hold is None:
+        return None
+    length = response.header(b"content-length")
+    if length is not None and length.isdigit() and int(length) <= MAX_RESPONSE_BYTES:
+        hold.take(int(length))
+        return None
+    return hold.take

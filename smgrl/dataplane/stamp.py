@@ -22,6 +22,7 @@ the object). Error answers (non-2xx) are never touched.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import attrs
@@ -123,14 +124,21 @@ def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
     return Stamp(version, False, body)
 
 
+# An SSE event ends at a blank line; lines end in CRLF, LF or CR (WHATWG HTML, 9.2.5). Longest
+# alternatives first. (A lone CR ending a chunk, whose LF comes in the next one, is read as a CR
+# line end: the LF then makes an empty line, which an SSE client ignores.)
+EVENT_BOUNDARY = re.compile(rb"(\r\n\r\n|\r\r\n|\r\n\n|\n\r\n|\n\n|\r\r)")
+
+
 def first_event_version(chunk: bytes) -> str | None:
     """The ``meta_info.weight_version`` of the first complete ``data:`` event of a ``/generate``
     stream's first chunk, or None (the stream's head then names the table's version)."""
     if not chunk.startswith(b"data: {"):
         return None
-    end = chunk.find(b"\n\n")
-    if end < 0:
+    found = EVENT_BOUNDARY.search(chunk)
+    if found is None:
         return None
+    end = found.start()
     try:
         event = json.loads(chunk[6:end])
     except ValueError:
@@ -154,6 +162,12 @@ class FingerprintEvents:
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._buf + chunk if self._buf else chunk
+        if b"\r" in data:
+            # CR or CRLF line ends (legal SSE): split on any blank line, keeping each event's
+            # own separator bytes.
+            pieces = EVENT_BOUNDARY.split(data)
+            self._buf = pieces.pop()
+            return b"".join(self._rewrite(pieces[i]) + pieces[i + 1] for i in range(0, len(pieces), 2))
         end = data.rfind(b"\n\n")
         if end < 0:
             self._buf = data

@@ -8,7 +8,7 @@ synchronously.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from smgrl.upstream.connection import RECEIVE_SIZE, STREAM_ERRORS, Connection
@@ -70,16 +70,26 @@ class Response:
             pieces.append(data)
         return b"".join(pieces)
 
-    async def read_bounded(self, limit: int) -> tuple[bytes, bool]:
+    async def read_bounded(
+        self, limit: int, on_data: Callable[[int], None] | None = None
+    ) -> tuple[bytes, bool]:
         """At most ``limit`` bytes of body, and whether the body had more.
 
         When it had more, reading stops at once (nothing is drained: the body may be huge) and
         the connection is closed, which also tells the engine to stop sending. (If the whole
         body had already arrived, nothing needed draining and the connection was pooled.)
+        ``on_data(n)`` is told of each piece before it is kept; an exception it raises stops the
+        read the same way and propagates (the data plane's memory budget).
         """
         pieces = []
         size = 0
         while (data := await self._next_data()) is not None:
+            if on_data is not None:
+                try:
+                    on_data(len(data))
+                except Exception:
+                    self._drop("the body read was refused by read_bounded(on_data)")
+                    raise
             pieces.append(data)
             size += len(data)
             if size > limit:

@@ -289,3 +289,37 @@ async def test_a_queue_wait_that_runs_out_is_a_429():
                 assert r.status_code == 429 and r.json()["error"]["code"] == "queue_timeout"
                 release.set()
         nursery.cancel_scope.cancel()
+
+
+async def test_an_open_breaker_of_a_held_out_engine_never_makes_a_waiting_request_spin():
+    # Issue 10: the wait for an engine held out by its breaker woke at the earliest reopen time
+    # of ANY open breaker, including one of an engine the table holds out (paused: never
+    # consulted, so its reopen time stays in the past): the wait returned at once and selection
+    # spun (15,309 passes in 0.3 s where 2 are expected).
+    timeout = 0.5
+    breaker = BreakerConfig(failure_threshold=1, success_threshold=1, timeout_secs=timeout, window_secs=60)
+    config = cfg(retries=1, breaker=breaker)
+    dataplane = attrs.evolve(config.dataplane, retry=RetryConfig(enabled=False), eligible_wait_secs=10)
+    config = attrs.evolve(config, dataplane=dataplane)
+    async with trio.open_nursery() as nursery:
+        a, b = await engines(nursery, failing(500), failing(500))
+        async with gateway_in_process(config, worker_urls=[a.url, b.url]) as gw:
+            dp = gw.app.dataplane
+            r = await gw.client.post("/generate", json=GEN)
+            first = a if r.headers["x-smg-routed-worker-id"] == a.url else b
+            second = b if first is a else a
+            opened = trio.current_time()
+            wid = gw.gateway.fleet.registry.id_for_url(first.url)
+            r = await gw.client.post(f"/v1/rl/workers/{wid}/state", json={"control": "paused"})
+            assert r.status_code == 200
+            # The paused engine's breaker stays open; its reopen time passes.
+            await trio.sleep_until(opened + timeout + 0.05)
+            assert (await gw.client.post("/generate", json=GEN)).status_code == 500  # opens `second`
+            assert dp.breakers.state(second.url) == OPEN and dp.breakers.state(first.url) == OPEN
+            second.script = good
+            passes = dp.wait_passes
+            with trio.fail_after(5):
+                r = await gw.client.post("/generate", json=GEN)  # waits for `second` to half-open
+            assert r.status_code == 200 and r.headers["x-smg-routed-worker-id"] == second.url
+            assert dp.wait_passes - passes <= 3
+        nursery.cancel_scope.cancel()

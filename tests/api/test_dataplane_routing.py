@@ -56,6 +56,7 @@ async def test_cache_aware_keeps_a_shared_prefix_together():
         picks = {await routed(gw, {**GEN, "text": system + f"Problem {i}"}) for i in range(10)}
         assert len(picks) == 1
         chat = {
+            "model": "fake/Qwen3-0.6B",
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
             "max_tokens": 1,
         }

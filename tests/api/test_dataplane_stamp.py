@@ -8,16 +8,19 @@ import json
 import trio
 
 from smgrl.config import Config, RlConfig
-from smgrl.dataplane.testing import ScriptedEngine
+from smgrl.dataplane.testing import PROBE_MODEL, ScriptedEngine
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 2}}
-CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+CHAT = {"model": PROBE_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 def cfg() -> Config:
     return Config(rl=RlConfig(enabled=True, control_timeout_secs=10), policy="round_robin")
+
+
+FAKE_CHAT = {**CHAT, "model": "fake/Qwen3-0.6B"}
 
 
 def sse_events(text: str) -> list:
@@ -44,17 +47,19 @@ async def test_responses_carry_the_weight_version_once_known_and_follow_a_refit(
         r = await gw.client.post("/generate", json=GEN)
         assert r.json()["meta_info"]["weight_version"] == "v7"
         assert r.headers["x-smg-weight-version"] == "v7" and r.headers["x-version-tag"] == "v7"
-        r = await gw.client.post("/v1/chat/completions", json=CHAT)
+        r = await gw.client.post("/v1/chat/completions", json=FAKE_CHAT)
         assert r.headers["x-smg-weight-version"] == "v7"
         assert r.json()["system_fingerprint"] == "v7"
-        r = await gw.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        r = await gw.client.post(
+            "/v1/completions", json={"model": FAKE_CHAT["model"], "prompt": "x", "max_tokens": 2}
+        )
         assert r.json()["system_fingerprint"] == "v7"
 
         # Streams: the head names the table's version, every OpenAI event carries it too.
         r = await gw.client.post("/generate", json={**GEN, "stream": True})
         assert r.headers["x-smg-weight-version"] == "v7" and "x-smg-mixed-version" not in r.headers
         assert {e["meta_info"]["weight_version"] for e in sse_events(r.text)} == {"v7"}
-        r = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        r = await gw.client.post("/v1/chat/completions", json={**FAKE_CHAT, "stream": True})
         assert r.headers["x-smg-weight-version"] == "v7"
         events = sse_events(r.text)
         assert events and {e["system_fingerprint"] for e in events} == {"v7"}
@@ -95,7 +100,9 @@ async def test_buffered_generate_flags_mixed_versions_and_streams_are_never_flag
                 assert "x-smg-mixed-version" not in r.headers
                 # The head waited for the first event: the engine's version, not the table's v1.
                 assert r.headers["x-smg-weight-version"] == meta["weight_version"]
-                r = await gw.client.post("/v1/completions", json={"prompt": "x", "stream": True})
+                r = await gw.client.post(
+                    "/v1/completions", json={"model": PROBE_MODEL, "prompt": "x", "stream": True}
+                )
                 assert r.headers["x-smg-weight-version"] == "v1"  # OpenAI streams: the table's
             nursery.cancel_scope.cancel()
 

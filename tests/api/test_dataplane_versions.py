@@ -3,6 +3,7 @@ x-smg-version-policy header, and PSRL's x-version-tag floor."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import attrs
@@ -153,3 +154,36 @@ async def test_a_request_waits_for_an_engine_at_the_latest_version():
 def test_an_invalid_launch_policy_is_refused(policy):
     with pytest.raises(ConfigError, match="--rl-version-policy"):
         validate(attrs.evolve(cfg(), rl=RlConfig(enabled=True, version_policy=policy)))
+
+
+async def test_a_request_waiting_for_a_version_floor_is_visible_and_its_503_names_why(caplog):
+    # Issue 12: the wait stays (PSRL's loops rely on it) but is counted by reason, logged when it
+    # starts, and its 503 names the floor and the versions the fleet has.
+    async with (
+        fake_fleet("sglang", n=2) as fleet,
+        gateway_in_process(cfg(wait=1), worker_urls=fleet.urls) as gw,
+    ):
+        a, b = (gw.gateway.fleet.registry.id_for_url(u) for u in fleet.urls)
+        await set_version(gw, a, "3")
+        await set_version(gw, b, "5")
+        dp = gw.app.dataplane
+        result = []
+
+        async def rollout():
+            result.append(await gw.client.post("/generate", json=GEN, headers={"x-version-tag": "6"}))
+
+        with caplog.at_level(logging.INFO, logger="smgrl.dataplane"), trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(rollout)
+                while dp.waiting < 1:
+                    await trio.sleep(0.001)
+                text = gw.gateway.metrics.render().decode()
+                assert 'smgrl_dataplane_waiting_requests_by_reason{reason="stale"} 1.0' in text
+                logged = [r.getMessage() for r in caplog.records if "waits for an eligible" in r.getMessage()]
+                assert len(logged) == 1 and "stale" in logged[0] and "3, 5" in logged[0]
+        r = result[0]
+        assert r.status_code == 503
+        error = r.json()["error"]
+        assert error["reasons"] == {"stale": 2} and error["versions"] == ["3", "5"]
+        assert "x-version-tag 6" in error["message"] and "versions 3, 5" in error["message"]
+        assert dp.waiting == 0 and "waiting_requests_by_reason{" not in gw.gateway.metrics.render().decode()

@@ -152,6 +152,9 @@ def _dataplane_codes() -> dict[str, set[str]]:
     OpenAI-style answers the ASGI handler makes itself."""
     errors = (ROOT / "smgrl/dataplane/errors.py").read_text()
     own = set(re.findall(r'code, status(?:, retryable)? = "([a-z_]+)", \d+', errors))
+    # InvalidRequest answers SMG's codes for a refused body, listed in INVALID_REQUEST_CODES.
+    listed = errors.split("INVALID_REQUEST_CODES = (", 1)[1].split(")", 1)[0]
+    own |= set(re.findall(r'"([a-z_]+)"', listed))
     handler = (ROOT / "smgrl/api/dataplane.py").read_text()
     openai_codes = set(re.findall(r'_openai_error\(\s*send, rid, \d+, "([a-z_]+)"', handler))
     openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', handler))

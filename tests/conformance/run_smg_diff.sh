@@ -56,7 +56,8 @@ RAW=$(urls_of raw)
 KEYS="--control-plane-api-keys adm:Admin:admin:admin-secret usr:User:user:user-secret --tenant-api-key t1:tenant-secret"
 # case -> engines | flags | admin key
 declare -A ENGINES=([discovery]=$FAKE [proxy]=$RAW [fanout]=$RAW [errors]=$RAW [auth]=$FAKE
-                    [dp-aware]=$DP [workers]=$RAW)
+                    [dp-aware]=$DP [workers]=$RAW
+                    [dataplane]=$FAKE)
 declare -A FLAGS=(
     [discovery]="--enable-rl"
     [proxy]="--enable-rl --rl-control-timeout-secs 1"
@@ -65,11 +66,12 @@ declare -A FLAGS=(
     [auth]="--enable-rl $KEYS"
     [dp-aware]="--enable-rl --dp-aware"
     [workers]="--enable-rl --max-payload-size 100000"
+    [dataplane]="--enable-rl"
 )
 declare -A ADMIN=([auth]=admin-secret)
 
 CASES=("$@")
-[ ${#CASES[@]} -gt 0 ] || CASES=(discovery proxy fanout errors auth dp-aware workers)
+[ ${#CASES[@]} -gt 0 ] || CASES=(discovery proxy fanout errors auth dp-aware workers dataplane)
 status=0
 for name in "${CASES[@]}"; do
     urls=(${ENGINES[$name]})

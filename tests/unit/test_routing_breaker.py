@@ -57,7 +57,7 @@ def test_breakers_per_engine_and_disabled():
     for _ in range(3):
         bs.record("a", False, 1)
     assert bs.state("a") == OPEN and bs.open_count == 1 and not bs.allows("a", 2) and bs.allows("b", 2)
-    assert bs.next_reopen() == 11
+    assert bs.next_reopen(["a", "b"]) == 11
     assert bs.allows("a", 11)
     bs.record("a", True, 11)
     bs.record("a", True, 11)
@@ -66,6 +66,21 @@ def test_breakers_per_engine_and_disabled():
     for _ in range(10):
         off.record("a", False, 0)
     assert off.allows("a", 0) and off.by_engine == {}
+
+
+def test_only_the_engines_a_request_could_use_set_the_wake_up_time_and_removed_ones_are_pruned():
+    # Issue 10: an open breaker of an engine the table holds out (or removed) is never consulted,
+    # so its reopen time stays in the past: waiting on it returned at once and selection spun.
+    bs = Breakers(CFG)
+    for url in ("held", "live"):
+        for _ in range(3):
+            bs.record(url, False, 0 if url == "held" else 5)
+    assert bs.next_reopen(["live"]) == 15  # not "held"'s 10, long past at t=12
+    assert bs.next_reopen(["other"]) is None
+    bs.prune({"live"})
+    assert set(bs.by_engine) == {"live"} and bs.open_count == 1
+    bs.prune(set())
+    assert bs.by_engine == {} and bs.open_count == 0 and bs.allows("live", 6)
 
 
 def test_default_limit_is_smgs():

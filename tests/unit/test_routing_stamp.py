@@ -108,3 +108,25 @@ def test_first_event_version():
     assert first_event_version(b'data: {"text": "a"}\n\n') is None
     assert first_event_version(b"data: {bad\n\n") is None
     assert first_event_version(b": comment\n\n") is None
+
+
+@pytest.mark.parametrize("newline", [b"\r\n", b"\r", b"\n"])
+def test_fingerprint_events_with_any_legal_line_end_are_relayed_as_each_event_completes(newline):
+    # Issue 10: an engine framing its SSE with CRLF (legal) was held until a `\n\n` that never
+    # came: the whole stream reached the client at its end.
+    blank = newline + newline
+    first = b'data: {"id":"a","choices":[]}' + blank
+    second = b'data: {"id":"b","choices":[]}' + blank + b"data: [DONE]" + blank
+    f = FingerprintEvents("v2")
+    out = f.feed(first)
+    assert out.endswith(blank) and json.loads(out[6 : -len(blank)])["system_fingerprint"] == "v2"
+    rest = f.feed(second) + f.flush()
+    assert rest.endswith(b"data: [DONE]" + blank)
+    assert json.loads(rest[6 : rest.index(blank)])["system_fingerprint"] == "v2"
+
+
+def test_first_event_version_with_crlf_framing():
+    from smgrl.dataplane.stamp import first_event_version
+
+    event = b'data: {"text": "a", "meta_info": {"weight_version": "v4"}}\r\n\r\n'
+    assert first_event_version(event) == "v4"
