@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 
+from smgrl.core.worker import worker_url_problem
 from smgrl.errors import ConfigError
 
 DEFAULT_JOURNAL = "./smgrl-journal.db"
@@ -196,6 +197,11 @@ def validate(cfg: Config) -> Config:
             "Configuration error: Invalid value for field 'rl': --rl-version-policy requires --enable-rl"
         )
     _validate_dataplane(cfg)
+    for url in cfg.worker_urls:
+        problem = worker_url_problem(url)
+        if problem is not None:
+            # SMG's launch says "Configuration error: <the /workers text>" too.
+            raise ConfigError(f"Configuration error: {problem}")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"Invalid --port {cfg.port} (expected 0-65535)")
     if not 1 <= cfg.prometheus_port <= 65535:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from smgrl.api.serde_body import SerdeError, parse_struct
-from smgrl.core.worker import URL_SCHEMES, WORKER_TYPES
+from smgrl.core.worker import WORKER_TYPES, worker_url_problem
 from smgrl.errors import WorkerApiError, bad_request
 
 DESERIALIZE = "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
@@ -80,18 +80,9 @@ def parse_worker_spec(data: bytes) -> dict[str, Any]:
     """A worker spec as POST/PUT take it (the content type was checked)."""
     body = _parse(data, "WorkerSpec", WORKER_SPEC, ("url",), WORKER_SPEC_FIELDS, WORKER_SPEC_ALIASES)
     url = body["url"]
-    if not url.startswith(URL_SCHEMES):
-        raise bad_request(
-            f"Invalid value for field 'worker_url': {url} - URL must start with a lowercase http://, "
-            "https://, grpc://, grpcs://, or ipc:// scheme"
-        )
-    host = url.split("://", 1)[1].split("/", 1)[0]
-    if not host or host.startswith(":"):
-        raise bad_request(f"Invalid value for field 'worker_url': {url} - Invalid URL format: empty host")
-    if any(c.isspace() for c in host):
-        raise bad_request(
-            f"Invalid value for field 'worker_url': {url} - Invalid URL format: invalid international domain name"
-        )
+    problem = worker_url_problem(url)
+    if problem is not None:
+        raise bad_request(problem)
     runtime = body.get("runtime_type")
     return {
         "url": url,

@@ -70,6 +70,70 @@ class Worker:
         return self.status != "pending"
 
 
+def _authority(url: str) -> str:
+    """What follows ``scheme://`` up to the path, query or fragment."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    for sep in "/?#":
+        rest = rest.split(sep, 1)[0]
+    return rest
+
+
+def _userinfo_end(url: str) -> int:
+    """The index of the ``@`` that ends a URL's userinfo, or -1 (a DP-rank ``@N`` suffix is not
+    userinfo: it follows the port)."""
+    if "://" not in url:
+        return -1
+    start = url.index("://") + 3
+    authority = _authority(url)
+    at = authority.rfind("@")
+    if at == -1:
+        return -1
+    tail = authority[at + 1 :]
+    if tail.isdigit() and ":" in authority[:at]:
+        # ``http://h:p@1`` is rank 1 of ``http://h:p``; ``http://u:p@h:1@2`` still has userinfo.
+        inner = authority[:at].rfind("@")
+        return -1 if inner == -1 else start + inner
+    return start + at
+
+
+def redact_url(url: str) -> str:
+    """The URL with any userinfo (``user:password@``) replaced by ``***@``: safe to echo."""
+    end = _userinfo_end(url)
+    if end == -1:
+        return url
+    start = url.index("://") + 3
+    return url[:start] + "***" + url[end:]
+
+
+def worker_url_problem(url: str) -> str | None:
+    """Why a worker URL cannot be registered (SMG 1.13.0's wording where SMG refuses it too), or
+    None. Shared by ``POST``/``PUT /workers`` and ``launch --worker-urls``; the text never
+    contains a password (the URL is echoed with its userinfo redacted).
+
+    * no scheme (``127.0.0.1:31002``): SMG refuses it at launch and at ``POST /workers`` alike;
+    * userinfo (``http://user:PASS@host``): SMG accepts it, echoes it and logs it; smgrl refuses
+      it (docs/deviations.md): the engine's key goes in ``api_key`` / ``--api-key``, where it is
+      kept apart from events, logs and answers.
+    """
+    shown = redact_url(url)
+    prefix = f"Invalid value for field 'worker_url': {shown} - "
+    if not url.startswith(URL_SCHEMES):
+        return (
+            prefix + "URL must start with a lowercase http://, https://, grpc://, grpcs://, or ipc:// scheme"
+        )
+    if _userinfo_end(url) != -1:
+        return (
+            prefix + "a worker URL must not carry credentials (user:password@); give the engine's key "
+            "as api_key (POST /workers) or --api-key (smgrl launch)"
+        )
+    host = url.split("://", 1)[1].split("/", 1)[0]
+    if not host or host.startswith(":"):
+        return prefix + "Invalid URL format: empty host"
+    if any(c.isspace() for c in host):
+        return prefix + "Invalid URL format: invalid international domain name"
+    return None
+
+
 def dp_rank_of(url: str) -> int:
     """Rank = integer after the last ``@``; missing or non-numeric gives 0 (SMG's rule)."""
     _, sep, tail = url.rpartition("@")

@@ -13,6 +13,10 @@ from smgrl.testing import gateway_in_process
 IJD = "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
 JSE = "JSON syntax error: Failed to parse the request body as JSON: "
 SCHEME = " - URL must start with a lowercase http://, https://, grpc://, grpcs://, or ipc:// scheme"
+CREDS = (
+    " - a worker URL must not carry credentials (user:password@); give the engine's key as api_key "
+    "(POST /workers) or --api-key (smgrl launch)"
+)
 U0 = "00000000-0000-0000-0000-000000000000"
 
 
@@ -43,6 +47,10 @@ BAD_BODIES = [
     ('{"url":"HTTP://a:1"}', "Invalid value for field 'worker_url': HTTP://a:1" + SCHEME),
     ('{"url":"ftp://a"}', "Invalid value for field 'worker_url': ftp://a" + SCHEME),
     ('{"url":"http://"}', "Invalid value for field 'worker_url': http:// - Invalid URL format: empty host"),
+    ('{"url":"127.0.0.1:31002"}', "Invalid value for field 'worker_url': 127.0.0.1:31002" + SCHEME),
+    ('{"url":"http://u:PASS@127.0.0.1:1"}', "Invalid value for field 'worker_url': http://***@127.0.0.1:1" + CREDS),
+    ('{"url":"https://tok@h/v1"}', "Invalid value for field 'worker_url': https://***@h/v1" + CREDS),
+    ('{"url":"ftp://u:PASS@h"}', "Invalid value for field 'worker_url': ftp://***@h" + SCHEME),
     (
         '{"url":"http://a:1","worker_type":"foo"}',
         IJD + "worker_type: unknown variant `foo`, expected one of "

@@ -40,7 +40,8 @@ TENANT = "tnt-S3cr3t-41f0e7"
 API_KEY = "api-S3cr3t-77aa10"  # --api-key: the --worker-urls engines' bearer; run 2: the control credential
 WORKER = "wrk-S3cr3t-5e5e5e"  # a worker's registration api_key
 GUESS = "gss-S3cr3t-0d0d0d"  # what an attacker tries
-SECRETS = {"admin": ADMIN, "user": USER, "tenant": TENANT, "api_key": API_KEY, "worker": WORKER, "guess": GUESS}
+PASSWORD = "pwd-S3cr3t-1a2b3c"  # in a worker URL's userinfo: refused, never echoed
+SECRETS = {"password": PASSWORD, "admin": ADMIN, "user": USER, "tenant": TENANT, "api_key": API_KEY, "worker": WORKER, "guess": GUESS}
 FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
 
 
@@ -114,6 +115,10 @@ def session(tmp_path_factory):
             admin, user = anon.as_(ADMIN), anon.as_(USER)
             st, _, reg = admin.request("POST", "/workers", {"url": keyed_by_api, "api_key": WORKER})
             assert st == 202
+            # A password in the URL: refused with a pointer to api_key (issue 10), echoed nowhere.
+            with_password = keyed_by_api.replace("://", f"://trainer:{PASSWORD}@")
+            st, _, refused = admin.request("POST", "/workers", {"url": with_password})
+            assert st == 400 and "api_key" in refused["error"], refused
             rows = wait_for_workers(base, 2, token=ADMIN, child=gw)
             ids = {r["url"]: r["id"] for r in rows}
             assert user.request("GET", "/v1/rl/workers")[0] == 200

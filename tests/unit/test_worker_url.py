@@ -1,0 +1,67 @@
+"""Worker URLs: the one check shared by POST/PUT /workers and `launch --worker-urls` (pure)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from smgrl.core.worker import redact_url, worker_url_problem
+
+SCHEME = "URL must start with a lowercase http://"
+CREDS = "must not carry credentials"
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("http://127.0.0.1:31002", None),
+        ("http://127.0.0.1:31002@1", None),  # rank 1 of a DP engine, not userinfo
+        ("https://engine.local/v1", None),
+        ("grpc://10.0.0.5:50051", None),
+        ("http://h/path@x", None),  # an @ in the path is not userinfo
+        ("http://h/?q=a@b", None),
+        ("127.0.0.1:31002", SCHEME),  # issue 12: SMG refuses it too, at launch and POST
+        ("localhost:31002", SCHEME),
+        ("HTTP://h:1", SCHEME),
+        ("http://u:PASS@127.0.0.1:31002", CREDS),
+        ("http://u:PASS@127.0.0.1:31002@1", CREDS),
+        ("http://token@h", CREDS),
+        ("http://@h:1", CREDS),
+        ("http://u:p@", CREDS),
+        ("http://", "empty host"),
+        ("http://:80", "empty host"),
+        ("http://a b:1", "invalid international domain name"),
+    ],
+)
+def test_worker_url_problem(url, expected):
+    problem = worker_url_problem(url)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem is not None and expected in problem
+        assert problem.startswith("Invalid value for field 'worker_url': ")
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://u:PASS@h:1", "http://***@h:1"),
+        ("http://u:PASS@h:1@2", "http://***@h:1@2"),
+        ("https://a@b@h/x@y", "https://***@h/x@y"),
+        ("http://h:1@2", "http://h:1@2"),
+        ("h:1", "h:1"),
+    ],
+)
+def test_redact_url(url, shown):
+    assert redact_url(url) == shown
+
+
+@given(
+    st.sampled_from(["http", "https", "grpc", "ftp", "HTTP"]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:%", min_size=1, max_size=20),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=%", max_size=20),
+    st.sampled_from(["127.0.0.1:1", "h", "[::1]:8000", "h:1@3"]),
+)
+def test_a_password_is_never_echoed(scheme, user, password, host):
+    url = f"{scheme}://{user}:PW{password}@{host}"  # "PW" appears nowhere else in the text
+    problem = worker_url_problem(url)
+    assert problem is not None and "PW" not in problem
