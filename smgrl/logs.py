@@ -1,8 +1,15 @@
 """Logging: human lines by default, one JSON object per line with ``--log-json``.
 
 Structured fields travel in ``extra={"fields": {...}}`` so both formats show the same facts. No
-caller ever passes a secret here; ``redact`` exists for values that might embed one (URLs with
-userinfo).
+caller ever passes a secret here (worker URLs with userinfo are refused at registration).
+
+Values often come from outside (a client's ``x-request-id``, a path, an engine's answer), so
+every line is escaped here, in the formatters, whoever built the record: control characters (C0,
+DEL, C1 such as ``\x85``), Unicode line and paragraph separators, bidi overrides and lone
+surrogates never reach the log raw. In the text format a field value is quoted (logfmt style)
+when it is empty or holds a space, ``=``, ``"``, ``\\`` or an escaped character, so a value can
+never add a field or a line; traceback lines are indented, so no line of one can pass for a log
+line. The JSON format escapes the same characters as ``\\uXXXX``.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import json
 import logging
 import logging.handlers
 import queue
+import re
 import sys
 import time
 
@@ -23,17 +31,46 @@ LEVELS = {
 }
 
 
+# What never reaches a log line raw: C0 controls, DEL, C1 controls (U+0080-U+009F, NEL among
+# them), U+2028/U+2029 (line/paragraph separators), bidi embeddings, overrides and isolates
+# (they reorder what a terminal shows), the BOM, and lone surrogates (unencodable).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+# A text-format value is quoted when it holds one of these (or is empty).
+_QUOTE = re.compile("[\\s=\"\\\\]|" + _UNSAFE.pattern)
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _code(match: re.Match) -> str:
+    ch = match.group()
+    if ch in _SHORT:
+        return _SHORT[ch]
+    point = ord(ch)
+    return f"\\x{point:02x}" if point < 0x100 else f"\\u{point:04x}"
+
+
+def escape(text: str) -> str:
+    """``text`` with every unsafe character written as an escape (``\\n``, ``\\x85``, ``\\u2028``)."""
+    return _UNSAFE.sub(_code, text)
+
+
+def _json_code(match: re.Match) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 class _Text(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, "fields", None) or {}
-        tail = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
+        tail = " ".join(f"{escape(str(k))}={_text(v)}" for k, v in fields.items())
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = f"{stamp}.{int(record.msecs):03d}Z {record.levelname:<5} {record.name}: {record.getMessage()}"
+        message = escape(record.getMessage())
+        line = f"{stamp}.{int(record.msecs):03d}Z {record.levelname:<5} {record.name}: {message}"
         if tail:
             line = f"{line} {tail}"
         trace = _trace(self, record)
         if trace:
-            line = f"{line}\n{trace}"
+            # Each traceback line escaped and indented: an exception message quoting a client's
+            # input cannot start a line of its own.
+            line += "".join(f"\n    {escape(part)}" for part in trace.split("\n"))
         return line
 
 
@@ -49,7 +86,9 @@ class _Json(logging.Formatter):
         trace = _trace(self, record)
         if trace:
             out["exception"] = trace
-        return json.dumps(out, ensure_ascii=False, default=str)
+        # json escapes C0 controls, quotes and backslashes; the rest of the unsafe set (DEL, C1,
+        # separators, bidi, surrogates) can only occur inside strings, where \uXXXX is valid.
+        return _UNSAFE.sub(_json_code, json.dumps(out, ensure_ascii=False, default=str))
 
 
 def _trace(formatter: logging.Formatter, record: logging.LogRecord) -> str | None:
@@ -60,9 +99,11 @@ def _trace(formatter: logging.Formatter, record: logging.LogRecord) -> str | Non
 
 
 def _text(value) -> str:
-    # Values are logged raw (SMG logs a selector containing a newline raw too); quote when needed.
+    """A field value: bare when it is plain, else quoted with ``\\`` and ``"`` escaped too."""
     text = str(value)
-    return json.dumps(text) if (" " in text or not text) else text
+    if text and not _QUOTE.search(text):
+        return text
+    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 
 
 class _Enqueue(logging.handlers.QueueHandler):
