@@ -36,7 +36,7 @@ LEVELS = {
 # (they reorder what a terminal shows), the BOM, and lone surrogates (unencodable).
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 # A text-format value is quoted when it holds one of these (or is empty).
-_QUOTE = re.compile("[\\s=\"\\\\]|" + _UNSAFE.pattern)
+_QUOTE = re.compile('[\\s="\\\\]|' + _UNSAFE.pattern)
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -48,7 +48,10 @@ BAD_BODIES = [
     ('{"url":"ftp://a"}', "Invalid value for field 'worker_url': ftp://a" + SCHEME),
     ('{"url":"http://"}', "Invalid value for field 'worker_url': http:// - Invalid URL format: empty host"),
     ('{"url":"127.0.0.1:31002"}', "Invalid value for field 'worker_url': 127.0.0.1:31002" + SCHEME),
-    ('{"url":"http://u:PASS@127.0.0.1:1"}', "Invalid value for field 'worker_url': http://***@127.0.0.1:1" + CREDS),
+    (
+        '{"url":"http://u:PASS@127.0.0.1:1"}',
+        "Invalid value for field 'worker_url': http://***@127.0.0.1:1" + CREDS,
+    ),
     ('{"url":"https://tok@h/v1"}', "Invalid value for field 'worker_url': https://***@h/v1" + CREDS),
     ('{"url":"ftp://u:PASS@h"}', "Invalid value for field 'worker_url': ftp://***@h" + SCHEME),
     (

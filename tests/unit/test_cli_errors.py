@@ -26,15 +26,19 @@ RL = "Configuration error: Invalid value for field 'rl': "
         # issue 12: a scheme-less URL was accepted and stayed pending forever (SMG refuses it).
         (
             ["--worker-urls", "http://127.0.0.1:31001", "127.0.0.1:31002"],
-            "Configuration error: Invalid value for field 'worker_url': 127.0.0.1:31002 - URL must start "
-            "with a lowercase http://, https://, grpc://, grpcs://, or ipc:// scheme",
+            (
+                "Configuration error: Invalid value for field 'worker_url': 127.0.0.1:31002 - URL must start "
+                "with a lowercase http://, https://, grpc://, grpcs://, or ipc:// scheme"
+            ),
         ),
         # issue 10: userinfo is refused, and the password is never echoed.
         (
             ["--worker-urls", "http://u:PASS-9f2c@127.0.0.1:31002"],
-            "Configuration error: Invalid value for field 'worker_url': http://***@127.0.0.1:31002 - a worker "
-            "URL must not carry credentials (user:password@); give the engine's key as api_key (POST /workers) "
-            "or --api-key (smgrl launch)",
+            (
+                "Configuration error: Invalid value for field 'worker_url': http://***@127.0.0.1:31002 - a worker "
+                "URL must not carry credentials (user:password@); give the engine's key as api_key (POST /workers) "
+                "or --api-key (smgrl launch)"
+            ),
         ),
     ],
 )
