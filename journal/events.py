@@ -136,6 +136,11 @@ def event_class(name: str) -> type[Event] | None:
     return _REGISTRY.get(name)
 
 
+def event_types() -> list[str]:
+    """Every registered type name, sorted (what ``smgrl journal events --type`` globs cover)."""
+    return sorted(_REGISTRY)
+
+
 def _make_dumps() -> Callable[[Any], str]:
     """The canonical JSON encoder: ``json.dumps(obj, separators=(",", ":"), sort_keys=True,
     ensure_ascii=False, allow_nan=False)``, built once.

@@ -22,6 +22,8 @@ import re
 import sys
 import time
 
+from smgrl.core.printable import UNSAFE, escape, escape_for_json
+
 LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -31,30 +33,8 @@ LEVELS = {
 }
 
 
-# What never reaches a log line raw: C0 controls, DEL, C1 controls (U+0080-U+009F, NEL among
-# them), U+2028/U+2029 (line/paragraph separators), bidi embeddings, overrides and isolates
-# (they reorder what a terminal shows), the BOM, and lone surrogates (unencodable).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 # A text-format value is quoted when it holds one of these (or is empty).
-_QUOTE = re.compile('[\\s="\\\\]|' + _UNSAFE.pattern)
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _code(match: re.Match) -> str:
-    ch = match.group()
-    if ch in _SHORT:
-        return _SHORT[ch]
-    point = ord(ch)
-    return f"\\x{point:02x}" if point < 0x100 else f"\\u{point:04x}"
-
-
-def escape(text: str) -> str:
-    """``text`` with every unsafe character written as an escape (``\\n``, ``\\x85``, ``\\u2028``)."""
-    return _UNSAFE.sub(_code, text)
-
-
-def _json_code(match: re.Match) -> str:
-    return f"\\u{ord(match.group()):04x}"
+_QUOTE = re.compile('[\\s="\\\\]|' + UNSAFE.pattern)
 
 
 class _Text(logging.Formatter):
@@ -88,7 +68,7 @@ class _Json(logging.Formatter):
             out["exception"] = trace
         # json escapes C0 controls, quotes and backslashes; the rest of the unsafe set (DEL, C1,
         # separators, bidi, surrogates) can only occur inside strings, where \uXXXX is valid.
-        return _UNSAFE.sub(_json_code, json.dumps(out, ensure_ascii=False, default=str))
+        return escape_for_json(json.dumps(out, ensure_ascii=False, default=str))
 
 
 def _trace(formatter: logging.Formatter, record: logging.LogRecord) -> str | None:

@@ -204,12 +204,11 @@ def stats(ctx: Ctx) -> None:
         ctx.emit(out)
         return
     total = sum(sizes.values())
-    click.echo(
-        f"journal {ctx.path}  ({total / 1e6:.1f} MB: " + ", ".join(f"{k} {v}" for k, v in sizes.items()) + ")"
-    )
-    click.echo(
-        f"  id {public_meta['journal_id']}, created {public_meta['created_at']}, format {public_meta['format_version']}"
-    )
+    # One fact per line, so the report fits 80 columns (the path is the caller's own).
+    click.echo(f"journal {ctx.path}")
+    click.echo(f"  {total / 1e6:.1f} MB: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
+    click.echo(f"  id {public_meta['journal_id']}, format {public_meta['format_version']}")
+    click.echo(f"  created {public_meta['created_at']}")
     click.echo(
         f"  {out['events']} events, seq {bounds['first_seq'] or '-'}..{bounds['last_seq'] or '-'}, "
         f"{out['first_time']} .. {out['last_time']}"

@@ -13,7 +13,7 @@ from journal.events import Recorded, UnknownEvent
 from smgrl.journal_cli.filters import WorkerFilter, catalogue, expand_types, payload_dict
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.reading import read_events, resolve_worker, worker_filter
-from smgrl.journal_cli.render import json_text, summarize, table
+from smgrl.journal_cli.render import events_layout, json_text, summarize
 from smgrl.journal_cli.values import fmt_ts, parse_time, seq_range, time_window
 
 FOLLOW_POLL_SECS = 0.5
@@ -122,7 +122,7 @@ def events(ctx: Ctx, types, worker, after, before, since, until, limit, follow, 
             start = head  # a tail starts at the end unless told where to start
         filt = worker_filter(store, resolve_worker(store, worker), start) if worker else None
         scan = _Scan(store, wanted, filt)
-        printer = _Printer(ctx)
+        printer = _Printer(ctx, head, wanted)
         shown = 0
         for rec in scan.run(start, until_seq=rng.until_seq, since_ts=since_ts, until_ts=until_ts):
             printer.add(rec)
@@ -158,15 +158,17 @@ def _follow(store, scan: _Scan, printer, after: int, limit, shown: int, seconds)
 
 
 class _Printer:
-    """JSON Lines as events arrive; tables in chunks (column widths per chunk, header once)."""
+    """JSON Lines as events arrive; a table printed in chunks whose column widths are fixed
+    before the first row (from the journal's head seq and the event types that can show), so
+    they never change partway, also while following."""
 
     CHUNK = 200
-    COLUMNS = ("seq", "time", "stream", "type", "summary")
 
-    def __init__(self, ctx: Ctx) -> None:
+    def __init__(self, ctx: Ctx, head: int, types: list[str] | None) -> None:
         self.ctx = ctx
         self.rows: list[dict] = []
         self.header = True
+        self.layout = events_layout(head, types or catalogue())
 
     def add(self, rec: Recorded) -> None:
         if self.ctx.json:
@@ -178,10 +180,7 @@ class _Printer:
 
     def flush(self) -> None:
         if self.rows:
-            text = table(self.rows, self.COLUMNS, limits={"stream": 44, "summary": 160})
-            if not self.header:
-                text = text.split("\n", 1)[1]
-            click.echo(text)
+            click.echo(self.layout.render(self.rows, header=self.header))
             self.header = False
             self.rows = []
         sys.stdout.flush()

@@ -8,19 +8,15 @@ from collections.abc import Iterable
 
 import attrs
 
-from journal.events import Recorded, UnknownEvent, encode
+from journal.events import Recorded, UnknownEvent, encode, event_types
 
 __all__ = ["WorkerFilter", "catalogue", "expand_types", "payload_dict"]
 
 
 def catalogue() -> list[str]:
-    """Every event type this smgrl knows (the journal package's catalogue)."""
-    import journal
-
-    classes = (getattr(journal, name) for name in journal.__all__)
-    return sorted(
-        {cls.TYPE for cls in classes if isinstance(cls, type) and isinstance(getattr(cls, "TYPE", None), str)}
-    )
+    """Every event type this smgrl knows: the registry of ``@event_type`` classes (not the
+    package's exports, which missed ``engine.*``)."""
+    return event_types()
 
 
 def expand_types(patterns: Iterable[str], known: Iterable[str]) -> list[str]:

@@ -26,7 +26,7 @@ import click
 
 from journal import JournalError, SqliteStore
 from smgrl.config import DEFAULT_JOURNAL
-from smgrl.journal_cli.render import json_text
+from smgrl.journal_cli.render import SafeOutput, json_text, output, terminal_width
 from smgrl.journal_cli.values import BadValue
 
 __all__ = [
@@ -57,6 +57,8 @@ class Ctx:
 
     path: str
     json: bool
+    wide: bool = False
+    width: int | None = None
     now: float = attrs.field(factory=time.time)
 
     @contextlib.contextmanager
@@ -102,6 +104,17 @@ class JournalGroup(click.Group):
     """Turns the errors a subcommand raises into one line on stderr and an exit status."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
+        # Everything a subcommand prints goes through SafeOutput (control characters escaped),
+        # its tables through the width and id settings of this invocation (render.py).
+        as_json = lambda: bool(ctx.obj is not None and ctx.obj.json)
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = SafeOutput(out, as_json), SafeOutput(err, as_json)
+        try:
+            return self._invoke(ctx)
+        finally:
+            sys.stdout, sys.stderr = out, err
+
+    def _invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except CliError as exc:
@@ -125,7 +138,12 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
     ctx.exit(code)
 
 
-@click.group("journal", cls=JournalGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    "journal",
+    cls=JournalGroup,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option(
     "--journal",
     "path",
@@ -137,10 +155,22 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Machine-readable output (JSON; JSON Lines for events)."
 )
+@click.option("--wide", is_flag=True, help="Tables in full: whole ids, no cut cells, any width.")
+@click.option(
+    "--width",
+    type=click.IntRange(min=40),
+    default=None,
+    metavar="N",
+    help="Fit tables to N columns (default: the terminal's width, COLUMNS, else 120).",
+)
 @click.pass_context
-def journal_group(ctx: click.Context, path: str, as_json: bool) -> None:
+def journal_group(ctx: click.Context, path: str, as_json: bool, wide: bool, width: int | None) -> None:
     """Read the gateway's journal file: events, workers, operations, refits, versions, checks."""
-    ctx.obj = Ctx(path=path, json=as_json)
+    if ctx.invoked_subcommand is None:
+        # `smgrl journal` alone: what there is to run, not a usage error.
+        click.echo(ctx.get_help())
+        ctx.exit(0)
+    ctx.obj = Ctx(path=path, json=as_json, wide=wide, width=width)
 
 
 def command(
@@ -151,15 +181,36 @@ def command(
 
     def deco(fn: Callable) -> click.Command:
         @functools.wraps(fn)
-        def wrapper(*args: Any, sub_path: str | None, sub_json: bool, **opts: Any) -> Any:
+        def wrapper(
+            *args: Any,
+            sub_path: str | None,
+            sub_json: bool,
+            sub_wide: bool,
+            sub_width: int | None,
+            **opts: Any,
+        ) -> Any:
             ctx = click.get_current_context().find_object(Ctx)
             assert ctx is not None
             if sub_path:
                 ctx.path = sub_path
             if sub_json:
                 ctx.json = True
-            return fn(ctx, *args, **opts)
+            ctx.wide = ctx.wide or sub_wide
+            ctx.width = sub_width if sub_width is not None else ctx.width
+            with output(terminal_width(ctx.width), ctx.wide):
+                return fn(ctx, *args, **opts)
 
+        wrapper = click.option(
+            "--width",
+            "sub_width",
+            type=click.IntRange(min=40),
+            default=None,
+            metavar="N",
+            help="Fit tables to N columns.",
+        )(wrapper)
+        wrapper = click.option("--wide", "sub_wide", is_flag=True, help="Tables in full (whole ids).")(
+            wrapper
+        )
         wrapper = click.option("--json", "sub_json", is_flag=True, help="Machine-readable output.")(wrapper)
         wrapper = click.option(
             "--journal",

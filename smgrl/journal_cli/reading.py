@@ -63,14 +63,26 @@ def seq_at(store: SqliteStore, point: Point) -> int:
 
 
 def resolve_worker(store: SqliteStore, value: str) -> str:
-    """A worker id for ``--worker``: an id as is, or the newest registration of a URL."""
-    if "://" not in value:
-        return value
+    """A worker id for ``--worker``: an id, a unique prefix of one (as the tables print them), or
+    the newest registration of a URL."""
+    url = "://" in value
     found = None
+    prefixed: set[str] = set()
     for _seq, _ts, _stream, _type, _schema, payload in store.read_raw(0, types=["worker.registered"]):
         p = json.loads(payload)
-        if p.get("url") == value or p.get("base_url") == value:
-            found = p.get("worker_id")
+        wid = p.get("worker_id") or ""
+        if url and (p.get("url") == value or p.get("base_url") == value):
+            found = wid
+        elif not url and wid.lower().startswith(value.lower()):
+            prefixed.add(wid)
+    if not url:
+        if value in prefixed or len(prefixed) != 1:
+            if len(prefixed) > 1 and value not in prefixed:
+                raise CliError(
+                    f"worker id prefix {value} is ambiguous: {', '.join(sorted(prefixed))}", EXIT_CHECK
+                )
+            return value  # a full id (also of a DP rank), or none registered: nothing matches
+        return prefixed.pop()
     if found is None:
         raise CliError(f"no worker was ever registered at {value}", EXIT_CHECK)
     return found

@@ -1,12 +1,45 @@
-"""Human tables and one-line event summaries (pure: strings in, strings out)."""
+"""Human tables and one-line event summaries (pure: strings in, strings out), and the terminal
+guard every ``smgrl journal`` command writes through.
+
+Tables read well in a terminal (issue 12): every UUID in a cell is shortened to the shortest
+prefix, at least 8 characters, that tells apart every id shown so far (as git abbreviates
+hashes; every command that takes an id accepts such a prefix), times lose their year, seconds
+fraction and ``Z`` when the full form does not fit, and the widest columns are cut with an
+ellipsis until a line fits the terminal (``COLUMNS`` / ``--width``; 120 when there is no
+terminal). ``--wide`` (and ``--json``) show everything in full.
+
+Nothing a client or an engine wrote reaches the terminal raw (issue 10): cells escape control
+characters (``\\n``, ``\\x1b``, ``\\x85``, ...) and ``SafeOutput`` escapes whatever else a
+command prints, so an OSC, BEL or CR sequence in a selector, request id or engine answer is
+shown, never executed.
+"""
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import io
 import json
-from collections.abc import Mapping, Sequence
+import re
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["json_text", "short_id", "summarize", "table"]
+import attrs
+
+from smgrl.core.printable import escape, escape_for_json, escape_lines
+
+__all__ = [
+    "Abbrev",
+    "FixedTable",
+    "SafeOutput",
+    "json_text",
+    "output",
+    "settings",
+    "short_id",
+    "summarize",
+    "table",
+]
 
 # Fields never shown in a one-line summary: long or already in other columns.
 _HIDDEN = frozenset({"body", "body_sha256", "excerpt", "targets", "config", "intent", "labels"})
@@ -20,27 +53,248 @@ def json_text(obj: Any, *, lines: bool = False) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
-def _cell(value: Any, limit: int) -> str:
-    text = "-" if value is None or value == "" else str(value)
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_ISO = re.compile(r"^\d{4}-(\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z$")
+MIN_ID = 8  # as git's 7, plus one: UUIDv7 ids made in one second share more
+MIN_COLUMN = 6
+DEFAULT_WIDTH = 120
+
+
+@attrs.define
+class Settings:
+    """How this invocation prints tables: ``width`` None = no limit; ``wide`` = full ids too."""
+
+    width: int | None = DEFAULT_WIDTH
+    wide: bool = False
+
+
+_settings = Settings()
+
+
+def settings() -> Settings:
+    return _settings
+
+
+def terminal_width(option: int | None) -> int:
+    """``--width``, else ``COLUMNS`` / the terminal's width, else 120 (output to a pipe)."""
+    if option is not None:
+        return option
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+
+@contextlib.contextmanager
+def output(width: int | None, wide: bool) -> Iterator[Settings]:
+    """Table settings for one command (the journal group sets them from its options)."""
+    global _settings
+    before = _settings
+    _settings = Settings(None if wide else width, wide)
+    try:
+        yield _settings
+    finally:
+        _settings = before
+
+
+class Abbrev:
+    """Shortest unique prefixes of the ids shown in one output; the length only grows, so an id
+    printed earlier stays unambiguous among those printed later."""
+
+    def __init__(self, ids: Iterable[str] = ()) -> None:
+        self.seen: set[str] = set()
+        self._sorted: list[str] = []
+        self.length = MIN_ID
+        self.add(ids)
+
+    def add(self, ids: Iterable[str]) -> None:
+        for new in {i.lower() for i in ids} - self.seen:
+            # Only the sorted neighbours of a new id can share a longer prefix with it.
+            at = bisect.bisect(self._sorted, new)
+            for other in self._sorted[max(0, at - 1) : at + 1]:
+                self.length = max(self.length, min(36, _common(new, other) + 1))
+            self._sorted.insert(at, new)
+            self.seen.add(new)
+
+    def text(self, text: str) -> str:
+        """Every UUID in ``text`` shortened (``add`` them first)."""
+        return UUID.sub(lambda m: m.group()[: self.length], text)
+
+
+def _common(a: str, b: str) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def ids_in(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
+    return [m.group() for r in rows for c in columns for m in UUID.finditer(str(r.get(c) or ""))]
+
+
+def _cell(value: Any, limit: int | None = None) -> str:
+    text = "-" if value is None or value == "" else escape(str(value))
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int | None) -> str:
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: max(0, limit - 1)] + "…"
+
+
+def _compact_time(text: str) -> str:
+    match = _ISO.match(text)
+    return match.group(1).replace("T", " ") if match else text
+
+
+def _fit(natural: list[int], floors: list[int], width: int) -> list[int]:
+    """Column widths summing (with two-space gaps) to at most ``width``: the widest column loses
+    a character at a time, none below its floor."""
+    widths = list(natural)
+    gaps = 2 * (len(widths) - 1)
+    while sum(widths) + gaps > width:
+        candidates = [i for i, w in enumerate(widths) if w > floors[i]]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda i: widths[i])
+        widths[widest] -= 1
+    return widths
 
 
 def table(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, limits: Mapping[str, int] | None = None
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    *,
+    limits: Mapping[str, int] | None = None,
+    abbrev: Abbrev | None = None,
 ) -> str:
-    """A plain-text table with a header; cells longer than their limit are cut with an ellipsis."""
-    limits = limits or {}
-    cells = [[_cell(r.get(c), limits.get(c, _MAX_CELL)) for c in columns] for r in rows]
-    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    for row in cells:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    """A plain-text table with a header, fitted to the invocation's settings (module docstring);
+    ``limits`` caps a column's width even when there is room."""
+    wide = _settings.wide
+    limits = {} if wide else (limits or {})
+    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    if not wide:
+        abbrev = abbrev or Abbrev()
+        abbrev.add(ids_in(rows, columns))
+        cells = [[abbrev.text(v) for v in row] for row in cells]
+    cells = [
+        [_cut(v, limits.get(c, _MAX_CELL) if not wide else None) for c, v in zip(columns, row)]
+        for row in cells
+    ]
+    width = _settings.width
+
+    def natural(cells_: list[list[str]]) -> list[int]:
+        return [max([len(c), *(len(row[i]) for row in cells_)]) for i, c in enumerate(columns)]
+
+    widths = natural(cells)
+    if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+        cells = [[_compact_time(v) for v in row] for row in cells]
+        widths = natural(cells)
+        floors = [min(w, _floor(cells, i)) for i, w in enumerate(widths)]
+        widths = _fit(widths, floors, width)
+    return FixedTable(columns, widths).render(cells, header=True)
+
+
+# Cells never cut: (shortened) ids, which must stay typable, and times.
+_WHOLE = re.compile(
+    r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{1,4}){0,3}(?:-[0-9a-fA-F]{1,12})?|"
+    r"(?:\d{4}-)?\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{3}Z)?"
+)
+
+
+def _floor(cells: list[list[str]], index: int) -> int:
+    return max([MIN_COLUMN, *(len(row[index]) for row in cells if _WHOLE.fullmatch(row[index]))])
+
+
+@attrs.frozen
+class FixedTable:
+    """Columns of fixed widths: the same widths for every chunk of one output."""
+
+    columns: Sequence[str]
+    widths: Sequence[int]
+
+    def line(self, values: Sequence[str]) -> str:
+        # A width of 0 is the unbounded last column (--wide).
+        parts = [(_cut(v, w).ljust(w) if w else v) for v, w in zip(values, self.widths, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    def render(self, cells: Sequence[Sequence[str]], *, header: bool) -> str:
+        lines = [self.line(self.columns)] if header else []
+        lines += [self.line(row) for row in cells]
+        return "\n".join(lines)
+
+
+class EventsLayout:
+    """The ``events`` table: ``seq time type summary`` fitted to the width (``stream`` too with
+    ``--wide``); widths fixed up front, ids shortened consistently across chunks."""
+
+    def __init__(self, head: int, types: Sequence[str]) -> None:
+        self.wide = _settings.wide
+        self.abbrev = Abbrev()
+        seq = max(3, len(str(head)))
+        kind = max([4, *map(len, types)])
+        width = _settings.width
+        self.short_time = width is not None and seq + 24 + kind + 6 + 40 > width
+        time = 14 if self.short_time else 24
+        if self.wide:
+            self.table = FixedTable(("seq", "time", "stream", "type", "summary"), (seq, time, 43, kind, 0))
+        else:
+            summary = max(20, (width or DEFAULT_WIDTH) - (seq + time + kind + 6))
+            self.table = FixedTable(("seq", "time", "type", "summary"), (seq, time, kind, summary))
+
+    def render(self, rows: Sequence[Mapping[str, Any]], *, header: bool) -> str:
+        columns = self.table.columns
+        cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+        if not self.wide:
+            self.abbrev.add(ids_in(rows, columns))
+            cells = [[self.abbrev.text(v) for v in row] for row in cells]
+        if self.short_time:
+            cells = [[_compact_time(v) for v in row] for row in cells]
+        return self.table.render(cells, header=header)
+
+
+def events_layout(head: int, types: Sequence[str]) -> EventsLayout:
+    return EventsLayout(head, types)
 
 
 def short_id(value: str | None) -> str:
     return "-" if not value else value
+
+
+class SafeOutput(io.TextIOBase):
+    """A text stream that escapes control characters on their way to the terminal (newlines
+    stay); in JSON mode as ``\\uXXXX``, which keeps the JSON valid. Installed as ``sys.stdout``
+    and ``sys.stderr`` for the length of one ``smgrl journal`` command, so every command, present
+    and future, prints through it."""
+
+    def __init__(self, inner, as_json: Callable[[], bool]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.as_json = as_json
+
+    def write(self, text: str) -> int:  # type: ignore[override]
+        if not isinstance(text, str):
+            raise TypeError("SafeOutput takes text")
+        self.inner.write(escape_for_json(text) if self.as_json() else escape_lines(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self):  # type: ignore[override]
+        return getattr(self.inner, "encoding", "utf-8")
+
+    @property
+    def errors(self):  # type: ignore[override]
+        return getattr(self.inner, "errors", "strict")
 
 
 def _kv(payload: Mapping[str, Any], skip: frozenset[str] = frozenset()) -> str:

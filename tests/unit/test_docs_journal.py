@@ -37,6 +37,13 @@ def test_the_catalogue_is_not_empty():
     assert len(catalogue()) >= 14 and len(commands(journal_group)) >= 11
 
 
+def test_the_shared_options_are_documented():
+    usage = DOC.split("## `smgrl journal`: CLI reference", 1)[1].split("### ", 1)[0]
+    group_options = [o for p in journal_group.params for o in p.opts]
+    for opt in ("--journal", "--json", "--wide", "--width"):
+        assert f"`{opt}" in usage and opt in group_options
+
+
 @pytest.mark.parametrize("type_name", catalogue())
 def test_every_event_type_and_field_is_documented(type_name):
     section = sections().get(type_name)
@@ -51,7 +58,7 @@ def test_every_event_type_and_field_is_documented(type_name):
 def test_every_subcommand_and_option_is_documented(name, cmd):
     section = sections().get(name)
     assert section is not None, f"docs/journal.md has no '### `{name}`' section"
-    shared = {"--journal", "--json", "--help", "-h"}
+    shared = {"--journal", "--json", "--wide", "--width", "--help", "-h"}
     for param in cmd.params:
         for opt in param.opts:
             if opt.startswith("--") and opt not in shared:
