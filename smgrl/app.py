@@ -19,8 +19,10 @@ from smgrl.api.rl import RlApi
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.workers import WorkersApi
 from smgrl.dataplane.service import DataPlane
+from smgrl.registry.probe import GATEWAY_ID_HEADER
 
 log = logging.getLogger("smgrl.http")
+
 
 class AnyPath(PathConverter):
     """werkzeug's path converter, but ``.`` also matches newlines: a control character in an
@@ -76,7 +78,8 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     @app.route("/health", methods=["GET"])
     @app.route("/liveness", methods=["GET"])
     async def _alive() -> Response:
-        return env.text_response(200, "OK")
+        # The id lets discovery recognise a worker URL that leads back here (registry/probe.py).
+        return env.text_response(200, "OK", {GATEWAY_ID_HEADER: gateway.instance_id})
 
     @app.route("/readiness", methods=["GET"])
     async def _ready() -> Response:

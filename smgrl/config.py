@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from smgrl.core.worker import worker_url_problem
+from smgrl.core.worker import reaches_listener, self_registration, worker_url_problem
 from smgrl.errors import ConfigError
 
 DEFAULT_JOURNAL = "./smgrl-journal.db"
@@ -202,6 +202,8 @@ def validate(cfg: Config) -> Config:
         if problem is not None:
             # SMG's launch says "Configuration error: <the /workers text>" too.
             raise ConfigError(f"Configuration error: {problem}")
+        if cfg.port and reaches_listener(url, cfg.host, cfg.port):
+            raise ConfigError(f"Configuration error: {self_registration(url)}")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"Invalid --port {cfg.port} (expected 0-65535)")
     if not 1 <= cfg.prometheus_port <= 65535:

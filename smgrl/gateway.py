@@ -7,6 +7,8 @@ listeners inside it.
 
 from __future__ import annotations
 
+import uuid
+
 import attrs
 
 from smgrl.audit import AuditCounts
@@ -33,6 +35,11 @@ class Gateway:
     registry: RegistryService
     control: ControlService
     audit: AuditCounts
+    # This gateway's id, sent on GET /health (``x-smgrl-gateway-id``): discovery refuses a worker
+    # URL whose /health answers with it (the URL reaches this gateway, or another process
+    # serving the same journal on a shared port). The journal's own id, so every process of one
+    # journal shares it; a random one for a journal without an id (``:memory:``).
+    instance_id: str = ""
 
     @classmethod
     def build(
@@ -40,13 +47,16 @@ class Gateway:
     ) -> Gateway:
         pools = pools or PoolSet()
         metrics = Metrics(rl_enabled=cfg.rl.enabled)
-        registry = RegistryService(fleet=fleet, journal=journal, keys=keys, pools=pools, cfg=cfg)
+        instance_id = _instance_id(store)
+        registry = RegistryService(
+            fleet=fleet, journal=journal, keys=keys, pools=pools, cfg=cfg, instance_id=instance_id
+        )
         control = ControlService(
             fleet=fleet, journal=journal, pools=pools, keys=keys, rl=cfg.rl, metrics=metrics
         )
         auth = AuthPolicy.build(cfg.control_plane_keys, cfg.tenant_keys, cfg.api_key)
         audit = AuditCounts(cfg.audit_interval_secs)
-        gw = cls(cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit)
+        gw = cls(cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit, instance_id)
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply
@@ -59,3 +69,9 @@ class Gateway:
         self.fleet.apply_records(records)
         self.registry.committed(records)
         self.metrics.journaled(records)
+
+
+def _instance_id(store) -> str:
+    meta = getattr(store, "meta", None)
+    journal_id = meta().get("journal_id") if callable(meta) else None
+    return journal_id or uuid.uuid4().hex

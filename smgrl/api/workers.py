@@ -24,6 +24,7 @@ from smgrl.api.workers_body import (
     uuid_error,
 )
 from smgrl.auth import READ, WRITE
+from smgrl.core.worker import reaches_listener, self_registration
 from smgrl.errors import WorkerApiError, bad_request
 from smgrl.registry.service import Registration
 
@@ -140,6 +141,12 @@ class WorkersApi:
 
     async def _create(self) -> Response:
         spec = await self._body(parse_worker_spec)
+        # A URL naming the very listener this request came in on (its port, a loopback name)
+        # would route rollouts back here; other names for it are caught by discovery, which sees
+        # this gateway's id on GET /health.
+        host, port = request.scope.get("server") or (None, None)
+        if reaches_listener(spec["url"], host, port):
+            raise bad_request(self_registration(spec["url"]))
         worker = await self.gw.registry.register(Registration(**spec), source="api")
         location = f"/workers/{worker.id}"
         return env.json_response(

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 import attrs
 
+from smgrl.core.control_url import split_host_port
+
 # Runtime names SMG renders lower-case in the discovery row's ``engine`` field; anything else
 # (``unspecified``, an unknown hint) is shown as ``unknown``.
 KNOWN_ENGINES = frozenset({"sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external"})
@@ -132,6 +134,47 @@ def worker_url_problem(url: str) -> str | None:
     if any(c.isspace() for c in host):
         return prefix + "Invalid URL format: invalid international domain name"
     return None
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "::1", "0:0:0:0:0:0:0:1"})
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _is_loopback(host: str) -> bool:
+    return host in _LOOPBACK_NAMES or host.endswith(".localhost") or host.startswith("127.")
+
+
+def reaches_listener(url: str, listen_host: str | None, listen_port: int | None) -> bool:
+    """Whether an HTTP worker URL names the listener ``(listen_host, listen_port)``: the same
+    port, and the listener's own host, or a loopback name when the listener is on loopback or a
+    wildcard address. Decided from the text alone (no DNS): other names of this host are found
+    by discovery instead, which sees the gateway's id on ``GET /health``."""
+    if listen_port is None or not url.startswith(("http://", "https://")):
+        return False
+    scheme = url.split("://", 1)[0]
+    authority = _authority(strip_rank(url)).rsplit("@", 1)[-1]
+    host, port_text = split_host_port(authority)
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        port = int(port_text) if port_text else _DEFAULT_PORTS[scheme]
+    except ValueError:
+        return False
+    if port != listen_port:
+        return False
+    listen = (listen_host or "").strip("[]").lower()
+    if host == listen:
+        return True
+    return _is_loopback(host) and (listen in _WILDCARDS or _is_loopback(listen))
+
+
+def self_registration(url: str) -> str:
+    """The refusal of a worker URL that reaches this gateway (SMG's field-error form)."""
+    return (
+        f"Invalid value for field 'worker_url': {redact_url(url)} - this URL reaches this gateway "
+        "itself; register the engines' own URLs (a gateway routing to itself loops until the "
+        "request times out)"
+    )
 
 
 def dp_rank_of(url: str) -> int:

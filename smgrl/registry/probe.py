@@ -26,14 +26,20 @@ from smgrl.core.discovery import Discovery, grpc_labels, is_vllm, sglang_labels,
 from smgrl.upstream import PoolSet, UpstreamError
 
 PROBE_BODY_CAP = 4 * 1024 * 1024
+GATEWAY_ID_HEADER = "x-smgrl-gateway-id"
 
 
 class ProbeFailed(Exception):
     """The engine is not (yet) able to answer discovery; the job retries with backoff."""
 
 
+class ReachesSelf(Exception):
+    """The worker URL answered ``GET /health`` with this gateway's own id: registering it would
+    route rollouts back into this gateway (a loop until the request times out)."""
+
+
 async def _get(
-    pools: PoolSet, base: str, path: str, api_key: str | None, timeout: float
+    pools: PoolSet, base: str, path: str, api_key: str | None, timeout: float, self_id: str | None = None
 ) -> tuple[int, bytes]:
     headers = [(b"accept", b"*/*")]
     if api_key:
@@ -54,6 +60,8 @@ async def _get(
         # A URL no pool can be built for (an ``rl.control_url`` label like ``ftp://...`` or
         # ``10.0.0.5:40100``): the label is the caller's to fix; the job retries meanwhile.
         raise ProbeFailed(f"GET {base}{path}: {exc}") from None
+    if self_id and response.header(GATEWAY_ID_HEADER.encode()) == self_id.encode():
+        raise ReachesSelf(f"GET {path} answered with this gateway's id ({GATEWAY_ID_HEADER})")
     return response.status, data
 
 
@@ -79,11 +87,17 @@ async def _get_json(pools, base, paths, api_key, timeout) -> Mapping | None:
 
 
 async def probe_http(
-    pools: PoolSet, base_url: str, api_key: str | None, timeout: float, runtime: str | None = None
+    pools: PoolSet,
+    base_url: str,
+    api_key: str | None,
+    timeout: float,
+    runtime: str | None = None,
+    self_id: str | None = None,
 ) -> Discovery:
     """``runtime`` is the registration's hint: as in SMG, ``vllm`` takes the vLLM path whatever
-    ``/v1/models`` says, and a hint names the engine even when detection would say otherwise."""
-    status, _ = await _get(pools, base_url, "/health", api_key, timeout)
+    ``/v1/models`` says, and a hint names the engine even when detection would say otherwise.
+    ``self_id``: this gateway's id; a ``/health`` answering with it raises ``ReachesSelf``."""
+    status, _ = await _get(pools, base_url, "/health", api_key, timeout, self_id)
     if not 200 <= status < 300:
         raise ProbeFailed(f"GET /health answered {status}")
     hint = runtime if runtime and runtime != "unspecified" else None

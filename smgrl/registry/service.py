@@ -21,12 +21,12 @@ import trio
 from journal import JournalWriteError
 from smgrl.config import Config
 from smgrl.core.view import control_url
-from smgrl.core.worker import Worker, connection_mode_for, new_worker_id, strip_rank
+from smgrl.core.worker import Worker, connection_mode_for, new_worker_id, redact_url, strip_rank
 from smgrl.errors import WorkerApiError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 from smgrl.registry.keys import KeyRing
-from smgrl.registry.probe import ProbeFailed, probe_control_app, probe_http
+from smgrl.registry.probe import ProbeFailed, ReachesSelf, probe_control_app, probe_http
 from smgrl.upstream import PoolSet
 
 log = logging.getLogger("smgrl.registry")
@@ -46,8 +46,11 @@ class Registration:
 
 
 class RegistryService:
-    def __init__(self, *, fleet, journal, keys: KeyRing, pools: PoolSet, cfg: Config) -> None:
+    def __init__(
+        self, *, fleet, journal, keys: KeyRing, pools: PoolSet, cfg: Config, instance_id: str | None = None
+    ) -> None:
         self.fleet = fleet
+        self.instance_id = instance_id
         self.journal = journal
         self.keys = keys
         self.pools = pools
@@ -219,6 +222,9 @@ class RegistryService:
             attempt += 1
             try:
                 found = await self._probe(worker)
+            except ReachesSelf as exc:
+                await self._refuse_self(worker, str(exc))
+                return
             except ProbeFailed as exc:
                 await self.journal.append(
                     f"worker:{worker_id}",
@@ -274,10 +280,28 @@ class RegistryService:
             )
             return
 
+    async def _refuse_self(self, worker: Worker, detail: str) -> None:
+        """The URL leads back to this gateway: the registration is removed before it was ever
+        discovered (a pending worker never serves traffic), with the reason journaled and logged."""
+        reason = f"refused: {redact_url(worker.url)} reaches this gateway itself ({detail}); register the engines' own URLs"
+        log_event(
+            log,
+            "worker URL reaches this gateway; registration refused",
+            logging.ERROR,
+            worker_id=worker.id,
+            url=worker.url,
+            detail=detail,
+        )
+        # Our own job is the one running: remove() would cancel it mid-append, so drop it first.
+        self._jobs.pop(worker.group, None)
+        await self.remove(worker.id, reason)
+
     async def _probe(self, worker: Worker):
         key = self.keys.get(worker.group)
         if worker.connection_mode == "http":
-            return await probe_http(self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS, worker.runtime)
+            return await probe_http(
+                self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS, worker.runtime, self.instance_id
+            )
         return await probe_control_app(
             self.pools,
             worker.url,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from smgrl.core.worker import redact_url, worker_url_problem
+from smgrl.core.worker import reaches_listener, redact_url, worker_url_problem
 
 SCHEME = "URL must start with a lowercase http://"
 CREDS = "must not carry credentials"
@@ -65,3 +65,53 @@ def test_a_password_is_never_echoed(scheme, user, password, host):
     url = f"{scheme}://{user}:PW{password}@{host}"  # "PW" appears nowhere else in the text
     problem = worker_url_problem(url)
     assert problem is not None and "PW" not in problem
+
+
+@pytest.mark.parametrize(
+    "url, host, port, reaches",
+    [
+        ("http://127.0.0.1:30000", "127.0.0.1", 30000, True),
+        ("http://localhost:30000/", "127.0.0.1", 30000, True),
+        ("http://LOCALHOST.:30000", "127.0.0.1", 30000, True),
+        ("http://127.0.0.1:30000@1", "127.0.0.1", 30000, True),  # a DP rank of it
+        ("http://[::1]:30000", "::1", 30000, True),
+        ("http://127.0.0.1:30000", "0.0.0.0", 30000, True),  # wildcard listener
+        ("http://10.0.0.5:30000", "10.0.0.5", 30000, True),
+        ("http://127.0.0.1", "127.0.0.1", 80, True),  # default port
+        ("https://127.0.0.1", "127.0.0.1", 443, True),
+        ("http://127.0.0.1:30001", "127.0.0.1", 30000, False),
+        ("http://10.0.0.6:30000", "10.0.0.5", 30000, False),
+        ("http://127.0.0.1:30000", "10.0.0.5", 30000, False),  # listener not on loopback
+        ("http://10.0.0.5:30000", "0.0.0.0", 30000, False),  # unknowable without I/O: discovery's job
+        ("grpc://127.0.0.1:30000", "127.0.0.1", 30000, False),
+        ("http://127.0.0.1:30000", None, None, False),
+        ("http://127.0.0.1:x", "127.0.0.1", 30000, False),
+    ],
+)
+def test_reaches_listener(url, host, port, reaches):
+    assert reaches_listener(url, host, port) is reaches
+
+
+def test_every_gateway_on_one_journal_has_the_journal_id(tmp_path):
+    from journal import MemoryStore, SqliteStore
+    from smgrl.config import Config
+    from smgrl.gateway import Gateway
+    from smgrl.registry.keys import KeyRing
+    from smgrl.state.fleet import FleetState
+
+    store = SqliteStore.open(str(tmp_path / "j.db"))
+    try:
+        ids = {
+            Gateway.build(
+                Config(), fleet=FleetState(), journal=None, store=store, keys=KeyRing({})
+            ).instance_id
+            for _ in range(2)
+        }
+        assert ids == {store.meta()["journal_id"]}
+    finally:
+        store.close()
+    memory = [
+        Gateway.build(Config(), fleet=FleetState(), journal=None, store=MemoryStore(), keys=KeyRing({}))
+        for _ in range(2)
+    ]
+    assert len({g.instance_id for g in memory}) == 2 and all(len(g.instance_id) == 32 for g in memory)
