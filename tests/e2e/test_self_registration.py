@@ -100,7 +100,7 @@ def test_a_gateway_refuses_to_register_itself(gateway, fakes, tmp_path):
     registered = [e["payload"]["url"] for e in events if e["type"] == "worker.registered"]
     assert registered == [engine, looped]  # the refused-at-once URLs were never journaled
     # Rollouts still go to the real engine only (no loop, no 504).
-    status, headers, _ = http.request(
+    status, _headers, _ = http.request(
         "POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
     )
     assert status == 200
@@ -131,8 +131,10 @@ def test_launch_refuses_its_own_address(tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"Configuration error: Invalid value for field 'worker_url': http://127.0.0.1:{port} - this URL reaches "
-        "this gateway itself; register the engines' own URLs (a gateway routing to itself loops until the "
-        "request times out)"
+        (
+            f"Configuration error: Invalid value for field 'worker_url': http://127.0.0.1:{port} - this URL reaches "
+            "this gateway itself; register the engines' own URLs (a gateway routing to itself loops until the "
+            "request times out)"
+        )
     ]
     assert not (tmp_path / "j.db").exists()
