@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -46,8 +49,40 @@ def generate(rl: RL, worker_id: str) -> tuple[str, str]:
     return str(body.get("text", "")).strip(), str(body.get("meta_info", {}).get("weight_version"))
 
 
+@contextlib.contextmanager
+def _workdir(prefix: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A temporary directory for the checkpoint and the gateway's log: removed when the demo
+    passes, kept (and named) when it fails or is interrupted, for a look at gateway.log."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    passed = False
+
+    def done() -> None:
+        nonlocal passed
+        passed = True
+
+    try:
+        yield work, done
+    finally:
+        if passed:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            say(f"  kept {work} (the gateway's log is {os.path.join(work, 'gateway.log')})")
+
+
 def run_demo(engines: int, journal: str, keep_journal: bool) -> int:
-    work = tempfile.mkdtemp(prefix="smgrl-demo-")
+    with _workdir("smgrl-demo-") as (work, done):
+        try:
+            code = _run_demo(work, engines, journal, keep_journal)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            # A child that would not start (its log is in the kept directory): one line, exit 1.
+            say(f"demo FAILED: {exc}", fg="red")
+            code = 1
+        if code == 0:
+            done()
+        return code
+
+
+def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
     new_ckpt = make_checkpoint(os.path.join(work, "ckpt-step-1"), "demo/Qwen3-0.6B-step-1")
     children = []
     log = open(os.path.join(work, "gateway.log"), "w")  # noqa: SIM115 - the gateway child writes it; closed in finally
@@ -155,7 +190,19 @@ def run_rollouts(engines: int, journal: str, keep_journal: bool, clients: int) -
     if not EXAMPLE.exists():
         say(f"--rollouts needs the repository's examples/ ({EXAMPLE} not found)", fg="red")
         return 1
-    work = tempfile.mkdtemp(prefix="smgrl-demo-rollouts-")
+    with _workdir("smgrl-demo-rollouts-") as (work, done):
+        try:
+            code = _run_rollouts(work, engines, journal, keep_journal, clients)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            # A child that would not start (its log is in the kept directory): one line, exit 1.
+            say(f"demo FAILED: {exc}", fg="red")
+            code = 1
+        if code == 0:
+            done()
+        return code
+
+
+def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, clients: int) -> int:
     children = []
     log = open(os.path.join(work, "gateway.log"), "w")  # noqa: SIM115 - the gateway child writes it; closed in finally
     try:

@@ -1,5 +1,6 @@
 """The README's main command and the examples, run as a user would, against real processes."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +13,40 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_demo_exits_zero_and_shows_the_refit(tmp_path):
     journal = tmp_path / "demo.db"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "smgrl", "demo", "--engines", "2", "--journal", str(journal)],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "demo passed" in proc.stdout
     assert proc.stdout.count("step-1") >= 3  # two rows after the refit, and the generation
     assert "chain verified" in proc.stdout
     assert journal.exists()
+    # Issue 12: a demo that passed leaves no smgrl-demo-* directory behind.
+    assert sorted(p.name for p in temp.glob("smgrl-demo-*")) == []
+
+
+def test_a_failed_demo_says_where_its_files_are(tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "smgrl", "demo", "--engines", "1", "--journal", str(tmp_path / "no" / "j.db")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    (kept,) = temp.glob("smgrl-demo-*")
+    assert f"kept {kept}" in proc.stdout and "demo FAILED: the gateway exited early" in proc.stdout
+    assert (kept / "gateway.log").read_text()  # the gateway said why
 
 
 def test_refit_from_disk_example(fakes, gateway, tmp_path):
