@@ -531,6 +531,14 @@ REQUEST_ID = {
         "schema": STR,
     }
 }
+GATEWAY_ID = {
+    "x-smgrl-gateway-id": {
+        "description": "this gateway's id (its journal's id): discovery refuses a worker URL whose "
+        "`/health` answers with its own id (the URL leads back to this gateway)",
+        "required": True,
+        "schema": STR,
+    }
+}
 OP_ID = {
     "x-smgrl-operation-id": {
         "description": "the operation's journal record",
@@ -1023,7 +1031,7 @@ def _paths(rl: bool) -> dict:
                 "summary": "Liveness (always 200 `OK` while serving)",
                 "tags": ["probes"],
                 "security": [],
-                "responses": {"200": _resp("Serving.", TEXT)},
+                "responses": {"200": _resp("Serving.", TEXT, GATEWAY_ID)},
             }
         ),
         "/liveness": _get_and_head(
@@ -1032,7 +1040,7 @@ def _paths(rl: bool) -> dict:
                 "summary": "Liveness (always 200 `OK` while serving)",
                 "tags": ["probes"],
                 "security": [],
-                "responses": {"200": _resp("Serving.", TEXT)},
+                "responses": {"200": _resp("Serving.", TEXT, GATEWAY_ID)},
             }
         ),
         "/readiness": _get_and_head(
