@@ -194,6 +194,7 @@ class _Printer:
 )
 def export(ctx: Ctx, types, after, before, output) -> None:
     """Every event as JSON Lines (seq, ts, stream, type, schema, payload, hash). Never the secrets."""
+    ctx.json = True  # JSON Lines whatever the flags: the terminal guard must keep it valid JSON
     rng = seq_range(after, before)
     wanted = expand_types(types, catalogue()) if types else None
     with ctx.reader() as store:
