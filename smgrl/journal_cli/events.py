@@ -13,7 +13,7 @@ from journal.events import Recorded, UnknownEvent
 from smgrl.journal_cli.filters import WorkerFilter, catalogue, expand_types, payload_dict
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.reading import read_events, resolve_worker, worker_filter
-from smgrl.journal_cli.render import events_layout, json_text, summarize
+from smgrl.journal_cli.render import EventsLayout, json_text, summarize
 from smgrl.journal_cli.values import fmt_ts, parse_time, seq_range, time_window
 
 FOLLOW_POLL_SECS = 0.5
@@ -168,7 +168,7 @@ class _Printer:
         self.ctx = ctx
         self.rows: list[dict] = []
         self.header = True
-        self.layout = events_layout(head, types or catalogue())
+        self.layout = EventsLayout(head, types or catalogue())
 
     def add(self, rec: Recorded) -> None:
         if self.ctx.json:

@@ -1,5 +1,5 @@
-"""Human tables and one-line event summaries (pure: strings in, strings out), and the terminal
-guard every ``smgrl journal`` command writes through.
+"""Human tables and one-line event summaries (strings in, strings out, under the table settings
+of the running command), and the terminal guard every ``smgrl journal`` command writes through.
 
 Tables read well in a terminal (issue 12): every UUID in a cell is shortened to the shortest
 prefix, at least 8 characters, that tells apart every id shown so far (as git abbreviates
@@ -31,11 +31,11 @@ from smgrl.core.printable import escape, escape_for_json, escape_lines
 
 __all__ = [
     "Abbrev",
+    "EventsLayout",
     "FixedTable",
     "SafeOutput",
     "json_text",
     "output",
-    "settings",
     "short_id",
     "summarize",
     "table",
@@ -69,10 +69,6 @@ class Settings:
 
 
 _settings = Settings()
-
-
-def settings() -> Settings:
-    return _settings
 
 
 def terminal_width(option: int | None) -> int:
@@ -164,7 +160,6 @@ def table(
     columns: Sequence[str],
     *,
     limits: Mapping[str, int] | None = None,
-    abbrev: Abbrev | None = None,
 ) -> str:
     """A plain-text table with a header, fitted to the invocation's settings (module docstring);
     ``limits`` caps a column's width even when there is room."""
@@ -172,8 +167,7 @@ def table(
     limits = {} if wide else (limits or {})
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     if not wide:
-        abbrev = abbrev or Abbrev()
-        abbrev.add(ids_in(rows, columns))
+        abbrev = Abbrev(ids_in(rows, columns))
         cells = [[abbrev.text(v) for v in row] for row in cells]
     cells = [
         [_cut(v, limits.get(c, _MAX_CELL) if not wide else None) for c, v in zip(columns, row)]
@@ -249,10 +243,6 @@ class EventsLayout:
         if self.short_time:
             cells = [[_compact_time(v) for v in row] for row in cells]
         return self.table.render(cells, header=header)
-
-
-def events_layout(head: int, types: Sequence[str]) -> EventsLayout:
-    return EventsLayout(head, types)
 
 
 def short_id(value: str | None) -> str:
