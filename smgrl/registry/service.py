@@ -283,7 +283,10 @@ class RegistryService:
     async def _refuse_self(self, worker: Worker, detail: str) -> None:
         """The URL leads back to this gateway: the registration is removed before it was ever
         discovered (a pending worker never serves traffic), with the reason journaled and logged."""
-        reason = f"refused: {redact_url(worker.url)} reaches this gateway itself ({detail}); register the engines' own URLs"
+        reason = (
+            f"refused: {redact_url(worker.url)} reaches this gateway itself ({detail}); "
+            "register the engines' own URLs"
+        )
         log_event(
             log,
             "worker URL reaches this gateway; registration refused",
