@@ -133,6 +133,8 @@ def _cell(value: Any, limit: int | None = None) -> str:
 def _cut(text: str, limit: int | None) -> str:
     if limit is None or len(text) <= limit:
         return text
+    if "://" in text[:8] and limit > 1:
+        return "…" + text[len(text) - limit + 1 :]  # a URL's host and port say more than its scheme
     return text[: max(0, limit - 1)] + "…"
 
 
@@ -141,11 +143,17 @@ def _compact_time(text: str) -> str:
     return match.group(1).replace("T", " ") if match else text
 
 
-def _fit(natural: list[int], floors: list[int], width: int) -> list[int]:
-    """Column widths summing (with two-space gaps) to at most ``width``: the widest column loses
-    a character at a time, none below its floor."""
+def _fit(natural: list[int], values: list[int], floors: list[int], width: int) -> list[int]:
+    """Column widths summing (with two-space gaps) to at most ``width``: headers longer than
+    their values are cut first (a cut header loses less than a cut value), then the widest
+    column loses a character at a time, none below its floor."""
     widths = list(natural)
     gaps = 2 * (len(widths) - 1)
+    for i in sorted(range(len(widths)), key=lambda i: values[i] - natural[i]):
+        excess = sum(widths) + gaps - width
+        if excess <= 0:
+            break
+        widths[i] -= min(excess, max(0, widths[i] - max(values[i], floors[i])))
     while sum(widths) + gaps > width:
         candidates = [i for i, w in enumerate(widths) if w > floors[i]]
         if not candidates:
@@ -182,8 +190,9 @@ def table(
     if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
         cells = [[_compact_time(v) for v in row] for row in cells]
         widths = natural(cells)
+        values = [max([0, *(len(row[i]) for row in cells)]) for i in range(len(columns))]
         floors = [min(w, _floor(cells, i)) for i, w in enumerate(widths)]
-        widths = _fit(widths, floors, width)
+        widths = _fit(widths, values, floors, width)
     return FixedTable(columns, widths).render(cells, header=True)
 
 
