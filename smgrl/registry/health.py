@@ -20,7 +20,7 @@ from journal import JournalWriteError
 from smgrl.config import HealthConfig
 from smgrl.core.view import collapse
 from smgrl.logs import event as log_event
-from smgrl.registry.probe import ProbeFailed, _get
+from smgrl.registry.probe import ProbeFailed, ReachesSelf, _get
 
 log = logging.getLogger("smgrl.health")
 
@@ -75,10 +75,19 @@ class HealthChecker:
                 self.cfg.endpoint,
                 self.keys.get(worker.group),
                 self.cfg.timeout_secs,
+                self.registry.instance_id,
             )
             ok = 200 <= status < 300
         except ProbeFailed:
             ok = False
+        except ReachesSelf as exc:
+            # A worker that leads back to this gateway (registered before discovery checked, or
+            # its address now answers for this gateway): out of the registry before it loops.
+            try:
+                await self.registry.refuse_self(worker, str(exc))
+            except JournalWriteError:
+                pass  # the next round tries again
+            return
         streak = self._streaks.setdefault(worker.group, _Streak())
         try:
             await self._record(worker, ok, streak)

@@ -223,7 +223,7 @@ class RegistryService:
             try:
                 found = await self._probe(worker)
             except ReachesSelf as exc:
-                await self._refuse_self(worker, str(exc))
+                await self.refuse_self(worker, str(exc))
                 return
             except ProbeFailed as exc:
                 await self.journal.append(
@@ -280,9 +280,9 @@ class RegistryService:
             )
             return
 
-    async def _refuse_self(self, worker: Worker, detail: str) -> None:
-        """The URL leads back to this gateway: the registration is removed before it was ever
-        discovered (a pending worker never serves traffic), with the reason journaled and logged."""
+    async def refuse_self(self, worker: Worker, detail: str) -> None:
+        """The URL leads back to this gateway: the registration is removed (from discovery: before
+        it was ever discovered, so it never served traffic), with the reason journaled and logged."""
         reason = (
             f"refused: {redact_url(worker.url)} reaches this gateway itself ({detail}); "
             "register the engines' own URLs"
@@ -295,7 +295,8 @@ class RegistryService:
             url=worker.url,
             detail=detail,
         )
-        # Our own job is the one running: remove() would cancel it mid-append, so drop it first.
+        # From discovery, our own job is the one running: remove() would cancel it mid-append, so
+        # drop it first (a ready worker found by the health checker has no job).
         self._jobs.pop(worker.group, None)
         await self.remove(worker.id, reason)
 

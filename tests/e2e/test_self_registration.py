@@ -138,3 +138,58 @@ def test_launch_refuses_its_own_address(tmp_path):
         )
     ]
     assert not (tmp_path / "j.db").exists()
+
+
+def test_a_ready_worker_that_leads_back_is_removed_by_the_health_checker(gateway, fakes, tmp_path):
+    """A journal written before this check (or an address that later answers for the gateway):
+    the worker was discovered and is ready; the health checker sees the gateway's own id and
+    removes it."""
+    from journal import Append, SqliteStore
+    from smgrl.journaling import ev
+
+    (engine,) = fakes("sglang", 1)
+    journal = str(tmp_path / "old.db")
+    port = free_port()
+    forwarder = Forwarder(port)  # forwards to the gateway started below
+    looped = f"http://127.0.0.1:{forwarder.port}"
+    store = SqliteStore.open(journal)
+    wid = "01a22fbd-0000-7000-8000-000000000001"
+    store.append_batch(
+        [
+            Append(
+                f"worker:{wid}",
+                ev("worker.registered", worker_id=wid, url=looped, base_url=looped, source="api"),
+            ),
+            Append(
+                f"worker:{wid}",
+                ev(
+                    "worker.discovered",
+                    worker_id=wid,
+                    runtime="sglang",
+                    labels={},
+                    model_id="m",
+                    dp_rank_ids=[],
+                ),
+            ),
+        ]
+    )
+    store.close()
+    try:
+        _child, http, _ = gateway(
+            "--enable-rl",
+            "--health-check-interval-secs",
+            "1",
+            "--worker-urls",
+            engine,
+            journal=journal,
+            port=port,
+        )
+        deadline = time.monotonic() + 30
+        while http.request("GET", f"/workers/{wid}")[0] != 404:
+            assert time.monotonic() < deadline, "the looping worker was not removed"
+            time.sleep(0.1)
+    finally:
+        forwarder.close()
+    removed = [e for e in _events(journal) if e["type"] == "worker.removed"]
+    assert [e["payload"]["worker_id"] for e in removed] == [wid]
+    assert "reaches this gateway itself" in removed[0]["payload"]["reason"]
