@@ -56,7 +56,7 @@ def json_text(obj: Any, *, lines: bool = False) -> str:
 UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _ISO = re.compile(r"^\d{4}-(\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z$")
 MIN_ID = 8  # as git's 7, plus one: UUIDv7 ids made in one second share more
-MIN_COLUMN = 6
+MIN_COLUMN = 5  # "50 ms", "ok", a cut header: below this a column says nothing
 DEFAULT_WIDTH = 120
 
 
@@ -143,12 +143,12 @@ def _compact_time(text: str) -> str:
     return match.group(1).replace("T", " ") if match else text
 
 
-def _fit(natural: list[int], values: list[int], floors: list[int], width: int) -> list[int]:
-    """Column widths summing (with two-space gaps) to at most ``width``: headers longer than
-    their values are cut first (a cut header loses less than a cut value), then the widest
-    column loses a character at a time, none below its floor."""
+def _fit(natural: list[int], values: list[int], floors: list[int], width: int, gap: int) -> list[int]:
+    """Column widths summing (with their gaps) to at most ``width``: headers longer than their
+    values are cut first (a cut header loses less than a cut value), then the widest column
+    loses a character at a time, none below its floor."""
     widths = list(natural)
-    gaps = 2 * (len(widths) - 1)
+    gaps = gap * (len(widths) - 1)
     for i in sorted(range(len(widths)), key=lambda i: values[i] - natural[i]):
         excess = sum(widths) + gaps - width
         if excess <= 0:
@@ -192,7 +192,10 @@ def table(
         widths = natural(cells)
         values = [max([0, *(len(row[i]) for row in cells)]) for i in range(len(columns))]
         floors = [min(w, _floor(cells, i)) for i, w in enumerate(widths)]
-        widths = _fit(widths, values, floors, width)
+        # Many narrow columns (refits): one space between them rather than cut every one.
+        gap = 2 if sum(floors) + 2 * (len(floors) - 1) <= width else 1
+        widths = _fit(widths, values, floors, width, gap)
+        return FixedTable(columns, widths, gap).render(cells, header=True)
     return FixedTable(columns, widths).render(cells, header=True)
 
 
@@ -213,11 +216,12 @@ class FixedTable:
 
     columns: Sequence[str]
     widths: Sequence[int]
+    gap: int = 2
 
     def line(self, values: Sequence[str]) -> str:
         # A width of 0 is the unbounded last column (--wide).
         parts = [(_cut(v, w).ljust(w) if w else v) for v, w in zip(values, self.widths, strict=True)]
-        return "  ".join(parts).rstrip()
+        return (" " * self.gap).join(parts).rstrip()
 
     def render(self, cells: Sequence[Sequence[str]], *, header: bool) -> str:
         lines = [self.line(self.columns)] if header else []

@@ -145,6 +145,24 @@ def test_engine_globs_cover_every_event_type(hostile):
 
 
 @pytest.mark.parametrize("width", [80, 120])
+def test_the_standard_journal_fits_too(run, journal, width):
+    """Twelve refits columns, the events of four engines, a failed op: all within the width."""
+    for args in (
+        ["events"],
+        ["workers"],
+        ["ops"],
+        ["ops", "show", journal["failed_op"]],
+        ["refits"],
+        ["versions"],
+        ["stats"],
+        ["workers", "--at", "20"],
+    ):
+        out = run(*args, "--width", str(width)).output
+        too_long = [line for line in out.splitlines() if len(line) > width]
+        assert [line for line in too_long if not line.startswith(("journal /", "operation ", "  "))] == []
+
+
+@pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("how", ["option", "COLUMNS"])
 def test_tables_fit_the_terminal(hostile, width, how):
     for args in _commands(hostile):
