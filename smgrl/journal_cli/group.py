@@ -158,7 +158,7 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
 @click.option("--wide", is_flag=True, help="Tables in full: whole ids, no cut cells, any width.")
 @click.option(
     "--width",
-    type=click.IntRange(min=40),
+    type=click.IntRange(min=60),
     default=None,
     metavar="N",
     help="Fit tables to N columns (default: the terminal's width, COLUMNS, else 120).",
@@ -203,7 +203,7 @@ def command(
         wrapper = click.option(
             "--width",
             "sub_width",
-            type=click.IntRange(min=40),
+            type=click.IntRange(min=60),
             default=None,
             metavar="N",
             help="Fit tables to N columns.",
