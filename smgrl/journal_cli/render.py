@@ -58,6 +58,7 @@ _ISO = re.compile(r"^\d{4}-(\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z$")
 MIN_ID = 8  # as git's 7, plus one: UUIDv7 ids made in one second share more
 MIN_COLUMN = 5  # "50 ms", "ok", a cut header: below this a column says nothing
 DEFAULT_WIDTH = 120
+MIN_WIDTH = 60
 
 
 @attrs.define
@@ -72,10 +73,11 @@ _settings = Settings()
 
 
 def terminal_width(option: int | None) -> int:
-    """``--width``, else ``COLUMNS`` / the terminal's width, else 120 (output to a pipe)."""
+    """``--width``, else ``COLUMNS`` / the terminal's width (at least 60, the narrowest the
+    events table fits), else 120 (output to a pipe)."""
     if option is not None:
         return option
-    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    return max(MIN_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
 
 
 @contextlib.contextmanager
