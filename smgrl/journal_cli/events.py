@@ -10,6 +10,7 @@ import click
 
 from journal import SqliteStore
 from journal.events import Recorded, UnknownEvent
+from smgrl.core.printable import escape_for_json
 from smgrl.journal_cli.filters import WorkerFilter, catalogue, expand_types, payload_dict
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.reading import read_events, resolve_worker, worker_filter
@@ -202,7 +203,8 @@ def export(ctx: Ctx, types, after, before, output) -> None:
         try:
             count = 0
             for rec in read_events(store, wanted, after=rng.after, until_seq=rng.until_seq):
-                line = json_text(event_json(rec, with_hash=True), lines=True)
+                # Also in a file: C1 and separators as \uXXXX (same JSON), so `cat` is safe too.
+                line = escape_for_json(json_text(event_json(rec, with_hash=True), lines=True))
                 if out is not None:
                     out.write(line + "\n")
                 else:
