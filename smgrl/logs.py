@@ -18,11 +18,10 @@ import json
 import logging
 import logging.handlers
 import queue
-import re
 import sys
 import time
 
-from smgrl.core.printable import UNSAFE, escape, escape_for_json
+from smgrl.core.printable import escape, escape_for_json
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -33,14 +32,15 @@ LEVELS = {
 }
 
 
-# A text-format value is quoted when it holds one of these (or is empty).
-_QUOTE = re.compile('[\\s="\\\\]|' + UNSAFE.pattern)
+# A text-format value is quoted when it holds one of these, anything unprintable, or nothing.
+_QUOTED = (" ", "=", '"', "\\")
 
 
 class _Text(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, "fields", None) or {}
-        tail = " ".join(f"{escape(str(k))}={_text(v)}" for k, v in fields.items())
+        # Keys are the callers' keyword names (code, never input); values are escaped.
+        tail = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         message = escape(record.getMessage())
         line = f"{stamp}.{int(record.msecs):03d}Z {record.levelname:<5} {record.name}: {message}"
@@ -81,7 +81,9 @@ def _trace(formatter: logging.Formatter, record: logging.LogRecord) -> str | Non
 def _text(value) -> str:
     """A field value: bare when it is plain, else quoted with ``\\`` and ``"`` escaped too."""
     text = str(value)
-    if text and not _QUOTE.search(text):
+    # Fast path (most values: ids, paths, numbers): str.isprintable() is False for every
+    # character of the unsafe set (C0, DEL, C1, separators, bidi controls, surrogates).
+    if text and text.isprintable() and not any(ch in text for ch in _QUOTED):
         return text
     return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 

@@ -36,13 +36,14 @@ def _json_code(match: re.Match) -> str:
 def escape(text: str) -> str:
     """Every unsafe character as an escape: ``\\n``, ``\\r``, ``\\t``, ``\\x1b``, ``\\x85``,
     ``\\u2028``. One value stays on one line."""
-    return UNSAFE.sub(_code, text)
+    # str.isprintable() is False for every unsafe character: the common case costs one C scan.
+    return text if text.isprintable() else UNSAFE.sub(_code, text)
 
 
 def escape_lines(text: str) -> str:
     """Like ``escape`` but newlines stay: for output made of several lines (a table, a report)
     whose values were already escaped by ``escape``."""
-    return _UNSAFE_BUT_NEWLINE.sub(_code, text)
+    return text if text.isprintable() else _UNSAFE_BUT_NEWLINE.sub(_code, text)
 
 
 def escape_for_json(text: str) -> str:
@@ -50,4 +51,4 @@ def escape_for_json(text: str) -> str:
     separators, bidi, surrogates) as ``\\uXXXX``: json already escapes C0 controls, and the rest
     can only occur inside strings, where ``\\uXXXX`` means the same character. Newlines between
     the lines of an indented document stay."""
-    return _UNSAFE_BUT_NEWLINE.sub(_json_code, text)
+    return text if text.isprintable() else _UNSAFE_BUT_NEWLINE.sub(_json_code, text)
