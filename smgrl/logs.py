@@ -105,29 +105,39 @@ class _Enqueue(logging.handlers.QueueHandler):
 
 
 _listener: logging.handlers.QueueListener | None = None
+# The "smgrl" logger as it was before ``configure`` (handlers, level, propagate): ``shutdown``
+# puts it back, so a process (or a test) that configured logging once leaves no queue handler
+# behind for the next user of the logger (pytest's caplog, another configure).
+_before: tuple | None = None
 
 
 def configure(level: str = "info", json_lines: bool = False, stream=None) -> None:
     """Log lines go through a queue to one writer thread (started here, stopped by ``shutdown``)."""
-    global _listener
+    global _listener, _before
     shutdown()
+    root = logging.getLogger("smgrl")
+    _before = (list(root.handlers), root.level, root.propagate)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(_Json() if json_lines else _Text())
     records: queue.SimpleQueue = queue.SimpleQueue()
     _listener = logging.handlers.QueueListener(records, handler)
     _listener.start()
-    root = logging.getLogger("smgrl")
     root.handlers[:] = [_Enqueue(records)]
     root.setLevel(LEVELS.get(level.lower(), logging.INFO))
     root.propagate = False
 
 
 def shutdown() -> None:
-    """Write every queued line and stop the writer thread (idempotent)."""
-    global _listener
+    """Write every queued line, stop the writer thread and give the logger back (idempotent)."""
+    global _listener, _before
     if _listener is not None:
         _listener.stop()
         _listener = None
+    if _before is not None:
+        root = logging.getLogger("smgrl")
+        root.handlers[:], level, root.propagate = _before
+        root.setLevel(level)
+        _before = None
 
 
 def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fields) -> None:

@@ -93,25 +93,21 @@ def test_reaches_listener(url, host, port, reaches):
 
 
 def test_every_gateway_on_one_journal_has_the_journal_id(tmp_path):
-    from journal import MemoryStore, SqliteStore
+    from journal import JournalWriter, MemoryStore, SqliteStore
     from smgrl.config import Config
     from smgrl.gateway import Gateway
     from smgrl.registry.keys import KeyRing
     from smgrl.state.fleet import FleetState
 
+    def build(store) -> Gateway:
+        return Gateway.build(
+            Config(), fleet=FleetState(), journal=JournalWriter(store), store=store, keys=KeyRing({})
+        )
+
     store = SqliteStore.open(str(tmp_path / "j.db"))
     try:
-        ids = {
-            Gateway.build(
-                Config(), fleet=FleetState(), journal=None, store=store, keys=KeyRing({})
-            ).instance_id
-            for _ in range(2)
-        }
-        assert ids == {store.meta()["journal_id"]}
+        assert {build(store).instance_id for _ in range(2)} == {store.meta()["journal_id"]}
     finally:
         store.close()
-    memory = [
-        Gateway.build(Config(), fleet=FleetState(), journal=None, store=MemoryStore(), keys=KeyRing({}))
-        for _ in range(2)
-    ]
+    memory = [build(MemoryStore()) for _ in range(2)]
     assert len({g.instance_id for g in memory}) == 2 and all(len(g.instance_id) == 32 for g in memory)
