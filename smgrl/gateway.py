@@ -56,7 +56,9 @@ class Gateway:
         )
         auth = AuthPolicy.build(cfg.control_plane_keys, cfg.tenant_keys, cfg.api_key)
         audit = AuditCounts(cfg.audit_interval_secs)
-        gw = cls(cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit, instance_id)
+        gw = cls(
+            cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit, instance_id
+        )
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply
