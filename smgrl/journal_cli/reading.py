@@ -76,12 +76,12 @@ def resolve_worker(store: SqliteStore, value: str) -> str:
         elif not url and wid.lower().startswith(value.lower()):
             prefixed.add(wid)
     if not url:
-        if value in prefixed or len(prefixed) != 1:
-            if len(prefixed) > 1 and value not in prefixed:
-                raise CliError(
-                    f"worker id prefix {value} is ambiguous: {', '.join(sorted(prefixed))}", EXIT_CHECK
-                )
+        if value in prefixed or not prefixed:
             return value  # a full id (also of a DP rank), or none registered: nothing matches
+        if len(prefixed) > 1:
+            raise CliError(
+                f"worker id prefix {value} is ambiguous: {', '.join(sorted(prefixed))}", EXIT_CHECK
+            )
         return prefixed.pop()
     if found is None:
         raise CliError(f"no worker was ever registered at {value}", EXIT_CHECK)
