@@ -9,6 +9,7 @@ here explicitly (the submodules are the implementation):
   :class:`Append` (one event to append, with its secrets), :class:`VerifyReport`
 * writing from trio: :class:`JournalWriter` (group commit), :class:`Pending`
 * errors: :class:`JournalError` and its subclasses (see ``journal/errors.py`` for the tree)
+* ownership: :class:`JournalLock` (one gateway per file; ``journal/lock.py``), :class:`JournalLocked`
 """
 
 from .base import Append, EventStore, RawRow, VerifyReport
@@ -16,8 +17,10 @@ from .errors import (
     JournalBusyError,
     JournalClosedError,
     JournalError,
+    JournalForeignError,
     JournalFullError,
     JournalReadOnlyError,
+    JournalTooNewError,
     JournalWriteError,
     ProjectionError,
 )
@@ -45,6 +48,7 @@ from .events import (
     event_class,
     event_type,
 )
+from .lock import JournalLock, JournalLocked
 from .memory import MemoryStore
 from .store import SqliteStore
 from .writer import JournalWriter, Pending
@@ -64,8 +68,12 @@ __all__ = [
     "JournalBusyError",
     "JournalClosedError",
     "JournalError",
+    "JournalForeignError",
     "JournalFullError",
+    "JournalLock",
+    "JournalLocked",
     "JournalReadOnlyError",
+    "JournalTooNewError",
     "JournalWriteError",
     "JournalWriter",
     "MemoryStore",

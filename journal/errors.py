@@ -18,7 +18,14 @@
      │                                                          write lock taken (the writer then waits
      │                                                          for it in its thread; never raised to
      │                                                          appenders)
-     └── JournalReadOnlyError       code "journal_read_only"    a write on a store opened read-only
+     ├── JournalReadOnlyError       code "journal_read_only"    a write on a store opened read-only
+     ├── JournalForeignError        code "journal_foreign"      the file is not an smgrl journal (not
+     │                                                          SQLite, or another application's
+     │                                                          database): it is never modified
+     ├── JournalTooNewError         code "journal_too_new"      written by a newer smgrl (format or
+     │                                                          migrations this code does not know)
+     └── JournalLocked              code "journal_locked"       another gateway owns the file
+                                                                (``journal/lock.py``)
 
 ``code`` is a stable machine-readable string: the HTTP layer puts it in its error envelope (a
 ``journal_unavailable`` maps to 503), so it must never change once released. Tamper evidence is
@@ -31,8 +38,10 @@ __all__ = [
     "JournalBusyError",
     "JournalClosedError",
     "JournalError",
+    "JournalForeignError",
     "JournalFullError",
     "JournalReadOnlyError",
+    "JournalTooNewError",
     "JournalWriteError",
     "ProjectionError",
 ]
@@ -79,3 +88,17 @@ class JournalReadOnlyError(JournalError):
     """The store was opened read-only (e.g. by the CLI while the gateway runs)."""
 
     code = "journal_read_only"
+
+
+class JournalForeignError(JournalError):
+    """The file is not an smgrl journal: not an SQLite database, or a non-empty database of some
+    other application. Nothing was written to it."""
+
+    code = "journal_foreign"
+
+
+class JournalTooNewError(JournalError):
+    """The journal was written by a newer smgrl (a newer ``format_version`` or migrations this code
+    does not know): this code does not write it."""
+
+    code = "journal_too_new"

@@ -200,6 +200,12 @@ def decode(type: str, schema: int, payload_json: str) -> Event | UnknownEvent:
         payload = json.loads(payload_json)
     except (ValueError, TypeError):
         return UnknownEvent(type, schema, payload_json)
+    return decode_parsed(type, schema, payload)
+
+
+def decode_parsed(type: str, schema: int, payload: Any) -> Event | UnknownEvent:
+    """``decode`` for a payload already parsed (startup parses each row once, for the hash check
+    and the fold together). ``payload`` is used as is: pass a fresh object."""
     cls = _REGISTRY.get(type)
     if cls is None or schema > cls.SCHEMA or not isinstance(payload, dict):
         return UnknownEvent(type, schema, payload)

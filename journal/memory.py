@@ -235,11 +235,24 @@ class MemoryStore:
                     return upto_seq, state
         return None
 
-    def verify(self, *, upto: int | None = None) -> VerifyReport:
-        def scan(limit: int) -> Iterator[Row]:
-            return itertools.takewhile(lambda row: row[0] <= limit, self._scan(0))
+    def verify(
+        self, *, upto: int | None = None, after: int = 0, anchor: str | None = None, on_row=None
+    ) -> VerifyReport:
+        def scan(start: int, limit: int) -> Iterator[Row]:
+            return itertools.takewhile(lambda row: row[0] <= limit, self._scan(start))
 
-        return verify_journal(self._marks, scan, upto)
+        if anchor is None:
+            with self._lock:
+                anchor = self._anchor(after)
+            if anchor is None:
+                return VerifyReport(
+                    ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
+                )
+        return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
+
+    def snapshot_seqs(self, kind: str) -> list[int]:
+        with self._lock:
+            return sorted((s[2] for s in self._snapshots if s[1] == kind), reverse=True)
 
     def _marks(self) -> Marks:
         with self._lock:

@@ -87,7 +87,13 @@ from ._chain import (
 )
 from ._schema import FORMAT_VERSION, MIGRATION_NAMES, MIGRATIONS
 from .base import Append, RawRow, type_names
-from .errors import JournalBusyError, JournalError, JournalReadOnlyError
+from .errors import (
+    JournalBusyError,
+    JournalError,
+    JournalForeignError,
+    JournalReadOnlyError,
+    JournalTooNewError,
+)
 from .events import ControlStarted, Event, Recorded, decode
 
 __all__ = ["FORMAT_VERSION", "SqliteStore"]
@@ -176,11 +182,12 @@ class SqliteStore:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             db = sqlite_utils.Database(conn, execute_plugins=False)
+            # Before anything that writes (WAL mode changes the file header, migrations add
+            # tables): a file that is not ours is refused untouched.
+            _check_identity(conn, db, path, readonly=readonly)
             if readonly:
                 # Belt and braces on top of mode=ro: the connection refuses any write statement.
                 conn.execute("PRAGMA query_only = ON")
-                if MIGRATIONS.pending(db):
-                    raise JournalError(f"{path} is not a migrated smgrl journal (open it read-write once)")
             else:
                 db.enable_wal()
                 conn.execute(f"PRAGMA synchronous = {sync}")
@@ -190,11 +197,6 @@ class SqliteStore:
                     # thread instead of inside whichever commit crossed SQLite's threshold.
                     conn.execute("PRAGMA wal_autocheckpoint = 0")
                 conn.execute("PRAGMA foreign_keys = ON")
-                unknown = [m.name for m in MIGRATIONS.applied(db) if m.name not in MIGRATION_NAMES]
-                if unknown:
-                    raise JournalError(
-                        f"{path} was written by a newer smgrl (migrations {unknown}); not writing"
-                    )
                 MIGRATIONS.apply(db)
         except BaseException:
             conn.close()
@@ -499,20 +501,42 @@ class SqliteStore:
                 return upto_seq, state
         return None
 
-    def verify(self, *, upto: int | None = None) -> VerifyReport:
+    def verify(
+        self, *, upto: int | None = None, after: int = 0, anchor: str | None = None, on_row=None
+    ) -> VerifyReport:
         """Recompute the hash chain (up to ``upto``) and report the first bad seq, if any.
 
-        Safe while another connection appends or compacts (see ``_chain.verify_journal``).
+        ``after``: check only the rows after that seq, trusting its stored hash (or ``anchor``):
+        what startup does from the snapshot it restores. ``on_row``: called for each row that
+        passed (``_chain.verify_rows``). Safe while another connection appends or compacts (see
+        ``_chain.verify_journal``).
         """
 
-        def scan(limit: int) -> Iterator[Row]:
+        def scan(start: int, limit: int) -> Iterator[Row]:
             where, params = _filters(None, None, limit)
             pages = self._pages(
-                "seq, ts, stream, type, schema, payload, prev_hash, hash", 0, where, params, None
+                "seq, ts, stream, type, schema, payload, prev_hash, hash", start, where, params, None
             )
             return (row for page in pages for row in page)
 
-        return verify_journal(self._marks, scan, upto)
+        if anchor is None:
+            with self._lock:
+                anchor = self._anchor(self._conn, after)
+            if anchor is None:
+                return VerifyReport(
+                    ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
+                )
+        return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
+
+    def snapshot_seqs(self, kind: str) -> list[int]:
+        """The ``upto_seq`` of every stored snapshot of ``kind``, valid or not, newest first: lets
+        startup tell "no snapshot" from "a snapshot that failed its hash check"."""
+        return [
+            r[0]
+            for r in self._query(
+                "SELECT upto_seq FROM snapshots WHERE kind = ? ORDER BY upto_seq DESC", (kind,)
+            )
+        ]
 
     def _marks(self) -> Marks:
         # One statement, hence one snapshot: an append moves the head and the rows together.
@@ -525,6 +549,68 @@ class SqliteStore:
         if hw_seq is None or hw_hash is None or compacted is None:
             raise JournalError("journal meta keys are missing")
         return Marks(Head(int(hw_seq), 0.0, hw_hash), int(compacted), last or 0)
+
+
+def _check_identity(
+    conn: sqlite3.Connection, db: sqlite_utils.Database, path: str, *, readonly: bool
+) -> None:
+    """Refuse a file this code must not read or write, without writing anything to it.
+
+    * not an SQLite database (or an unreadable one): :class:`JournalForeignError`;
+    * an SQLite database with anything in it that is not an smgrl journal: JournalForeignError
+      (a read-write open would otherwise add the journal's tables to another application's file);
+    * an empty database: a new journal for a read-write open, JournalForeignError read-only;
+    * a journal of a newer ``format_version``, or (read-write) with migrations this code does not
+      know: :class:`JournalTooNewError`.
+    """
+    try:
+        names = [
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+            )
+        ]
+    except sqlite3.OperationalError:
+        raise  # locked, I/O error...: not a statement about what the file is
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
+        raise JournalForeignError(
+            f"{path} is not an smgrl journal: not a readable SQLite database ({exc})"
+        ) from None
+    if not names:
+        if readonly:
+            raise JournalForeignError(f"{path} is an empty SQLite database, not an smgrl journal")
+        return  # a new journal: the migrations create it
+    applied = [m.name for m in MIGRATIONS.applied(db)] if "_sqlite_migrations" in names else []
+    if not applied or "meta" not in names or "events" not in names:
+        shown = ", ".join(sorted(names)[:6]) + (", ..." if len(names) > 6 else "")
+        raise JournalForeignError(
+            f"{path} is not an smgrl journal: it is an SQLite database of another application"
+            f" (tables: {shown}); it was not modified"
+        )
+    row = conn.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
+    try:
+        fmt = int(row[0]) if row is not None else 0
+    except (TypeError, ValueError):
+        raise JournalForeignError(
+            f"{path}: meta.format_version is {row[0]!r}, not a journal format"
+        ) from None
+    if fmt > FORMAT_VERSION:
+        raise JournalTooNewError(
+            f"{path} is an smgrl journal of format {fmt}, written by a newer smgrl; this smgrl knows"
+            f" format {FORMAT_VERSION}: upgrade smgrl to use it"
+        )
+    unknown = [name for name in applied if name not in MIGRATION_NAMES]
+    if unknown and not readonly:
+        raise JournalTooNewError(
+            f"{path} was migrated by a newer smgrl (migrations this smgrl does not know:"
+            f" {', '.join(unknown)}); not writing it: upgrade smgrl"
+        )
+    if readonly and MIGRATIONS.pending(db):
+        pending = ", ".join(m.name for m in MIGRATIONS.pending(db))
+        raise JournalError(
+            f"{path} is an smgrl journal written by an older smgrl (migrations {pending} not applied):"
+            " start the gateway on it once to upgrade it"
+        )
 
 
 _INSERT_CHUNK = 128  # rows per multi-row INSERT (8 variables each, far below SQLite's limit)

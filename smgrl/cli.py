@@ -8,6 +8,7 @@ argparse habit of several values after one flag (``--worker-urls URL URL ...``).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -28,7 +29,7 @@ from smgrl.config import (
     TenantKey,
     validate,
 )
-from smgrl.errors import ConfigError
+from smgrl.errors import ConfigError, StartupError
 from smgrl.routing.policy import POLICIES
 
 # Flags that take several values after one occurrence, argparse-style (nargs="*"/"+").
@@ -351,17 +352,22 @@ def run_gateway(cfg: Config) -> None:
     logs.configure(cfg.log_level, cfg.log_json)
 
     async def main_task() -> None:
-        shutdown = trio.Event()
+        shutdown, stop_now = trio.Event(), trio.Event()
         async with trio.open_nursery() as nursery:
-            # The signal watcher sets ``shutdown``; serve() then drains gracefully and returns.
-            nursery.start_soon(_watch_signals, shutdown, nursery.cancel_scope)
-            await serve(cfg, shutdown=shutdown)
+            # The signal watcher sets ``shutdown`` (drain gracefully), then ``stop_now`` (stop
+            # waiting); serve() returns once the journal is closed.
+            nursery.start_soon(_watch_signals, shutdown, stop_now)
+            await serve(cfg, shutdown=shutdown, stop_now=stop_now)
             nursery.cancel_scope.cancel()
 
     try:
         trio.run(main_task)
-    except OSError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except BaseException as exc:  # sorted below: startup failures are one line, bugs a traceback
+        failure = startup_failure(exc)
+        if failure is None:
+            raise
+        logs.shutdown()  # the log lines written before the failure come first
+        click.echo(f"error: {failure}", err=True)
         sys.exit(1)
     except BaseExceptionGroup as group:
         # Fail-stop (journal/writer.py): memory could not follow the journal; one line, exit 1.
@@ -377,15 +383,42 @@ def run_gateway(cfg: Config) -> None:
         logs.shutdown()  # every queued log line is written before the process exits
 
 
-async def _watch_signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
+def startup_failure(exc: BaseException) -> str | None:
+    """The one line to print for a failure that is not a bug, or None (let the traceback show).
+
+    trio wraps what a task raises in (nested) exception groups; a StartupError or ConfigError is
+    reported by its message wherever it sits, when nothing else but cancellations is in the group.
+    """
+    leaves = list(_leaves(exc))
+    wanted = [e for e in leaves if isinstance(e, (StartupError, ConfigError))]
+    others = [e for e in leaves if not isinstance(e, (StartupError, ConfigError, trio.Cancelled))]
+    if not wanted or others:
+        return None
+    return str(wanted[0])
+
+
+def _leaves(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+async def _watch_signals(shutdown: trio.Event, stop_now: trio.Event) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         count = 0
         async for _ in signals:
             count += 1
-            shutdown.set()
-            if count >= 2:
-                scope.cancel()  # a second signal: stop waiting for the grace period
-                return
+            if count == 1:
+                shutdown.set()  # graceful: in-flight requests get the grace period
+            elif count == 2:
+                stop_now.set()  # stop waiting: serve() records open operations interrupted
+            else:
+                # A third signal while the (bounded, shielded) bookkeeping runs: leave now. The
+                # journal survives a kill; the next start records open operations interrupted.
+                os.write(2, b"error: stopped without closing the journal (third signal)\n")
+                os._exit(1)
 
 
 def _register_subcommands() -> None:

@@ -137,7 +137,9 @@ class Config:
     control_plane_keys: tuple[ControlPlaneKey, ...] = ()
     tenant_keys: tuple[TenantKey, ...] = ()
     prometheus_host: str | None = None
-    prometheus_port: int = 29000
+    prometheus_port: int | None = (
+        29000  # 0: a free port (logged); None: no metrics listener (in-process gateways)
+    )
     shutdown_grace_period_secs: float = 180.0
     log_level: str = "info"
     log_json: bool = False
@@ -206,8 +208,8 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"Configuration error: {self_registration(url)}")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"Invalid --port {cfg.port} (expected 0-65535)")
-    if not 1 <= cfg.prometheus_port <= 65535:
-        raise ConfigError(f"Invalid --prometheus-port {cfg.prometheus_port} (expected 1-65535)")
+    if cfg.prometheus_port is not None and not 0 <= cfg.prometheus_port <= 65535:
+        raise ConfigError(f"Invalid --prometheus-port {cfg.prometheus_port} (expected 0-65535)")
     if cfg.max_payload_size < 1:
         raise ConfigError("Invalid --max-payload-size (expected a positive number of bytes)")
     if cfg.max_concurrent_large_bodies < 1:

@@ -5,6 +5,9 @@ and their HTTP statuses are SMG 1.13.0's (``rl-control-plane.md`` §2)::
 
     SmgrlError
     ├── ConfigError                 startup flag validation; ``smgrl launch`` exits 1 with its text
+    ├── StartupError                the gateway cannot start (port in use, journal owned by another
+    │                               gateway, missing directory, foreign/newer/tampered journal):
+    │                               ``smgrl launch`` prints its one line and exits 1
     ├── RlError                     body ``{"error": code, "message": ..., **context}``
     │   ├── InvalidEnginePath       invalid_engine_path      400
     │   ├── SelectorRequired        selector_required        400
@@ -36,6 +39,11 @@ class SmgrlError(Exception):
 
 class ConfigError(SmgrlError):
     """A launch flag has a value smgrl refuses. The message is the one line printed on exit."""
+
+
+class StartupError(SmgrlError):
+    """The gateway cannot start. The message is the one line ``smgrl launch`` prints (it names the
+    port or the path, and what to do); nothing is served."""
 
 
 class RlError(SmgrlError):

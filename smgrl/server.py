@@ -8,37 +8,52 @@ Task tree (structured concurrency; a parent outlives its children)::
                                hypercorn
 
 Startup restores the projections from the newest fleet snapshot plus the events after it
-(``smgrl.state.replay.restore``); the snapshotter stores a new one every ``SMGRL_SNAPSHOT_EVERY``
-(default 50,000) events.
+(``smgrl.state.replay.restore_verified``); the snapshotter stores a new one every ``SMGRL_SNAPSHOT_EVERY``
+(default 25,000) events.
+
+Startup, in this order, so that a failure changes nothing it need not: take the journal's
+ownership lock (``journal/lock.py``: a second gateway on the file is refused naming the owner),
+bind the HTTP and metrics ports, open the journal (a foreign or newer file is refused untouched),
+restore the projections after checking the hash chain of what is replayed
+(``restore_verified``). Each failure is a :class:`StartupError` whose one line names the port or
+the path; ``smgrl launch`` prints it and exits 1.
 
 Shutdown (SIGINT/SIGTERM sets ``shutdown``): hypercorn stops accepting and gives in-flight
-requests ``--shutdown-grace-period-secs`` to finish (a fan-out cut short past that records itself
-as cancelled), the inner nursery is cancelled, and then, shielded, the operations still open are
-recorded as interrupted, ``gateway.stopped`` is appended and the writer drains and closes.
+requests ``--shutdown-grace-period-secs`` to finish; one log line says what it waits for. A second
+signal sets ``stop_now``: the inner nursery (hypercorn, its request handlers) is cancelled at once,
+while the journal writer, in the outer nursery, keeps running. Then, shielded, the operations still
+open (a hung engine call, say) are recorded as interrupted, ``gateway.stopped`` is appended and the
+writer drains and closes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import sqlite3
 
 import attrs
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
 
-from journal import JournalWriter, MemoryStore, SqliteStore
+from journal import JournalError, JournalLock, JournalWriter, MemoryStore, SqliteStore
 from smgrl import __version__, hypercorn_patches
 from smgrl.api.metrics_server import serve_metrics
 from smgrl.app import create_app
 from smgrl.config import Config
+from smgrl.errors import StartupError
 from smgrl.gateway import Gateway
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 from smgrl.registry.health import HealthChecker
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import Registration
-from smgrl.state.replay import Snapshotter, record_interrupted, restore, snapshot_every
+from smgrl.state.replay import Snapshotter, record_interrupted, restore_verified, snapshot_every
 
 log = logging.getLogger("smgrl.server")
 
@@ -78,17 +93,47 @@ def hypercorn_config(cfg: Config) -> HyperConfig:
 
 
 async def serve(
-    cfg: Config, *, shutdown: trio.Event | None = None, store=None, task_status=trio.TASK_STATUS_IGNORED
+    cfg: Config,
+    *,
+    shutdown: trio.Event | None = None,
+    stop_now: trio.Event | None = None,
+    store=None,
+    task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Run the gateway until ``shutdown`` (graceful) and, if it is set too, ``stop_now``.
+
+    ``store``: an already open journal (tests); the gateway then neither locks nor closes it.
+    """
     shutdown = shutdown if shutdown is not None else trio.Event()
-    own_store = store is None
-    if store is None:
-        # ``--journal :memory:`` keeps the journal in memory (nothing survives the process): for
-        # throwaway runs and for measuring what the SQLite file costs.
-        store = MemoryStore() if cfg.journal == ":memory:" else SqliteStore.open(cfg.journal)
-    # The newest valid snapshot plus the events after it: a 1M-event journal starts in well
-    # under a second (benchmarks/journal.py). Synchronous on purpose: nothing runs before it.
-    fleet, restored = restore(store)
+    stop_now = stop_now if stop_now is not None else trio.Event()
+    with contextlib.ExitStack() as resources:
+        own_store = store is None
+        lock = None
+        if own_store and cfg.journal != ":memory:":
+            lock = resources.enter_context(own_journal(cfg.journal))
+        hc = hypercorn_config(cfg)
+        sockets = bind_http(hc, cfg)
+        resources.callback(_close_sockets, sockets)
+        metrics_listeners = await bind_metrics(cfg)
+        for listener in metrics_listeners or ():
+            resources.callback(listener.socket.close)
+        if lock is not None:
+            lock.update(port=sockets.insecure_sockets[0].getsockname()[1])
+        if own_store:
+            # ``--journal :memory:`` keeps the journal in memory (nothing survives the process):
+            # for throwaway runs and for measuring what the SQLite file costs.
+            store = MemoryStore() if cfg.journal == ":memory:" else open_journal(cfg.journal)
+            resources.callback(store.close)
+        # The newest valid snapshot plus the events after it, after checking their hash chain: a
+        # 1M-event journal starts in under a second (benchmarks/journal.py). Synchronous on
+        # purpose: nothing runs before it.
+        fleet, restored = restore_verified(store)
+        await _run(
+            cfg, store, fleet, restored, hc, sockets, metrics_listeners, shutdown, stop_now, task_status
+        )
+
+
+async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shutdown, stop_now, task_status):
     keys = KeyRing(store.secrets())
     writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
     # Gateway.build wires the writer's commit hooks (projections, key ring, registry jobs, metrics).
@@ -128,23 +173,22 @@ async def serve(
                         )
                         await inner.start(checker.run)
                     metrics_url = None
-                    if cfg.prometheus_port:
-                        mhost = cfg.prometheus_host or cfg.host
-                        listeners = await inner.start(
-                            serve_metrics,
-                            lambda: gw.metrics.render(fleet.registry),
-                            mhost,
-                            cfg.prometheus_port,
+                    if metrics_listeners is not None:
+                        await inner.start(
+                            serve_metrics, lambda: gw.metrics.render(fleet.registry), metrics_listeners
                         )
-                        sockname = listeners[0].socket.getsockname()
+                        sockname = metrics_listeners[0].socket.getsockname()
                         metrics_url = f"http://{_hostport(sockname)}/metrics"
                     http_done = trio.Event()
 
                     async def run_http(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                        for sock in sockets.insecure_sockets:
+                            sock.listen(hc.backlog)
                         try:
-                            await hypercorn_serve(
-                                app,
-                                hypercorn_config(cfg),
+                            await worker_serve(
+                                wrap_app(app, hc.wsgi_max_body_size, None),
+                                hc,
+                                sockets=sockets,
                                 shutdown_trigger=shutdown.wait,
                                 task_status=task_status,
                             )
@@ -152,6 +196,7 @@ async def serve(
                             http_done.set()
 
                     urls = await inner.start(run_http)
+                    inner.start_soon(_stop_watch, gw, app, shutdown, stop_now, inner.cancel_scope)
                     task_status.started(Running(gw, urls, metrics_url))
                     log_event(
                         log,
@@ -168,7 +213,8 @@ async def serve(
                     inner.cancel_scope.cancel()
             finally:
                 # Shielded: the process is going down, but the journal must still say which
-                # operations were cut short and that the gateway stopped.
+                # operations were cut short and that the gateway stopped. The writer lives in
+                # the outer nursery, which nothing has cancelled, so it still takes appends.
                 with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_RECORD_SECS):
                     # After a fail-stop (journal/writer.py) memory no longer matches the journal
                     # and nothing more is written; the writer's ProjectionError ends serve().
@@ -178,11 +224,123 @@ async def serve(
                         await writer.append("gateway", _stopped_event(clean=True, reason="shutdown"))
                         await writer.aclose()
                     await gw.pools.aclose()
-                clean = not writer.failed
+                    clean = not writer.failed
     finally:
-        if own_store:
-            store.close()
         log_event(log, "stopped", clean=clean)
+
+
+async def _stop_watch(
+    gw: Gateway, app, shutdown: trio.Event, stop_now: trio.Event, inner: trio.CancelScope
+) -> None:
+    """Say what a graceful stop waits for, and cut it short on ``stop_now`` (a second signal)."""
+    await shutdown.wait()
+    # From now on an operation cut short is the gateway's doing: it is recorded interrupted
+    # (reason shutdown) by serve's shielded bookkeeping, not cancelled as for a client gone.
+    gw.control.stopping = True
+    waiting = _in_flight(gw, app)
+    if waiting:
+        log.warning(
+            "shutting down: waiting up to %gs for %s; press Ctrl-C again (or send SIGTERM) to stop"
+            " waiting: operations still open are then recorded interrupted",
+            gw.cfg.shutdown_grace_period_secs,
+            waiting,
+        )
+    else:
+        log_event(log, "shutting down")
+    await stop_now.wait()
+    log.warning("stopping now: cancelling the requests in flight")
+    # Only the inner nursery: hypercorn and its handlers go, the journal writer stays for the
+    # shielded bookkeeping in serve().
+    inner.cancel()
+
+
+def _in_flight(gw: Gateway, app) -> str:
+    """What a graceful stop waits for, in words: the open control operations and rollout requests."""
+    parts = []
+    ops = list(gw.fleet.operations.open.values())
+    if ops:
+        shown = ", ".join(
+            f"{op.op_id} ({op.method} {op.path}, {_plural(len(op.targets), 'engine')})" for op in ops[:3]
+        )
+        more = f" and {len(ops) - 3} more" if len(ops) > 3 else ""
+        parts.append(f"{_plural(len(ops), 'control operation')} [{shown}{more}]")
+    dataplane = getattr(app, "dataplane", None)
+    active = dataplane.admission.active if dataplane is not None else 0
+    if active:
+        parts.append(_plural(active, "rollout request"))
+    return " and ".join(parts)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+@contextlib.contextmanager
+def own_journal(path: str):
+    """The journal's ownership lock for this process (``journal/lock.py``), as a StartupError."""
+    try:
+        lock = JournalLock.acquire(path, version=__version__)
+    except JournalError as exc:  # JournalLocked: names the owner
+        raise StartupError(str(exc)) from None
+    except OSError as exc:
+        raise StartupError(_journal_os_error(path, exc)) from None
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def open_journal(path: str) -> SqliteStore:
+    """``SqliteStore.open`` with every failure as one StartupError line naming the path."""
+    if os.path.isdir(path):
+        raise StartupError(f"--journal {path} is a directory, not a journal file")
+    try:
+        return SqliteStore.open(path)
+    except JournalError as exc:  # foreign file, newer format or migrations
+        raise StartupError(str(exc)) from None
+    except sqlite3.Error as exc:
+        raise StartupError(f"cannot open the journal {path}: {exc}") from None
+    except OSError as exc:
+        raise StartupError(_journal_os_error(path, exc)) from None
+
+
+def _journal_os_error(path: str, exc: OSError) -> str:
+    parent = os.path.dirname(os.path.abspath(path))
+    if exc.errno == errno.ENOENT and not os.path.isdir(parent):
+        return f"cannot create the journal {path}: the directory {parent} does not exist"
+    return f"cannot open the journal {path}: {exc.strerror or exc}"
+
+
+def bind_http(hc: HyperConfig, cfg: Config) -> Sockets:
+    """Bind the HTTP port now, before the journal is touched: a port in use is one line naming
+    it, and nothing is written. Not listening yet (``run_http`` does, once the state is
+    restored): until then a client is refused at once instead of waiting in the backlog."""
+    try:
+        sockets = hc.create_sockets()
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {_hostport((cfg.host, cfg.port))} (--port): {exc.strerror or exc}"
+        ) from None
+    return sockets
+
+
+async def bind_metrics(cfg: Config) -> list[trio.SocketListener] | None:
+    """The metrics listener's sockets (``--prometheus-port``, 0 picks a free port); None when
+    ``prometheus_port`` is None (in-process gateways)."""
+    if cfg.prometheus_port is None:
+        return None
+    host = cfg.prometheus_host or cfg.host
+    try:
+        return await trio.open_tcp_listeners(cfg.prometheus_port, host=host)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {_hostport((host, cfg.prometheus_port))} (--prometheus-port): {exc.strerror or exc}"
+        ) from None
+
+
+def _close_sockets(sockets: Sockets) -> None:
+    for sock in sockets.insecure_sockets:
+        sock.close()
 
 
 def _hostport(sockname) -> str:

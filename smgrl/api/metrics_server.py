@@ -54,8 +54,9 @@ async def _handle(render, stream: trio.SocketStream) -> None:
             await trio.aclose_forcefully(stream)
 
 
-async def serve_metrics(render, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    listeners = await trio.open_tcp_listeners(port, host=host)
+async def serve_metrics(render, listeners, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``GET /metrics`` on ``listeners``, bound by the caller (``smgrl.server.bind_metrics``:
+    before the journal is opened, so a port in use changes nothing)."""
     # serve_listeners runs one task per connection inside its own nursery, owned by this task
     # (itself a child of the gateway's root nursery): cancelling the root stops the listener.
     await trio.serve_listeners(partial(_handle, render), listeners, task_status=task_status)

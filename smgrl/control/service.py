@@ -83,6 +83,9 @@ class ControlService:
         self.keys = keys
         self.rl = rl
         self.metrics = metrics
+        # Set by the server when the gateway starts stopping: an operation cut short from then on
+        # is the gateway's doing, and the server records it interrupted (reason shutdown).
+        self.stopping = False
 
     # -- targets -------------------------------------------------------------------------------
 
@@ -178,9 +181,31 @@ class ControlService:
         """The request was cancelled (client disconnected, shutdown past its grace period) or
         failed mid-operation. Shielded: the client is gone, but the journal must still say that the
         operation ended cancelled, with the outcomes that arrived. Bounded, so a dead journal
-        cannot hold a cancelled request forever."""
+        cannot hold a cancelled request forever.
+
+        While the gateway stops (``stopping``), the operation is not closed here: the outcomes
+        that arrived (and the request's audit) are committed without ``control.finished``, and the
+        server's shutdown bookkeeping then records it ``control.interrupted`` (reason
+        ``shutdown``), naming the targets whose outcome is recorded and those cut short."""
+        if self.stopping:
+            await self._record_outcomes_only(op)
+            return
         with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_RECORD_SECS):
             await self._finish(op, "cancelled", 499, total, succeeded, started, quiet=True)
+
+    async def _record_outcomes_only(self, op: _Op) -> None:
+        items = [(f"op:{op.op_id}", e) for e in op.records]
+        op.records = []
+        if op.ctx.audit is not None:
+            items.append(("audit", op.ctx.audit(499)))
+        if not items:
+            return
+        # Shielded and bounded like the cancelled record: the gateway is going down.
+        with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_RECORD_SECS):
+            try:
+                await self.journal.append_many(items)
+            except JournalWriteError:
+                pass  # the interrupted record then names these targets as cut short
 
     async def _call_one(self, worker: Worker, req: ControlRequest, op: _Op) -> Outcome:
         outcome = await call_worker(

@@ -25,7 +25,8 @@ import attrs
 import trio
 
 from journal.base import RawRow
-from journal.events import decode
+from journal.events import decode, decode_parsed
+from smgrl.errors import StartupError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 from smgrl.state import engines, registry, snapshot
@@ -39,7 +40,11 @@ log = logging.getLogger("smgrl.snapshot")
 CONTROL_TYPES = frozenset({"control.started", "control.outcome", "control.finished", "control.interrupted"})
 FOLDED_TYPES = registry.TYPES | engines.TYPES | CONTROL_TYPES
 
-SNAPSHOT_EVERY = 50_000  # events between two snapshots taken by the gateway
+# Events between two snapshots taken by the gateway. It bounds what startup replays and
+# hash-checks (the worst case is a snapshot this many events behind the head): 25,000 keeps a
+# verified startup on a 1M-event journal under a second (docs/benchmarks.md), for a snapshot
+# (about 1 MB and 25-90 ms of the writer thread for a 2,000-worker fleet) every 25,000 events.
+SNAPSHOT_EVERY = 25_000
 SNAPSHOT_EVERY_ENV = "SMGRL_SNAPSHOT_EVERY"  # override (tests, tuning); 0 turns snapshots off
 
 
@@ -107,8 +112,55 @@ def restore(store, *, use_snapshot: bool = True, until_seq: int | None = None) -
     return fleet, Restored(snapshot_seq=seq, replayed=count, head=fleet.last_seq, snapshot_error=problem)
 
 
+def restore_verified(store) -> tuple[FleetState, Restored]:
+    """What the gateway serves from: ``restore``, after checking the hash chain of every event it
+    folds. StartupError (one line naming the first bad seq) when that part of the chain fails.
+
+    The snapshot's own hash binds the chain hash at its seq, so checking the rows after it is
+    enough to trust the whole restored state; older rows are not replayed (``smgrl journal verify``
+    checks them all). A snapshot that fails its hash check is not trusted and not dropped silently:
+    one warning line, then the previous valid snapshot (or the first event) is the starting point,
+    and the chain is checked from there. The check and the fold are one pass over the rows after
+    the snapshot (at most ``SNAPSHOT_EVERY`` of them): see docs/benchmarks.md.
+    """
+    head = store.last_seq()
+    seq, fleet, problem = load_snapshot(store, head)
+    stored = [s for s in store.snapshot_seqs(snapshot.KIND) if s <= head]
+    if problem is None and stored and stored[0] > seq:
+        problem = (
+            f"the snapshot at seq {stored[0]} fails its hash check (edited, or history rewritten under it)"
+        )
+    if problem is not None:
+        start = f"the snapshot at seq {seq}" if seq else "the first event"
+        log.warning("%s; not used: startup replays from %s (run `smgrl journal verify`)", problem, start)
+    # One pass: each row after the snapshot is read once, parsed once, hash-checked, and (when a
+    # projection folds its type) folded once it passed. Rows that fail never reach the fold, and
+    # a failure refuses the whole state anyway.
+    folded_upto, count = seq, 0
+    apply = fleet.apply
+
+    def fold(row_seq: int, type_: str, schema: int, payload) -> None:
+        nonlocal folded_upto, count
+        if row_seq <= folded_upto:
+            return  # seen in an earlier attempt (verify retries after a concurrent compaction)
+        folded_upto = row_seq
+        if type_ in FOLDED_TYPES:
+            apply(row_seq, decode_parsed(type_, schema, payload))
+            count += 1
+
+    report = store.verify(after=seq, on_row=fold)
+    if not report.ok:
+        where = getattr(store, "path", "the journal")
+        raise StartupError(
+            f"{where} fails its hash check at seq {report.first_bad_seq} ({report.reason}); not serving"
+            " it: run `smgrl journal verify` for details"
+        )
+    fleet.last_seq = max(fleet.last_seq, folded_upto)
+    return fleet, Restored(snapshot_seq=seq, replayed=count, head=fleet.last_seq, snapshot_error=problem)
+
+
 def snapshot_every(environ: dict[str, str] | None = None) -> int:
-    """Events between snapshots: ``SMGRL_SNAPSHOT_EVERY`` when set to an integer >= 0, else 50,000."""
+    """Events between snapshots: ``SMGRL_SNAPSHOT_EVERY`` when set to an integer >= 0, else 25,000."""
     raw = (os.environ if environ is None else environ).get(SNAPSHOT_EVERY_ENV, "").strip()
     if raw.isdigit():
         return int(raw)

@@ -286,7 +286,9 @@ def test_missing_and_foreign_files(run, tmp_path):
     sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.close()
     for args in (["events"], ["compact", "--before", "5"], ["replay", "--snapshot"]):
         result = run(*args, path=str(other))
-        assert result.exit_code == 4 and "not a migrated smgrl journal" in result.output
+        # Says what the file is; never the old, wrong advice to "open it read-write once".
+        assert result.exit_code == 4 and "not an smgrl journal" in result.output, result.output
+        assert "another application (tables: t)" in result.output and "read-write" not in result.output
     tables = {r[0] for r in sqlite3.connect(other).execute("SELECT name FROM sqlite_master")}
     assert tables == {"t"}  # a foreign database is never migrated
     assert run("events", path=str(tmp_path)).exit_code == 4

@@ -40,6 +40,7 @@ RL = "Configuration error: Invalid value for field 'rl': "
                 "or --api-key (smgrl launch)"
             ),
         ),
+        (["--prometheus-port", "70000"], "error: Invalid --prometheus-port 70000 (expected 0-65535)"),
     ],
 )
 def test_bad_values_exit_1_with_one_line(args, line, tmp_path):

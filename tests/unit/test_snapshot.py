@@ -17,7 +17,7 @@ from smgrl.journal_cli.filters import catalogue
 from smgrl.journaling import ev
 from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState
-from smgrl.state.replay import FOLDED_TYPES, Snapshotter, replay, restore, snapshot_every
+from smgrl.state.replay import FOLDED_TYPES, SNAPSHOT_EVERY, Snapshotter, replay, restore, snapshot_every
 
 URLS = [f"http://h{i}:1" for i in range(4)]
 
@@ -269,10 +269,10 @@ def test_replay_counts_only_folded_events_and_stops_at_until(store):
 
 
 def test_snapshot_every_reads_the_environment():
-    assert snapshot_every({}) == 50_000
+    assert snapshot_every({}) == SNAPSHOT_EVERY == 25_000
     assert snapshot_every({"SMGRL_SNAPSHOT_EVERY": "40"}) == 40
     assert snapshot_every({"SMGRL_SNAPSHOT_EVERY": "0"}) == 0
-    assert snapshot_every({"SMGRL_SNAPSHOT_EVERY": "lots"}) == 50_000
+    assert snapshot_every({"SMGRL_SNAPSHOT_EVERY": "lots"}) == SNAPSHOT_EVERY
 
 
 async def test_writer_save_snapshot_goes_through_the_writer(tmp_path):

@@ -1,0 +1,219 @@
+"""One owner per journal file: an OS lock on the sidecar file ``<journal>.lock``.
+
+Two gateways on one journal each keep their own fleet and mark the other's operations
+interrupted, so ``smgrl launch`` takes this lock before it opens the journal and refuses at once,
+naming the owner, when another process holds it. Readers (``smgrl journal ...``, ``verify``,
+``compact``) never take it: SQLite's own locking keeps them safe beside the owner.
+
+Why a sidecar file and ``flock(2)``:
+
+* SQLite locks the database file with POSIX ``fcntl`` locks. Those belong to the *process* and are
+  all dropped when the process closes *any* descriptor of that file, so a lock of ours on the
+  database file (opened and closed by us) could silently release SQLite's. ``flock`` locks on a
+  separate file never interact with them.
+* A ``flock`` lock belongs to the open file description and the kernel releases it when the
+  process dies, SIGKILL included: a crashed owner never blocks a restart, and there is no stale
+  row or PID file to clean up (the file's content is only a description, never the lock).
+* The file is never deleted or replaced: a new inode at the same path would let a second process
+  lock "the journal" while the first still holds the old inode.
+
+The content is one JSON object per holder, one per line, describing who holds it: ``mode``,
+``pid``, ``host``, ``port`` (``null`` until the gateway listens), ``since`` (UTC), ``version``.
+It is written right after the lock is taken and rewritten once the port is known.
+
+Modes. ``exclusive`` (``LOCK_EX``) is what ``smgrl launch`` takes today. ``shared`` (``LOCK_SH``)
+is the room left for several processes serving one journal together (``--workers N``): every
+process of such a group holds the lock shared and adds its own line; the kernel then refuses an
+exclusive launcher while any of them runs and refuses them while an exclusive owner runs. The group
+itself must still agree on who writes (one writer process, or SQLite's write lock per batch):
+the lock only keeps out processes that are not part of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+from typing import Any, Self
+
+import attrs
+
+from .errors import JournalError
+
+__all__ = ["MODES", "JournalLock", "JournalLocked", "Owner", "lock_path", "read_owners"]
+
+MODES = {"exclusive": fcntl.LOCK_EX, "shared": fcntl.LOCK_SH}
+_MAX_RECORD_BYTES = 64 * 1024  # the file is only ever a few lines; never read more than this
+
+
+def lock_path(journal_path: str) -> str:
+    return os.fspath(journal_path) + ".lock"
+
+
+@attrs.frozen
+class Owner:
+    """Who holds the lock, as its holder described itself."""
+
+    mode: str
+    pid: int
+    host: str
+    port: int | None
+    since: str
+    version: str = ""
+
+    def describe(self) -> str:
+        port = "not listening yet" if self.port is None else f"port {self.port}"
+        return f"pid {self.pid} on {self.host}, {port}, since {self.since} ({self.mode})"
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, line: str) -> Owner | None:
+        try:
+            data = json.loads(line)
+            return cls(
+                mode=str(data["mode"]),
+                pid=int(data["pid"]),
+                host=str(data["host"]),
+                port=None if data.get("port") is None else int(data["port"]),
+                since=str(data["since"]),
+                version=str(data.get("version", "")),
+            )
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+class JournalLocked(JournalError):
+    """Another process owns the journal. ``owners`` is what the lock file says about it."""
+
+    code = "journal_locked"
+
+    def __init__(self, journal_path: str, owners: list[Owner]) -> None:
+        self.journal_path = journal_path
+        self.owners = owners
+        if owners:
+            who = "; ".join(o.describe() for o in owners)
+        else:
+            who = "a process that has not described itself yet"
+        super().__init__(f"{journal_path} is in use by another smgrl gateway: {who}")
+
+
+def read_owners(path: str) -> list[Owner]:
+    """The holders a lock file describes (unreadable lines are skipped)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(_MAX_RECORD_BYTES)
+    except OSError:
+        return []
+    return _parse(text)
+
+
+def _parse(text: str) -> list[Owner]:
+    return [o for o in map(Owner.parse, text.splitlines()) if o is not None]
+
+
+class JournalLock:
+    """A held journal lock. Build it with :meth:`acquire`; :meth:`release` (or process death) ends it."""
+
+    def __init__(self, path: str, fd: int, owner: Owner) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        self.owner = owner
+
+    @classmethod
+    def acquire(
+        cls, journal_path: str, *, mode: str = "exclusive", port: int | None = None, version: str = ""
+    ) -> JournalLock:
+        """Take the lock without waiting; :class:`JournalLocked` when another process holds it.
+
+        ``OSError`` when the lock file cannot be created (missing directory, permissions).
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}")
+        path = lock_path(journal_path)
+        # 0600 like the journal; O_CLOEXEC (Python's default) so no child process inherits it.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, MODES[mode] | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalLocked(os.fspath(journal_path), read_owners(path)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        owner = Owner(
+            mode=mode, pid=os.getpid(), host=socket.gethostname(), port=port, since=since, version=version
+        )
+        lock = cls(path, fd, owner)
+        try:
+            lock._write()
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    def update(self, **changes: Any) -> None:
+        """Rewrite this holder's description (e.g. ``port=`` once the gateway listens)."""
+        self.owner = attrs.evolve(self.owner, **changes)
+        self._write()
+
+    def _write(self) -> None:
+        fd = self._require_fd()
+        line = self.owner.to_json() + "\n"
+        if self.owner.mode == "exclusive":
+            # Sole holder: the file is this one line. Written in one pwrite and then trimmed, so a
+            # reader sees the old or the new description, never an empty file in between.
+            data = line.encode()
+            old = os.fstat(fd).st_size
+            os.pwrite(fd, data + b" " * max(0, old - len(data)), 0)
+            os.ftruncate(fd, len(data))
+            return
+        # Shared: every holder keeps its own line (a crashed holder's line stays until the next
+        # exclusive owner rewrites the file; the lock itself is released by the kernel).
+        # Holders rewrite the file one at a time: a POSIX record lock on the lock file (never on
+        # the database: see above) serializes the read-modify-write.
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        try:
+            # Read through our own descriptor: opening and closing the file again would drop this
+            # process's record lock (the POSIX rule above).
+            text = os.pread(fd, _MAX_RECORD_BYTES, 0).decode("utf-8", "replace")
+            lines = [
+                o.to_json() + "\n"
+                for o in _parse(text)
+                if (o.pid, o.host) != (self.owner.pid, self.owner.host)
+            ]
+            data = "".join([*lines, line]).encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+
+    def _require_fd(self) -> int:
+        if self._fd is None:
+            raise JournalError(f"{self.path} is no longer held")
+        return self._fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Give the lock up. The file stays (see the module docstring); a sole holder empties it."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            if self.owner.mode == "exclusive":
+                os.ftruncate(fd, 0)
+        os.close(fd)  # closing the only descriptor of this open file description releases the flock
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,113 @@
+"""The journal's ownership lock (``journal/lock.py``): one owner per file, released by the kernel
+when the owner dies, owner details for the refusal, room for a shared mode. Real files and a real
+child process (SIGKILLed by its PID)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from journal import JournalLock, JournalLocked, SqliteStore
+from journal.lock import lock_path, read_owners
+
+
+def test_a_second_exclusive_owner_is_refused_with_the_owners_details(tmp_path):
+    path = str(tmp_path / "j.db")
+    with JournalLock.acquire(path, version="9.9") as first:
+        first.update(port=31234)
+        with pytest.raises(JournalLocked) as refused:
+            JournalLock.acquire(path)
+        owner = refused.value.owners[0]
+        assert (owner.pid, owner.host, owner.port, owner.mode) == (
+            os.getpid(),
+            socket.gethostname(),
+            31234,
+            "exclusive",
+        )
+        text = str(refused.value)
+        assert f"pid {os.getpid()}" in text and "port 31234" in text and f"since {owner.since}" in text
+        assert owner.since.endswith("Z")
+    # Released: the next owner gets it and the file now describes the new owner only.
+    with JournalLock.acquire(path) as again:
+        assert [o.pid for o in read_owners(lock_path(path))] == [os.getpid()]
+        assert again.owner.port is None
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from journal import JournalLock
+    lock = JournalLock.acquire(sys.argv[1], mode=sys.argv[2])
+    lock.update(port=4242)
+    print("locked", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def holder(path: str, mode: str) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, path, mode], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "locked"
+    return child
+
+
+def stop(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+
+
+def test_a_sigkilled_owner_does_not_block_the_next_one(tmp_path):
+    path = str(tmp_path / "j.db")
+    child = holder(path, "exclusive")
+    try:
+        with pytest.raises(JournalLocked) as refused:
+            JournalLock.acquire(path)
+        assert refused.value.owners[0].pid == child.pid and refused.value.owners[0].port == 4242
+        stop(child)  # SIGKILL: no cleanup code runs in the owner
+    finally:
+        stop(child)
+    # No stale row, no PID file to clean: the kernel released the lock with the process.
+    with JournalLock.acquire(path) as lock:
+        assert lock.held
+
+
+def test_shared_holders_coexist_and_keep_an_exclusive_owner_out(tmp_path):
+    path = str(tmp_path / "j.db")
+    # One line per process in the lock file: a holder here and one in a child process.
+    mine = JournalLock.acquire(path, mode="shared", port=1)
+    child = holder(path, "shared")
+    try:
+        with pytest.raises(JournalLocked) as refused:
+            JournalLock.acquire(path)
+        assert sorted((o.port, o.mode) for o in refused.value.owners) == [(1, "shared"), (4242, "shared")]
+    finally:
+        mine.release()
+        stop(child)
+    with JournalLock.acquire(path), pytest.raises(JournalLocked):
+        JournalLock.acquire(path, mode="shared")
+
+
+def test_the_lock_never_touches_sqlites_own_locks(tmp_path):
+    # SQLite locks the database file with POSIX fcntl locks, which a process loses when it closes
+    # ANY descriptor of that file. The lock lives in a sidecar file, so writers and readers of the
+    # journal work as before while the owner holds it, and the database file is never opened by it.
+    path = str(tmp_path / "j.db")
+    with JournalLock.acquire(path):
+        store = SqliteStore.open(path)
+        reader = SqliteStore.open(path, readonly=True)
+        assert reader.last_seq() == 0
+        reader.close()
+        store.close()
+    assert os.path.exists(lock_path(path)) and oct(os.stat(lock_path(path)).st_mode & 0o777) == "0o600"
+
+
+def test_an_unknown_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError):
+        JournalLock.acquire(str(tmp_path / "j.db"), mode="sometimes")
