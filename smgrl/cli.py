@@ -362,34 +362,28 @@ def run_gateway(cfg: Config) -> None:
 
     try:
         trio.run(main_task)
-    except BaseException as exc:  # sorted below: startup failures are one line, bugs a traceback
-        failure = startup_failure(exc)
+    except BaseException as exc:  # sorted below: known failures are one line, bugs a traceback
+        failure = failure_line(exc)
         if failure is None:
             raise
         logs.shutdown()  # the log lines written before the failure come first
         click.echo(f"error: {failure}", err=True)
         sys.exit(1)
-    except BaseExceptionGroup as group:
-        # Fail-stop (journal/writer.py): memory could not follow the journal; one line, exit 1.
-        stopped = group.subgroup(ProjectionError)
-        if stopped is None:
-            raise
-        first = stopped
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        click.echo(f"error: {first}; the gateway stopped (restart it to replay the journal)", err=True)
-        sys.exit(1)
     finally:
         logs.shutdown()  # every queued log line is written before the process exits
 
 
-def startup_failure(exc: BaseException) -> str | None:
+def failure_line(exc: BaseException) -> str | None:
     """The one line to print for a failure that is not a bug, or None (let the traceback show).
 
-    trio wraps what a task raises in (nested) exception groups; a StartupError or ConfigError is
-    reported by its message wherever it sits, when nothing else but cancellations is in the group.
+    trio wraps what a task raises in (nested) exception groups, so the leaves are looked at:
+    a fail-stop (``ProjectionError``, journal/writer.py: memory could not follow the journal)
+    wherever it sits; a StartupError or ConfigError when nothing else but cancellations is there.
     """
     leaves = list(_leaves(exc))
+    stopped = [e for e in leaves if isinstance(e, ProjectionError)]
+    if stopped:
+        return f"{stopped[0]}; the gateway stopped (restart it to replay the journal)"
     wanted = [e for e in leaves if isinstance(e, (StartupError, ConfigError))]
     others = [e for e in leaves if not isinstance(e, (StartupError, ConfigError, trio.Cancelled))]
     if not wanted or others:
