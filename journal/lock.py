@@ -76,15 +76,22 @@ class Owner:
         try:
             data = json.loads(line)
             return cls(
-                mode=str(data["mode"]),
+                mode=_printable(data["mode"]),
                 pid=int(data["pid"]),
-                host=str(data["host"]),
+                host=_printable(data["host"]),
                 port=None if data.get("port") is None else int(data["port"]),
-                since=str(data["since"]),
-                version=str(data.get("version", "")),
+                since=_printable(data["since"]),
+                version=_printable(data.get("version", "")),
             )
         except (ValueError, TypeError, KeyError):
             return None
+
+
+def _printable(value: object, limit: int = 200) -> str:
+    """Anyone who can write the lock file chooses these strings, and they reach a terminal:
+    control characters are escaped, length bounded."""
+    text = str(value)[:limit]
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class JournalLocked(JournalError):

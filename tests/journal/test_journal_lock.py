@@ -4,6 +4,7 @@ child process (SIGKILLed by its PID)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -111,3 +112,19 @@ def test_the_lock_never_touches_sqlites_own_locks(tmp_path):
 def test_an_unknown_mode_is_refused(tmp_path):
     with pytest.raises(ValueError):
         JournalLock.acquire(str(tmp_path / "j.db"), mode="sometimes")
+
+
+def test_what_the_lock_file_says_is_escaped_before_it_is_printed(tmp_path):
+    path = str(tmp_path / "j.db")
+    with JournalLock.acquire(path) as held:
+        forged = json.dumps(
+            {"mode": "exclusive", "pid": 7, "host": "h\x1b]0;owned\x07", "port": 1, "since": "now\r"}
+        )
+        with open(lock_path(path), "w") as f:
+            f.write(forged + "\n")
+        with pytest.raises(JournalLocked) as refused:
+            JournalLock.acquire(path)
+        text = str(refused.value)
+        assert "\x1b" not in text and "\x07" not in text and "\r" not in text
+        assert "h\\x1b]0;owned\\x07" in text
+        assert held.held
