@@ -32,9 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.dataplane import GENERATE_BODY, HEADERS, cpu_seconds, wait_routable  # noqa: E402
-from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers  # noqa: E402
-from smgrl.upstream import EnginePool  # noqa: E402
+from benchmarks.dataplane import GENERATE_BODY, HEADERS, cpu_seconds, wait_routable
+from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers
+from smgrl.upstream import EnginePool
 
 # Buckets, first match wins: a prefix of the frame's file as py-spy prints it (the path below
 # site-packages or the repository).
@@ -192,7 +192,9 @@ def main() -> None:
     if args.fold:
         report(args, args.fold, "")
         return
-    if shutil.which("py-spy") is None and not os.path.exists(os.path.join(os.path.dirname(sys.executable), "py-spy")):
+    if shutil.which("py-spy") is None and not os.path.exists(
+        os.path.join(os.path.dirname(sys.executable), "py-spy")
+    ):
         sys.exit("error: py-spy not found (pip install py-spy)")
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     work = tempfile.mkdtemp(prefix="smgrl-profile-")
@@ -274,7 +276,9 @@ def _load(args, base: str, secs: float) -> int:
     if args.what in ("rollout", "bare"):
         return trio.run(rollout_load, base, args.clients, secs)
     if args.what == "fanout":
-        return trio.run(control_load, base, "POST", "/v1/rl/engine/flush_cache?selector=engine%3Dsglang", secs)
+        return trio.run(
+            control_load, base, "POST", "/v1/rl/engine/flush_cache?selector=engine%3Dsglang", secs
+        )
     return trio.run(control_load, base, "GET", "/v1/rl/workers", secs)
 
 
