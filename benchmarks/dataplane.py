@@ -14,8 +14,11 @@ as the HTTP client, one kept-alive connection per concurrent client):
   gateway minus directly), and dropped chunks (every stream must deliver all its tokens and
   ``data: [DONE]``).
 
-Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``smgrl-quart`` (the same
-service behind a Quart route: the measurement behind the choice of front; ``--fronts``), and
+Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``hypercorn-bare`` (the same
+patched hypercorn with smgrl's config serving an ASGI app that answers at once: the server's
+floor, so ``smgrl - bare`` is smgrl's own CPU per request; ``--no-bare`` skips it),
+``smgrl-quart`` (the same service behind a Quart route: the measurement behind the choice of
+front; ``--fronts``), and
 SMG (``smg launch``, when installed: ``--smg-bin``, default on PATH or /tmp/smgvenv/bin/smg).
 Every process this starts is stopped by its PID; everything listens on 127.0.0.1; every loop
 is bounded (a request count or a deadline).
@@ -186,6 +189,44 @@ def start_smg(smg: str, urls: list[str], port: int, workdir: str, policy: str) -
     return Child(proc, "smg")
 
 
+def start_bare(port: int, log) -> Child:
+    """The same patched hypercorn, with smgrl's config, serving an ASGI app that reads the body
+    and answers at once: the server's own per-request floor, measured beside smgrl."""
+    import subprocess
+
+    argv = [sys.executable, "-c", BARE_APP, str(port)]
+    return Child(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), "hypercorn-bare")
+
+
+BARE_APP = r"""
+import sys, trio
+from hypercorn.trio import serve
+from smgrl.config import Config
+from smgrl.server import hypercorn_config
+
+BODY = b'{"text":"ok","meta_info":{"id":"x"}}'
+HEAD = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif m["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    while True:
+        m = await receive()
+        if not m.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": HEAD})
+    await send({"type": "http.response.body", "body": BODY})
+
+trio.run(serve, app, hypercorn_config(Config(host="127.0.0.1", port=int(sys.argv[1]))))
+"""
+
+
 def wait_routable(base: str, deadline_s: float = 60.0) -> None:
     """Until a /generate through the gateway answers 200 (registration is asynchronous)."""
     import urllib.error
@@ -310,6 +351,15 @@ def table(results: dict, args) -> str:
             lines.append(
                 f"| {name} | {c} | {r['p50']:.2f} | {r['p99']:.2f} | {add50} | {add99} | {r['rps']:.0f} | {r['cpu_us']:.0f} | {r['errors']} |"
             )
+    bare = results.get("hypercorn-bare", {})
+    if bare and "smgrl" in results:
+        lines += ["", "smgrl's own CPU per request (smgrl minus the bare patched hypercorn, same run):", ""]
+        for c in args.concurrency:
+            s, b = results["smgrl"].get(c), bare.get(c)
+            if s and b:
+                lines.append(
+                    f"- {c} clients: {s['cpu_us'] - b['cpu_us']:.0f} us ({s['cpu_us']:.0f} - {b['cpu_us']:.0f})"
+                )
     if args.streams:
         lines += [
             "",
@@ -346,6 +396,7 @@ def main() -> None:
     ap.add_argument("--fronts", action="store_true", help="also measure the Quart-route front")
     ap.add_argument("--smg-bin", default=shutil.which("smg") or "/tmp/smgvenv/bin/smg")
     ap.add_argument("--no-smg", action="store_true")
+    ap.add_argument("--no-bare", action="store_true", help="skip the bare-hypercorn floor")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -369,23 +420,28 @@ def main() -> None:
             if args.streams:
                 measure("direct", slow_urls, only_streams, results)
             gateways = [("smgrl", "asgi")]
+            if not args.no_bare:
+                gateways.append(("hypercorn-bare", "bare"))
             if args.fronts:
                 gateways.append(("smgrl-quart", "quart"))
             if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
                 gateways.append(("SMG 1.13.0", "smg"))
             for name, front in gateways:
                 phases = [(urls, plain)]
-                if args.streams and front != "quart":
+                if args.streams and front not in ("quart", "bare"):
                     phases.append((slow_urls, only_streams))
                 for engine_urls, phase_args in phases:
                     port = free_port()
                     if front == "smg":
                         child = start_smg(args.smg_bin, engine_urls, port, workdir, args.policy)
+                    elif front == "bare":
+                        child = start_bare(port, open(os.path.join(workdir, "bare.log"), "w"))  # noqa: SIM115
                     else:
                         child = start_smgrl(engine_urls, port, front, workdir, args.policy)
                     children.append(child)
                     base = f"http://127.0.0.1:{port}"
-                    wait_listening(base, child=child)
+                    if front != "bare":  # the bare app has no /liveness: /generate answers at once
+                        wait_listening(base, child=child)
                     wait_routable(base)
                     measure(name, [base], phase_args, results, child.pid)
                     child.stop()

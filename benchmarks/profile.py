@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.dataplane import GENERATE_BODY, HEADERS, cpu_seconds, wait_routable
+from benchmarks.dataplane import GENERATE_BODY, HEADERS, cpu_seconds, start_bare, wait_routable
 from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers
 from smgrl.upstream import EnginePool
 
@@ -140,42 +140,6 @@ async def control_load(base: str, method: str, path: str, secs: float) -> int:
         done += resp.status in (200, 207)
     await pool.aclose()
     return done
-
-
-def start_bare(port: int, log) -> Child:
-    argv = [sys.executable, "-c", BARE_APP, str(port)]
-    return Child(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), "bare")
-
-
-# The patched hypercorn (smgrl's config) serving an ASGI app that reads the body and answers at
-# once: the server's own floor, measured beside smgrl (benchmarks/dataplane.py --bare).
-BARE_APP = r"""
-import sys, trio
-from hypercorn.trio import serve
-from smgrl.config import Config
-from smgrl.server import hypercorn_config
-
-async def app(scope, receive, send):
-    if scope["type"] == "lifespan":
-        while True:
-            m = await receive()
-            if m["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif m["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    while True:
-        m = await receive()
-        if not m.get("more_body"):
-            break
-    body = b'{"text":"ok","meta_info":{"id":"x"}}'
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-cfg = Config(port=int(sys.argv[1]))
-trio.run(serve, app, hypercorn_config(cfg))
-"""
 
 
 def main() -> None:

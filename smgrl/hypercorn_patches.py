@@ -43,6 +43,7 @@ import trio
 from hypercorn.events import Closed, Updated
 from hypercorn.protocol import h11 as h11_protocol
 from hypercorn.protocol.events import Body, EndBody, Response
+from hypercorn.protocol.http_stream import ASGIHTTPState
 from hypercorn.trio import task_group as trio_task_group
 from hypercorn.trio import tcp_server
 
@@ -62,6 +63,9 @@ STOCK_SOURCES = {
     "hypercorn.trio.worker_context.TrioSingleTask.restart": "0170ab8e4418dc0e",
     "hypercorn.trio.worker_context.TrioSingleTask.stop": "044ad384dfd2f565",
     "hypercorn.protocol.h11.H11Protocol.stream_send": "56a36254a368d71a",
+    "hypercorn.protocol.http_stream.HTTPStream.handle": "6ed2e34c5e708c6a",
+    "hypercorn.protocol.http_stream.HTTPStream.app_send": "c806044b99736985",
+    "hypercorn.protocol.http_stream.HTTPStream._send_closed": "9aaf2e1ac611e51c",
     "hypercorn.protocol.h11.H11Protocol._maybe_recycle": "3ac53f52bc4e65de",
     "hypercorn.protocol.h11.H11Protocol._send_h11_event": "5e40283daa303ec7",
 }
@@ -204,8 +208,42 @@ async def _shielded_maybe_recycle(self) -> None:
                 await self.send(Closed())
 
 
+# The ASGI scope extension a patched hypercorn offers an app: ``DisconnectHook``.
+DISCONNECT_EXTENSION = "smgrl.disconnect"
+
+
+class DisconnectHook:
+    """Cancels a scope when the client leaves before its answer is complete, with no task.
+
+    The only way an ASGI app learns of a disconnect is ``http.disconnect`` from ``receive()``,
+    so an app that must stop work when its client leaves (the data plane's engine call) has to
+    keep a second task waiting in ``receive()`` for the whole request: a task spawn, a nursery
+    and a cancellation per request. hypercorn's connection reader already notices the
+    disconnect; through this hook it cancels the app's scope directly. A disconnect that only
+    follows a complete answer (hypercorn's end of every stream) is not a client leaving and
+    cancels nothing."""
+
+    __slots__ = ("_scope", "gone")
+
+    def __init__(self) -> None:
+        self._scope: trio.CancelScope | None = None
+        self.gone = False
+
+    def cancel_on_disconnect(self, scope: trio.CancelScope | None) -> None:
+        """Cancel ``scope`` when the client leaves (at once if it already has); None detaches."""
+        self._scope = scope
+        if self.gone and scope is not None:
+            scope.cancel()
+
+    def _disconnected(self) -> None:
+        self.gone = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+
 async def _spawn_app(self, app, config, scope, send):
-    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks.
+    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks, and the
+    ``DisconnectHook`` extension.
 
     Stock hypercorn queues ``http.disconnect`` behind the body chunks in a bounded channel. An app
     that answered without reading its body (413, 401, 404) leaves that channel full, and the
@@ -213,7 +251,10 @@ async def _spawn_app(self, app, config, scope, send):
     never closed. Here the disconnect closes the channel instead: the app still receives what was
     queued, then ``http.disconnect`` on every later ``receive()``; a body chunk still being
     queued is dropped (the stream is over)."""
-    put, get = trio.open_memory_channel[Any](config.max_app_queue_size)
+    put, get = trio.open_memory_channel(config.max_app_queue_size)
+    hook = DisconnectHook()
+    scope["extensions"][DISCONNECT_EXTENSION] = hook
+    stream = getattr(send, "__self__", None)  # the HTTPStream whose app_send this is
 
     async def receive():
         try:
@@ -224,6 +265,8 @@ async def _spawn_app(self, app, config, scope, send):
     async def app_put(message) -> None:
         if message["type"] == "http.disconnect":
             put.close()
+            if getattr(stream, "state", None) is not ASGIHTTPState.CLOSED:
+                hook._disconnected()  # before the answer was complete: the client left
             return
         try:
             await put.send(message)
@@ -252,28 +295,29 @@ async def _draining_read_data(self) -> None:
     to the protocol, so the kernel does not reset the connection under the answer."""
     self._smgrl_drain = None
     self._smgrl_reading = True
-    read_timeout = self.config.read_timeout or math.inf
+    read_timeout = self.config.read_timeout
     try:
-        while True:
-            with trio.CancelScope(deadline=trio.current_time() + read_timeout) as scope:
-                self._smgrl_read_scope = scope
-                if self._smgrl_drain is not None:
-                    scope.deadline = min(scope.deadline, self._smgrl_drain[1])
+        # One scope for the connection's whole read loop (not one per read, as stock): the
+        # drain's time bound moves its deadline; cancelled_caught then just ends the loop.
+        with trio.CancelScope() as self._smgrl_read_scope:
+            while True:
                 try:
-                    data = await self.stream.receive_some(tcp_server.MAX_RECV)
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    if read_timeout:
+                        with trio.fail_after(read_timeout):
+                            data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                    else:
+                        data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
-            if scope.cancelled_caught:
-                break  # read timeout (stock: TooSlowError), or the drain's time is up
-            if self._smgrl_drain is not None:
-                left = self._smgrl_drain[0] - len(data)
-                if not data or left <= 0:
+                drain = self._smgrl_drain
+                if drain is not None:
+                    if not data or drain <= len(data):
+                        break
+                    self._smgrl_drain = drain - len(data)
+                    continue
+                await self.protocol.handle(tcp_server.RawData(bytes(data)))
+                if data == b"":
                     break
-                self._smgrl_drain = (left, self._smgrl_drain[1])
-                continue
-            await self.protocol.handle(tcp_server.RawData(bytes(data)))
-            if data == b"":
-                break
     finally:
         self._smgrl_reading = False
         self._smgrl_read_scope = None
@@ -296,11 +340,10 @@ async def _graceful_close(self) -> None:
         except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError, AttributeError):
             await _stock_close(self)  # gone already, or TLS (no half-close): close as stock does
             return
-        deadline = trio.current_time() + DRAIN_SECS
-        self._smgrl_drain = (DRAIN_BYTES, deadline)
+        self._smgrl_drain = DRAIN_BYTES
         scope = self._smgrl_read_scope
         if scope is not None:
-            scope.deadline = min(scope.deadline, deadline)
+            scope.deadline = min(scope.deadline, trio.current_time() + DRAIN_SECS)
         return
     await _stock_close(self)
 

@@ -360,3 +360,58 @@ async def test_an_early_quart_answer_with_the_body_still_to_come_closes_the_conn
             assert rest + await stream.receive_some(100) == b""  # closed, not wedged
         await stream.aclose()
         shutdown.set()
+
+
+async def test_the_drain_is_bounded_in_time(monkeypatch):
+    monkeypatch.setattr(hypercorn_patches, "DRAIN_SECS", 0.2)
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 1000000\r\n\r\n")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 413")
+        # A client that trickles its body forever: closed once the drain's time is up (well
+        # before the 5 s default would allow).
+        with trio.fail_after(4), pytest.raises(trio.BrokenResourceError):
+            while True:
+                await stream.send_all(b"x")
+                await trio.sleep(0.05)
+        shutdown.set()
+
+
+async def test_the_disconnect_hook_cancels_only_when_the_client_leaves_before_its_answer():
+    hooks: dict[str, object] = {}
+    cancelled: dict[str, bool] = {}
+    entered = trio.Event()
+
+    async def hooked(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        while (await receive()).get("more_body"):
+            pass
+        hook = hooks[scope["path"]] = scope["extensions"][hypercorn_patches.DISCONNECT_EXTENSION]
+        with trio.CancelScope() as cancel:
+            hook.cancel_on_disconnect(cancel)
+            if scope["path"] == "/wait":
+                entered.set()
+                await trio.sleep_forever()  # until the client leaves
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+            await trio.lowlevel.checkpoint()  # a cancellation would land here
+        cancelled[scope["path"]] = cancel.cancelled_caught
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=hooked)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /done HTTP/1.1\r\nhost: t\r\n\r\n")
+        status, _, payload, _ = await read_response(stream)
+        assert payload == b"ok"
+        await stream.send_all(b"GET /wait HTTP/1.1\r\nhost: t\r\n\r\n")
+        with trio.fail_after(5):
+            await entered.wait()
+            await stream.aclose()
+            while "/wait" not in cancelled:
+                await trio.testing.wait_all_tasks_blocked()
+        assert cancelled == {"/done": False, "/wait": True}
+        shutdown.set()
