@@ -406,6 +406,7 @@ async def test_the_disconnect_hook_cancels_only_when_the_client_leaves_before_it
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"GET /done HTTP/1.1\r\nhost: t\r\n\r\n")
         status, _, payload, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
         assert payload == b"ok"
         await stream.send_all(b"GET /wait HTTP/1.1\r\nhost: t\r\n\r\n")
         with trio.fail_after(5):
