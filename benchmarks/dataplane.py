@@ -162,7 +162,11 @@ async def streams(origins: list[str], count: int, tokens: int, route: str = "/v1
 # -- gateways -------------------------------------------------------------------------------------
 
 
-def start_smgrl(urls: list[str], port: int, front: str, workdir: str, policy: str) -> Child:
+def start_smgrl(
+    urls: list[str], port: int, front: str, workdir: str, policy: str, src: str | None = None
+) -> Child:
+    """``src``: run the smgrl of another checkout (its directory goes first on PYTHONPATH), to
+    compare two versions in one run (``--baseline-src``)."""
     import subprocess
 
     args = [
@@ -171,8 +175,13 @@ def start_smgrl(urls: list[str], port: int, front: str, workdir: str, policy: st
         "--disable-health-check", "--log-level", "warn",
     ]  # fmt: skip
     argv = [sys.executable, os.path.abspath(__file__), "--serve", front, *args]
+    if src:  # this script would put its own checkout first on sys.path
+        argv = [sys.executable, "-m", "smgrl", "launch", *args]
     log = open(os.path.join(workdir, f"smgrl-{front}.log"), "w")  # noqa: SIM115 - the child holds it
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src or None)
     return Child(proc, f"smgrl-{front}")
 
 
@@ -397,6 +406,11 @@ def main() -> None:
     ap.add_argument("--smg-bin", default=shutil.which("smg") or "/tmp/smgvenv/bin/smg")
     ap.add_argument("--no-smg", action="store_true")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare-hypercorn floor")
+    ap.add_argument(
+        "--baseline-src",
+        default=None,
+        help="also measure the smgrl of this checkout (e.g. `git worktree add /tmp/base main`) as smgrl-baseline",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -420,6 +434,8 @@ def main() -> None:
             if args.streams:
                 measure("direct", slow_urls, only_streams, results)
             gateways = [("smgrl", "asgi")]
+            if args.baseline_src:
+                gateways.append(("smgrl-baseline", "baseline"))
             if not args.no_bare:
                 gateways.append(("hypercorn-bare", "bare"))
             if args.fronts:
@@ -428,7 +444,7 @@ def main() -> None:
                 gateways.append(("SMG 1.13.0", "smg"))
             for name, front in gateways:
                 phases = [(urls, plain)]
-                if args.streams and front not in ("quart", "bare"):
+                if args.streams and front not in ("quart", "bare", "baseline"):
                     phases.append((slow_urls, only_streams))
                 for engine_urls, phase_args in phases:
                     port = free_port()
@@ -436,6 +452,9 @@ def main() -> None:
                         child = start_smg(args.smg_bin, engine_urls, port, workdir, args.policy)
                     elif front == "bare":
                         child = start_bare(port, open(os.path.join(workdir, "bare.log"), "w"))  # noqa: SIM115
+                    elif front == "baseline":
+                        src = os.path.abspath(args.baseline_src)
+                        child = start_smgrl(engine_urls, port, "asgi", workdir, args.policy, src=src)
                     else:
                         child = start_smgrl(engine_urls, port, front, workdir, args.policy)
                     children.append(child)

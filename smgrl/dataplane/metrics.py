@@ -95,6 +95,7 @@ class DataPlaneMetrics:
     def __init__(self, registry, *, rl_enabled: bool, dataplane) -> None:
         r = registry
         self.rl_enabled = rl_enabled
+        self._answered: dict[tuple[str, int], tuple] = {}
         self.requests = Counter(
             "smgrl_dataplane_requests",
             "Rollout requests answered, by route and status",
@@ -139,8 +140,16 @@ class DataPlaneMetrics:
     # -- hooks (cheap no-ops when RL is off) ---------------------------------------------------
 
     def answered(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
-        self.duration.labels(route=route).observe(seconds)
+        # The labelled children are looked up once per (route, status): ``labels()`` costs more
+        # than the increment itself on the rollout path (a handful of routes and statuses).
+        pair = self._answered.get((route, status))
+        if pair is None:
+            pair = self._answered[(route, status)] = (
+                self.requests.labels(route=route, status=str(status)),
+                self.duration.labels(route=route),
+            )
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def held_out(self, reasons: Mapping[str, int]) -> None:
         if self.rl_enabled:
