@@ -16,7 +16,10 @@ as the HTTP client, one kept-alive connection per concurrent client):
 
 Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``hypercorn-bare`` (the same
 patched hypercorn with smgrl's config serving an ASGI app that answers at once: the server's
-floor, so ``smgrl - bare`` is smgrl's own CPU per request; ``--no-bare`` skips it),
+floor, so ``smgrl - bare`` is smgrl's own CPU per request), ``hypercorn-bare-proxy`` (that
+app forwarding each request to the engines with smgrl's upstream pool and relaying the answer
+as is: the floor plus the upstream hop; ``--no-bare`` skips both), ``smgrl-baseline`` (the smgrl
+of another checkout, ``--baseline-src DIR``: before/after in one run),
 ``smgrl-quart`` (the same service behind a Quart route: the measurement behind the choice of
 front; ``--fronts``), and
 SMG (``smg launch``, when installed: ``--smg-bin``, default on PATH or /tmp/smgvenv/bin/smg).
@@ -198,20 +201,25 @@ def start_smg(smg: str, urls: list[str], port: int, workdir: str, policy: str) -
     return Child(proc, "smg")
 
 
-def start_bare(port: int, log) -> Child:
+def start_bare(port: int, log, engines: list[str] = ()) -> Child:
     """The same patched hypercorn, with smgrl's config, serving an ASGI app that reads the body
-    and answers at once: the server's own per-request floor, measured beside smgrl."""
+    and answers at once: the server's own per-request floor, measured beside smgrl. With
+    ``engines``, the app instead forwards the body to them (round-robin, smgrl's upstream pool)
+    and relays the answer as is: the floor plus the upstream hop, nothing else."""
     import subprocess
 
-    argv = [sys.executable, "-c", BARE_APP, str(port)]
+    argv = [sys.executable, "-c", BARE_APP, str(port), *engines]
     return Child(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), "hypercorn-bare")
 
 
 BARE_APP = r"""
-import sys, trio
+import itertools, sys, trio
 from hypercorn.trio import serve
 from smgrl.config import Config
 from smgrl.server import hypercorn_config
+from smgrl.upstream import EnginePool
+
+POOLS = itertools.cycle([EnginePool(url, max_idle=1024) for url in sys.argv[2:]] or [None])
 
 BODY = b'{"text":"ok","meta_info":{"id":"x"}}'
 HEAD = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
@@ -225,12 +233,21 @@ async def app(scope, receive, send):
             elif m["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    chunks = []
     while True:
         m = await receive()
+        chunks.append(m.get("body", b""))
         if not m.get("more_body"):
             break
-    await send({"type": "http.response.start", "status": 200, "headers": HEAD})
-    await send({"type": "http.response.body", "body": BODY})
+    pool = next(POOLS)
+    if pool is None:
+        await send({"type": "http.response.start", "status": 200, "headers": HEAD})
+        await send({"type": "http.response.body", "body": BODY})
+        return
+    resp, body, _ = await pool.request("POST", scope["path"], headers=[(b"content-type", b"application/json")], body=b"".join(chunks))
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": resp.status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
 
 trio.run(serve, app, hypercorn_config(Config(host="127.0.0.1", port=int(sys.argv[1]))))
 """
@@ -361,13 +378,22 @@ def table(results: dict, args) -> str:
                 f"| {name} | {c} | {r['p50']:.2f} | {r['p99']:.2f} | {add50} | {add99} | {r['rps']:.0f} | {r['cpu_us']:.0f} | {r['errors']} |"
             )
     bare = results.get("hypercorn-bare", {})
+    proxy = results.get("hypercorn-bare-proxy", {})
     if bare and "smgrl" in results:
-        lines += ["", "smgrl's own CPU per request (smgrl minus the bare patched hypercorn, same run):", ""]
+        lines += [
+            "",
+            (
+                "smgrl's own CPU per request (smgrl minus the bare patched hypercorn, same run); the"
+                " bare proxy minus the bare app is the upstream hop any forwarding app pays:"
+            ),
+            "",
+        ]
         for c in args.concurrency:
-            s, b = results["smgrl"].get(c), bare.get(c)
+            s, b, p = results["smgrl"].get(c), bare.get(c), proxy.get(c)
             if s and b:
+                hop = f"; upstream hop {p['cpu_us'] - b['cpu_us']:.0f} us" if p else ""
                 lines.append(
-                    f"- {c} clients: {s['cpu_us'] - b['cpu_us']:.0f} us ({s['cpu_us']:.0f} - {b['cpu_us']:.0f})"
+                    f"- {c} clients: {s['cpu_us'] - b['cpu_us']:.0f} us ({s['cpu_us']:.0f} - {b['cpu_us']:.0f}){hop}"
                 )
     if args.streams:
         lines += [
@@ -438,20 +464,22 @@ def main() -> None:
                 gateways.append(("smgrl-baseline", "baseline"))
             if not args.no_bare:
                 gateways.append(("hypercorn-bare", "bare"))
+                gateways.append(("hypercorn-bare-proxy", "bare-proxy"))
             if args.fronts:
                 gateways.append(("smgrl-quart", "quart"))
             if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
                 gateways.append(("SMG 1.13.0", "smg"))
             for name, front in gateways:
                 phases = [(urls, plain)]
-                if args.streams and front not in ("quart", "bare", "baseline"):
+                if args.streams and front not in ("quart", "bare", "bare-proxy", "baseline"):
                     phases.append((slow_urls, only_streams))
                 for engine_urls, phase_args in phases:
                     port = free_port()
                     if front == "smg":
                         child = start_smg(args.smg_bin, engine_urls, port, workdir, args.policy)
-                    elif front == "bare":
-                        child = start_bare(port, open(os.path.join(workdir, "bare.log"), "w"))  # noqa: SIM115
+                    elif front in ("bare", "bare-proxy"):
+                        log = open(os.path.join(workdir, f"{front}.log"), "w")  # noqa: SIM115 - the child holds it
+                        child = start_bare(port, log, engine_urls if front == "bare-proxy" else [])
                     elif front == "baseline":
                         src = os.path.abspath(args.baseline_src)
                         child = start_smgrl(engine_urls, port, "asgi", workdir, args.policy, src=src)
@@ -459,7 +487,7 @@ def main() -> None:
                         child = start_smgrl(engine_urls, port, front, workdir, args.policy)
                     children.append(child)
                     base = f"http://127.0.0.1:{port}"
-                    if front != "bare":  # the bare app has no /liveness: /generate answers at once
+                    if not front.startswith("bare"):  # the bare apps have no /liveness
                         wait_listening(base, child=child)
                     wait_routable(base)
                     measure(name, [base], phase_args, results, child.pid)
