@@ -5,7 +5,7 @@ Starts fake SGLang engines and one ``smgrl launch`` on loopback, drives one load
 while ``py-spy record --format raw`` samples the gateway process, then folds the samples into
 buckets (by source file) and prints each bucket's share of the gateway's busy samples, inclusive
 (any frame of the stack in the bucket) and self (the innermost frame). Idle time (trio waiting
-in epoll) is not sampled. Needs ``py-spy`` (``pip install py-spy``; root, or ptrace allowed).
+in epoll) is left out. Needs ``py-spy`` (``pip install py-spy``; root, or ptrace allowed).
 
     python benchmarks/profile.py rollout --clients 64 [--engines 4] [--secs 15]
     python benchmarks/profile.py fanout --engines 8 [--secs 15]
@@ -93,6 +93,8 @@ def fold(raw_path: str) -> tuple[int, dict, dict]:
                 continue
             n = int(count)
             frames = stack.split(";")
+            if _idle(frames[-1]):
+                continue
             total += n
             for name in {bucket_of(fr) for fr in frames} - {None}:
                 inclusive[name] += n
@@ -100,12 +102,17 @@ def fold(raw_path: str) -> tuple[int, dict, dict]:
     return total, inclusive, own
 
 
+def _idle(leaf: str) -> bool:
+    """trio blocked in epoll_wait: idle (py-spy's --nonblocking cannot always tell)."""
+    return leaf.startswith("EpollIOManager.get_events ") or leaf.startswith("get_events (")
+
+
 def top_functions(raw_path: str, limit: int = 25) -> list[tuple[str, int]]:
     own: dict[str, int] = collections.Counter()
     with open(raw_path) as f:
         for line in f:
             stack, _, count = line.rstrip("\n").rpartition(" ")
-            if stack and count.isdigit():
+            if stack and count.isdigit() and not _idle(stack.split(";")[-1]):
                 own[stack.split(";")[-1]] += int(count)
     return own.most_common(limit)
 
