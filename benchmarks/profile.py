@@ -102,9 +102,20 @@ def fold(raw_path: str) -> tuple[int, dict, dict]:
     return total, inclusive, own
 
 
+# Innermost frames that are a thread waiting, not working (py-spy's --nonblocking sampling
+# cannot always tell): trio in epoll_wait, a thread blocked on a lock or a queue.
+_WAITS = (
+    "EpollIOManager.get_events ",
+    "get_events (",
+    "Condition.wait (",
+    "Event.wait (",
+    "QueueListener.dequeue (",
+    "Thread.join (",
+)
+
+
 def _idle(leaf: str) -> bool:
-    """trio blocked in epoll_wait: idle (py-spy's --nonblocking cannot always tell)."""
-    return leaf.startswith("EpollIOManager.get_events ") or leaf.startswith("get_events (")
+    return leaf.startswith(_WAITS)
 
 
 def top_functions(raw_path: str, limit: int = 25) -> list[tuple[str, int]]:
@@ -156,6 +167,11 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--secs", type=float, default=15.0)
     ap.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
+    ap.add_argument(
+        "--log-level",
+        default="warn",
+        help="the gateway's (benchmarks/fanout.py runs it at info, the default)",
+    )
     ap.add_argument("--top", type=int, default=0, help="also print the N hottest functions (self)")
     ap.add_argument("--keep", default=None, help="keep py-spy's raw output at this path")
     ap.add_argument("--fold", default=None, help="only fold an existing raw file (no run)")
@@ -179,7 +195,7 @@ def main() -> None:
         else:
             fakes, urls = start_fake_engines("sglang", args.engines)
             children.append(fakes)
-            flags = ["--worker-urls", *urls, "--disable-health-check", "--log-level", "warn"]
+            flags = ["--worker-urls", *urls, "--disable-health-check", "--log-level", args.log_level]
             if args.what == "rollout":
                 flags += ["--journal", ":memory:", "--policy", "round_robin"]
             else:

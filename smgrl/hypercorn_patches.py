@@ -260,7 +260,7 @@ async def _spawn_app(self, app, config, scope, send):
         try:
             return await get.receive()
         except trio.EndOfChannel:
-            return _DISCONNECT
+            return {"type": "http.disconnect"}
 
     async def app_put(message) -> None:
         if message["type"] == "http.disconnect":
@@ -284,9 +284,6 @@ async def _spawn_app(self, app, config, scope, send):
         trio.from_thread.run,
     )
     return app_put
-
-
-_DISCONNECT = {"type": "http.disconnect"}
 
 
 async def _draining_read_data(self) -> None:
