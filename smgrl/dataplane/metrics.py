@@ -23,7 +23,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from smgrl.core.version import parse_u64
-from smgrl.metrics import DURATION_BUCKETS
+from smgrl.metrics import DURATION_BUCKETS, Children
 
 CONTROL_CODES = {"active": 0, "paused": 1, "asleep": 2, "unknown": 3}
 
@@ -95,7 +95,6 @@ class DataPlaneMetrics:
     def __init__(self, registry, *, rl_enabled: bool, dataplane) -> None:
         r = registry
         self.rl_enabled = rl_enabled
-        self._answered: dict[tuple[str, int], tuple] = {}
         self.requests = Counter(
             "smgrl_dataplane_requests",
             "Rollout requests answered, by route and status",
@@ -109,6 +108,8 @@ class DataPlaneMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self._requests = Children(self.requests)
+        self._durations = Children(self.duration)
         self.retries = Counter(
             "smgrl_dataplane_retries", "Rollout attempts retried before the first byte", registry=r
         )
@@ -140,16 +141,8 @@ class DataPlaneMetrics:
     # -- hooks (cheap no-ops when RL is off) ---------------------------------------------------
 
     def answered(self, route: str, status: int, seconds: float) -> None:
-        # The labelled children are looked up once per (route, status): ``labels()`` costs more
-        # than the increment itself on the rollout path (a handful of routes and statuses).
-        pair = self._answered.get((route, status))
-        if pair is None:
-            pair = self._answered[(route, status)] = (
-                self.requests.labels(route=route, status=str(status)),
-                self.duration.labels(route=route),
-            )
-        pair[0].inc()
-        pair[1].observe(seconds)
+        self._requests(route, str(status)).inc()
+        self._durations(route).observe(seconds)
 
     def held_out(self, reasons: Mapping[str, int]) -> None:
         if self.rl_enabled:
