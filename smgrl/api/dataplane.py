@@ -24,6 +24,7 @@ import trio
 
 from smgrl.api import dataplane_body
 from smgrl.api import envelopes as env
+from smgrl.api.scope import header as _header
 from smgrl.auth import Denied, check_api_key
 from smgrl.dataplane import request as rq
 from smgrl.dataplane.errors import DataPlaneError, InvalidVersionPolicyHeader
@@ -67,13 +68,6 @@ def _json(obj: Any) -> bytes:
 
 def _latin1(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return None
 
 
 class DataPlaneASGI:

@@ -12,21 +12,14 @@ body (the declared-length 413), another method (405), any other path.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from smgrl.api import envelopes as env
+from smgrl.api.scope import header_text
 from smgrl.auth import READ, Denied
 
 PATH = "/v1/rl/workers"
 RAW_PATH = PATH.encode()
 JSON_CT = env.JSON.encode()
-
-
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 class DiscoveryFront:
@@ -45,11 +38,11 @@ class DiscoveryFront:
         ):
             await self.inner(scope, receive, send)
             return
-        decision = self.gw.auth.check(_header(scope, b"authorization"), READ)
+        decision = self.gw.auth.check(header_text(scope, b"authorization"), READ)
         if isinstance(decision, Denied):
             await self.inner(scope, receive, send)  # Quart answers (and counts) every refusal
             return
-        caller = env.caller_request_id(lambda name: _header(scope, name.encode()))
+        caller = env.caller_request_id(lambda name: header_text(scope, name.encode()))
         request_id, _ = env.request_id_for(caller, PATH)
         body = self.rl.workers_body()
         head = [
