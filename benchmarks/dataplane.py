@@ -14,8 +14,14 @@ as the HTTP client, one kept-alive connection per concurrent client):
   gateway minus directly), and dropped chunks (every stream must deliver all its tokens and
   ``data: [DONE]``).
 
-Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``smgrl-quart`` (the same
-service behind a Quart route: the measurement behind the choice of front; ``--fronts``), and
+Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``hypercorn-bare`` (the same
+patched hypercorn with smgrl's config serving an ASGI app that answers at once: the server's
+floor, so ``smgrl - bare`` is smgrl's own CPU per request), ``hypercorn-bare-proxy`` (that
+app forwarding each request to the engines with smgrl's upstream pool and relaying the answer
+as is: the floor plus the upstream hop; ``--no-bare`` skips both), ``smgrl-baseline`` (the smgrl
+of another checkout, ``--baseline-src DIR``: before/after in one run),
+``smgrl-quart`` (the same service behind a Quart route: the measurement behind the choice of
+front; ``--fronts``), and
 SMG (``smg launch``, when installed: ``--smg-bin``, default on PATH or /tmp/smgvenv/bin/smg).
 Every process this starts is stopped by its PID; everything listens on 127.0.0.1; every loop
 is bounded (a request count or a deadline).
@@ -159,7 +165,11 @@ async def streams(origins: list[str], count: int, tokens: int, route: str = "/v1
 # -- gateways -------------------------------------------------------------------------------------
 
 
-def start_smgrl(urls: list[str], port: int, front: str, workdir: str, policy: str) -> Child:
+def start_smgrl(
+    urls: list[str], port: int, front: str, workdir: str, policy: str, src: str | None = None
+) -> Child:
+    """``src``: run the smgrl of another checkout (its directory goes first on PYTHONPATH), to
+    compare two versions in one run (``--baseline-src``)."""
     import subprocess
 
     args = [
@@ -168,8 +178,13 @@ def start_smgrl(urls: list[str], port: int, front: str, workdir: str, policy: st
         "--disable-health-check", "--log-level", "warn",
     ]  # fmt: skip
     argv = [sys.executable, os.path.abspath(__file__), "--serve", front, *args]
+    if src:  # this script would put its own checkout first on sys.path
+        argv = [sys.executable, "-m", "smgrl", "launch", *args]
     log = open(os.path.join(workdir, f"smgrl-{front}.log"), "w")  # noqa: SIM115 - the child holds it
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src or None)
     return Child(proc, f"smgrl-{front}")
 
 
@@ -184,6 +199,58 @@ def start_smg(smg: str, urls: list[str], port: int, workdir: str, policy: str) -
     log = open(os.path.join(workdir, "smg.log"), "w")  # noqa: SIM115 - the child holds it
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     return Child(proc, "smg")
+
+
+def start_bare(port: int, log, engines: list[str] = ()) -> Child:
+    """The same patched hypercorn, with smgrl's config, serving an ASGI app that reads the body
+    and answers at once: the server's own per-request floor, measured beside smgrl. With
+    ``engines``, the app instead forwards the body to them (round-robin, smgrl's upstream pool)
+    and relays the answer as is: the floor plus the upstream hop, nothing else."""
+    import subprocess
+
+    argv = [sys.executable, "-c", BARE_APP, str(port), *engines]
+    return Child(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), "hypercorn-bare")
+
+
+BARE_APP = r"""
+import itertools, sys, trio
+from hypercorn.trio import serve
+from smgrl.config import Config
+from smgrl.server import hypercorn_config
+from smgrl.upstream import EnginePool
+
+POOLS = itertools.cycle([EnginePool(url, max_idle=1024) for url in sys.argv[2:]] or [None])
+
+BODY = b'{"text":"ok","meta_info":{"id":"x"}}'
+HEAD = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif m["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    chunks = []
+    while True:
+        m = await receive()
+        chunks.append(m.get("body", b""))
+        if not m.get("more_body"):
+            break
+    pool = next(POOLS)
+    if pool is None:
+        await send({"type": "http.response.start", "status": 200, "headers": HEAD})
+        await send({"type": "http.response.body", "body": BODY})
+        return
+    resp, body, _ = await pool.request("POST", scope["path"], headers=[(b"content-type", b"application/json")], body=b"".join(chunks))
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": resp.status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+trio.run(serve, app, hypercorn_config(Config(host="127.0.0.1", port=int(sys.argv[1]))))
+"""
 
 
 def wait_routable(base: str, deadline_s: float = 60.0) -> None:
@@ -310,6 +377,24 @@ def table(results: dict, args) -> str:
             lines.append(
                 f"| {name} | {c} | {r['p50']:.2f} | {r['p99']:.2f} | {add50} | {add99} | {r['rps']:.0f} | {r['cpu_us']:.0f} | {r['errors']} |"
             )
+    bare = results.get("hypercorn-bare", {})
+    proxy = results.get("hypercorn-bare-proxy", {})
+    if bare and "smgrl" in results:
+        lines += [
+            "",
+            (
+                "smgrl's own CPU per request (smgrl minus the bare patched hypercorn, same run); the"
+                " bare proxy minus the bare app is the upstream hop any forwarding app pays:"
+            ),
+            "",
+        ]
+        for c in args.concurrency:
+            s, b, p = results["smgrl"].get(c), bare.get(c), proxy.get(c)
+            if s and b:
+                hop = f"; upstream hop {p['cpu_us'] - b['cpu_us']:.0f} us" if p else ""
+                lines.append(
+                    f"- {c} clients: {s['cpu_us'] - b['cpu_us']:.0f} us ({s['cpu_us']:.0f} - {b['cpu_us']:.0f}){hop}"
+                )
     if args.streams:
         lines += [
             "",
@@ -346,6 +431,12 @@ def main() -> None:
     ap.add_argument("--fronts", action="store_true", help="also measure the Quart-route front")
     ap.add_argument("--smg-bin", default=shutil.which("smg") or "/tmp/smgvenv/bin/smg")
     ap.add_argument("--no-smg", action="store_true")
+    ap.add_argument("--no-bare", action="store_true", help="skip the bare-hypercorn floor")
+    ap.add_argument(
+        "--baseline-src",
+        default=None,
+        help="also measure the smgrl of this checkout (e.g. `git worktree add /tmp/base main`) as smgrl-baseline",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -369,23 +460,35 @@ def main() -> None:
             if args.streams:
                 measure("direct", slow_urls, only_streams, results)
             gateways = [("smgrl", "asgi")]
+            if args.baseline_src:
+                gateways.append(("smgrl-baseline", "baseline"))
+            if not args.no_bare:
+                gateways.append(("hypercorn-bare", "bare"))
+                gateways.append(("hypercorn-bare-proxy", "bare-proxy"))
             if args.fronts:
                 gateways.append(("smgrl-quart", "quart"))
             if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
                 gateways.append(("SMG 1.13.0", "smg"))
             for name, front in gateways:
                 phases = [(urls, plain)]
-                if args.streams and front != "quart":
+                if args.streams and front not in ("quart", "bare", "bare-proxy", "baseline"):
                     phases.append((slow_urls, only_streams))
                 for engine_urls, phase_args in phases:
                     port = free_port()
                     if front == "smg":
                         child = start_smg(args.smg_bin, engine_urls, port, workdir, args.policy)
+                    elif front in ("bare", "bare-proxy"):
+                        log = open(os.path.join(workdir, f"{front}.log"), "w")  # noqa: SIM115 - the child holds it
+                        child = start_bare(port, log, engine_urls if front == "bare-proxy" else [])
+                    elif front == "baseline":
+                        src = os.path.abspath(args.baseline_src)
+                        child = start_smgrl(engine_urls, port, "asgi", workdir, args.policy, src=src)
                     else:
                         child = start_smgrl(engine_urls, port, front, workdir, args.policy)
                     children.append(child)
                     base = f"http://127.0.0.1:{port}"
-                    wait_listening(base, child=child)
+                    if not front.startswith("bare"):  # the bare apps have no /liveness
+                        wait_listening(base, child=child)
                     wait_routable(base)
                     measure(name, [base], phase_args, results, child.pid)
                     child.stop()

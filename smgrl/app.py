@@ -16,6 +16,7 @@ from smgrl.api.control_bodies import ControlBodyBound
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
+from smgrl.api.rl_front import DiscoveryFront
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.workers import WorkersApi
 from smgrl.dataplane.service import DataPlane
@@ -182,5 +183,8 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     # Large control-plane bodies (tensor refits, up to --max-payload-size) have a concurrency
     # bound of their own (smgrl/api/control_bodies.py); rollout bodies have the data plane's budget.
     control = ControlBodyBound(app.asgi_app, cfg.max_concurrent_large_bodies)
+    if rl is not None:
+        # Discovery polls skip Quart too (smgrl/api/rl_front.py); every other outcome stays there.
+        control = DiscoveryFront(control, gateway, rl)
     app.asgi_app = DataPlaneASGI(control, gateway, dataplane)  # type: ignore[method-assign]
     return app

@@ -346,9 +346,12 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
 
 
 def run_gateway(cfg: Config) -> None:
-    from smgrl import logs
+    from smgrl import hypercorn_patches, logs
     from smgrl.server import serve
 
+    # Before trio.run: a refusal here is a plain ConfigError (one line, exit 1), not wrapped in
+    # the nursery's exception group.
+    hypercorn_patches.require()
     logs.configure(cfg.log_level, cfg.log_json)
 
     async def main_task() -> None:

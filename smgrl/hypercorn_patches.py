@@ -14,15 +14,28 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
    lets a server hold the head until the first body message, so the patched ``stream_send`` sends
    head + body in one write and skips empty writes. Streaming bodies still go out chunk by chunk.
 3. **The close after an early answer is shielded** (``_shielded_maybe_recycle``): a fix, not a
-   speed-up; see its docstring.
+   speed-up; see its docstring (the keep-alive hang, docs/hypercorn-patches.md).
+4. **Graceful close of a connection with unread input** (RFC 9112 section 9.6): an answer sent
+   before the request body was read (413, early 401/404) is followed by a half-close, and the
+   rest of the body is read and discarded (at most ``DRAIN_BYTES``, ``DRAIN_SECS``) before the
+   socket is closed. Stock hypercorn closed at once: the kernel answered the client's next body
+   segment with a reset, and a client still sending its body got a connection error instead of
+   the answer. The disconnect message never blocks either (``_spawn_app``): an app that answered
+   without reading its body left hypercorn's bounded queue full, and the close then waited on it.
+5. **The idle watcher ends with its connection** (``IdleWatch.finish``): a connection whose
+   client left while a request was in flight kept its task and its watcher until shutdown.
 
-``apply()`` is idempotent and checks the version first: on any other hypercorn it does nothing.
+The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
+version, and tests/unit/test_hypercorn_patches.py hashes the source of every stock function
+replaced or relied on (``STOCK_SOURCES``), so an upgrade fails loudly. ``smgrl launch`` refuses to
+start when the patches cannot be applied (``require``): without them the keep-alive hang is back.
 """
 
 from __future__ import annotations
 
 import math
 from itertools import chain
+from typing import Any
 
 import h11
 import hypercorn
@@ -30,20 +43,50 @@ import trio
 from hypercorn.events import Closed, Updated
 from hypercorn.protocol import h11 as h11_protocol
 from hypercorn.protocol.events import Body, EndBody, Response
+from hypercorn.protocol.http_stream import ASGIHTTPState
+from hypercorn.trio import task_group as trio_task_group
 from hypercorn.trio import tcp_server
 
+from smgrl.errors import ConfigError
+
 PATCHED_VERSION = "0.18.0"
+# sha256 (first 16 hex digits) of ``inspect.getsource`` of every stock hypercorn 0.18.0 function
+# this module replaces or whose behaviour it copies; checked by tests/unit/test_hypercorn_patches.py.
+STOCK_SOURCES = {
+    "hypercorn.trio.tcp_server.TCPServer.__init__": "4c1d42457bc197b2",
+    "hypercorn.trio.tcp_server.TCPServer._read_data": "7ca747d922c65cf1",
+    "hypercorn.trio.tcp_server.TCPServer._close": "bc73c4ae25a1ceec",
+    "hypercorn.trio.tcp_server.TCPServer._idle_timeout": "210ce1014d98e1cb",
+    "hypercorn.trio.tcp_server.TCPServer.protocol_send": "225856426bff7be0",
+    "hypercorn.trio.task_group.TaskGroup.spawn_app": "b4c1131427529801",
+    "hypercorn.trio.task_group._handle": "06081a56a9930825",
+    "hypercorn.trio.worker_context.TrioSingleTask.restart": "0170ab8e4418dc0e",
+    "hypercorn.trio.worker_context.TrioSingleTask.stop": "044ad384dfd2f565",
+    "hypercorn.protocol.h11.H11Protocol.stream_send": "56a36254a368d71a",
+    "hypercorn.protocol.http_stream.HTTPStream.handle": "6ed2e34c5e708c6a",
+    "hypercorn.protocol.http_stream.HTTPStream.app_send": "c806044b99736985",
+    "hypercorn.protocol.http_stream.HTTPStream._send_closed": "9aaf2e1ac611e51c",
+    "hypercorn.protocol.h11.H11Protocol._maybe_recycle": "3ac53f52bc4e65de",
+    "hypercorn.protocol.h11.H11Protocol._send_h11_event": "5e40283daa303ec7",
+}
+# Graceful close (RFC 9112 section 9.6): how much of an unread request body is read and dropped
+# after the answer, and for how long, before the connection is closed anyway. 16 MiB covers the
+# bodies clients really send after an early 413/401 (a refit chunk, a long prompt) at loopback
+# and LAN speeds; past either bound the client may see a reset, as before.
+DRAIN_BYTES = 16 * 1024 * 1024
+DRAIN_SECS = 5.0
 _applied = False
 
 
 class IdleWatch:
     """Drop-in for ``TrioSingleTask`` as ``TCPServer.idle_task``."""
 
-    __slots__ = ("_idle", "_scope", "_server")
+    __slots__ = ("_done", "_idle", "_scope", "_server")
 
     def __init__(self) -> None:
         self._scope: trio.CancelScope | None = None
         self._idle = False
+        self._done = False
         self._server = None
 
     async def restart(self, task_group, action) -> None:
@@ -63,6 +106,14 @@ class IdleWatch:
         if self._scope is not None:
             self._scope.deadline = math.inf
 
+    def finish(self) -> None:
+        """The connection stopped reading (client gone, closed, drained): end the watcher, or it
+        would hold the connection's nursery (and so its task) open until shutdown."""
+        self._done = True
+        self._idle = False
+        if self._scope is not None:
+            self._scope.cancel()
+
     async def _watch(self, deadline: float, task_status=trio.TASK_STATUS_IGNORED) -> None:
         server = self._server
         started = False
@@ -73,6 +124,8 @@ class IdleWatch:
                     started = True
                     task_status.started()
                 await server.context.terminated.wait()
+            if self._done:
+                return
             if self._idle:
                 # Keep-alive expired, or shutdown while idle: close, shielded as stock hypercorn
                 # does (the close must complete even though this scope was just cancelled).
@@ -136,7 +189,11 @@ async def _shielded_maybe_recycle(self) -> None:
     finally:
         with trio.CancelScope(shield=True):
             conn = self.connection
-            if not self.context.terminated.is_set() and conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            if (
+                not self.context.terminated.is_set()
+                and conn.our_state is h11.DONE
+                and conn.their_state is h11.DONE
+            ):
                 try:
                     conn.start_next_cycle()
                 except h11.LocalProtocolError:
@@ -151,6 +208,149 @@ async def _shielded_maybe_recycle(self) -> None:
                 await self.send(Closed())
 
 
+# The ASGI scope extension a patched hypercorn offers an app: ``DisconnectHook``.
+DISCONNECT_EXTENSION = "smgrl.disconnect"
+
+
+class DisconnectHook:
+    """Cancels a scope when the client leaves before its answer is complete, with no task.
+
+    The only way an ASGI app learns of a disconnect is ``http.disconnect`` from ``receive()``,
+    so an app that must stop work when its client leaves (the data plane's engine call) has to
+    keep a second task waiting in ``receive()`` for the whole request: a task spawn, a nursery
+    and a cancellation per request. hypercorn's connection reader already notices the
+    disconnect; through this hook it cancels the app's scope directly. A disconnect that only
+    follows a complete answer (hypercorn's end of every stream) is not a client leaving and
+    cancels nothing."""
+
+    __slots__ = ("_scope", "gone")
+
+    def __init__(self) -> None:
+        self._scope: trio.CancelScope | None = None
+        self.gone = False
+
+    def cancel_on_disconnect(self, scope: trio.CancelScope | None) -> None:
+        """Cancel ``scope`` when the client leaves (at once if it already has); None detaches."""
+        self._scope = scope
+        if self.gone and scope is not None:
+            scope.cancel()
+
+    def _disconnected(self) -> None:
+        self.gone = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+async def _spawn_app(self, app, config, scope, send):
+    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks, and the
+    ``DisconnectHook`` extension.
+
+    Stock hypercorn queues ``http.disconnect`` behind the body chunks in a bounded channel. An app
+    that answered without reading its body (413, 401, 404) leaves that channel full, and the
+    disconnect, sent from the app's own task after its answer, waited forever: the connection
+    never closed. Here the disconnect closes the channel instead: the app still receives what was
+    queued, then ``http.disconnect`` on every later ``receive()``; a body chunk still being
+    queued is dropped (the stream is over)."""
+    put, get = trio.open_memory_channel(config.max_app_queue_size)
+    hook = DisconnectHook()
+    scope["extensions"][DISCONNECT_EXTENSION] = hook
+    stream = getattr(send, "__self__", None)  # the HTTPStream whose app_send this is
+
+    async def receive():
+        try:
+            return await get.receive()
+        except trio.EndOfChannel:
+            return {"type": "http.disconnect"}
+
+    async def app_put(message) -> None:
+        if message["type"] == "http.disconnect":
+            put.close()
+            if getattr(stream, "state", None) is not ASGIHTTPState.CLOSED:
+                hook._disconnected()  # before the answer was complete: the client left
+            return
+        try:
+            await put.send(message)
+        except trio.ClosedResourceError:
+            pass  # disconnected while this chunk waited for room
+
+    self._nursery.start_soon(
+        trio_task_group._handle,
+        app,
+        config,
+        scope,
+        receive,
+        send,
+        trio.to_thread.run_sync,
+        trio.from_thread.run,
+    )
+    return app_put
+
+
+async def _draining_read_data(self) -> None:
+    """hypercorn's ``TCPServer._read_data``, able to drain: once ``_graceful_close`` half-closed
+    the connection, what the client still sends is read and dropped (bounded) instead of handed
+    to the protocol, so the kernel does not reset the connection under the answer."""
+    self._smgrl_drain = None
+    self._smgrl_reading = True
+    read_timeout = self.config.read_timeout
+    try:
+        # One scope for the connection's whole read loop (not one per read, as stock): the
+        # drain's time bound moves its deadline; cancelled_caught then just ends the loop.
+        with trio.CancelScope() as self._smgrl_read_scope:
+            while True:
+                try:
+                    if read_timeout:
+                        with trio.fail_after(read_timeout):
+                            data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                    else:
+                        data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                drain = self._smgrl_drain
+                if drain is not None:
+                    if not data or drain <= len(data):
+                        break
+                    self._smgrl_drain = drain - len(data)
+                    continue
+                await self.protocol.handle(tcp_server.RawData(bytes(data)))
+                if data == b"":
+                    break
+    finally:
+        self._smgrl_reading = False
+        self._smgrl_read_scope = None
+        if isinstance(self.idle_task, IdleWatch):
+            self.idle_task.finish()
+    await self.protocol.handle(Closed())
+
+
+_stock_close = tcp_server.TCPServer._close
+
+
+async def _graceful_close(self) -> None:
+    """hypercorn's ``TCPServer._close``, but when the client is still sending its request body
+    (an answer went out before the body was read) and the reader is alive: half-close (our FIN
+    follows the answer) and let the reader drain, RFC 9112 section 9.6. The reader closes the
+    socket when the client finishes (EOF) or a drain bound is reached."""
+    if getattr(self, "_smgrl_reading", False) and self._smgrl_drain is None and _body_unread(self):
+        try:
+            await self.stream.send_eof()
+        except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError, AttributeError):
+            await _stock_close(self)  # gone already, or TLS (no half-close): close as stock does
+            return
+        self._smgrl_drain = DRAIN_BYTES
+        scope = self._smgrl_read_scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, trio.current_time() + DRAIN_SECS)
+        return
+    await _stock_close(self)
+
+
+def _body_unread(server) -> bool:
+    protocol = getattr(server.protocol, "protocol", None)
+    conn = getattr(protocol, "connection", None)
+    return isinstance(conn, h11.Connection) and conn.their_state is h11.SEND_BODY
+
+
 _stock_stream_send = h11_protocol.H11Protocol.stream_send
 _stock_tcp_init = tcp_server.TCPServer.__init__
 
@@ -158,21 +358,73 @@ _stock_tcp_init = tcp_server.TCPServer.__init__
 def _tcp_init(self, *args, **kwargs) -> None:
     _stock_tcp_init(self, *args, **kwargs)
     self.idle_task = IdleWatch()
+    self._smgrl_reading = False
+    self._smgrl_drain = None
+    self._smgrl_read_scope = None
+
+
+def _replacements() -> list[tuple[type, str, Any]]:
+    """(class, attribute, replacement): every hypercorn function apply() swaps out."""
+    return [
+        (tcp_server.TCPServer, "__init__", _tcp_init),
+        (tcp_server.TCPServer, "_read_data", _draining_read_data),
+        (tcp_server.TCPServer, "_close", _graceful_close),
+        (trio_task_group.TaskGroup, "spawn_app", _spawn_app),
+        (h11_protocol.H11Protocol, "stream_send", _coalescing_stream_send),
+        (h11_protocol.H11Protocol, "_maybe_recycle", _shielded_maybe_recycle),
+    ]
+
+
+def stock_function(qualname: str):
+    """The stock hypercorn function named in ``STOCK_SOURCES`` (``module.Class.attr``), as it
+    was before apply() (the originals are kept at import)."""
+    return _ORIGINALS[qualname]
+
+
+def _resolve(qualname: str):
+    import importlib
+
+    parts = qualname.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
+        return obj
+    raise LookupError(qualname)
+
+
+def installed_version() -> str | None:
+    from importlib.metadata import version
+
+    return getattr(hypercorn, "__version__", None) or version("hypercorn")
 
 
 def apply() -> bool:
-    """Patch hypercorn in this process; True if patched (now or before)."""
+    """Patch hypercorn in this process; True if patched (now or before), False on any hypercorn
+    other than ``PATCHED_VERSION`` (nothing is changed then)."""
     global _applied
     if _applied:
         return True
-    if getattr(hypercorn, "__version__", None) not in (None, PATCHED_VERSION):
+    if installed_version() != PATCHED_VERSION:
         return False
-    from importlib.metadata import version
-
-    if version("hypercorn") != PATCHED_VERSION:
-        return False
-    tcp_server.TCPServer.__init__ = _tcp_init
-    h11_protocol.H11Protocol.stream_send = _coalescing_stream_send
-    h11_protocol.H11Protocol._maybe_recycle = _shielded_maybe_recycle
+    for owner, name, new in _replacements():
+        setattr(owner, name, new)
     _applied = True
     return True
+
+
+def require() -> None:
+    """Apply the patches or refuse to start: without them the keep-alive hang (an early answer
+    wedging its connection) and the connection resets after early answers are back."""
+    if not apply():
+        raise ConfigError(
+            f"hypercorn {installed_version()} is installed but smgrl needs hypercorn=={PATCHED_VERSION} "
+            "(its patches fix a keep-alive hang; see docs/hypercorn-patches.md)"
+        )
+
+
+# Kept before apply() can run (this module is the only place that patches hypercorn).
+_ORIGINALS = {name: _resolve(name) for name in STOCK_SOURCES}

@@ -72,8 +72,9 @@ class Running:
 
 def hypercorn_config(cfg: Config) -> HyperConfig:
     # Measured: one idle watcher per connection and head+body in one write roughly halve
-    # hypercorn's per-request CPU (smgrl/hypercorn_patches.py); a no-op on other versions.
-    hypercorn_patches.apply()
+    # hypercorn's per-request CPU; the patches also fix a keep-alive hang and the resets after
+    # early answers (smgrl/hypercorn_patches.py), so on another hypercorn this refuses (one line).
+    hypercorn_patches.require()
     hc = HyperConfig()
     host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
     hc.bind = [f"{host}:{cfg.port}"]

@@ -8,10 +8,10 @@ OpenAI-style JSON (``--api-key``). Every response carries ``x-request-id``.
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import re
-import secrets
-import string
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +19,9 @@ from quart import Response
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
-_ALNUM = string.ascii_letters + string.digits
+# A request id is not a secret: a fast PRNG (seeded from os.urandom) instead of ``secrets``
+# (measured: 1-2% of the data plane's CPU per request with 24 ``choice`` calls).
+_ids = random.Random()
 MAX_REQUEST_ID = 128
 
 
@@ -55,7 +57,10 @@ def request_id_prefix(path: str) -> str:
 
 def new_request_id(path: str) -> str:
     """SMG's prefix (``request_id_prefix``) + 24 alphanumerics."""
-    return request_id_prefix(path) + "".join(secrets.choice(_ALNUM) for _ in range(24))
+    # 120 random bits in base32: exactly 24 characters from A-Z and 2-7, all alphanumeric.
+    return request_id_prefix(path) + base64.b32encode(_ids.getrandbits(120).to_bytes(15, "big")).decode(
+        "ascii"
+    )
 
 
 def request_id_for(header: str | None, path: str) -> tuple[str, bool]:

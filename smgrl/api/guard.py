@@ -77,17 +77,7 @@ class Guard:
             principal = decision.principal
         else:
             check.principal = principal = decision
-        shown = short_path(path)
-        check.fields = {
-            "principal": principal.label,
-            "auth_method": principal.auth_method,
-            "role": principal.role,
-            "method": request.method,
-            "path": shown,
-            "resource": shown.split("/")[3] if shown.count("/") >= 3 else None,
-            "request_id": getattr(g, "request_id", None),
-            "reason": reason,
-        }
+        check.fields = _fields(principal, request.method, path, getattr(g, "request_id", None), reason)
         # Services that journal their own records take the audit event from here (rl.py passes
         # it on in the CallContext).
         g.audit_check = check if self.gw.cfg.audit and check.denied is None and action != READ else None
@@ -95,6 +85,14 @@ class Guard:
             yield check
         finally:
             self._audit(action, path, check)
+
+    def allowed_read(self, principal: Principal, method: str, path: str, request_id: str) -> None:
+        """The audit of an allowed read answered outside Quart (smgrl/api/rl_front.py): the same
+        count and log line as ``check`` gives it."""
+        check = Check(
+            principal=principal, status=200, fields=_fields(principal, method, path, request_id, None)
+        )
+        self._audit(READ, path, check)
 
     def _audit(self, action: str, path: str, check: Check) -> None:
         if not self.gw.cfg.audit:
@@ -111,3 +109,17 @@ class Guard:
                 log.warning("audit event not journaled: %s", exc)
         quiet = not denied and action == READ and not self.gw.auth.configured
         log_event(log, "control_plane_audit", logging.DEBUG if quiet else logging.INFO, **fields)
+
+
+def _fields(principal: Principal, method: str, path: str, request_id: str | None, reason: str | None) -> dict:
+    shown = short_path(path)
+    return {
+        "principal": principal.label,
+        "auth_method": principal.auth_method,
+        "role": principal.role,
+        "method": method,
+        "path": shown,
+        "resource": shown.split("/")[3] if shown.count("/") >= 3 else None,
+        "request_id": request_id,
+        "reason": reason,
+    }

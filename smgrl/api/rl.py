@@ -144,20 +144,24 @@ class RlApi:
 
     # -- discovery -----------------------------------------------------------------------------
 
-    async def _workers(self, params, principal) -> Response:
+    def workers_body(self) -> bytes:
+        """The discovery answer, rendered once per projection revision (also served by the raw
+        front, smgrl/api/rl_front.py)."""
         fleet = self.gw.fleet
         cached = self._rows_cache
         if cached is not None and cached[0] == fleet.revision:
-            body = cached[1]
-        else:
-            facts = fleet.facts()
-            rows = [
-                row(g.representative, g.ranks, facts_for(g.representative, facts))
-                for g in collapse(fleet.registry)
-            ]
-            body = env.dumps(workers_response(rows))
-            self._rows_cache = (fleet.revision, body)
-        return Response(body, status=200, content_type=env.JSON)
+            return cached[1]
+        facts = fleet.facts()
+        rows = [
+            row(g.representative, g.ranks, facts_for(g.representative, facts))
+            for g in collapse(fleet.registry)
+        ]
+        body = env.dumps(workers_response(rows))
+        self._rows_cache = (fleet.revision, body)
+        return body
+
+    async def _workers(self, params, principal) -> Response:
+        return Response(self.workers_body(), status=200, content_type=env.JSON)
 
     async def _worker(self, params, principal) -> Response:
         worker = self._visible(params["id"])

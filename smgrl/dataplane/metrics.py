@@ -23,7 +23,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from smgrl.core.version import parse_u64
-from smgrl.metrics import DURATION_BUCKETS
+from smgrl.metrics import DURATION_BUCKETS, Children
 
 CONTROL_CODES = {"active": 0, "paused": 1, "asleep": 2, "unknown": 3}
 
@@ -108,6 +108,8 @@ class DataPlaneMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self._requests = Children(self.requests)
+        self._durations = Children(self.duration)
         self.retries = Counter(
             "smgrl_dataplane_retries", "Rollout attempts retried before the first byte", registry=r
         )
@@ -139,8 +141,8 @@ class DataPlaneMetrics:
     # -- hooks (cheap no-ops when RL is off) ---------------------------------------------------
 
     def answered(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
-        self.duration.labels(route=route).observe(seconds)
+        self._requests(route, str(status)).inc()
+        self._durations(route).observe(seconds)
 
     def held_out(self, reasons: Mapping[str, int]) -> None:
         if self.rl_enabled:

@@ -79,8 +79,89 @@ def stream_version(table_version: str | None) -> str:
     return table_version or DEFAULT_VERSION
 
 
-def stamp_generate(body: bytes, table_version: str | None, single: bool) -> Stamp:
-    """Stamp a buffered 2xx ``/generate`` answer (single object or batch list)."""
+# Answers at least this big are stamped without a full parse (below it ``json.loads``, in C,
+# is cheaper than the scan).
+FAST_STAMP_MIN = 16 * 1024
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string literal
+_COLON_OBJECT = re.compile(rb"\s*:\s*\{")
+_COLON = re.compile(rb"\s*:\s*")
+_PLAIN_STRING = re.compile(rb'"([^"\\]*)"')
+_INT = re.compile(rb"-?\d+(?=\s*[,}])")
+_WS = b" \t\r\n"
+
+
+def _depth(region: bytes) -> int:
+    """How many objects/arrays ``region`` (a prefix of a JSON document, from a structural
+    position) leaves open: brackets inside string literals do not count."""
+    bare = _STRING.sub(b"", region)
+    return bare.count(b"{") + bare.count(b"[") - bare.count(b"}") - bare.count(b"]")
+
+
+def _key_at(body: bytes, at: int) -> bool:
+    """Whether the ``"`` at ``at`` opens an object key: after ``{`` or ``,`` (whitespace aside).
+    Inside a JSON string every ``"`` is escaped, so a match there is never string content."""
+    i = at - 1
+    while i >= 0 and body[i] in _WS:
+        i -= 1
+    return i >= 0 and body[i] in b"{,"
+
+
+def _reported_single(body: bytes) -> list[str] | None:
+    """The versions ``meta_info.weight_version`` reports in a single-object answer (empty:
+    none), found without parsing the whole body; None when only a full parse can tell.
+
+    A rollout answer is mostly tokens and logprobs (hundreds of KB with ``return_logprob``,
+    where ``json.loads`` costs milliseconds of event-loop time per answer); the stamp needs one
+    field. The keys are found by search and their nesting checked with string literals removed,
+    so a key elsewhere (deeper, later, in another object) never counts: anything unusual (a
+    second ``meta_info``, a ``weight_versions`` history, a value that is not a plain string or an
+    integer) falls back to the full parse."""
+    if body[:1] != b"{" or b'"weight_versions"' in body:
+        return None
+    meta = body.find(b'"meta_info"')
+    if meta < 0 or body.find(b'"meta_info"', meta + 1) >= 0 or not _key_at(body, meta):
+        return None
+    opened = _COLON_OBJECT.match(body, meta + len(b'"meta_info"'))
+    if opened is None or _depth(body[:meta]) != 1:
+        return None
+    inner = opened.end() - 1  # meta_info's "{"
+    key = body.find(b'"weight_version"', inner)
+    if key < 0:
+        return []  # meta_info (the only one, an object) has no weight_version
+    if body.find(b'"weight_version"', key + 1) >= 0 or not _key_at(body, key):
+        return None
+    if _depth(body[inner:key]) != 1:
+        return None  # nested deeper in meta_info, or after it
+    colon = _COLON.match(body, key + len(b'"weight_version"'))
+    if colon is None:
+        return None
+    literal = _PLAIN_STRING.match(body, colon.end())
+    if literal is not None:
+        raw: Any = literal.group(1).decode("utf-8", "replace")
+    else:
+        number = _INT.match(body, colon.end())
+        if number is None:
+            return None  # null, a float, an escaped string...: the full parse decides
+        raw = int(number.group())
+    version = _valid(raw)
+    return [version] if version is not None else []
+
+
+def stamp_generate(
+    body: bytes, table_version: str | None, single: bool, fast_min: int = FAST_STAMP_MIN
+) -> Stamp:
+    """Stamp a buffered 2xx ``/generate`` answer (single object or batch list). Answers of at
+    least ``fast_min`` bytes go through ``_reported_single`` first (the same result as the full
+    parse on every valid JSON document: tests/unit/test_routing_stamp.py checks it by property)."""
+    reported = _reported_single(body) if len(body) >= fast_min else None
+    if reported is not None:
+        version = reported[-1] if reported else stream_version(table_version)
+        drifted = table_version is not None and any(not _same(v, table_version) for v in reported)
+        return Stamp(version, drifted, body)
+    return _stamp_parsed(body, table_version, single)
+
+
+def _stamp_parsed(body: bytes, table_version: str | None, single: bool) -> Stamp:
     try:
         obj = json.loads(body)
     except ValueError:

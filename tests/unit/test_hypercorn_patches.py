@@ -1,29 +1,69 @@
-"""hypercorn with smgrl's patches still speaks correct HTTP/1.1 and keeps its keep-alive rules.
+"""hypercorn with smgrl's patches still speaks correct HTTP/1.1 and keeps its keep-alive rules,
+and each patch does what it claims (these tests fail on stock hypercorn 0.18.0, except where a
+test says it guards the patch itself).
 
 Real sockets on 127.0.0.1; the raw bytes on the wire are checked."""
 
+import hashlib
+import inspect
+
+import pytest
 import trio
+import trio.testing
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from quart_trio import QuartTrio
 
 from smgrl import hypercorn_patches
+from smgrl.cli import main as cli_main
+
+SLOW_SECS = 2.0
+TOO_LARGE = b'{"error":"too large"}'
+
+
+async def lifespan(receive, send):
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def early_413(send) -> None:
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(TOO_LARGE)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": head})
+    await send({"type": "http.response.body", "body": TOO_LARGE})
 
 
 async def app(scope, receive, send):
+    if scope["type"] == "http" and scope["path"] == "/early":
+        await early_413(send)  # answered before a byte of the body is read
+        return
+    if scope["type"] == "http" and scope["path"] == "/late":
+        # Answered without reading, once the unread body filled hypercorn's queue to the app.
+        await trio.testing.wait_all_tasks_blocked()
+        await early_413(send)
+        return
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send)
+        return
     body = b""
     while True:
         msg = await receive()
         body += msg.get("body", b"")
         if not msg.get("more_body"):
             break
+    if scope["path"] == "/split":
+        # The head, then (once every task, the client's included, waits) the body: stock
+        # hypercorn has written the head alone by then.
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+        await trio.testing.wait_all_tasks_blocked()
+        await send({"type": "http.response.body", "body": b"body"})
+        return
+    if scope["path"] == "/slow":
+        await trio.sleep(SLOW_SECS)  # the work this request models: longer than keep-alive
     if scope["path"] == "/stream":
         await send(
             {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
@@ -70,7 +110,7 @@ async def read_response(stream, buf=b"", head_only=False):
         return lines[0], headers, b"", rest
 
 
-async def start(nursery, keep_alive=5.0):
+async def start(nursery, keep_alive=5.0, asgi=None):
     assert hypercorn_patches.apply()
     cfg = Config()
     cfg.bind = ["127.0.0.1:0"]
@@ -79,7 +119,7 @@ async def start(nursery, keep_alive=5.0):
     cfg.errorlog = None
     shutdown = trio.Event()
     urls = await nursery.start(
-        lambda task_status: serve(app, cfg, shutdown_trigger=shutdown.wait, task_status=task_status)
+        lambda task_status: serve(asgi or app, cfg, shutdown_trigger=shutdown.wait, task_status=task_status)
     )
     port = int(urls[0].rsplit(":", 1)[1])
     return port, shutdown
@@ -131,3 +171,250 @@ async def test_graceful_shutdown_closes_idle_connections():
         shutdown.set()
         with trio.fail_after(5):
             assert await stream.receive_some(10) == b""
+
+
+# -- the pin -------------------------------------------------------------------------------------
+
+
+def test_every_replaced_hypercorn_function_is_the_pinned_stock_source():
+    """An upgrade (or a distro patch) of hypercorn changes one of these sources: the patches were
+    written against exactly these, so it must fail here, loudly, before anything runs on it."""
+    replaced = {
+        f"{owner.__module__}.{owner.__qualname__}.{name}"
+        for owner, name, _ in hypercorn_patches._replacements()
+    }
+    assert replaced <= set(hypercorn_patches.STOCK_SOURCES)
+    for qualname, digest in hypercorn_patches.STOCK_SOURCES.items():
+        source = inspect.getsource(hypercorn_patches.stock_function(qualname))
+        assert hashlib.sha256(source.encode()).hexdigest()[:16] == digest, f"{qualname} changed upstream"
+
+
+def test_launch_refuses_in_one_line_when_the_patches_cannot_be_applied(monkeypatch, capsys, tmp_path):
+    # Another installed hypercorn is simulated by moving the pin (apply() reads it).
+    monkeypatch.setattr(hypercorn_patches, "PATCHED_VERSION", "0.0.1")
+    monkeypatch.setattr(hypercorn_patches, "_applied", False)
+    assert hypercorn_patches.apply() is False
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["launch", "--port", "0", "--journal", str(tmp_path / "j.db")])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hypercorn==0.0.1" in err and "hypercorn 0.18.0 is installed" in err
+    assert not (tmp_path / "j.db").exists()  # refused before anything was opened
+
+
+# -- what each patch does (fails on stock hypercorn) -----------------------------------------------
+
+
+async def test_one_recv_carries_the_head_and_the_body():
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /split HTTP/1.1\r\nhost: t\r\n\r\n")
+        with trio.fail_after(5):
+            first = await stream.receive_some(65536)
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\nbody")
+        await stream.aclose()
+        shutdown.set()
+
+
+class _Spawns(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_spawned(self, task) -> None:
+        self.count += 1
+
+
+async def test_a_keep_alive_connection_spawns_only_the_app_task_per_request():
+    """Stock hypercorn also starts a new keep-alive task per request (lock, cancel, nursery.start);
+    the patched one keeps one watcher per connection."""
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        await read_response(stream)
+        spawns = _Spawns()
+        trio.lowlevel.add_instrument(spawns)
+        try:
+            for _ in range(20):
+                await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+                status, _, payload, _ = await read_response(stream)
+                assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:"
+        finally:
+            trio.lowlevel.remove_instrument(spawns)
+        assert spawns.count == 20
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_a_busy_connection_is_not_closed_by_the_idle_watcher():
+    """Guards the watcher itself (stock hypercorn passes too): a request that takes longer than
+    keep_alive_timeout must get its answer, and the connection must serve the next one."""
+    async with trio.open_nursery() as nursery:
+        # Keep-alive well under the slow request, but long enough that a busy test machine
+        # never lets it expire between one request and the next.
+        port, shutdown = await start(nursery, keep_alive=SLOW_SECS / 2)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        for path in (b"/slow", b"/x"):
+            await stream.send_all(b"GET %s HTTP/1.1\r\nhost: t\r\n\r\n" % path)
+            status, _, payload, _ = await read_response(stream)
+            assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:"
+        await stream.aclose()
+        shutdown.set()
+
+
+def _live_tasks() -> int:
+    count = 0
+
+    def walk(task) -> None:
+        nonlocal count
+        count += 1
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child)
+
+    walk(trio.lowlevel.current_root_task())
+    return count
+
+
+async def test_a_connection_whose_client_left_mid_request_leaves_no_task_behind():
+    """A rollout client that gives up while its request is in flight: its connection's tasks
+    must end (the first idle watcher held them until shutdown)."""
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, keep_alive=60)
+        await trio.testing.wait_all_tasks_blocked()
+        before = _live_tasks()
+        for _ in range(3):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            # A body promised and never sent: the app waits in receive() until the disconnect.
+            await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\n")
+            await trio.testing.wait_all_tasks_blocked()
+            await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert _live_tasks() == before
+        shutdown.set()
+
+
+async def _send_body_slowly_then_read(port: int, path: bytes, total: int) -> bytes:
+    """A client that sends its whole body, in pieces, after the head, and only then reads: as
+    urllib3/requests do. Returns everything the server sent up to its close."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    piece = b"x" * 65536
+    with trio.fail_after(30):
+        await stream.send_all(b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % (path, total))
+        for _ in range(total // len(piece)):
+            await stream.send_all(piece)  # a reset here: the answer is lost to this client
+            await trio.sleep(0.002)  # pacing: a client on a slower link
+        received = b""
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+    await stream.aclose()
+    return received
+
+
+@pytest.mark.parametrize("path", [b"/early", b"/late"])
+async def test_an_answer_sent_before_the_body_is_read_reaches_a_client_still_sending(path):
+    """RFC 9112 section 9.6: half-close, drain, then close. Stock hypercorn closed with the body
+    unread, the kernel reset the connection, and the client's next send failed (/early); when
+    the unread body had filled the app's queue first, the connection never closed at all (/late)."""
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        received = await _send_body_slowly_then_read(port, path, 2 * 1024 * 1024)
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413") and body == TOO_LARGE
+        shutdown.set()
+
+
+async def test_the_drain_is_bounded_in_bytes(monkeypatch):
+    monkeypatch.setattr(hypercorn_patches, "DRAIN_BYTES", 256 * 1024)
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 100000000\r\n\r\n")
+        status, _, payload, rest = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 413") and payload == TOO_LARGE
+        with trio.fail_after(10):
+            assert rest + await stream.receive_some(100) == b""  # our half-close
+            sent = 0
+            try:
+                while sent < 64 * 1024 * 1024:
+                    await stream.send_all(b"x" * 65536)
+                    sent += 65536
+            except trio.BrokenResourceError:
+                pass  # closed once the bound was read: the rest is refused
+        assert 256 * 1024 <= sent < 64 * 1024 * 1024
+        shutdown.set()
+
+
+async def test_an_early_quart_answer_with_the_body_still_to_come_closes_the_connection():
+    """The keep-alive hang (docs/hypercorn-patches.md): quart-trio answers a POST to an unknown
+    URL before its body arrives, then cancels the app task; stock hypercorn's close was cancelled
+    with it, and the connection neither closed nor served its next request."""
+    quart = QuartTrio("t")
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=quart)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /nope HTTP/1.1\r\nhost: t\r\ncontent-length: 8\r\n\r\n")
+        status, _, _, rest = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 404")
+        await stream.send_all(b'{"a": 1}')  # the body, after the answer
+        with trio.fail_after(5):
+            assert rest + await stream.receive_some(100) == b""  # closed, not wedged
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_the_drain_is_bounded_in_time(monkeypatch):
+    monkeypatch.setattr(hypercorn_patches, "DRAIN_SECS", 0.2)
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 1000000\r\n\r\n")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 413")
+        # A client that trickles its body forever: closed once the drain's time is up (well
+        # before the 5 s default would allow).
+        with trio.fail_after(4), pytest.raises(trio.BrokenResourceError):
+            while True:
+                await stream.send_all(b"x")
+                await trio.sleep(0.05)
+        shutdown.set()
+
+
+async def test_the_disconnect_hook_cancels_only_when_the_client_leaves_before_its_answer():
+    hooks: dict[str, object] = {}
+    cancelled: dict[str, bool] = {}
+    entered = trio.Event()
+
+    async def hooked(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        while (await receive()).get("more_body"):
+            pass
+        hook = hooks[scope["path"]] = scope["extensions"][hypercorn_patches.DISCONNECT_EXTENSION]
+        with trio.CancelScope() as cancel:
+            hook.cancel_on_disconnect(cancel)
+            if scope["path"] == "/wait":
+                entered.set()
+                await trio.sleep_forever()  # until the client leaves
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+            await trio.lowlevel.checkpoint()  # a cancellation would land here
+        cancelled[scope["path"]] = cancel.cancelled_caught
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=hooked)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /done HTTP/1.1\r\nhost: t\r\n\r\n")
+        status, _, payload, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
+        assert payload == b"ok"
+        await stream.send_all(b"GET /wait HTTP/1.1\r\nhost: t\r\n\r\n")
+        with trio.fail_after(5):
+            await entered.wait()
+            await stream.aclose()
+            while "/wait" not in cancelled:
+                await trio.testing.wait_all_tasks_blocked()
+        assert cancelled == {"/done": False, "/wait": True}
+        shutdown.set()

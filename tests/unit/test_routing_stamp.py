@@ -6,8 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from smgrl.dataplane.stamp import FingerprintEvents, stamp_generate, stamp_openai, version_tag
+from smgrl.dataplane.stamp import (
+    FingerprintEvents,
+    _reported_single,
+    stamp_generate,
+    stamp_openai,
+    version_tag,
+)
 
 
 def gen(version=None, spans=None, **extra) -> dict:
@@ -130,3 +138,90 @@ def test_first_event_version_with_crlf_framing():
 
     event = b'data: {"text": "a", "meta_info": {"weight_version": "v4"}}\r\n\r\n'
     assert first_event_version(event) == "v4"
+
+
+# -- the fast path for large answers (no full parse) ---------------------------------------------
+
+_tricky_text = st.lists(
+    st.sampled_from(['"', "\\", "{", "}", "[", "]", ",", ":", " ", "a", "é", "\n"])
+    | st.sampled_from(['"meta_info":{', '"weight_version":"v9"', ',"weight_version":', '"weight_versions"']),
+    max_size=12,
+).map("".join)
+_plain_version = st.sampled_from(["v1", "v2", "42", "042", "default", "bad version", "vé", ""])
+_version_value = st.one_of(
+    _plain_version,
+    st.sampled_from(['v"q', "v\\1"]),
+    st.integers(-5, 10**6),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+def _rarely(draw, strategy):
+    return draw(st.integers(0, 5)) == 0 and draw(strategy)
+
+
+@st.composite
+def _answers(draw) -> dict:
+    """Mostly what engines send (meta_info with a plain weight_version, text full of JSON
+    punctuation and the very keys searched for), sometimes each oddity that must fall back."""
+    meta: dict = {"id": draw(_tricky_text)}
+    if draw(st.integers(0, 4)):
+        meta["weight_version"] = draw(_plain_version if draw(st.integers(0, 3)) else _version_value)
+    if _rarely(draw, st.just(True)):
+        meta["weight_versions"] = [{"version": "v1"}, {"version": "v2"}][: draw(st.integers(1, 2))]
+    if _rarely(draw, st.just(True)):
+        meta["nested"] = {"weight_version": draw(_version_value)}  # not meta_info's own
+    meta["output_token_logprobs"] = [[-0.5, i, draw(_tricky_text)] for i in range(draw(st.integers(0, 3)))]
+    meta = {k: meta[k] for k in draw(st.permutations(list(meta)))}
+    answer: dict = {"text": draw(_tricky_text), "output_ids": draw(st.lists(st.integers(0, 9), max_size=4))}
+    if draw(st.integers(0, 8)):
+        answer["meta_info"] = meta
+    if _rarely(draw, st.just(True)):
+        answer["weight_version"] = draw(_version_value)  # top level: not meta_info's
+    if _rarely(draw, st.just(True)):
+        answer["extra"] = {"meta_info": {"weight_version": draw(_version_value)}}
+    return {k: answer[k] for k in draw(st.permutations(list(answer)))}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    answer=_answers(),
+    spaced=st.booleans(),
+    ascii_only=st.booleans(),
+    table=st.sampled_from([None, "v1", "v2", "default"]),
+)
+def test_the_fast_stamp_agrees_with_the_full_parse(answer, spaced, ascii_only, table):
+    separators = (", ", ": ") if spaced else (",", ":")
+    body = json.dumps(answer, separators=separators, ensure_ascii=ascii_only).encode()
+    assert stamp_generate(body, table, True, fast_min=0) == stamp_generate(
+        body, table, True, fast_min=len(body) + 1
+    )
+
+
+def test_a_large_answer_is_stamped_without_a_full_parse():
+    # With logprobs, a rollout answer is hundreds of KB: the version is found by search.
+    answer = gen("v3")
+    answer["meta_info"]["output_token_logprobs"] = [[-0.1, i, None] for i in range(20_000)]
+    body = json.dumps(answer).encode()
+    assert _reported_single(body) == ["v3"]
+    stamp = stamp_generate(body, "v2", True)
+    assert (stamp.version, stamp.mixed, stamp.body) == ("v3", True, body)
+
+
+@pytest.mark.parametrize(
+    "body, version",
+    [
+        # Duplicate keys (json.loads keeps the last one; json.dumps never writes them).
+        (b'{"meta_info":{"weight_version":"v1","weight_version":"v2"}}', "v2"),
+        (b'{"meta_info":{"weight_version":"v1"},"meta_info":{"id":"x"}}', "v9"),
+        (b'{ "meta_info" : { "id" : "a", "weight_version" : 7 } }', "7"),
+        (b'{"meta_info":{"id":"x"},"weight_version":"v1"}', "v9"),  # not meta_info's
+        (b'{"meta_info":{"w":{"weight_version":"v1"}}}', "v9"),
+        (b'{"meta_info":{"weight_version":"v\\u0031"}}', "v1"),  # an escape: parsed
+    ],
+)
+def test_the_fast_stamp_on_raw_bodies(body, version):
+    assert stamp_generate(body, "v9", True, fast_min=0).version == version
+    assert stamp_generate(body, "v9", True, fast_min=len(body) + 1).version == version
