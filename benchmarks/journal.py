@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +55,7 @@ from journal import (
     EventStore,
     JournalWriter,
     Recorded,
+    SnapshotTaken,
     SqliteStore,
     WorkerDiscovered,
     WorkerHealthChanged,
@@ -215,6 +217,46 @@ def _outcome(i: int) -> ControlOutcome:
         latency_ms=41,
         excerpt='{"success":true}',
     )
+
+
+def generate(path: Path, n: int, *, snapshot_every: int = 50_000, batch: int = 5000) -> int:
+    """Write ``realistic(n)`` straight through the store in batches, taking a fleet snapshot (and
+    its ``snapshot.taken`` marker) every ``snapshot_every`` events as the gateway does, with the
+    store's retention policy thinning older ones. Returns the number of snapshots taken.
+
+    The fold runs on the events as appended (no decode), so 5M events take minutes, not hours.
+    """
+    from smgrl.state import snapshot
+    from smgrl.state.fleet import FleetState
+
+    store = SqliteStore.open(path)
+    fleet = FleetState()
+    last_snap, taken = 0, 0
+    chunk: list[Append] = []
+
+    def flush() -> None:
+        nonlocal last_snap, taken
+        recorded = store.append_batch(chunk)
+        fleet.apply_records(recorded)
+        chunk.clear()
+        if snapshot_every and fleet.last_seq - last_snap >= snapshot_every:
+            store.save_snapshot(snapshot.KIND, fleet.last_seq, snapshot.to_json(fleet))
+            last_snap = fleet.last_seq
+            taken += 1
+            marker = Append("gateway", SnapshotTaken(kind=snapshot.KIND, upto_seq=fleet.last_seq))
+            fleet.apply_records(store.append_batch([marker]))
+
+    # Batches end at snapshot points so snapshots land where the gateway's would (every N events).
+    for item in realistic(n):
+        chunk.append(item)
+        due = snapshot_every and fleet.last_seq + len(chunk) - last_snap >= snapshot_every
+        if len(chunk) >= batch or due:
+            flush()
+    if chunk:
+        flush()
+    store.checkpoint()
+    store.close()
+    return taken
 
 
 # -- measurements ----------------------------------------------------------------------------------
@@ -522,6 +564,59 @@ def bench_launch(path: Path) -> list[tuple[str, str]]:
             f"{elapsed:.2f} s (interpreter + imports alone: {imports:.2f} s)",
         )
     ]
+
+
+# -- issue 19: time travel at scale, as real commands --------------------------------------------------
+
+
+def run_command(args: list[str]) -> tuple[float, float]:
+    """Run ``smgrl journal ARGS`` as a subprocess (output discarded): (wall seconds, peak RSS MB).
+
+    The peak is the child's own ``ru_maxrss`` from ``os.wait4`` (RUSAGE_CHILDREN would report the
+    largest of every child so far)."""
+    argv = [sys.executable, "-m", "smgrl", "journal", *args]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}: {err[-500:]}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def history_targets(path: Path) -> list[tuple[str, list[str]]]:
+    """The commands of issue 19 on one journal. ``--at`` targets are the worst case of their
+    region: the seq just below a stored snapshot, so the whole gap since the previous one replays."""
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        head = conn.execute("SELECT max(seq) FROM events").fetchone()[0]
+        snaps = [r[0] for r in conn.execute("SELECT upto_seq FROM snapshots ORDER BY upto_seq")]
+    mid = next((s for s in snaps if s > head // 2), head) - 1
+    near = (snaps[-1] - 1) if snaps else head - 10
+    j = ["--journal", str(path)]
+    return [
+        (f"`workers --at {mid}` (middle, {mid - max([s for s in snaps if s <= mid], default=0):,} events past a snapshot)",
+         [*j, "workers", "--at", str(mid)]),
+        (f"`workers --at {near}` (near the head, {near - max([s for s in snaps if s <= near], default=0):,} past one)",
+         [*j, "workers", "--at", str(near)]),
+        ("`versions`", [*j, "versions"]),
+        ("`refits --all`", [*j, "refits", "--all"]),
+        ("`events --type 'worker.*'` (glob)", [*j, "events", "--type", "worker.*"]),
+        ("`ops --all`", [*j, "ops", "--all"]),
+    ]
+
+
+def bench_history(path: Path, runs: int = 3) -> list[tuple[str, str, str]]:
+    """(what, seconds range, peak MB range) for each command, ``runs`` runs each."""
+    rows = []
+    for what, args in history_targets(path):
+        times, peaks = zip(*(run_command(args) for _ in range(runs)), strict=True)
+        rows.append((what, f"{min(times):.2f}-{max(times):.2f}", f"{min(peaks):.0f}-{max(peaks):.0f}"))
+        print(f"    {what}: {rows[-1][1]} s, {rows[-1][2]} MB", file=sys.stderr, flush=True)
+    return rows
 
 
 def _fmt_rate(x: float) -> str:

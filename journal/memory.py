@@ -31,6 +31,8 @@ from ._chain import (
 from .base import Append, RawRow, type_names
 from .errors import JournalReadOnlyError
 from .events import ControlStarted, Event, Recorded, decode
+from .retention import DEFAULT as DEFAULT_RETENTION
+from .retention import Retention
 
 __all__ = ["MemoryStore"]
 
@@ -99,7 +101,9 @@ class MemoryStore:
             self._meta["high_water"] = Head(recorded[-1].seq, recorded[-1].ts, recorded[-1].hash)
         return recorded
 
-    def save_snapshot(self, kind: str, upto_seq: int, state_json: str, *, keep: int = 3) -> None:
+    def save_snapshot(
+        self, kind: str, upto_seq: int, state_json: str, *, retention: Retention = DEFAULT_RETENTION
+    ) -> list[int]:
         json.loads(state_json)
         self._check_writable()
         with self._lock:
@@ -109,9 +113,14 @@ class MemoryStore:
             h = snapshot_hash(kind, upto_seq, anchor, state_json)
             next_id = max((row[0] for row in self._snapshots), default=0) + 1
             self._snapshots.append((next_id, kind, upto_seq, self._clock(), state_json, h))
-            mine = sorted((row for row in self._snapshots if row[1] == kind), key=lambda r: (r[2], r[0]))
-            stale = {row[0] for row in mine[: max(0, len(mine) - max(1, keep))]}
+            mine = [row for row in self._snapshots if row[1] == kind]
+            keep = retention.keep((row[2] for row in mine), self._head().seq)
+            newest_id: dict[int, int] = {}
+            for row in mine:
+                newest_id[row[2]] = max(row[0], newest_id.get(row[2], row[0]))
+            stale = {row[0]: row[2] for row in mine if row[2] not in keep or newest_id[row[2]] != row[0]}
             self._snapshots = [row for row in self._snapshots if row[0] not in stale]
+        return sorted(stale.values())
 
     def compact_bodies(self, before_seq: int) -> int:
         self._check_writable()

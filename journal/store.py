@@ -63,6 +63,7 @@ import contextlib
 import functools
 import itertools
 import json
+import logging
 import os
 import pathlib
 import sqlite3
@@ -95,6 +96,8 @@ from .errors import (
     JournalTooNewError,
 )
 from .events import ControlStarted, Event, Recorded, decode
+from .retention import DEFAULT as DEFAULT_RETENTION
+from .retention import Retention
 
 __all__ = ["FORMAT_VERSION", "SqliteStore"]
 
@@ -109,9 +112,7 @@ _UPSERT_META = (
 )
 
 
-# Snapshots kept per kind: the newest is restored; the one before it is a fallback if the newest
-# fails its hash check.
-SNAPSHOTS_KEPT = 3
+logger = logging.getLogger("smgrl.journal")
 
 
 def _create_private(path: str) -> None:
@@ -316,9 +317,12 @@ class SqliteStore:
             )
         return recorded
 
-    def save_snapshot(self, kind: str, upto_seq: int, state_json: str, *, keep: int = SNAPSHOTS_KEPT) -> None:
+    def save_snapshot(
+        self, kind: str, upto_seq: int, state_json: str, *, retention: Retention = DEFAULT_RETENTION
+    ) -> list[int]:
         """Store a projection's state as of ``upto_seq`` (bound to that row's chain hash), and drop
-        all but the newest ``keep`` snapshots of that kind (in the same transaction)."""
+        the snapshots of that kind the ``retention`` policy no longer keeps (in the same
+        transaction). Returns the ``upto_seq`` of each dropped snapshot (logged too)."""
         json.loads(state_json)  # refuse garbage now rather than at the next startup
         with self._write() as conn:
             anchor = self._anchor(conn, upto_seq)
@@ -334,13 +338,25 @@ class SqliteStore:
                     snapshot_hash(kind, upto_seq, anchor, state_json),
                 ),
             )
-            # Only the newest snapshots are ever restored; older ones would only grow the file
-            # (about 1 MB per snapshot for a 2,000-worker fleet).
-            conn.execute(
-                "DELETE FROM snapshots WHERE kind = ? AND id NOT IN "
-                "(SELECT id FROM snapshots WHERE kind = ? ORDER BY upto_seq DESC, id DESC LIMIT ?)",
-                (kind, kind, max(1, keep)),
+            # Old snapshots serve `workers --at` (history); retention keeps them spread over the
+            # journal with a bounded count (journal/retention.py says how many and how close).
+            rows = conn.execute("SELECT id, upto_seq FROM snapshots WHERE kind = ?", (kind,)).fetchall()
+            head = self._head(conn).seq
+            keep = retention.keep((seq for _id, seq in rows), head)
+            # Two snapshots at one seq (a CLI `replay --snapshot` and the gateway): keep the newer.
+            newest_id: dict[int, int] = {}
+            for snap_id, seq in rows:
+                newest_id[seq] = max(snap_id, newest_id.get(seq, snap_id))
+            dropped = [(snap_id, seq) for snap_id, seq in rows if seq not in keep or newest_id[seq] != snap_id]
+            conn.executemany("DELETE FROM snapshots WHERE id = ?", [(snap_id,) for snap_id, _ in dropped])
+        if dropped:
+            logger.info(
+                "snapshot retention dropped %s snapshot(s) at seq %s (kept %d)",
+                len(dropped),
+                ", ".join(str(seq) for _, seq in sorted(dropped, key=lambda r: r[1])),
+                len(rows) - len(dropped),
             )
+        return sorted(seq for _, seq in dropped)
 
     def compact_bodies(self, before_seq: int) -> int:
         """Drop the request bodies of control.started events with seq < before_seq; return how many.

@@ -23,6 +23,7 @@ from journal import (
     encode,
 )
 from journal._chain import chain_hash
+from journal.retention import Retention
 from journal.store import _PAGE
 
 SECRET = "sk-live-0123456789abcdef-do-not-print"
@@ -421,13 +422,21 @@ class TestReadOnly:
         assert store.verify().ok
 
 
-def test_only_the_newest_snapshots_are_kept(backend):
+def test_snapshots_are_thinned_by_the_retention_policy(backend):
     store = backend.store
-    store.append_batch(a_few(6))
-    for seq in range(1, 7):
-        store.save_snapshot("fleet", seq, f'{{"n": {seq}}}', keep=3)
-    store.save_snapshot("other", 2, "{}")
-    assert store.latest_snapshot("fleet") == (6, '{"n": 6}')
-    assert store.latest_snapshot("fleet", max_seq=4) == (4, '{"n": 4}')
-    assert store.latest_snapshot("fleet", max_seq=3) is None  # pruned
+    store.append_batch(a_few(40))
+    policy = Retention(every=1, recent=8, per_level=2)
+    taken: set[int] = set()
+    for seq in range(1, 41):
+        dropped = store.save_snapshot("fleet", seq, f'{{"n": {seq}}}', retention=policy)
+        kept = policy.keep(taken | {seq}, 40)
+        assert sorted(dropped) == sorted(taken - kept)  # every drop is reported
+        taken = kept
+    store.save_snapshot("other", 2, "{}", retention=policy)
+    assert store.latest_snapshot("fleet") == (40, '{"n": 40}')
+    assert store.latest_snapshot("fleet", max_seq=35) == (35, '{"n": 35}')  # recent: all kept
+    assert len(taken) < 40  # older ones thinned
+    for target in range(1, 41):
+        found = store.latest_snapshot("fleet", max_seq=target)
+        assert (found[0] if found else 0) == max((s for s in taken if s <= target), default=0)
     assert store.latest_snapshot("other") == (2, "{}")
