@@ -113,9 +113,10 @@ def realistic(n: int) -> Iterator[Append]:
         batch: list[Append] = []
         if op % 40 == 1:
             wid = f"w{op}"
+            stream = f"worker:{wid}"  # the gateway's streams (docs/journal.md#streams)
             batch += [
                 Append(
-                    "workers",
+                    stream,
                     WorkerRegistered(
                         worker_id=wid,
                         url=f"http://10.0.0.{op % 250}:30000",
@@ -127,16 +128,16 @@ def realistic(n: int) -> Iterator[Append]:
                     {wid: f"key-{op}"},
                 ),
                 Append(
-                    "workers",
+                    stream,
                     WorkerProbeFailed(worker_id=wid, attempt=1, error="connect refused", next_retry_s=0.5),
                 ),
                 Append(
-                    "workers",
+                    stream,
                     WorkerDiscovered(
                         worker_id=wid, runtime="sglang", labels={"tp": "2"}, model_id="qwen3-8b"
                     ),
                 ),
-                Append("workers", WorkerHealthChanged(worker_id=wid, health="healthy", reason="probe ok")),
+                Append(stream, WorkerHealthChanged(worker_id=wid, health="healthy", reason="probe ok")),
             ]
         op_id = f"op-{op:08d}"
         targets = [
@@ -145,7 +146,7 @@ def realistic(n: int) -> Iterator[Append]:
         ]
         batch.append(
             Append(
-                "control",
+                f"op:{op_id}",
                 ControlStarted(
                     op_id=op_id,
                     kind="fanout",
@@ -163,7 +164,7 @@ def realistic(n: int) -> Iterator[Append]:
         )
         batch += [
             Append(
-                "control",
+                f"op:{op_id}",
                 ControlOutcome(
                     op_id=op_id,
                     worker_id=f"w{i}",
@@ -177,7 +178,7 @@ def realistic(n: int) -> Iterator[Append]:
         ]
         batch.append(
             Append(
-                "control",
+                f"op:{op_id}",
                 ControlFinished(
                     op_id=op_id,
                     result="ok",

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 import attrs
 
-__all__ = ["Retention", "DEFAULT"]
+__all__ = ["DEFAULT", "Retention"]
 
 
 @attrs.frozen

@@ -7,15 +7,13 @@ from typing import Any
 
 import click
 
-from journal.events import decode
 from smgrl.core.view import EngineFacts, facts_for
-from smgrl.core.worker import Worker, strip_rank
+from smgrl.core.worker import Worker
 from smgrl.journal_cli.group import Ctx, command
+from smgrl.journal_cli.history import add_times, fleet_at, grouped, version_changes
 from smgrl.journal_cli.reading import seq_at
-from smgrl.journal_cli.render import table
+from smgrl.journal_cli.render import json_text, table
 from smgrl.journal_cli.values import fmt_ts, parse_point
-from smgrl.state.fleet import FleetState
-from smgrl.state.replay import FOLDED_TYPES, read_types, restore
 
 
 def version_status(facts: EngineFacts | None) -> str | None:
@@ -58,11 +56,11 @@ def workers(ctx: Ctx, at: str | None) -> None:
     """Every registered worker with its engine's weight version and control state."""
     with ctx.reader() as store:
         upto = seq_at(store, parse_point(at, ctx.now)) if at else store.last_seq()
-        fleet, info = restore(store, until_seq=upto)
+        fleet, snapshot_seq = fleet_at(ctx.path, store, upto)
     engines = fleet.facts()
     rows = [worker_record(w, facts_for(w, engines)) for w in fleet.registry]
     if ctx.json:
-        ctx.emit({"at_seq": upto, "snapshot_seq": info.snapshot_seq, "workers": rows})
+        ctx.emit({"at_seq": upto, "snapshot_seq": snapshot_seq, "workers": rows})
         return
     click.echo(f"registry at seq {upto}: {len(rows)} workers")
     if rows:
@@ -79,53 +77,9 @@ def workers(ctx: Ctx, at: str | None) -> None:
         click.echo(table(rows, cols))
 
 
-def version_timeline(events: Iterable[tuple[int, float, Any]]) -> Iterator[dict[str, Any]]:
-    """Every change of an engine's version facts, folding FleetState over ``(seq, ts, event)``."""
-    fleet = FleetState()
-    ops: dict[str, tuple[str, list[str]]] = {}  # op id -> (path, engines) while the op is open
-    for seq, ts, event in events:
-        kind = getattr(event, "TYPE", None)
-        candidates: list[str] = []
-        if kind == "control.started":
-            bases = sorted({strip_rank(t["url"]) for t in event.targets})
-            ops[event.op_id] = (event.path, bases)
-        elif kind in ("control.outcome", "control.finished", "control.interrupted"):
-            candidates = ops.get(event.op_id, ("", []))[1]
-        elif kind == "worker.discovered":
-            w = fleet.registry.get(event.worker_id)
-            candidates = [w.base_url] if w is not None else []
-        before = {b: fleet.engines.engines.get(b) for b in candidates}
-        fleet.apply(seq, event)
-        for base in candidates:
-            after = fleet.engines.engines.get(base)
-            if after is None or after is before[base]:
-                continue
-            old = before[base]
-            if old is not None and (old.weight_version, version_status(old), old.version_source) == (
-                after.weight_version,
-                version_status(after),
-                after.version_source,
-            ):
-                continue  # only the control state moved
-            path = ops.get(getattr(event, "op_id", ""), ("", []))[0]
-            version = after.weight_version
-            if version is None:  # not set by a refit yet: the registration label, as discovery shows
-                labels = next((w.labels for w in fleet.registry if w.base_url == base), {})
-                version = labels.get("weight_version")
-            yield {
-                "seq": seq,
-                "ts": ts,
-                "time": fmt_ts(ts),
-                "engine": base,
-                "weight_version": version,
-                "version_source": after.version_source,
-                "version_status": version_status(after),
-                "control": after.control,
-                "op_id": getattr(event, "op_id", None),
-                "via": f"/{path.lstrip('/')}" if path else kind,
-            }
-        if kind in ("control.finished", "control.interrupted"):
-            ops.pop(event.op_id, None)
+def _engine_cell(row: dict[str, Any]) -> str:
+    engines = row["engines"]
+    return engines[0] if len(engines) == 1 else f"{engines[0]} (+{len(engines) - 1})"
 
 
 @command("versions")
@@ -133,22 +87,50 @@ def version_timeline(events: Iterable[tuple[int, float, Any]]) -> Iterator[dict[
 def versions(ctx: Ctx, engine: str | None) -> None:
     """The weight-version timeline of every engine (or of ENGINE: an address, or a worker id)."""
     with ctx.reader() as store:
-        rows_in = (
-            (seq, ts, decode(type_, schema, payload))
-            for seq, ts, _stream, type_, schema, payload in read_types(store, FOLDED_TYPES)
-        )
-        rows = list(version_timeline(rows_in))
+        wanted = None
         if engine:
-            fleet, _ = restore(store)
+            fleet, _ = fleet_at(ctx.path, store, store.last_seq())
             worker = fleet.registry.get(engine)
-            wanted = worker.base_url if worker is not None else engine.rstrip("/")
-            rows = [r for r in rows if r["engine"] == wanted or (worker is None and wanted in r["engine"])]
+            wanted = (worker.base_url, True) if worker is not None else (engine.rstrip("/"), False)
+        changes = version_changes(ctx.path)
+        if wanted is not None:
+            target, exact = wanted
+            changes = (
+                (c._replace(engines=hit), via)
+                for c, via in changes
+                if (hit := tuple(e for e in c.engines if e == target or (not exact and target in e)))
+            )
+        # Streamed: rows are printed as they are found, so memory does not grow with the journal.
+        shown = 0
+        for chunk in _chunks(grouped(changes), 500):
+            add_times(ctx.path, chunk)
+            for row in chunk:
+                row["time"] = fmt_ts(row["ts"])
+            if ctx.json:
+                click.echo(
+                    ('{"changes": [' if shown == 0 else ",")
+                    + ",".join(json_text(r, lines=True) for r in chunk),
+                    nl=False,
+                )
+            else:
+                for row in chunk:
+                    row["engine"] = _engine_cell(row)
+                cols = ("seq", "time", "engine", "weight_version", "version_source", "version_status", "via")
+                text = table(chunk, cols, limits={"engine": 48})
+                click.echo(text if shown == 0 else text.split("\n", 1)[1])
+            shown += len(chunk)
     if ctx.json:
-        ctx.emit({"changes": rows})
-        return
-    if not rows:
+        click.echo('{"changes": []}' if shown == 0 else "]}")
+    elif shown == 0:
         click.echo("no weight-version changes recorded" + (f" for {engine}" if engine else ""))
-        return
-    click.echo(
-        table(rows, ("seq", "time", "engine", "weight_version", "version_source", "version_status", "via"))
-    )
+
+
+def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
