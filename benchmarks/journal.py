@@ -599,10 +599,14 @@ def history_targets(path: Path) -> list[tuple[str, list[str]]]:
     near = (snaps[-1] - 1) if snaps else head - 10
     j = ["--journal", str(path)]
     return [
-        (f"`workers --at {mid}` (middle, {mid - max([s for s in snaps if s <= mid], default=0):,} events past a snapshot)",
-         [*j, "workers", "--at", str(mid)]),
-        (f"`workers --at {near}` (near the head, {near - max([s for s in snaps if s <= near], default=0):,} past one)",
-         [*j, "workers", "--at", str(near)]),
+        (
+            f"`workers --at {mid}` (middle, {mid - max([s for s in snaps if s <= mid], default=0):,} events past a snapshot)",
+            [*j, "workers", "--at", str(mid)],
+        ),
+        (
+            f"`workers --at {near}` (near the head, {near - max([s for s in snaps if s <= near], default=0):,} past one)",
+            [*j, "workers", "--at", str(near)],
+        ),
         ("`versions`", [*j, "versions"]),
         ("`refits --all`", [*j, "refits", "--all"]),
         ("`events --type 'worker.*'` (glob)", [*j, "events", "--type", "worker.*"]),

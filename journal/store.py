@@ -347,7 +347,9 @@ class SqliteStore:
             newest_id: dict[int, int] = {}
             for snap_id, seq in rows:
                 newest_id[seq] = max(snap_id, newest_id.get(seq, snap_id))
-            dropped = [(snap_id, seq) for snap_id, seq in rows if seq not in keep or newest_id[seq] != snap_id]
+            dropped = [
+                (snap_id, seq) for snap_id, seq in rows if seq not in keep or newest_id[seq] != snap_id
+            ]
             conn.executemany("DELETE FROM snapshots WHERE id = ?", [(snap_id,) for snap_id, _ in dropped])
         if dropped:
             logger.info(

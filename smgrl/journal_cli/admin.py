@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from journal._chain import snapshot_hash  # the one formula that binds a snapshot to the chain
+from journal.retention import DEFAULT as DEFAULT_RETENTION
 from smgrl.journal_cli import sqlview
 from smgrl.journal_cli.checks import diff_paths, payload_problem
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, EXIT_CHECK, CliError, Ctx, command
@@ -157,8 +158,8 @@ def replay(ctx: Ctx, save: bool) -> None:
             if head == 0:
                 raise CliError("the journal has no events to snapshot", EXIT_BAD_VALUE)
             text = snapshot.to_json(fleet)
-            store.save_snapshot(snapshot.KIND, head, text)
-            out["snapshot"] = {"upto_seq": head, "bytes": len(text)}
+            dropped = store.save_snapshot(snapshot.KIND, head, text)
+            out["snapshot"] = {"upto_seq": head, "bytes": len(text), "dropped_by_retention": dropped}
     if ctx.json:
         ctx.emit(out)
         return
@@ -174,6 +175,21 @@ def replay(ctx: Ctx, save: bool) -> None:
     click.echo(f"  open operations: {out['open_operations']}")
     if save:
         click.echo(f"stored a fleet snapshot at seq {head} ({out['snapshot']['bytes']} bytes)")
+        dropped = out["snapshot"]["dropped_by_retention"]
+        if dropped:
+            click.echo(f"retention dropped older snapshots at seq {', '.join(map(str, dropped))}")
+
+
+def retention_summary(snaps: list[dict[str, Any]], head: int) -> dict[str, Any]:
+    """How many snapshots are stored and what the retention policy keeps (journal/retention.py)."""
+    policy = DEFAULT_RETENTION
+    return {
+        "count": len(snaps),
+        "bytes": sum(s["bytes"] or 0 for s in snaps),
+        "recent": policy.recent,
+        "per_level": policy.per_level,
+        "max_kept": policy.max_kept(head),
+    }
 
 
 @command("stats")
@@ -198,6 +214,7 @@ def stats(ctx: Ctx) -> None:
         "types": counts,
         "bytes": sizes,
         "snapshots": [{k: v for k, v in s.items() if k != "hash"} for s in snaps],
+        "snapshot_retention": retention_summary(snaps, bounds["last_seq"] or 0),
         "meta": public_meta,
     }
     if ctx.json:
@@ -219,6 +236,12 @@ def stats(ctx: Ctx) -> None:
     if snaps:
         rows = [{**s, "time": fmt_ts(s["ts"])} for s in snaps]
         click.echo(table(rows, ("id", "kind", "upto_seq", "time", "bytes")))
+        r = out["snapshot_retention"]
+        click.echo(
+            f"  {r['count']} snapshots, {r['bytes'] / 1e6:.1f} MB; retention keeps every one within "
+            f"{r['recent']:,} events of the head and {r['per_level']} per doubling of age beyond "
+            f"(at most {r['max_kept']} at this length)"
+        )
     else:
         click.echo("no snapshots")
 
@@ -234,7 +257,12 @@ def compact(ctx: Ctx, before: int) -> None:
     with ctx.writer() as store:
         count = store.compact_bodies(before)
         mark = store.meta().get("bodies_compacted_before")
+    with sqlview.view(ctx.path) as conn:
+        kept = len(sqlview.snapshots(conn))
+    # Compaction rewrites request bodies only: no projection reads a body, so every snapshot (and
+    # what verify and `workers --at` build from them) stays valid. Said, so nobody has to wonder.
     if ctx.json:
-        ctx.emit({"compacted": count, "bodies_compacted_before": int(mark or 0)})
+        ctx.emit({"compacted": count, "bodies_compacted_before": int(mark or 0), "snapshots_kept": kept})
         return
     click.echo(f"compacted {count} request bodies; bodies are now kept from seq {mark} on")
+    click.echo(f"snapshots untouched ({kept} stored): projections never read a request body")

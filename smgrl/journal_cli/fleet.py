@@ -25,6 +25,10 @@ def version_status(facts: EngineFacts | None) -> str | None:
 def worker_record(w: Worker, facts: EngineFacts | None) -> dict[str, Any]:
     """A registry entry with its engine's projected state (the discovery row's rule for versions)."""
     label_version = w.labels.get("weight_version")
+    weight_version = facts.weight_version if facts and facts.weight_version is not None else label_version
+    source = facts.version_source if facts else None
+    if source is None and weight_version is not None and (facts is None or facts.weight_version is None):
+        source = "registration"  # the registration label is what is shown (the API row says null)
     return {
         "id": w.id,
         "url": w.url,
@@ -41,10 +45,8 @@ def worker_record(w: Worker, facts: EngineFacts | None) -> dict[str, Any]:
         "registered_seq": w.registered_seq,
         "has_api_key": w.has_api_key,  # whether one exists; the key itself is never read
         "labels": w.labels,
-        "weight_version": facts.weight_version
-        if facts and facts.weight_version is not None
-        else label_version,
-        "version_source": facts.version_source if facts else None,
+        "weight_version": weight_version,
+        "version_source": source,
         "control": facts.control if facts else None,
         "version_status": version_status(facts),
     }

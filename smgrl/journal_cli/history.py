@@ -270,6 +270,8 @@ def add_times(path: str, rows: list[dict[str, Any]]) -> None:
     """Set each row's ``ts`` (the commit time of its seq): one query per chunk of rows."""
     seqs = sorted({r["seq"] for r in rows})
     with sqlview.view(path) as conn:
-        ts = dict(conn.execute(f"SELECT seq, ts FROM events WHERE seq IN ({','.join('?' * len(seqs))})", seqs))
+        ts = dict(
+            conn.execute(f"SELECT seq, ts FROM events WHERE seq IN ({','.join('?' * len(seqs))})", seqs)
+        )
     for r in rows:
         r["ts"] = ts.get(r["seq"])

@@ -186,7 +186,12 @@ class VersionFold:
             yield from self._check(seq, base, op_id)
 
     def operation(
-        self, op_id: str, version: str, targets: list[dict], outcomes: list[tuple[int, str, int]], close: int | None
+        self,
+        op_id: str,
+        version: str,
+        targets: list[dict],
+        outcomes: list[tuple[int, str, int]],
+        close: int | None,
     ) -> Iterator[Change]:
         """A whole operation at once (``started``, its outcomes in seq order, then ``closed`` at
         ``close`` unless it is still open), when no other event falls between its first and last.
@@ -198,8 +203,11 @@ class VersionFold:
         self.started(op_id, version, targets)
         op = self._open[op_id]
         wids = [wid for _seq, wid, _kind in outcomes]
-        if close is None or len(wids) != len(op.targets) or set(wids) != op.targets.keys() or any(
-            kind != OK for _seq, _wid, kind in outcomes
+        if (
+            close is None
+            or len(wids) != len(op.targets)
+            or set(wids) != op.targets.keys()
+            or any(kind != OK for _seq, _wid, kind in outcomes)
         ):
             for seq, wid, kind in outcomes:
                 yield from self.outcome(seq, op_id, wid, kind)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from journal_cli_builder import Builder
 
+from journal import SqliteStore
 from journal.retention import Retention
 from smgrl.core.observe import intent_of
 from smgrl.journal_cli.history import fleet_at, grouped, version_changes
@@ -24,12 +25,13 @@ from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState
 from smgrl.state.replay import restore
 from smgrl.state.version_timeline import Change, display
-from journal import SqliteStore
 
 URLS = [f"http://127.0.0.1:{32000 + i}" for i in range(4)]
 PATHS = ["pause_generation", "update_weights_from_disk", "continue_generation", "update_weight_version"]
 
-register = st.tuples(st.just("register"), st.integers(0, 3), st.sampled_from([None, "v0", "default"]), st.booleans())
+register = st.tuples(
+    st.just("register"), st.integers(0, 3), st.sampled_from([None, "v0", "default"]), st.booleans()
+)
 operation = st.tuples(
     st.just("op"),
     st.sampled_from(PATHS),
@@ -45,8 +47,14 @@ step = st.one_of(
     operation,
     st.tuples(st.just("remove"), st.integers(0, 3)),
     st.tuples(st.just("labels"), st.integers(0, 3), st.sampled_from(["v9", "default"])),
-    st.tuples(st.just("write"), st.sampled_from(["version", "state"]), st.lists(st.integers(0, 3), min_size=1, unique=True)),
-    st.tuples(st.just("snapshot"),),
+    st.tuples(
+        st.just("write"),
+        st.sampled_from(["version", "state"]),
+        st.lists(st.integers(0, 3), min_size=1, unique=True),
+    ),
+    st.tuples(
+        st.just("snapshot"),
+    ),
 )
 
 
@@ -71,17 +79,40 @@ def build(path, steps) -> None:
             wid, url = f"w{n}", URLS[s[1]]
             labels = {} if s[2] is None else {"weight_version": s[2]}
             dp = [wid, f"{wid}-r1"] if s[3] else None
-            add(f"worker:{wid}", ev("worker.registered", worker_id=wid, url=url, base_url=url, source="api",
-                                    labels={}, has_api_key=False, dp_aware=dp is not None))
-            add(f"worker:{wid}", ev("worker.discovered", worker_id=wid, runtime="sglang", labels=labels,
-                                    model_id="m", dp_rank_ids=dp or []))
+            add(
+                f"worker:{wid}",
+                ev(
+                    "worker.registered",
+                    worker_id=wid,
+                    url=url,
+                    base_url=url,
+                    source="api",
+                    labels={},
+                    has_api_key=False,
+                    dp_aware=dp is not None,
+                ),
+            )
+            add(
+                f"worker:{wid}",
+                ev(
+                    "worker.discovered",
+                    worker_id=wid,
+                    runtime="sglang",
+                    labels=labels,
+                    model_id="m",
+                    dp_rank_ids=dp or [],
+                ),
+            )
             live[s[1]] = wid
         elif kind == "remove" and s[1] in live:
             wid = live.pop(s[1])
             add(f"worker:{wid}", ev("worker.removed", worker_id=wid, reason="test"))
         elif kind == "labels" and s[1] in live:
             wid = live[s[1]]
-            add(f"worker:{wid}", ev("worker.labels_changed", worker_id=wid, labels={"weight_version": s[2]}, mode="merge"))
+            add(
+                f"worker:{wid}",
+                ev("worker.labels_changed", worker_id=wid, labels={"weight_version": s[2]}, mode="merge"),
+            )
         elif kind == "op":
             _, op_path, slots, answers, end, version = s
             targets = [(live[i], URLS[i]) for i in slots if i in live]
@@ -89,14 +120,25 @@ def build(path, steps) -> None:
                 continue
             n += 1
             op_id = f"op{n}"
-            body = {"weight_version": f"s{version}"} if op_path == "update_weights_from_disk" else (
-                {"new_version": f"s{version}"} if op_path == "update_weight_version" else {}
+            body = (
+                {"weight_version": f"s{version}"}
+                if op_path == "update_weights_from_disk"
+                else ({"new_version": f"s{version}"} if op_path == "update_weight_version" else {})
             )
             raw = json.dumps(body).encode()
-            add(f"op:{op_id}", ev("control.started", op_id=op_id, kind="fanout", method="POST", path=op_path,
-                                  targets=[{"worker_id": w, "url": u, "control_url": u} for w, u in targets],
-                                  intent=intent_of("POST", op_path, raw).to_json(),
-                                  **__import__("journal").ControlStarted.body_fields(raw)))
+            add(
+                f"op:{op_id}",
+                ev(
+                    "control.started",
+                    op_id=op_id,
+                    kind="fanout",
+                    method="POST",
+                    path=op_path,
+                    targets=[{"worker_id": w, "url": u, "control_url": u} for w, u in targets],
+                    intent=intent_of("POST", op_path, raw).to_json(),
+                    **__import__("journal").ControlStarted.body_fields(raw),
+                ),
+            )
             for item in pending:
                 add(*item)
             pending = []
@@ -104,13 +146,32 @@ def build(path, steps) -> None:
             for (wid, url), answer in zip(targets, answers, strict=False):
                 if end == "cut" and answer == "timeout":
                     break
-                out = ev("control.outcome", op_id=op_id, worker_id=wid, url=url, latency_ms=1,
-                         status=None if answer == "timeout" else (200 if answer == "ok" else 500),
-                         error="upstream_timeout" if answer == "timeout" else None)
+                out = ev(
+                    "control.outcome",
+                    op_id=op_id,
+                    worker_id=wid,
+                    url=url,
+                    latency_ms=1,
+                    status=None if answer == "timeout" else (200 if answer == "ok" else 500),
+                    error="upstream_timeout" if answer == "timeout" else None,
+                )
                 later.append((f"op:{op_id}", out))
             if end != "cut":
-                later.append((f"op:{op_id}", ev("control.finished", op_id=op_id, result="ok", http_status=200,
-                                                total=len(targets), succeeded=0, failed=0, latency_ms=1)))
+                later.append(
+                    (
+                        f"op:{op_id}",
+                        ev(
+                            "control.finished",
+                            op_id=op_id,
+                            result="ok",
+                            http_status=200,
+                            total=len(targets),
+                            succeeded=0,
+                            failed=0,
+                            latency_ms=1,
+                        ),
+                    )
+                )
             if end == "overlap":
                 pending = later
             else:
@@ -125,8 +186,12 @@ def build(path, steps) -> None:
             else:
                 add("gateway", ev("engine.state_set", control="paused", targets=targets))
         elif kind == "snapshot" and fleet.last_seq:
-            store.save_snapshot(snapshot.KIND, fleet.last_seq, snapshot.to_json(fleet),
-                                retention=Retention(every=1, recent=6, per_level=2))
+            store.save_snapshot(
+                snapshot.KIND,
+                fleet.last_seq,
+                snapshot.to_json(fleet),
+                retention=Retention(every=1, recent=6, per_level=2),
+            )
     for item in pending:
         add(*item)
     b.close()
@@ -141,8 +206,13 @@ def reference_changes(store) -> list[tuple]:
         for base in sorted({*shown, *fleet.facts()}):
             f = fleet.facts().get(base)
             label = next((w.labels.get("weight_version") for w in fleet.registry if w.base_url == base), None)
-            now = None if f is None else display(
-                (f.weight_version, f.version_source, f.version_known, f.mixed), label if f.weight_version is None else None
+            now = (
+                None
+                if f is None
+                else display(
+                    (f.weight_version, f.version_source, f.version_known, f.mixed),
+                    label if f.weight_version is None else None,
+                )
             )
             if now != shown.get(base):
                 shown[base] = now
@@ -152,7 +222,11 @@ def reference_changes(store) -> list[tuple]:
 
 
 def flat(rows) -> list[tuple]:
-    out = [(r["seq"], e, r["weight_version"], r["version_source"], r["version_status"]) for r in rows for e in r["engines"]]
+    out = [
+        (r["seq"], e, r["weight_version"], r["version_source"], r["version_status"])
+        for r in rows
+        for e in r["engines"]
+    ]
     return sorted(out, key=lambda c: c[0])
 
 
@@ -192,10 +266,80 @@ def test_versions_include_explicit_writes_and_name_the_registration_source(tmp_p
 
 
 def test_change_rows_group_one_operations_engines():
-    changes = [(Change(5, ("a",), "v1", "passthrough", "consistent", "op1"), "/u"),
-               (Change(6, ("b",), "v1", "passthrough", "consistent", "op1"), "/u"),
-               (Change(7, ("c",), "v1", "passthrough", "mixed", "op1"), "/u")]
+    changes = [
+        (Change(5, ("a",), "v1", "passthrough", "consistent", "op1"), "/u"),
+        (Change(6, ("b",), "v1", "passthrough", "consistent", "op1"), "/u"),
+        (Change(7, ("c",), "v1", "passthrough", "mixed", "op1"), "/u"),
+    ]
     assert [(r["seq"], r["engines"], r["version_status"]) for r in grouped(changes)] == [
         (5, ["a", "b"], "consistent"),
         (7, ["c"], "mixed"),
     ]
+
+
+def test_cli_versions_lists_api_writes_and_workers_name_the_registration_source(tmp_path):
+    """Issue 12: `versions` omitted versions set through POST /v1/rl/version, and
+    `version_source` printed `-` where the registration label was shown."""
+    from click.testing import CliRunner
+
+    from smgrl.journal_cli import journal_group
+
+    path = tmp_path / "j.db"
+    build(path, [("register", 0, "default", False), ("register", 1, None, False), ("write", "version", [1])])
+
+    def run(*args):
+        result = CliRunner().invoke(
+            journal_group, ["--journal", str(path), "--json", *args], catch_exceptions=False
+        )
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    changes = run("versions")["changes"]
+    assert [(c["weight_version"], c["version_source"], c["via"]) for c in changes] == [
+        ("default", "registration", "worker.discovered"),
+        ("api1", "api", "engine.version_set"),
+    ]
+    workers = {w["url"]: w for w in run("workers")["workers"]}
+    assert (workers[URLS[0]]["weight_version"], workers[URLS[0]]["version_source"]) == (
+        "default",
+        "registration",
+    )
+    assert (workers[URLS[1]]["weight_version"], workers[URLS[1]]["version_source"]) == ("api1", "api")
+
+
+def test_compact_and_retention_never_drop_snapshots_silently(tmp_path, caplog):
+    from click.testing import CliRunner
+
+    from smgrl.journal_cli import journal_group
+
+    path = tmp_path / "j.db"
+    steps = [("register", 0, "v0", False)] + [
+        ("op", "update_weights_from_disk", [0], ["ok"] * 4, "finished", i % 10) for i in range(30)
+    ]
+    build(path, steps)
+    tiny = Retention(every=1, recent=20, per_level=2)
+    with SqliteStore.open(path) as store:
+        head = store.last_seq()
+        for seq in range(10, head + 1, 10):
+            fleet, _ = restore(store, use_snapshot=False, until_seq=seq)
+            store.save_snapshot(snapshot.KIND, seq, snapshot.to_json(fleet), retention=tiny)
+        kept_before = [s for s in range(10, head + 1, 10) if store.latest_snapshot(snapshot.KIND, s)[0] == s]
+        with caplog.at_level("INFO", logger="smgrl.journal"):
+            dropped = store.save_snapshot(
+                snapshot.KIND, head, snapshot.to_json(restore(store)[0]), retention=Retention(every=1, recent=5, per_level=1)
+            )
+    assert dropped and set(dropped) <= set(kept_before)
+    assert "retention dropped" in caplog.text and str(dropped[0]) in caplog.text
+
+    def run(*args):
+        result = CliRunner().invoke(journal_group, ["--journal", str(path), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    at = json.loads(run("--json", "workers", "--at", str(head - 3)))
+    out = run("compact", "--before", str(head))
+    assert "snapshots untouched" in out
+    assert json.loads(run("--json", "workers", "--at", str(head - 3))) == at  # same snapshot, same fleet
+    assert json.loads(run("--json", "verify"))["ok"]
+    stats = json.loads(run("--json", "stats"))
+    assert stats["snapshot_retention"]["count"] == len(stats["snapshots"]) >= 1
