@@ -27,7 +27,11 @@ def test_levels_double(age, level):
         ([1, 2, 3, 4, 5, 6, 7, 8, 9], 9, {1, 2, 3, 4, 5, 6, 7, 8, 9}),
         # level 1 (age 9..16): buckets of 4 seqs keep their newest; level 2 (age 17..32): of 8
         ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 20, {3, 7, 11, 12}),
-        ([2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30], 30, {6, 12, 14, 18, 20, 22, 24, 26, 28, 30}),
+        (
+            [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30],
+            30,
+            {6, 12, 14, 18, 20, 22, 24, 26, 28, 30},
+        ),
     ],
 )
 def test_keep_table(seqs, head, kept):
@@ -59,9 +63,9 @@ def test_bounded_count_newest_kept_and_a_snapshot_close_below_any_seq(policy, ga
     cadence = max(gaps)  # the largest distance between two snapshots taken
     for head, kept in history:
         assert head in kept  # the newest one: startup and verify restore it
-        assert len(kept) <= Retention(every=min(gaps), recent=policy.recent, per_level=policy.per_level).max_kept(
-            head
-        )
+        assert len(kept) <= Retention(
+            every=min(gaps), recent=policy.recent, per_level=policy.per_level
+        ).max_kept(head)
     head, kept = history[-1]
     for target in data.draw(st.lists(st.integers(min_value=0, max_value=head), min_size=1, max_size=30)):
         below = max((s for s in kept if s <= target), default=0)  # 0: replay from the start
