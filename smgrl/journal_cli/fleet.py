@@ -9,6 +9,7 @@ import click
 
 from smgrl.core.view import EngineFacts, facts_for
 from smgrl.core.worker import Worker
+from smgrl.journal_cli import sqlview
 from smgrl.journal_cli.group import Ctx, command
 from smgrl.journal_cli.history import add_times, fleet_at, grouped, version_changes
 from smgrl.journal_cli.reading import seq_at
@@ -104,27 +105,30 @@ def versions(ctx: Ctx, engine: str | None) -> None:
             )
         # Streamed: rows are printed as they are found, so memory does not grow with the journal.
         shown = 0
-        for chunk in _chunks(grouped(changes), 500):
-            add_times(ctx.path, chunk)
-            for row in chunk:
-                row["time"] = fmt_ts(row["ts"])
-            if ctx.json:
-                click.echo(
-                    ('{"changes": [' if shown == 0 else ",")
-                    + ",".join(json_text(r, lines=True) for r in chunk),
-                    nl=False,
-                )
-            else:
-                for row in chunk:
-                    row["engine"] = _engine_cell(row)
-                cols = ("seq", "time", "engine", "weight_version", "version_source", "version_status", "via")
-                text = table(chunk, cols, limits={"engine": 48})
-                click.echo(text if shown == 0 else text.split("\n", 1)[1])
-            shown += len(chunk)
+        with sqlview.view(ctx.path) as conn:
+            for chunk in _chunks(grouped(changes), 500):
+                add_times(conn, chunk)
+                shown = _print_versions(ctx, chunk, shown)
     if ctx.json:
         click.echo('{"changes": []}' if shown == 0 else "]}")
     elif shown == 0:
         click.echo("no weight-version changes recorded" + (f" for {engine}" if engine else ""))
+
+
+def _print_versions(ctx: Ctx, chunk: list[dict[str, Any]], shown: int) -> int:
+    """Print one chunk of version rows (JSON streamed as one object; a table's header once)."""
+    for row in chunk:
+        row["time"] = fmt_ts(row["ts"])
+    if ctx.json:
+        head = '{"changes": [' if shown == 0 else ","
+        click.echo(head + ",".join(json_text(r, lines=True) for r in chunk), nl=False)
+    else:
+        for row in chunk:
+            row["engine"] = _engine_cell(row)
+        cols = ("seq", "time", "engine", "weight_version", "version_source", "version_status", "via")
+        text = table(chunk, cols, limits={"engine": 48})
+        click.echo(text if shown == 0 else text.split("\n", 1)[1])
+    return shown + len(chunk)
 
 
 def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:

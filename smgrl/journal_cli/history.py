@@ -42,7 +42,7 @@ SELECT seq, type, schema,
   CASE WHEN type = 'control.outcome' THEN json_extract(payload, '$.worker_id') END,
   CASE WHEN type = 'control.outcome' THEN json_extract(payload, '$.status') END,
   CASE WHEN type = 'control.outcome' THEN json_extract(payload, '$.error') END,
-  CASE WHEN type = 'control.outcome' THEN json_extract(payload, '$.message') END,
+  CASE WHEN type = 'control.outcome' THEN json_extract(payload, '$.stage') END,
   CASE WHEN type = 'control.started' THEN json_extract(payload, '$.intent') END,
   CASE WHEN type = 'control.started' THEN json_extract(payload, '$.targets') END
 FROM events
@@ -54,12 +54,12 @@ ORDER BY seq
 class _Control:
     """The fields of a control event the engine projection reads (``EngineStates.apply``)."""
 
-    __slots__ = ("TYPE", "error", "intent", "message", "op_id", "status", "targets", "worker_id")
+    __slots__ = ("TYPE", "error", "intent", "op_id", "stage", "status", "targets", "worker_id")
 
-    def __init__(self, type_: str, op_id, worker_id, status, error, message, intent, targets) -> None:
+    def __init__(self, type_: str, op_id, worker_id, status, error, stage, intent, targets) -> None:
         self.TYPE = type_
         self.op_id, self.worker_id, self.status = op_id, worker_id, status
-        self.error, self.message, self.intent, self.targets = error, message, intent, targets
+        self.error, self.stage, self.intent, self.targets = error, stage, intent, targets
 
 
 class _NoOperations:
@@ -75,7 +75,7 @@ def _events(conn: sqlite3.Connection, after: int, upto: int) -> Iterator[tuple[i
     targets_cache: dict[str, Any] = {}
     loads = json.loads
     cur = conn.execute(_QUERY, (after, upto, *_TYPES))
-    for seq, type_, schema, payload, op_id, wid, status, error, message, intent, targets in cur:
+    for seq, type_, schema, payload, op_id, wid, status, error, stage, intent, targets in cur:
         if payload is not None:
             yield seq, decode(type_, schema, payload)
             continue
@@ -92,7 +92,7 @@ def _events(conn: sqlite3.Connection, after: int, upto: int) -> Iterator[tuple[i
             intent = loads(intent) if intent else None
             yield seq, _Control(type_, op_id, None, None, None, None, intent, parsed)
         else:
-            yield seq, _Control(type_, op_id, wid, status, error, message, None, None)
+            yield seq, _Control(type_, op_id, wid, status, error, stage, None, None)
 
 
 def fleet_at(path: str, store, upto: int) -> tuple[FleetState, int]:
@@ -117,18 +117,15 @@ def fleet_at(path: str, store, upto: int) -> tuple[FleetState, int]:
 # cheap ``instr`` runs first so pause/resume payloads are never parsed as JSON), with its outcomes
 # and its end read through the (stream, seq) index (``+e.type`` keeps SQLite off the type index
 # there). Each outcome comes as "seq US kind US tail" (US = \x1f, RS = \x1e between outcomes):
-# kind is the engine projection's classification (1 OK: 2xx without error; 2 UNKNOWN: no usable
-# answer; 0 anything else), decided in C. The payload is canonical JSON (sorted keys, no spaces;
+# kind is the engine projection's classification (1 OK: 2xx without error; 2 UNKNOWN: the exchange
+# stopped at `head` or `body`, the engine may have acted; 0 anything else), decided in C. The payload is canonical JSON (sorted keys, no spaces;
 # no string can contain an unescaped quote), so ``,"status":2`` and ``,"error":null,`` can only
 # be the keys themselves, and the tail after ``,"worker_id":"`` is the id plus ``"}``.
 _VERSION_OPS = """
 SELECT v.seq, v.op_id, v.version, v.path, v.targets,
   (SELECT group_concat(e.seq || char(31) || (CASE
       WHEN instr(e.payload, ',"status":2') > 0 AND instr(e.payload, ',"error":null,') > 0 THEN 1
-      WHEN json_extract(e.payload, '$.error') = 'upstream_timeout'
-        OR (json_extract(e.payload, '$.error') = 'upstream_unreachable'
-            AND instr(coalesce(json_extract(e.payload, '$.message'), ''), 'reading response body') > 0)
-        THEN 2
+      WHEN json_extract(e.payload, '$.stage') IN ('head', 'body') THEN 2
       ELSE 0 END) || char(31) || substr(e.payload, instr(e.payload, ',"worker_id":"') + 14), char(30))
    FROM events e WHERE e.stream = v.stream AND e.seq > v.seq AND +e.type = 'control.outcome'),
   (SELECT min(e.seq) FROM events e
@@ -143,22 +140,26 @@ FROM (
 ) AS v
 ORDER BY v.seq
 """
-_OTHER_TYPES = sorted(registry.TYPES | {"engine.version_set"})
+# Health changes move neither an address nor a label, so they cannot change what `versions` shows.
+_OTHER_TYPES = sorted((registry.TYPES - {"worker.health_changed"}) | {"engine.version_set"})
 _BY_TYPE = "SELECT seq, type, schema, payload FROM events WHERE type = ? ORDER BY seq"
 _WORKER_ID = "SELECT json_extract(payload, '$.worker_id') FROM events WHERE seq = ?"
 
 
 def _outcomes(conn: sqlite3.Connection, text: str | None) -> list[tuple[int, str, int]]:
+    if not text:
+        return []
+    fields = iter(text.replace("\x1e", "\x1f").split("\x1f"))
     out = []
-    for part in text.split("\x1e") if text else ():
-        seq_text, kind, tail = part.split("\x1f", 2)
+    for seq_text, kind, tail in zip(fields, fields, fields, strict=True):
         seq = int(seq_text)
         if tail.endswith('"}') and '"' not in tail[:-2] and "\\" not in tail:
             wid = tail[:-2]
         else:  # not the canonical shape (an escaped id, a hand-made row): ask SQLite
             wid = conn.execute(_WORKER_ID, (seq,)).fetchone()[0]
         out.append((seq, wid, int(kind)))
-    out.sort()
+    if any(out[i][0] > out[i + 1][0] for i in range(len(out) - 1)):
+        out.sort()
     return out
 
 
@@ -266,12 +267,9 @@ def grouped(changes: Iterable[tuple[Change, str | None]]) -> Iterator[dict[str, 
         yield row
 
 
-def add_times(path: str, rows: list[dict[str, Any]]) -> None:
+def add_times(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
     """Set each row's ``ts`` (the commit time of its seq): one query per chunk of rows."""
     seqs = sorted({r["seq"] for r in rows})
-    with sqlview.view(path) as conn:
-        ts = dict(
-            conn.execute(f"SELECT seq, ts FROM events WHERE seq IN ({','.join('?' * len(seqs))})", seqs)
-        )
+    ts = dict(conn.execute(f"SELECT seq, ts FROM events WHERE seq IN ({','.join('?' * len(seqs))})", seqs))
     for r in rows:
         r["ts"] = ts.get(r["seq"])

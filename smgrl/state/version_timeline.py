@@ -8,7 +8,7 @@ so they are not read at all.
 
 The fold keeps, per engine address, the version fields of ``EngineFacts`` with exactly the rules
 of ``smgrl.state.engines.EngineStates`` restricted to those fields (a 2xx answer to a call that
-sets V confirms V; no answer makes the version unknown; a fan-out that moved some targets to V
+sets V confirms V; an exchange that stopped at ``head`` or ``body`` makes the version unknown; a fan-out that moved some targets to V
 leaves the others that are not at V ``mixed``; an explicit write sets V from ``api``; discovery
 seeds an engine insert-if-absent; the last removal forgets it). Outcomes arrive as light tuples
 (``Outcome``) so a million-event journal folds in well under a second.
@@ -139,7 +139,12 @@ class VersionFold:
             versioned = label not in (None, "", "default")
             self.facts[after.base_url] = (None, "registration" if versioned else None, True, False)
         if removed is not None and removed not in self._first:
-            self.facts.pop(removed, None)  # the last worker at that address went
+            # The last worker at that address went: its facts go, and open operations stop
+            # tracking it (EngineStates.forget: an engine registered there again is a new one).
+            self.facts.pop(removed, None)
+            for op in self._open.values():
+                for wid in [w for w, base in op.targets.items() if base == removed]:
+                    del op.targets[wid]
         for base in {w.base_url for w in (before, after) if w is not None} | ({removed} - {None}):
             yield from self._check(seq, base, None)
 

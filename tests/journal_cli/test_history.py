@@ -154,6 +154,7 @@ def build(path, steps) -> None:
                     latency_ms=1,
                     status=None if answer == "timeout" else (200 if answer == "ok" else 500),
                     error="upstream_timeout" if answer == "timeout" else None,
+                    stage="head" if answer == "timeout" else None,
                 )
                 later.append((f"op:{op_id}", out))
             if end != "cut":
@@ -326,7 +327,10 @@ def test_compact_and_retention_never_drop_snapshots_silently(tmp_path, caplog):
         kept_before = [s for s in range(10, head + 1, 10) if store.latest_snapshot(snapshot.KIND, s)[0] == s]
         with caplog.at_level("INFO", logger="smgrl.journal"):
             dropped = store.save_snapshot(
-                snapshot.KIND, head, snapshot.to_json(restore(store)[0]), retention=Retention(every=1, recent=5, per_level=1)
+                snapshot.KIND,
+                head,
+                snapshot.to_json(restore(store)[0]),
+                retention=Retention(every=1, recent=5, per_level=1),
             )
     assert dropped and set(dropped) <= set(kept_before)
     assert "retention dropped" in caplog.text and str(dropped[0]) in caplog.text
