@@ -347,3 +347,22 @@ def test_compact_and_retention_never_drop_snapshots_silently(tmp_path, caplog):
     assert json.loads(run("--json", "verify"))["ok"]
     stats = json.loads(run("--json", "stats"))
     assert stats["snapshot_retention"]["count"] == len(stats["snapshots"]) >= 1
+
+
+def test_versions_table_keeps_its_column_widths_across_chunks(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from smgrl.journal_cli import fleet as fleet_cli
+    from smgrl.journal_cli import journal_group
+
+    path = tmp_path / "j.db"
+    steps = [("register", i, "v0", False) for i in range(4)] + [
+        ("op", "update_weights_from_disk", [i % 4], ["ok"] * 4, "finished", i) for i in range(12)
+    ]
+    build(path, steps)
+    monkeypatch.setattr(fleet_cli, "CHUNK", 3)
+    out = CliRunner().invoke(journal_group, ["--journal", str(path), "versions", "--width", "80"]).output
+    lines = out.splitlines()
+    assert len(lines) > 10 and all(len(line) <= 80 for line in lines)
+    starts = {line.index("registration" if "registration" in line else "passthrough") for line in lines[1:]}
+    assert len(starts) == 1  # the source column starts at one place in every chunk
