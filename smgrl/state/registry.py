@@ -109,10 +109,13 @@ def _discovered(state: RegistryState, seq: int, ev) -> None:
     root = state.workers.get(ev.worker_id)
     if root is None:
         return
-    # Re-discovery replaces any ranks a previous discovery created.
-    for w in state.group_members(root.id):
-        if w.id != root.id:
-            state._drop(w.id)
+    # Re-discovery replaces any ranks a previous discovery created. Ranks exist only once the root
+    # was expanded (it is then rank 0): otherwise skip the scan of every worker, which made each
+    # discovery O(workers) and a replay quadratic in registrations.
+    if root.dp_rank is not None:
+        for w in state.group_members(root.id):
+            if w.id != root.id:
+                state._drop(w.id)
     fields = {
         "runtime": ev.runtime or root.runtime,
         "model_id": root.model_id or ev.model_id,
@@ -150,8 +153,9 @@ def _health_changed(state: RegistryState, seq: int, ev) -> None:
     w = state.workers.get(ev.worker_id)
     if w is None:
         return
-    # One engine, one health: a DP group's ranks share the engine's status.
-    for member in state.group_members(w.group):
+    # One engine, one health: a DP group's ranks share the engine's status (a worker that was
+    # never expanded into ranks is its own group: no scan).
+    for member in state.group_members(w.group) if w.dp_rank is not None else [w]:
         state._put(attrs.evolve(member, status=ev.health))
 
 
