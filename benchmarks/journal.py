@@ -16,7 +16,7 @@
     rotate through pause_generation / update_weights_from_disk (with a weight version) /
     continue_generation, with their recorded intents, so they form refit cycles.
 (d) With --history SIZES (issue 19): journals written through the store in batches with the
-    gateway's snapshot cadence (``generate``), then `workers --at` (middle and near the head, each
+    gateway's snapshot cadence (``generate_with_snapshots``), then `workers --at` (middle and near the head, each
     just below a snapshot: the worst case), `versions`, `refits --all`, `events --type 'worker.*'`
     and `ops --all` run as real commands, three times each: wall time, CPU time and peak RSS.
 (c) On the same journals (issue 4): the registry projection alone; `smgrl journal refits` (the
