@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from smgrl.rl import RL, FanoutError, RlError, paused
+from smgrl.rl import RL, RlError, paused
 
 
 def main() -> int:
@@ -47,12 +47,9 @@ def main() -> int:
                 selector=args.selector,
             )
             print(f"update_weights_from_disk: {result.succeeded}/{result.total} succeeded")
-    except FanoutError as exc:
-        for failure in exc.result.failed:
-            print(f"  {failure.worker_id} {failure.url}: {failure.error} {failure.message}", file=sys.stderr)
-        print(f"refit failed: {exc}", file=sys.stderr)
-        return 1
     except RlError as exc:
+        # A FanoutError's text from smgrl.rl has one line per failed engine with the engine's own
+        # reason (smg.rl's names the worker ids only; exc.result has everything with either).
         print(f"refit failed: {exc}", file=sys.stderr)
         return 1
 

@@ -165,12 +165,22 @@ class FanoutResult:
 
 
 class FanoutError(RlError):
-    """``RL.fanout`` when a target failed and ``allow_partial`` is False; ``.result`` has it all."""
+    """``RL.fanout`` when a target failed and ``allow_partial`` is False; ``.result`` has it all.
+
+    ``.payload`` is SMG's (``failed workers: <ids>``); ``str(error)`` adds one line per failed
+    engine with its URL and its own reason (the engine's error message, e.g. ``No such file or
+    directory: ...``), so a traceback says what went wrong (a difference of smgrl.rl:
+    docs/deviations.md)."""
 
     def __init__(self, result: FanoutResult, status: int = 207):
         self.result = result
         names = ", ".join(failure.worker_id for failure in result.failed)
         super().__init__(status, {"error": "fanout_partial", "message": f"failed workers: {names}"})
+        lines = [str(self.args[0])]
+        lines += [
+            f"  {_failure_line(failure, result.results.get(failure.worker_id))}" for failure in result.failed
+        ]
+        self.args = ("\n".join(lines),)
 
 
 class RL:
@@ -355,6 +365,44 @@ def _resume(rl: RL, selector: str, timeout: float | None, primary: BaseException
             raise
         if primary.__context__ is None:
             primary.__context__ = resume_error
+
+
+# Bounds one engine's reason in a FanoutError message (an engine may answer 1 MiB).
+_REASON_CHARS = 500
+
+
+def _failure_line(failure: FanoutFailure, answer: CallResult | None) -> str:
+    """``<id> <url>: <error> [HTTP <status>]: <reason>``, the reason being the engine's own
+    message when it answered (upstream_error), else the gateway's message for the failure."""
+    head = f"{failure.worker_id} {failure.url}: {failure.error}"
+    if failure.status is not None:
+        head += f" HTTP {failure.status}"
+    reason = _engine_reason(answer.body) if answer is not None else None
+    if not reason and failure.message and failure.message != f"HTTP {failure.status}":
+        reason = failure.message
+    return f"{head}: {_printable(reason)}" if reason else head
+
+
+def _engine_reason(body: Any) -> str | None:
+    """The error text of an engine's answer: SGLang/TokenSpeed ``message``, FastAPI/vLLM
+    ``detail``, OpenAI-style ``error.message``; else the answer itself (JSON or text)."""
+    if isinstance(body, dict):
+        for key in ("message", "detail", "error"):
+            value = body.get(key)
+            if isinstance(value, dict) and isinstance(value.get("message"), str):
+                value = value["message"]
+            if isinstance(value, str) and value.strip():
+                return value
+        return json.dumps(body, separators=(",", ":")) if body else None
+    if isinstance(body, str):
+        return body.strip() or None
+    return None if body is None else json.dumps(body)
+
+
+def _printable(text: str) -> str:
+    """One line, at most _REASON_CHARS, control characters escaped (an engine wrote it)."""
+    clipped = text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS] + "..."
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in clipped)
 
 
 def _checked_timeout(timeout: float) -> float:

@@ -5,8 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from smgrl.demo.procs import wait_for_workers
 from smgrl.fake.checkpoint import make_checkpoint
+from smgrl.rl import RL, FanoutError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,6 +93,32 @@ def test_refit_from_disk_example(fakes, gateway, tmp_path):
         timeout=120,
     )
     assert bad.returncode == 1
-    assert "upstream_error" in bad.stderr
+    # Each failed engine is named with the engine's own reason, not just "upstream_error HTTP 400".
+    missing = f"No such file or directory: '{tmp_path / 'missing'}'"
+    for row in http.request("GET", "/v1/rl/workers")[2]["workers"]:
+        line = next(x for x in bad.stderr.splitlines() if row["id"] in x and "upstream_error" in x)
+        assert row["url"] in line and "HTTP 400" in line and missing in line, bad.stderr
     _, _, rows = http.request("GET", "/v1/rl/workers")
     assert all(w["control"] == "active" and w["weight_version"] == "7" for w in rows["workers"])
+
+
+def test_fanout_error_carries_each_engine_s_reason(fakes, gateway, tmp_path):
+    """smgrl.rl's FanoutError against real fakes: a refit from a missing directory names every
+    failed engine with the engine's own message; the payload stays SMG's."""
+    urls = fakes("sglang", 2)
+    _, http, _ = gateway("--enable-rl", "--disable-health-check", "--worker-urls", *urls)
+    rows = wait_for_workers(http.base, 2)
+    missing = tmp_path / "no-such-checkpoint"
+    rl = RL(http.base, timeout=30)
+    with pytest.raises(FanoutError) as info:
+        rl.fanout("update_weights_from_disk", {"model_path": str(missing)}, selector="engine=sglang")
+    err = info.value
+    ids = sorted(row["id"] for row in rows)
+    assert err.payload["message"].startswith("failed workers: ")
+    assert sorted(err.payload["message"].removeprefix("failed workers: ").split(", ")) == ids
+    lines = str(err).splitlines()[1:]
+    assert len(lines) == 2
+    for row in rows:
+        (line,) = [x for x in lines if row["id"] in x]
+        assert f"{row['url']}: upstream_error HTTP 400: " in line
+        assert f"No such file or directory: '{missing}'" in line

@@ -383,6 +383,44 @@ PARTIAL = fanout_body(
 )
 
 
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        # SGLang / TokenSpeed: {"success": false, "message": ...}
+        (
+            {"success": False, "message": "Failed: No such file or directory: '/x'."},
+            "Failed: No such file or directory: '/x'.",
+        ),
+        ({"detail": "Not Found"}, "Not Found"),  # FastAPI / vLLM
+        ({"error": {"message": "bad mode", "type": "BadRequestError"}}, "bad mode"),  # OpenAI-style
+        ({"object": "error", "message": "validation"}, "validation"),
+        ({"success": False}, '{"success":false}'),  # no message: the answer itself
+        ("plain text\n", "plain text"),
+        ("line1\nline2\x1b[31m", "line1\\nline2\\x1b[31m"),  # an engine's control characters are escaped
+        ("x" * 600, "x" * 500 + "..."),  # bounded
+        (None, "HTTP 400"),  # no body: nothing better than the status
+    ],
+)
+def test_fanout_error_names_each_engine_s_own_reason(rl, gateway, body, reason):
+    failed = [
+        {
+            "worker_id": "w1",
+            "url": "http://w1:1",
+            "error": "upstream_error",
+            "message": "HTTP 400",
+            "status": 400,
+        }
+    ]
+    gateway.on("POST", "/v1/rl/engine/update_weights_from_disk", 207,
+               fanout_body({"w1": outcome("w1", status=400, body=body)}, failed, 1))  # fmt: skip
+    with pytest.raises(FanoutError) as info:
+        rl.fanout("update_weights_from_disk", {"model_path": "/x"}, selector="engine=sglang")
+    line = str(info.value).splitlines()[1]
+    expected = "  w1 http://w1:1: upstream_error HTTP 400" + ("" if reason == "HTTP 400" else f": {reason}")
+    assert line == expected
+    assert info.value.payload == {"error": "fanout_partial", "message": "failed workers: w1"}
+
+
 def test_fanout_207_raises_fanout_error_with_the_result(rl, gateway):
     gateway.on("POST", "/v1/rl/engine/pause_generation", 207, PARTIAL)
     with pytest.raises(FanoutError) as info:
@@ -391,7 +429,13 @@ def test_fanout_207_raises_fanout_error_with_the_result(rl, gateway):
     assert isinstance(err, RlError)
     assert (err.status, err.code) == (207, "fanout_partial")
     assert err.payload == {"error": "fanout_partial", "message": "failed workers: g1, w2, w3"}
-    assert str(err) == "fanout_partial (HTTP 207): failed workers: g1, w2, w3"
+    # str() adds each engine's reason (smgrl.rl only; the payload stays SMG's).
+    assert str(err) == (
+        "fanout_partial (HTTP 207): failed workers: g1, w2, w3\n"
+        "  g1 grpc://g:1: no_control_endpoint: worker `g1` has no control endpoint (grpc)\n"
+        "  w2 http://w2:1: upstream_error HTTP 500: boom\n"
+        "  w3 http://w3:1: upstream_unreachable: unreachable"
+    )
     result = err.result
     assert (result.total, result.succeeded) == (4, 1)
     assert [f.worker_id for f in result.failed] == ["g1", "w2", "w3"]
