@@ -11,7 +11,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, Reque
 from werkzeug.routing import PathConverter
 
 from smgrl.api import envelopes as env
-from smgrl.api import openapi
+from smgrl.api import openapi, openapi_html
 from smgrl.api.control_bodies import ControlBodyBound
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
@@ -98,6 +98,14 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     async def _openapi() -> Response:
         # No key needed: the document describes routes, never data (smgrl/api/openapi.py).
         return Response(openapi.rendered(cfg.rl.enabled), status=200, content_type=env.JSON)
+
+    @app.route("/docs", methods=["GET"])
+    async def _docs() -> Response:
+        # The document above as a page the gateway renders itself: nothing loaded from anywhere
+        # else (smgrl/api/openapi_html.py), same (absent) auth as /openapi.json.
+        response = Response(openapi_html.rendered(cfg.rl.enabled), status=200, content_type=openapi_html.HTML)
+        response.headers["content-security-policy"] = openapi_html.CSP
+        return response
 
     app.add_url_rule("/workers", "workers_list", workers.list, methods=["GET"])
     app.add_url_rule("/workers", "workers_create", workers.create, methods=["POST"])

@@ -1064,6 +1064,18 @@ def _paths(rl: bool) -> dict:
                 "responses": {"200": _resp("The OpenAPI document.", _json({"type": "object"}))},
             }
         ),
+        "/docs": _get_and_head(
+            {
+                "operationId": "getDocs",
+                "summary": "This document as an HTML page rendered by the gateway (no script, nothing "
+                "loaded from elsewhere; no key needed)",
+                "tags": ["meta"],
+                "security": [],
+                "responses": {
+                    "200": _resp("The page.", {"text/html; charset=utf-8": {"schema": STR}}),
+                },
+            }
+        ),
         "/workers": {
             **_get_and_head(
                 _read_op(

@@ -20,7 +20,7 @@ Auth modes (one expected-status string per mode, credentials in the order above)
     tenant  --tenant-api-key only: the control plane is closed (401 for everyone)
     open    no keys at all: development mode, everything allowed
 
-Routing runs before auth (404/405 for everybody), probes and /openapi.json need no key, `user`
+Routing runs before auth (404/405 for everybody), probes, /openapi.json and /docs need no key, `user`
 reads discovery, the journal routes and GET /workers, every engine route needs `admin` whatever
 the method (D3), and no refused request ever reaches an engine.
 """
@@ -66,6 +66,7 @@ TABLE = [
     ("GET", "/liveness", {m: "200 200 200 200 200 200 200 200" for m in MODES}),
     ("GET", "/readiness", {m: "200 200 200 200 200 200 200 200" for m in MODES}),
     ("GET", "/openapi.json", {m: "200 200 200 200 200 200 200 200" for m in MODES}),
+    ("GET", "/docs", {m: "200 200 200 200 200 200 200 200" for m in MODES}),
     # discovery: read
     (
         "GET",

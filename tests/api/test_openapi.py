@@ -6,6 +6,7 @@ data-plane and write route documents every code it can answer."""
 
 from __future__ import annotations
 
+import html
 import json
 import pathlib
 import re
@@ -260,3 +261,55 @@ def test_schemathesis_accepts_the_document():
     schema = schemathesis.openapi.from_dict(openapi.document(True))
     labels = {r.ok().label for r in schema.get_all_operations()}
     assert "POST /v1/rl/engine/{path}" in labels and "DELETE /workers/{worker_id}" in labels
+
+
+@pytest.mark.parametrize("rl_enabled", [True, False])
+async def test_docs_is_the_document_rendered_with_nothing_loaded_from_elsewhere(rl_enabled):
+    """`GET /docs`: an HTML page of every path and operation of /openapi.json, rendered by the
+    gateway (no script, no stylesheet or font from a CDN), as open as /openapi.json."""
+    cfg = rl_cfg(control_plane_keys=KEYS, tenant_keys=TENANTS) if rl_enabled else Config()
+    async with gateway_in_process(cfg) as gw:
+        doc = (await gw.client.get("/openapi.json")).json()
+        r = await gw.client.get("/docs")
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "text/html; charset=utf-8"
+        assert r.headers["x-request-id"]
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        page = r.text
+        assert page.startswith("<!doctype html>")
+        # Nothing external: no script, no stylesheet link, no src=; every link stays in the page
+        # and names an anchor the page has.
+        assert not re.search(r"<script|<link|<img|<iframe|@import|\bsrc\s*=|url\(", page, re.IGNORECASE)
+        anchors = set(re.findall(r'\bid="([^"]+)"', page))
+        hrefs = re.findall(r'\bhref\s*=\s*"([^"]*)"', page)
+        assert hrefs and all(h.startswith("#") and h[1:] in anchors for h in hrefs), hrefs
+        # Every path and every operation of the document is on the page; every schema too.
+        for path, item in doc["paths"].items():
+            for method in _methods(item):
+                heading = f'<span class="m">{method.lower()}</span> <code>{html.escape(path)}</code></h3>'
+                assert heading in page, (method, path)
+        for name in doc["components"]["schemas"]:
+            assert f'id="schema-{name}"' in page, name
+        assert ("/v1/rl/workers" in page) is rl_enabled  # D1: a disabled control plane is not described
+        # Same auth as /openapi.json: no key needed, an admin key changes nothing; HEAD; no POST.
+        assert (await gw.client.get("/docs", headers=ADMIN)).content == r.content
+        head = await gw.client.head("/docs")
+        assert head.status_code == 200 and head.content == b""
+        assert (await gw.client.post("/docs")).status_code == 405
+        for key in KEYS:
+            assert key.key not in page
+
+
+def test_docs_page_escapes_what_it_renders():
+    """Text from the document is escaped (a description with markup stays text)."""
+    from smgrl.api import openapi_html
+
+    doc = {
+        "openapi": "3.0.3",
+        "info": {"title": "t<b>", "version": "1", "description": "<script>x</script>"},
+        "paths": {"/a/{id}": {"get": {"operationId": "o<1>", "summary": "<i>s</i>", "responses": {}}}},
+        "components": {"schemas": {"S": {"description": "</pre><script>"}}},
+    }
+    page = openapi_html.render(doc)
+    assert "<script" not in page and "<i>" not in page and "t<b>" not in page
+    assert "&lt;script&gt;x&lt;/script&gt;" in page
