@@ -42,8 +42,7 @@ def render(doc: dict[str, Any]) -> str:
         f"<title>{escape(title)} API</title><style>{_STYLE}</style></head><body>",
         f"<h1>{escape(title)} API</h1>",
         f"<p>{escape(info.get('description', ''))}</p>",
-        "<p>The same document as JSON: <code>GET /openapi.json</code> (OpenAPI "
-        f"{escape(str(doc.get('openapi', '')))}).</p>",
+        f"<p>The same document as JSON: <code>GET /openapi.json</code> (OpenAPI {escape(str(doc.get('openapi', '')))}).</p>",
         _contents(doc),
     ]
     for path, item in doc.get("paths", {}).items():
