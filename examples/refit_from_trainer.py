@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from smgrl.rl import RL, FanoutError, RlError, Worker, paused
+from smgrl.rl import RL, RlError, Worker, paused
 
 SGLANG_SESSION = "sglang"  # engines whose distributed updates need begin/end_weight_update
 
@@ -392,12 +392,8 @@ def main() -> int:
     except Refused as exc:
         print(f"cannot refit:\n  {exc}", file=sys.stderr)
         return 2
-    except FanoutError as exc:
-        for f in exc.result.failed:
-            print(f"  {f.worker_id} {f.url}: {f.error} {f.message}", file=sys.stderr)
-        print(f"refit failed: {exc}", file=sys.stderr)
-        return 1
     except (RlError, RefitFailed) as exc:
+        # A FanoutError from smgrl.rl names every failed engine with its own reason.
         print(f"refit failed: {exc}", file=sys.stderr)
         return 1
     except TimeoutError as exc:
