@@ -67,6 +67,7 @@ class Doc:
     subs: list[tuple[str, str]] = attrs.field(factory=list)
     children: list[Child] = attrs.field(factory=list)
     groups: list[int] = attrs.field(factory=list)  # process groups of blocks (pgid = our bash's pid)
+    servers: list[subprocess.Popen] = attrs.field(factory=list)
     prometheus_ports: list[int] = attrs.field(factory=list)
     n: int = 0
 
@@ -187,12 +188,12 @@ def doc_env(tmp_path) -> Iterator[Doc]:
     try:
         yield doc
     finally:
-        _stop_groups(doc.groups)
+        _stop_groups(doc.groups, doc.servers)
         for child in reversed(doc.children):
             child.stop()
 
 
-def _stop_groups(groups: list[int]) -> None:
+def _stop_groups(groups: list[int], servers: list[subprocess.Popen]) -> None:
     """SIGTERM every process group a block started (ours: each is led by a bash we spawned),
     then SIGKILL what is left after a bound."""
     for pgid in groups:
@@ -203,6 +204,8 @@ def _stop_groups(groups: list[int]) -> None:
     deadline = time.monotonic() + 20
     for pgid in groups:
         while time.monotonic() < deadline:
+            for server in servers:
+                server.poll()  # reap: a zombie leader would keep its group "alive"
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
@@ -280,6 +283,7 @@ def _start_server(doc: Doc, body: str) -> tuple[subprocess.Popen, Path]:
     )
     sink.close()
     doc.groups.append(proc.pid)
+    doc.servers.append(proc)
     return proc, out
 
 
@@ -320,6 +324,19 @@ def _wait_ready(text: str, alive: Callable[[], bool], log: Path) -> None:
 
 
 def _run_block(doc: Doc, block: Block) -> None:
+    if block.lang == "console":
+        # The commands get the test's addresses; the output shown keeps the doc's (the printed
+        # output is mapped back before the comparison).
+        for command in commands(block.text):
+            shown = bool(command.expected)
+            code, out = _run_shell(doc, _prepared(doc, command.command), shown_output=shown)
+            where = f"{block.where}: $ {command.command}"
+            assert code == 0, f"{where}\nexit status {code}\n--- output:\n{out}"
+            actual = substitute(out, [(new, old) for old, new in doc.subs])
+            assert output_matches(command.expected, actual), (
+                f"{where}\n--- the doc shows:\n{command.expected}\n--- printed (addresses mapped back):\n{actual}"
+            )
+        return
     text = _prepared(doc, block.text)
     if block.lang in SHELL and block.server:
         proc, log = _start_server(doc, text)
@@ -331,17 +348,6 @@ def _run_block(doc: Doc, block: Block) -> None:
         if any(line.rstrip().endswith("&") for line in text.splitlines()):
             log = doc.work / f".block-{doc.n}.out"
             _wait_ready(text, lambda: True, log)
-        return
-    if block.lang == "console":
-        for command in commands(text):
-            shown = bool(command.expected)
-            code, out = _run_shell(doc, command.command, shown_output=shown)
-            where = f"{block.where}: $ {command.command}"
-            assert code == 0, f"{where}\nexit status {code}\n--- output:\n{out}"
-            actual = substitute(out, [(new, old) for old, new in doc.subs])
-            assert output_matches(command.expected, actual), (
-                f"{where}\n--- the doc shows:\n{command.expected}\n--- printed (addresses mapped back):\n{actual}"
-            )
         return
     if block.lang == "python":
         script = doc.next_name("py")
