@@ -70,11 +70,19 @@ def parse(text: str, doc: str) -> list[Block]:
             i += 1
             continue
         indent, fence, info = len(opening.group(1)), opening.group(2), opening.group(3).strip()
+        if fence[0] == "`" and "`" in info:
+            i += 1  # CommonMark: not a fence (a code span such as ```` ```bash ```` opening a line)
+            continue
         body: list[str] = []
         j = i + 1
         while j < len(lines):
             closing = _FENCE.match(lines[j])
-            if closing and closing.group(2)[0] == fence[0] and len(closing.group(2)) >= len(fence) and not closing.group(3).strip():
+            if (
+                closing
+                and closing.group(2)[0] == fence[0]
+                and len(closing.group(2)) >= len(fence)
+                and not closing.group(3).strip()
+            ):
                 break
             body.append(lines[j][indent:] if lines[j][:indent].isspace() else lines[j])
             j += 1

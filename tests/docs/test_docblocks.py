@@ -41,6 +41,8 @@ FENCE = "```"
         # an indented fence (in a list): the indentation is removed from the body
         (f"- x\n  {FENCE}json\n  {{}}\n  {FENCE}\n", [("json", "", "{}\n", 2)]),
         (f"{FENCE}bash server\nsmgrl launch\n{FENCE}\n", [("bash", "server", "smgrl launch\n", 1)]),
+        # a code span opening a line is not a fence (its info string would hold a backtick)
+        (f"```` {FENCE}bash ```` runs\n{FENCE}json\n{{}}\n{FENCE}\n", [("json", "", "{}\n", 2)]),
     ],
 )
 def test_parse(markdown, expected):
@@ -81,7 +83,7 @@ def test_the_convention(block, runs, complaint):
 
 
 def test_console_commands_and_their_output():
-    text = "intro\n$ curl -s a \\\n    -d b\n{\"x\": 1}\n$ true\n$ echo 2\n2\n\n"
+    text = 'intro\n$ curl -s a \\\n    -d b\n{"x": 1}\n$ true\n$ echo 2\n2\n\n'
     assert [(c.command, c.expected) for c in commands(text)] == [
         ("curl -s a \\\n    -d b", '{"x": 1}'),
         ("true", ""),

@@ -234,8 +234,8 @@ def _script(doc: Doc, body: str, save_vars: bool) -> str:
     if save_vars:
         save = (
             "__smgrl_save() { local v; for v in $(compgen -v); do\n"
-            f"  grep -qx -- \"$v\" {work}/.vars-baseline && continue\n"
-            f"  case \" {_BASH_OWN} \" in *\" $v \"*) continue;; esac\n"
+            f'  grep -qx -- "$v" {work}/.vars-baseline && continue\n'
+            f'  case " {_BASH_OWN} " in *" $v "*) continue;; esac\n'
             '  case "$v" in BASH*|COMP*|OPT*|PS*|__smgrl*) continue;; esac\n'
             '  declare -p "$v" 2>/dev/null | grep -v "^declare -[a-zA-Z]*r" || true\n'
             f"done > {work}/.vars.new && mv {work}/.vars.new {work}/.vars; }}\n"
@@ -315,10 +315,14 @@ def _wait_ready(text: str, alive: Callable[[], bool], log: Path) -> None:
                     pytest.fail(f"nothing listens on {port} (started by the block):\n{log.read_text()}")
                 time.sleep(0.05)
     count = _worker_count(text)
-    gateway_port = next(iter(_ports_started(text.split("smgrl launch", 1)[1])), None) if "smgrl launch" in text else None
+    gateway_port = (
+        next(iter(_ports_started(text.split("smgrl launch", 1)[1])), None) if "smgrl launch" in text else None
+    )
     if count and gateway_port and "--enable-rl" in text:
         try:
-            wait_for_workers(f"http://127.0.0.1:{gateway_port}", count, timeout=max(1, deadline - time.monotonic()))
+            wait_for_workers(
+                f"http://127.0.0.1:{gateway_port}", count, timeout=max(1, deadline - time.monotonic())
+            )
         except TimeoutError as exc:
             pytest.fail(f"{exc}:\n{log.read_text()}")
 
@@ -361,7 +365,9 @@ def _run_block(doc: Doc, block: Block) -> None:
             timeout=BLOCK_TIMEOUT_SECS,
             stdin=subprocess.DEVNULL,
         )
-        assert run.returncode == 0, f"{block.where}: exit status {run.returncode}\n--- block:\n{text}\n{run.stdout}{run.stderr}"
+        assert run.returncode == 0, (
+            f"{block.where}: exit status {run.returncode}\n--- block:\n{text}\n{run.stdout}{run.stderr}"
+        )
         return
     raise AssertionError(f"{block.where}: no way to run a {block.lang} block")
 
