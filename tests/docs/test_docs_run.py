@@ -37,7 +37,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -358,6 +357,7 @@ def _run_block(doc: Doc, block: Block) -> None:
         script.write_text(text)
         run = subprocess.run(
             [str(PYTHON), str(script)],
+            check=False,
             cwd=doc.work,
             env=doc.env,
             capture_output=True,
