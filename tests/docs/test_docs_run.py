@@ -12,9 +12,9 @@ What the test changes, and nothing else:
   doc, in `SETUPS` below; console output is compared after the reverse replacement. Every
   `smgrl launch` gets `--prometheus-port <free port>` (the default 29000 is shared by every
   gateway on the host).
-- **Paths.** `/tmp/ckpt/...` and other absolute paths a doc names are replaced by the same path
-  under the doc's own temporary directory, which is also the working directory (with `examples/`
-  linked into it, as in a clone).
+- **Paths.** `/tmp/ckpt/...` (the docs' checkpoint directories) and rl-control-plane.md's
+  `/var/lib/smgrl/journal.db` become paths under the doc's own temporary directory, which is also
+  the working directory (with `examples/` linked into it, as in a clone).
 - **curl** is a shim that adds `--fail-with-body`, so an example answered with an HTTP error
   fails instead of printing an error nobody reads; console commands whose error output the doc
   shows run the real curl (the output check catches a wrong answer).
@@ -51,10 +51,10 @@ pytestmark = pytest.mark.e2e
 BLOCK_TIMEOUT_SECS = 60
 READY_TIMEOUT_SECS = 30
 PYTHON = Path(sys.executable)
-# Shell variables that are bash's own or the environment's: never carried between blocks.
-_BASH_OWN = "BASH* FUNCNAME GROUPS PIPESTATUS SHELLOPTS EUID PPID UID SHLVL _ RANDOM SRANDOM SECONDS LINENO"
-_BASH_OWN += " HISTCMD EPOCHREALTIME EPOCHSECONDS COMP* DIRSTACK OPT* IFS PS* PWD OLDPWD HOSTNAME HOSTTYPE"
-_BASH_OWN += " MACHTYPE OSTYPE BASHOPTS COLUMNS LINES MAILCHECK __smgrl*"
+# Variables bash sets by itself (besides those of a fresh bash, .vars-baseline): never carried.
+_BASH_OWN = (
+    "BASH*|COMP*|OPT*|PS*|EPOCH*|_|__smgrl*|PIPESTATUS|FUNCNAME|LINENO|SECONDS|RANDOM|SRANDOM|COLUMNS|LINES"
+)
 
 
 @attrs.define
@@ -231,12 +231,15 @@ def _script(doc: Doc, body: str, save_vars: bool) -> str:
     work = doc.work
     save = ""
     if save_vars:
+        # Each block is a fresh bash: what it defines beyond a fresh bash's variables is saved
+        # with `declare -p` and sourced by the next block, as one terminal would keep it.
         save = (
-            "__smgrl_save() { local v; for v in $(compgen -v); do\n"
-            f'  grep -qx -- "$v" {work}/.vars-baseline && continue\n'
-            f'  case " {_BASH_OWN} " in *" $v "*) continue;; esac\n'
-            '  case "$v" in BASH*|COMP*|OPT*|PS*|__smgrl*) continue;; esac\n'
-            '  declare -p "$v" 2>/dev/null | grep -v "^declare -[a-zA-Z]*r" || true\n'
+            "declare -A __smgrl_base=()\n"
+            f"while read -r __smgrl_n; do __smgrl_base[$__smgrl_n]=1; done < {work}/.vars-baseline\n"
+            "__smgrl_save() { local __smgrl_n; for __smgrl_n in $(compgen -v); do\n"
+            '  [[ -n "${__smgrl_base[$__smgrl_n]:-}" ]] && continue\n'
+            f'  case "$__smgrl_n" in {_BASH_OWN}) continue;; esac\n'
+            '  declare -p "$__smgrl_n"\n'
             f"done > {work}/.vars.new && mv {work}/.vars.new {work}/.vars; }}\n"
             "trap __smgrl_save EXIT\n"
         )
