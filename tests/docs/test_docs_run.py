@@ -18,10 +18,12 @@ What the test changes, and nothing else:
 - **curl** is a shim that adds `--fail-with-body`, so an example answered with an HTTP error
   fails instead of printing an error nobody reads; console commands whose error output the doc
   shows run the real curl (the output check catches a wrong answer).
-- **Fleets.** Unless a doc starts its own gateway (a `bash server` block with `smgrl launch`),
-  the test starts one (`--enable-rl`, two fake SGLang engines, journal `./smgrl-journal.db`)
-  before the doc's first block; blocks of one doc share it, in document order, and shell
-  variables carry from one block to the next as in one terminal.
+- **Fleets.** Before a doc's first block the test starts what its examples expect (`SETUPS`;
+  by default a gateway with `--enable-rl`, two fake SGLang engines and the journal
+  `./smgrl-journal.db`). README.md and rl-control-plane.md start their own gateway (`bash
+  server` blocks): the test starts only the engines the latter names. A doc's blocks share its
+  fleet, in document order, and shell variables carry from one block to the next as in one
+  terminal.
 
 Everything a doc starts (in the background, or as a `server` block) runs in its own process
 group and is stopped by that group's id when the doc is done.
@@ -67,7 +69,6 @@ class Doc:
     children: list[Child] = attrs.field(factory=list)
     groups: list[int] = attrs.field(factory=list)  # process groups of blocks (pgid = our bash's pid)
     servers: list[subprocess.Popen] = attrs.field(factory=list)
-    prometheus_ports: list[int] = attrs.field(factory=list)
     n: int = 0
 
     def next_name(self, suffix: str) -> Path:
@@ -220,9 +221,7 @@ def _stop_groups(groups: list[int], servers: list[subprocess.Popen]) -> None:
 def _prepared(doc: Doc, text: str) -> str:
     text = substitute(text, doc.subs)
     while "smgrl launch" in text and "--prometheus-port" not in text:
-        port = free_port()
-        doc.prometheus_ports.append(port)
-        text = text.replace("smgrl launch", f"smgrl launch --prometheus-port {port}", 1)
+        text = text.replace("smgrl launch", f"smgrl launch --prometheus-port {free_port()}", 1)
     return text
 
 
@@ -246,9 +245,10 @@ def _script(doc: Doc, body: str, save_vars: bool) -> str:
     return f"set -euo pipefail\nsource {work}/.vars\n{save}{body}"
 
 
-def _run_shell(doc: Doc, body: str, *, shown_output: bool = False) -> tuple[int, str]:
+def _run_shell(doc: Doc, body: str, *, shown_output: bool = False) -> tuple[int | str, str, Path]:
     """Run one shell text in its own process group; output to a file (a background process may
-    keep the pipe of a captured run open forever)."""
+    keep the pipe of a captured run open forever). Returns the exit status (or why there is
+    none), the output and the output file."""
     out = doc.next_name("out")
     env = dict(doc.env)
     if shown_output:
@@ -265,10 +265,10 @@ def _run_shell(doc: Doc, body: str, *, shown_output: bool = False) -> tuple[int,
         )
         doc.groups.append(proc.pid)
         try:
-            code = proc.wait(BLOCK_TIMEOUT_SECS)
+            code: int | str = proc.wait(BLOCK_TIMEOUT_SECS)
         except subprocess.TimeoutExpired:
-            code = -1
-    return code, out.read_text()
+            code = f"none: still running after {BLOCK_TIMEOUT_SECS} s"  # its group is stopped at teardown
+    return code, out.read_text(), out
 
 
 def _start_server(doc: Doc, body: str) -> tuple[subprocess.Popen, Path]:
@@ -335,7 +335,7 @@ def _run_block(doc: Doc, block: Block) -> None:
         # output is mapped back before the comparison).
         for command in commands(block.text):
             shown = bool(command.expected)
-            code, out = _run_shell(doc, _prepared(doc, command.command), shown_output=shown)
+            code, out, _ = _run_shell(doc, _prepared(doc, command.command), shown_output=shown)
             where = f"{block.where}: $ {command.command}"
             assert code == 0, f"{where}\nexit status {code}\n--- output:\n{out}"
             actual = substitute(out, [(new, old) for old, new in doc.subs])
@@ -349,11 +349,10 @@ def _run_block(doc: Doc, block: Block) -> None:
         _wait_ready(text, lambda: proc.poll() is None, log)
         return
     if block.lang in SHELL:
-        code, out = _run_shell(doc, text)
+        code, out, log = _run_shell(doc, text)
         assert code == 0, f"{block.where}: exit status {code}\n--- block:\n{text}\n--- output:\n{out}"
         if any(line.rstrip().endswith("&") for line in text.splitlines()):
-            log = doc.work / f".block-{doc.n}.out"
-            _wait_ready(text, lambda: True, log)
+            _wait_ready(text, lambda: True, log)  # it started something in the background
         return
     if block.lang == "python":
         script = doc.next_name("py")
