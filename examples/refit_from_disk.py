@@ -2,7 +2,10 @@
 """Refit a fleet from a checkpoint on disk through smgrl, then check that it took.
 
     python examples/refit_from_disk.py --gateway http://127.0.0.1:30000 \
-        --model-path /ckpt/step-42 --weight-version 42 [--selector engine=sglang] [--api-key KEY]
+        --model-path /tmp/ckpt/step-42 --weight-version 42 [--selector engine=sglang] [--api-key KEY]
+
+``--model-path`` is a checkpoint directory every engine can read (for the fake engines, any
+directory: ``mkdir -p /tmp/ckpt/step-42``).
 
 Pause every selected engine, fan out ``update_weights_from_disk`` with the checkpoint and the new
 ``weight_version`` (``flush_cache: true``), resume (``paused()`` resumes even when the update
