@@ -9,6 +9,7 @@ Every block names its language in the info string; runnable blocks are run unles
 | ```` ```console ```` | `$ ` lines are commands (a trailing `\\` continues one), the lines after each are its expected output: `...` stands for anything, whitespace is ignored |
 | ```` ```python ```` | runs it with the test's Python, checks the exit status |
 | ```` ```json ```` / ```` ```text ```` | data or output, never run (diagrams, formats, sample answers) |
+| ```` ```text output ```` right after a run `python` or `bash` block | what that block prints, checked as a console block's output is |
 | ```` ```LANG no-run: REASON ```` | a runnable block that cannot run in the suite (installs, needs torch or a GPU, runs for minutes); the reason is required and the test lists it as skipped |
 
 This module is pure (parsing, classification, output matching); ``test_docs_run.py`` runs them.
@@ -48,6 +49,11 @@ class Block:
     @property
     def server(self) -> bool:
         return re.search(r"(^|\s)server(\s|$)", self.options) is not None
+
+    @property
+    def is_output(self) -> bool:
+        """A ```text output block: what the block before it prints."""
+        return self.lang == "text" and "output" in self.options.split()
 
     @property
     def runs(self) -> bool:
@@ -96,9 +102,21 @@ def all_blocks(root: Path = ROOT) -> list[Block]:
     return [b for p in doc_paths(root) for b in parse(p.read_text(), p.relative_to(root).as_posix())]
 
 
-def problems(block: Block) -> list[str]:
-    """Why a block breaks the convention (empty when it follows it)."""
+def shown_outputs(blocks: list[Block]) -> dict[Block, Block]:
+    """{run python/bash block: the ```text output block right after it}."""
+    pairs = {}
+    for before, after in zip(blocks, blocks[1:], strict=False):
+        if after.is_output and before.doc == after.doc and before.runs and before.lang in SHELL | {"python"}:
+            pairs[before] = after
+    return pairs
+
+
+def problems(block: Block, shown: dict[Block, Block] | None = None) -> list[str]:
+    """Why a block breaks the convention (empty when it follows it). ``shown``: the pairs of
+    ``shown_outputs`` of the block's doc, to check that an output block has a block to check."""
     out = []
+    if block.is_output and shown is not None and block not in shown.values():
+        out.append("a ```text output block must come right after a run python or bash block")
     if not block.lang:
         out.append("no language in the info string (```bash, ```python, ```console, ```json, ```text ...)")
     elif block.lang not in RUNNABLE | DATA:

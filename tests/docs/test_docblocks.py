@@ -5,13 +5,14 @@ parser and the output matcher the docs test relies on behave (tables of cases)."
 from __future__ import annotations
 
 import pytest
-from docblocks import Block, all_blocks, commands, output_matches, parse, problems, substitute
+from docblocks import Block, all_blocks, commands, output_matches, parse, problems, shown_outputs, substitute
 
 
 def test_every_block_is_run_data_or_marked_with_a_reason():
     blocks = all_blocks()
     assert len(blocks) > 20  # README.md and docs/*.md were read
-    bad = {b.where: problems(b) for b in blocks if problems(b)}
+    shown = shown_outputs(blocks)
+    bad = {b.where: problems(b, shown) for b in blocks if problems(b, shown)}
     assert bad == {}, "\n".join(f"{where}: {'; '.join(p)}" for where, p in bad.items())
     assert any(b.runs and b.lang == "python" for b in blocks)
     assert any(b.runs and b.lang == "console" for b in blocks)
@@ -80,6 +81,17 @@ def test_the_convention(block, runs, complaint):
         assert found == []
     else:
         assert len(found) == 1 and complaint in found[0], found
+
+
+def test_an_output_block_belongs_to_the_block_before_it():
+    blocks = parse(f"{FENCE}python\nprint(1)\n{FENCE}\n{FENCE}text output\n1\n{FENCE}\n", "x.md")
+    assert shown_outputs(blocks) == {blocks[0]: blocks[1]}
+    assert problems(blocks[1], shown_outputs(blocks)) == []
+    # after data, or after a block that is not run: nothing to check it against
+    for first in ("json\n{}", "python no-run: needs torch\nimport torch"):
+        blocks = parse(f"{FENCE}{first}\n{FENCE}\n{FENCE}text output\n1\n{FENCE}\n", "x.md")
+        assert shown_outputs(blocks) == {}
+        assert "must come right after" in problems(blocks[1], {})[0]
 
 
 def test_console_commands_and_their_output():

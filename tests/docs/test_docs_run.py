@@ -44,7 +44,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from docblocks import ROOT, SHELL, Block, all_blocks, commands, output_matches, substitute
+from docblocks import ROOT, SHELL, Block, all_blocks, commands, output_matches, shown_outputs, substitute
 
 from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers
 
@@ -329,7 +329,16 @@ def _wait_ready(text: str, alive: Callable[[], bool], log: Path) -> None:
             pytest.fail(f"{exc}:\n{log.read_text()}")
 
 
-def _run_block(doc: Doc, block: Block) -> None:
+def _check_output(doc: Doc, where: str, expected: str, out: str) -> None:
+    """The output a doc shows vs what was printed, the test's addresses mapped back to the doc's."""
+    actual = substitute(out, [(new, old) for old, new in doc.subs])
+    assert output_matches(expected, actual), (
+        f"{where}\n--- the doc shows:\n{expected}\n--- printed (addresses mapped back):\n{actual}"
+    )
+
+
+def _run_block(doc: Doc, block: Block, shown: Block | None) -> None:
+    """Run one block; ``shown``: the ```text output block after it, if any."""
     if block.lang == "console":
         # The commands get the test's addresses; the output shown keeps the doc's (the printed
         # output is mapped back before the comparison).
@@ -338,10 +347,7 @@ def _run_block(doc: Doc, block: Block) -> None:
             code, out, _ = _run_shell(doc, _prepared(doc, command.command), shown_output=shown)
             where = f"{block.where}: $ {command.command}"
             assert code == 0, f"{where}\nexit status {code}\n--- output:\n{out}"
-            actual = substitute(out, [(new, old) for old, new in doc.subs])
-            assert output_matches(command.expected, actual), (
-                f"{where}\n--- the doc shows:\n{command.expected}\n--- printed (addresses mapped back):\n{actual}"
-            )
+            _check_output(doc, where, command.expected, out)
         return
     text = _prepared(doc, block.text)
     if block.lang in SHELL and block.server:
@@ -353,6 +359,8 @@ def _run_block(doc: Doc, block: Block) -> None:
         assert code == 0, f"{block.where}: exit status {code}\n--- block:\n{text}\n--- output:\n{out}"
         if any(line.rstrip().endswith("&") for line in text.splitlines()):
             _wait_ready(text, lambda: True, log)  # it started something in the background
+        if shown is not None:
+            _check_output(doc, shown.where, shown.text, out)
         return
     if block.lang == "python":
         script = doc.next_name("py")
@@ -370,13 +378,17 @@ def _run_block(doc: Doc, block: Block) -> None:
         assert run.returncode == 0, (
             f"{block.where}: exit status {run.returncode}\n--- block:\n{text}\n{run.stdout}{run.stderr}"
         )
+        if shown is not None:
+            _check_output(doc, shown.where, shown.text, run.stdout)
         return
     raise AssertionError(f"{block.where}: no way to run a {block.lang} block")
 
 
 @pytest.mark.parametrize("doc_name", _runnable_docs())
 def test_doc_examples_run(doc_name, doc_env):
-    blocks = [b for b in all_blocks() if b.doc == doc_name and b.runs]
+    blocks = [b for b in all_blocks() if b.doc == doc_name]
+    shown = shown_outputs(blocks)
     SETUPS.get(doc_name, _default_fleet)(doc_env)
     for block in blocks:
-        _run_block(doc_env, block)
+        if block.runs:
+            _run_block(doc_env, block, shown.get(block))
