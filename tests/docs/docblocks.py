@@ -18,6 +18,7 @@ This module is pure (parsing, classification, output matching); ``test_docs_run.
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import attrs
@@ -105,7 +106,7 @@ def all_blocks(root: Path = ROOT) -> list[Block]:
 def shown_outputs(blocks: list[Block]) -> dict[Block, Block]:
     """{run python/bash block: the ```text output block right after it}."""
     pairs = {}
-    for before, after in zip(blocks, blocks[1:], strict=False):
+    for before, after in pairwise(blocks):
         if after.is_output and before.doc == after.doc and before.runs and before.lang in SHELL | {"python"}:
             pairs[before] = after
     return pairs
