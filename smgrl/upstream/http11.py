@@ -218,7 +218,10 @@ class ResponseParser:
         pos = self._pos
         if pos >= len(self._buf):
             # Everything before was consumed (the usual case): adopt the new bytes as they are.
+            # The head scan restarts at them: a resume offset into the old buffer (left by a
+            # NEED_DATA after an interim 1xx head) would skip the start of the next head.
             self._buf = bytes(data)
+            self._scan = 0
         else:
             # Keep only the unconsumed tail; it is small except while a head is still arriving.
             self._buf = self._buf[pos:] + data

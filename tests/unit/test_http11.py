@@ -394,6 +394,21 @@ def test_data_is_handed_out_as_it_arrives():
     assert parser.next_event() == END
 
 
+def test_interim_response_alone_in_a_recv_then_the_final_one():
+    # Regression (found by the h11 differential test): a 100 Continue arriving in its own recv,
+    # polled once more (NEED_DATA), then the final response in one recv. The head scan resumed
+    # at the old buffer's offset inside the new bytes, skipped the final head's end and read two
+    # heads as one ("malformed header line b''").
+    parser = ResponseParser("POST")
+    parser.feed(b"HTTP/1.1 100 Continue\r\nx-pad: " + b"p" * 40 + b"\r\n\r\n")
+    assert parser.next_event() == head(100, b"Continue", [(b"x-pad", b"p" * 40)])
+    assert parser.next_event() is NEED_DATA
+    parser.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n\r\n")
+    assert parser.next_event() == head(200, headers=[(b"content-length", b"2")])
+    assert parser.next_event() == Data(b"ok")
+    assert parser.next_event() == END
+
+
 def test_need_data_repr():
     assert repr(NEED_DATA) == "NEED_DATA"
 
