@@ -326,16 +326,6 @@ class ResponseParser:
         headers, framing = _parse_fields(lines, 1)
         head = Head(status, match.group(3) or b"", b"1." + minor, headers)
 
-        if status < 200:
-            # An interim response: the final one follows on the same connection, so the
-            # parser stays in _HEAD. 101 would switch protocols, which we never ask for.
-            if status == 101:
-                raise ProtocolError("unexpected 101 Switching Protocols (no upgrade was requested)")
-            self._interims += 1
-            if self._interims > MAX_INTERIM_RESPONSES:
-                raise ProtocolError(f"more than {MAX_INTERIM_RESPONSES} interim (1xx) responses")
-            return head
-
         content_length: list[bytes] | None = None
         transfer_encoding: list[bytes] | None = None
         connection: list[bytes] = []
@@ -347,6 +337,27 @@ class ResponseParser:
                 transfer_encoding = [value] if transfer_encoding is None else [*transfer_encoding, value]
             elif name == b"connection":
                 connection += _tokens(value)
+        # Framing fields are checked in EVERY head, also where they decide nothing (1xx, 204,
+        # 304, a HEAD response, content-length beside chunked): a peer that spells them wrong
+        # is confused about framing, so the response is refused and the connection dropped.
+        length = None if content_length is None else _content_length(content_length)
+        if transfer_encoding is not None:
+            codings = [coding for value in transfer_encoding for coding in _tokens(value)]
+            # We send no TE header, so chunked is the only transfer coding an engine may use
+            # (RFC 9110 §10.1.4); anything else we could not decode, so it is an error.
+            if codings != [b"chunked"]:
+                raise ProtocolError(f"unsupported transfer-encoding {b', '.join(transfer_encoding)!r}")
+
+        if status < 200:
+            # An interim response: the final one follows on the same connection, so the
+            # parser stays in _HEAD. 101 would switch protocols, which we never ask for.
+            if status == 101:
+                raise ProtocolError("unexpected 101 Switching Protocols (no upgrade was requested)")
+            self._interims += 1
+            if self._interims > MAX_INTERIM_RESPONSES:
+                raise ProtocolError(f"more than {MAX_INTERIM_RESPONSES} interim (1xx) responses")
+            return head
+
         http11 = minor != b"0"
         # Persistence, RFC 9112 §9.3: HTTP/1.1 unless "close"; HTTP/1.0 only with "keep-alive".
         self._keep_alive = (b"close" not in connection) if http11 else (b"keep-alive" in connection)
@@ -356,19 +367,13 @@ class ResponseParser:
             # content-length the body WOULD have had).
             self._state = _END
         elif transfer_encoding is not None:
-            codings = [coding for value in transfer_encoding for coding in _tokens(value)]
-            # We send no TE header, so chunked is the only transfer coding an engine may use
-            # (RFC 9110 §10.1.4); anything else we could not decode, so it is an error.
-            if codings != [b"chunked"]:
-                raise ProtocolError(f"unsupported transfer-encoding {b', '.join(transfer_encoding)!r}")
             self._state = _CHUNK_SIZE
             if content_length is not None or not http11:
                 # Rule 3: chunked overrides content-length, but such a message "ought to be
                 # handled as an error" (smuggling); and §6.1: transfer-encoding in an HTTP/1.0
                 # message means faulty framing. Read it, then drop the connection.
                 self._keep_alive = False
-        elif content_length is not None:
-            length = _content_length(content_length)
+        elif length is not None:
             self._remaining = length
             self._state = _LENGTH if length else _END
         else:

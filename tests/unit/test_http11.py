@@ -473,6 +473,14 @@ BAD = [
     ("head over 64 KiB, terminated", OK_HEAD + b"x: " + b"v" * 70_000 + b"\r\n\r\n"),
     ("trailers over 64 KiB", CHUNKED + b"0\r\nx: " + b"v" * 70_000),
     ("too many trailer fields", CHUNKED + b"0\r\n" + b"x: v\r\n" * (MAX_HEADERS + 1) + b"\r\n"),
+    # Framing fields are checked where they decide nothing too (found by the h11 differential).
+    ("invalid content-length on a 304", b"HTTP/1.1 304 Not Modified\r\ncontent-length: 1, 2\r\n\r\n"),
+    ("invalid content-length on a 204", b"HTTP/1.1 204 No Content\r\ncontent-length: -1\r\n\r\n"),
+    ("invalid content-length beside chunked", CHUNKED[:-2] + b"content-length: x\r\n\r\n0\r\n\r\n"),
+    (
+        "unsupported transfer-encoding on a 1xx",
+        b"HTTP/1.1 100 Continue\r\ntransfer-encoding: gzip\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+    ),
     ("more than 16 interim responses", b"HTTP/1.1 100 Continue\r\n\r\n" * 17 + b"HTTP/1.1 200 OK\r\n\r\n"),
 ]
 
@@ -482,6 +490,11 @@ BAD = [
 def test_malformed_responses_raise_protocol_error(raw, piece):
     with pytest.raises(ProtocolError):
         parse(raw, piece=piece)
+
+
+def test_framing_fields_of_a_head_response_are_checked():
+    with pytest.raises(ProtocolError):
+        parse(b"HTTP/1.1 200 OK\r\ncontent-length: 5, 6\r\n\r\n", method="HEAD")
 
 
 def test_parser_stays_broken_after_an_error():
