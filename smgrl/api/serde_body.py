@@ -17,12 +17,21 @@ null reads as false), ``map_f32``, ``map`` (any map), ``untagged:<Name>`` (a val
 of the internally tagged ``ChatMessage``, tag ``role``). With ``track_any`` the path follows
 unknown fields into their nested containers (serde_path_to_error over a ``Value``), as SMG's
 ``#[serde(flatten)] other`` map does.
+
+Two readers, one answer: ``fast_struct`` parses with the ``json`` module and checks the schema on
+the result (the normal path, for bodies that are fine); ``parse_struct`` falls back to the
+byte-by-byte serde reader only when the fast path declines, i.e. to render the error text of a
+body that failed (or to decide the rare valid body the fast path leaves to it: invalid UTF-8 in
+an ignored string, a repeated key, a surrogate escape). tests/unit/test_serde_body.py checks, on
+generated bodies, that the fast path accepts exactly what the serde reader accepts, with the same
+value.
 """
 
 from __future__ import annotations
 
 import decimal
 import json
+import re
 from typing import Any
 
 WS = b" \t\n\r"
@@ -93,7 +102,10 @@ class _Parser:
 
     def string(self, validate: bool = True) -> str:
         """At an opening quote: consume the string and return it. Unvalidated (an ignored value,
-        serde's IgnoredAny), a ``\\u`` escape only needs four hex digits."""
+        serde's IgnoredAny), a ``\\u`` escape only needs four hex digits, and the value is the
+        one ``json`` reads (lone surrogates kept; invalid UTF-8, which only serde accepts here,
+        replaced), so both readers give an ignored value alike."""
+        start = self.i
         self.i += 1
         out = bytearray()
         d = self.d
@@ -103,11 +115,11 @@ class _Parser:
             c = d[self.i]
             self.i += 1
             if c == 0x22:
+                if not validate:
+                    return json.loads(d[start : self.i].decode("utf-8", "replace"))
                 try:
                     return out.decode("utf-8")
                 except UnicodeDecodeError:
-                    if not validate:
-                        return out.decode("utf-8", "replace")
                     raise self.err("invalid unicode code point") from None
             if c == 0x5C:
                 if self.i >= len(d):
@@ -206,7 +218,9 @@ class _Parser:
             while self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
                 self.i += 1
         text = d[start : self.i].decode("ascii")
-        if not is_float:
+        # More than 20 digits is beyond u64 anyway: serde reads it as f64, and int() would
+        # raise ValueError past Python's 4300-digit limit (a 500, not serde's error).
+        if not is_float and len(text) <= 21:
             value = int(text)
             if value == 0 and text.startswith("-"):
                 return -0.0
@@ -637,6 +651,26 @@ def parse_struct(
     """The body as ``{field: value}`` for the schema's known fields (``aliases`` maps other
     accepted names onto them); SerdeError with SMG's text. ``flatten``: the struct keeps its
     unknown fields in a ``#[serde(flatten)]`` map of ``Value`` (SMG's OpenAI requests)."""
+    out = fast_struct(data, fields, required, aliases, flatten=flatten, untagged_ok=untagged_ok)
+    if out is not None:
+        return out
+    return serde_struct(
+        data, name, fields, required, field_count, aliases, flatten=flatten, untagged_ok=untagged_ok
+    )
+
+
+def serde_struct(
+    data: bytes,
+    name: str,
+    fields: dict[str, str],
+    required: tuple[str, ...] = (),
+    field_count: int | None = None,
+    aliases: dict[str, str] | None = None,
+    *,
+    flatten: bool = False,
+    untagged_ok=None,
+) -> dict[str, Any]:
+    """``parse_struct`` by the serde-compatible reader alone (errors in serde's order and text)."""
     p = _Parser(data, track_any=flatten, untagged_ok=untagged_ok)
     try:
         out = p.struct(name, fields, required, aliases or {})
@@ -648,3 +682,176 @@ def parse_struct(
         located = f"{msg} at {p.position(exc.pos if exc.pos is not None else p.i)}"
         path = ".".join(p.path)
         raise SerdeError(f"{path}: {located}" if path else located, exc.syntax, path) from None
+
+
+# -- the fast path: json + schema checks ---------------------------------------------------------
+
+
+class _Decline(Exception):
+    """The fast path cannot give serde's answer for this body; the serde reader will."""
+
+
+def _int(text: str) -> int | float:
+    # serde's number rules, as _Parser.number applies them: -0 is a float, integers outside
+    # i64/u64 are read as f64 (and a non-finite one is an error).
+    if len(text) <= 21:
+        value = int(text)
+        if value == 0 and text[0] == "-":
+            return -0.0
+        if -(2**63) <= value < 2**64:
+            return value
+    return _float(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _Decline  # serde: "number out of range"
+    return value
+
+
+def _constant(text: str) -> Any:
+    raise _Decline  # NaN / Infinity: json's extension, not JSON
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        # A repeated key: serde errors on a repeated struct field but keeps the last value of an
+        # ignored or map one. Rare; the serde reader knows which is which.
+        raise _Decline
+    return out
+
+
+_DECODER = json.JSONDecoder(
+    parse_int=_int, parse_float=_float, parse_constant=_constant, object_pairs_hook=_object
+)
+# A surrogate escape (\uD800-\uDFFF): serde refuses a lone one in every string it checks, json
+# keeps it. The few bodies with one (a pair, an emoji spelled as escapes) go to the serde reader.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _depth(value: Any) -> int:
+    """Containers on the deepest path (serde's recursion limit counts them)."""
+    if type(value) is dict:
+        return 1 + max(map(_depth, value.values()), default=0)
+    if type(value) is list:
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def fast_struct(
+    data: bytes,
+    fields: dict[str, str],
+    required: tuple[str, ...] = (),
+    aliases: dict[str, str] | None = None,
+    *,
+    flatten: bool = False,
+    untagged_ok=None,
+) -> dict[str, Any] | None:
+    """``parse_struct``'s value by ``json`` plus schema checks, or None where only the serde
+    reader can answer (every body serde refuses, and a few rare ones it accepts)."""
+    if b"\\u" in data and _SURROGATE_ESCAPE.search(data):
+        return None
+    try:
+        # Strict UTF-8 first: json.loads(bytes) would also take UTF-16/32 and a BOM; serde not.
+        text = data.decode("utf-8")
+        doc = _DECODER.decode(text)
+        if text.count("[") + text.count("{") >= MAX_DEPTH and _depth(doc) >= MAX_DEPTH:
+            return None
+        return _Fast(untagged_ok).struct(doc, fields, required, aliases or {})
+    except (ValueError, RecursionError, _Decline):  # JSONDecodeError, UnicodeDecodeError: ValueError
+        return None
+
+
+def _number(value: Any) -> bool:
+    return type(value) is int or type(value) is float
+
+
+class _Fast:
+    """The schema checks of ``_Parser.typed`` on a parsed value: its value, or ``_Decline``."""
+
+    def __init__(self, untagged_ok) -> None:
+        self.untagged_ok = untagged_ok
+
+    def struct(
+        self, value: Any, fields: dict[str, str], required: tuple[str, ...], aliases: dict[str, str]
+    ) -> dict:
+        if type(value) is not dict:
+            raise _Decline
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            canonical = aliases.get(key, key)
+            kind = fields.get(canonical)
+            if kind is None:
+                continue  # an unknown field: any JSON value (serde's IgnoredAny, or a Value)
+            if canonical in out:
+                raise _Decline  # a field given under its name and an alias
+            out[canonical] = self.typed(item, kind)
+        for field in required:
+            if field not in out:
+                raise _Decline
+        return out
+
+    def typed(self, value: Any, kind: str) -> Any:
+        if kind.startswith("opt_"):
+            if value is None:
+                return None
+            kind = kind[4:]
+        if kind == "str":
+            if type(value) is str:
+                return value
+        elif kind in _INT_LIMITS:
+            if type(value) is int and 0 <= value <= _INT_LIMITS[kind]:
+                return value
+        elif kind in _SIGNED_LIMITS:
+            if type(value) is int and -_SIGNED_LIMITS[kind] <= value < _SIGNED_LIMITS[kind]:
+                return value
+        elif kind in ("bool", "bool_nf"):
+            if type(value) is bool:
+                return value
+            if kind == "bool_nf" and value is None:
+                return False
+        elif kind == "f32":
+            if _number(value):
+                return value
+        elif kind == "map":
+            if type(value) is dict:
+                return value
+        elif kind in ("map_str", "map_f32"):
+            check = (lambda v: type(v) is str) if kind == "map_str" else _number
+            if type(value) is dict and all(map(check, value.values())):
+                return value
+        elif kind.startswith("untagged:"):
+            if self.untagged_ok is None or self.untagged_ok(kind[9:], value):
+                return value
+        elif kind == "messages":
+            if type(value) is list and all(map(_message_ok, value)):
+                return value
+        elif kind.startswith("seq"):
+            if type(value) is list:
+                element = kind.partition(":")[2]
+                return [self.typed(item, element) for item in value] if element else value
+        elif kind.startswith("struct:"):
+            struct = STRUCTS.get(kind[7:])
+            if struct is not None:
+                return self.struct(value, struct[0], struct[1], {})
+            if type(value) is dict:
+                return value
+        elif kind.startswith("enum:"):
+            if type(value) is str and value in kind[5:].split(","):
+                return value
+        else:
+            return value
+        raise _Decline
+
+
+def _message_ok(message: Any) -> bool:
+    # ChatMessage as _Parser._messages reads it: a map tagged by a known role, whose content
+    # (when given) is a string, a list or null.
+    return (
+        type(message) is dict
+        and type(message.get("role")) is str
+        and message["role"] in CHAT_ROLES
+        and type(message.get("content")) in (str, list, type(None))
+    )
