@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 from rl_api_helpers import (
     MS,
     assert_json,
@@ -127,17 +128,36 @@ async def test_concurrency_is_capped():
 
 
 async def test_each_call_has_its_own_deadline():
-    # Five 0.6 s calls, two at a time, under a 1 s per-call timeout: about 1.8 s in all, and
-    # every call succeeds because each deadline starts with its own call.
+    # One call at a time under a 1 s per-call timeout. Every engine would hang; the first one
+    # called does, and the test frees the others the moment that call arrives. So the later calls
+    # wait in the queue for the first one's whole deadline, then answer at once: they succeed
+    # only if each deadline starts with its own call (a deadline shared by the fan-out would have
+    # expired before they began).
     async with (
-        fake_fleet("sglang", 5) as fleet,
-        gateway_in_process(rl_cfg(timeout=1, concurrency=2), worker_urls=fleet.urls) as gw,
+        fake_fleet("sglang", 3) as fleet,
+        gateway_in_process(rl_cfg(timeout=1, concurrency=1), worker_urls=fleet.urls) as gw,
     ):
+        fleet.clear_calls()
         for e in fleet.engines:
-            e.set_knobs(latency_ms=600)
-        r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
+            e.set_knobs(hang=True)
+        answers = []
+
+        async def fan_out():
+            answers.append(await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fan_out)
+            with trio.fail_after(30):
+                while not any(e.calls_to("/flush_cache") for e in fleet.engines):
+                    await trio.sleep(0.005)
+            (first,) = [e for e in fleet.engines if e.calls_to("/flush_cache")]
+            for e in fleet.engines:
+                if e is not first:
+                    e.set_knobs(hang=False)
+        (r,) = answers
         body = r.json()
-        assert r.status_code == 200 and body["failed"] == [] and body["succeeded"] == body["total"] == 5
+        assert r.status_code == 207 and body["succeeded"] == 2, body
+        assert [(f["url"], f["error"]) for f in body["failed"]] == [(first.url, "upstream_timeout")]
 
 
 SELECTOR_ERRORS = [

@@ -358,7 +358,7 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
     urls = fakes("sglang", 2)
     with tmpfs(tmp_path / "disk", "16m") as disk:
         journal = str(disk / "journal.db")
-        gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--worker-urls", *urls, journal=journal)
+        gw, http, port = gateway("--enable-rl", "--disable-health-check", "--worker-urls", *urls, journal=journal)
         ids = [r["id"] for r in wait_for_workers(http.base, 2, child=gw)]
         st, headers, _ = http.request("POST", FANOUT, b"")
         assert st == 200
@@ -388,7 +388,11 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
         # pending registration's probe records fail: neither may take the gateway down.
         st, _, body = http.request("PATCH", f"/workers/{ids[0]}", {"labels": {"during": "full"}})
         assert (st, body["code"]) == (503, "JOURNAL_UNAVAILABLE")
-        time.sleep(1.5)  # the registration backoff starts at 0.5 s: at least one failed record
+        # The pending registration's job fails to record a probe, and retries: twice logged means
+        # it survived the first failure (before the fix the error took the gateway down).
+        log = tmp_path / f"gateway-{port}.log"
+        wait_until(lambda: log.read_text().count("journal unavailable during discovery") >= 2,
+                   "the registration job failed to record a probe and retried")
         assert gw.proc.poll() is None, "the gateway died on a full disk"
 
         # Space returns: the next operation is journaled and the engines are called again.
@@ -452,12 +456,18 @@ def test_sigterm_mid_fanout_lets_it_finish_journals_it_and_exits_0(fakes, gatewa
 
 
 class FailingStore(MemoryStore):
-    """Commits fail with ENOSPC while ``full`` is set, as SQLite's do on a full disk."""
+    """Commits fail with ENOSPC while ``full`` is set, as SQLite's do on a full disk.
+    ``refused``: the event types of every batch it refused, in order."""
 
     full = False
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.refused: list[str] = []
+
     def append_batch(self, items, *, wait=None):
         if self.full:
+            self.refused += [item.event.TYPE for item in items]
             raise OSError(28, "No space left on device")
         return super().append_batch(items, wait=wait)
 
@@ -480,7 +490,11 @@ async def test_discovery_and_health_checks_survive_a_failing_journal():
         store.full = True
         fleet.engines[0].go_down(None)  # unhealthy: the checker wants to record it and cannot
         await checker.check_once()
-        await trio.sleep(0.5)  # the pending registration's probes fail and cannot be recorded
+        assert "worker.health_changed" in store.refused  # the checker tried to record it
+        # The pending registration's probes fail and cannot be recorded either; its job retries.
+        with trio.fail_after(BOUND):
+            while store.refused.count("worker.probe_failed") < 2:
+                await trio.sleep(0.01)
         assert gw.gateway.fleet.registry.get(wid).status == "ready"  # unchanged: nothing recorded
         store.full = False
         await checker.check_once()  # the next round records it
