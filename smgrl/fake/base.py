@@ -25,6 +25,7 @@ from smgrl.fake.checkpoint import (
     DEFAULT_MODEL_NAME,
     Checkpoint,
     default_checkpoint,
+    derived_digest,
     load_checkpoint,
     startup_checkpoint,
 )
@@ -108,6 +109,7 @@ class BaseEngine:
         self.transfers = WeightTransfers(real=config.real_distributed)
         self.paused: str | None = None  # the pause mode, None when running
         self.released_tags: set[str] = set()
+        self._saved_digest: str | None = None  # the weights' digest while they are released
         self.healthy = True
         self.server = HttpServer(self.handle, config.port, config.host)
         self.routes: Routes = self.build_routes()
@@ -214,6 +216,29 @@ class BaseEngine:
         if checkpoint is not None:
             self.checkpoint = checkpoint
         self.scheduler.load(digest)
+
+    # -- memory release / resume -----------------------------------------------------------------
+    # The state change behind SGLang's and TokenSpeed's release/resume_memory_occupation and
+    # vLLM's sleep/wake_up. Each flavour's route keeps its own validation, pausing and answer.
+    def release_memory(self, tags: list[str] | tuple[str, ...], marker: str) -> None:
+        """Free ``tags``: the weights' digest is saved and replaced by one derived with ``marker``
+        (a generate before resume shows that the weights are gone); the KV cache is flushed."""
+        self.released_tags.update(tags)
+        if "weights" in tags:
+            self._saved_digest = self.weights_digest
+            self.scheduler.load(derived_digest(self.weights_digest, marker))
+        if "kv_cache" in tags:
+            self.scheduler.flush_cache()
+        self.changed.notify()
+
+    def resume_memory(self, tags: list[str] | tuple[str, ...], *, restore: bool) -> None:
+        """Bring ``tags`` back. Released weights come back as saved if ``restore`` (a CPU backup
+        kept them), else uninitialised until the next refit."""
+        if "weights" in tags and "weights" in self.released_tags and self._saved_digest is not None:
+            saved, self._saved_digest = self._saved_digest, None
+            self.scheduler.load(saved if restore else derived_digest(saved, "uninitialized"))
+        self.released_tags.difference_update(tags)
+        self.changed.notify()
 
     # -- inference hooks (overridden per flavour) ------------------------------------------------
     def precheck_admission(self) -> None:

@@ -57,7 +57,6 @@ class SGLangEngine(SGLangWeights, BaseEngine):
         self.lock = RWLock(changed=self.changed)
         self.weight_session = False
         self._flush_pending = False
-        self._saved_digest: str | None = None
         self.load_format = "auto"
         self.created = int(time.time())
 

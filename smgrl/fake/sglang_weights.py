@@ -207,13 +207,7 @@ class SGLangWeights:
         if busy or any(t not in MEMORY_TAGS or t in self.released_tags for t in tags):
             # An assert inside the scheduler process: a real engine most likely dies here.
             raise Reply(text_response("Internal Server Error", 500))
-        self.released_tags.update(tags)
-        if "weights" in tags:
-            self._saved_digest = self.weights_digest
-            self.scheduler.load(derived_digest(self.weights_digest, "released"))
-        if "kv_cache" in tags:
-            self.scheduler.flush_cache()
-        self.changed.notify()
+        self.release_memory(tags, "released")
         return json_response(None)
 
     async def resume_memory_occupation(self, req: Request) -> Response:
@@ -221,11 +215,6 @@ class SGLangWeights:
         if any(t not in self.released_tags for t in tags):
             # set.remove -> KeyError in the scheduler: same caveat as above.
             raise Reply(text_response("Internal Server Error", 500))
-        self.released_tags.difference_update(tags)
-        if "weights" in tags and self._saved_digest is not None:
-            saved, self._saved_digest = self._saved_digest, None
-            # Without a CPU backup the weight memory comes back uninitialised: refit next.
-            backup = self.config.enable_weights_cpu_backup
-            self.scheduler.load(saved if backup else derived_digest(saved, "uninitialized"))
-        self.changed.notify()
+        # Without a CPU backup the weight memory comes back uninitialised: refit next.
+        self.resume_memory(tags, restore=self.config.enable_weights_cpu_backup)
         return json_response(None)

@@ -48,7 +48,6 @@ class TokenSpeedEngine(BaseEngine):
         super().__init__(*args, **kwargs)
         self.start_time = time.time()
         self._release_paused = False
-        self._saved_digest: str | None = None
 
     # -- envelopes -----------------------------------------------------------------------------
     def authorize(self, req: Request) -> Response | None:
@@ -216,22 +215,14 @@ class TokenSpeedEngine(BaseEngine):
             # Release drains through a pause first; resume_memory_occupation lifts it.
             await self._pause("wait")
             self._release_paused = True
-        self.released_tags.update(tags)
-        if "weights" in tags:
-            self._saved_digest = self.weights_digest
-            self.scheduler.load(derived_digest(self.weights_digest, "released"))
-        if "kv_cache" in tags:
-            self.scheduler.flush_cache()
+        self.release_memory(tags, "released")
         return json_response({"success": True, "message": f"Released memory occupation: {tags}"})
 
     async def resume_memory_occupation(self, req: Request) -> Response:
         tags = self._tags(req)
         if any(t not in self.released_tags for t in tags):
             raise fail(400, f"Memory for {[t for t in tags if t not in self.released_tags]} is not released")
-        self.released_tags.difference_update(tags)
-        if "weights" in tags and self._saved_digest is not None:
-            saved, self._saved_digest = self._saved_digest, None
-            self.scheduler.load(derived_digest(saved, "uninitialized"))
+        self.resume_memory(tags, restore=False)
         if not self.released_tags and self._release_paused:
             self._release_paused = False
             self._continue()

@@ -51,7 +51,6 @@ class VLLMEngine(BaseEngine):
         self.transfer_ready = False
         self.update_active = False
         self._last_meta: tuple[list, list, list] = ([], [], [])
-        self._saved_digest: str | None = None
         self._weights_discarded = False
 
     # -- envelopes -----------------------------------------------------------------------------
@@ -235,23 +234,14 @@ class VLLMEngine(BaseEngine):
             await self._pause(mode, True)
             self.sleep_level = level
             if level >= 1:
-                self.released_tags.update(SLEEP_TAGS)
-                self._saved_digest = self.weights_digest
                 self._weights_discarded = level == 2
-                self.scheduler.load(derived_digest(self.weights_digest, "offloaded"))
-                self.scheduler.flush_cache()
+                self.release_memory(SLEEP_TAGS, "offloaded")
         return json_response({"status": "sleeping", "level": self.sleep_level})
 
     async def wake_up(self, req: Request) -> Response:
         tags = req.args("tags")
-        for tag in tags or SLEEP_TAGS:
-            if tag == "weights" and "weights" in self.released_tags and self._saved_digest is not None:
-                saved, self._saved_digest = self._saved_digest, None
-                # Level 2 discarded the weights: they come back uninitialised until a refit.
-                self.scheduler.load(
-                    derived_digest(saved, "uninitialized") if self._weights_discarded else saved
-                )
-            self.released_tags.discard(tag)
+        # Level 2 discarded the weights: they come back uninitialised until a refit.
+        self.resume_memory(tags or SLEEP_TAGS, restore=not self._weights_discarded)
         awake = not self.released_tags
         if awake and self.sleep_level is not None:
             # Fully resident again: scheduling resumes by itself.
