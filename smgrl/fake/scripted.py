@@ -2,13 +2,14 @@
 
 Tests that need an engine to misbehave in ways the faithful fakes never do (any status, any
 content-type, a declared length it never sends, a hang after the head) script the answer by hand.
-This is the one place such engines read requests, so they all parse alike: Content-Length bodies,
+This is the one place such engines read requests (the trio ones here and in tests, and the threaded
+smg-diff engine tests/conformance/raw_engine.py), so they all parse alike: Content-Length bodies,
 keep-alive, lower-cased header names; nothing else (no chunked requests: gateways send lengths).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import attrs
 
@@ -25,27 +26,49 @@ class RawRequest:
         return self.target.split("?", 1)[0]
 
 
+def split_request(buf: bytes) -> tuple[RawRequest, bytes] | None:
+    """The first whole request in ``buf`` and the bytes after it; None until it is complete."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    lines = buf[:end].decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    start = end + 4
+    length = int(headers.get("content-length", "0"))
+    if len(buf) - start < length:
+        return None
+    return RawRequest(method, target, headers, buf[start : start + length]), buf[start + length :]
+
+
 async def read_requests(stream) -> AsyncIterator[RawRequest]:
-    """Yield requests in order until the peer closes (or closes mid-request)."""
+    """Yield requests in order until the peer closes (or closes mid-request): trio servers."""
     buf = b""
     while True:
-        while b"\r\n\r\n" not in buf:
+        parsed = split_request(buf)
+        if parsed is None:
             data = await stream.receive_some(65536)
             if not data:
                 return
             buf += data
-        head, _, buf = buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, _ = lines[0].split(" ", 2)
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        while len(buf) < length:
-            data = await stream.receive_some(65536)
+            continue
+        request, buf = parsed
+        yield request
+
+
+def read_requests_blocking(sock) -> Iterator[RawRequest]:
+    """``read_requests`` for a blocking socket (thread-per-connection servers)."""
+    buf = b""
+    while True:
+        parsed = split_request(buf)
+        if parsed is None:
+            data = sock.recv(65536)
             if not data:
                 return
             buf += data
-        body, buf = buf[:length], buf[length:]
-        yield RawRequest(method, target, headers, body)
+            continue
+        request, buf = parsed
+        yield request

@@ -1,4 +1,4 @@
-"""A scripted engine for smg-diff runs (stdlib only, loopback only).
+"""A scripted engine for smg-diff runs (loopback only; run by the project's venv python).
 
     python raw_engine.py PORT [PORT ...]     # prints {"ready": true, "urls": [...], "pid": N}
 
@@ -23,6 +23,8 @@ import socket
 import sys
 import threading
 import time
+
+from smgrl.fake.scripted import read_requests_blocking
 
 CONTENT_TYPES = [
     ("application/json", b'{"a":1}'), ("text/json", b'{"a":1}'), ("application/problem+json", b"[1]"),
@@ -53,26 +55,10 @@ def respond(conn, status, body=b"", ctype="application/json", extra=(), length=N
 
 
 def handle(conn, index):
-    buf = b""
     with conn:
-        while True:
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            method, target, _ = lines[0].split(" ", 2)
-            headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            length = int(headers.get("content-length", "0"))
-            while len(buf) < length:
-                buf += conn.recv(65536)
-            body, buf = buf[:length], buf[length:]
-            path, _, query = target.partition("?")
+        for request in read_requests_blocking(conn):
+            method, headers, body = request.method, request.headers, request.body
+            path, _, query = request.target.partition("?")
             if path in PROBE:
                 respond(conn, 200, PROBE[path])
             elif path.startswith("/echo"):
