@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from smgrl import __version__
+from smgrl.core.view import RL_WORKER_ENTRY_FIELDS
 from smgrl.dataplane.errors import INVALID_REQUEST_CODES
 
 OPENAPI_VERSION = "3.0.3"
@@ -216,26 +217,7 @@ SCHEMAS: dict[str, dict] = {
             "control": {"type": "string", "enum": ["active", "paused", "asleep", "unknown"]},
             "version_status": {"type": "string", "enum": ["consistent", "mixed", "unknown"]},
         },
-        [
-            "id",
-            "url",
-            "base_url",
-            "engine",
-            "engine_version",
-            "model_id",
-            "worker_type",
-            "connection_mode",
-            "control_url",
-            "tp_size",
-            "dp_size",
-            "pp_size",
-            "dp_ranks",
-            "role",
-            "health",
-            "weight_version",
-            "labels",
-            "capabilities",
-        ],
+        list(RL_WORKER_ENTRY_FIELDS),
     ),
     "RlWorkersResponse": _obj(
         {

@@ -20,7 +20,7 @@ from smgrl.auth import ENGINE, READ
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext, OpResult
 from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
-from smgrl.core.selector import SelectorError, parse_selector
+from smgrl.core.selector import SelectorError, parse_selector, rust_trim
 from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
 from smgrl.errors import (
     InvalidEnginePath,
@@ -33,7 +33,6 @@ from smgrl.errors import (
 
 PREFIX = b"/v1/rl/"
 FORWARDED = (b"traceparent", b"tracestate")
-WS = " \t\n\x0b\x0c\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 
 
 class _BadUtf8(Exception):
@@ -193,7 +192,7 @@ class RlApi:
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         body = await request.get_data(cache=False)  # after the query, before the handler's checks
-        source = selectors[0].strip(WS) if selectors else ""
+        source = rust_trim(selectors[0]) if selectors else ""
         if not source:
             raise SelectorRequired()
         try:

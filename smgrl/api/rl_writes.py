@@ -21,10 +21,10 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
-from smgrl.api.rl import WS, _query_pairs, _raw_query
+from smgrl.api.rl import _query_pairs, _raw_query
 from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.auth import WRITE
-from smgrl.core.selector import SelectorError, parse_selector
+from smgrl.core.selector import SelectorError, parse_selector, rust_trim
 from smgrl.core.version import InvalidVersion as BadVersion
 from smgrl.core.version import validate_version
 from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
@@ -131,7 +131,7 @@ class RlWrites:
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         value = parse_write(kind, await request.get_data(cache=False))
-        source = selectors[0].strip(WS) if selectors else ""
+        source = rust_trim(selectors[0]) if selectors else ""
         if not source:
             raise SelectorRequired()
         try:

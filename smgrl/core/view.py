@@ -96,6 +96,31 @@ def selector_view(worker: Worker, facts: EngineFacts | None = None) -> dict[str,
     return view
 
 
+# The fields of SMG 1.13.0's ``RlWorkerEntry``, in its serialisation order (``row`` writes them in
+# this order; the OpenAPI document requires them), and smgrl's additions after them.
+RL_WORKER_ENTRY_FIELDS = (
+    "id",
+    "url",
+    "base_url",
+    "engine",
+    "engine_version",
+    "model_id",
+    "worker_type",
+    "connection_mode",
+    "control_url",
+    "tp_size",
+    "dp_size",
+    "pp_size",
+    "dp_ranks",
+    "role",
+    "health",
+    "weight_version",
+    "labels",
+    "capabilities",
+)
+RL_WORKER_ENTRY_ADDITIONS = ("version_source", "control", "version_status")
+
+
 def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict:
     """One ``RlWorkerEntry``, field order as SMG 1.13.0 serialises it; absent optionals are null."""
     labels = worker.labels

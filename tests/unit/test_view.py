@@ -4,6 +4,8 @@ import pytest
 
 from smgrl.core.selector import parse_selector
 from smgrl.core.view import (
+    RL_WORKER_ENTRY_ADDITIONS,
+    RL_WORKER_ENTRY_FIELDS,
     EngineFacts,
     collapse,
     control_url,
@@ -138,26 +140,7 @@ def test_row_fields_and_order():
         },
     )
     entry = row(worker, 1)
-    assert list(entry) == [
-        "id",
-        "url",
-        "base_url",
-        "engine",
-        "engine_version",
-        "model_id",
-        "worker_type",
-        "connection_mode",
-        "control_url",
-        "tp_size",
-        "dp_size",
-        "pp_size",
-        "dp_ranks",
-        "role",
-        "health",
-        "weight_version",
-        "labels",
-        "capabilities",
-    ]
+    assert list(entry) == list(RL_WORKER_ENTRY_FIELDS)
     assert entry["engine_version"] == "0.5.23"
     assert entry["tp_size"] is None and entry["dp_size"] == 1 and entry["pp_size"] is None
     assert entry["model_id"] == "m" and entry["role"] is None
@@ -174,6 +157,7 @@ def test_row_reports_journal_facts_in_added_fields():
     assert entry["weight_version"] == "9"
     assert entry["version_source"] == "passthrough" and entry["control"] == "paused"
     assert entry["version_status"] == "consistent"
+    assert list(entry) == [*RL_WORKER_ENTRY_FIELDS, *RL_WORKER_ENTRY_ADDITIONS]
     unknown = row(worker, 1, EngineFacts(version_known=False, control="unknown"))
     assert unknown["weight_version"] == "default" and unknown["version_status"] == "unknown"
     assert row(worker, 1, EngineFacts(mixed=True))["version_status"] == "mixed"
