@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from smgrl.control.outcome import BODY_CAP, Outcome, decode_engine_body
+from smgrl.core.origin import origin_of
 from smgrl.core.view import control_url as control_url_of
 from smgrl.core.worker import Worker
 from smgrl.errors import NoControlEndpoint, UpstreamTimeout, UpstreamUnreachable
@@ -81,7 +82,7 @@ async def call_worker(
     # error (`upstream_unreachable`, "reading response body: ...").
     with trio.move_on_after(timeout) as scope:
         try:
-            pool = pools.get(_origin(endpoint))
+            pool = pools.get(origin_of(endpoint))
             async with pool.stream(
                 request.method,
                 _path_prefix(endpoint) + request.target,
@@ -141,14 +142,6 @@ async def call_worker(
 
 def _secs(timeout: float) -> str:
     return str(int(timeout)) if float(timeout).is_integer() else str(timeout)
-
-
-def _origin(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ValueError(f"control URL `{url}` has no scheme")
-    authority = rest.split("/", 1)[0]
-    return f"{scheme}://{authority}"
 
 
 def _path_prefix(url: str) -> str:

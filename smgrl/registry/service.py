@@ -20,6 +20,7 @@ import trio
 
 from journal import JournalWriteError
 from smgrl.config import Config
+from smgrl.core.origin import origin_key
 from smgrl.core.view import control_url
 from smgrl.core.worker import Worker, connection_mode_for, new_worker_id, redact_url, strip_rank
 from smgrl.errors import WorkerApiError
@@ -317,10 +318,5 @@ class RegistryService:
         )
 
 
-def _origin(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    return f"{scheme.lower()}://{rest.split('/', 1)[0].lower()}"
-
-
 def _same_origin(url: str | None, other: str) -> bool:
-    return url is not None and _origin(url) == _origin(other)
+    return url is not None and origin_key(url) == origin_key(other)

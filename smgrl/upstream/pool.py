@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import trio
 
+from smgrl.core.origin import origin_key
 from smgrl.upstream.connection import RECEIVE_SIZE, STREAM_ERRORS, Connection, open_connection
 from smgrl.upstream.errors import ConnectError, ReadError
 from smgrl.upstream.http11 import NEED_DATA, Head, ResponseParser, request_wants_close, serialize_request
@@ -325,10 +326,10 @@ class PoolSet:
         return len(self._pools)
 
     def __contains__(self, origin: object) -> bool:
-        return isinstance(origin, str) and _origin_key(origin) in self._pools
+        return isinstance(origin, str) and "://" in origin and origin_key(origin) in self._pools
 
     def get(self, origin: str) -> EnginePool:
-        key = _origin_key(origin)
+        key = origin_key(origin)
         pool = self._pools.get(key)
         if pool is None:
             if self._closed:
@@ -345,7 +346,7 @@ class PoolSet:
 
     async def discard(self, origin: str) -> None:
         """Forget an engine's pool and close it (in-flight exchanges finish, then close)."""
-        pool = self._pools.pop(_origin_key(origin), None)
+        pool = self._pools.pop(origin_key(origin), None)
         if pool is not None:
             pool.close_idle()
         await trio.lowlevel.checkpoint()
@@ -356,13 +357,6 @@ class PoolSet:
         for pool in pools.values():
             pool.close_idle()  # all synchronous, before the checkpoint (see EnginePool.close_idle)
         await trio.lowlevel.checkpoint()
-
-
-def _origin_key(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    for separator in "/?#":
-        rest = rest.partition(separator)[0]
-    return f"{scheme.lower()}://{rest.lower()}"
 
 
 def _parse_origin(origin: str) -> tuple[str, str, int, str]:

@@ -1,0 +1,27 @@
+"""A URL's origin, the key engine connections are pooled and compared by (pure).
+
+``scheme://authority`` as written, cut at the first ``/``, ``?`` or ``#`` after the scheme;
+``origin_key`` is its case-insensitive form (RFC 3986 §6.2.2.1: scheme and host compare without
+case). No URL parser on purpose: the pool validates the origin it connects to
+(``smgrl.upstream.pool``), and these only have to agree with each other.
+"""
+
+from __future__ import annotations
+
+import re
+
+_AUTHORITY_END = re.compile(r"[/?#]")
+
+
+def origin_of(url: str) -> str:
+    """``scheme://authority`` of ``url``, spelled as given; ValueError without a scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"URL `{url}` has no scheme")
+    end = _AUTHORITY_END.search(rest)
+    return f"{scheme}://{rest if end is None else rest[: end.start()]}"
+
+
+def origin_key(url: str) -> str:
+    """``origin_of`` without case: two URLs reach the same engine iff their keys are equal."""
+    return origin_of(url).lower()
