@@ -32,11 +32,12 @@ from smgrl.config import RlConfig
 from smgrl.control.call import ControlRequest, call_worker
 from smgrl.control.fanout import run_fanout
 from smgrl.control.outcome import Outcome, fanout_body
+from smgrl.core.ids import new_operation_id
 from smgrl.core.observe import intent_of
 from smgrl.core.path import metric_op
 from smgrl.core.selector import Selector
 from smgrl.core.view import collapse, control_url, selector_view
-from smgrl.core.worker import Worker, new_worker_id
+from smgrl.core.worker import Worker
 from smgrl.errors import JournalUnavailable
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
@@ -257,7 +258,7 @@ class ControlService:
     ) -> _Op:
         """Enqueue ``control.started``. Once this returns the intent WILL be written (or its batch
         fails): the caller owes the operation a close from then on."""
-        op_id = new_worker_id()
+        op_id = new_operation_id()
         event = ev(
             "control.started",
             op_id=op_id,

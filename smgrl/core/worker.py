@@ -7,8 +7,6 @@ frozen; the registry projection (``smgrl.state.registry``) replaces them, never 
 
 from __future__ import annotations
 
-import os
-import time
 import uuid
 from collections.abc import Mapping
 
@@ -210,18 +208,6 @@ def parse_size(value: str | None) -> int | None:
         return None
     number = int(text)
     return number if number < 2**64 else None
-
-
-def new_worker_id(now_ms: int | None = None) -> str:
-    """A UUIDv7 string (48-bit millisecond timestamp, version 7, variant 10, 74 random bits)."""
-    ms = int(time.time() * 1000) if now_ms is None else now_ms
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76
-    value |= ((rand >> 62) & 0xFFF) << 64
-    value |= 0b10 << 62
-    value |= rand & ((1 << 62) - 1)
-    return str(uuid.UUID(int=value))
 
 
 def is_uuid(text: str) -> bool:

@@ -20,9 +20,10 @@ import trio
 
 from journal import JournalWriteError
 from smgrl.config import Config
+from smgrl.core.ids import new_worker_id
 from smgrl.core.origin import origin_key
 from smgrl.core.view import control_url
-from smgrl.core.worker import Worker, connection_mode_for, new_worker_id, redact_url, strip_rank
+from smgrl.core.worker import Worker, connection_mode_for, redact_url, strip_rank
 from smgrl.errors import WorkerApiError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event

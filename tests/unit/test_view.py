@@ -2,6 +2,7 @@
 
 import pytest
 
+from smgrl.core.ids import new_operation_id, new_worker_id, uuid7
 from smgrl.core.selector import parse_selector
 from smgrl.core.view import (
     RL_WORKER_ENTRY_ADDITIONS,
@@ -14,7 +15,7 @@ from smgrl.core.view import (
     selector_view,
     workers_response,
 )
-from smgrl.core.worker import Worker, dp_rank_of, new_worker_id, parse_size, strip_rank
+from smgrl.core.worker import Worker, dp_rank_of, parse_size, strip_rank
 
 
 def w(id, url, *, dp=False, status="ready", labels=None, runtime="sglang", mode="http", model_id=None):
@@ -188,7 +189,9 @@ def test_unknown_runtime_is_shown_as_unknown():
 
 
 def test_worker_ids_are_uuid_v7_and_sortable():
-    a = new_worker_id(now_ms=1_000)
-    b = new_worker_id(now_ms=2_000)
+    a = uuid7(now_ms=1_000)
+    b = uuid7(now_ms=2_000)
     assert len(a) == 36 and a[14] == "7" and a[19] in "89ab"
     assert a < b
+    for made in (new_worker_id(), new_operation_id()):
+        assert made[14] == "7" and made[19] in "89ab" and made != a

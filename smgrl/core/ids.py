@@ -1,0 +1,31 @@
+"""The ids smgrl makes: worker ids and operation ids, both UUIDv7 (pure but for the clock and
+``os.urandom``). SMG's worker ids are UUIDv7; operation ids follow suit so that both sort by when
+they were made. (Request ids are the HTTP layer's: ``x-request-id``, SMG's format.)"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def uuid7(now_ms: int | None = None) -> str:
+    """A UUIDv7 string (48-bit millisecond timestamp, version 7, variant 10, 74 random bits)."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= ((rand >> 62) & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+def new_worker_id() -> str:
+    """A worker id (a registration, or one rank of a dp-aware engine)."""
+    return uuid7()
+
+
+def new_operation_id() -> str:
+    """An operation id (one control call or fan-out, as the journal records it)."""
+    return uuid7()
