@@ -217,6 +217,22 @@ class BaseEngine:
             self.checkpoint = checkpoint
         self.scheduler.load(digest)
 
+    # -- pause / resume ----------------------------------------------------------------------------
+    # TokenSpeed's pause_generation and vLLM's /pause and /sleep (SGLang pauses its own way).
+    async def pause_scheduler(self, mode: str) -> None:
+        """``abort`` aborts what runs, ``wait`` lets it finish, ``keep`` freezes it in place; new
+        requests wait at admission from now on. Returns once ``abort``/``wait`` drained."""
+        self.paused = mode
+        self.scheduler.set_frozen(mode == "keep")
+        if mode == "abort":
+            self.scheduler.abort_all()
+        if mode in ("abort", "wait"):
+            await self.wait_until(lambda: not self.scheduler.jobs)
+
+    def resume_scheduler(self) -> None:
+        self.paused = None
+        self.scheduler.set_frozen(False)
+
     # -- memory release / resume -----------------------------------------------------------------
     # The state change behind SGLang's and TokenSpeed's release/resume_memory_occupation and
     # vLLM's sleep/wake_up. Each flavour's route keeps its own validation, pausing and answer.

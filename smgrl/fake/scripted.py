@@ -44,31 +44,31 @@ def split_request(buf: bytes) -> tuple[RawRequest, bytes] | None:
     return RawRequest(method, target, headers, buf[start : start + length]), buf[start + length :]
 
 
+class RequestSplitter:
+    """Bytes in, whole requests out (the state both readers below share)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[RawRequest]:
+        self._buf += data
+        out = []
+        while (parsed := split_request(self._buf)) is not None:
+            request, self._buf = parsed
+            out.append(request)
+        return out
+
+
 async def read_requests(stream) -> AsyncIterator[RawRequest]:
     """Yield requests in order until the peer closes (or closes mid-request): trio servers."""
-    buf = b""
-    while True:
-        parsed = split_request(buf)
-        if parsed is None:
-            data = await stream.receive_some(65536)
-            if not data:
-                return
-            buf += data
-            continue
-        request, buf = parsed
-        yield request
+    splitter = RequestSplitter()
+    while data := await stream.receive_some(65536):
+        for request in splitter.feed(data):
+            yield request
 
 
 def read_requests_blocking(sock) -> Iterator[RawRequest]:
     """``read_requests`` for a blocking socket (thread-per-connection servers)."""
-    buf = b""
-    while True:
-        parsed = split_request(buf)
-        if parsed is None:
-            data = sock.recv(65536)
-            if not data:
-                return
-            buf += data
-            continue
-        request, buf = parsed
-        yield request
+    splitter = RequestSplitter()
+    while data := sock.recv(65536):
+        yield from splitter.feed(data)

@@ -113,28 +113,15 @@ class TokenSpeedEngine(BaseEngine):
             ("/v1/models", "GET", self.models),
         )
 
-    async def _pause(self, mode: str) -> None:
-        # Frontend admission is blocked first (new requests wait), then the scheduler pauses.
-        self.paused = mode
-        self.scheduler.set_frozen(mode == "keep")
-        if mode == "abort":
-            self.scheduler.abort_all()
-        if mode in ("abort", "wait"):
-            await self.wait_until(lambda: not self.scheduler.jobs)
-
-    def _continue(self) -> None:
-        self.paused = None
-        self.scheduler.set_frozen(False)
-
     async def pause_generation(self, req: Request) -> Response:
         mode = self.body(req, required=False).get("mode", "wait")
         if mode not in PAUSE_MODES:
             raise fail(400, f"invalid pause mode: {mode!r} (supported: wait, abort, keep)")
-        await self._pause(mode)
+        await self.pause_scheduler(mode)
         return json_response({"success": True, "message": "Paused generation.", "mode": mode})
 
     async def continue_generation(self, req: Request) -> Response:
-        self._continue()
+        self.resume_scheduler()
         return json_response({"success": True, "message": "Continued generation."})
 
     async def not_implemented(self, req: Request) -> Response:
@@ -195,8 +182,8 @@ class TokenSpeedEngine(BaseEngine):
         obj = self.body(req, required=True)
         if obj.get("abort_all"):
             # Implemented as pause(abort) + resume: it also un-pauses a paused engine.
-            await self._pause("abort")
-            self._continue()
+            await self.pause_scheduler("abort")
+            self.resume_scheduler()
         elif "rid" in obj:
             self.scheduler.abort([j for j in self.scheduler.jobs.values() if j.rid == obj["rid"]])
         return json_response({"success": True})
@@ -213,7 +200,7 @@ class TokenSpeedEngine(BaseEngine):
             raise fail(400, f"Memory for {tags} is already released")
         if self.paused is None:
             # Release drains through a pause first; resume_memory_occupation lifts it.
-            await self._pause("wait")
+            await self.pause_scheduler("wait")
             self._release_paused = True
         self.release_memory(tags, "released")
         return json_response({"success": True, "message": f"Released memory occupation: {tags}"})
@@ -225,7 +212,7 @@ class TokenSpeedEngine(BaseEngine):
         self.resume_memory(tags, restore=False)
         if not self.released_tags and self._release_paused:
             self._release_paused = False
-            self._continue()
+            self.resume_scheduler()
         self.changed.notify()
         return json_response({"success": True, "message": f"Resumed memory occupation: {tags}"})
 

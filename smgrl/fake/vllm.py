@@ -177,15 +177,9 @@ class VLLMEngine(BaseEngine):
         return self.scheduler.abort(jobs)
 
     async def _pause(self, mode: str, clear_cache: bool) -> None:
-        self.paused = mode
-        self.scheduler.set_frozen(mode == "keep")
-        if mode == "abort":
-            self.scheduler.abort_all()
-        if mode in ("abort", "wait"):
-            # Returns once drained: abort waits for the aborts to land, wait for completions.
-            await self.wait_until(lambda: not self.scheduler.jobs)
-            if clear_cache:
-                self.scheduler.flush_cache()
+        await self.pause_scheduler(mode)
+        if clear_cache and mode in ("abort", "wait"):  # drained: nothing uses the cache now
+            self.scheduler.flush_cache()
 
     async def pause(self, req: Request) -> Response:
         mode = req.arg("mode", "abort")
@@ -200,12 +194,8 @@ class VLLMEngine(BaseEngine):
         await self._pause(mode, clear)
         return json_response({"status": "paused"})
 
-    def _resume(self) -> None:
-        self.paused = None
-        self.scheduler.set_frozen(False)
-
     async def resume(self, req: Request) -> Response:
-        self._resume()
+        self.resume_scheduler()
         return json_response({"status": "resumed"})
 
     async def is_paused(self, req: Request) -> Response:
@@ -246,7 +236,7 @@ class VLLMEngine(BaseEngine):
         if awake and self.sleep_level is not None:
             # Fully resident again: scheduling resumes by itself.
             self.sleep_level = None
-            self._resume()
+            self.resume_scheduler()
         self.changed.notify()
         return json_response({"status": "awake" if awake else "sleeping", "tags": tags or None})
 
