@@ -9,10 +9,11 @@ that a rollout client commonly sends; the others, tools and response formats amo
 the engine's to judge: docs/deviations.md).
 
 Cost: a valid body is parsed once by the stdlib's C parser and its known fields type-checked on
-the parsed dict (a few microseconds). Only when that check finds something wrong (or the C
-parser refuses the body, or it holds a lone surrogate escape, NaN or deeper nesting than serde's
-128 levels, which Python accepts) does ``smgrl.api.serde_body`` re-read the bytes with serde's
-rules to name the first error in document order, with its path and position, as SMG does.
+the parsed dict (``smgrl.api.serde_body.fast_parse``, the fast path every serde-read body takes).
+Only when that check finds something wrong (or the body holds what Python reads and serde
+refuses: a lone surrogate escape, NaN, -0 for an integer, a repeated field, a BOM, deeper nesting
+than serde's 128 levels) does ``smgrl.api.serde_body`` re-read the bytes with serde's rules to
+name the first error in document order, with its path and position, as SMG does.
 
 ``/generate`` stays lenient (docs/deviations.md): any JSON object with a string (or no) ``model``
 is forwarded; SGLang judges the rest. Its refusals use the same codes in the same JSON envelope
@@ -25,7 +26,7 @@ import json
 import re
 from typing import Any
 
-from smgrl.api.serde_body import MAX_DEPTH, SerdeError, parse_struct
+from smgrl.api.serde_body import MAX_DEPTH, SerdeError, fast_parse, field_ok, serde_struct
 from smgrl.dataplane import request as rq
 from smgrl.dataplane.errors import InvalidRequest
 
@@ -115,15 +116,6 @@ _LONE_SURROGATE = re.compile(
 # body gets the same code and param from the fast check, without serde's position (it would
 # hold the event loop for seconds on a body at --dataplane-max-body-size).
 EXACT_TEXT_LIMIT = 1 << 20
-_U32, _I32, _I64, _U64 = 2**32, 2**31, 2**63, 2**64
-
-
-def _num(v: Any) -> bool:
-    return type(v) in (int, float)
-
-
-def _int(v: Any, low: int, high: int) -> bool:
-    return type(v) is int and low <= v < high
 
 
 def _str_list(v: Any) -> bool:
@@ -147,31 +139,6 @@ def untagged_ok(name: str, value: Any) -> bool:
     return True
 
 
-_CHECKS = {
-    "str": lambda v: type(v) is str,
-    "opt_str": lambda v: v is None or type(v) is str,
-    "opt_f32": lambda v: v is None or _num(v),
-    "opt_u32": lambda v: v is None or _int(v, 0, _U32),
-    "opt_i32": lambda v: v is None or _int(v, -_I32, _I32),
-    "opt_i64": lambda v: v is None or _int(v, -_I64, _I64),
-    "opt_u64": lambda v: v is None or _int(v, 0, _U64),
-    "bool": lambda v: type(v) is bool,
-    "bool_nf": lambda v: v is None or type(v) is bool,
-    "opt_bool": lambda v: v is None or type(v) is bool,
-    "opt_map": lambda v: v is None or type(v) is dict,
-    "opt_map_str": lambda v: v is None or (type(v) is dict and all(type(x) is str for x in v.values())),
-    "opt_map_f32": lambda v: v is None or (type(v) is dict and all(_num(x) for x in v.values())),
-    "opt_untagged:StringOrArray": lambda v: v is None or untagged_ok("StringOrArray", v),
-    "untagged:StringOrArray|ids": lambda v: untagged_ok("StringOrArray|ids", v),
-    "messages": lambda v: type(v) is list and all(_message_ok(m) for m in v),
-}
-_ROLES = frozenset(("system", "user", "assistant", "tool", "function", "developer", "root"))
-
-
-def _message_ok(m: Any) -> bool:
-    return type(m) is dict and m.get("role") in _ROLES and type(m.get("content")) in (str, list, type(None))
-
-
 def _refuse_constant(name: str) -> Any:
     raise ValueError(name)  # NaN / Infinity: not JSON (serde refuses them)
 
@@ -191,28 +158,11 @@ def _too_deep(obj: Any) -> bool:
 
 
 def _fast(route: str, body: bytes) -> Any:
-    """The parsed body when the C parser alone can be trusted to agree with serde, else None."""
-    if (b"\\ud" in body or b"\\uD" in body) and _LONE_SURROGATE.search(body):
-        return None  # serde refuses a lone surrogate escape, Python does not
-    if body.count(b'"model"') > 1:
-        return None  # perhaps a duplicate field: serde refuses it, Python keeps the last
-    try:
-        obj = json.loads(body, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError):
-        return None
-    if body.count(b"[") + body.count(b"{") >= MAX_DEPTH and type(obj) in (dict, list) and _too_deep(obj):
-        return None
-    if type(obj) is not dict:
-        return None
+    """The parsed body when the C parser alone can be trusted to agree with serde, else None
+    (``smgrl.api.serde_body.fast_parse``: the checks every serde-read body gets)."""
     _name, fields, required = SCHEMAS[route]
-    for field in required:
-        if field not in obj:
-            return None
-    for key, value in obj.items():
-        kind = fields.get(key)
-        if kind is not None and not _CHECKS[kind](value):
-            return None
-    return obj
+    parsed = fast_parse(body, fields, required, flatten=True, untagged_ok=untagged_ok)
+    return None if parsed is None else parsed[0]
 
 
 def _refusal(route: str, exc: SerdeError) -> InvalidRequest:
@@ -266,7 +216,7 @@ def parse(route: str, body: bytes, content_type: bytes | None) -> rq.RolloutRequ
     if obj is None:
         name, fields, required = SCHEMAS[route]
         try:
-            parse_struct(body, name, fields, required, flatten=True, untagged_ok=untagged_ok)
+            serde_struct(body, name, fields, required, flatten=True, untagged_ok=untagged_ok)
         except SerdeError as exc:
             raise _refusal(route, exc) from None
         # serde accepts what the fast check doubted (e.g. a valid surrogate pair).
@@ -301,7 +251,7 @@ def _approximate(route: str, body: bytes) -> InvalidRequest:
             return _data_error(route, f"missing field `{field}`", "missing_required_parameter", field)
     for key, value in obj.items():
         kind = fields.get(key)
-        if kind is not None and not _CHECKS[kind](value):
+        if kind is not None and not field_ok(kind, value, untagged_ok):
             return _data_error(route, f"{key}: invalid type", "invalid_type", key)
     # The fast check doubted a detail only serde's reading shows (a duplicate field...).
     return _data_error(route, "the body does not match the request's fields", "json_parse_error", None)

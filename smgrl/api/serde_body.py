@@ -723,12 +723,26 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-_DECODER = json.JSONDecoder(
+# Two decoders. The exact one applies serde's number rules and refuses repeated keys, but its
+# Python hooks run per integer and per object (4x slower on a 4,000-token-id prompt); the plain
+# one is json's C parser with a hook per float only (floats are few), used when nothing in the
+# body would read differently: no integer spelled -0 or with 19+ digits (serde: a float), no
+# \\u escape (which could spell a repeated key), no nested struct in the schema, and no known
+# top-level field named twice (counted in the text). The scans also hit inside strings: then
+# the exact decoder runs, which is never wrong, only slower.
+_EXACT = json.JSONDecoder(
     parse_int=_int, parse_float=_float, parse_constant=_constant, object_pairs_hook=_object
 )
-# A surrogate escape (\uD800-\uDFFF): serde refuses a lone one in every string it checks, json
-# keeps it. The few bodies with one (a pair, an emoji spelled as escapes) go to the serde reader.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_PLAIN = json.JSONDecoder(parse_float=_float, parse_constant=_constant)
+_NEGATIVE_ZERO = re.compile(rb"-0(?![.0-9eE])")
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_INTEGER = b"0" * 19
+
+
+def _plain_numbers(data: bytes) -> bool:
+    if b"-0" in data and _NEGATIVE_ZERO.search(data):
+        return False
+    return _LONG_INTEGER not in data.translate(_DIGITS_AS_ZERO)
 
 
 def _depth(value: Any) -> int:
@@ -751,17 +765,57 @@ def fast_struct(
 ) -> dict[str, Any] | None:
     """``parse_struct``'s value by ``json`` plus schema checks, or None where only the serde
     reader can answer (every body serde refuses, and a few rare ones it accepts)."""
-    if b"\\u" in data and _SURROGATE_ESCAPE.search(data):
-        return None
+    parsed = fast_parse(data, fields, required, aliases, flatten=flatten, untagged_ok=untagged_ok)
+    return None if parsed is None else parsed[1]
+
+
+def fast_parse(
+    data: bytes,
+    fields: dict[str, str],
+    required: tuple[str, ...] = (),
+    aliases: dict[str, str] | None = None,
+    *,
+    flatten: bool = False,
+    untagged_ok=None,
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``fast_struct``, also handing back the whole parsed document (unknown fields included:
+    the data plane reads a few of those)."""
+    aliases = aliases or {}
     try:
         # Strict UTF-8 first: json.loads(bytes) would also take UTF-16/32 and a BOM; serde not.
         text = data.decode("utf-8")
-        doc = _DECODER.decode(text)
+        escapes = "\\u" in text
+        exact = escapes or not _plain_numbers(data)
+        doc = (_EXACT if exact else _PLAIN).decode(text)
+        if not exact and type(doc) is dict:
+            for key in doc:
+                kind = fields.get(aliases.get(key, key) if aliases else key)
+                if kind is None:
+                    continue
+                if "struct:" in kind:  # a nested struct: its fields may repeat too
+                    doc = _EXACT.decode(text)
+                    break
+                if text.count(f'"{key}"') > 1:
+                    return None  # perhaps the field twice (serde refuses it; json keeps the last)
         if text.count("[") + text.count("{") >= MAX_DEPTH and _depth(doc) >= MAX_DEPTH:
             return None
-        return _Fast(untagged_ok).struct(doc, fields, required, aliases or {})
+        if escapes and ("\\ud" in text or "\\uD" in text):
+            # json keeps a lone surrogate escape as a lone code point, serde refuses it in every
+            # string it checks; a pair (an emoji escaped by an ensure_ascii encoder) json joins.
+            # So a code point UTF-8 cannot encode is a lone one (UnicodeEncodeError: ValueError).
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        return doc, _Fast(untagged_ok).struct(doc, fields, required, aliases)
     except (ValueError, RecursionError, _Decline):  # JSONDecodeError, UnicodeDecodeError: ValueError
         return None
+
+
+def field_ok(kind: str, value: Any, untagged_ok=None) -> bool:
+    """Whether an already parsed value fits a field's kind (the fast path's check of one field)."""
+    try:
+        _Fast(untagged_ok).typed(value, kind)
+    except _Decline:
+        return False
+    return True
 
 
 def _number(value: Any) -> bool:
@@ -781,7 +835,7 @@ class _Fast:
             raise _Decline
         out: dict[str, Any] = {}
         for key, item in value.items():
-            canonical = aliases.get(key, key)
+            canonical = aliases.get(key, key) if aliases else key
             kind = fields.get(canonical)
             if kind is None:
                 continue  # an unknown field: any JSON value (serde's IgnoredAny, or a Value)
@@ -794,6 +848,11 @@ class _Fast:
         return out
 
     def typed(self, value: Any, kind: str) -> Any:
+        check = _PLAIN_KINDS.get(kind)
+        if check is not None:  # the common kinds, by one lookup
+            if check(value):
+                return False if value is None and kind == "bool_nf" else value
+            raise _Decline
         if kind.startswith("opt_"):
             if value is None:
                 return None
@@ -844,6 +903,26 @@ class _Fast:
         else:
             return value
         raise _Decline
+
+
+def _is_int(low: int, high: int):
+    return lambda value: type(value) is int and low <= value <= high
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+_PLAIN_KINDS = {
+    "str": lambda value: type(value) is str,
+    "bool": lambda value: type(value) is bool,
+    "f32": _number,
+    "map": lambda value: type(value) is dict,
+    **{kind: _is_int(0, limit) for kind, limit in _INT_LIMITS.items()},
+    **{kind: _is_int(-bound, bound - 1) for kind, bound in _SIGNED_LIMITS.items()},
+}
+_PLAIN_KINDS.update({"opt_" + kind: _optional(check) for kind, check in _PLAIN_KINDS.items()})
+_PLAIN_KINDS["bool_nf"] = _PLAIN_KINDS["opt_bool"]
 
 
 def _message_ok(message: Any) -> bool:

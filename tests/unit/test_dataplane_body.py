@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smgrl.api import dataplane_body as db
-from smgrl.api.serde_body import SerdeError, parse_struct
+from smgrl.api.serde_body import SerdeError, serde_struct
 from smgrl.dataplane import request as rq
 from smgrl.dataplane.errors import InvalidRequest
 
@@ -73,10 +73,45 @@ def test_the_fast_check_never_accepts_what_serde_refuses(extra, with_messages):
     body = json.dumps(obj).encode()
     fast = db._fast(rq.CHAT, body)
     try:
-        parse_struct(body, "ChatCompletionRequest", db.CHAT_FIELDS, ("messages", "model"), flatten=True,
+        serde_struct(body, "ChatCompletionRequest", db.CHAT_FIELDS, ("messages", "model"), flatten=True,
                      untagged_ok=db.untagged_ok)  # fmt: skip
         serde_ok = True
     except SerdeError:
         serde_ok = False
     if fast is not None:
         assert serde_ok, body
+
+
+OK_CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "text"),
+    [
+        (b"\xef\xbb\xbf" + OK_CHAT, "invalid_json", "expected value at line 1 column 1"),
+        (OK_CHAT.decode().encode("utf-16"), "invalid_json", "expected value at line 1 column 1"),
+        (OK_CHAT[:-1] + b', "messages": []}', "json_parse_error", "duplicate field `messages`"),
+        (
+            OK_CHAT[:-1] + b', "stream": true, "stream": false}',
+            "json_parse_error",
+            "duplicate field `stream`",
+        ),
+        (OK_CHAT[:-1] + b', "max_tokens": -0}', "invalid_type", "floating point `-0.0`, expected u32"),
+        (OK_CHAT[:-1] + b', "user": "\\\\ud83d\\ude00"}', "invalid_json", "lone leading surrogate"),
+    ],
+    ids=[
+        "utf-8 BOM",
+        "utf-16",
+        "duplicate messages",
+        "duplicate stream",
+        "-0 for a u32",
+        "escaped backslash",
+    ],
+)
+def test_bodies_python_reads_and_serde_refuses_are_refused(body, code, text):
+    # Regression: the data plane's own fast check took these (json.loads reads a BOM and UTF-16,
+    # keeps the last of repeated fields, reads -0 as 0, and the surrogate scan was fooled by an
+    # escaped backslash); SMG refuses each. The fast path is now serde_body.fast_parse.
+    with pytest.raises(InvalidRequest) as info:
+        db.parse(rq.CHAT, body, CT)
+    assert info.value.code == code and text in info.value.body()["error"]["message"]
