@@ -498,6 +498,31 @@ class _Parser:
         self.path.append(base)
         return items
 
+    def _keys(self):
+        """Inside an object whose ``{`` is consumed: yield each key, read (the caller reads the
+        colon and the value); stop before the ``}``, which the caller consumes. serde's checks
+        and texts for a struct's and a map's keys alike."""
+        first = True
+        while True:
+            c = self.ws()
+            if c == 0x7D:
+                return
+            if c is None:
+                raise self.peek_err("EOF while parsing an object")
+            if not first:
+                if c != 0x2C:
+                    raise self.peek_err("expected `,` or `}`")
+                self.i += 1
+                c = self.ws()
+                if c == 0x7D:
+                    raise self.peek_err("trailing comma")
+                if c is None:
+                    raise self.peek_err("EOF while parsing a value")
+            first = False
+            if c != 0x22:
+                raise self.peek_err("key must be a string")
+            yield self.string()
+
     def _message(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         error: _Err | None = None
@@ -505,29 +530,10 @@ class _Parser:
         if self.depth >= MAX_DEPTH:
             raise self.peek_err("recursion limit exceeded")
         self.i += 1
-        first = True
         saved = self.track_any
         self.track_any = True  # the buffered content is a serde Content: paths are tracked
         try:
-            while True:
-                c = self.ws()
-                if c == 0x7D:
-                    break
-                if c is None:
-                    raise self.peek_err("EOF while parsing an object")
-                if not first:
-                    if c != 0x2C:
-                        raise self.peek_err("expected `,` or `}`")
-                    self.i += 1
-                    c = self.ws()
-                    if c == 0x7D:
-                        raise self.peek_err("trailing comma")
-                    if c is None:
-                        raise self.peek_err("EOF while parsing a value")
-                first = False
-                if c != 0x22:
-                    raise self.peek_err("key must be a string")
-                key = self.string()
+            for key in self._keys():
                 self.colon()
                 self.path.append(key)
                 if key == "role" and "role" not in out:
@@ -590,27 +596,8 @@ class _Parser:
         error: _Err | None = None
         self.depth += 1
         self.i += 1
-        first = True
         try:
-            while True:
-                c = self.ws()
-                if c == 0x7D:
-                    break
-                if c is None:
-                    raise self.peek_err("EOF while parsing an object")
-                if not first:
-                    if c != 0x2C:
-                        raise self.peek_err("expected `,` or `}`")
-                    self.i += 1
-                    c = self.ws()
-                    if c == 0x7D:
-                        raise self.peek_err("trailing comma")
-                    if c is None:
-                        raise self.peek_err("EOF while parsing a value")
-                first = False
-                if c != 0x22:
-                    raise self.peek_err("key must be a string")
-                key = self.string()
+            for key in self._keys():
                 canonical = aliases.get(key, key)
                 if canonical in fields and canonical in out:
                     raise _Err(f"duplicate field `{canonical}`", False, None)
