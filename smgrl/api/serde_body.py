@@ -18,7 +18,7 @@ of the internally tagged ``ChatMessage``, tag ``role``). With ``track_any`` the 
 unknown fields into their nested containers (serde_path_to_error over a ``Value``), as SMG's
 ``#[serde(flatten)] other`` map does.
 
-Two readers, one answer: ``fast_struct`` parses with the ``json`` module and checks the schema on
+Two readers, one answer: ``fast_parse`` parses with the ``json`` module and checks the schema on
 the result (the normal path, for bodies that are fine); ``parse_struct`` falls back to the
 byte-by-byte serde reader only when the fast path declines, i.e. to render the error text of a
 body that failed (or to decide the rare valid body the fast path leaves to it: invalid UTF-8 in
@@ -631,19 +631,15 @@ def parse_struct(
     required: tuple[str, ...] = (),
     field_count: int | None = None,
     aliases: dict[str, str] | None = None,
-    *,
-    flatten: bool = False,
-    untagged_ok=None,
+    **options: Any,
 ) -> dict[str, Any]:
     """The body as ``{field: value}`` for the schema's known fields (``aliases`` maps other
-    accepted names onto them); SerdeError with SMG's text. ``flatten``: the struct keeps its
-    unknown fields in a ``#[serde(flatten)]`` map of ``Value`` (SMG's OpenAI requests)."""
-    out = fast_struct(data, fields, required, aliases, flatten=flatten, untagged_ok=untagged_ok)
-    if out is not None:
-        return out
-    return serde_struct(
-        data, name, fields, required, field_count, aliases, flatten=flatten, untagged_ok=untagged_ok
-    )
+    accepted names onto them); SerdeError with SMG's text. ``options``: ``serde_struct``'s
+    (``flatten``, ``untagged_ok``). The fast path answers; the serde reader only when it declines."""
+    parsed = fast_parse(data, fields, required, aliases, **options)
+    if parsed is not None:
+        return parsed[1]
+    return serde_struct(data, name, fields, required, field_count, aliases, **options)
 
 
 def serde_struct(
@@ -657,7 +653,9 @@ def serde_struct(
     flatten: bool = False,
     untagged_ok=None,
 ) -> dict[str, Any]:
-    """``parse_struct`` by the serde-compatible reader alone (errors in serde's order and text)."""
+    """``parse_struct`` by the serde-compatible reader alone (errors in serde's order and text).
+    ``flatten``: the struct keeps its unknown fields in a ``#[serde(flatten)]`` map of ``Value``
+    (SMG's OpenAI requests); ``untagged_ok(name, value)``: does a value match an untagged enum."""
     p = _Parser(data, track_any=flatten, untagged_ok=untagged_ok)
     try:
         out = p.struct(name, fields, required, aliases or {})
@@ -741,21 +739,6 @@ def _depth(value: Any) -> int:
     return 0
 
 
-def fast_struct(
-    data: bytes,
-    fields: dict[str, str],
-    required: tuple[str, ...] = (),
-    aliases: dict[str, str] | None = None,
-    *,
-    flatten: bool = False,
-    untagged_ok=None,
-) -> dict[str, Any] | None:
-    """``parse_struct``'s value by ``json`` plus schema checks, or None where only the serde
-    reader can answer (every body serde refuses, and a few rare ones it accepts)."""
-    parsed = fast_parse(data, fields, required, aliases, flatten=flatten, untagged_ok=untagged_ok)
-    return None if parsed is None else parsed[1]
-
-
 def fast_parse(
     data: bytes,
     fields: dict[str, str],
@@ -765,8 +748,9 @@ def fast_parse(
     flatten: bool = False,
     untagged_ok=None,
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """``fast_struct``, also handing back the whole parsed document (unknown fields included:
-    the data plane reads a few of those)."""
+    """(the whole parsed document, ``parse_struct``'s value) by ``json`` plus schema checks, or
+    None where only the serde reader can answer (every body serde refuses, and a few rare ones
+    it accepts). The document keeps unknown fields: the data plane reads a few of them."""
     aliases = aliases or {}
     try:
         # Strict UTF-8 first: json.loads(bytes) would also take UTF-16/32 and a BOM; serde not.

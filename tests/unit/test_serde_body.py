@@ -1,6 +1,6 @@
 """smgrl/api/serde_body.py: the json fast path against the serde-compatible reader.
 
-``parse_struct`` answers from ``fast_struct`` (json + schema checks) and runs the byte-by-byte
+``parse_struct`` answers from ``fast_parse`` (json + schema checks) and runs the byte-by-byte
 serde reader (``serde_struct``) only when the fast path declines. The property: on generated
 bodies, the fast path never accepts what serde refuses, gives serde's value when it accepts, and
 declines a body serde accepts only for the rare reasons it names (invalid UTF-8 in an ignored
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from smgrl.api import dataplane_body
 from smgrl.api.rl_writes import SCHEMAS
-from smgrl.api.serde_body import SerdeError, fast_struct, parse_struct, serde_struct
+from smgrl.api.serde_body import SerdeError, fast_parse, parse_struct, serde_struct
 from smgrl.api.workers_body import (
     WORKER_SPEC,
     WORKER_SPEC_ALIASES,
@@ -98,7 +98,8 @@ def _declines_rightly(data: bytes) -> bool:
 def check(data: bytes, schema) -> None:
     name, fields, required, count, aliases, options = schema
     expected = serde(data, schema)
-    fast = fast_struct(data, fields, required, aliases, **options)
+    parsed = fast_parse(data, fields, required, aliases, **options)
+    fast = None if parsed is None else parsed[1]
     if expected[0] == "error":
         assert fast is None, f"fast path accepts what serde refuses ({expected[1]}): {fast}"
     elif fast is None:
