@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from journal_cli_builder import Builder
 
 from journal.events import ControlStarted
+from smgrl.core.ids import new_worker_id, uuid7
 from smgrl.core.printable import UNSAFE
-from smgrl.core.worker import new_worker_id
 from smgrl.journal_cli import journal_group
 from smgrl.journaling import ev
 
@@ -28,10 +28,10 @@ def _hostile_journal(path, n_workers: int = 6) -> dict:
     b = Builder(path)
     b.add("gateway", ev("gateway.started", version="0.1.0", pid=1, config={"port": 1}))
     now = 1_800_000_000_000
-    workers = [(new_worker_id(now), f"http://127.0.0.1:{31000 + i}") for i in range(n_workers)]
+    workers = [(uuid7(now), f"http://127.0.0.1:{31000 + i}") for i in range(n_workers)]
     for wid, url in workers:
         b.register(wid, url, labels={"role": "policy" + OSC})
-    op = new_worker_id(now + 1)
+    op = uuid7(now + 1)
     b.add(
         f"op:{op}",
         ev(
