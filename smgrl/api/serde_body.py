@@ -724,6 +724,12 @@ _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_INTEGER = b"0" * 19
 
 
+def _used_as_key_twice(key: str, text: str) -> bool:
+    # Only a key is followed by ':' (a string value never is), at this level or a nested one: a
+    # nested namesake is a false alarm, which only sends the body to the serde reader.
+    return len(re.findall(f'"{re.escape(key)}"[ \\t\\n\\r]*:', text)) > 1
+
+
 def _plain_numbers(data: bytes) -> bool:
     if b"-0" in data and _NEGATIVE_ZERO.search(data):
         return False
@@ -766,7 +772,7 @@ def fast_parse(
                 if "struct:" in kind:  # a nested struct: its fields may repeat too
                     doc = _EXACT.decode(text)
                     break
-                if text.count(f'"{key}"') > 1:
+                if text.count(f'"{key}"') > 1 and _used_as_key_twice(key, text):
                     return None  # perhaps the field twice (serde refuses it; json keeps the last)
         if text.count("[") + text.count("{") >= MAX_DEPTH and _depth(doc) >= MAX_DEPTH:
             return None

@@ -75,8 +75,20 @@ def serde(data: bytes, schema) -> tuple:
         return ("error", exc.message, exc.syntax)
 
 
-def _declines_rightly(data: bytes) -> bool:
+def _keys_anywhere(value, out: list) -> list:
+    if isinstance(value, dict):
+        out += value
+        for item in value.values():
+            _keys_anywhere(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _keys_anywhere(item, out)
+    return out
+
+
+def _declines_rightly(data: bytes, schema) -> bool:
     """The bodies serde accepts that the fast path may leave to it."""
+    _, fields, _, _, aliases, _ = schema
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -92,7 +104,12 @@ def _declines_rightly(data: bytes) -> bool:
         json.dumps(doc, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return True  # a lone surrogate escape (serde refuses it only in the strings it checks)
-    return any(repeated)
+    if any(repeated):
+        return True
+    # A known field's name used as a key at two places (a nested namesake included: the plain
+    # reading cannot tell which level a name is at).
+    keys = _keys_anywhere(doc, [])
+    return any(keys.count(key) > 1 for key in (*fields, *aliases) if key in doc)
 
 
 def check(data: bytes, schema) -> None:
@@ -103,7 +120,9 @@ def check(data: bytes, schema) -> None:
     if expected[0] == "error":
         assert fast is None, f"fast path accepts what serde refuses ({expected[1]}): {fast}"
     elif fast is None:
-        assert _declines_rightly(data), f"fast path declines a plain body serde accepts: {expected[1]}"
+        assert _declines_rightly(data, schema), (
+            f"fast path declines a plain body serde accepts: {expected[1]}"
+        )
     else:
         assert fast == expected[1]
         assert repr(fast) == repr(expected[1])  # -0.0 vs 0, 1 vs 1.0: equal, but not the same value
@@ -247,6 +266,8 @@ def bodies(draw, schema) -> bytes:
 @example((b'{"url": "http://a:1", "other": "\\ud800x\\udc00"}', SCHEMA_TABLE[0]))
 @example((b'{"url": "http://a:1", "other": ["\xff"]}', SCHEMA_TABLE[0]))
 @example((b'{"url": "http://a:1", "runtime": "sglang", "runtime_type": "vllm"}', SCHEMA_TABLE[0]))
+@example((b'{"url":"runtime","runtime":"unspecified"}', SCHEMA_TABLE[0]))
+@example((b'{"url": "u", "labels": {"url": "x"}, "url" : "v"}', SCHEMA_TABLE[0]))
 @example((b'{"url": "http://a:1", "priority": -0}', SCHEMA_TABLE[0]))
 @example((b'{"url": "http://a:1", "cost": NaN}', SCHEMA_TABLE[0]))
 @example((b'\xef\xbb\xbf{"url": "http://a:1"}', SCHEMA_TABLE[0]))
