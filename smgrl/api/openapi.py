@@ -51,6 +51,7 @@ OPENAI_CODES = [
 ]
 DATAPLANE_CODES = [
     *INVALID_REQUEST_CODES,
+    "invalid_routing_metadata",
     "model_required",
     "model_not_found",
     "too_many_requests",
@@ -329,6 +330,8 @@ SCHEMAS: dict[str, dict] = {
         "codes for a refused body, `param` naming the field: invalid_json, invalid_type, invalid_value, "
         "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
         "prompt_empty, json_parse_error (OpenAI routes without a JSON content type); 400 "
+        "invalid_routing_metadata (a malformed PSRL routing header or body field: x-prompt-id, "
+        "x-is-sticky, x-base-worker-id + x-target-dp-rank, ...); 400 "
         "model_required (several models served, none named); 404 model_not_found; 429 too_many_requests "
         "(--max-concurrent-requests and the queue are full), queue_timeout; 502 upstream_unreachable; "
         "503 no_available_workers (no routable worker serves the model), no_eligible_workers (every "
@@ -769,7 +772,18 @@ STAMP = {
         "schema": STR,
     },
     "x-version-tag": {
-        "description": "PSRL: the serving engine's version, `-1` when it has none",
+        "description": "PSRL: the serving engine's version, `-1` when it has none; for a request with "
+        "routing metadata (x-prompt-id or an instance hint) the version pinned at its first selection",
+        "required": True,
+        "schema": STR,
+    },
+    "x-base-worker-id": {
+        "description": "PSRL: the serving instance's engine (registry id of its rank-0 record)",
+        "required": True,
+        "schema": STR,
+    },
+    "x-target-dp-rank": {
+        "description": "PSRL: the serving instance's DP rank (0 without DP)",
         "required": True,
         "schema": STR,
     },
@@ -864,7 +878,8 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
         "400": _dp_error(
             "SMG's codes for a refused body (invalid_json, invalid_type, invalid_value, "
             "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
-            "prompt_empty, json_parse_error), model_required (/generate only)"
+            "prompt_empty, json_parse_error), invalid_routing_metadata (a malformed PSRL routing "
+            "header or field), model_required (/generate only)"
             + (
                 ", or an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope)"
                 if rl

@@ -9,6 +9,7 @@
     │                                                         prompt_empty, integer_below_min_value,
     │                                                         unknown_parameter, json_parse_error
     │                                                         (422 for a /generate body of the wrong shape)
+    ├── InvalidRoutingMetadata  invalid_routing_metadata 400  a malformed PSRL routing header/field
     ├── ModelRequired           model_required           400  several models served, none named
     ├── ModelNotFound           model_not_found          404
     ├── QueueFull               too_many_requests        429  --max-concurrent-requests + queue full
@@ -79,6 +80,10 @@ class InvalidRequest(DataPlaneError):
         super().__init__(message, param=param)
         self.code = code
         self.status = status
+
+
+class InvalidRoutingMetadata(DataPlaneError):
+    code, status = "invalid_routing_metadata", 400
 
 
 class ModelRequired(DataPlaneError):

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from smgrl.config import Config
 from smgrl.core.version import Version
 from smgrl.dataplane.admission import Admission
+from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.errors import (
@@ -41,6 +42,8 @@ from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry.keys import KeyRing
+from smgrl.routing import staged
+from smgrl.routing.metadata import InstanceId
 from smgrl.routing.policy import CacheAwareConfig, make_policy, sticky
 from smgrl.routing.version_policy import ANY, VersionPolicy, floor_reason
 from smgrl.state.fleet import FleetState
@@ -107,6 +110,7 @@ class DataPlane:
         self.max_body = min(cfg.max_payload_size, dp.max_body_size)
         self._table: Table | None = None
         self._changed = trio.Event()
+        self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
         self.metrics = DataPlaneMetrics(
             registry if registry is not None else CollectorRegistry(auto_describe=False),
@@ -225,20 +229,40 @@ class DataPlane:
         policy: VersionPolicy | None = None,
         floor: Version | None = None,
         exclude: set[str] | None = None,
+        routed: Routed | None = None,
     ) -> Entry:
-        """An eligible instance for ``model``; waits (event-driven) while every one is held out."""
+        """An eligible instance for ``model``; waits (event-driven) while every one is held out.
+
+        A request with routing metadata (``routed.staged``) takes the staged selection
+        (``smgrl.routing.staged``); the others the plain one: floor, then the policy."""
         started = self._now()
         policy = policy or self.version_policy
         logged = False
+        exclude = exclude or set()
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
-            selectable, held = self.eligible(slot, policy, floor)
-            if selectable:
+            if routed is not None and routed.staged:
+                selectable, held = self.eligible(slot, policy, None)
+                decision = staged.select(
+                    selectable,
+                    floor=routed.floor,
+                    hint=routed.hint(),
+                    group_pin=self.groups.pin(routed.meta.prompt_id),
+                    refused=routed.refused,
+                    choose=lambda group: self._choose(group, req, routing_key, exclude),
+                )
+                if decision.held:
+                    held = held + decision.held
+                chosen = decision.chosen
+            else:
+                selectable, held = self.eligible(slot, policy, floor)
+                chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
+            if chosen is not None:
                 if held:
                     self.metrics.held_out(held)
-                return self._choose(selectable, req, routing_key, exclude or set())
+                return chosen
             if self._now() >= wait_until:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
@@ -313,6 +337,7 @@ class DataPlane:
         floor: Version | None = None,
         buffered: bool,
         hold: Hold | None = None,
+        routed: Routed | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
@@ -341,7 +366,10 @@ class DataPlane:
                 policy=policy,
                 floor=floor,
                 exclude=tried,
+                routed=routed,
             )
+            if routed is not None:
+                self.commit(routed, entry)
             instance = entry.instance
             wid, base = instance.worker_id, instance.base_url
             target_headers, target_body = self._upstream(entry, req, body, headers)
@@ -394,6 +422,32 @@ class DataPlane:
                     self.loads[wid] -= 1
             if timeout.cancelled_caught:
                 raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")
+
+    # -- staged selection's commit and release -------------------------------------------------
+
+    def commit(self, routed: Routed, entry: Entry) -> None:
+        """Record a selection: the first pins an unversioned staged request's version (so its
+        loopbacks and echo carry it) and joins the request to its prompt group, writing the
+        group's pin once when no hint was honoured."""
+        hinted = routed.hint() is not None
+        routed.selections += 1
+        ident = staged.identity(entry.instance)
+        routed.serving = ident
+        if not routed.staged:
+            return
+        if routed.pinned is None and entry.version is not None:
+            routed.pinned = entry.version
+            routed.floor = Version.parse(entry.version)
+        prompt = routed.meta.prompt_id
+        if prompt is not None and routed.joined is None:
+            self.groups.join(prompt, None if hinted else InstanceId(*ident))
+            routed.joined = prompt
+
+    def finish(self, routed: Routed) -> None:
+        """The request ended (answered, failed or cancelled): leave its prompt group."""
+        if routed.joined is not None:
+            self.groups.leave(routed.joined)
+            routed.joined = None
 
     def _backoff(self, attempt: int) -> float:
         r = self.cfg.dataplane.retry
