@@ -173,6 +173,13 @@ def main(argv: list[str] | None = None) -> None:
     "503 memory_budget_exceeded (before a declared body is read).",
 )
 @click.option(
+    "--admission-hook",
+    default=None,
+    metavar="MODULE:OBJECT",
+    help="A Python object with async reserve(instance, request) and release(reservation): the "
+    "framework's per-instance capacity logic (refused instances are skipped; default: admit all).",
+)
+@click.option(
     "--eligible-wait-secs",
     default=None,
     type=click.FloatRange(min=0.0),
@@ -323,6 +330,7 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         balance_rel_threshold=o["balance_rel_threshold"],
         max_tree_size=o["max_tree_size"],
         eligible_wait_secs=o["eligible_wait_secs"],
+        admission_hook=o["admission_hook"],
         max_body_size=o["dataplane_max_body_size"],
         memory_budget=o["dataplane_memory_budget"],
         max_concurrent_requests=o["max_concurrent_requests"],

@@ -312,7 +312,8 @@ class DataPlaneASGI:
         except DataPlaneError as exc:  # queue full / queue timeout: nothing was sent yet
             await self._error(send, rid, exc)
         finally:
-            self.dp.finish(relay.routed)  # the request ended: leave its prompt group
+            # The request ended: leave its prompt group, give the admission hook its reservation.
+            await self.dp.finish(relay.routed)
 
 
 def _routing_headers(scope: Scope):

@@ -52,6 +52,7 @@ class Routed:
 
     meta: RoutingMeta
     selections: int = 0  # committed selections so far
+    loopbacks: int = 0  # partial-rollout loopbacks so far
     loop_hint: InstanceId | None = None  # the instance a loopback returns to
     pinned: str | None = None  # the pinned version (raw), once committed
     floor: Version | None = None  # the version floor of the next selection

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from smgrl.config import Config
 from smgrl.core.version import Version
+from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
@@ -111,6 +112,8 @@ class DataPlane:
         self._table: Table | None = None
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
+        # --admission-hook: None admits everything without a call.
+        self.hook = admission_hook.resolve(dp.admission_hook) if dp.admission_hook else None
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
         self.metrics = DataPlaneMetrics(
             registry if registry is not None else CollectorRegistry(auto_describe=False),
@@ -258,8 +261,15 @@ class DataPlane:
                 chosen = decision.chosen
             else:
                 selectable, held = self.eligible(slot, policy, floor)
+                if routed is not None and routed.refused:
+                    kept = [e for e in selectable if staged.identity(e.instance) not in routed.refused]
+                    held = held + Counter(refused=len(selectable) - len(kept))
+                    selectable = kept
                 chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
             if chosen is not None:
+                hooked = self.hook is not None and routed is not None
+                if hooked and not await self._ask_hook(routed, req, model, chosen):
+                    continue  # refused: select again without it
                 if held:
                     self.metrics.held_out(held)
                 return chosen
@@ -298,6 +308,8 @@ class DataPlane:
             try:
                 with trio.move_on_at(wake):
                     await changed.wait()
+                if routed is not None:
+                    routed.refused.clear()  # the hook may answer differently after a change
             finally:
                 self.waiting -= 1
                 self.waiting_by_reason[reason] -= 1
@@ -443,11 +455,50 @@ class DataPlane:
             self.groups.join(prompt, None if hinted else InstanceId(*ident))
             routed.joined = prompt
 
-    def finish(self, routed: Routed) -> None:
-        """The request ended (answered, failed or cancelled): leave its prompt group."""
+    async def finish(self, routed: Routed) -> None:
+        """The request ended (answered, failed or cancelled): leave its prompt group and give
+        the admission hook its reservation back."""
         if routed.joined is not None:
             self.groups.leave(routed.joined)
             routed.joined = None
+        if routed.reservations:
+            # Shielded and bounded: this runs while the request is being cancelled (client
+            # gone, timeout), and a reservation never given back would leak the framework's
+            # capacity for good; a hook stuck for 5 s is abandoned (logged by the hook module).
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self._release(routed)
+
+    async def _ask_hook(self, routed: Routed, req: RolloutRequest, model: str, entry: Entry) -> bool:
+        """Ask the admission hook for ``entry``; a refusal marks it refused for this request."""
+        assert self.hook is not None
+        ident = staged.identity(entry.instance)
+        meta = routed.meta
+        request = admission_hook.HookRequest(
+            request_id=meta.request_id,
+            prompt_id=meta.prompt_id,
+            version_tag=routed.pinned if routed.staged else meta.version_tag,
+            is_validate=meta.is_validate,
+            model=model,
+            route=req.route,
+            version=entry.version,
+            loopback=routed.loopbacks,
+        )
+        result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
+        if admission_hook.refused(result):
+            routed.refused.add(ident)
+            return False
+        await self._release(routed)  # a retry's or loopback's earlier reservation
+        routed.reservations.append(result)
+        return True
+
+    async def _release(self, routed: Routed) -> None:
+        hook = self.hook
+        if hook is None or not routed.reservations:
+            return
+        while routed.reservations:
+            await admission_hook.release(hook, routed.reservations.pop())
+        # A released reservation may let a waiting request in: wake the waiters.
+        self._fleet_changed()
 
     def _backoff(self, attempt: int) -> float:
         r = self.cfg.dataplane.retry
