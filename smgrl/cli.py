@@ -180,6 +180,14 @@ def main(argv: list[str] | None = None) -> None:
     "framework's per-instance capacity logic (refused instances are skipped; default: admit all).",
 )
 @click.option(
+    "--max-loopbacks",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Partial-rollout loopbacks per /generate request (a rollout a weight sync aborted is "
+    "continued from its tokens); past it 503 loopback_limit_exceeded. 0 turns loopback off.",
+)
+@click.option(
     "--eligible-wait-secs",
     default=None,
     type=click.FloatRange(min=0.0),
@@ -331,6 +339,7 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         max_tree_size=o["max_tree_size"],
         eligible_wait_secs=o["eligible_wait_secs"],
         admission_hook=o["admission_hook"],
+        max_loopbacks=o["max_loopbacks"],
         max_body_size=o["dataplane_max_body_size"],
         memory_budget=o["dataplane_memory_budget"],
         max_concurrent_requests=o["max_concurrent_requests"],

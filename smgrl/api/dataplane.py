@@ -26,6 +26,7 @@ from smgrl.api import dataplane_body
 from smgrl.api import envelopes as env
 from smgrl.api.scope import header as _header
 from smgrl.auth import Denied, check_api_key
+from smgrl.dataplane import loopback
 from smgrl.dataplane import request as rq
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.errors import DataPlaneError, InvalidRoutingMetadata, InvalidVersionPolicyHeader
@@ -395,6 +396,14 @@ class _Relay:
                 head = self._head(dispatched)
                 data = dispatched.body or b""
                 table_version = dispatched.entry.version
+            if loopback.worth_a_look(req, status, data, dp.cfg.dataplane.max_loopbacks):
+                # Maybe a rollout a weight sync aborted: continue it (smgrl/dataplane/loopback.py).
+                first = loopback.Answer(status, dispatched, head, data)
+                answer = await loopback.run_buffered(
+                    dp, req, body, headers, model, bounds, self._head, self.api.gw.journal, first
+                )
+                status, head, data = answer.status, answer.head, answer.data
+                table_version = answer.dispatched.entry.version
             if 200 <= status < 300:
                 if req.route == rq.GENERATE:
                     stamp = stamp_generate(data, table_version, req.single)

@@ -66,6 +66,9 @@ class Dispatch:
     entry: Entry
     response: Response
     body: bytes | None = None  # buffered answers only
+    # The journal's head when the request went to the engine: control calls committed after
+    # it could have aborted the request (partial-rollout loopback, smgrl/dataplane/loopback.py).
+    seq: int = 0
 
     @property
     def instance(self):
@@ -395,6 +398,7 @@ class DataPlane:
             # so the engine aborts the request.
             with trio.move_on_at(deadline) as timeout:
                 try:
+                    sent_at = self.fleet.last_seq
                     exchange = self.pools.get(base).stream(
                         "POST", req.route, headers=target_headers, body=target_body
                     )
@@ -405,7 +409,7 @@ class DataPlane:
                             self.metrics.retries.inc()
                             tried.add(wid)
                             continue
-                        dispatched = Dispatch(entry, response)
+                        dispatched = Dispatch(entry, response, seq=sent_at)
                         if buffered:
                             data, truncated = await response.read_bounded(
                                 MAX_RESPONSE_BYTES, _reserve(response, hold)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from smgrl.core.view import EngineFacts
+from smgrl.state.aborts import AbortingOps
 from smgrl.state.engines import EngineStates
 from smgrl.state.operations import Operations
 from smgrl.state.registry import RegistryState
@@ -21,6 +22,7 @@ class FleetState:
         self.registry = RegistryState()
         self.engines = EngineStates()
         self.operations = Operations()
+        self.aborts = AbortingOps()  # recent request-aborting calls per engine (not snapshotted)
         self.last_seq = 0
         # Called (no arguments, in the writer task) after a committed batch changed the registry
         # or the engine projection: the data plane wakes requests waiting for an eligible engine.
@@ -52,6 +54,7 @@ class FleetState:
         self.registry.apply(seq, event)
         self.engines.apply(seq, event, self.registry)
         self.operations.apply(seq, event)
+        self.aborts.apply(seq, event)
         for base in removed_bases:
             if not any(w.base_url == base for w in self.registry):
                 self.engines.forget(base)
