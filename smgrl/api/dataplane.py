@@ -385,6 +385,10 @@ class _Relay:
             "routed": self.routed,
         }
         try:
+            if req.stream and loopback.streamable(req, dp.cfg.dataplane.max_loopbacks):
+                # A rollout stream that a sync may abort: continued without a seam.
+                await loopback.run_stream(self, dp, req, body, headers, model, bounds, self.api.gw.journal)
+                return
             if req.stream:
                 async with dp.dispatch(
                     req, body, headers, model=model, buffered=False, **bounds

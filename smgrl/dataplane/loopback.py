@@ -36,6 +36,7 @@ import trio
 from journal.events import RequestLoopedBack
 from smgrl.core.version import Version
 from smgrl.dataplane.errors import DataPlaneError
+from smgrl.dataplane.stamp import Stamp, first_event_version, stream_version
 from smgrl.routing.metadata import InstanceId
 
 log = logging.getLogger("smgrl.dataplane")
@@ -337,3 +338,172 @@ async def record(journal, rollout: Rollout, routed, req, model: str, outcome: st
             log.warning("could not journal a partial-rollout loopback: %r", exc)
     if scope.cancelled_caught:
         log.warning("journaling a partial-rollout loopback timed out")
+
+
+def streamable(req, max_loopbacks: int) -> bool:
+    """A streamed ``/generate`` (``input_ids``, one prompt) that may loop back."""
+    return max_loopbacks > 0 and req.route == "/generate" and req.single and isinstance(req.prefix, tuple)
+
+
+def preview(rollout: Rollout) -> Rollout:
+    """A copy to stitch a continuation leg's (cumulative) event with, keeping the original."""
+    return attrs.evolve(
+        rollout,
+        ids=list(rollout.ids),
+        logprobs=None if rollout.logprobs is None else list(rollout.logprobs),
+        top=None if rollout.top is None else list(rollout.top),
+        text=None if rollout.text is None else list(rollout.text),
+        spans=[list(s) for s in rollout.spans],
+        segments=[dict(s) for s in rollout.segments],
+    )
+
+
+class _Seam:
+    """Relays one leg's SSE events; rewrites them once the rollout has looped back (cumulative
+    ids/text/log-probs from the first token), and holds back a sync's abort (and its
+    ``[DONE]``) so the client never sees the seam."""
+
+    def __init__(self, dp, rollout_ref: list, dispatched, body: bytes, req) -> None:
+        self.dp = dp
+        self.ref = rollout_ref  # [Rollout | None]: shared across legs
+        self.dispatched = dispatched
+        self.body = body
+        self.req = req
+        self.held: tuple[Leg, list[str]] | None = None  # the sync's abort of this leg
+        self.last: Leg | None = None  # the leg's latest event, once the rollout looped back
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self.buf + chunk if self.buf else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self.buf = data
+            return b""
+        complete, self.buf = data[: end + 2], data[end + 2 :]
+        rollout = self.ref[0]
+        if rollout is None and b'"abort"' not in complete:
+            return complete  # the common case: nothing to look at
+        out = []
+        for event in complete.split(b"\n\n")[:-1]:
+            out.append(self._event(event))
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self.buf = self.buf, b""
+        return rest
+
+    def _event(self, event: bytes) -> bytes:
+        if event.startswith(b"data: [DONE]"):
+            return b"" if self.held is not None else event + b"\n\n"
+        rollout = self.ref[0]
+        if not event.startswith(b"data: {") or (rollout is None and b'"abort"' not in event):
+            return event + b"\n\n"
+        try:
+            leg = read_leg(json.loads(event[6:]))
+        except ValueError:
+            leg = None
+        if leg is None:
+            return event + b"\n\n"
+        if leg.finish == "abort":
+            instance = self.dispatched.instance
+            ops = self.dp.fleet.aborts.since(instance.base_url, self.dispatched.seq)
+            if ops:
+                if rollout is None:
+                    rollout = self.ref[0] = start(
+                        json.loads(self.body), True, self.dp.cfg.dataplane.max_loopbacks
+                    )
+                if rollout is not None:
+                    self.held = (leg, ops)
+                    return b""
+        if rollout is None:
+            return event + b"\n\n"
+        self.last = leg
+        tmp = preview(rollout)
+        tmp.add(leg, self.dispatched.instance, None)
+        return b"data: " + _dumps(tmp.stitch(leg)) + b"\n\n"
+
+
+async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: dict, journal) -> None:
+    """A streamed ``/generate`` across its legs: the head goes once (the first leg's), each
+    leg's events are relayed as they come (rewritten after a loopback), a sync's abort starts
+    the next leg instead of ending the stream."""
+    routed = bounds["routed"]
+    send = relay.send
+    ref: list = [None]
+    outcome = "cancelled"
+    leg_body = body
+    try:
+        while True:
+            async with dp.dispatch(
+                req, leg_body, headers, model=model, buffered=False, **bounds
+            ) as dispatched:
+                response = dispatched.response
+                ok = 200 <= response.status < 300
+                chunks = response.aiter_chunks()
+                first = b""
+                if not relay.started:
+                    version = stream_version(dispatched.entry.version)
+                    if ok:
+                        # As the plain relay: the head waits for the first event (its version).
+                        first = await anext(chunks, b"")
+                        version = first_event_version(first) or version
+                    head = relay._head(dispatched) + relay._stamped(Stamp(version, False, b""))
+                    await send({"type": "http.response.start", "status": response.status, "headers": head})
+                    relay.started = True
+                elif not ok:
+                    outcome = "failed"
+                    raise LoopbackFailed(f"a continuation leg was answered {response.status}")
+                if not ok:  # the first leg's error answer, relayed as it is
+                    outcome = "failed"
+                    async for chunk in chunks:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                seam = _Seam(dp, ref, dispatched, body, req)
+                for chunk in (first,) if first else ():
+                    out = seam.feed(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                async for chunk in chunks:
+                    out = seam.feed(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                rest = seam.flush()
+            rollout = ref[0]
+            if seam.held is None:
+                if rest:
+                    await send({"type": "http.response.body", "body": rest, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                outcome = "completed"
+                if rollout is not None and seam.last is not None:
+                    rollout.add(seam.last, dispatched.instance, None)  # the final segment
+                return
+            leg, ops = seam.held
+            rollout.add(leg, dispatched.instance, ops[0])
+            if rollout.remaining() == 0:
+                final = rollout.stitch(leg, length_reached=True)
+                out = b"data: " + _dumps(final) + b"\n\ndata: [DONE]\n\n"
+                await send({"type": "http.response.body", "body": out, "more_body": False})
+                outcome = "completed"
+                return
+            if rollout.loopbacks >= rollout.max_loopbacks:
+                outcome = "limit_exceeded"
+                raise LoopbackLimitExceeded(
+                    f"the rollout was aborted by weight syncs {rollout.loopbacks + 1} times; "
+                    f"--max-loopbacks is {rollout.max_loopbacks}",
+                    tokens=len(rollout.ids),
+                )
+            prepare(routed, rollout, dispatched.instance, leg)
+            leg_body = rollout.continuation()
+    except DataPlaneError:
+        if outcome == "cancelled":
+            outcome = "failed"
+        raise
+    finally:
+        rollout = ref[0]
+        if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
+            await record(journal, rollout, routed, req, model, outcome)
+
+
+class LoopbackFailed(DataPlaneError):
+    code, status, retryable = "upstream_unreachable", 502, True

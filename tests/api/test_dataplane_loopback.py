@@ -4,6 +4,8 @@ autoregressive fake model, and deliberate cancellations are not looped back."""
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import trio
 
@@ -180,3 +182,52 @@ async def test_text_prompts_answer_the_engines_abort():
             await produced(engine, 3)
             await rl(gw, wid, "update_weight_version", {"new_version": "y"})
         assert result["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def sse_events(text: str) -> list:
+    out = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: ") and block != "data: [DONE]":
+            out.append(json.loads(block[6:]))
+    return out
+
+
+async def test_a_stream_continues_across_the_loopback_without_a_seam(tmp_path):
+    async with (
+        fake_fleet("sglang", n=1, token_latency_ms=3) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        engine = fleet.engines[0]
+        wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
+        old = engine.weights_digest
+        result = {}
+
+        async def rollout():
+            result["r"] = await gw.client.post("/generate", json={**body(), "stream": True})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rollout)
+            await produced(engine, 8)
+            await rl(gw, wid, "pause_generation", {})  # SGLang's default mode: abort
+            ckpt = make_checkpoint(tmp_path / "v2", "fake/Qwen3-0.6B", seed=2)
+            await rl(gw, wid, "update_weights_from_disk", {"model_path": str(ckpt), "weight_version": "v2"})
+            await rl(gw, wid, "continue_generation", {})
+        r = result["r"]
+        assert r.status_code == 200
+        assert r.text.endswith("data: [DONE]\n\n") and r.text.count("[DONE]") == 1
+        events = sse_events(r.text)
+        seen: list[int] = []
+        for event in events:  # cumulative ids only ever grow: no seam, no abort in sight
+            assert event["output_ids"][: len(seen)] == seen
+            seen = event["output_ids"]
+            assert event["meta_info"]["finish_reason"] is None or event is events[-1]
+        final = events[-1]
+        meta = final["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and len(seen) == N
+        k = meta["segments"][0]["end"]
+        assert seen[:k] == reference(old, PROMPT, N)[:k]
+        assert seen[k:] == reference(engine.weights_digest, PROMPT + seen[:k], N - k)
+        assert meta["prompt_tokens"] == len(PROMPT) and meta["completion_tokens"] == N
+        assert [s["version"] for s in meta["weight_versions"]] == ["default", "v2"]
+        (ev,) = [rec.event for rec in gw.store.read() if rec.event.TYPE == "dataplane.request_looped_back"]
+        assert ev.tokens_kept == k and ev.generated_tokens == N and ev.outcome == "completed"
