@@ -516,3 +516,14 @@ class RequestLoopedBack(Event):
     outcome: Literal["completed", "aborted", "limit_exceeded", "failed", "cancelled"] = "completed"
     op_ids: tuple[str, ...] = _tuple_field()
     segments: tuple[dict[str, Any], ...] = _tuple_field()
+
+
+@event_type("dataplane.dispatch_set", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class DispatchSet(Event):
+    """The coordinator paused or resumed rollout dispatch (``POST /routing_loop/pause|resume``):
+    while paused, new rollout requests wait in the gateway and in-flight ones finish."""
+
+    paused: bool
+    principal: str | None = None
+    request_id: str | None = None

@@ -59,6 +59,7 @@ DATAPLANE_CODES = [
     "upstream_unreachable",
     "no_available_workers",
     "no_eligible_workers",
+    "loopback_limit_exceeded",
     "memory_budget_exceeded",
     "request_timeout",
 ]
@@ -335,7 +336,8 @@ SCHEMAS: dict[str, dict] = {
         "model_required (several models served, none named); 404 model_not_found; 429 too_many_requests "
         "(--max-concurrent-requests and the queue are full), queue_timeout; 502 upstream_unreachable; "
         "503 no_available_workers (no routable worker serves the model), no_eligible_workers (every "
-        "worker held out by state, version policy or floor; with `reasons`); 504 request_timeout.",
+        "worker held out by state, version policy or floor; with `reasons`), loopback_limit_exceeded (a "
+        "rollout aborted by weight syncs more than --max-loopbacks times); 504 request_timeout.",
     ),
     "InvalidVersionPolicy": _rl_error(
         ["invalid_version_policy"],
@@ -1020,6 +1022,136 @@ def _write_paths() -> dict:
     }
 
 
+def _routing_loop_paths() -> dict:
+    """PSRL's coordinator controls (smgrl/api/routing_loop.py)."""
+    status = _obj(
+        {
+            "enabled": BOOL,
+            "paused": BOOL,
+            "routing_epoch": INT,
+            "queue_len": INT,
+            "pending_request_num": INT,
+            "running_request_num": INT,
+            "prompt_groups": INT,
+        },
+        ["enabled", "paused", "routing_epoch", "queue_len", "running_request_num"],
+        additional=True,
+    )
+    journal_down = _resp(
+        "The journal cannot record the change (journal_unavailable): nothing changed; retry.",
+        _json(_ref("JournalUnavailable")),
+    )
+
+    def switch(op_id: str, summary: str) -> dict:
+        return {
+            "post": {
+                "operationId": op_id,
+                "summary": summary,
+                "description": "Journaled (`dataplane.dispatch_set`) when it changes the state.",
+                "tags": ["psrl"],
+                "security": SECURED,
+                "parameters": [
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "required": False,
+                        "schema": STR,
+                        "description": "accepted for PSRL clients; selections are atomic, nothing to wait for",
+                    }
+                ],
+                "responses": {
+                    "200": _resp("The routing loop's status after the call.", _json(status)),
+                    **_auth_responses(write=True),
+                    "503": journal_down,
+                },
+            }
+        }
+
+    item = _obj(
+        {
+            "worker_id": STR,
+            "dp_rank": {**INT, "minimum": 0},
+            "weight_version": {"type": ["string", "integer"]},
+        },
+        ["worker_id", "weight_version"],
+    )
+    result = _obj(
+        {
+            "status": {"type": "string", "enum": ["updated", "rejected"]},
+            "worker_id": STR,
+            "url": {"type": ["string", "null"]},
+            "weight_version": STR,
+            "dp_rank": INT,
+            "reason": STR,
+        },
+        ["status", "worker_id", "url", "weight_version"],
+    )
+    return {
+        "/routing_loop/pause": switch(
+            "postRoutingLoopPause", "Pause rollout dispatch: new requests wait, in-flight ones finish"
+        ),
+        "/routing_loop/resume": switch("postRoutingLoopResume", "Resume rollout dispatch"),
+        "/routing_loop/status": _get_and_head(
+            _read_op(
+                "getRoutingLoopStatus",
+                "The routing loop's status",
+                {"200": _resp("Status.", _json(status))},
+                tags=("psrl",),
+            )
+        ),
+        "/workers/stats": _get_and_head(
+            _read_op(
+                "getWorkerStats",
+                "Per-instance routing stats: in flight, dispatched, version, state",
+                {
+                    "200": _resp(
+                        "One row per routable instance (worker, DP rank).",
+                        _json(
+                            _obj(
+                                {
+                                    "workers": {"type": "array", "items": {"type": "object"}},
+                                    "total": INT,
+                                    "waiting": INT,
+                                },
+                                ["workers", "total"],
+                            )
+                        ),
+                    )
+                },
+                tags=("psrl",),
+            )
+        ),
+        "/workers/update_weight_version": {
+            "post": {
+                "operationId": "postWorkersUpdateWeightVersion",
+                "summary": "Per-instance weight-version writes (PSRL); journaled as engine.version_set",
+                "tags": ["psrl"],
+                "security": SECURED,
+                "requestBody": {"required": True, "content": _json({"type": "array", "items": item})},
+                "responses": {
+                    "200": _resp(
+                        "Per item: updated or rejected (a replica's DP ranks need one version, all covered).",
+                        _json(
+                            _obj(
+                                {
+                                    "total": INT,
+                                    "updated": INT,
+                                    "rejected": INT,
+                                    "results": {"type": "array", "items": result},
+                                },
+                                ["total", "updated", "rejected", "results"],
+                            )
+                        ),
+                    ),
+                    "400": _resp("Bad body (invalid_body).", _json(_rl_error(["invalid_body"]))),
+                    **_auth_responses(write=True),
+                    "503": journal_down,
+                },
+            }
+        },
+    }
+
+
 def _paths(rl: bool) -> dict:
     paths: dict[str, dict] = {
         "/health": _get_and_head(
@@ -1097,6 +1229,7 @@ def _paths(rl: bool) -> dict:
                 },
             ),
         },
+        **_routing_loop_paths(),
         "/workers/{worker_id}": {
             **_get_and_head(
                 _read_op(

@@ -17,6 +17,7 @@
     ├── UpstreamUnreachable     upstream_unreachable     502  retries exhausted (connect / 5xx)
     ├── NoAvailableWorkers      no_available_workers     503  no routable worker serves the model
     ├── NoEligibleWorkers       no_eligible_workers      503  retryable: every worker held out
+    ├── LoopbackLimitExceeded   loopback_limit_exceeded  503  retryable: aborted by syncs too often
     ├── MemoryBudgetExceeded    memory_budget_exceeded   503  retryable: --dataplane-memory-budget in use
     └── RequestTimeout          request_timeout          504  --request-timeout-secs passed
 
@@ -128,6 +129,12 @@ class NoEligibleWorkers(DataPlaneError):
 
 class MemoryBudgetExceeded(DataPlaneError):
     code, status, retryable = "memory_budget_exceeded", 503, True
+
+
+class LoopbackLimitExceeded(DataPlaneError):
+    """A rollout aborted by syncs more than --max-loopbacks times (smgrl.dataplane.loopback)."""
+
+    code, status, retryable = "loopback_limit_exceeded", 503, True
 
 
 class RequestTimeout(DataPlaneError):

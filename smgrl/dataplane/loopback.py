@@ -35,15 +35,11 @@ import trio
 
 from journal.events import RequestLoopedBack
 from smgrl.core.version import Version
-from smgrl.dataplane.errors import DataPlaneError
+from smgrl.dataplane.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
 from smgrl.dataplane.stamp import Stamp, first_event_version, stream_version
 from smgrl.routing.metadata import InstanceId
 
 log = logging.getLogger("smgrl.dataplane")
-
-
-class LoopbackLimitExceeded(DataPlaneError):
-    code, status, retryable = "loopback_limit_exceeded", 503, True
 
 
 def _dumps(obj: Any) -> bytes:
@@ -452,7 +448,7 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
                     relay.started = True
                 elif not ok:
                     outcome = "failed"
-                    raise LoopbackFailed(f"a continuation leg was answered {response.status}")
+                    raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
                 if not ok:  # the first leg's error answer, relayed as it is
                     outcome = "failed"
                     async for chunk in chunks:
@@ -503,7 +499,3 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
         rollout = ref[0]
         if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
             await record(journal, rollout, routed, req, model, outcome)
-
-
-class LoopbackFailed(DataPlaneError):
-    code, status, retryable = "upstream_unreachable", 502, True

@@ -115,6 +115,7 @@ class DataPlane:
         self._table: Table | None = None
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
+        self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
         # --admission-hook: None admits everything without a call.
         self.hook = admission_hook.resolve(dp.admission_hook) if dp.admission_hook else None
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
@@ -249,7 +250,11 @@ class DataPlane:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
-            if routed is not None and routed.staged:
+            if self.fleet.routing.paused:
+                # The coordinator paused dispatch (/routing_loop/pause): wait like a request
+                # with no eligible engine; the resume's journal commit wakes it.
+                held, chosen = Counter(dispatch_paused=len(slot.entries)), None
+            elif routed is not None and routed.staged:
                 selectable, held = self.eligible(slot, policy, None)
                 decision = staged.select(
                     selectable,
@@ -447,6 +452,7 @@ class DataPlane:
         group's pin once when no hint was honoured."""
         hinted = routed.hint() is not None
         routed.selections += 1
+        self.dispatched[entry.instance.worker_id] += 1
         ident = staged.identity(entry.instance)
         routed.serving = ident
         if not routed.staged:

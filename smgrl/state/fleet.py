@@ -15,6 +15,7 @@ from smgrl.state.aborts import AbortingOps
 from smgrl.state.engines import EngineStates
 from smgrl.state.operations import Operations
 from smgrl.state.registry import RegistryState
+from smgrl.state.routing_loop import RoutingLoop
 
 
 class FleetState:
@@ -23,6 +24,7 @@ class FleetState:
         self.engines = EngineStates()
         self.operations = Operations()
         self.aborts = AbortingOps()  # recent request-aborting calls per engine (not snapshotted)
+        self.routing = RoutingLoop()  # the coordinator's dispatch switch
         self.last_seq = 0
         # Called (no arguments, in the writer task) after a committed batch changed the registry
         # or the engine projection: the data plane wakes requests waiting for an eligible engine.
@@ -42,8 +44,8 @@ class FleetState:
             listener()
 
     @property
-    def revision(self) -> tuple[int, int]:
-        return (self.registry.revision, self.engines.revision)
+    def revision(self) -> tuple[int, int, int]:
+        return (self.registry.revision, self.engines.revision, self.routing.revision)
 
     def apply(self, seq: int, event) -> None:
         removed_bases: list[str] = []
@@ -55,6 +57,7 @@ class FleetState:
         self.engines.apply(seq, event, self.registry)
         self.operations.apply(seq, event)
         self.aborts.apply(seq, event)
+        self.routing.apply(seq, event)
         for base in removed_bases:
             if not any(w.base_url == base for w in self.registry):
                 self.engines.forget(base)

@@ -42,11 +42,14 @@ def reference(digest: str, ids: list[int], n: int) -> list[int]:
     return out
 
 
-async def produced(engine, k: int) -> None:
-    """Wait until the engine's (single) job has decoded at least ``k`` tokens."""
-    assert await engine.wait_until(
-        lambda: any(len(j.output_ids) >= k for j in engine.scheduler.jobs.values()), timeout=30
-    )
+async def produced(engine, k: int, leg: int = 0) -> None:
+    """Wait until a job of the engine has decoded at least ``k`` tokens; ``leg`` > 0: a
+    continuation (its prompt is longer than the original)."""
+
+    def ready(j) -> bool:
+        return len(j.output_ids) >= k and (len(j.prompt_ids) > len(PROMPT)) == (leg > 0) and j.finish is None
+
+    assert await engine.wait_until(lambda: any(ready(j) for j in engine.scheduler.jobs.values()), timeout=30)
 
 
 async def rl(gw, wid: str, path: str, payload: dict) -> None:
@@ -155,8 +158,8 @@ async def test_the_loopback_bound_then_a_clear_error():
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rollout)
-            for _ in range(2):  # two syncs: the second abort exceeds --max-loopbacks 1
-                await produced(engine, 3)
+            for leg in range(2):  # two syncs: the second abort exceeds --max-loopbacks 1
+                await produced(engine, 3, leg)
                 await rl(gw, wid, "update_weight_version", {"new_version": "x"})
         r = result["r"]
         assert r.status_code == 503 and r.json()["error"]["code"] == "loopback_limit_exceeded"
