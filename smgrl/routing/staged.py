@@ -23,6 +23,7 @@ Nothing here remembers anything: the pins and refusals are arguments; the servic
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
@@ -32,7 +33,7 @@ import attrs
 from smgrl.core.version import Version
 from smgrl.routing.instance import Instance
 from smgrl.routing.metadata import InstanceId
-from smgrl.routing.version_policy import floor_reason
+from smgrl.routing.version_policy import floor_reason, parse_version
 
 
 class Candidate(Protocol):
@@ -65,11 +66,13 @@ def matches(instance: Instance, hint: InstanceId) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def sort_key(version: str | None) -> tuple:
-    """The stage-5 total order: unversioned < text (bytewise) < numeric (by value)."""
+    """The stage-5 total order: unversioned < text (bytewise) < numeric (by value). Cached: a
+    fleet has a handful of versions and this runs per candidate per request."""
     if version is None:
         return (0, 0, "")
-    parsed = Version.parse(version)
+    parsed = parse_version(version)
     if parsed.numeric is None:
         return (1, 0, parsed.raw)
     return (2, parsed.numeric, "")
@@ -86,15 +89,18 @@ def select(
 ) -> Decision:
     """Stages 1-5 over ``candidates``; ``hint`` is only passed when it is to be honoured."""
     held: Counter = Counter()
-    kept = []
-    for c in candidates:
-        reason = floor_reason(c.version, floor)
-        if reason is None and refused and identity(c.instance) in refused:
-            reason = "refused"
-        if reason is None:
-            kept.append(c)
-        else:
-            held[reason] += 1
+    if floor is None and not refused:
+        kept = list(candidates)  # the common case: nothing to filter
+    else:
+        kept = []
+        for c in candidates:
+            reason = floor_reason(c.version, floor)
+            if reason is None and refused and identity(c.instance) in refused:
+                reason = "refused"
+            if reason is None:
+                kept.append(c)
+            else:
+                held[reason] += 1
     if not kept:
         return Decision(None, "version", held)
     for pin, stage in ((hint, "hint"), (group_pin, "group")):
