@@ -853,6 +853,20 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
             "schema": STR,
             "description": "PSRL version floor: only engines at this version or newer (`-1`: no floor)",
         },
+        *(
+            {"name": name, "in": "header", "required": False, "schema": STR, "description": text}
+            for name, text in (
+                ("x-prompt-id", "PSRL prompt group: its requests share an instance (staged selection)"),
+                ("x-is-validate", "PSRL: a validation request (bool-like; handed to the admission hook)"),
+                ("x-is-sticky", "PSRL: honour the instance hint (bool-like)"),
+                (
+                    "x-base-worker-id",
+                    "PSRL instance hint: the engine (registry id or URL); with x-target-dp-rank",
+                ),
+                ("x-target-dp-rank", "PSRL instance hint: the DP rank; with x-base-worker-id"),
+                ("x-force-pin-once", "PSRL: honour the hint for the first selection only (bool-like)"),
+            )
+        ),
     ]
     if rl:
         params.insert(
