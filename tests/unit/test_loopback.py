@@ -8,9 +8,11 @@ import json
 
 import pytest
 
+from journal.events import ControlFinished, ControlStarted
 from smgrl.core.aborts import aborts_inflight
 from smgrl.dataplane.loopback import read_leg, start
 from smgrl.routing.instance import Instance
+from smgrl.state.aborts import AbortingOps
 
 ABORTS = [
     ("POST", "pause_generation", b"", None, True),
@@ -107,3 +109,36 @@ def test_uncapped_stays_uncapped_and_logprobs_missing_in_a_leg_are_dropped():
 def test_what_is_not_looped_back(obj, single):
     assert start(obj, single, 8) is None
     assert start({"input_ids": [1]}, True, 0) is None  # --max-loopbacks 0
+
+
+def _started(op_id: str, path: str, body: bytes, urls=("http://e1",)):
+    return ControlStarted(
+        op_id=op_id,
+        kind="fanout",
+        method="POST",
+        path=path,
+        targets=tuple({"worker_id": u, "url": u, "control_url": u} for u in urls),
+        **ControlStarted.body_fields(body),
+    )
+
+
+def _finished(op_id: str):
+    return ControlFinished(
+        op_id=op_id, result="ok", http_status=200, total=1, succeeded=1, failed=0, latency_ms=1
+    )
+
+
+def test_which_operations_may_have_aborted_a_request():
+    ops = AbortingOps()
+    ops.apply(
+        10, _started("pause-1", "pause_generation", b'{"mode": "abort"}', ("http://e1@0", "http://e1@1"))
+    )
+    ops.apply(11, _started("flush", "flush_cache", b""))
+    ops.apply(12, _started("trainer-abort", "abort_request", b'{"abort_all": true}'))
+    # Sent before the pause started, or while it was in flight: the pause may have aborted it.
+    assert ops.since("http://e1", 5) == ["pause-1"]
+    assert ops.since("http://e1", 10) == ["pause-1"]
+    ops.apply(13, _finished("pause-1"))
+    assert ops.since("http://e1", 12) == ["pause-1"]  # sent while it was still in flight
+    assert ops.since("http://e1", 13) == []  # sent after it ended: not its abort
+    assert ops.since("http://e2", 0) == []  # another engine
