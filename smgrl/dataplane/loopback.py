@@ -5,7 +5,8 @@ PSRL's gateway keeps every token an engine decoded before a sync aborted the req
 
 - **Which aborts**: an engine's ``finish_reason: abort`` is looped back only when a control call
   that aborts running requests (``smgrl.core.aborts``) went through this gateway to that engine
-  after the request was sent to it (``FleetState.aborts``, from the journal). A trainer's own
+  and had not finished when the request was sent (``FleetState.aborts``, from the journal).
+  A trainer's own
   ``abort_request``, an abort sent straight to the engine, or a client that disconnects is a
   deliberate cancellation: the abort is answered as the engine gave it.
 - **Which requests**: ``/generate`` with ``input_ids`` and one prompt (the gateway has no
@@ -359,12 +360,11 @@ class _Seam:
     ids/text/log-probs from the first token), and holds back a sync's abort (and its
     ``[DONE]``) so the client never sees the seam."""
 
-    def __init__(self, dp, rollout_ref: list, dispatched, body: bytes, req) -> None:
+    def __init__(self, dp, rollout_ref: list, dispatched, body: bytes) -> None:
         self.dp = dp
         self.ref = rollout_ref  # [Rollout | None]: shared across legs
         self.dispatched = dispatched
         self.body = body
-        self.req = req
         self.held: tuple[Leg, list[str]] | None = None  # the sync's abort of this leg
         self.last: Leg | None = None  # the leg's latest event, once the rollout looped back
         self.buf = b""
@@ -455,7 +455,7 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
-                seam = _Seam(dp, ref, dispatched, body, req)
+                seam = _Seam(dp, ref, dispatched, body)
                 for chunk in (first,) if first else ():
                     out = seam.feed(chunk)
                     if out:
