@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from smgrl.demo.procs import wait_for_workers
 from smgrl.fake import make_checkpoint, model
+from smgrl.rl import RL, RlError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [201, 202, 203, 204]
@@ -130,3 +132,34 @@ def test_async_rl_loop_partial_rollout_mode(fakes, gateway):
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "no decoded token lost across 3 syncs" in run.stdout
+
+
+def test_coordinator_controls_through_smgrl_rl(fakes, gateway):
+    urls = fakes("sglang", 2)
+    gw, http, _ = gateway(
+        "--enable-rl", "--disable-health-check", "--eligible-wait-secs", "0", "--worker-urls", *urls
+    )
+    wait_for_workers(http.base, 2, child=gw)
+    rl = RL(http.base, timeout=30)
+    stats = rl.worker_stats()
+    assert len(stats) == 2 and {s["in_flight"] for s in stats} == {0}
+    assert rl.pause_dispatch()["paused"] is True and rl.routing_status()["paused"] is True
+    # While paused nothing is dispatched: with --eligible-wait-secs 0 the answer says so at once.
+    status, _, body = http.request(
+        "POST", "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert status == 503 and body["error"]["reasons"] == {"dispatch_paused": 2}
+    assert rl.resume_dispatch()["paused"] is False
+    status, _, _ = http.request(
+        "POST", "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert status == 200
+    result = rl.update_weight_versions(
+        [{"worker_id": s["base_worker_id"], "weight_version": 5} for s in stats]
+    )
+    assert result["updated"] == 2
+    assert {s["weight_version"] for s in rl.worker_stats()} == {"5"}
+    assert {w.weight_version for w in rl.workers()} == {"5"}  # the same version table
+    with pytest.raises(RlError) as info:
+        rl.update_weight_versions([])
+    assert info.value.status == 400
