@@ -283,7 +283,7 @@ async def run_buffered(
                     f"--max-loopbacks is {rollout.max_loopbacks}",
                     tokens=len(rollout.ids),
                 )
-            prepare(routed, rollout, instance, leg)
+            prepare(dp, routed, rollout, instance, leg)
             async with dp.dispatch(
                 req, rollout.continuation(), headers, model=model, buffered=True, **bounds
             ) as dispatched:
@@ -299,9 +299,11 @@ async def run_buffered(
             await record(journal, rollout, routed, req, model, outcome)
 
 
-def prepare(routed, rollout: Rollout, instance, leg: Leg) -> None:
+def prepare(dp, routed, rollout: Rollout, instance, leg: Leg) -> None:
     """Route the next leg: back to the instance that aborted (eligible again once its sync
     completes), or any instance at the pinned version floor: never older weights."""
+    dp.metrics.loopbacks.inc()
+    dp.metrics.tokens_kept.inc(len(leg.ids))
     routed.loop_hint = InstanceId(instance.group, instance.dp_rank or 0)
     routed.loopbacks += 1
     first = rollout.segments[0]["version"]
@@ -489,7 +491,7 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
                     f"--max-loopbacks is {rollout.max_loopbacks}",
                     tokens=len(rollout.ids),
                 )
-            prepare(routed, rollout, dispatched.instance, leg)
+            prepare(dp, routed, rollout, dispatched.instance, leg)
             leg_body = rollout.continuation()
     except DataPlaneError:
         if outcome == "cancelled":

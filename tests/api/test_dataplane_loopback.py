@@ -116,6 +116,8 @@ async def test_a_sync_that_aborts_a_rollout_is_looped_back_token_exact(tmp_path)
             "completed",
         )
         assert ev.op_ids == (first["op_id"],)
+        metrics = gw.app.dataplane.metrics
+        assert metrics.loopbacks._value.get() == 1 and metrics.tokens_kept._value.get() == k
 
 
 async def test_deliberate_aborts_are_answered_as_the_engine_gave_them():
