@@ -59,7 +59,6 @@ class Routed:
     joined: str | None = None  # the prompt id whose running set this request is in
     refused: set[tuple[str, int]] = attrs.Factory(set)
     reservations: list[Any] = attrs.Factory(list)
-    serving: tuple[str, int] | None = None  # the last committed instance
 
     def __attrs_post_init__(self) -> None:
         self.floor = self.meta.floor

@@ -66,8 +66,8 @@ class Dispatch:
     entry: Entry
     response: Response
     body: bytes | None = None  # buffered answers only
-    # The journal's head when the request went to the engine: control calls committed after
-    # it could have aborted the request (partial-rollout loopback, smgrl/dataplane/loopback.py).
+    # The journal's head when the request went to the engine: an aborting control call not
+    # finished by then may have aborted it (partial-rollout loopback, smgrl/dataplane/loopback.py).
     seq: int = 0
 
     @property
@@ -454,7 +454,6 @@ class DataPlane:
         routed.selections += 1
         self.dispatched[entry.instance.worker_id] += 1
         ident = staged.identity(entry.instance)
-        routed.serving = ident
         if not routed.staged:
             return
         if routed.pinned is None and entry.version is not None:
