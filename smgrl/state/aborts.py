@@ -34,7 +34,13 @@ class AbortingOps:
             return
         if kind != "control.started":
             return
-        if not aborts_inflight(event.method, event.path, event.body_bytes(), event.query):
+        # Folds that read control events partially (``smgrl journal workers --at`` extracts
+        # only what the engine projection needs) leave this window empty: it serves live
+        # requests only.
+        method, body_bytes = getattr(event, "method", None), getattr(event, "body_bytes", None)
+        if method is None or body_bytes is None:
+            return
+        if not aborts_inflight(method, event.path, body_bytes(), event.query):
             return
         entries = []
         for base in dict.fromkeys(strip_rank(t["url"]) for t in event.targets if t.get("url")):
