@@ -26,12 +26,22 @@ At the end it checks, and exits 1 if any check fails:
   finished carries version k or newer, and every sample that ended before refit k began carries
   an older one.
 
+``--partial-rollout``: the trainer refits the way that DOES cut rollouts (SGLang's
+``pause_generation`` in mode ``abort``, then ``update_weights_from_disk``, then
+``continue_generation``, fanned out through the gateway), and the rollout clients send
+``/generate`` with ``input_ids`` (streamed). The gateway loops every aborted rollout back
+(docs/data-plane.md, "Partial-rollout loopback"), and the run checks that no decoded token was
+lost: every sample has exactly ``--tokens`` tokens (finish ``length``), its segments are
+contiguous and add up, every token is named by a ``meta_info.weight_versions`` span of a
+published version, and rollouts were in fact looped back.
+
 ``smgrl demo --rollouts`` starts fake engines and a gateway and runs this against them.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import threading
@@ -57,6 +67,7 @@ class Sample:
     spans: int = 0
     worker: str | None = None
     error: str | None = None
+    final: dict | None = None  # --partial-rollout: the last /generate event
 
 
 @attrs.define
@@ -73,6 +84,21 @@ def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.
         if stop.wait(args.refit_every):
             return
         refit = Refit(k, f"{args.version_prefix}{k}", time.monotonic())
+        if args.partial_rollout:
+            # The sync that aborts what the engines run; the gateway keeps their tokens.
+            rl.fanout("pause_generation", {"mode": "abort"}, selector=args.selector)
+            try:
+                body = {"model_path": model_path, "weight_version": refit.version, "flush_cache": False}
+                result = rl.fanout("update_weights_from_disk", body, selector=args.selector)
+                print(
+                    f"  refit {k}: {result.succeeded}/{result.total} engines now at {refit.version}",
+                    flush=True,
+                )
+            finally:
+                rl.fanout("continue_generation", {}, selector=args.selector)
+            refit.finished = time.monotonic()
+            refits.append(refit)
+            continue
         rl.set_state("paused", selector=args.selector)
         # Rollouts the gateway dispatched just before the write are still on the wire: let them
         # reach their engines, whose model-update lock then lets them finish on the old weights.
@@ -92,7 +118,14 @@ def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.
 async def rollout_client(i: int, args, stop_at: list[float], samples: list[Sample]) -> None:
     route = "/generate" if i % 2 == 0 else "/v1/chat/completions"
     prompt = f"Rollout {i}: solve the task step by step."
-    if route == "/generate":
+    if args.partial_rollout:
+        route = "/generate"
+        body = {
+            "input_ids": [1000 + i, 1001, 1002, 1003],
+            "stream": True,
+            "sampling_params": {"max_new_tokens": args.tokens, "ignore_eos": True},
+        }
+    elif route == "/generate":
         body = {
             "text": prompt,
             "stream": True,
@@ -133,6 +166,7 @@ def _event(sample: Sample, line: str) -> None:
         return
     meta = event.get("meta_info")
     if isinstance(meta, dict):  # /generate
+        sample.final = event
         sample.reported_version = meta.get("weight_version")
         sample.spans = max(sample.spans, len(meta.get("weight_versions") or []))
     elif event.get("system_fingerprint") is not None:  # OpenAI-shaped
@@ -165,6 +199,53 @@ def check(samples: list[Sample], refits: list[Refit], initial: str | None) -> li
                 )
             if s.ended <= r.began and k >= r.index:
                 problems.append(f"{who}: ended before refit {r.index} began but ran on {s.header_version}")
+    return problems
+
+
+def check_partial(samples: list[Sample], refits: list[Refit], initial: str | None, tokens: int) -> list[str]:
+    """--partial-rollout: no decoded token lost, counts add up, every token names its version."""
+    problems = []
+    published = {initial, *(r.version for r in refits)}
+    looped = 0
+    for s in samples:
+        who = f"client {s.client} at +{s.started:.2f}s"
+        if s.status != 200 or not s.done or s.error or s.final is None:
+            problems.append(f"{who}: failed (status {s.status}, done {s.done}, error {s.error})")
+            continue
+        ids, meta = s.final["output_ids"], s.final["meta_info"]
+        if (
+            len(ids) != tokens
+            or meta.get("completion_tokens") != tokens
+            or meta["finish_reason"]["type"] != "length"
+        ):
+            problems.append(f"{who}: {len(ids)} tokens, completion_tokens {meta.get('completion_tokens')}, "
+                            f"finish {meta['finish_reason']} (expected {tokens}, length)")  # fmt: skip
+            continue
+        segments = meta.get("segments") or [{"start": 0, "end": len(ids)}]
+        looped += len(segments) > 1
+        bounds = [(g["start"], g["end"]) for g in segments]
+        if (
+            bounds[0][0] != 0
+            or bounds[-1][1] != tokens
+            or any(a[1] != b[0] for a, b in itertools.pairwise(bounds))
+        ):
+            problems.append(f"{who}: segments {bounds} do not add up to {tokens} tokens")
+        spans = meta.get("weight_versions") or [
+            {"version": meta.get("weight_version"), "start": 0, "end": len(ids)}
+        ]
+        covered = [(x["start"], x["end"]) for x in spans]
+        if (
+            covered[0][0] != 0
+            or covered[-1][1] != tokens
+            or any(a[1] != b[0] for a, b in itertools.pairwise(covered))
+        ):
+            problems.append(f"{who}: version spans {covered} do not name every token")
+        unknown = {x["version"] for x in spans} - published
+        if unknown:
+            problems.append(f"{who}: tokens from unpublished versions {sorted(map(str, unknown))}")
+    if not looped:
+        problems.append("no rollout was looped back: the syncs aborted nothing")
+    print(f"  {looped} rollouts survived a sync by loopback", flush=True)
     return problems
 
 
@@ -201,7 +282,10 @@ async def run(args) -> int:
                 stop.set()
                 stop_at[0] = time.monotonic() + args.tail
     t0 = min((s.started for s in samples), default=0.0)
-    problems = check(samples, refits, initial_version or "default")
+    if args.partial_rollout:
+        problems = check_partial(samples, refits, initial_version or "default", args.tokens)
+    else:
+        problems = check(samples, refits, initial_version or "default")
     versions: dict[str, int] = {}
     for s in samples:
         versions[s.header_version or "?"] = versions.get(s.header_version or "?", 0) + 1
@@ -214,6 +298,10 @@ async def run(args) -> int:
             print("  FAIL " + p)
         print(f"async RL loop FAILED: {len(problems)} problems")
         return 1
+    if args.partial_rollout:
+        print("async RL loop passed (partial rollout): no decoded token lost across "
+              f"{len(refits)} syncs, every token names its version")  # fmt: skip
+        return 0
     print("async RL loop passed: no rollout failed, every sample names its version, none came from an "
           "engine mid-refit")  # fmt: skip
     return 0
@@ -235,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         "--grace", type=float, default=0.05, help="seconds between holding rollouts and the refit"
     )
     ap.add_argument("--request-timeout", type=float, default=120.0)
+    ap.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="syncs abort in-flight generations (pause_generation mode abort); the gateway loops them back",
+    )
     args = ap.parse_args(argv)
     return trio.run(run, args)
 

@@ -493,3 +493,37 @@ class EngineStateSet(Event):
     selector: str | None = None
     principal: str | None = None
     request_id: str | None = None
+
+
+@event_type("dataplane.request_looped_back", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class RequestLoopedBack(Event):
+    """A rollout an engine aborted because of a control call through the gateway (a sync) and
+    that the data plane continued (partial-rollout loopback, ``smgrl.dataplane.loopback``).
+
+    ``segments`` holds one ``{"iteration", "worker_id", "url", "dp_rank", "version", "start",
+    "end", "finish_reason", "op_id"}`` dict per engine answer (token span over the output);
+    ``op_ids`` the operations whose aborts caused the loopbacks (``op:<op_id>`` streams).
+    """
+
+    request_id: str | None = None
+    route: str = "/generate"
+    model: str | None = None
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    tokens_kept: int = 0  # decoded before the last loopback: not regenerated
+    loopbacks: int = 0
+    outcome: Literal["completed", "aborted", "limit_exceeded", "failed", "cancelled"] = "completed"
+    op_ids: tuple[str, ...] = _tuple_field()
+    segments: tuple[dict[str, Any], ...] = _tuple_field()
+
+
+@event_type("dataplane.dispatch_set", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class DispatchSet(Event):
+    """The coordinator paused or resumed rollout dispatch (``POST /routing_loop/pause|resume``):
+    while paused, new rollout requests wait in the gateway and in-flight ones finish."""
+
+    paused: bool
+    principal: str | None = None
+    request_id: str | None = None

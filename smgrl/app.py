@@ -18,6 +18,7 @@ from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
 from smgrl.api.rl_front import DiscoveryFront
 from smgrl.api.rl_writes import RlWrites
+from smgrl.api.routing_loop import RoutingLoopRoutes
 from smgrl.api.workers import WorkersApi
 from smgrl.dataplane.service import DataPlane
 from smgrl.registry.probe import GATEWAY_ID_HEADER
@@ -188,6 +189,8 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         registry=gateway.metrics.registry,
     )
     app.dataplane = dataplane  # type: ignore[attr-defined]  (tests and benchmarks read it)
+    # PSRL's coordinator controls of the routing loop (more specific than /workers/<worker_id>).
+    RoutingLoopRoutes(gateway, dataplane).register(app)
     # Large control-plane bodies (tensor refits, up to --max-payload-size) have a concurrency
     # bound of their own (smgrl/api/control_bodies.py); rollout bodies have the data plane's budget.
     control = ControlBodyBound(app.asgi_app, cfg.max_concurrent_large_bodies)

@@ -173,6 +173,21 @@ def main(argv: list[str] | None = None) -> None:
     "503 memory_budget_exceeded (before a declared body is read).",
 )
 @click.option(
+    "--admission-hook",
+    default=None,
+    metavar="MODULE:OBJECT",
+    help="A Python object with async reserve(instance, request) and release(reservation): the "
+    "framework's per-instance capacity logic (refused instances are skipped; default: admit all).",
+)
+@click.option(
+    "--max-loopbacks",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Partial-rollout loopbacks per /generate request (a rollout a weight sync aborted is "
+    "continued from its tokens); past it 503 loopback_limit_exceeded. 0 turns loopback off.",
+)
+@click.option(
     "--eligible-wait-secs",
     default=None,
     type=click.FloatRange(min=0.0),
@@ -323,6 +338,8 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         balance_rel_threshold=o["balance_rel_threshold"],
         max_tree_size=o["max_tree_size"],
         eligible_wait_secs=o["eligible_wait_secs"],
+        admission_hook=o["admission_hook"],
+        max_loopbacks=o["max_loopbacks"],
         max_body_size=o["dataplane_max_body_size"],
         memory_budget=o["dataplane_memory_budget"],
         max_concurrent_requests=o["max_concurrent_requests"],

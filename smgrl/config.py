@@ -116,6 +116,10 @@ class DataPlaneConfig:
     # --max-payload-size), and the bytes of rollout bodies and buffered answers held at once.
     max_body_size: int = 67_108_864
     memory_budget: int = 1_073_741_824
+    # --admission-hook module:object (smgrl/dataplane/hook.py); None admits everything.
+    admission_hook: str | None = None
+    # Partial-rollout loopbacks per request (smgrl/dataplane/loopback.py); 0 turns them off.
+    max_loopbacks: int = 8
 
 
 @attrs.frozen
@@ -238,6 +242,15 @@ def _validate_dataplane(cfg: Config) -> None:
     except InvalidVersionPolicy as exc:
         raise ConfigError(f"Invalid --rl-version-policy: {exc}") from None
     dp = cfg.dataplane
+    if dp.admission_hook is not None:
+        from smgrl.dataplane.hook import HookError, resolve
+
+        try:
+            resolve(dp.admission_hook)
+        except HookError as exc:
+            raise ConfigError(str(exc)) from None
+    if dp.max_loopbacks < 0:
+        raise ConfigError("Invalid --max-loopbacks (expected >= 0)")
     if dp.eligible_wait_secs is not None and dp.eligible_wait_secs < 0:
         raise ConfigError("Invalid --eligible-wait-secs (expected >= 0)")
     if dp.max_body_size < 1 or dp.memory_budget < dp.max_body_size:

@@ -305,6 +305,31 @@ class RL:
         called; paused and asleep workers get no rollouts). Returns the updated row, or the rows."""
         return self._write("state", {"control": control}, worker_id, selector, timeout)
 
+    # -- PSRL's coordinator controls of the routing loop (docs/data-plane.md) ------------------
+
+    def _json(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        status, payload = self._request(method, path, body, None, timeout)
+        _raise_for_status(status, payload)
+        return payload
+
+    def pause_dispatch(self) -> dict[str, Any]:
+        """New rollout requests wait in the gateway; in-flight ones finish. Returns the status."""
+        return self._json("POST", "/routing_loop/pause")
+
+    def resume_dispatch(self) -> dict[str, Any]:
+        return self._json("POST", "/routing_loop/resume")
+
+    def routing_status(self) -> dict[str, Any]:
+        return self._json("GET", "/routing_loop/status")
+
+    def worker_stats(self) -> list[dict[str, Any]]:
+        """Per instance (worker, DP rank): in flight, dispatched, version, state."""
+        return self._json("GET", "/workers/stats")["workers"]
+
+    def update_weight_versions(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Per-instance version writes ``[{"worker_id", "dp_rank"?, "weight_version"}]``."""
+        return self._json("POST", "/workers/update_weight_version", items)
+
     def _write(
         self,
         kind: str,

@@ -26,8 +26,10 @@ from smgrl.api import dataplane_body
 from smgrl.api import envelopes as env
 from smgrl.api.scope import header as _header
 from smgrl.auth import Denied, check_api_key
+from smgrl.dataplane import loopback
 from smgrl.dataplane import request as rq
-from smgrl.dataplane.errors import DataPlaneError, InvalidVersionPolicyHeader
+from smgrl.dataplane.affinity import Routed
+from smgrl.dataplane.errors import DataPlaneError, InvalidRoutingMetadata, InvalidVersionPolicyHeader
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
     FingerprintEvents,
@@ -36,9 +38,11 @@ from smgrl.dataplane.stamp import (
     stamp_generate,
     stamp_openai,
     stream_version,
+    version_tag,
 )
 from smgrl.hypercorn_patches import DISCONNECT_EXTENSION
-from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy, parse_floor
+from smgrl.routing import metadata
+from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy
 
 log = logging.getLogger("smgrl.dataplane")
 
@@ -158,17 +162,15 @@ class DataPlaneASGI:
         headers = [(b"x-request-id", rid), (b"www-authenticate", denied.www_authenticate.encode())]
         await self._respond(send, denied.status, _json(body), headers)
 
-    def _version_bounds(self, scope: Scope):
+    def _version_bounds(self, scope: Scope, fields: dict[str, Any] | None):
         """The request's version policy (``x-smg-version-policy``, with --enable-rl only) and
-        PSRL version floor (``x-version-tag``)."""
+        PSRL routing metadata (``x-version-tag`` floor, prompt group, instance hint...)."""
         policy = None
         if self.gw.cfg.rl.enabled:
             header = _header(scope, b"x-smg-version-policy")
             if header is not None:
                 policy = VersionPolicy.parse(header.decode("latin-1"))
-        tag = _header(scope, b"x-version-tag")
-        floor = parse_floor(tag.decode("latin-1")) if tag is not None else None
-        return policy, floor
+        return policy, metadata.parse(_routing_headers(scope), fields)
 
     async def _read_body(self, scope: Scope, receive: Receive, hold) -> bytes:
         length = _header(scope, b"content-length")
@@ -265,18 +267,23 @@ class DataPlaneASGI:
             await self._error(send, rid, exc)
             return
         try:
-            policy, floor = self._version_bounds(scope)
+            policy, meta = self._version_bounds(scope, req.routing)
         except InvalidVersionPolicy as exc:
             error = InvalidVersionPolicyHeader(str(exc))
             headers = [(b"x-request-id", rid), (b"x-smg-error-code", error.code.encode())]
             await self._respond(send, error.status, _json(error.body()), headers)
             return
+        except metadata.InvalidRoutingMetadata as exc:
+            await self._error(send, rid, InvalidRoutingMetadata(str(exc)))
+            return
+        floor = meta.floor
+        routed = Routed(meta)
         headers = list(scope["headers"])
         if _header(scope, b"x-request-id") is None:
             headers.append((b"x-request-id", rid))
         key = _header(scope, b"x-smg-routing-key")
         routing_key = key.decode("latin-1") if key else None
-        relay = _Relay(self, send, rid, hold)
+        relay = _Relay(self, send, rid, hold, routed)
         args = (req, body, headers, model, routing_key, policy, floor)
         # The client's disconnect cancels this request: the engine call in flight is cancelled
         # (its connection closed, so the engine aborts), and a request still waiting for an
@@ -305,6 +312,22 @@ class DataPlaneASGI:
                 await relay.run(*args)
         except DataPlaneError as exc:  # queue full / queue timeout: nothing was sent yet
             await self._error(send, rid, exc)
+        finally:
+            # The request ended: leave its prompt group, give the admission hook its reservation.
+            await self.dp.finish(relay.routed)
+
+
+def _routing_headers(scope: Scope):
+    """``metadata.parse``'s header lookup: the routing headers, decoded, from one scan."""
+    found: dict[str, str] = {}
+    wanted = _ROUTING_HEADERS
+    for key, value in scope["headers"]:
+        if key in wanted:
+            found[key.decode()] = value.decode("latin-1")
+    return found.get
+
+
+_ROUTING_HEADERS = frozenset(h.encode() for h in metadata.HEADERS)
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
@@ -318,13 +341,14 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
 class _Relay:
     """Sends one rollout request's answer: buffered or streamed, errors before the first byte."""
 
-    __slots__ = ("api", "hold", "rid", "send", "started")
+    __slots__ = ("api", "hold", "rid", "routed", "send", "started")
 
-    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes, hold) -> None:
+    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes, hold, routed: Routed) -> None:
         self.api = api
         self.send = send
         self.rid = rid
         self.hold = hold
+        self.routed = routed
         self.started = False
 
     def _head(self, dispatched) -> list[tuple[bytes, bytes]]:
@@ -335,14 +359,36 @@ class _Relay:
         # SMG names the serving worker's URL (``@rank`` for DP ranks); smgrl adds its registry id.
         out.append((b"x-smg-routed-worker-id", instance.url.encode()))
         out.append((b"x-smgrl-worker-id", instance.worker_id.encode()))
+        # PSRL's echo: the serving instance (worker, DP rank), so a session can re-send it.
+        out.append((b"x-base-worker-id", instance.group.encode()))
+        out.append((b"x-target-dp-rank", str(instance.dp_rank or 0).encode()))
+        return out
+
+    def _stamped(self, stamp: Stamp) -> list[tuple[bytes, bytes]]:
+        """The stamp's headers; a staged request echoes its pinned version as x-version-tag
+        (PSRL: once pinned, never changes), the others the serving engine's."""
+        out = stamp.headers()
+        routed = self.routed
+        if routed.staged:
+            out = [(k, version_tag(routed.pinned) if k == b"x-version-tag" else v) for k, v in out]
         return out
 
     async def run(
         self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
     ) -> None:
         dp = self.api.dp
-        bounds = {"routing_key": routing_key, "policy": policy, "floor": floor, "hold": self.hold}
+        bounds = {
+            "routing_key": routing_key,
+            "policy": policy,
+            "floor": floor,
+            "hold": self.hold,
+            "routed": self.routed,
+        }
         try:
+            if req.stream and loopback.streamable(req, dp.cfg.dataplane.max_loopbacks):
+                # A rollout stream that a sync may abort: continued without a seam.
+                await loopback.run_stream(self, dp, req, body, headers, model, bounds, self.api.gw.journal)
+                return
             if req.stream:
                 async with dp.dispatch(
                     req, body, headers, model=model, buffered=False, **bounds
@@ -354,6 +400,14 @@ class _Relay:
                 head = self._head(dispatched)
                 data = dispatched.body or b""
                 table_version = dispatched.entry.version
+            if loopback.worth_a_look(req, status, data, dp.cfg.dataplane.max_loopbacks):
+                # Maybe a rollout a weight sync aborted: continue it (smgrl/dataplane/loopback.py).
+                first = loopback.Answer(status, dispatched, head, data)
+                answer = await loopback.run_buffered(
+                    dp, req, body, headers, model, bounds, self._head, self.api.gw.journal, first
+                )
+                status, head, data = answer.status, answer.head, answer.data
+                table_version = answer.dispatched.entry.version
             if 200 <= status < 300:
                 if req.route == rq.GENERATE:
                     stamp = stamp_generate(data, table_version, req.single)
@@ -364,7 +418,7 @@ class _Relay:
                     dp.metrics.mixed_answer()
             else:
                 stamp = Stamp(stream_version(table_version), False, data)
-            head += stamp.headers()
+            head += self._stamped(stamp)
             head.append((b"content-length", str(len(data)).encode()))
             self.started = True
             await self.send({"type": "http.response.start", "status": status, "headers": head})
@@ -388,7 +442,7 @@ class _Relay:
             # read before the first token anyway.
             first = await anext(chunks, b"")
             version = first_event_version(first) or version
-        head = self._head(dispatched) + Stamp(version, False, b"").headers()
+        head = self._head(dispatched) + self._stamped(Stamp(version, False, b""))
         await send({"type": "http.response.start", "status": response.status, "headers": head})
         self.started = True
         if req.openai and ok:

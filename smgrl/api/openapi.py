@@ -51,6 +51,7 @@ OPENAI_CODES = [
 ]
 DATAPLANE_CODES = [
     *INVALID_REQUEST_CODES,
+    "invalid_routing_metadata",
     "model_required",
     "model_not_found",
     "too_many_requests",
@@ -58,6 +59,7 @@ DATAPLANE_CODES = [
     "upstream_unreachable",
     "no_available_workers",
     "no_eligible_workers",
+    "loopback_limit_exceeded",
     "memory_budget_exceeded",
     "request_timeout",
 ]
@@ -329,10 +331,13 @@ SCHEMAS: dict[str, dict] = {
         "codes for a refused body, `param` naming the field: invalid_json, invalid_type, invalid_value, "
         "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
         "prompt_empty, json_parse_error (OpenAI routes without a JSON content type); 400 "
+        "invalid_routing_metadata (a malformed PSRL routing header or body field: x-prompt-id, "
+        "x-is-sticky, x-base-worker-id + x-target-dp-rank, ...); 400 "
         "model_required (several models served, none named); 404 model_not_found; 429 too_many_requests "
         "(--max-concurrent-requests and the queue are full), queue_timeout; 502 upstream_unreachable; "
         "503 no_available_workers (no routable worker serves the model), no_eligible_workers (every "
-        "worker held out by state, version policy or floor; with `reasons`); 504 request_timeout.",
+        "worker held out by state, version policy or floor; with `reasons`), loopback_limit_exceeded (a "
+        "rollout aborted by weight syncs more than --max-loopbacks times); 504 request_timeout.",
     ),
     "InvalidVersionPolicy": _rl_error(
         ["invalid_version_policy"],
@@ -769,7 +774,18 @@ STAMP = {
         "schema": STR,
     },
     "x-version-tag": {
-        "description": "PSRL: the serving engine's version, `-1` when it has none",
+        "description": "PSRL: the serving engine's version, `-1` when it has none; for a request with "
+        "routing metadata (x-prompt-id or an instance hint) the version pinned at its first selection",
+        "required": True,
+        "schema": STR,
+    },
+    "x-base-worker-id": {
+        "description": "PSRL: the serving instance's engine (registry id of its rank-0 record)",
+        "required": True,
+        "schema": STR,
+    },
+    "x-target-dp-rank": {
+        "description": "PSRL: the serving instance's DP rank (0 without DP)",
         "required": True,
         "schema": STR,
     },
@@ -837,6 +853,20 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
             "schema": STR,
             "description": "PSRL version floor: only engines at this version or newer (`-1`: no floor)",
         },
+        *(
+            {"name": name, "in": "header", "required": False, "schema": STR, "description": text}
+            for name, text in (
+                ("x-prompt-id", "PSRL prompt group: its requests share an instance (staged selection)"),
+                ("x-is-validate", "PSRL: a validation request (bool-like; handed to the admission hook)"),
+                ("x-is-sticky", "PSRL: honour the instance hint (bool-like)"),
+                (
+                    "x-base-worker-id",
+                    "PSRL instance hint: the engine (registry id or URL); with x-target-dp-rank",
+                ),
+                ("x-target-dp-rank", "PSRL instance hint: the DP rank; with x-base-worker-id"),
+                ("x-force-pin-once", "PSRL: honour the hint for the first selection only (bool-like)"),
+            )
+        ),
     ]
     if rl:
         params.insert(
@@ -864,7 +894,8 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
         "400": _dp_error(
             "SMG's codes for a refused body (invalid_json, invalid_type, invalid_value, "
             "missing_required_parameter, unknown_parameter, integer_below_min_value, empty_array, "
-            "prompt_empty, json_parse_error), model_required (/generate only)"
+            "prompt_empty, json_parse_error), invalid_routing_metadata (a malformed PSRL routing "
+            "header or field), model_required (/generate only)"
             + (
                 ", or an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope)"
                 if rl
@@ -1005,6 +1036,136 @@ def _write_paths() -> dict:
     }
 
 
+def _routing_loop_paths() -> dict:
+    """PSRL's coordinator controls (smgrl/api/routing_loop.py)."""
+    status = _obj(
+        {
+            "enabled": BOOL,
+            "paused": BOOL,
+            "routing_epoch": INT,
+            "queue_len": INT,
+            "pending_request_num": INT,
+            "running_request_num": INT,
+            "prompt_groups": INT,
+        },
+        ["enabled", "paused", "routing_epoch", "queue_len", "running_request_num"],
+        additional=True,
+    )
+    journal_down = _resp(
+        "The journal cannot record the change (journal_unavailable): nothing changed; retry.",
+        _json(_ref("JournalUnavailable")),
+    )
+
+    def switch(op_id: str, summary: str) -> dict:
+        return {
+            "post": {
+                "operationId": op_id,
+                "summary": summary,
+                "description": "Journaled (`dataplane.dispatch_set`) when it changes the state.",
+                "tags": ["psrl"],
+                "security": SECURED,
+                "parameters": [
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "required": False,
+                        "schema": STR,
+                        "description": "accepted for PSRL clients; selections are atomic, nothing to wait for",
+                    }
+                ],
+                "responses": {
+                    "200": _resp("The routing loop's status after the call.", _json(status)),
+                    **_auth_responses(write=True),
+                    "503": journal_down,
+                },
+            }
+        }
+
+    item = _obj(
+        {
+            "worker_id": STR,
+            "dp_rank": {**INT, "minimum": 0},
+            "weight_version": {"type": ["string", "integer"]},
+        },
+        ["worker_id", "weight_version"],
+    )
+    result = _obj(
+        {
+            "status": {"type": "string", "enum": ["updated", "rejected"]},
+            "worker_id": STR,
+            "url": {"type": ["string", "null"]},
+            "weight_version": STR,
+            "dp_rank": INT,
+            "reason": STR,
+        },
+        ["status", "worker_id", "url", "weight_version"],
+    )
+    return {
+        "/routing_loop/pause": switch(
+            "postRoutingLoopPause", "Pause rollout dispatch: new requests wait, in-flight ones finish"
+        ),
+        "/routing_loop/resume": switch("postRoutingLoopResume", "Resume rollout dispatch"),
+        "/routing_loop/status": _get_and_head(
+            _read_op(
+                "getRoutingLoopStatus",
+                "The routing loop's status",
+                {"200": _resp("Status.", _json(status))},
+                tags=("psrl",),
+            )
+        ),
+        "/workers/stats": _get_and_head(
+            _read_op(
+                "getWorkerStats",
+                "Per-instance routing stats: in flight, dispatched, version, state",
+                {
+                    "200": _resp(
+                        "One row per routable instance (worker, DP rank).",
+                        _json(
+                            _obj(
+                                {
+                                    "workers": {"type": "array", "items": {"type": "object"}},
+                                    "total": INT,
+                                    "waiting": INT,
+                                },
+                                ["workers", "total"],
+                            )
+                        ),
+                    )
+                },
+                tags=("psrl",),
+            )
+        ),
+        "/workers/update_weight_version": {
+            "post": {
+                "operationId": "postWorkersUpdateWeightVersion",
+                "summary": "Per-instance weight-version writes (PSRL); journaled as engine.version_set",
+                "tags": ["psrl"],
+                "security": SECURED,
+                "requestBody": {"required": True, "content": _json({"type": "array", "items": item})},
+                "responses": {
+                    "200": _resp(
+                        "Per item: updated or rejected (a replica's DP ranks need one version, all covered).",
+                        _json(
+                            _obj(
+                                {
+                                    "total": INT,
+                                    "updated": INT,
+                                    "rejected": INT,
+                                    "results": {"type": "array", "items": result},
+                                },
+                                ["total", "updated", "rejected", "results"],
+                            )
+                        ),
+                    ),
+                    "400": _resp("Bad body (invalid_body).", _json(_rl_error(["invalid_body"]))),
+                    **_auth_responses(write=True),
+                    "503": journal_down,
+                },
+            }
+        },
+    }
+
+
 def _paths(rl: bool) -> dict:
     paths: dict[str, dict] = {
         "/health": _get_and_head(
@@ -1082,6 +1243,7 @@ def _paths(rl: bool) -> dict:
                 },
             ),
         },
+        **_routing_loop_paths(),
         "/workers/{worker_id}": {
             **_get_and_head(
                 _read_op(

@@ -9,6 +9,7 @@
     │                                                         prompt_empty, integer_below_min_value,
     │                                                         unknown_parameter, json_parse_error
     │                                                         (422 for a /generate body of the wrong shape)
+    ├── InvalidRoutingMetadata  invalid_routing_metadata 400  a malformed PSRL routing header/field
     ├── ModelRequired           model_required           400  several models served, none named
     ├── ModelNotFound           model_not_found          404
     ├── QueueFull               too_many_requests        429  --max-concurrent-requests + queue full
@@ -16,6 +17,7 @@
     ├── UpstreamUnreachable     upstream_unreachable     502  retries exhausted (connect / 5xx)
     ├── NoAvailableWorkers      no_available_workers     503  no routable worker serves the model
     ├── NoEligibleWorkers       no_eligible_workers      503  retryable: every worker held out
+    ├── LoopbackLimitExceeded   loopback_limit_exceeded  503  retryable: aborted by syncs too often
     ├── MemoryBudgetExceeded    memory_budget_exceeded   503  retryable: --dataplane-memory-budget in use
     └── RequestTimeout          request_timeout          504  --request-timeout-secs passed
 
@@ -81,6 +83,10 @@ class InvalidRequest(DataPlaneError):
         self.status = status
 
 
+class InvalidRoutingMetadata(DataPlaneError):
+    code, status = "invalid_routing_metadata", 400
+
+
 class ModelRequired(DataPlaneError):
     code, status = "model_required", 400
 
@@ -123,6 +129,12 @@ class NoEligibleWorkers(DataPlaneError):
 
 class MemoryBudgetExceeded(DataPlaneError):
     code, status, retryable = "memory_budget_exceeded", 503, True
+
+
+class LoopbackLimitExceeded(DataPlaneError):
+    """A rollout aborted by syncs more than --max-loopbacks times (smgrl.dataplane.loopback)."""
+
+    code, status, retryable = "loopback_limit_exceeded", 503, True
 
 
 class RequestTimeout(DataPlaneError):

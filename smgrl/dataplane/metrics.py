@@ -113,6 +113,16 @@ class DataPlaneMetrics:
         self.retries = Counter(
             "smgrl_dataplane_retries", "Rollout attempts retried before the first byte", registry=r
         )
+        self.loopbacks = Counter(
+            "smgrl_dataplane_loopbacks",
+            "Partial-rollout continuations dispatched after a sync aborted a rollout",
+            registry=r,
+        )
+        self.tokens_kept = Counter(
+            "smgrl_dataplane_loopback_tokens_kept",
+            "Decoded tokens a loopback kept (not regenerated)",
+            registry=r,
+        )
         r.register(_TableCollector(dataplane, rl_enabled))
         if not rl_enabled:
             return

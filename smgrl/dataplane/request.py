@@ -38,6 +38,8 @@ class RolloutRequest:
     # Cache-aware routing key material: prompt text (str) or token ids (tuple); None = nothing.
     prefix: str | tuple[int, ...] | None
     single: bool = True  # a /generate with one prompt (answers one object, never a list)
+    # PSRL routing fields of the body (``smgrl.routing.metadata``), only those present; None: none.
+    routing: dict[str, Any] | None = None
 
     @property
     def openai(self) -> bool:
@@ -57,6 +59,20 @@ def parse(route: str, body: bytes) -> RolloutRequest:
     return from_obj(route, obj)
 
 
+# The body fields PSRL routing metadata reads (headers override them): smgrl.routing.metadata.
+ROUTING_FIELDS = (
+    "request_id",
+    "prompt_id",
+    "version_tag",
+    "is_validate",
+    "is_sticky",
+    "rollout_instance_id",
+    "rollout_instance_hint",
+    "base_worker_id",
+    "target_dp_rank",
+)
+
+
 def from_obj(route: str, obj: dict[str, Any]) -> RolloutRequest:
     """The request from its parsed (and checked: ``smgrl.api.dataplane_body``) body. An OpenAI
     request always names its model (SMG's 400 otherwise), even an empty one (a 404); a
@@ -68,6 +84,7 @@ def from_obj(route: str, obj: dict[str, Any]) -> RolloutRequest:
         stream=obj.get("stream") is True,
         prefix=_prefix(route, obj),
         single=route != GENERATE or is_single_generate(obj),
+        routing={k: obj[k] for k in ROUTING_FIELDS if k in obj} or None,
     )
 
 

@@ -26,7 +26,9 @@ from prometheus_client import CollectorRegistry
 
 from smgrl.config import Config
 from smgrl.core.version import Version
+from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
+from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.errors import (
@@ -41,6 +43,8 @@ from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry.keys import KeyRing
+from smgrl.routing import staged
+from smgrl.routing.metadata import InstanceId
 from smgrl.routing.policy import CacheAwareConfig, make_policy, sticky
 from smgrl.routing.version_policy import ANY, VersionPolicy, floor_reason
 from smgrl.state.fleet import FleetState
@@ -62,6 +66,9 @@ class Dispatch:
     entry: Entry
     response: Response
     body: bytes | None = None  # buffered answers only
+    # The journal's head when the request went to the engine: an aborting control call not
+    # finished by then may have aborted it (partial-rollout loopback, smgrl/dataplane/loopback.py).
+    seq: int = 0
 
     @property
     def instance(self):
@@ -107,6 +114,10 @@ class DataPlane:
         self.max_body = min(cfg.max_payload_size, dp.max_body_size)
         self._table: Table | None = None
         self._changed = trio.Event()
+        self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
+        self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
+        # --admission-hook: None admits everything without a call.
+        self.hook = admission_hook.resolve(dp.admission_hook) if dp.admission_hook else None
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
         self.metrics = DataPlaneMetrics(
             registry if registry is not None else CollectorRegistry(auto_describe=False),
@@ -225,20 +236,51 @@ class DataPlane:
         policy: VersionPolicy | None = None,
         floor: Version | None = None,
         exclude: set[str] | None = None,
+        routed: Routed | None = None,
     ) -> Entry:
-        """An eligible instance for ``model``; waits (event-driven) while every one is held out."""
+        """An eligible instance for ``model``; waits (event-driven) while every one is held out.
+
+        A request with routing metadata (``routed.staged``) takes the staged selection
+        (``smgrl.routing.staged``); the others the plain one: floor, then the policy."""
         started = self._now()
         policy = policy or self.version_policy
         logged = False
+        exclude = exclude or set()
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
-            selectable, held = self.eligible(slot, policy, floor)
-            if selectable:
+            if self.fleet.routing.paused:
+                # The coordinator paused dispatch (/routing_loop/pause): wait like a request
+                # with no eligible engine; the resume's journal commit wakes it.
+                held, chosen = Counter(dispatch_paused=len(slot.entries)), None
+            elif routed is not None and routed.staged:
+                selectable, held = self.eligible(slot, policy, None)
+                decision = staged.select(
+                    selectable,
+                    floor=routed.floor,
+                    hint=routed.hint(),
+                    group_pin=self.groups.pin(routed.meta.prompt_id),
+                    refused=routed.refused,
+                    choose=lambda group: self._choose(group, req, routing_key, exclude),
+                )
+                if decision.held:
+                    held = held + decision.held
+                chosen = decision.chosen
+            else:
+                selectable, held = self.eligible(slot, policy, floor)
+                if routed is not None and routed.refused:
+                    kept = [e for e in selectable if staged.identity(e.instance) not in routed.refused]
+                    held = held + Counter(refused=len(selectable) - len(kept))
+                    selectable = kept
+                chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
+            if chosen is not None:
+                hooked = self.hook is not None and routed is not None
+                if hooked and not await self._ask_hook(routed, req, model, chosen):
+                    continue  # refused: select again without it
                 if held:
                     self.metrics.held_out(held)
-                return self._choose(selectable, req, routing_key, exclude or set())
+                return chosen
             if self._now() >= wait_until:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
@@ -274,6 +316,8 @@ class DataPlane:
             try:
                 with trio.move_on_at(wake):
                     await changed.wait()
+                if routed is not None:
+                    routed.refused.clear()  # the hook may answer differently after a change
             finally:
                 self.waiting -= 1
                 self.waiting_by_reason[reason] -= 1
@@ -313,6 +357,7 @@ class DataPlane:
         floor: Version | None = None,
         buffered: bool,
         hold: Hold | None = None,
+        routed: Routed | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
@@ -341,7 +386,10 @@ class DataPlane:
                 policy=policy,
                 floor=floor,
                 exclude=tried,
+                routed=routed,
             )
+            if routed is not None:
+                self.commit(routed, entry)
             instance = entry.instance
             wid, base = instance.worker_id, instance.base_url
             target_headers, target_body = self._upstream(entry, req, body, headers)
@@ -355,6 +403,7 @@ class DataPlane:
             # so the engine aborts the request.
             with trio.move_on_at(deadline) as timeout:
                 try:
+                    sent_at = self.fleet.last_seq
                     exchange = self.pools.get(base).stream(
                         "POST", req.route, headers=target_headers, body=target_body
                     )
@@ -365,7 +414,7 @@ class DataPlane:
                             self.metrics.retries.inc()
                             tried.add(wid)
                             continue
-                        dispatched = Dispatch(entry, response)
+                        dispatched = Dispatch(entry, response, seq=sent_at)
                         if buffered:
                             data, truncated = await response.read_bounded(
                                 MAX_RESPONSE_BYTES, _reserve(response, hold)
@@ -394,6 +443,71 @@ class DataPlane:
                     self.loads[wid] -= 1
             if timeout.cancelled_caught:
                 raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")
+
+    # -- staged selection's commit and release -------------------------------------------------
+
+    def commit(self, routed: Routed, entry: Entry) -> None:
+        """Record a selection: the first pins an unversioned staged request's version (so its
+        loopbacks and echo carry it) and joins the request to its prompt group, writing the
+        group's pin once when no hint was honoured."""
+        hinted = routed.hint() is not None
+        routed.selections += 1
+        self.dispatched[entry.instance.worker_id] += 1
+        ident = staged.identity(entry.instance)
+        if not routed.staged:
+            return
+        if routed.pinned is None and entry.version is not None:
+            routed.pinned = entry.version
+            routed.floor = Version.parse(entry.version)
+        prompt = routed.meta.prompt_id
+        if prompt is not None and routed.joined is None:
+            self.groups.join(prompt, None if hinted else InstanceId(*ident))
+            routed.joined = prompt
+
+    async def finish(self, routed: Routed) -> None:
+        """The request ended (answered, failed or cancelled): leave its prompt group and give
+        the admission hook its reservation back."""
+        if routed.joined is not None:
+            self.groups.leave(routed.joined)
+            routed.joined = None
+        if routed.reservations:
+            # Shielded and bounded: this runs while the request is being cancelled (client
+            # gone, timeout), and a reservation never given back would leak the framework's
+            # capacity for good; a hook stuck for 5 s is abandoned (logged by the hook module).
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self._release(routed)
+
+    async def _ask_hook(self, routed: Routed, req: RolloutRequest, model: str, entry: Entry) -> bool:
+        """Ask the admission hook for ``entry``; a refusal marks it refused for this request."""
+        assert self.hook is not None
+        ident = staged.identity(entry.instance)
+        meta = routed.meta
+        request = admission_hook.HookRequest(
+            request_id=meta.request_id,
+            prompt_id=meta.prompt_id,
+            version_tag=routed.pinned if routed.staged else meta.version_tag,
+            is_validate=meta.is_validate,
+            model=model,
+            route=req.route,
+            version=entry.version,
+            loopback=routed.loopbacks,
+        )
+        result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
+        if admission_hook.refused(result):
+            routed.refused.add(ident)
+            return False
+        await self._release(routed)  # a retry's or loopback's earlier reservation
+        routed.reservations.append(result)
+        return True
+
+    async def _release(self, routed: Routed) -> None:
+        hook = self.hook
+        if hook is None or not routed.reservations:
+            return
+        while routed.reservations:
+            await admission_hook.release(hook, routed.reservations.pop())
+        # A released reservation may let a waiting request in: wake the waiters.
+        self._fleet_changed()
 
     def _backoff(self, attempt: int) -> float:
         r = self.cfg.dataplane.retry

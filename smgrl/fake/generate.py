@@ -130,7 +130,7 @@ def _add_logprobs(engine: BaseEngine, job: Job, meta: dict[str, Any]) -> None:
         digest = bytes.fromhex(engine.weights_digest)
         meta["input_top_logprobs"] = [None for _ in inputs]
         meta["output_top_logprobs"] = [
-            [[lp, tok, text(tok)] for lp, tok in model.top_logprobs(digest, job.key, i, k)]
+            [[lp, tok, text(tok)] for lp, tok in model.top_logprobs(digest, job.keys[i], job.seed, k)]
             for i in range(len(job.output_ids))
         ]
 

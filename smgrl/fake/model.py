@@ -1,15 +1,17 @@
-"""The fake model: a tokenizer and a next-token function keyed by the weights' digest.
+"""The fake model: a tokenizer and an autoregressive next-token function keyed by the weights.
 
-Token ``i`` of a completion is a hash of (weights digest, prompt, i): deterministic, cheap
-(one blake2b per token), different after every refit, identical across engines that loaded
-the same checkpoint.
+The next token is a hash of (weights digest, the WHOLE context so far, sampling seed): the
+context is the prompt plus every token generated, folded into a rolling key, so a generation
+continued from ``prompt + first k outputs`` produces exactly the tokens the uninterrupted
+generation would have produced after those k (on the same weights). That is what lets a test
+check a partial-rollout loopback token by token. Deterministic, cheap (one blake2b per token),
+different after every refit, identical across engines that loaded the same checkpoint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import zlib
-from array import array
 from collections.abc import Sequence
 
 EOS_TOKEN_ID = 151645  # Qwen3's <|im_end|>
@@ -127,26 +129,55 @@ def token_text(token_id: int) -> str:
     return f" <{token_id}>"
 
 
-def prompt_key(ids: Sequence[int], seed: int | None = None) -> bytes:
-    h = hashlib.blake2b(array("q", ids).tobytes(), digest_size=16)
-    if seed is not None:
-        h.update(b"seed" + str(seed).encode())
-    return h.digest()
+_KEY_MOD = (1 << 61) - 1  # a Mersenne prime: the rolling context key stays in 8 bytes
+_KEY_MUL = 1_000_003
 
 
-def next_token(digest: bytes, key: bytes, position: int) -> tuple[int, float]:
-    """(token id, logprob) of output position ``position``."""
-    raw = hashlib.blake2b(digest + key + position.to_bytes(4, "little"), digest_size=8).digest()
-    value = int.from_bytes(raw, "little")
+def extend_key(key: int, token: int) -> int:
+    """The context key after appending ``token``."""
+    return (key * _KEY_MUL + token + 1) % _KEY_MOD
+
+
+def context_key(ids: Sequence[int]) -> int:
+    """The rolling key of a whole context (``extend_key`` folded over ``ids``)."""
+    key = 0
+    for token in ids:
+        key = (key * _KEY_MUL + token + 1) % _KEY_MOD
+    return key
+
+
+def _draw(digest: bytes, key: int, seed: int | None) -> int:
+    salt = b"" if seed is None else b"seed" + str(seed).encode()
+    raw = hashlib.blake2b(digest + key.to_bytes(8, "little") + salt, digest_size=8).digest()
+    return int.from_bytes(raw, "little")
+
+
+def next_token(digest: bytes, key: int, seed: int | None = None) -> tuple[int, float]:
+    """(token id, logprob) following the context whose rolling key is ``key``."""
+    value = _draw(digest, key, seed)
     logprob = -((value >> 20) % 5000) / 1000.0 - 0.0005
-    if position > 0 and (value >> 40) % _EOS_EVERY == 0:
+    if (value >> 40) % _EOS_EVERY == 0:
         return EOS_TOKEN_ID, logprob
     return VOCAB_BASE + value % len(VOCAB), logprob
 
 
-def top_logprobs(digest: bytes, key: bytes, position: int, k: int) -> list[tuple[float, int]]:
+def generate(digest: bytes, ids: Sequence[int], n: int, seed: int | None = None) -> list[int]:
+    """The ``n`` tokens (EOS included, none after it) an engine on ``digest`` generates after
+    ``ids``: the reference a test compares a relayed answer with."""
+    key = context_key(ids)
+    out: list[int] = []
+    for _ in range(n):
+        token, _ = next_token(digest, key, seed)
+        out.append(token)
+        if token == EOS_TOKEN_ID:
+            break
+        key = extend_key(key, token)
+    return out
+
+
+def top_logprobs(digest: bytes, key: int, seed: int | None, k: int) -> list[tuple[float, int]]:
     """A deterministic top-k list whose first entry is the sampled token."""
-    chosen, logprob = next_token(digest, key, position)
+    chosen, logprob = next_token(digest, key, seed)
     out = [(logprob, chosen)]
     for j in range(1, k):
         alt = VOCAB_BASE + (chosen - VOCAB_BASE + j * 7) % len(VOCAB)

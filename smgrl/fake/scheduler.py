@@ -51,7 +51,8 @@ class Job:
     started: bool = False
     created: float = 0.0
     stop_text: str | None = None  # a matched stop string, cut from the text
-    key: bytes = b""
+    key: int = 0  # the rolling key of the context so far (prompt + outputs): model.context_key
+    keys: list[int] = attrs.Factory(list)  # the context key before each output token
 
     opts: dict = attrs.Factory(dict)  # per-API output options (logprobs, ...)
 
@@ -130,7 +131,7 @@ class Scheduler:
     # -- generation ----------------------------------------------------------------------------
     def admit(self, job: Job) -> None:
         job.created = trio.current_time()
-        job.key = model.prompt_key(job.prompt_ids, job.seed)
+        job.key = model.context_key(job.prompt_ids)
         hashes = model.prefix_hashes(job.prompt_ids)
         cached = 0
         for i, h in enumerate(hashes[:-1]):  # the last prompt token is always computed
@@ -204,7 +205,10 @@ class Scheduler:
         position = len(job.output_ids)
         if self._digest_bytes is None:
             self._digest_bytes = bytes.fromhex(self.digest)
-        token, logprob = model.next_token(self._digest_bytes, job.key, position)
+        # Autoregressive: the next token follows from the weights and the whole context.
+        token, logprob = model.next_token(self._digest_bytes, job.key, job.seed)
+        job.keys.append(job.key)
+        job.key = model.extend_key(job.key, token)
         job.started = True
         job.output_ids.append(token)
         job.output_logprobs.append(logprob)

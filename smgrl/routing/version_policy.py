@@ -20,6 +20,7 @@ too old) and ``unversioned``.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import attrs
@@ -110,9 +111,14 @@ def parse_floor(value: str) -> Version | None:
         raise InvalidVersionPolicy(f"invalid x-version-tag `{raw}`: {exc}") from None
 
 
+# A fleet has a handful of versions: parse each once (the staged selection compares every
+# candidate's version per request).
+parse_version = functools.lru_cache(maxsize=4096)(Version.parse)
+
+
 def floor_reason(version: str | None, floor: Version | None) -> str | None:
     if floor is None:
         return None
     if version is None:
         return "unversioned"
-    return None if Version.parse(version) >= floor else "stale"
+    return None if parse_version(version) >= floor else "stale"

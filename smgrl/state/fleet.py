@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from smgrl.core.view import EngineFacts
+from smgrl.state.aborts import AbortingOps
 from smgrl.state.engines import EngineStates
 from smgrl.state.operations import Operations
 from smgrl.state.registry import RegistryState
+from smgrl.state.routing_loop import RoutingLoop
 
 
 class FleetState:
@@ -21,6 +23,8 @@ class FleetState:
         self.registry = RegistryState()
         self.engines = EngineStates()
         self.operations = Operations()
+        self.aborts = AbortingOps()  # recent request-aborting calls per engine (not snapshotted)
+        self.routing = RoutingLoop()  # the coordinator's dispatch switch
         self.last_seq = 0
         # Called (no arguments, in the writer task) after a committed batch changed the registry
         # or the engine projection: the data plane wakes requests waiting for an eligible engine.
@@ -40,8 +44,8 @@ class FleetState:
             listener()
 
     @property
-    def revision(self) -> tuple[int, int]:
-        return (self.registry.revision, self.engines.revision)
+    def revision(self) -> tuple[int, int, int]:
+        return (self.registry.revision, self.engines.revision, self.routing.revision)
 
     def apply(self, seq: int, event) -> None:
         removed_bases: list[str] = []
@@ -52,6 +56,8 @@ class FleetState:
         self.registry.apply(seq, event)
         self.engines.apply(seq, event, self.registry)
         self.operations.apply(seq, event)
+        self.aborts.apply(seq, event)
+        self.routing.apply(seq, event)
         for base in removed_bases:
             if not any(w.base_url == base for w in self.registry):
                 self.engines.forget(base)

@@ -29,7 +29,7 @@ from journal.events import decode, decode_parsed
 from smgrl.errors import StartupError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
-from smgrl.state import engines, registry, snapshot
+from smgrl.state import engines, registry, routing_loop, snapshot
 from smgrl.state.fleet import FleetState
 
 log = logging.getLogger("smgrl.snapshot")
@@ -38,7 +38,7 @@ log = logging.getLogger("smgrl.snapshot")
 # snapshot markers) change nothing, so replay skips them without decoding them. A test checks
 # that FleetState ignores every catalogued type outside this set; extend it with the projections.
 CONTROL_TYPES = frozenset({"control.started", "control.outcome", "control.finished", "control.interrupted"})
-FOLDED_TYPES = registry.TYPES | engines.TYPES | CONTROL_TYPES
+FOLDED_TYPES = registry.TYPES | engines.TYPES | CONTROL_TYPES | routing_loop.TYPES
 
 # Events between two snapshots taken by the gateway. It bounds what startup replays and
 # hash-checks (the worst case is a snapshot this many events behind the head): 25,000 keeps a

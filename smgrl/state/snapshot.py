@@ -61,6 +61,7 @@ class Captured:
     engines: dict[str, EngineFacts]
     engine_open: list[tuple[str, Intent, dict[str, str], list[str], list[str]]]
     ops_open: list[dict[str, Any]]
+    routing: dict[str, Any] | None = None
 
 
 def capture(fleet: FleetState) -> Captured:
@@ -80,6 +81,16 @@ def capture(fleet: FleetState) -> Captured:
         ],
         # OpRecords are mutable (outcomes arrive): copy each one as plain data now.
         ops_open=[_op_dict(op) for op in fleet.operations.open.values()],
+        # Only once the routing loop was ever switched (older snapshots have no such key).
+        routing=(
+            {
+                "paused": fleet.routing.paused,
+                "revision": fleet.routing.revision,
+                "changed_seq": fleet.routing.changed_seq,
+            }
+            if fleet.routing.revision
+            else None
+        ),
     )
 
 
@@ -124,6 +135,7 @@ def to_dict(cap: Captured) -> dict[str, Any]:
             ],
         },
         "operations": {"open": cap.ops_open},
+        **({"routing": cap.routing} if cap.routing is not None else {}),
     }
 
 
@@ -186,5 +198,10 @@ def _load(data: dict[str, Any]) -> FleetState:
     for raw in ops_data["open"]:
         op = OpRecord(**_exact(raw, _OP_FIELDS, "operation"))
         fleet.operations.open[op.op_id] = op
+    routing = data.get("routing")
+    if routing is not None:
+        fleet.routing.paused = bool(routing["paused"])
+        fleet.routing.revision = int(routing["revision"])
+        fleet.routing.changed_seq = int(routing["changed_seq"])
     fleet.last_seq = int(data["last_seq"])
     return fleet

@@ -211,6 +211,7 @@ def test_fleet_state_ignores_every_type_outside_folded_types():
         "worker.probe_failed": ev(
             "worker.probe_failed", worker_id="w0", attempt=1, error="x", next_retry_s=1.0
         ),
+        "dataplane.request_looped_back": ev("dataplane.request_looped_back", request_id="r", loopbacks=1),
     }
     assert set(catalogue()) - FOLDED_TYPES == set(samples)
     base = fold(scenario())
@@ -316,3 +317,14 @@ async def test_snapshotter_stores_a_snapshot_and_a_marker_when_due(tmp_path):
     fresh, info = restore(store)
     assert info.snapshot_seq == seq and snapshot.to_json(fresh) == snapshot.to_json(fleet)
     store.close()
+
+
+def test_the_routing_loop_switch_survives_a_snapshot_and_replay():
+    fleet = fold(scenario())
+    plain = snapshot.to_json(fleet)
+    assert "routing" not in json.loads(plain)  # never switched: older snapshots stay identical
+    fleet.apply(200, ev("dataplane.dispatch_set", paused=True))
+    loaded = snapshot.from_json(snapshot.to_json(fleet))
+    assert (loaded.routing.paused, loaded.routing.revision, loaded.routing.changed_seq) == (True, 1, 200)
+    assert snapshot.to_json(loaded) == snapshot.to_json(fleet)
+    assert not snapshot.from_json(plain).routing.paused

@@ -1,0 +1,227 @@
+"""PSRL coordinator controls of the rollout routing loop (spec psrl-sessions-tito.md 6.4).
+
+The routes PSRL's coordinator calls, backed by the journal's projections (no second version
+table, no state outside the journal but run-time counters)::
+
+    POST /routing_loop/pause[?wait=true]   new rollout requests wait in the gateway; in-flight
+                                           ones finish (``dataplane.dispatch_set``)
+    POST /routing_loop/resume              dispatch again (the waiting requests go out)
+    GET  /routing_loop/status              paused, epoch, waiting and running requests
+    GET  /workers/stats                    per instance: in flight, dispatched, version, state
+    POST /workers/update_weight_version    per-instance version writes (``engine.version_set``)
+
+Writes need the ``write`` (admin) role and are audited like every control-plane write; reads
+need ``read``. ``wait=true`` is accepted for PSRL's clients: smgrl's selections are atomic (no
+decision is ever half made), so there is nothing to wait for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+from quart import Response, g, request
+
+from journal import JournalWriteError
+from smgrl.api import envelopes as env
+from smgrl.api.guard import Guard
+from smgrl.auth import READ, WRITE
+from smgrl.core.version import InvalidVersion, validate_version
+from smgrl.errors import InvalidBody, JournalUnavailable, RlError
+from smgrl.journaling import ev
+from smgrl.routing.staged import identity
+
+MAX_ITEMS = 4096
+
+
+class RoutingLoopRoutes:
+    def __init__(self, gateway, dataplane) -> None:
+        self.gw = gateway
+        self.dp = dataplane
+        self.guard = Guard(gateway)
+
+    def register(self, app) -> None:
+        routes = {
+            "/routing_loop/pause": ("POST", self._pause),
+            "/routing_loop/resume": ("POST", self._resume),
+            "/routing_loop/status": ("GET", self._status),
+            "/workers/stats": ("GET", self._stats),
+            "/workers/update_weight_version": ("POST", self._versions),
+        }
+        for path, (method, handler) in routes.items():
+            methods = ["GET", "HEAD"] if method == "GET" else [method]
+            app.add_url_rule(
+                path, "psrl" + path.replace("/", "_"), self._route(method, handler), methods=methods
+            )
+
+    def _route(self, method: str, handler):
+        async def route() -> Response:
+            shown = (request.scope.get("raw_path") or request.path.encode()).decode("latin-1")
+            async with self.guard.check(READ if method == "GET" else WRITE, shown) as check:
+                if check.denied is not None:
+                    return check.denied
+                try:
+                    response = await handler(check.principal)
+                except RlError as exc:
+                    response = env.json_response(exc.status, exc.body())
+                check.status = response.status_code
+                return response
+
+        return route
+
+    async def _append(self, stream: str, event) -> None:
+        try:
+            await self.gw.journal.append(stream, event)
+        except JournalWriteError as exc:
+            raise JournalUnavailable(f"the journal cannot record this change: {exc}") from exc
+
+    def _who(self, principal) -> dict[str, Any]:
+        return {
+            "principal": principal.label if principal else None,
+            "request_id": getattr(g, "request_id", None),
+        }
+
+    async def _set(self, paused: bool, principal) -> Response:
+        loop = self.gw.fleet.routing
+        changed = loop.paused != paused
+        if changed:
+            await self._append(
+                "dataplane", ev("dataplane.dispatch_set", paused=paused, **self._who(principal))
+            )
+        return env.json_response(
+            200, {"action": "pause" if paused else "resume", "changed": changed, **self._status_body()}
+        )
+
+    async def _pause(self, principal) -> Response:
+        return await self._set(True, principal)
+
+    async def _resume(self, principal) -> Response:
+        return await self._set(False, principal)
+
+    def _status_body(self) -> dict[str, Any]:
+        dp = self.dp
+        loop = self.gw.fleet.routing
+        running = sum(dp.loads.values())
+        return {
+            "enabled": True,
+            "paused": loop.paused,
+            "routing_epoch": loop.revision,
+            "queue_len": dp.waiting,
+            "pending_request_num": dp.waiting,
+            "running_request_num": running,
+            "prompt_groups": len(dp.groups),
+        }
+
+    async def _status(self, principal) -> Response:
+        return env.json_response(200, self._status_body())
+
+    async def _stats(self, principal) -> Response:
+        dp = self.dp
+        rows = []
+        for model, slot in sorted(dp.table().models.items()):
+            for entry in slot.entries:
+                inst = entry.instance
+                base, rank = identity(inst)
+                rows.append(
+                    {
+                        "worker_id": inst.worker_id,
+                        "base_worker_id": base,
+                        "dp_rank": rank,
+                        "url": inst.url,
+                        "model": model,
+                        "weight_version": entry.version,
+                        "control": entry.control,
+                        "held": entry.hold,
+                        "in_flight": dp.loads.get(inst.worker_id, 0),
+                        "dispatched": dp.dispatched.get(inst.worker_id, 0),
+                    }
+                )
+        return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dp.waiting})
+
+    async def _versions(self, principal) -> Response:
+        items = _items(await request.get_data(cache=False))
+        registry = self.gw.fleet.registry
+        # Resolve each item to its engine (DP ranks share one version: smgrl's table is per engine).
+        by_engine: dict[str, list[int]] = defaultdict(list)
+        results: list[dict[str, Any]] = []
+        engines: dict[str, Any] = {}
+        for i, item in enumerate(items):
+            wid, rank, version = item["worker_id"], item.get("dp_rank"), item["weight_version"]
+            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
+            result = {"status": "updated", "worker_id": wid, "url": None, "weight_version": version}
+            if rank is not None:
+                result["dp_rank"] = rank
+            results.append(result)
+            if worker is None or not worker.is_visible:
+                result.update(status="rejected", reason="worker not found")
+                continue
+            result["url"] = worker.base_url
+            engines[worker.base_url] = worker
+            by_engine[worker.base_url].append(i)
+        writes: dict[str, list] = defaultdict(list)
+        for base, indexes in by_engine.items():
+            versions = {results[i]["weight_version"] for i in indexes}
+            ranks = {items[i].get("dp_rank") for i in indexes}
+            size = _dp_size(registry, base)
+            reason = None
+            if len(versions) > 1:
+                reason = "all DP ranks of a replica must get one version"
+            elif None not in ranks and ranks != set(range(size)):
+                reason = f"an update must cover all {size} DP ranks of the replica"
+            if reason is not None:
+                for i in indexes:
+                    results[i].update(status="rejected", reason=reason)
+                continue
+            writes[versions.pop()].append(engines[base])
+        for version, workers in writes.items():
+            targets = tuple({"worker_id": w.id, "url": w.url, "base_url": w.base_url} for w in workers)
+            await self._append(
+                "engine",
+                ev(
+                    "engine.version_set",
+                    weight_version=version,
+                    targets=targets,
+                    selector=None,
+                    **self._who(principal),
+                ),
+            )
+        updated = sum(r["status"] == "updated" for r in results)
+        body = {
+            "total": len(results),
+            "updated": updated,
+            "rejected": len(results) - updated,
+            "results": results,
+        }
+        return env.json_response(200, body)
+
+
+def _dp_size(registry, base_url: str) -> int:
+    ranks = {w.dp_rank for w in registry if w.base_url == base_url and w.dp_rank is not None}
+    return max(len(ranks), 1)
+
+
+def _items(data: bytes) -> list[dict[str, Any]]:
+    """``[{"worker_id", "dp_rank"?, "weight_version"}]``, checked (400 ``invalid_body``)."""
+    try:
+        items = json.loads(data) if data else None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidBody("the body is not valid JSON") from None
+    if not isinstance(items, list) or not items or len(items) > MAX_ITEMS:
+        raise InvalidBody(f"expected a list of 1-{MAX_ITEMS} {{worker_id, dp_rank?, weight_version}} objects")
+    out = []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("worker_id"), str):
+            raise InvalidBody(f"item {n}: expected an object with a string `worker_id`")
+        rank = item.get("dp_rank")
+        if rank is not None and (type(rank) is not int or rank < 0):
+            raise InvalidBody(f"item {n}: `dp_rank` must be a non-negative integer")
+        raw = item.get("weight_version")
+        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+            raise InvalidBody(f"item {n}: `weight_version` must be a string or an integer")
+        try:
+            version = validate_version(str(raw))
+        except InvalidVersion as exc:
+            raise InvalidBody(f"item {n}: {exc}") from None
+        out.append({"worker_id": item["worker_id"], "dp_rank": rank, "weight_version": version})
+    return out

@@ -1,0 +1,48 @@
+"""Which control calls abort the requests an engine is running (engines.md). Pure.
+
+A partial-rollout loopback (docs/data-plane.md) continues a rollout only when its engine
+aborted it BECAUSE of such a call made through this gateway while the request ran:
+
+- ``pause_generation`` in mode ``abort`` (SGLang's default; TokenSpeed's default ``wait`` does
+  not abort, and then nothing is aborted to attribute);
+- vLLM's ``pause`` / ``sleep`` with ``mode=abort`` (the query's default);
+- ``update_weight_version`` unless ``abort_all_requests`` is false (SGLang aborts by default);
+- ``update_weights_from_disk|tensor|distributed`` with ``abort_all_requests: true``.
+
+``abort_request`` / ``abort`` are deliberate cancellations by the trainer: never looped back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qs
+
+REFITS = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed")
+
+
+def _body(body: bytes | None) -> dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def aborts_inflight(method: str, path: str, body: bytes | None, query: str | None) -> bool:
+    """Does a 2xx answer to this call mean the engine aborted its running requests?"""
+    if method != "POST":
+        return False
+    path = path.strip("/")
+    if path == "pause_generation":
+        return _body(body).get("mode", "abort") == "abort"
+    if path in ("pause", "sleep"):
+        modes = parse_qs(query or "").get("mode", ["abort"])
+        return modes[-1] == "abort"
+    if path == "update_weight_version":
+        return _body(body).get("abort_all_requests", True) is not False
+    if path in REFITS:
+        return _body(body).get("abort_all_requests", False) is True
+    return False

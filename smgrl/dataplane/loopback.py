@@ -1,0 +1,503 @@
+"""Partial-rollout loopback: a rollout aborted by a weight sync continues where it stopped.
+
+PSRL's gateway keeps every token an engine decoded before a sync aborted the request
+(spec psrl-sessions-tito.md section 7, with the defects of 7.3/7.5 fixed). Here:
+
+- **Which aborts**: an engine's ``finish_reason: abort`` is looped back only when a control call
+  that aborts running requests (``smgrl.core.aborts``) went through this gateway to that engine
+  and had not finished when the request was sent (``FleetState.aborts``, from the journal).
+  A trainer's own
+  ``abort_request``, an abort sent straight to the engine, or a client that disconnects is a
+  deliberate cancellation: the abort is answered as the engine gave it.
+- **Which requests**: ``/generate`` with ``input_ids`` and one prompt (the gateway has no
+  tokenizer: ``text`` prompts, batches and the OpenAI routes answer the engine's abort).
+- **The continuation**: prompt = the ORIGINAL prompt + every id accumulated so far (never the
+  previous leg's prompt: no duplicated tokens on a second abort), ``max_new_tokens`` = the
+  original cap minus what was produced (uncapped stays uncapped), pinned to the instance that
+  aborted (eligible again once its sync completes) or any instance at the request's pinned
+  version floor (staged selection, ``routed.loop_hint``).
+- **The answer**: one object as if one engine had generated it: ``output_ids`` and
+  ``output_token_logprobs`` of every leg, ``text`` concatenated, ``prompt_tokens`` the original
+  prompt's length, ``completion_tokens`` the total, ``weight_versions`` per-token version spans,
+  and ``segments``: per leg the engine, DP rank, loopback iteration, token span and the
+  operation whose abort ended it.
+- **Bounded**: at most ``--max-loopbacks`` per request, then 503 ``loopback_limit_exceeded``.
+- **Journaled**: each looped-back request is one ``dataplane.request_looped_back`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import attrs
+import trio
+
+from journal.events import RequestLoopedBack
+from smgrl.core.version import Version
+from smgrl.dataplane.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
+from smgrl.dataplane.stamp import Stamp, first_event_version, stream_version
+from smgrl.routing.metadata import InstanceId
+
+log = logging.getLogger("smgrl.dataplane")
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _finish_type(meta: dict) -> str | None:
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict):
+        kind = finish.get("type")
+        return kind if isinstance(kind, str) else None
+    return finish if isinstance(finish, str) else None
+
+
+@attrs.define(eq=False)
+class Leg:
+    """One engine answer (a segment of the rollout)."""
+
+    ids: list[int]
+    logprobs: list | None  # output_token_logprobs entries, None when the leg had none
+    top: list | None  # output_top_logprobs entries
+    text: str | None
+    finish: str | None  # the finish reason's type
+    version: str | None
+    spans: list[tuple[str | None, int, int]]  # (version, start, end) over this leg's ids
+    obj: dict
+
+
+def read_leg(obj: Any) -> Leg | None:
+    """The leg of a 2xx single-prompt ``/generate`` answer, or None when it is not one."""
+    if isinstance(obj, list) and len(obj) == 1:
+        obj = obj[0]
+    if not isinstance(obj, dict):
+        return None
+    ids = obj.get("output_ids")
+    meta = obj.get("meta_info")
+    if not isinstance(ids, list) or not isinstance(meta, dict) or not all(type(t) is int for t in ids):
+        return None
+    lps = meta.get("output_token_logprobs")
+    top = meta.get("output_top_logprobs")
+    version = meta.get("weight_version")
+    version = str(version) if isinstance(version, (str, int)) and not isinstance(version, bool) else None
+    spans: list[tuple[str | None, int, int]] = []
+    history = meta.get("weight_versions")
+    if isinstance(history, list) and history:
+        for span in history:
+            if (
+                isinstance(span, dict)
+                and isinstance(span.get("start"), int)
+                and isinstance(span.get("end"), int)
+            ):
+                spans.append((str(span.get("version")), span["start"], span["end"]))
+    if not spans and ids:
+        spans = [(version, 0, len(ids))]
+    text = obj.get("text")
+    return Leg(
+        ids=ids,
+        logprobs=lps if isinstance(lps, list) and len(lps) == len(ids) else None,
+        top=top if isinstance(top, list) and len(top) == len(ids) else None,
+        text=text if isinstance(text, str) else None,
+        finish=_finish_type(meta),
+        version=version,
+        spans=spans,
+        obj=obj,
+    )
+
+
+@attrs.define(eq=False)
+class Rollout:
+    """A ``/generate`` rollout across its legs (pure state; the relay drives it)."""
+
+    obj: dict  # the original request body
+    prompt: list[int]  # the iteration-1 prompt
+    cap: int | None  # the original max_new_tokens (None: uncapped)
+    max_loopbacks: int
+    ids: list[int] = attrs.Factory(list)
+    logprobs: list | None = attrs.Factory(list)
+    top: list | None = attrs.Factory(list)
+    text: list[str] | None = attrs.Factory(list)
+    spans: list[list] = attrs.Factory(list)  # merged [version, start, end)
+    segments: list[dict] = attrs.Factory(list)
+    input_logprobs: Any = None
+    first: bool = True
+
+    @property
+    def loopbacks(self) -> int:
+        return max(0, len(self.segments) - 1)
+
+    @property
+    def kept(self) -> int:
+        """Tokens decoded before the last loopback: what the loopback saved from regenerating."""
+        return self.segments[-1]["start"] if self.segments else 0
+
+    def add(self, leg: Leg, instance, op_id: str | None) -> None:
+        start = len(self.ids)
+        self.ids.extend(leg.ids)
+        if self.logprobs is not None:
+            self.logprobs = self.logprobs + leg.logprobs if leg.logprobs is not None else None
+        if self.top is not None:
+            self.top = self.top + leg.top if leg.top is not None else None
+        if self.text is not None:
+            self.text = self.text + [leg.text] if leg.text is not None else None
+        for version, s, e in leg.spans:
+            if self.spans and self.spans[-1][0] == version and self.spans[-1][2] == start + s:
+                self.spans[-1][2] = start + e
+            else:
+                self.spans.append([version, start + s, start + e])
+        if self.first:
+            self.input_logprobs = leg.obj.get("meta_info", {}).get("input_token_logprobs")
+            self.first = False
+        self.segments.append(
+            {
+                "iteration": len(self.segments),
+                "worker_id": instance.worker_id,
+                "url": instance.url,
+                "dp_rank": instance.dp_rank or 0,
+                "version": leg.version,
+                "start": start,
+                "end": len(self.ids),
+                "finish_reason": leg.finish,
+                "op_id": op_id,
+            }
+        )
+
+    def remaining(self) -> int | None:
+        return None if self.cap is None else max(0, self.cap - len(self.ids))
+
+    def continuation(self) -> bytes:
+        """The next leg's body: the original prompt plus every id so far, the cap reduced."""
+        obj = dict(self.obj)
+        obj["input_ids"] = self.prompt + self.ids
+        if self.cap is not None:
+            params = dict(obj.get("sampling_params") or {})
+            params["max_new_tokens"] = self.remaining()
+            obj["sampling_params"] = params
+        return _dumps(obj)
+
+    def stitch(self, last: Leg, *, length_reached: bool = False) -> dict:
+        """The final answer: the last leg's object carrying the whole rollout."""
+        out = dict(last.obj)
+        meta = dict(out.get("meta_info") or {})
+        out["output_ids"] = list(self.ids)
+        if self.text is not None:
+            out["text"] = "".join(self.text)
+        meta["prompt_tokens"] = len(self.prompt)
+        meta["completion_tokens"] = len(self.ids)
+        if self.logprobs is not None and "output_token_logprobs" in meta:
+            meta["output_token_logprobs"] = self.logprobs
+        else:
+            meta.pop("output_token_logprobs", None)
+        if self.top is not None and "output_top_logprobs" in meta:
+            meta["output_top_logprobs"] = self.top
+        else:
+            meta.pop("output_top_logprobs", None)
+        if self.input_logprobs is not None:
+            meta["input_token_logprobs"] = self.input_logprobs
+        meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in self.spans]
+        meta["segments"] = [dict(s) for s in self.segments]
+        if length_reached:
+            meta["finish_reason"] = {"type": "length", "length": self.cap}
+        out["meta_info"] = meta
+        return out
+
+
+def start(obj: Any, single: bool, max_loopbacks: int) -> Rollout | None:
+    """A rollout that may loop back, or None (text prompt, batch, disabled)."""
+    if max_loopbacks <= 0 or not single or not isinstance(obj, dict):
+        return None
+    ids = obj.get("input_ids")
+    if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+        return None
+    params = obj.get("sampling_params")
+    cap = params.get("max_new_tokens") if isinstance(params, dict) else None
+    if cap is not None and (type(cap) is not int or cap < 0):
+        return None
+    return Rollout(obj=obj, prompt=list(ids), cap=cap, max_loopbacks=max_loopbacks)
+
+
+@attrs.define(eq=False)
+class Answer:
+    status: int
+    dispatched: Any  # the last leg's Dispatch (head, entry)
+    head: list
+    data: bytes
+
+
+def worth_a_look(req, status: int, data: bytes, max_loopbacks: int) -> bool:
+    """Cheap test on every buffered answer: could this be a ``/generate`` (``input_ids``, one
+    prompt) that an engine aborted? Only then is anything parsed."""
+    return (
+        max_loopbacks > 0
+        and req.route == "/generate"
+        and req.single
+        and isinstance(req.prefix, tuple)
+        and 200 <= status < 300
+        and b'"abort"' in data
+    )
+
+
+async def run_buffered(
+    dp, req, body: bytes, headers, model: str, bounds: dict, make_head, journal, first: Answer
+) -> Answer:
+    """Continue a buffered ``/generate`` whose first answer is ``first`` while its legs end in
+    a sync's abort; answer the stitched rollout. ``make_head(dispatched)`` builds the head."""
+    routed = bounds["routed"]
+    answer = first
+    rollout: Rollout | None = None
+    outcome = "cancelled"
+    try:
+        while True:
+            try:
+                leg = read_leg(json.loads(answer.data)) if 200 <= answer.status < 300 else None
+            except ValueError:
+                leg = None
+            if leg is None:
+                outcome = "failed"
+                return answer
+            dispatched = answer.dispatched
+            instance = dispatched.instance
+            ops = dp.fleet.aborts.since(instance.base_url, dispatched.seq) if leg.finish == "abort" else []
+            if rollout is None:
+                if not ops:
+                    return answer  # not a sync's abort: answered as the engine gave it
+                rollout = start(json.loads(body), req.single, dp.cfg.dataplane.max_loopbacks)
+                if rollout is None:
+                    return answer
+            rollout.add(leg, instance, ops[0] if ops else None)
+            if not ops:
+                outcome = "aborted" if leg.finish == "abort" else "completed"
+                answer.data = _dumps(rollout.stitch(leg))
+                return answer
+            if rollout.remaining() == 0:
+                outcome = "completed"
+                answer.data = _dumps(rollout.stitch(leg, length_reached=True))
+                return answer
+            if rollout.loopbacks >= rollout.max_loopbacks:
+                outcome = "limit_exceeded"
+                raise LoopbackLimitExceeded(
+                    f"the rollout was aborted by weight syncs {rollout.loopbacks + 1} times; "
+                    f"--max-loopbacks is {rollout.max_loopbacks}",
+                    tokens=len(rollout.ids),
+                )
+            prepare(dp, routed, rollout, instance, leg)
+            async with dp.dispatch(
+                req, rollout.continuation(), headers, model=model, buffered=True, **bounds
+            ) as dispatched:
+                answer = Answer(
+                    dispatched.response.status, dispatched, make_head(dispatched), dispatched.body or b""
+                )
+    except DataPlaneError:
+        if outcome == "cancelled":
+            outcome = "failed"
+        raise
+    finally:
+        if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
+            await record(journal, rollout, routed, req, model, outcome)
+
+
+def prepare(dp, routed, rollout: Rollout, instance, leg: Leg) -> None:
+    """Route the next leg: back to the instance that aborted (eligible again once its sync
+    completes), or any instance at the pinned version floor: never older weights."""
+    dp.metrics.loopbacks.inc()
+    dp.metrics.tokens_kept.inc(len(leg.ids))
+    routed.loop_hint = InstanceId(instance.group, instance.dp_rank or 0)
+    routed.loopbacks += 1
+    first = rollout.segments[0]["version"]
+    if routed.floor is None and first is not None and first != "default":
+        routed.floor = Version.parse(first)
+        routed.pinned = routed.pinned or first
+
+
+async def record(journal, rollout: Rollout, routed, req, model: str, outcome: str) -> None:
+    """One ``dataplane.request_looped_back`` event per looped-back request. Shielded and
+    bounded: it runs while the request may be cancelled (client gone), and a loopback that
+    happened must be in the journal; a journal stuck for 5 s is given up (logged)."""
+    if journal is None:
+        return
+    event = RequestLoopedBack(
+        request_id=routed.meta.request_id,
+        route=req.route,
+        model=model,
+        prompt_tokens=len(rollout.prompt),
+        generated_tokens=len(rollout.ids),
+        tokens_kept=rollout.kept,
+        loopbacks=rollout.loopbacks,
+        outcome=outcome,
+        op_ids=tuple(dict.fromkeys(s["op_id"] for s in rollout.segments if s["op_id"])),
+        segments=tuple(rollout.segments),
+    )
+    with trio.CancelScope(shield=True), trio.move_on_after(5) as scope:
+        try:
+            await journal.append("dataplane", event)
+        except Exception as exc:  # noqa: BLE001 - the answer must not fail on the record
+            log.warning("could not journal a partial-rollout loopback: %r", exc)
+    if scope.cancelled_caught:
+        log.warning("journaling a partial-rollout loopback timed out")
+
+
+def streamable(req, max_loopbacks: int) -> bool:
+    """A streamed ``/generate`` (``input_ids``, one prompt) that may loop back."""
+    return max_loopbacks > 0 and req.route == "/generate" and req.single and isinstance(req.prefix, tuple)
+
+
+def preview(rollout: Rollout) -> Rollout:
+    """A copy to stitch a continuation leg's (cumulative) event with, keeping the original."""
+    return attrs.evolve(
+        rollout,
+        ids=list(rollout.ids),
+        logprobs=None if rollout.logprobs is None else list(rollout.logprobs),
+        top=None if rollout.top is None else list(rollout.top),
+        text=None if rollout.text is None else list(rollout.text),
+        spans=[list(s) for s in rollout.spans],
+        segments=[dict(s) for s in rollout.segments],
+    )
+
+
+class _Seam:
+    """Relays one leg's SSE events; rewrites them once the rollout has looped back (cumulative
+    ids/text/log-probs from the first token), and holds back a sync's abort (and its
+    ``[DONE]``) so the client never sees the seam."""
+
+    def __init__(self, dp, rollout_ref: list, dispatched, body: bytes) -> None:
+        self.dp = dp
+        self.ref = rollout_ref  # [Rollout | None]: shared across legs
+        self.dispatched = dispatched
+        self.body = body
+        self.held: tuple[Leg, list[str]] | None = None  # the sync's abort of this leg
+        self.last: Leg | None = None  # the leg's latest event, once the rollout looped back
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self.buf + chunk if self.buf else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self.buf = data
+            return b""
+        complete, self.buf = data[: end + 2], data[end + 2 :]
+        rollout = self.ref[0]
+        if rollout is None and b'"abort"' not in complete:
+            return complete  # the common case: nothing to look at
+        out = []
+        for event in complete.split(b"\n\n")[:-1]:
+            out.append(self._event(event))
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self.buf = self.buf, b""
+        return rest
+
+    def _event(self, event: bytes) -> bytes:
+        if event.startswith(b"data: [DONE]"):
+            return b"" if self.held is not None else event + b"\n\n"
+        rollout = self.ref[0]
+        if not event.startswith(b"data: {") or (rollout is None and b'"abort"' not in event):
+            return event + b"\n\n"
+        try:
+            leg = read_leg(json.loads(event[6:]))
+        except ValueError:
+            leg = None
+        if leg is None:
+            return event + b"\n\n"
+        if leg.finish == "abort":
+            instance = self.dispatched.instance
+            ops = self.dp.fleet.aborts.since(instance.base_url, self.dispatched.seq)
+            if ops:
+                if rollout is None:
+                    rollout = self.ref[0] = start(
+                        json.loads(self.body), True, self.dp.cfg.dataplane.max_loopbacks
+                    )
+                if rollout is not None:
+                    self.held = (leg, ops)
+                    return b""
+        if rollout is None:
+            return event + b"\n\n"
+        self.last = leg
+        tmp = preview(rollout)
+        tmp.add(leg, self.dispatched.instance, None)
+        return b"data: " + _dumps(tmp.stitch(leg)) + b"\n\n"
+
+
+async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: dict, journal) -> None:
+    """A streamed ``/generate`` across its legs: the head goes once (the first leg's), each
+    leg's events are relayed as they come (rewritten after a loopback), a sync's abort starts
+    the next leg instead of ending the stream."""
+    routed = bounds["routed"]
+    send = relay.send
+    ref: list = [None]
+    outcome = "cancelled"
+    leg_body = body
+    try:
+        while True:
+            async with dp.dispatch(
+                req, leg_body, headers, model=model, buffered=False, **bounds
+            ) as dispatched:
+                response = dispatched.response
+                ok = 200 <= response.status < 300
+                chunks = response.aiter_chunks()
+                first = b""
+                if not relay.started:
+                    version = stream_version(dispatched.entry.version)
+                    if ok:
+                        # As the plain relay: the head waits for the first event (its version).
+                        first = await anext(chunks, b"")
+                        version = first_event_version(first) or version
+                    head = relay._head(dispatched) + relay._stamped(Stamp(version, False, b""))
+                    await send({"type": "http.response.start", "status": response.status, "headers": head})
+                    relay.started = True
+                elif not ok:
+                    outcome = "failed"
+                    raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
+                if not ok:  # the first leg's error answer, relayed as it is
+                    outcome = "failed"
+                    async for chunk in chunks:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                seam = _Seam(dp, ref, dispatched, body)
+                for chunk in (first,) if first else ():
+                    out = seam.feed(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                async for chunk in chunks:
+                    out = seam.feed(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                rest = seam.flush()
+            rollout = ref[0]
+            if seam.held is None:
+                if rest:
+                    await send({"type": "http.response.body", "body": rest, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                outcome = "completed"
+                if rollout is not None and seam.last is not None:
+                    rollout.add(seam.last, dispatched.instance, None)  # the final segment
+                return
+            leg, ops = seam.held
+            rollout.add(leg, dispatched.instance, ops[0])
+            if rollout.remaining() == 0:
+                final = rollout.stitch(leg, length_reached=True)
+                out = b"data: " + _dumps(final) + b"\n\ndata: [DONE]\n\n"
+                await send({"type": "http.response.body", "body": out, "more_body": False})
+                outcome = "completed"
+                return
+            if rollout.loopbacks >= rollout.max_loopbacks:
+                outcome = "limit_exceeded"
+                raise LoopbackLimitExceeded(
+                    f"the rollout was aborted by weight syncs {rollout.loopbacks + 1} times; "
+                    f"--max-loopbacks is {rollout.max_loopbacks}",
+                    tokens=len(rollout.ids),
+                )
+            prepare(dp, routed, rollout, dispatched.instance, leg)
+            leg_body = rollout.continuation()
+    except DataPlaneError:
+        if outcome == "cancelled":
+            outcome = "failed"
+        raise
+    finally:
+        rollout = ref[0]
+        if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
+            await record(journal, rollout, routed, req, model, outcome)

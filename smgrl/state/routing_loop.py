@@ -1,0 +1,21 @@
+"""The rollout routing loop's dispatch switch (PSRL's ``/routing_loop/pause|resume``), projected
+from ``dataplane.dispatch_set`` events: a paused loop dispatches nothing new (requests wait in
+the gateway, in-flight ones finish). Snapshotted with the fleet; a restart keeps it paused."""
+
+from __future__ import annotations
+
+TYPES = frozenset({"dataplane.dispatch_set"})
+
+
+class RoutingLoop:
+    def __init__(self) -> None:
+        self.paused = False
+        self.revision = 0  # PSRL's routing_epoch: bumped by every change
+        self.changed_seq = 0  # the journal seq of the last change
+
+    def apply(self, seq: int, event) -> None:
+        if getattr(event, "TYPE", None) != "dataplane.dispatch_set":
+            return
+        self.paused = bool(event.paused)
+        self.revision += 1
+        self.changed_seq = seq

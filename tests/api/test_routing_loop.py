@@ -1,0 +1,88 @@
+"""PSRL's coordinator controls (issue 15, spec 6.4): pause/resume dispatch, status, per-instance
+stats and version writes, all journaled and backed by the same projections."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.fake import fake_fleet
+from smgrl.testing import gateway_in_process
+
+GEN = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+
+
+def cfg() -> Config:
+    return Config(
+        rl=RlConfig(enabled=True, control_timeout_secs=5),
+        policy="round_robin",
+        dp_aware=True,
+        dataplane=DataPlaneConfig(eligible_wait_secs=30),
+    )
+
+
+def events(gw, kind):
+    return [rec.event for rec in gw.store.read() if rec.event.TYPE == kind]
+
+
+async def test_pause_holds_new_requests_until_resume_and_is_journaled():
+    async with fake_fleet("sglang", n=1) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
+        r = await gw.client.post("/routing_loop/pause")
+        assert r.status_code == 200 and r.json()["paused"] is True and r.json()["changed"] is True
+        assert (await gw.client.post("/routing_loop/pause")).json()["changed"] is False  # idempotent
+        dp = gw.app.dataplane
+        answers = []
+
+        async def one():
+            answers.append((await gw.client.post("/generate", json=GEN)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await trio.testing.wait_all_tasks_blocked()  # the request waits in the gateway
+            assert dp.waiting == 1
+            status = (await gw.client.get("/routing_loop/status")).json()
+            assert status["paused"] and status["queue_len"] == 1 and status["routing_epoch"] == 1
+            assert not fleet.engines[0].calls_to("/generate")
+            r = await gw.client.post("/routing_loop/resume")
+            assert r.json()["paused"] is False
+        assert answers == [200]
+        assert [e.paused for e in events(gw, "dataplane.dispatch_set")] == [True, False]
+        assert gw.gateway.fleet.routing.revision == 2
+
+
+async def test_worker_stats_and_per_instance_version_writes():
+    async with (
+        fake_fleet("sglang", n=2, dp_size=2) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        await gw.wait_visible(4)
+        for _ in range(4):
+            assert (await gw.client.post("/generate", json=GEN)).status_code == 200
+        rows = (await gw.client.get("/workers/stats")).json()["workers"]
+        assert len(rows) == 4 and sum(r["dispatched"] for r in rows) == 4
+        assert {(r["dp_rank"], r["in_flight"]) for r in rows} == {(0, 0), (1, 0)}
+        base = rows[0]["base_worker_id"]
+        other = next(r["base_worker_id"] for r in rows if r["base_worker_id"] != base)
+        items = [
+            {"worker_id": base, "dp_rank": 0, "weight_version": 7},
+            {"worker_id": base, "dp_rank": 1, "weight_version": 7},
+            {"worker_id": other, "dp_rank": 0, "weight_version": "8"},  # rank 1 missing
+            {"worker_id": "nope", "weight_version": "1"},
+        ]
+        r = await gw.client.post("/workers/update_weight_version", json=items)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["total"], body["updated"], body["rejected"]) == (4, 2, 2)
+        assert [x["status"] for x in body["results"]] == ["updated", "updated", "rejected", "rejected"]
+        assert "all 2 DP ranks" in body["results"][2]["reason"]
+        # The same version table routing and /v1/rl read: journaled as engine.version_set.
+        (written,) = events(gw, "engine.version_set")
+        assert written.weight_version == "7"
+        versions = {
+            (r["base_worker_id"], r["weight_version"])
+            for r in (await gw.client.get("/workers/stats")).json()["workers"]
+        }
+        assert versions == {(base, "7"), (other, None)}
+        r = await gw.client.post("/workers/update_weight_version", json={"worker_id": base})
+        assert r.status_code == 400 and r.json()["error"] == "invalid_body"
