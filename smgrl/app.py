@@ -12,11 +12,11 @@ from werkzeug.routing import PathConverter
 
 from smgrl.api import envelopes as env
 from smgrl.api import openapi, openapi_html
-from smgrl.api.control_bodies import ControlBodyBound
+from smgrl.api.control_bodies import ControlBodyBound, body_timeout
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.rl import RlApi
-from smgrl.api.rl_front import DiscoveryFront
+from smgrl.api.rl_front import DiscoveryFront, EngineFront
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.routing_loop import RoutingLoopRoutes
 from smgrl.api.workers import WorkersApi
@@ -46,8 +46,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     cfg = gateway.cfg
     app.config.update(
         MAX_CONTENT_LENGTH=cfg.max_payload_size,
-        # A control request may legitimately carry a large body slowly; the request timeout bounds it.
-        BODY_TIMEOUT=max(60, int(cfg.request_timeout_secs)),
+        BODY_TIMEOUT=body_timeout(cfg),
         RESPONSE_TIMEOUT=None,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
@@ -197,5 +196,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     if rl is not None:
         # Discovery polls skip Quart too (smgrl/api/rl_front.py); every other outcome stays there.
         control = DiscoveryFront(control, gateway, rl)
+        # So do plain fan-outs and per-worker engine calls (same bytes, journal and cancellation).
+        control = EngineFront(control, gateway, rl)
     app.asgi_app = DataPlaneASGI(control, gateway, dataplane)  # type: ignore[method-assign]
     return app

@@ -20,6 +20,13 @@ Scope = dict[str, Any]
 LARGE = 1 << 20  # 1 MiB: every control call but tensor refits and big registrations is smaller
 
 
+def body_timeout(cfg) -> int:
+    """Seconds a control request may take to send its body (Quart's ``BODY_TIMEOUT``; also the
+    raw engine-route front's, smgrl/api/rl_front.py): a large body may legitimately arrive
+    slowly, the request timeout bounds it."""
+    return max(60, int(cfg.request_timeout_secs))
+
+
 class ControlBodyBound:
     def __init__(self, inner: Callable[..., Awaitable[None]], slots: int) -> None:
         self.inner = inner

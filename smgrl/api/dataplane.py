@@ -299,7 +299,7 @@ class DataPlaneASGI:
                     hook.cancel_on_disconnect(None)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
             try:
                 await self._admitted(send, rid, relay, args)
             finally:
@@ -330,7 +330,7 @@ def _routing_headers(scope: Scope):
 _ROUTING_HEADERS = frozenset(h.encode() for h in metadata.HEADERS)
 
 
-async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

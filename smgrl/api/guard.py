@@ -61,6 +61,18 @@ class Guard:
     @contextlib.asynccontextmanager
     async def check(self, action: str, path: str):
         decision = self.gw.auth.check(request.headers.get("authorization"), action)
+        check = self.begin(decision, action, request.method, path, getattr(g, "request_id", None))
+        # Services that journal their own records take the audit event from here (rl.py passes
+        # it on in the CallContext).
+        g.audit_check = self.audit_check(check, action)
+        try:
+            yield check
+        finally:
+            self._audit(action, path, check)
+
+    def begin(self, decision, action: str, method: str, path: str, request_id: str | None) -> Check:
+        """The request's ``Check`` for an auth decision (a denial gets its answer and its count);
+        also used by the raw engine-route front (smgrl/api/rl_front.py), which calls ``end``."""
         check = Check()
         reason = None
         if isinstance(decision, Denied):
@@ -77,14 +89,17 @@ class Guard:
             principal = decision.principal
         else:
             check.principal = principal = decision
-        check.fields = _fields(principal, request.method, path, getattr(g, "request_id", None), reason)
-        # Services that journal their own records take the audit event from here (rl.py passes
-        # it on in the CallContext).
-        g.audit_check = check if self.gw.cfg.audit and check.denied is None and action != READ else None
-        try:
-            yield check
-        finally:
-            self._audit(action, path, check)
+        check.fields = _fields(principal, method, path, request_id, reason)
+        return check
+
+    def audit_check(self, check: Check, action: str) -> Check | None:
+        """The check whose audit event the operation commits itself, or None (reads, denials,
+        audit off)."""
+        return check if self.gw.cfg.audit and check.denied is None and action != READ else None
+
+    def end(self, action: str, path: str, check: Check) -> None:
+        """The audit (count, event, log line) of a request checked with ``begin``."""
+        self._audit(action, path, check)
 
     def allowed_read(self, principal: Principal, method: str, path: str, request_id: str) -> None:
         """The audit of an allowed read answered outside Quart (smgrl/api/rl_front.py): the same

@@ -35,7 +35,7 @@ PREFIX = b"/v1/rl/"
 FORWARDED = (b"traceparent", b"tracestate")
 
 
-class _BadUtf8(Exception):
+class BadUtf8(Exception):
     def __init__(self, param: str) -> None:
         super().__init__(param)
         self.param = param
@@ -45,7 +45,7 @@ def _decode(raw: bytes, param: str) -> str:
     try:
         return unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
-        raise _BadUtf8(param) from None
+        raise BadUtf8(param) from None
 
 
 def decode_params(params: dict[str, bytes]) -> dict[str, str]:
@@ -130,7 +130,7 @@ class RlApi:
                 return check.denied
             try:
                 response = await getattr(self, "_" + route)(decode_params(params), check.principal)
-            except _BadUtf8 as exc:
+            except BadUtf8 as exc:
                 response = env.text_response(400, f"Invalid URL: Invalid UTF-8 in `{exc.param}`")
             except RequestEntityTooLarge:
                 # A chunked body outgrew --max-payload-size while being read (a declared
@@ -188,7 +188,7 @@ class RlApi:
 
     async def _fanout(self, params, principal) -> Response:
         raw_query = _raw_query()
-        selectors = [v for k, v in _query_pairs(raw_query) if k == "selector"]
+        selectors = [v for k, v in query_pairs(raw_query) if k == "selector"]
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         body = await request.get_data(cache=False)  # after the query, before the handler's checks
@@ -211,19 +211,8 @@ class RlApi:
         return _op_response(result)
 
     def _control_request(self, path: str, query: str | None, body: bytes) -> ControlRequest:
-        ctype = request.headers.get("content-type")
-        if ctype is None and body:
-            ctype = "application/json"
-        forward = []
-        if g.request_id_given:
-            # The caller's id is forwarded (or the generated id that replaced an over-long one);
-            # an id the gateway invented for a caller who sent none is not.
-            forward.append((b"x-request-id", g.request_id.encode("latin-1")))
-        for name in FORWARDED:
-            value = request.headers.get(name.decode())
-            if value is not None:
-                forward.append((name, value.encode("latin-1")))
-        return ControlRequest(request.method, path, query, body, ctype, tuple(forward))
+        forwarded = g.request_id if g.request_id_given else None
+        return control_request(request.method, path, query, body, forwarded, request.headers.get)
 
     def _context(self, principal) -> CallContext:
         check = getattr(g, "audit_check", None)
@@ -240,12 +229,32 @@ class RlApi:
         return await self.journal_routes.page()
 
 
+def control_request(
+    method: str, path: str, query: str | None, body: bytes, request_id: str | None, get
+) -> ControlRequest:
+    """The engine call a request asks for (also built by the raw front, smgrl/api/rl_front.py).
+    ``request_id`` is the id to forward: the caller's (or the generated id that replaced an
+    over-long one), None when the gateway invented it for a caller who sent none. ``get`` reads
+    one request header (latin-1 text, first occurrence)."""
+    ctype = get("content-type")
+    if ctype is None and body:
+        ctype = "application/json"
+    forward = []
+    if request_id is not None:
+        forward.append((b"x-request-id", request_id.encode("latin-1")))
+    for name in FORWARDED:
+        value = get(name.decode())
+        if value is not None:
+            forward.append((name, value.encode("latin-1")))
+    return ControlRequest(method, path, query, body, ctype, tuple(forward))
+
+
 def _raw_query() -> str | None:
     raw = request.scope.get("query_string", b"")
     return raw.decode("latin-1") if raw else None
 
 
-def _query_pairs(raw: str | None):
+def query_pairs(raw: str | None):
     if not raw:
         return
     for piece in raw.split("&"):

@@ -21,7 +21,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
-from smgrl.api.rl import _query_pairs, _raw_query
+from smgrl.api.rl import _raw_query, query_pairs
 from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.auth import WRITE
 from smgrl.core.selector import SelectorError, parse_selector, rust_trim
@@ -127,7 +127,7 @@ class RlWrites:
         )
 
     async def _fleet(self, kind: str, principal) -> Response:
-        selectors = [v for k, v in _query_pairs(_raw_query()) if k == "selector"]
+        selectors = [v for k, v in query_pairs(_raw_query()) if k == "selector"]
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         value = parse_write(kind, await request.get_data(cache=False))
