@@ -16,6 +16,14 @@ the file costs. Prints a markdown table with p50/p99 and the smgrl/SMG ratio. Ev
 starts is stopped by its PID; everything listens on 127.0.0.1; every loop is bounded.
 
     python benchmarks/fanout.py [--sizes 1,8,64,256] [--rounds 200] [--out docs/benchmarks-fanout.md]
+
+Before/after in one run (``--baseline-src DIR``, e.g. ``git archive main | tar -x -C DIR``): this
+checkout's smgrl, the one in DIR and SMG run at once, and one client alternates blocks of 25
+fan-outs (then discovery polls) between them, so load on the machine hits each alike. Besides
+latency it reports each gateway's CPU per request (``/proc/<pid>/stat``), which a busy machine
+disturbs less than latency.
+
+    python benchmarks/fanout.py --baseline-src /tmp/base --sizes 1,8,64 --rounds 400
 """
 
 from __future__ import annotations
@@ -145,6 +153,92 @@ def start_smgrl(urls: list[str], journal: str, log) -> tuple[Child, int]:
     return child, port
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_smgrl_src(urls: list[str], journal: str, src: str, log) -> tuple[Child, int]:
+    """smgrl from the checkout ``src`` (its directory first on sys.path)."""
+    import subprocess
+
+    port = free_port()
+    argv = [sys.executable, "-m", "smgrl", "launch", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--enable-rl", "--disable-health-check", "--disable-load-monitoring", "--worker-urls", *urls]
+    argv += ["--journal", journal, "--prometheus-port", str(free_port())]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src)
+    return Child(proc, "smgrl-baseline"), port
+
+
+def interleaved(args, smg: str | None) -> None:
+    """Every gateway up at once; blocks of 25 requests alternate between them."""
+    sizes = [int(s) for s in args.sizes.split(",")]
+    work = tempfile.mkdtemp(prefix="smgrl-bench-fanout-")
+    log = open(os.path.join(work, "gateways.log"), "w")  # noqa: SIM115 - shared by every child, closed in finally
+    fakes, all_urls = start_fake_engines("sglang", max(sizes))
+    block = 25
+    lines = [
+        "| engines | request | gateway | p50 ms | p99 ms | CPU us/req | p50 / SMG | CPU / SMG |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    try:
+        for n in sizes:
+            urls = all_urls[:n]
+            children = {}
+            try:
+                children["smgrl"] = start_smgrl(urls, os.path.join(work, f"new{n}.db"), log)
+                src = os.path.abspath(args.baseline_src)
+                children["smgrl-baseline"] = start_smgrl_src(
+                    urls, os.path.join(work, f"base{n}.db"), src, log
+                )
+                if smg:
+                    children["SMG 1.13.0"] = start_smg(smg, urls, log)
+                for child, port in children.values():
+                    wait_for_workers(f"http://127.0.0.1:{port}", 1 if n == 1 else n, child=child, timeout=120)
+                for what, method, path in (
+                    ("fan-out", "POST", FANOUT),
+                    ("discovery", "GET", "/v1/rl/workers"),
+                ):
+                    lat = {name: [] for name in children}
+                    cpu = dict.fromkeys(children, 0.0)
+                    for name, (_, port) in children.items():
+                        timed_requests(port, method, path, 0, warmup=10)
+                    for _ in range(max(1, args.rounds // block)):
+                        for name, (child, port) in children.items():
+                            c0 = cpu_seconds(child.proc.pid)
+                            lat[name] += timed_requests(port, method, path, block, warmup=0)
+                            cpu[name] += cpu_seconds(child.proc.pid) - c0
+                    ref = children.get("SMG 1.13.0") and "SMG 1.13.0"
+                    for name in children:
+                        p50 = statistics.median(lat[name])
+                        us = cpu[name] / len(lat[name]) * 1e6
+                        vs = ""
+                        if ref:
+                            ref_us = cpu[ref] / len(lat[ref]) * 1e6
+                            vs = f" {p50 / statistics.median(lat[ref]):.2f}x | {us / ref_us:.2f}x |"
+                        else:
+                            vs = " | |"
+                        lines.append(
+                            f"| {n} | {what} | {name} | {p50:.2f} | {pct(lat[name], 0.99):.2f} | {us:.0f} |{vs}"
+                        )
+                    print("\n".join(lines[-len(children) :]), file=sys.stderr)
+            finally:
+                for child, _ in children.values():
+                    child.stop()
+    finally:
+        fakes.stop()
+        log.close()
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def find_smg(explicit: str | None) -> str | None:
     for cand in (explicit, shutil.which("smg"), "/tmp/smgvenv/bin/smg"):
         if cand and os.path.exists(cand):
@@ -158,9 +252,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--smg-bin", default=None)
     ap.add_argument("--out", default=None, help="also write the table to this file")
+    ap.add_argument("--baseline-src", default=None, help="interleave with the smgrl of this checkout")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     smg = find_smg(args.smg_bin)
+    if args.baseline_src:
+        interleaved(args, smg)
+        return
     work = tempfile.mkdtemp(prefix="smgrl-bench-fanout-")
     log = open(os.path.join(work, "gateways.log"), "w")  # noqa: SIM115 - shared by every child, closed in finally
     fakes, all_urls = start_fake_engines("sglang", max(sizes))
