@@ -67,11 +67,9 @@ async def test_a_paused_engine_is_not_probed_and_not_marked_dead():
         assert status(gw)[engine.url] == "ready"
         assert engine.calls_to("/health") == []
         engine.come_up()
-        # Listening again takes the fake a few scheduler passes; a fan-out sent before that meets
-        # a closed port (the raw engine-route front answers fast enough to hit that window).
-        with trio.fail_after(5):
-            while engine.server.is_down:
-                await trio.sleep(0)
+        # A fan-out sent before the listener is back meets a closed port (the raw engine-route
+        # front answers fast enough to hit that window).
+        await accepting(engine.port)
         r = await gw.client.post("/v1/rl/engine/continue_generation?selector=engine%3Dsglang", json={})
         assert r.status_code == 200
         assert [w.id for w in hc.candidates()] == [w.id for w in gw.gateway.fleet.registry]
