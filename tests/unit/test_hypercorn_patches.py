@@ -418,3 +418,40 @@ async def test_the_disconnect_hook_cancels_only_when_the_client_leaves_before_it
                 await trio.testing.wait_all_tasks_blocked()
         assert cancelled == {"/done": False, "/wait": True}
         shutdown.set()
+
+
+async def test_a_small_body_and_its_end_reach_the_app_in_one_receive():
+    """hypercorn queues a body chunk and then an empty end-of-body message: two receive() calls,
+    each a scheduler pass. The patched receive() joins what is already queued. A body that
+    arrives in pieces still arrives whole and in order."""
+    seen = []
+
+    async def recording(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        messages = [await receive()]
+        while messages[-1].get("more_body"):
+            messages.append(await receive())
+        seen.append([(m["type"], m.get("body", b""), m.get("more_body", False)) for m in messages])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=recording)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 11\r\n\r\nhello world")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
+        assert seen.pop() == [("http.request", b"hello world", False)]
+        # In pieces: the app may see several messages, but the same bytes in order.
+        await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 11\r\n\r\nhello")
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b" world")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
+        messages = seen.pop()
+        assert b"".join(body for _, body, _ in messages) == b"hello world"
+        assert [more for _, _, more in messages] == [True] * (len(messages) - 1) + [False]
+        await stream.aclose()
+        shutdown.set()
