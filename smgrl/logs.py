@@ -21,8 +21,6 @@ import queue
 import sys
 import time
 
-import trio
-
 from smgrl.core.printable import escape, escape_for_json
 
 LEVELS = {
@@ -98,72 +96,12 @@ class _Enqueue(logging.handlers.QueueHandler):
     request path pays only for the LogRecord and a queue put (one ``rl.proxy`` line per engine
     in a fan-out made logging a measurable share of its CPU)."""
 
-    def __init__(self, records) -> None:
-        super().__init__(records)
-        self._pending: list[logging.LogRecord] = []  # the trio thread's records not yet handed over
-        self._wake: trio.Event | None = None  # set when _pending gets its first record
-        self._token = None  # the trio run whose flusher task is alive
-
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         if record.exc_info:
             # Tracebacks cannot cross threads safely as objects: render them now (rare path).
             record.exc_text = logging.Formatter().formatException(record.exc_info)
             record.exc_info = None
         return record
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        """On the trio thread, records are handed to the writer thread in batches, one per
-        scheduler pass that logged: a queue put wakes the writer thread, which then competes
-        for the GIL with the event loop (measured: 21% of an 8-engine fan-out's busy samples
-        were that hand-off, one ``rl.proxy`` line per engine). Every other thread (and code
-        outside trio) puts each record at once."""
-        if not trio.lowlevel.in_trio_run():
-            self.queue.put_nowait(record)
-            return
-        if self._token is not trio.lowlevel.current_trio_token() and not self._start_flusher():
-            self.queue.put_nowait(record)  # the run is ending: no task can flush any more
-            return
-        self._pending.append(record)
-        if len(self._pending) == 1:
-            self._wake.set()
-
-    def _start_flusher(self) -> bool:
-        self.flush_pending()  # a previous run's leftovers (none if its flusher ended cleanly)
-        try:
-            trio.lowlevel.spawn_system_task(self._flusher, name="smgrl.logs.flusher")
-        except RuntimeError:
-            return False
-        self._token = trio.lowlevel.current_trio_token()
-        self._wake = trio.Event()
-        return True
-
-    async def _flusher(self) -> None:
-        # A system task: it outlives every user task of the run, so the lines of a shutdown are
-        # still handed over; when the run ends it is cancelled and hands over what is left.
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                self.flush_pending()
-        finally:
-            self._token = None
-            self.flush_pending()
-
-    def flush_pending(self) -> None:
-        if self._pending:
-            batch, self._pending = self._pending, []
-            self.queue.put_nowait(batch)
-
-
-class _Listener(logging.handlers.QueueListener):
-    """The writer thread: takes single records and batches (lists) from the trio thread."""
-
-    def handle(self, record) -> None:
-        if isinstance(record, list):
-            for one in record:
-                super().handle(one)
-        else:
-            super().handle(record)
 
 
 _listener: logging.handlers.QueueListener | None = None
@@ -182,7 +120,7 @@ def configure(level: str = "info", json_lines: bool = False, stream=None) -> Non
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(_Json() if json_lines else _Text())
     records: queue.SimpleQueue = queue.SimpleQueue()
-    _listener = _Listener(records, handler)
+    _listener = logging.handlers.QueueListener(records, handler)
     _listener.start()
     root.handlers[:] = [_Enqueue(records)]
     root.setLevel(LEVELS.get(level.lower(), logging.INFO))
@@ -192,10 +130,6 @@ def configure(level: str = "info", json_lines: bool = False, stream=None) -> Non
 def shutdown() -> None:
     """Write every queued line, stop the writer thread and give the logger back (idempotent)."""
     global _listener, _before
-    root = logging.getLogger("smgrl")
-    for handler in root.handlers:
-        if isinstance(handler, _Enqueue):
-            handler.flush_pending()  # lines logged on a trio thread whose flusher did not run yet
     if _listener is not None:
         _listener.stop()
         _listener = None
