@@ -126,7 +126,12 @@ async def test_engine_routes_skip_quart_and_answer_exactly_as_quart_does(caplog)
             ("GET", f"/v1/rl/engine/get_server_info?{sel}", b"", {"traceparent": "00-ab-cd-01"}),
             ("POST", f"/v1/rl/engine//v1/x?{sel}", b"{}", {"content-type": "text/x"}),
             ("POST", f"/v1/rl/workers/{rows[0].id}/engine/flush_cache", b'{"b": 2}', {}),
-            ("GET", f"/v1/rl/workers/{rows[1].id}/engine/get_model_info?q=%20", b"", {"x-request-id": long_id}),
+            (
+                "GET",
+                f"/v1/rl/workers/{rows[1].id}/engine/get_model_info?q=%20",
+                b"",
+                {"x-request-id": long_id},
+            ),
             ("POST", f"/v1/rl/workers/{rows[2].id}/engine/flush_cache", b"", {"x-correlation-id": "c"}),
         ]
         for method, url, body, extra in cases:
