@@ -173,9 +173,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     async def _bug(exc: Exception) -> Response:
         # A bug, not bad input: log the traceback for the operator, answer a stable code.
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return env.json_response(
-            500, {"error": "internal_error", "message": "internal error; the gateway log has the details"}
-        )
+        return env.json_response(500, env.INTERNAL_ERROR)
 
     # The rollout routes are served by a raw ASGI handler in front of Quart, on the same port
     # (measured: Quart's per-request machinery costs more than the whole proxy hop; see

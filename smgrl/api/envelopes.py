@@ -102,6 +102,10 @@ def method_not_allowed(method: str, path: str, allow: str) -> Response:
     return openai_error(405, "method_not_allowed", f"Invalid URL ({method} {path})", {"allow": allow})
 
 
+# The answer to a bug (never to bad input): Quart's error handler (app.py) and the raw
+# engine-route front (rl_front.py) both send it, after logging the traceback.
+INTERNAL_ERROR = {"error": "internal_error", "message": "internal error; the gateway log has the details"}
+
 PAYLOAD_TOO_LARGE = "Request body exceeded the payload limit (max_payload_size)"
 # What SMG's body extractor answers when a chunked body outgrows the limit while being read.
 BODY_BUFFER_TOO_LARGE = "Failed to buffer the request body: length limit exceeded"

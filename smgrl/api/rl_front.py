@@ -202,7 +202,7 @@ class EngineFront:
                 # A bug, not bad input: answered as Quart's handler in app.py does (and, as
                 # there, audited with status 0).
                 log.exception("unhandled error on %s %s", method, scope["path"])
-                payload, extra = env.dumps(INTERNAL), []
+                payload, extra = env.dumps(env.INTERNAL_ERROR), []
                 status = 500
         finally:
             guard.end(ENGINE, shown_path, check)
@@ -242,9 +242,6 @@ class EngineFront:
                 result = await control.call(targets[0], req, ctx)
             nursery.cancel_scope.cancel()
         return result
-
-
-INTERNAL = {"error": "internal_error", "message": "internal error; the gateway log has the details"}
 
 
 def _replay(received, receive):
