@@ -80,6 +80,12 @@ BAD_BODIES = [
     ("{'url':1}", JSE + "key must be a string at line 1 column 2"),
     ('{"url":01}', JSE + "url: invalid number at line 1 column 9"),
     ('{"url":1e999}', JSE + "url: number out of range at line 1 column 12"),
+    # An integer past Python's 4,300-digit str->int limit answered 500 (serde makes it an f64: out of range).
+    ('{"url":' + "9" * 5000 + "}", JSE + "url: number out of range at line 1 column 5007"),
+    (
+        '{"url":"ftp://a","bootstrap_port":-' + "1" * 4400 + "}",
+        JSE + "bootstrap_port: number out of range at line 1 column 4435",
+    ),
     ('{"url":"a\\q"}', JSE + "url: invalid escape at line 1 column 11"),
     ('{"url":"ftp://a","x":[1,\n}', JSE + "x: expected value at line 2 column 1"),
     ('{"url":"ftp://a","models":[{}]}', IJD + "models[0]: missing field `id` at line 1 column 29"),
