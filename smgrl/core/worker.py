@@ -206,7 +206,10 @@ def parse_size(value: str | None) -> int | None:
     text = value.strip()
     if not text.isascii() or not text.isdigit():
         return None
-    number = int(text)
+    digits = text.lstrip("0") or "0"
+    if len(digits) > 20:  # past u64; and int() refuses 4,300+ digits (a 500 on every worker listing)
+        return None
+    number = int(digits)
     return number if number < 2**64 else None
 
 

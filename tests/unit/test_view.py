@@ -90,6 +90,9 @@ def test_rank_parsing(url, rank, base):
         (None, None),
         ("٣", None),
         (str(2**64), None),
+        ("²", None),
+        ("9" * 5000, None),  # int() refuses 4,300+ digits: GET /v1/rl/workers answered 500
+        ("0" * 30 + "7", 7),  # as Rust's u64 parse
     ],
 )
 def test_sizes_parse_as_unsigned(text, value):
