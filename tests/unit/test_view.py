@@ -72,6 +72,8 @@ def test_pending_workers_are_invisible():
         ("http://h:1", 0, "http://h:1"),
         ("http://h:1@x", 0, "http://h:1@x"),
         ("http://user@h:1/p", 0, "http://user@h:1/p"),
+        ("http://h:1@²", 0, "http://h:1@²"),  # "²".isdigit(), but no rank (int() raised)
+        ("http://h:1@" + "9" * 5000, 0, "http://h:1@" + "9" * 5000),  # past usize
     ],
 )
 def test_rank_parsing(url, rank, base):
