@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import attrs
-
 import pytest
 import trio
 import trio.testing
