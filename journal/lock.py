@@ -50,7 +50,10 @@ _MAX_RECORD_BYTES = 64 * 1024  # the file is only ever a few lines; never read m
 
 
 def lock_path(journal_path: str) -> str:
-    return os.fspath(journal_path) + ".lock"
+    """``<journal>.lock`` beside the file the path resolves to: a symlink to the journal (or to a
+    directory on its path) names the same lock, so it cannot start a second owner. A hard link
+    in another directory still names another lock file (docs/journal.md)."""
+    return os.path.realpath(os.fspath(journal_path)) + ".lock"
 
 
 @attrs.frozen

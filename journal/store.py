@@ -66,6 +66,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import sqlite3
 import threading
 import time
@@ -569,6 +570,9 @@ class SqliteStore:
         return Marks(Head(int(hw_seq), 0.0, hw_hash), int(compacted), last or 0)
 
 
+_JOURNAL_ID = re.compile(r"[0-9a-f]{32}")
+
+
 def _check_identity(
     conn: sqlite3.Connection, db: sqlite_utils.Database, path: str, *, readonly: bool
 ) -> None:
@@ -617,6 +621,18 @@ def _check_identity(
             f"{path} is an smgrl journal of format {fmt}, written by a newer smgrl; this smgrl knows"
             f" format {FORMAT_VERSION}: upgrade smgrl to use it"
         )
+    if not readonly:
+        # The id is this journal's name on the wire (``x-smgrl-gateway-id`` on every /health
+        # answer): an edited one with CR LF made /health answer 500, with ESC it reached clients raw.
+        row = conn.execute("SELECT value FROM meta WHERE key = 'journal_id'").fetchone()
+        if row is None or not isinstance(row[0], str) or not _JOURNAL_ID.fullmatch(row[0]):
+            shown = (
+                "missing" if row is None else repr(row[0])[:80].encode("ascii", "backslashreplace").decode()
+            )
+            raise JournalForeignError(
+                f"{path}: meta.journal_id is {shown}, not a journal id (32 lowercase hex digits, as"
+                " smgrl writes it); it was edited: not serving it (`smgrl journal verify` can read it)"
+            )
     unknown = [name for name in applied if name not in MIGRATION_NAMES]
     if unknown and not readonly:
         raise JournalTooNewError(

@@ -255,6 +255,13 @@ class DataPlaneASGI:
         if scope["method"] not in allow.split(","):
             await self._not_allowed(scope, send, rid, allow)
             return
+        # The key first, as SMG's auth layer does, before a byte of the body is read or reserved:
+        # a client without a key must not hold the memory budget (a stalled declared body did,
+        # for every rollout, up to --request-timeout-secs) nor make the gateway buffer anything.
+        denied = self._denied(scope)
+        if denied is not None:
+            await self._auth_error(send, rid, denied)
+            return
         try:
             body = await self._read_body(scope, receive, hold)
         except _Disconnected:
@@ -264,10 +271,6 @@ class DataPlaneASGI:
             return
         except DataPlaneError as exc:  # the memory budget
             await self._error(send, rid, exc)
-            return
-        denied = self._denied(scope)
-        if denied is not None:
-            await self._auth_error(send, rid, denied)
             return
         try:
             req = dataplane_body.parse(scope["path"], body, _header(scope, b"content-type"))

@@ -24,7 +24,7 @@ from smgrl.api.workers_body import (
     uuid_error,
 )
 from smgrl.auth import READ, WRITE
-from smgrl.core.worker import reaches_listener, self_registration
+from smgrl.core.worker import parse_size, reaches_listener, self_registration
 from smgrl.errors import WorkerApiError, bad_request
 from smgrl.registry.service import Registration
 
@@ -65,11 +65,11 @@ def model_cards(w) -> list[dict]:
     if "architectures" in labels:
         try:
             card["architectures"] = json.loads(labels["architectures"])
-        except ValueError:
+        except (ValueError, RecursionError):  # a label is any string an admin or an engine gave
             pass
     length = labels.get("max_model_len") or labels.get("context_length")
-    if length is not None and length.isdigit():
-        card["context_length"] = int(length)
+    if length is not None and length.isdigit() and parse_size(length) is not None:
+        card["context_length"] = parse_size(length)  # "²".isdigit() too: parse_size refuses it
     if "tokenizer_path" in labels:
         card["tokenizer_path"] = labels["tokenizer_path"]
     return [card]

@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from smgrl.core.worker import parse_size
+
 SERVER_INFO_KEYS = (
     "model_path",
     "tokenizer_path",
@@ -128,8 +130,8 @@ def _routing_dp_size(labels: Mapping[str, str]) -> int | None:
     """How many ``--dp-aware`` ranks SMG 1.13.0 makes of an SGLang engine: ``dp_size`` times
     ``attn_dp_size`` (1 when absent). Observed black-box: dp 2 -> 2 ranks, dp 2 + attn 2 -> 4,
     dp 3 + attn 2 -> 6, dp 1 + attn 3 -> 3. The ``dp_size`` label itself stays the engine's."""
-    dp = _int(labels.get("dp_size"))
-    attn = _int(labels.get("attn_dp_size"))
+    dp = parse_size(labels.get("dp_size"))
+    attn = parse_size(labels.get("attn_dp_size"))
     if dp is None:
         return None
     return dp * (attn if attn is not None else 1)
@@ -170,11 +172,5 @@ def grpc_labels(server_info: Mapping | None, runtime: str) -> Discovery:
         runtime=runtime,
         labels=labels,
         model_id=labels.get("served_model_name") or labels.get("model_path"),
-        dp_size=_int(labels.get("dp_size")),
+        dp_size=parse_size(labels.get("dp_size")),
     )
-
-
-def _int(text: str | None) -> int | None:
-    if text is None or not text.strip().isdigit():
-        return None
-    return int(text.strip())

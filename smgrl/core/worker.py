@@ -88,11 +88,17 @@ def _userinfo_end(url: str) -> int:
     at = authority.rfind("@")
     if at == -1:
         return -1
-    tail = authority[at + 1 :]
-    if tail.isdigit() and ":" in authority[:at]:
+    head = authority[:at]
+    if url.endswith("@" + authority[at + 1 :]) and _rank(authority[at + 1 :]) is not None:
         # ``http://h:p@1`` is rank 1 of ``http://h:p``; ``http://u:p@h:1@2`` still has userinfo.
-        inner = authority[:at].rfind("@")
-        return -1 if inner == -1 else start + inner
+        # Only after a numeric port: ``http://u:PASS@2130706433`` (an all-digit host) and
+        # ``http://u:PASS@5/v1`` are userinfo, not ranks of ``http://u:PASS``.
+        inner = head.rfind("@")
+        if inner != -1:
+            return start + inner
+        port = head.rpartition(":")[2]
+        if ":" in head and port.isascii() and port.isdigit():
+            return -1
     return start + at
 
 
@@ -175,20 +181,25 @@ def self_registration(url: str) -> str:
     )
 
 
+def _rank(tail: str) -> int | None:
+    """A DP rank suffix as Rust parses a ``usize``: ASCII digits only (``"²".isdigit()`` is
+    True and ``int("²")`` raises), below 2**64 (``int()`` refuses 4,300+ digits)."""
+    if not (tail.isascii() and tail.isdigit()):
+        return None
+    return parse_size(tail)
+
+
 def dp_rank_of(url: str) -> int:
     """Rank = integer after the last ``@``; missing or non-numeric gives 0 (SMG's rule)."""
     _, sep, tail = url.rpartition("@")
-    if not sep or "/" in tail or not tail.isdigit():
-        return 0
-    return int(tail)
+    rank = _rank(tail) if sep else None
+    return 0 if rank is None else rank
 
 
 def strip_rank(url: str) -> str:
     """The base URL of a DP rank URL (``http://h:p@1`` -> ``http://h:p``)."""
     head, sep, tail = url.rpartition("@")
-    if sep and tail.isdigit() and "/" not in tail:
-        return head
-    return url
+    return head if sep and _rank(tail) is not None else url
 
 
 def connection_mode_for(url: str) -> str:
@@ -206,7 +217,10 @@ def parse_size(value: str | None) -> int | None:
     text = value.strip()
     if not text.isascii() or not text.isdigit():
         return None
-    number = int(text)
+    digits = text.lstrip("0") or "0"
+    if len(digits) > 20:  # past u64; and int() refuses 4,300+ digits (a 500 on every worker listing)
+        return None
+    number = int(digits)
     return number if number < 2**64 else None
 
 

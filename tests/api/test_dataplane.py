@@ -187,6 +187,16 @@ OPENAI_REFUSALS = [
         None,
         None,
     ),
+    (
+        "/v1/completions",
+        b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+        "invalid_json",
+        None,
+        (
+            "JSON syntax error: Failed to parse the request body as JSON: max_tokens: number out of range "
+            "at line 1 column 5044"
+        ),
+    ),
 ]
 
 
@@ -239,6 +249,14 @@ async def test_openai_routes_need_a_json_content_type_and_name_unknown_models_as
         (b'{"model": 7, "text": "x"}', 422, "invalid_type", "model"),
         (b'{"model": "\\ud800", "text": "x"}', 400, "invalid_json", None),
         (b'{"text": "x", "y": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, "invalid_json", None),
+        # More digits than Python's int() takes (4,300) answered 500 before: serde's f64, out of range.
+        (
+            b'{"text": "x", "sampling_params": {"max_new_tokens": ' + b"9" * 5000 + b"}}",
+            400,
+            "invalid_json",
+            None,
+        ),
+        (b'{"text": "x", "rid": ' + b"9" * 5000 + b"}", 400, "invalid_json", None),
     ],
 )
 async def test_generate_refusals_are_json_envelopes_with_smgs_codes(body, status, code, param):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -167,3 +168,38 @@ def test_a_discarded_answer_gives_its_bytes_back():
     assert budget.used == 30 and hold.held == 30
     hold.release()
     assert budget.used == 0
+
+
+async def test_an_unauthenticated_body_takes_nothing_from_the_budget():
+    # Found against a live gateway: 16 connections without a key, each declaring a 64 MiB
+    # /generate body and sending one byte, held the whole --dataplane-memory-budget (the body was
+    # read, and its bytes reserved, before the key was checked): every rollout got 503
+    # memory_budget_exceeded for as long as they stalled (up to --request-timeout-secs).
+    stalled = trio.Event()
+
+    async def stall():
+        yield b"{"
+        await stalled.wait()
+
+    engine = ScriptedEngine()
+    config = attrs.evolve(cfg(budget=1000, body=900), api_key="secret")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.serve)
+        async with gateway_in_process(config, worker_urls=[engine.url]) as gw:
+            answers = []
+
+            async def stranger():
+                answers.append(
+                    await gw.client.post("/generate", content=stall(), headers={"content-length": "900"})
+                )
+
+            nursery.start_soon(stranger)
+            with trio.fail_after(10):
+                while not answers:  # refused before its body is read: it never needs the rest
+                    await trio.sleep(0.001)
+            assert answers[0].status_code == 401 and gw.app.dataplane.budget.used == 0
+            key = {"authorization": "Bearer secret"}
+            r = await gw.client.post("/generate", content=padded(500), headers=key)
+            assert r.status_code == 200
+            stalled.set()
+        nursery.cancel_scope.cancel()

@@ -119,6 +119,9 @@ BAD_BODIES = [
     ("version", b'{"weight_version": "   "}', "invalid_version", "weight_version is empty"),
     ("version", b'{"weight_version": "' + b"x" * 129 + b'"}', "invalid_version", "weight_version exceeds 128 bytes"),
     ("version", b'{"weight_version": "a b"}', "invalid_version", "weight_version contains a byte outside printable ASCII"),
+    # Past Python's 4,300-digit int() limit: answered 500 before (serde makes it an f64, out of range).
+    ("version", b'{"weight_version": ' + b"9" * 5000 + b"}", "invalid_body", "weight_version: number out of range"),
+    ("state", b'{"control": "paused", "x": ' + b"9" * 5000 + b"}", "invalid_body", "x: number out of range"),
 ]  # fmt: skip
 
 

@@ -80,6 +80,12 @@ BAD_BODIES = [
     ("{'url':1}", JSE + "key must be a string at line 1 column 2"),
     ('{"url":01}', JSE + "url: invalid number at line 1 column 9"),
     ('{"url":1e999}', JSE + "url: number out of range at line 1 column 12"),
+    # An integer past Python's 4,300-digit str->int limit answered 500 (serde makes it an f64: out of range).
+    ('{"url":' + "9" * 5000 + "}", JSE + "url: number out of range at line 1 column 5007"),
+    (
+        '{"url":"ftp://a","bootstrap_port":-' + "1" * 4400 + "}",
+        JSE + "bootstrap_port: number out of range at line 1 column 4435",
+    ),
     ('{"url":"a\\q"}', JSE + "url: invalid escape at line 1 column 11"),
     ('{"url":"ftp://a","x":[1,\n}', JSE + "x: expected value at line 2 column 1"),
     ('{"url":"ftp://a","models":[{}]}', IJD + "models[0]: missing field `id` at line 1 column 29"),
@@ -397,3 +403,28 @@ async def test_post_workers_cancelled_after_its_event_is_queued_still_loads_the_
         assert gw.gateway.keys.get(worker.group) == "engine-key-7"
         assert all(c.headers.get("authorization") == "Bearer engine-key-7" for c in fleet.engines[0].calls)
     store.close()
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"max_model_len": "²"},  # "²".isdigit() is True, int("²") raises
+        {"max_model_len": "9" * 5000},  # int() refuses 4,300+ digits
+        {"architectures": "[" * 100_000},  # json.loads: RecursionError
+        {"tp_size": "9" * 5000, "dp_size": "9" * 5000, "pp_size": "²"},
+    ],
+)
+async def test_a_label_value_never_breaks_the_worker_listings(rl_config, labels):
+    # Found against a live gateway: one POST /workers with such a label answered 500 on every
+    # GET /workers (or GET /v1/rl/workers) from then on, restarts included (it is journaled).
+    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(rl_config) as gw:
+        r = await gw.client.post("/workers", json={"url": fleet.urls[0], "labels": labels})
+        wid = r.json()["worker_id"]
+        await gw.wait_visible(1)
+        for path in ("/workers", f"/workers/{wid}", "/v1/rl/workers", f"/v1/rl/workers/{wid}"):
+            r = await gw.client.get(path)
+            assert r.status_code == 200, (path, r.text[:200])
+        card = (await gw.client.get(f"/workers/{wid}")).json()["models"][0]
+        assert card["id"] == "fake/Qwen3-0.6B"
+        if "architectures" in labels:
+            assert "architectures" not in card  # not JSON that can be read: left out, as before

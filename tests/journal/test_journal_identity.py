@@ -121,3 +121,24 @@ def test_verify_after_a_trusted_seq_checks_only_the_rows_after_it(tmp_path):
     with pytest.raises(JournalError):
         store.append_batch([registered(11)])
     store.close()
+
+
+@pytest.mark.parametrize(
+    "bad_id", ["x\r\nSet-Cookie: a=b", "\x1b]0;PWN\x07", "", "A" * 32, "0" * 31, "0" * 5000]
+)
+def test_a_malformed_journal_id_is_refused_for_serving(tmp_path, bad_id):
+    # Found against a live gateway: the id is sent as `x-smgrl-gateway-id` on every /health answer;
+    # an edited meta.journal_id with CR LF made /health answer 500, with ESC ]0; it reached clients raw.
+    path = str(tmp_path / "j.db")
+    SqliteStore.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'journal_id'", (bad_id,))
+    conn.commit()
+    conn.close()
+    before = fingerprint(path)
+    with pytest.raises(JournalForeignError, match="meta.journal_id") as refused:
+        SqliteStore.open(path)
+    assert fingerprint(path)[0] == before[0]
+    text = str(refused.value)
+    assert len(text) < 400 and all(c.isprintable() for c in text)
+    SqliteStore.open(path, readonly=True).close()  # `smgrl journal verify` can still read it

@@ -128,3 +128,19 @@ def test_what_the_lock_file_says_is_escaped_before_it_is_printed(tmp_path):
         assert "\x1b" not in text and "\x07" not in text and "\r" not in text
         assert "h\\x1b]0;owned\\x07" in text
         assert held.held
+
+
+def test_a_symlink_to_the_journal_is_the_same_journal(tmp_path):
+    # Found against live gateways: `launch --journal link.db` (link.db -> j.db) beside a live owner
+    # of j.db started a second gateway on the same file (the lock was link.db.lock).
+    path = tmp_path / "j.db"
+    SqliteStore.open(str(path)).close()
+    (tmp_path / "link.db").symlink_to(path)
+    (tmp_path / "dir").symlink_to(tmp_path)
+    with JournalLock.acquire(str(path)):
+        for other in (tmp_path / "link.db", tmp_path / "dir" / "j.db", tmp_path / "dir" / "link.db"):
+            with pytest.raises(JournalLocked):
+                JournalLock.acquire(str(other))
+    with JournalLock.acquire(str(tmp_path / "link.db")), pytest.raises(JournalLocked):  # and back
+        JournalLock.acquire(str(path))
+    assert lock_path(str(tmp_path / "link.db")) == str(path) + ".lock"

@@ -123,3 +123,12 @@ def test_grpc_labels_rename_fill_only_and_keep_rl_advertisement():
     assert "active_requests" not in d.labels and "is_paused" not in d.labels
     assert grpc_labels({"tp_size": 2, "attn_tp_size": 8}, "tokenspeed").labels["tp_size"] == "2"
     assert "tp_size" not in grpc_labels({}, "tokenspeed").labels
+
+
+@pytest.mark.parametrize("dp", ["²", "9" * 5000, "٣٣", " 2x"])
+def test_a_dp_size_that_is_not_a_plain_number_is_not_a_size(dp):
+    # "²".isdigit() is True and int() refuses it (and 4,300+ digits): discovery raised ValueError
+    # out of the registration job on an engine reporting such a dp_size.
+    assert sglang_labels({**SERVER_INFO, "dp_size": dp}, MODEL_INFO, MODELS).dp_size is None
+    assert sglang_labels({**SERVER_INFO, "dp_size": 2, "attn_dp_size": dp}, MODEL_INFO, MODELS).dp_size == 2
+    assert grpc_labels({**SERVER_INFO, "dp_size": dp}, "sglang").dp_size is None

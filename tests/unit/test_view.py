@@ -72,6 +72,8 @@ def test_pending_workers_are_invisible():
         ("http://h:1", 0, "http://h:1"),
         ("http://h:1@x", 0, "http://h:1@x"),
         ("http://user@h:1/p", 0, "http://user@h:1/p"),
+        ("http://h:1@²", 0, "http://h:1@²"),  # "²".isdigit(), but no rank (int() raised)
+        ("http://h:1@" + "9" * 5000, 0, "http://h:1@" + "9" * 5000),  # past usize
     ],
 )
 def test_rank_parsing(url, rank, base):
@@ -90,6 +92,9 @@ def test_rank_parsing(url, rank, base):
         (None, None),
         ("٣", None),
         (str(2**64), None),
+        ("²", None),
+        ("9" * 5000, None),  # int() refuses 4,300+ digits: GET /v1/rl/workers answered 500
+        ("0" * 30 + "7", 7),  # as Rust's u64 parse
     ],
 )
 def test_sizes_parse_as_unsigned(text, value):

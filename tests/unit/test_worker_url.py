@@ -27,6 +27,15 @@ CREDS = "must not carry credentials"
         ("http://token@h", CREDS),
         ("http://@h:1", CREDS),
         ("http://u:p@", CREDS),
+        # An all-digit host (2130706433 is 127.0.0.1 to most resolvers) after a password passed as
+        # "rank 2130706433 of http://u:PASS": accepted, echoed and journaled with the password.
+        ("http://u:PASS@2130706433", CREDS),
+        ("http://u:PASS@2130706433/", CREDS),
+        ("http://u:PASS@5/v1", CREDS),
+        ("grpc://u:PASS@5", CREDS),
+        ("http://u:PASS@h:1@2130706433", CREDS),
+        ("http://127.0.0.1:1@²", CREDS),  # "²" is no rank (Rust's usize parse): userinfo then
+        ("http://127.0.0.1:1@" + "9" * 30, CREDS),  # past usize: no rank either
         ("http://", "empty host"),
         ("http://:80", "empty host"),
         ("http://a b:1", "invalid international domain name"),
@@ -48,6 +57,8 @@ def test_worker_url_problem(url, expected):
         ("http://u:PASS@h:1@2", "http://***@h:1@2"),
         ("https://a@b@h/x@y", "https://***@h/x@y"),
         ("http://h:1@2", "http://h:1@2"),
+        ("http://u:PASS@2130706433", "http://***@2130706433"),
+        ("http://u:PASS@7/x", "http://***@7/x"),
         ("h:1", "h:1"),
     ],
 )
@@ -59,7 +70,7 @@ def test_redact_url(url, shown):
     st.sampled_from(["http", "https", "grpc", "ftp", "HTTP"]),
     st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:%", min_size=1, max_size=20),
     st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=%", max_size=20),
-    st.sampled_from(["127.0.0.1:1", "h", "[::1]:8000", "h:1@3"]),
+    st.sampled_from(["127.0.0.1:1", "h", "[::1]:8000", "h:1@3", "2130706433", "5/v1", "7@8"]),
 )
 def test_a_password_is_never_echoed(scheme, user, password, host):
     url = f"{scheme}://{user}:PW{password}@{host}"  # "PW" appears nowhere else in the text
