@@ -31,9 +31,12 @@ from smgrl.core.printable import escape, escape_for_json, escape_lines
 
 __all__ = [
     "Abbrev",
+    "ChunkedTable",
     "EventsLayout",
     "FixedTable",
     "SafeOutput",
+    "chunks",
+    "fit",
     "json_text",
     "output",
     "short_id",
@@ -173,11 +176,25 @@ def table(
 ) -> str:
     """A plain-text table with a header, fitted to the invocation's settings (module docstring);
     ``limits`` caps a column's width even when there is room."""
+    layout, cells = fit(rows, columns, limits=limits)
+    return layout.render(cells, header=True)
+
+
+def fit(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    *,
+    limits: Mapping[str, int] | None = None,
+    abbrev: Abbrev | None = None,
+) -> tuple[FixedTable, list[list[str]]]:
+    """The layout ``table()`` prints ``rows`` with, and their cells. ``abbrev`` (else one of these
+    rows' ids) shortens the ids."""
     wide = _settings.wide
     limits = {} if wide else (limits or {})
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     if not wide:
-        abbrev = Abbrev(ids_in(rows, columns))
+        if abbrev is None:
+            abbrev = Abbrev(ids_in(rows, columns))
         cells = [[abbrev.text(v) for v in row] for row in cells]
     cells = [
         [_cut(v, limits.get(c, _MAX_CELL) if not wide else None) for c, v in zip(columns, row)]
@@ -197,8 +214,8 @@ def table(
         # Many narrow columns (refits): one space between them rather than cut every one.
         gap = 2 if sum(floors) + 2 * (len(floors) - 1) <= width else 1
         widths = _fit(widths, values, floors, width, gap)
-        return FixedTable(columns, widths, gap).render(cells, header=True)
-    return FixedTable(columns, widths).render(cells, header=True)
+        return FixedTable(columns, widths, gap, compact=True), cells
+    return FixedTable(columns, widths), cells
 
 
 # Cells never cut: (shortened) ids, which must stay typable, and times.
@@ -219,6 +236,7 @@ class FixedTable:
     columns: Sequence[str]
     widths: Sequence[int]
     gap: int = 2
+    compact: bool = False  # times lose their year and fraction (the fitted table did)
 
     def line(self, values: Sequence[str]) -> str:
         # A width of 0 is the unbounded last column (--wide).
@@ -229,6 +247,46 @@ class FixedTable:
         lines = [self.line(self.columns)] if header else []
         lines += [self.line(row) for row in cells]
         return "\n".join(lines)
+
+
+def chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``rows`` in lists of ``size`` (the last may be shorter): streamed output, printed per chunk."""
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class ChunkedTable:
+    """A table printed in chunks (output streamed, never held whole): the first chunk is fitted
+    like ``table()``, later chunks keep its layout so widths never change partway, and one
+    ``Abbrev`` shortens the ids of the whole output. ``columns`` may change between chunks (a
+    refit phase seen for the first time): the new columns are fitted and get a header line."""
+
+    def __init__(self, limits: Mapping[str, int] | None = None) -> None:
+        self.limits = limits
+        self.layout: FixedTable | None = None
+        self.abbrev = Abbrev()
+
+    def render(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+        columns = tuple(columns)
+        wide = _settings.wide
+        if not wide:
+            self.abbrev.add(ids_in(rows, columns))
+        if self.layout is None or tuple(self.layout.columns) != columns:
+            self.layout, cells = fit(rows, columns, limits=self.limits, abbrev=self.abbrev)
+            return self.layout.render(cells, header=True)
+        layout = self.layout
+        cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+        if not wide:
+            cells = [[self.abbrev.text(v) for v in row] for row in cells]
+        if layout.compact:
+            cells = [[_compact_time(v) for v in row] for row in cells]
+        return layout.render(cells, header=False)
 
 
 class EventsLayout:
