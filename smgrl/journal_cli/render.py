@@ -262,14 +262,18 @@ def chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 class ChunkedTable:
-    """A table printed in chunks (output streamed, never held whole): the first chunk is fitted
-    like ``table()``, later chunks keep its layout so widths never change partway, and one
-    ``Abbrev`` shortens the ids of the whole output. ``columns`` may change between chunks (a
-    refit phase seen for the first time): the new columns are fitted and get a header line."""
+    """A table printed in chunks (output streamed, never held whole), with one ``Abbrev`` for the
+    ids of the whole output. The first chunk is fitted like ``table()`` and later chunks keep that
+    layout; a value wider than its column, in a column the fit did not narrow to the terminal,
+    fits the layout again (on the widest values seen so far) and prints the header again, so no
+    value is cut that the whole table would show. ``columns`` may change between chunks too (a
+    refit phase seen for the first time): fitted again, with a header."""
 
     def __init__(self, limits: Mapping[str, int] | None = None) -> None:
         self.limits = limits
         self.layout: FixedTable | None = None
+        self.capped: list[bool] = []  # per column: the fit narrowed it below its values
+        self.widest: dict[str, Mapping[str, Any]] = {}  # column -> the row with its longest cell
         self.abbrev = Abbrev()
 
     def render(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
@@ -277,16 +281,37 @@ class ChunkedTable:
         wide = _settings.wide
         if not wide:
             self.abbrev.add(ids_in(rows, columns))
-        if self.layout is None or tuple(self.layout.columns) != columns:
-            self.layout, cells = fit(rows, columns, limits=self.limits, abbrev=self.abbrev)
-            return self.layout.render(cells, header=True)
         layout = self.layout
+        if layout is not None and tuple(layout.columns) == columns:
+            cells = self._cells(rows, columns, layout.compact)
+            widths, capped = layout.widths, self.capped
+            if all(
+                len(v) <= widths[i] or capped[i] or not widths[i] for row in cells for i, v in enumerate(row)
+            ):
+                return layout.render(cells, header=False)
+        sample = [self.widest[c] for c in columns if c in self.widest]
+        layout, cells = fit([*sample, *rows], columns, limits=self.limits, abbrev=self.abbrev)
+        self.layout = layout
+        natural = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+        self.capped = [w < n for w, n in zip(layout.widths, natural, strict=True)]
+        for i, c in enumerate(columns):
+            longest = max(range(len(cells)), key=lambda k: len(cells[k][i]))
+            self.widest[c] = ([*sample, *rows])[longest]
+        return layout.render(cells[len(sample) :], header=True)
+
+    def _cells(
+        self, rows: Sequence[Mapping[str, Any]], columns: tuple[str, ...], compact: bool
+    ) -> list[list[str]]:
+        """Cells as ``fit`` makes them (escaped, ids shortened, cut to their limits)."""
         cells = [[_cell(r.get(c)) for c in columns] for r in rows]
-        if not wide:
-            cells = [[self.abbrev.text(v) for v in row] for row in cells]
-        if layout.compact:
+        if _settings.wide:
+            return cells
+        limits = self.limits or {}
+        caps = [limits.get(c, _MAX_CELL) for c in columns]
+        cells = [[_cut(self.abbrev.text(v), caps[i]) for i, v in enumerate(row)] for row in cells]
+        if compact:
             cells = [[_compact_time(v) for v in row] for row in cells]
-        return layout.render(cells, header=False)
+        return cells
 
 
 class EventsLayout:
