@@ -127,7 +127,8 @@ def _common(a: str, b: str) -> int:
 
 
 def ids_in(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
-    return [m.group() for r in rows for c in columns for m in UUID.finditer(str(r.get(c) or ""))]
+    texts = (str(r.get(c) or "") for r in rows for c in columns)
+    return [m.group() for t in texts if len(t) >= 36 for m in UUID.finditer(t)]  # a UUID is 36 long
 
 
 def _cell(value: Any, limit: int | None = None) -> str:
@@ -308,7 +309,20 @@ class ChunkedTable:
             return cells
         limits = self.limits or {}
         caps = [limits.get(c, _MAX_CELL) for c in columns]
-        cells = [[_cut(self.abbrev.text(v), caps[i]) for i, v in enumerate(row)] for row in cells]
+        text = self.abbrev.text
+        # Per cell (a million at --all): only a cell as long as a UUID can hold one, and only a
+        # cell longer than its cap is cut.
+        cells = [
+            [
+                v if len(v) < 36 else _cut(text(v), caps[i]) if len(v) > caps[i] else text(v)
+                for i, v in enumerate(row)
+            ]
+            for row in cells
+        ]
+        if min(caps) < 36:
+            cells = [
+                [v if len(v) <= caps[i] else _cut(v, caps[i]) for i, v in enumerate(row)] for row in cells
+            ]
         if compact:
             cells = [[_compact_time(v) for v in row] for row in cells]
         return cells
