@@ -44,9 +44,11 @@ def read_events(
     until_seq: int | None = None,
     since_ts: float | None = None,
     until_ts: float | None = None,
+    limit: int | None = None,
 ) -> Iterator[Recorded]:
-    """Decoded events in seq order, optionally of some types only (one index range per type)."""
-    kw = {"until_seq": until_seq, "since_ts": since_ts, "until_ts": until_ts}
+    """Decoded events in seq order, optionally of some types only (one index range per type);
+    ``limit``: at most that many of each type are read (cut the merge to ``limit`` too)."""
+    kw = {"until_seq": until_seq, "since_ts": since_ts, "until_ts": until_ts, "limit": limit}
     if types is None:
         return store.read(after, **kw)
     return heapq.merge(*(store.read(after, types=[t], **kw) for t in types), key=lambda r: r.seq)
