@@ -119,7 +119,9 @@ def _picture(ctx: Ctx, store, stream: Iterable[Cycle], last, html_path, svg_path
     panels the last ``--last`` (else DETAIL_DEFAULT), so only those are held; the HTML table
     has a row per cycle (kept as its cells, every phase, unseen ones dropped at the end)."""
     n_detail = last if last is not None else DETAIL_DEFAULT
-    tail: collections.deque[Cycle] = collections.deque(maxlen=max(OVERVIEW_MAX, n_detail))
+    # With --json too, the JSON lists every cycle of the range: then all of them are held.
+    keep = None if ctx.json else max(OVERVIEW_MAX, n_detail)
+    tail: collections.deque[Cycle] = collections.deque(maxlen=keep)
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     total = 0

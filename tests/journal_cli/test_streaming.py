@@ -115,3 +115,21 @@ def test_chunked_table_keeps_a_fitted_width_when_the_terminal_narrowed_it():
         text = "\n".join(layout.render(rows[i : i + 2], ("id", "text")) for i in range(0, 6, 2))
     assert sum(1 for line in text.splitlines() if line.startswith("id")) == 1
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_streamed_picture_with_json_lists_every_cycle(tmp_path):
+    """`refits --all --svg F --json`: the picture keeps the last cycles only, the JSON all of them."""
+    path = tmp_path / "j.db"
+    _sequential_ops(path, 30)
+
+    def run(*args):
+        result = CliRunner().invoke(
+            journal_group, ["--journal", str(path), "--json", "refits", *args], catch_exceptions=False
+        )
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    svg = tmp_path / "r.svg"
+    pictured = run("--since", "0", "--svg", str(svg))
+    assert pictured == run("--last", "1000") and len(pictured["cycles"]) == 10
+    assert svg.read_text().startswith("<svg")
