@@ -51,7 +51,21 @@ from .events import (
 from .lock import JournalLock, JournalLocked
 from .memory import MemoryStore
 from .store import SqliteStore
-from .writer import JournalWriter, Pending
+
+# JournalWriter and Pending need trio (0.15 s to import): loaded when first used, so a process
+# that only reads the file (``smgrl journal``) does not pay for it.
+_LAZY = {"JournalWriter": "writer", "Pending": "writer"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Append",

@@ -1,3 +1,3 @@
-from smgrl.cli import main
+from smgrl.entry import main
 
 main()

@@ -71,23 +71,9 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every bad flag value or configuration error is one line on stderr, exit 1."""
-    try:
-        # With standalone_mode=False, click RETURNS the code a command exits with (ctx.exit(n))
-        # instead of raising: pass it on, or `smgrl journal verify` on a bad journal exits 0.
-        code = cli.main(args=argv, prog_name="smgrl", standalone_mode=False)
-        if isinstance(code, int) and code:
-            sys.exit(code)
-    except ConfigError as exc:
-        text = str(exc)
-        click.echo(text if text.startswith("Configuration error") else f"error: {text}", err=True)
-        sys.exit(1)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(1)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+    from smgrl.entry import run
+
+    run(cli, sys.argv[1:] if argv is None else argv, "smgrl")
 
 
 @cli.command(cls=_MultiValueCommand)

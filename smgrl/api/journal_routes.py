@@ -1,4 +1,6 @@
-"""Journal read routes: ``GET /v1/rl/operations/{id}`` and ``GET /v1/rl/journal?after=&limit=``.
+"""Journal read routes: ``GET /v1/rl/operations/{id}`` and
+``GET /v1/rl/journal?after=&upto=&since=&until=&type=&limit=`` (history queries: type names and
+globs, a seq range, a time window; the same index reads as ``smgrl journal events``).
 
 Readable with roles ``admin`` and ``user`` (D3). Recent operations are answered from memory (the
 operations projection); older ones are rebuilt from the journal file. Reads of the file go through
@@ -8,7 +10,9 @@ Events carry no secrets by construction, so a page of events is safe to serve as
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 
 import trio
 from quart import Response, request
@@ -17,6 +21,9 @@ from journal import SqliteStore
 from journal.events import encode
 from smgrl.api import envelopes as env
 from smgrl.errors import OperationNotFound, RlError
+from smgrl.journal_cli.filters import catalogue, expand_types
+from smgrl.journal_cli.reading import read_events
+from smgrl.journal_cli.values import BadValue, parse_time
 from smgrl.state.operations import Operations
 
 PAGE_DEFAULT = 100
@@ -65,11 +72,20 @@ class JournalRoutes:
     async def page(self) -> Response:
         after = _int_arg("after", 0, 0)
         limit = min(_int_arg("limit", PAGE_DEFAULT, 1), PAGE_MAX)
+        upto = _int_arg("upto", SQLITE_MAX_INT, 0)
+        since, until = _time_arg("since"), _time_arg("until")
+        patterns = [t.strip() for t in request.args.get("type", "").split(",") if t.strip()]
         store = self._store()
 
         def fetch():
             rows = []
-            for rec in store.read(after, limit=limit):
+            # The history paths of `smgrl journal events`: one (type, seq) index range per type
+            # (globs expanded over the catalogue), merged by seq; a time window is a seq range.
+            types = expand_types(patterns, catalogue()) if patterns else None
+            found = read_events(
+                store, types, after=after, until_seq=upto, since_ts=since, until_ts=until, limit=limit
+            )
+            for rec in itertools.islice(found, limit):
                 type_, schema, payload = encode(rec.event)
                 rows.append(
                     {
@@ -84,15 +100,28 @@ class JournalRoutes:
             return rows, store.last_seq()
 
         rows, last = await self._read(fetch)
+        full = len(rows) == limit
         next_after = rows[-1]["seq"] if rows else after
+        # `more`: a full page may have a next one; a shorter page read everything that matched.
+        more = full and next_after < min(last, upto)
         return env.json_response(
-            200, {"events": rows, "next_after": next_after, "last_seq": last, "more": next_after < last}
+            200, {"events": rows, "next_after": next_after, "last_seq": last, "more": more}
         )
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+def _time_arg(name: str) -> float | None:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return parse_time(raw, time.time())
+    except BadValue as exc:
+        raise InvalidQuery(f"`{name}`: {exc}") from None
 
 
 def _int_arg(name: str, default: int, minimum: int) -> int:

@@ -1335,7 +1335,8 @@ def _paths(rl: bool) -> dict:
                     {
                         "200": _resp("A page.", _json(_ref("JournalPage"))),
                         "400": _resp(
-                            "`after`/`limit` not an integer or too small.", _json(_ref("RlBadRequest"))
+                            "`after`/`upto`/`limit` not an integer or too small, or `since`/`until` not a time.",
+                            _json(_ref("RlBadRequest")),
                         ),
                     },
                     [
@@ -1355,6 +1356,35 @@ def _paths(rl: bool) -> dict:
                             "description": "page size (empty: 100; at most 1000 are returned)",
                             "schema": {**INT, "minimum": 1, "default": 100},
                         },
+                        {
+                            "name": "upto",
+                            "in": "query",
+                            "required": False,
+                            "allowEmptyValue": True,
+                            "description": "events up to and including this seq (empty: the head)",
+                            "schema": {**INT, "minimum": 0},
+                        },
+                        {
+                            "name": "type",
+                            "in": "query",
+                            "required": False,
+                            "allowEmptyValue": True,
+                            "description": "only these event types: comma-separated names or globs "
+                            "(`worker.*,control.finished`)",
+                            "schema": {"type": "string"},
+                        },
+                        *(
+                            {
+                                "name": name,
+                                "in": "query",
+                                "required": False,
+                                "allowEmptyValue": True,
+                                "description": f"events committed {what} this time: ISO 8601 "
+                                "(`2026-11-29T11:55:33Z`), unix seconds, or `15m`/`2h`/`1d` ago",
+                                "schema": {"type": "string"},
+                            }
+                            for name, what in (("since", "at or after"), ("until", "before"))
+                        ),
                     ],
                 )
             ),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import click
@@ -14,8 +12,7 @@ from smgrl.journal_cli import sqlview
 from smgrl.journal_cli.group import Ctx, command
 from smgrl.journal_cli.history import add_times, fleet_at, grouped, version_changes
 from smgrl.journal_cli.reading import seq_at
-from smgrl.journal_cli.render import FixedTable, json_text, table
-from smgrl.journal_cli.render import _cell as cell
+from smgrl.journal_cli.render import ChunkedTable, chunks, json_text, table
 from smgrl.journal_cli.values import fmt_ts, parse_point
 
 
@@ -106,9 +103,9 @@ def versions(ctx: Ctx, engine: str | None) -> None:
                 if (hit := tuple(e for e in c.engines if e == target or (not exact and target in e)))
             )
         # Streamed: rows are printed as they are found, so memory does not grow with the journal.
-        shown, layout = 0, []
+        shown, layout = 0, ChunkedTable(limits={"engine": 48})
         with sqlview.view(ctx.path) as conn:
-            for chunk in _chunks(grouped(changes), CHUNK):
+            for chunk in chunks(grouped(changes), CHUNK):
                 add_times(conn, chunk)
                 shown = _print_versions(ctx, chunk, shown, layout)
     if ctx.json:
@@ -121,9 +118,9 @@ VERSION_COLUMNS = ("seq", "time", "engine", "weight_version", "version_source", 
 CHUNK = 500  # rows per printed chunk: the output is streamed, never held whole
 
 
-def _print_versions(ctx: Ctx, chunk: list[dict[str, Any]], shown: int, layout: list) -> int:
+def _print_versions(ctx: Ctx, chunk: list[dict[str, Any]], shown: int, layout: ChunkedTable) -> int:
     """Print one chunk of version rows: JSON streamed as one object; a table whose column widths
-    are those the first chunk was fitted to (kept in ``layout``), so they never change partway."""
+    are those the first chunk was fitted to, so they never change partway."""
     for row in chunk:
         row["time"] = fmt_ts(row["ts"])
     if ctx.json:
@@ -132,32 +129,5 @@ def _print_versions(ctx: Ctx, chunk: list[dict[str, Any]], shown: int, layout: l
         return shown + len(chunk)
     for row in chunk:
         row["engine"] = _engine_cell(row)
-    if not layout:
-        text = table(chunk, VERSION_COLUMNS, limits={"engine": 48})
-        layout.append(_widths(text, VERSION_COLUMNS))
-        click.echo(text)
-    else:
-        cells = [[cell(r.get(c)) for c in VERSION_COLUMNS] for r in chunk]
-        click.echo(FixedTable(VERSION_COLUMNS, layout[0]).render(cells, header=False))
+    click.echo(layout.render(chunk, VERSION_COLUMNS))
     return shown + len(chunk)
-
-
-def _widths(text: str, columns: tuple[str, ...]) -> list[int]:
-    """Column widths of a table ``table()`` rendered, from where each (maybe cut) header starts."""
-    lines = text.split("\n")
-    starts = [m.start() for m in re.finditer(r"\S+", lines[0])]
-    if len(starts) != len(columns):  # not the shape expected: natural widths, still fixed
-        return [max(len(c), 12) for c in columns]
-    ends = [*(start - 2 for start in starts[1:]), max(len(line) for line in lines)]
-    return [max(1, end - start) for start, end in zip(starts, ends, strict=True)]
-
-
-def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
-    chunk: list[dict[str, Any]] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

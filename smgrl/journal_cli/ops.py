@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
 from journal.events import ControlStarted
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
-from smgrl.journal_cli.reading import find_op, recent
-from smgrl.journal_cli.render import table
+from smgrl.journal_cli.reading import find_op, recent, stream_ops
+from smgrl.journal_cli.render import ChunkedTable, chunks, json_text, table
 from smgrl.journal_cli.values import fmt_ms, fmt_ts, parse_time, time_window
 from smgrl.state.operations import Operations
 from smgrl.state.refits import Op, OpsFold
@@ -101,18 +102,49 @@ def ops(ctx: Ctx, path, result, worker, since, until, last, everything) -> None:
         ]
 
     with ctx.reader() as store:
+        if everything:
+            # Streamed in start order, printed per chunk: memory holds the open operations only.
+            chosen = (
+                op
+                for op in stream_ops(store)
+                if keep(op, path=path, result=result, worker=worker, since=since_ts, until=until_ts)
+            )
+            _print_streamed(ctx, (op_row(op) for op in chosen))
+            return
         # Windowed from the end: the last N matching operations cost what they are, not the journal.
-        want = None if everything else (last or LAST_DEFAULT)
-        _fold, chosen = recent(store, want, matching, per_item=12)
+        _fold, chosen = recent(store, last or LAST_DEFAULT, matching, per_item=12)
     rows = [op_row(op) for op in chosen]
     if ctx.json:
-        hidden = ("done", "latency")
-        ctx.emit({"operations": [{k: v for k, v in r.items() if k not in hidden} for r in rows]})
+        ctx.emit({"operations": [{k: v for k, v in r.items() if k not in _HIDDEN} for r in rows]})
         return
     if not rows:
         click.echo("no operations")
         return
-    click.echo(table(rows, ("id", "time", "method", "path", "target", "done", "result", "latency")))
+    click.echo(table(rows, OPS_COLUMNS))
+
+
+OPS_COLUMNS = ("id", "time", "method", "path", "target", "done", "result", "latency")
+_HIDDEN = ("done", "latency")  # table-only cells, not in the JSON
+CHUNK = 500  # rows per printed chunk
+
+
+def _print_streamed(ctx: Ctx, rows: Iterator[dict[str, Any]]) -> None:
+    """``ops --all``: the same output as the listing, streamed one chunk at a time."""
+    shown, layout = 0, ChunkedTable()
+    for chunk in chunks(rows, CHUNK):
+        if ctx.json:
+            head = '{"operations": [' if shown == 0 else ","
+            body = ",".join(
+                json_text({k: v for k, v in r.items() if k not in _HIDDEN}, lines=True) for r in chunk
+            )
+            click.echo(head + body, nl=False)
+        else:
+            click.echo(layout.render(chunk, OPS_COLUMNS))
+        shown += len(chunk)
+    if ctx.json:
+        click.echo('{"operations": []}' if shown == 0 else "]}")
+    elif shown == 0:
+        click.echo("no operations")
 
 
 @command("show", group=ops)

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 from journal import SqliteStore
 from journal.events import Recorded
+from smgrl.journal_cli import opscan
 from smgrl.journal_cli.filters import WorkerFilter
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, EXIT_CHECK, CliError
 from smgrl.journal_cli.opscan import scan_ops
 from smgrl.journal_cli.values import Point
-from smgrl.state.refits import OpsFold
+from smgrl.state.refits import Op, OpsFold
 from smgrl.state.replay import read_types
 
 MIN_WINDOW = 4096  # events: the smallest window `recent` reads from the end
@@ -30,6 +31,7 @@ __all__ = [
     "recent",
     "resolve_worker",
     "seq_at",
+    "stream_ops",
     "worker_filter",
 ]
 
@@ -42,9 +44,11 @@ def read_events(
     until_seq: int | None = None,
     since_ts: float | None = None,
     until_ts: float | None = None,
+    limit: int | None = None,
 ) -> Iterator[Recorded]:
-    """Decoded events in seq order, optionally of some types only (one index range per type)."""
-    kw = {"until_seq": until_seq, "since_ts": since_ts, "until_ts": until_ts}
+    """Decoded events in seq order, optionally of some types only (one index range per type);
+    ``limit``: at most that many of each type are read (cut the merge to ``limit`` too)."""
+    kw = {"until_seq": until_seq, "since_ts": since_ts, "until_ts": until_ts, "limit": limit}
     if types is None:
         return store.read(after, **kw)
     return heapq.merge(*(store.read(after, types=[t], **kw) for t in types), key=lambda r: r.seq)
@@ -142,6 +146,22 @@ def load_ops(
     ops = [op for op in fold.ops.values() if outcomes == "all" or fold.needs_outcomes(op)]
     add_outcomes(store, fold, [op.op_id for op in ops], until_seq=until_seq)
     return fold
+
+
+def stream_ops(
+    store: SqliteStore, *, after_seq: int = 0, until_seq: int | None = None, outcomes: str = "needed"
+) -> Iterator[Op]:
+    """``load_ops`` as a stream in start order with bounded memory (``opscan.stream_ops``): each
+    op is yielded final, with its outcomes read (as ``outcomes`` says) just before."""
+
+    def complete(fold: OpsFold, op: Op) -> None:
+        if outcomes == "all" or (outcomes == "needed" and fold.needs_outcomes(op)):
+            # The op is out of the fold already: put it back for the one index range it reads.
+            fold.ops[op.op_id] = op
+            add_outcomes(store, fold, [op.op_id], until_seq=until_seq)
+            del fold.ops[op.op_id]
+
+    return opscan.stream_ops(store.path, after_seq, until_seq, complete=complete)
 
 
 def recent(

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterable
 from typing import Any
 
 import click
 
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
-from smgrl.journal_cli.reading import add_outcomes, load_ops, recent, seq_at
-from smgrl.journal_cli.render import table
-from smgrl.journal_cli.timeline import render_html, render_svg
+from smgrl.journal_cli.reading import add_outcomes, recent, seq_at, stream_ops
+from smgrl.journal_cli.render import ChunkedTable, chunks, json_text, table
+from smgrl.journal_cli.timeline import OVERVIEW_MAX, render_html, render_svg
 from smgrl.journal_cli.values import Point, fmt_ms, fmt_ts, parse_time, time_window
-from smgrl.state.refits import PHASE_ORDER, Cycle, group_cycles
+from smgrl.state.refits import PHASE_ORDER, Cycle, OpsFold, group_cycles, iter_cycles
 
 LAST_DEFAULT = 50  # cycles shown unless --last, --all, --since or --until say otherwise
 DETAIL_DEFAULT = 20  # cycles drawn in detail in a picture unless --last says otherwise
@@ -63,43 +65,108 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
         raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
     picture = bool(html_path or svg_path)
     with ctx.reader() as store:
-        if ranged:
-            # A margin before --since lets a cycle that began just before it be read whole.
-            start = seq_at(store, Point(ts=since_ts)) - MARGIN if since_ts is not None else 0
-            fold = load_ops(store, after_seq=max(0, start))
-            cycles = [
-                c
-                for c in group_cycles(fold.in_order())
-                if (since_ts is None or c.start >= since_ts) and (until_ts is None or c.start < until_ts)
-            ]
-            cycles = cycles if last is None else cycles[-last:]
-        else:
-            want = None if everything else (last or LAST_DEFAULT)
-            fold, cycles = recent(store, want, lambda f: group_cycles(f.in_order()), per_item=40)
-        detail = cycles if last is not None else cycles[-DETAIL_DEFAULT:]
+        if not (ranged or everything):
+            # The last N cycles: a window at the end of the journal, widened until it holds them.
+            fold, cycles = recent(
+                store, last or LAST_DEFAULT, lambda f: group_cycles(f.in_order()), per_item=40
+            )
+            detail = cycles if last is not None else cycles[-DETAIL_DEFAULT:]
+            if picture:
+                # Per-engine bars need every target's own timing: read the outcomes of the drawn ops.
+                add_outcomes(store, fold, [op.op_id for c in detail for op in c.ops])
+            _output(ctx, cycles, detail, len(cycles), html_path, svg_path)
+            return
+        # --all, --since, --until: streamed in start order, memory bounded by the open cycles.
+        start = seq_at(store, Point(ts=since_ts)) - MARGIN if since_ts is not None else 0
+        stream: Iterable[Cycle] = (
+            c
+            for c in iter_cycles(stream_ops(store, after_seq=max(0, start)))
+            if (since_ts is None or c.start >= since_ts) and (until_ts is None or c.start < until_ts)
+        )
+        if last is not None:
+            stream = collections.deque(stream, maxlen=last)
         if picture:
-            # Per-engine bars need every target's own timing: read the outcomes of the drawn ops.
-            add_outcomes(store, fold, [op.op_id for c in detail for op in c.ops])
-    seen = {p for c in cycles for p in c.phases()}
+            _picture(ctx, store, stream, last, html_path, svg_path)
+        elif ctx.json:
+            shown = 0
+            for chunk in chunks(stream, CHUNK):
+                head = '{"cycles": [' if shown == 0 else ","
+                click.echo(head + ",".join(json_text(c.to_json(), lines=True) for c in chunk), nl=False)
+                shown += len(chunk)
+            click.echo('{"cycles": []}' if shown == 0 else "]}")
+        else:
+            shown, layout, seen = 0, ChunkedTable(limits=LIMITS), set()
+            for chunk in chunks(stream, CHUNK):
+                for c in chunk:
+                    seen.update(c.phases())
+                phases = [p for p in PHASE_ORDER if p in seen]
+                click.echo(layout.render([cycle_row(c, phases) for c in chunk], _columns(phases)))
+                shown += len(chunk)
+            if shown == 0:
+                click.echo("no refit cycles")
+
+
+CHUNK = 500  # cycles per printed chunk: the output is streamed, never held whole
+LIMITS = {"failed": 120, "version": 24}
+
+
+def _columns(phases: list[str]) -> list[str]:
+    return ["cycle", "start", "status", "version", "engines", *phases, "total", "failed"]
+
+
+def _picture(ctx: Ctx, store, stream: Iterable[Cycle], last, html_path, svg_path) -> None:
+    """The picture of a streamed range: the overview draws the last OVERVIEW_MAX cycles and the
+    panels the last ``--last`` (else DETAIL_DEFAULT), so only those are held; the HTML table
+    has a row per cycle (kept as its cells, every phase, unseen ones dropped at the end)."""
+    n_detail = last if last is not None else DETAIL_DEFAULT
+    # With --json too, the JSON lists every cycle of the range: then all of them are held.
+    keep = None if ctx.json else max(OVERVIEW_MAX, n_detail)
+    tail: collections.deque[Cycle] = collections.deque(maxlen=keep)
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    total = 0
+    for c in stream:
+        tail.append(c)
+        total += 1
+        spans = c.phases()
+        seen.update(spans)
+        if html_path:
+            rows.append(cycle_row(c, list(spans)))
+    cycles = list(tail)
+    detail = cycles[-n_detail:]
+    fold = OpsFold()
+    fold.ops = {op.op_id: op for c in detail for op in c.ops}
+    add_outcomes(store, fold, list(fold.ops))
     phases = [p for p in PHASE_ORDER if p in seen]
-    rows = [cycle_row(c, phases) for c in cycles]
+    columns = _columns(phases)
+    rows = [{k: r.get(k, "-") for k in columns} for r in rows]
+    _output(ctx, cycles, detail, total, html_path, svg_path, rows=rows)
+
+
+def _output(
+    ctx: Ctx, cycles: list[Cycle], detail: list[Cycle], total: int, html_path, svg_path, rows=None
+) -> None:
+    if rows is None:
+        seen = {p for c in cycles for p in c.phases()}
+        phases = [p for p in PHASE_ORDER if p in seen]
+        rows = [cycle_row(c, phases) for c in cycles]
     title = f"smgrl refits · {ctx.path}"
     if html_path:
-        _write(html_path, render_html(cycles, rows, title=title, detail=len(detail)))
+        _write(html_path, render_html(cycles, rows, title=title, detail=len(detail), total=total))
     if svg_path:
         _write(svg_path, render_svg(cycles, title=title, detail=len(detail)))
     if ctx.json:
         ctx.emit({"cycles": [c.to_json() for c in cycles]})
         return
-    if picture:
+    if html_path or svg_path:
         for path in (html_path, svg_path):
             if path:
-                click.echo(f"wrote {path} ({len(cycles)} cycles, {len(detail)} in detail)")
+                click.echo(f"wrote {path} ({total} cycles, {len(detail)} in detail)")
         return
     if not rows:
         click.echo("no refit cycles")
         return
-    click.echo(table(rows, list(rows[0]), limits={"failed": 120, "version": 24}))
+    click.echo(table(rows, list(rows[0]), limits=LIMITS))
 
 
 def _write(path: str, text: str) -> None:

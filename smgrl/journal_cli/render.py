@@ -31,9 +31,12 @@ from smgrl.core.printable import escape, escape_for_json, escape_lines
 
 __all__ = [
     "Abbrev",
+    "ChunkedTable",
     "EventsLayout",
     "FixedTable",
     "SafeOutput",
+    "chunks",
+    "fit",
     "json_text",
     "output",
     "short_id",
@@ -124,7 +127,8 @@ def _common(a: str, b: str) -> int:
 
 
 def ids_in(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
-    return [m.group() for r in rows for c in columns for m in UUID.finditer(str(r.get(c) or ""))]
+    texts = (str(r.get(c) or "") for r in rows for c in columns)
+    return [m.group() for t in texts if len(t) >= 36 for m in UUID.finditer(t)]  # a UUID is 36 long
 
 
 def _cell(value: Any, limit: int | None = None) -> str:
@@ -173,11 +177,25 @@ def table(
 ) -> str:
     """A plain-text table with a header, fitted to the invocation's settings (module docstring);
     ``limits`` caps a column's width even when there is room."""
+    layout, cells = fit(rows, columns, limits=limits)
+    return layout.render(cells, header=True)
+
+
+def fit(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    *,
+    limits: Mapping[str, int] | None = None,
+    abbrev: Abbrev | None = None,
+) -> tuple[FixedTable, list[list[str]]]:
+    """The layout ``table()`` prints ``rows`` with, and their cells. ``abbrev`` (else one of these
+    rows' ids) shortens the ids."""
     wide = _settings.wide
     limits = {} if wide else (limits or {})
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     if not wide:
-        abbrev = Abbrev(ids_in(rows, columns))
+        if abbrev is None:
+            abbrev = Abbrev(ids_in(rows, columns))
         cells = [[abbrev.text(v) for v in row] for row in cells]
     cells = [
         [_cut(v, limits.get(c, _MAX_CELL) if not wide else None) for c, v in zip(columns, row)]
@@ -197,8 +215,8 @@ def table(
         # Many narrow columns (refits): one space between them rather than cut every one.
         gap = 2 if sum(floors) + 2 * (len(floors) - 1) <= width else 1
         widths = _fit(widths, values, floors, width, gap)
-        return FixedTable(columns, widths, gap).render(cells, header=True)
-    return FixedTable(columns, widths).render(cells, header=True)
+        return FixedTable(columns, widths, gap, compact=True), cells
+    return FixedTable(columns, widths), cells
 
 
 # Cells never cut: (shortened) ids, which must stay typable, and times.
@@ -219,6 +237,7 @@ class FixedTable:
     columns: Sequence[str]
     widths: Sequence[int]
     gap: int = 2
+    compact: bool = False  # times lose their year and fraction (the fitted table did)
 
     def line(self, values: Sequence[str]) -> str:
         # A width of 0 is the unbounded last column (--wide).
@@ -229,6 +248,84 @@ class FixedTable:
         lines = [self.line(self.columns)] if header else []
         lines += [self.line(row) for row in cells]
         return "\n".join(lines)
+
+
+def chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``rows`` in lists of ``size`` (the last may be shorter): streamed output, printed per chunk."""
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class ChunkedTable:
+    """A table printed in chunks (output streamed, never held whole), with one ``Abbrev`` for the
+    ids of the whole output. The first chunk is fitted like ``table()`` and later chunks keep that
+    layout; a value wider than its column, in a column the fit did not narrow to the terminal,
+    fits the layout again (on the widest values seen so far) and prints the header again, so no
+    value is cut that the whole table would show. ``columns`` may change between chunks too (a
+    refit phase seen for the first time): fitted again, with a header."""
+
+    def __init__(self, limits: Mapping[str, int] | None = None) -> None:
+        self.limits = limits
+        self.layout: FixedTable | None = None
+        self.capped: list[bool] = []  # per column: the fit narrowed it below its values
+        self.widest: dict[str, Mapping[str, Any]] = {}  # column -> the row with its longest cell
+        self.abbrev = Abbrev()
+
+    def render(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+        columns = tuple(columns)
+        wide = _settings.wide
+        if not wide:
+            self.abbrev.add(ids_in(rows, columns))
+        layout = self.layout
+        if layout is not None and tuple(layout.columns) == columns:
+            cells = self._cells(rows, columns, layout.compact)
+            widths, capped = layout.widths, self.capped
+            if all(
+                len(v) <= widths[i] or capped[i] or not widths[i] for row in cells for i, v in enumerate(row)
+            ):
+                return layout.render(cells, header=False)
+        sample = [self.widest[c] for c in columns if c in self.widest]
+        layout, cells = fit([*sample, *rows], columns, limits=self.limits, abbrev=self.abbrev)
+        self.layout = layout
+        natural = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+        self.capped = [w < n for w, n in zip(layout.widths, natural, strict=True)]
+        for i, c in enumerate(columns):
+            longest = max(range(len(cells)), key=lambda k: len(cells[k][i]))
+            self.widest[c] = ([*sample, *rows])[longest]
+        return layout.render(cells[len(sample) :], header=True)
+
+    def _cells(
+        self, rows: Sequence[Mapping[str, Any]], columns: tuple[str, ...], compact: bool
+    ) -> list[list[str]]:
+        """Cells as ``fit`` makes them (escaped, ids shortened, cut to their limits)."""
+        cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+        if _settings.wide:
+            return cells
+        limits = self.limits or {}
+        caps = [limits.get(c, _MAX_CELL) for c in columns]
+        text = self.abbrev.text
+        # Per cell (a million at --all): only a cell as long as a UUID can hold one, and only a
+        # cell longer than its cap is cut.
+        cells = [
+            [
+                v if len(v) < 36 else _cut(text(v), caps[i]) if len(v) > caps[i] else text(v)
+                for i, v in enumerate(row)
+            ]
+            for row in cells
+        ]
+        if min(caps) < 36:
+            cells = [
+                [v if len(v) <= caps[i] else _cut(v, caps[i]) for i, v in enumerate(row)] for row in cells
+            ]
+        if compact:
+            cells = [[_compact_time(v) for v in row] for row in cells]
+        return cells
 
 
 class EventsLayout:

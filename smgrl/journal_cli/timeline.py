@@ -214,8 +214,16 @@ def render_svg(cycles: Sequence[Cycle], *, title: str, detail: int | None = 20) 
     )
 
 
-def render_html(cycles: Sequence[Cycle], rows: Sequence[dict], *, title: str, detail: int | None = 20) -> str:
-    """A self-contained page: the cycle table and the SVG picture."""
+def render_html(
+    cycles: Sequence[Cycle],
+    rows: Sequence[dict],
+    *,
+    title: str,
+    detail: int | None = 20,
+    total: int | None = None,
+) -> str:
+    """A self-contained page: the cycle table and the SVG picture (``cycles``: the last ones
+    drawn; ``total``: how many there were, when more than those)."""
     cols = list(rows[0]) if rows else []
     head = "".join(f"<th>{_e(c)}</th>" for c in cols)
     body = "".join(
@@ -236,7 +244,7 @@ def render_html(cycles: Sequence[Cycle], rows: Sequence[dict], *, title: str, de
         "th{background:#f4f4f5}tr.bad td{color:#b91c1c}"
         "</style></head><body>"
         f'<h1 style="font-size:20px">{_e(title)}</h1>'
-        f"<p>{len(cycles)} refit cycles. Times are UTC. Hover a bar for its operation and outcome.</p>"
+        f"<p>{len(cycles) if total is None else total} refit cycles. Times are UTC. Hover a bar for its operation and outcome.</p>"
         + render_svg(cycles, title="Refit timeline", detail=detail)
         + (f'<h2 style="font-size:16px">Cycles</h2><table><tr>{head}</tr>{body}</table>' if rows else "")
         + "</body></html>"

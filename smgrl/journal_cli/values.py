@@ -104,7 +104,15 @@ def fmt_ts(ts: float | None) -> str:
     if ts is None:
         return "-"
     when = dt.datetime.fromtimestamp(ts, dt.UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    # Listings format many times within one second: the text up to the second is reused (the
+    # same whole second and the same seconds field can only be the same second).
+    key = (int(ts), when.second)
+    if _last_second[0] != key:
+        _last_second[:] = [key, when.strftime("%Y-%m-%dT%H:%M:%S.")]
+    return _last_second[1] + f"{when.microsecond // 1000:03d}Z"
+
+
+_last_second: list = [None, ""]  # (whole second, seconds field) -> its text
 
 
 def fmt_ms(seconds: float | None) -> str:

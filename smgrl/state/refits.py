@@ -24,7 +24,8 @@ Engines are engine addresses (``strip_rank`` of the target URL): DP ranks share 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -32,7 +33,7 @@ import attrs
 from smgrl.core.observe import PHASES
 from smgrl.core.worker import strip_rank
 
-__all__ = ["PHASE_ORDER", "Cycle", "Op", "OpsFold", "Span", "group_cycles", "phase_of"]
+__all__ = ["PHASE_ORDER", "Cycle", "Op", "OpsFold", "Span", "group_cycles", "iter_cycles", "phase_of"]
 
 PHASE_ORDER = ("pause", "setup", "update", "flush", "teardown", "sleep", "wake", "resume")
 _ORDER = {p: i for i, p in enumerate(PHASE_ORDER)}
@@ -288,7 +289,13 @@ def _any_ok(op: Op) -> bool:
 
 def group_cycles(ops: Iterable[Op]) -> list[Cycle]:
     """Group operations (in start order) into refit cycles; see the module docstring."""
-    cycles: list[Cycle] = []
+    return list(iter_cycles(ops))
+
+
+def iter_cycles(ops: Iterable[Op]) -> Iterator[Cycle]:
+    """``group_cycles`` as a stream: each cycle is yielded once it and every cycle started before
+    it are done (or the ops ran out), so only the cycles since the oldest open one are held."""
+    cycles: deque[Cycle] = deque()  # started, not yet yielded, in start order
     live: list[Cycle] = []  # cycles that may still take ops, oldest first
 
     def touching(engines: set[str]) -> Cycle | None:
@@ -349,6 +356,8 @@ def group_cycles(ops: Iterable[Op]) -> list[Cycle]:
             c = touching(engines)
             if c is not None:
                 c.add(op)
+        while cycles and cycles[0].stage == "done":
+            yield cycles.popleft()
     for c in live:
         c.status = "open"
-    return cycles
+    yield from cycles

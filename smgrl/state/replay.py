@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator
 
 import attrs
-import trio
 
 from journal.base import RawRow
 from journal.events import decode, decode_parsed
@@ -186,8 +185,12 @@ class Snapshotter:
     def due(self) -> bool:
         return self.every > 0 and self.fleet.last_seq - self.last_seq >= self.every
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+    async def run(self, *, task_status=None) -> None:
+        # trio is imported here, not at the top: the journal CLI imports this module to read.
+        import trio
+
+        if task_status is not None:  # nursery.start (start_soon passes none)
+            task_status.started()
         if self.every <= 0:
             return
         # Cancelled with the gateway's inner nursery at shutdown. A cancellation during

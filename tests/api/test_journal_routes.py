@@ -58,3 +58,46 @@ async def test_journal_pages(tmp_path):
             assert r.status_code == 400 and r.json()["error"] == "invalid_query"
         denied = await gw.client.get("/v1/rl/journal")
         assert denied.status_code == 401
+
+
+async def test_journal_history_queries(tmp_path):
+    """Issue 19: types (names and globs), a seq range and a time window, as `events` reads them."""
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
+        for _ in range(3):
+            r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang", headers=ADMIN)
+            assert r.status_code == 200
+
+        async def get(query):
+            r = await gw.client.get(f"/v1/rl/journal?{query}", headers=USER)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        everything = (await get("limit=1000"))["events"]
+        want = [
+            e["seq"] for e in everything if e["type"].startswith("worker.") or e["type"] == "control.finished"
+        ]
+        page = await get("type=worker.*,control.finished&limit=1000")
+        assert [e["seq"] for e in page["events"]] == want and page["more"] is False
+        # Paged by type: three pages of 2 carry the same events, the last one says no more.
+        seqs, after = [], 0
+        for _ in range(20):
+            p = await get(f"type=worker.*,control.finished&limit=2&after={after}")
+            seqs += [e["seq"] for e in p["events"]]
+            after = p["next_after"]
+            if not p["more"]:
+                break
+        assert seqs == want
+        mid = everything[len(everything) // 2]["seq"]
+        window = await get(f"after=2&upto={mid}&limit=1000")
+        assert [e["seq"] for e in window["events"]] == list(range(3, mid + 1)) and window["more"] is False
+        ts = everything[len(everything) // 2]["ts"]
+        timed = await get(f"since={ts}&limit=1000")
+        assert [e["seq"] for e in timed["events"]] == [e["seq"] for e in everything if e["ts"] >= ts]
+        before = await get(f"until={ts}&type=control.*&limit=1000")
+        assert [e["seq"] for e in before["events"]] == [
+            e["seq"] for e in everything if e["ts"] < ts and e["type"].startswith("control.")
+        ]
+        assert (await get("type=nosuch.*"))["events"] == []
+        for bad in ("upto=-1", "upto=x", "since=yesterday-ish", "until=2026-13-45T00:00:00Z"):
+            r = await gw.client.get(f"/v1/rl/journal?{bad}", headers=USER)
+            assert r.status_code == 400 and r.json()["error"] == "invalid_query", bad

@@ -37,7 +37,7 @@ operation = st.tuples(
     st.sampled_from(PATHS),
     st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
     st.lists(st.sampled_from(["ok", "ok", "ok", "refused", "timeout"]), min_size=4, max_size=4),
-    st.sampled_from(["finished", "finished", "cut", "overlap"]),
+    st.sampled_from(["finished", "finished", "cut", "overlap", "interrupted"]),
     st.integers(0, 9),
 )
 step = st.one_of(
@@ -157,18 +157,23 @@ def build(path, steps) -> None:
                     stage="head" if answer == "timeout" else None,
                 )
                 later.append((f"op:{op_id}", out))
-            if end != "cut":
+            good = sum(1 for a in answers[: len(targets)] if a == "ok")
+            if end == "interrupted":
+                later.append(
+                    (f"op:{op_id}", ev("control.interrupted", op_id=op_id, reason="gateway_restart"))
+                )
+            elif end != "cut":
                 later.append(
                     (
                         f"op:{op_id}",
                         ev(
                             "control.finished",
                             op_id=op_id,
-                            result="ok",
+                            result="ok" if good == len(targets) else "partial" if good else "failed",
                             http_status=200,
                             total=len(targets),
-                            succeeded=0,
-                            failed=0,
+                            succeeded=good,
+                            failed=len(targets) - good,
                             latency_ms=1,
                         ),
                     )
