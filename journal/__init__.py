@@ -50,6 +50,15 @@ from .events import (
 )
 from .lock import JournalLock, JournalLocked
 from .memory import MemoryStore
+from .refit_events import (
+    RefitFinished,
+    RefitStarted,
+    RefitState,
+    RefitStep,
+    RefitStepDone,
+    WorkerQuarantined,
+    WorkerReleased,
+)
 from .store import SqliteStore
 from .writer import JournalWriter, Pending
 
@@ -81,6 +90,11 @@ __all__ = [
     "ProjectionError",
     "RawRow",
     "Recorded",
+    "RefitFinished",
+    "RefitStarted",
+    "RefitState",
+    "RefitStep",
+    "RefitStepDone",
     "SnapshotTaken",
     "SqliteStore",
     "UnknownEvent",
@@ -89,7 +103,9 @@ __all__ = [
     "WorkerHealthChanged",
     "WorkerLabelsChanged",
     "WorkerProbeFailed",
+    "WorkerQuarantined",
     "WorkerRegistered",
+    "WorkerReleased",
     "WorkerRemoved",
     "decode",
     "encode",

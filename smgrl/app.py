@@ -15,6 +15,7 @@ from smgrl.api import openapi, openapi_html
 from smgrl.api.control_bodies import ControlBodyBound
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
+from smgrl.api.refits import RefitsApi
 from smgrl.api.rl import RlApi
 from smgrl.api.rl_front import DiscoveryFront
 from smgrl.api.rl_writes import RlWrites
@@ -120,6 +121,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         # The explicit version/state writes (Appendix A.1): more specific rules than the /v1/rl
         # catch-all below, so werkzeug routes them here.
         RlWrites(gateway).register(app)
+        RefitsApi(gateway).register(app)  # refit sagas and quarantine (docs/refits.md)
 
         async def _rl(rest: str) -> Response:
             return await rl.dispatch()

@@ -16,6 +16,7 @@ from smgrl.auth import AuthPolicy
 from smgrl.config import Config
 from smgrl.control.service import ControlService
 from smgrl.metrics import Metrics
+from smgrl.refit.saga import RefitService
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import RegistryService
 from smgrl.state.fleet import FleetState
@@ -40,6 +41,7 @@ class Gateway:
     # serving the same journal on a shared port). The journal's own id, so every process of one
     # journal shares it; a random one for a journal without an id (``:memory:``).
     instance_id: str = ""
+    refits: RefitService | None = None
 
     @classmethod
     def build(
@@ -59,6 +61,7 @@ class Gateway:
         gw = cls(
             cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit, instance_id
         )
+        gw.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply

@@ -71,7 +71,11 @@ class Call:
 
     def to_json(self) -> dict[str, Any]:
         target = f"/{self.path}?{self.query}" if self.query else f"/{self.path}"
-        return {"method": self.method, "target": target, "body": dict(self.body) if self.body else None}
+        return {
+            "method": self.method,
+            "target": target,
+            "body": None if self.body is None else dict(self.body),
+        }
 
 
 @attrs.frozen
