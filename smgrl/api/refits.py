@@ -26,6 +26,17 @@ from smgrl.refit.request import parse_refit
 
 SSE_KEEPALIVE_SECS = 15.0
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# The methods each endpoint serves (the rest answer 405 with this ``allow``); the OpenAPI test
+# reads it.
+ALLOW = {
+    "refit_create": "POST",
+    "refit_show": "GET,HEAD",
+    "refit_events": "GET",
+    "refit_commit": "POST",
+    "refit_fail": "POST",
+    "refit_transfer": "POST",
+    "refit_quarantine": "POST,DELETE",
+}
 
 
 def _small_json(data: bytes, fields: dict[str, type]) -> dict:
@@ -56,12 +67,19 @@ class RefitsApi:
         return self.gw.refits
 
     def register(self, app) -> None:
-        app.add_url_rule("/v1/rl/refits", "rl_refits", self.refits, methods=METHODS)
-        app.add_url_rule("/v1/rl/refits/<refit_id>", "rl_refit", self.refit, methods=METHODS)
-        app.add_url_rule("/v1/rl/refits/<refit_id>/events", "rl_refit_events", self.events, methods=METHODS)
-        app.add_url_rule("/v1/rl/refits/<refit_id>/<action>", "rl_refit_action", self.action, methods=METHODS)
+        # Every method is routed here so that the others answer 405 (with ``allow``), not 404.
+        app.add_url_rule("/v1/rl/refits", "refit_create", self.refits, methods=METHODS)
+        app.add_url_rule("/v1/rl/refits/<refit_id>", "refit_show", self.refit, methods=METHODS)
+        app.add_url_rule("/v1/rl/refits/<refit_id>/events", "refit_events", self.events, methods=METHODS)
+        for action in ("commit", "fail", "transfer"):
+            app.add_url_rule(
+                f"/v1/rl/refits/<refit_id>/{action}",
+                f"refit_{action}",
+                lambda refit_id, action=action: self.action(refit_id, action),
+                methods=METHODS,
+            )
         app.add_url_rule(
-            "/v1/rl/workers/<worker_id>/quarantine", "rl_worker_quarantine", self.quarantine, methods=METHODS
+            "/v1/rl/workers/<worker_id>/quarantine", "refit_quarantine", self.quarantine, methods=METHODS
         )
 
     async def _guarded(self, action: str, allow: str, handler) -> Response:
@@ -132,10 +150,6 @@ class RefitsApi:
                 yield b": keepalive\n\n"
 
     async def action(self, refit_id: str, action: str) -> Response:
-        if action not in ("commit", "fail", "transfer"):
-            raw = (request.scope.get("raw_path") or request.path.encode()).decode("latin-1")
-            return env.unknown_url(request.method, raw)
-
         async def run(_principal):
             data = await request.get_data(cache=False)
             if action == "commit":
