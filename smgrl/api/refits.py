@@ -73,14 +73,17 @@ class RefitsApi:
         app.add_url_rule("/v1/rl/refits/<refit_id>/events", "refit_events", self.events, methods=METHODS)
         for action in ("commit", "fail", "transfer"):
             app.add_url_rule(
-                f"/v1/rl/refits/<refit_id>/{action}",
-                f"refit_{action}",
-                lambda refit_id, action=action: self.action(refit_id, action),
-                methods=METHODS,
+                f"/v1/rl/refits/<refit_id>/{action}", f"refit_{action}", self._action_view(action), methods=METHODS
             )
         app.add_url_rule(
             "/v1/rl/workers/<worker_id>/quarantine", "refit_quarantine", self.quarantine, methods=METHODS
         )
+
+    def _action_view(self, action: str):
+        async def view(refit_id: str) -> Response:
+            return await self.action(refit_id, action)
+
+        return view
 
     async def _guarded(self, action: str, allow: str, handler) -> Response:
         raw = request.scope.get("raw_path") or request.path.encode()
