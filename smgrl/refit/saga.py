@@ -378,7 +378,7 @@ class RefitService:
             return _result(run, "unknown" if acted else "failed", outcome.error.message)
         if not P.answer_ok(call, outcome.status, outcome.body):
             return _result(run, "failed", _excerpt(outcome))
-        if phase != "verify":
+        if call.check != "version":
             return _result(run, "ok", None)
         reported = P.readback(call, outcome.status, outcome.body)
         expected = run.previous_version if saga.state == "rolling_back" else saga.weight_version

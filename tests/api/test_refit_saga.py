@@ -295,3 +295,37 @@ async def test_events_stream_ends_with_the_finished_record(ckpt):
         assert records[-1]["result"] == "succeeded"
         seqs = [x["last_seq"] for x in records]
         assert seqs == sorted(set(seqs))
+
+
+async def test_restart_mid_load_rechecks_and_never_resumes_an_engine_on_unknown_weights(ckpt):
+    """The gateway stops while engine 0 is still loading; at the restart engine 0 cannot say which
+    weights it holds (it answers nothing): quarantined, still paused. The others read back the
+    new version and resume."""
+    from journal import MemoryStore
+
+    store = MemoryStore()
+    cfg = rl_cfg(timeout=1)
+    async with fake_fleet("sglang", 3) as fleet:
+        fleet[0].set_knobs(load_delay_ms=3000)
+        async with gateway_in_process(cfg, store=store, worker_urls=fleet.urls) as gw:
+            _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="7")
+            rid = body["refit_id"]
+            with trio.fail_after(10):
+                while (gw.gateway.fleet.sagas.get(rid).open_step or ("",))[0] != "load":
+                    await gw.gateway.refits.change_event().wait()
+                while fleet[1].weight_version != "7" or fleet[2].weight_version != "7":
+                    await trio.sleep(0.01)
+        fleet[0].set_knobs(hang=True)  # its read-back will time out: weights unknown
+        async with gateway_in_process(cfg, store=store) as gw:
+            done = await wait_done(gw, rid)
+            engines = {e["url"]: e for e in done["engines"]}
+            assert done["result"] == "quarantined", done
+            assert engines[fleet[0].url]["status"] == "quarantined"
+            assert "unknown" in engines[fleet[0].url]["detail"]
+            assert fleet[0].paused is not None
+            assert [e.paused for e in fleet[1:]] == [None, None]
+            assert all(engines[e.url]["status"] == "resumed" for e in fleet[1:])
+            assert fleet[0].calls_to("/continue_generation") == []
+            states = [e.state for e in journal(gw, "refit.state")]
+            assert "recovering" in states
+        fleet[0].set_knobs(hang=False)
