@@ -161,7 +161,7 @@ def test_real_tensors_reach_every_engine(fakes, gateway):
 def test_saga_drives_the_engine_side_of_a_transfer(fakes, gateway):
     """``--saga``: the gateway's refit saga pauses, inits, begins, takes each chunk on every kind,
     then finishes, versions, verifies and resumes on commit (docs/refits.md)."""
-    http, sg_urls, ts_urls = start_fleet(fakes, gateway, sglang=[()], tokenspeed=[("--tp-size", "2"), ()])
+    http, _, _ = start_fleet(fakes, gateway, sglang=[()], tokenspeed=[("--tp-size", "2"), ()])
     run = run_example(
         http.base, "--weight-version", "21", "--master-address", "127.0.0.1", "--skip-tensors", "--saga"
     )
