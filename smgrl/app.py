@@ -20,6 +20,7 @@ from smgrl.api.rl import RlApi
 from smgrl.api.rl_front import DiscoveryFront
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.routing_loop import RoutingLoopRoutes
+from smgrl.api.stream import JournalStream
 from smgrl.api.workers import WorkersApi
 from smgrl.dataplane.service import DataPlane
 from smgrl.registry.probe import GATEWAY_ID_HEADER
@@ -122,6 +123,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         # catch-all below, so werkzeug routes them here.
         RlWrites(gateway).register(app)
         RefitsApi(gateway).register(app)  # refit sagas and quarantine (docs/refits.md)
+        JournalStream(gateway).register(app)  # GET /v1/rl/journal/stream and the /fleet page
 
         async def _rl(rest: str) -> Response:
             return await rl.dispatch()

@@ -20,6 +20,7 @@ from smgrl.refit.saga import RefitService
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import RegistryService
 from smgrl.state.fleet import FleetState
+from smgrl.tail import JournalTail
 from smgrl.upstream import PoolSet
 
 
@@ -42,6 +43,7 @@ class Gateway:
     # journal shares it; a random one for a journal without an id (``:memory:``).
     instance_id: str = ""
     refits: RefitService | None = None
+    tail: JournalTail = attrs.Factory(JournalTail)  # GET /v1/rl/journal/stream, the fleet page
 
     @classmethod
     def build(
@@ -74,6 +76,7 @@ class Gateway:
         self.fleet.apply_records(records)
         self.registry.committed(records)
         self.metrics.journaled(records)
+        self.tail.publish(records)  # last: subscribers see what the projections already hold
 
 
 def _instance_id(store) -> str:

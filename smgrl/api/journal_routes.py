@@ -68,19 +68,7 @@ class JournalRoutes:
         store = self._store()
 
         def fetch():
-            rows = []
-            for rec in store.read(after, limit=limit):
-                type_, schema, payload = encode(rec.event)
-                rows.append(
-                    {
-                        "seq": rec.seq,
-                        "ts": rec.ts,
-                        "stream": rec.stream,
-                        "type": type_,
-                        "schema": schema,
-                        "payload": json.loads(payload),
-                    }
-                )
+            rows = [record_json(rec) for rec in store.read(after, limit=limit)]
             return rows, store.last_seq()
 
         rows, last = await self._read(fetch)
@@ -93,6 +81,19 @@ class JournalRoutes:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+def record_json(rec) -> dict:
+    """One journal record as the journal routes show it (page and stream)."""
+    type_, schema, payload = encode(rec.event)
+    return {
+        "seq": rec.seq,
+        "ts": rec.ts,
+        "stream": rec.stream,
+        "type": type_,
+        "schema": schema,
+        "payload": json.loads(payload),
+    }
 
 
 def _int_arg(name: str, default: int, minimum: int) -> int:

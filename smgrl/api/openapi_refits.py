@@ -185,6 +185,39 @@ def refit_paths() -> dict[str, dict]:
                 body={"type": "object", "required": ["names", "dtypes", "shapes"]},
             )
         },
+        "/v1/rl/journal/stream": {
+            "get": _op(
+                "getJournalStream",
+                "Server-sent events of journal records as they commit (`?after=SEQ` replays first)",
+                {
+                    "200": _resp(
+                        "text/event-stream: `event: journal`, `id: <seq>`",
+                        {"text/event-stream": {"schema": STR}},
+                    ),
+                    "400": _err("`after` is not a non-negative integer (invalid_query)."),
+                },
+                write=False,
+                params=[
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "description": "replay the records after this seq, then follow",
+                        "schema": {"type": "integer", "minimum": 0},
+                    }
+                ],
+            )
+        },
+        "/fleet": {
+            method: {
+                "operationId": f"{method}FleetPage",
+                "summary": "The live fleet page (HTML; it asks for a key and reads the API with it)",
+                "tags": ["meta"],
+                "security": [],
+                "responses": {"200": _resp("The page.", {"text/html; charset=utf-8": {"schema": STR}})},
+            }
+            for method in ("get", "head")
+        },
         "/v1/rl/workers/{id}/quarantine": {
             method: _op(
                 f"{method}WorkerQuarantine",
