@@ -73,7 +73,10 @@ class RefitsApi:
         app.add_url_rule("/v1/rl/refits/<refit_id>/events", "refit_events", self.events, methods=METHODS)
         for action in ("commit", "fail", "transfer"):
             app.add_url_rule(
-                f"/v1/rl/refits/<refit_id>/{action}", f"refit_{action}", self._action_view(action), methods=METHODS
+                f"/v1/rl/refits/<refit_id>/{action}",
+                f"refit_{action}",
+                self._action_view(action),
+                methods=METHODS,
             )
         app.add_url_rule(
             "/v1/rl/workers/<worker_id>/quarantine", "refit_quarantine", self.quarantine, methods=METHODS

@@ -70,8 +70,15 @@ class FleetState:
         """Refit sagas and quarantines (smgrl/state/sagas.py); a quarantine change reaches the
         engine facts, so routing and discovery see it."""
         self.sagas.apply(seq, event)
-        if getattr(event, "TYPE", None) in QUARANTINE_TYPES:
+        kind = getattr(event, "TYPE", None)
+        if kind in QUARANTINE_TYPES:
             self.engines.set_quarantine(event.base_url, self.sagas.quarantined.get(event.base_url))
+        elif kind == "engine.version_set":
+            for t in event.targets:
+                base = t.get("base_url")
+                facts = self.engines.get(base)
+                if facts is not None and facts.quarantined and base not in self.sagas.quarantined:
+                    self.engines.set_quarantine(base, None)
 
     def apply_records(self, records: Iterable) -> None:
         before = self.revision

@@ -28,7 +28,8 @@ TYPES = frozenset(
     }
 )
 QUARANTINE_TYPES = frozenset({"worker.quarantined", "worker.released"})
-RECENT = 256  # finished sagas kept in memory (open ones are always kept)
+RECENT = 256
+RECOVERED = "recovered"  # smgrl.refit.recovered.REASON_PREFIX (the state layer imports nothing above it)  # finished sagas kept in memory (open ones are always kept)
 
 
 @attrs.define
@@ -180,6 +181,11 @@ class Sagas:
             return
         if kind == "engine.version_set":
             self.published[event.weight_version] = seq
+            # An explicit version write confirms the engine: a recovered-engine hold ends.
+            for t in event.targets:
+                q = self.quarantined.get(t.get("base_url"))
+                if q is not None and q.reason.startswith(RECOVERED):
+                    del self.quarantined[t["base_url"]]
             return
         if kind == "refit.started":
             self.open[event.refit_id] = _saga(seq, ts, event)

@@ -329,3 +329,48 @@ async def test_restart_mid_load_rechecks_and_never_resumes_an_engine_on_unknown_
             states = [e.state for e in journal(gw, "refit.state")]
             assert "recovering" in states
         fleet[0].set_knobs(hang=False)
+
+
+async def test_a_recovered_engine_is_held_out_until_refitted_or_confirmed(ckpt):
+    """Unreachable for at least one health interval, then back: quarantined (reason
+    ``recovered``) until a version write confirms it; the same after a second outage until a
+    refit loads it."""
+    from smgrl.config import HealthConfig
+    from smgrl.registry.health import HealthChecker
+
+    health = HealthConfig(interval_secs=1, timeout_secs=1, failure_threshold=1, success_threshold=1)
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        g = gw.gateway
+        hc = HealthChecker(fleet=g.fleet, registry=g.registry, pools=g.pools, keys=g.keys, cfg=health)
+        engine = fleet[0]
+        wid = next(w["id"] for w in (await rows(gw)).values() if w["url"] == engine.url)
+
+        async def outage():
+            engine.go_down(60)
+            await hc.check_once()
+            engine.come_up()
+            with trio.fail_after(10):
+                while True:
+                    try:
+                        await (await trio.open_tcp_stream("127.0.0.1", engine.port)).aclose()
+                        break
+                    except OSError:
+                        await trio.sleep(0.01)
+            await hc.check_once()
+
+        await outage()
+        row = (await rows(gw))[wid]
+        assert row["health"] == "ready" and row["quarantine"]["reason"].startswith("recovered")
+        fleet.clear_calls()
+        await served_versions(gw, 4)
+        assert engine.calls_to("/generate") == []
+        r = await gw.client.post(f"/v1/rl/workers/{wid}/version", json={"weight_version": "default"})
+        assert r.status_code == 200
+        assert "quarantined" not in (await rows(gw))[wid]
+        await outage()
+        assert (await rows(gw))[wid]["quarantined"] is True
+        _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="8")
+        assert (await wait_done(gw, body["refit_id"]))["result"] == "succeeded"
+        assert "quarantined" not in (await rows(gw))[wid]
+        types = [type(e).TYPE for e in journal(gw, "worker.quarantined", "worker.released")]
+        assert types == ["worker.quarantined", "worker.quarantined", "worker.released"]
