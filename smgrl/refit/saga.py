@@ -77,6 +77,7 @@ class RefitService:
         self._transfers: dict[str, _Transfer] = {}
         self._changed = trio.Event()
         self._running: set[str] = set()
+        self._starting: set[str] = set()  # engine addresses of refits whose start is being recorded
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -144,9 +145,21 @@ class RefitService:
                 weight_version=req.weight_version,
                 current_version=sagas.current_version(),
             )
-        busy = sagas.busy({w.base_url for w in targets})
+        bases = {w.base_url for w in targets}
+        busy = sagas.busy(bases)
+        if busy is None and bases & self._starting:
+            busy = "(being started)"
         if busy is not None:
             raise RefitInProgress(f"refit `{busy}` is still running on some of these engines", refit_id=busy)
+        # Reserved until refit.started is applied: a second request for the same engines while
+        # this one awaits its append must not pass the check above.
+        self._starting |= bases
+        try:
+            return await self._start(req, targets, principal, request_id)
+        finally:
+            self._starting -= bases
+
+    async def _start(self, req: RefitRequest, targets, principal, request_id) -> str:
         refit_id = new_worker_id()
         engines, world = self._plans(refit_id, req, targets)
         event = ev(

@@ -374,3 +374,22 @@ async def test_a_recovered_engine_is_held_out_until_refitted_or_confirmed(ckpt):
         assert "quarantined" not in (await rows(gw))[wid]
         types = [type(e).TYPE for e in journal(gw, "worker.quarantined", "worker.released")]
         assert types == ["worker.quarantined", "worker.quarantined", "worker.released"]
+
+
+async def test_two_refits_of_the_same_engines_at_once_one_is_refused(ckpt):
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        fleet[0].set_knobs(load_delay_ms=300)
+        answers = []
+
+        async def one(version):
+            answers.append(await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version=version))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "1")
+            nursery.start_soon(one, "2")
+        codes = sorted(status for status, _ in answers)
+        assert codes == [202, 409], answers
+        (refused,) = [b for s, b in answers if s == 409]
+        assert refused["error"] == "refit_in_progress"
+        (ok,) = [b for s, b in answers if s == 202]
+        assert (await wait_done(gw, ok["refit_id"]))["result"] == "succeeded"
