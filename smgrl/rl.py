@@ -42,13 +42,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# SMG's public names exactly (a drop-in copy); the smgrl-only RefitError is imported by name.
 __all__ = [
     "RL",
     "CallResult",
     "FanoutError",
     "FanoutFailure",
     "FanoutResult",
-    "RefitError",
     "RlError",
     "Worker",
     "paused",
