@@ -393,3 +393,38 @@ async def test_two_refits_of_the_same_engines_at_once_one_is_refused(ckpt):
         assert refused["error"] == "refit_in_progress"
         (ok,) = [b for s, b in answers if s == 202]
         assert (await wait_done(gw, ok["refit_id"]))["result"] == "succeeded"
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+async def test_a_refit_never_aborts_generation_in_flight_by_default(ckpt, kind):
+    """Each kind's default pause mode keeps the work, and the version write does not abort it
+    (SGLang's update_weight_version would by default)."""
+    async with (
+        fake_fleet(kind, 1, token_latency_ms=30) as fleet,
+        gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        engine = fleet[0]
+        out = {}
+
+        async def rollout():
+            body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 30}}
+            if kind == "vllm":
+                body = {"model": engine.served_model_name, "prompt": "hi", "max_tokens": 30}
+                out["r"] = await gw.client.post("/v1/completions", json=body)
+            else:
+                out["r"] = await gw.client.post("/generate", json=body)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rollout)
+            with trio.fail_after(10):
+                while engine.inflight == 0:
+                    await trio.sleep(0.005)
+            _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="7")
+            done = await wait_done(gw, body["refit_id"])
+        assert done["result"] == "succeeded", done
+        r = out["r"]
+        assert r.status_code == 200, r.text
+        if kind == "sglang":
+            assert r.json()["meta_info"]["finish_reason"]["type"] != "abort"
+        else:
+            assert r.json()["choices"][0]["finish_reason"] != "abort"
