@@ -70,9 +70,40 @@ REFIT_REQUEST = {
     "properties": {
         "selector": {**STR, "example": "engine=sglang"},
         "source": {
-            "type": "object",
-            "description": '{"disk": {"model_path"}} or {"distributed": {"master_address", "master_port", '
-            '"group_name"?, "backend"? (nccl|gloo), "checksums"?}}',
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["disk"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "disk": {
+                            "type": "object",
+                            "required": ["model_path"],
+                            "additionalProperties": False,
+                            "properties": {"model_path": {**STR, "minLength": 1, "pattern": "\\S"}},
+                        }
+                    },
+                },
+                {
+                    "type": "object",
+                    "required": ["distributed"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "distributed": {
+                            "type": "object",
+                            "required": ["master_address", "master_port"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "master_address": {**STR, "minLength": 1, "pattern": "\\S"},
+                                "master_port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                                "group_name": STR,
+                                "backend": {"type": "string", "enum": ["nccl", "gloo"]},
+                                "checksums": {"type": "object", "additionalProperties": STR},
+                            },
+                        }
+                    },
+                },
+            ]
         },
         "weight_version": STR,
         "pause_mode": {
@@ -86,8 +117,15 @@ REFIT_REQUEST = {
             "default": "quarantine",
         },
         "force": {"type": "boolean", "default": False},
-        "transfer_timeout_secs": {"type": "number", "default": 600},
+        "transfer_timeout_secs": {
+            "type": "number",
+            "default": 600,
+            "minimum": 0,
+            "exclusiveMinimum": True,
+            "maximum": 86400,
+        },
     },
+    "additionalProperties": False,
 }
 REFIT = {
     "type": "object",
@@ -101,6 +139,11 @@ REFIT = {
     "additionalProperties": True,
 }
 ID = _id("id", "the refit id")
+REASON = {
+    "type": "object",
+    "properties": {"reason": {**STR, "nullable": True}},
+    "additionalProperties": False,
+}
 
 
 def refit_paths() -> dict[str, dict]:
@@ -154,20 +197,30 @@ def refit_paths() -> dict[str, dict]:
             "post": _op(
                 "postRefitCommit",
                 "The trainer's transfer is done: finish, version, verify, flush, resume",
-                {"202": _resp("The saga goes on.", _json(REFIT)), "404": not_found, "409": wrong_state},
+                {
+                    "202": _resp("The saga goes on.", _json(REFIT)),
+                    "400": _err("Bad body (invalid_body): `{}` or nothing."),
+                    "404": not_found,
+                    "409": wrong_state,
+                },
                 write=True,
                 params=[ID],
-                body=OBJ,
+                body={"type": "object", "properties": {}, "additionalProperties": False},
             )
         },
         "/v1/rl/refits/{id}/fail": {
             "post": _op(
                 "postRefitFail",
                 "The trainer's transfer failed: on_failure applies",
-                {"202": _resp("The saga goes on.", _json(REFIT)), "404": not_found, "409": wrong_state},
+                {
+                    "202": _resp("The saga goes on.", _json(REFIT)),
+                    "400": _err("Bad body (invalid_body)."),
+                    "404": not_found,
+                    "409": wrong_state,
+                },
                 write=True,
                 params=[ID],
-                body={"type": "object", "properties": {"reason": STR}},
+                body=REASON,
             )
         },
         "/v1/rl/refits/{id}/transfer": {
@@ -182,7 +235,16 @@ def refit_paths() -> dict[str, dict]:
                 },
                 write=True,
                 params=[ID],
-                body={"type": "object", "required": ["names", "dtypes", "shapes"]},
+                body={
+                    "type": "object",
+                    "required": ["names", "dtypes", "shapes"],
+                    "properties": {
+                        "names": {"type": "array", "items": STR},
+                        "dtypes": {"type": "array", "items": STR},
+                        "shapes": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+                    },
+                    "additionalProperties": False,
+                },
             )
         },
         "/v1/rl/journal/stream": {
@@ -230,7 +292,7 @@ def refit_paths() -> dict[str, dict]:
                 },
                 write=True,
                 params=[_id("id", "the worker id")],
-                body={"type": "object", "properties": {"reason": STR}},
+                body=REASON,
             )
             for method in ("post", "delete")
         },

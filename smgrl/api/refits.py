@@ -166,8 +166,8 @@ class RefitsApi:
                 await self.service.fail(refit_id, body.get("reason"))
             else:
                 body = _small_json(data, {"names": list, "dtypes": list, "shapes": list})
-                if any(k not in body for k in ("names", "dtypes", "shapes")):
-                    raise InvalidBody("`names`, `dtypes` and `shapes` are required")
+                if any(not isinstance(body.get(k), list) for k in ("names", "dtypes", "shapes")):
+                    raise InvalidBody("`names`, `dtypes` and `shapes` are required lists")
                 if not len(body["names"]) == len(body["dtypes"]) == len(body["shapes"]):
                     raise InvalidBody("`names`, `dtypes` and `shapes` must have the same length")
                 out = await self.service.transfer_chunk(
