@@ -276,6 +276,11 @@ class RefitService:
             # Nothing more can be recorded: stop here; the saga stays open in the journal and
             # the next start resumes it from what was recorded.
             log.error("refit %s stopped: the journal cannot record it: %s", refit_id, exc)
+        except Exception:
+            # A bug in one saga must not take the gateway (and every other saga) down with it:
+            # the saga stays open in the journal, its engines stay as recorded (never resumed
+            # on unknown weights), and the next start resumes it. The traceback is logged.
+            log.exception("refit %s stopped by an internal error; a restart resumes it", refit_id)
         finally:
             self._running.discard(refit_id)
             self._transfers.pop(refit_id, None)
