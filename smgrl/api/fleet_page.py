@@ -152,7 +152,7 @@ function drawTimeline() {
 async function follow() {
   // fetch (not EventSource): it can send the key in a header.
   for (let attempt = 0; attempt < 1000; attempt++) {
-    const url = "/v1/rl/journal/stream" + (lastSeq === null ? "?after=0" : "?after=" + lastSeq);
+    const url = "/v1/rl/journal/stream" + (lastSeq === null ? "?tail=5000" : "?after=" + lastSeq);
     let r;
     try { r = await fetch(url, {headers: headers()}); } catch (e) { setStatus("disconnected; retrying"); await sleep(1000); continue; }
     if (r.status === 401 || r.status === 403) { askKey(); setStatus("needs a key"); return; }

@@ -250,7 +250,7 @@ def refit_paths() -> dict[str, dict]:
         "/v1/rl/journal/stream": {
             "get": _op(
                 "getJournalStream",
-                "Server-sent events of journal records as they commit (`?after=SEQ` replays first)",
+                "Server-sent events of journal records as they commit (`?after=SEQ` or `?tail=N` replays first)",
                 {
                     "200": _resp(
                         "text/event-stream: `event: journal`, `id: <seq>`",
@@ -266,7 +266,14 @@ def refit_paths() -> dict[str, dict]:
                         "required": False,
                         "description": "replay the records after this seq, then follow",
                         "schema": {"type": "integer", "minimum": 0},
-                    }
+                    },
+                    {
+                        "name": "tail",
+                        "in": "query",
+                        "required": False,
+                        "description": "without `after`: replay the last N records (at most 10,000), then follow",
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
                 ],
             )
         },

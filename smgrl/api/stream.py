@@ -3,7 +3,8 @@ and ``GET /fleet`` (the live fleet page that reads it).
 
 The stream: one ``event: journal`` per record (``id:`` = its seq, ``data:`` = the record as
 ``GET /v1/rl/journal`` shows it). ``?after=SEQ`` first replays the records after SEQ from the file
-(at most ``BACKFILL_MAX``), then goes live without a gap or a repeat. A reader that falls
+(at most ``BACKFILL_MAX``), then goes live without a gap or a repeat; ``?tail=N`` does the
+same for the last N records. A reader that falls
 ``smgrl.tail.BUFFER`` records behind gets ``event: lagged`` and the stream ends (reconnect with
 ``?after=``). A comment line every ``KEEPALIVE_SECS`` keeps proxies from closing an idle stream.
 Read role, as the other journal routes; the page sends the key in a header, never in a URL.
@@ -80,6 +81,14 @@ class JournalStream:
                     exc = BadAfter("`after` must be a non-negative integer", param="after")
                     return env.json_response(exc.status, exc.body())
                 after = int(after_arg)
+            tail_arg = request.args.get("tail")
+            if tail_arg is not None and after is None:
+                if not tail_arg.isdigit():
+                    check.status = 400
+                    exc = BadAfter("`tail` must be a non-negative integer", param="tail")
+                    return env.json_response(exc.status, exc.body())
+                # The last N records, then live (the fleet page's start: recent refits first).
+                after = max(0, self.gw.fleet.last_seq - min(int(tail_arg), BACKFILL_MAX))
             # Subscribe BEFORE reading the backfill: every record is then either in the
             # backfill or in the subscription (duplicates are skipped by seq).
             sub = self.gw.tail.subscribe()

@@ -87,3 +87,14 @@ def test_stream_follows_commits_and_replays_after(fakes, gateway, tmp_path):
     replay.close()
     assert [r["seq"] for r in again][: len(seqs)] == list(range(seqs[0], seqs[0] + len(again)))[: len(seqs)]
     assert {r["seq"] for r in got} <= {r["seq"] for r in again}
+    # ?tail=N: the last N records, then live.
+    resp = urllib.request.urlopen(
+        urllib.request.Request(
+            base + "/v1/rl/journal/stream?tail=3", headers={"authorization": f"Bearer {ADMIN}"}
+        ),
+        timeout=30,
+    )
+    head = max(r["seq"] for r in again)
+    last3 = records(resp, lambda rs: len(rs) >= 3)
+    resp.close()
+    assert last3[0]["seq"] >= head - 2
