@@ -34,7 +34,8 @@ from journal import JournalWriteError
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
 from smgrl.core.view import facts_for
-from smgrl.core.worker import Worker, new_worker_id, parse_size
+from smgrl.core.ids import new_operation_id
+from smgrl.core.worker import Worker, parse_size
 from smgrl.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
@@ -160,7 +161,7 @@ class RefitService:
             self._starting -= bases
 
     async def _start(self, req: RefitRequest, targets, principal, request_id) -> str:
-        refit_id = new_worker_id()
+        refit_id = new_operation_id()
         engines, world = self._plans(refit_id, req, targets)
         event = ev(
             "refit.started",
@@ -336,7 +337,7 @@ class RefitService:
         for r in runs:
             c = calls[r.worker_id]
             groups.setdefault((c.method, c.path, c.query, c.body_bytes()), []).append(r)
-        op_ids = [new_worker_id() for _ in groups]
+        op_ids = [new_operation_id() for _ in groups]
         if record:
             intent = ev(
                 "refit.step",
