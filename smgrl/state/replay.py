@@ -218,7 +218,7 @@ class Snapshotter:
             upto_seq=cap.last_seq,
             bytes=size,
             capture_ms=round(captured_ms, 2),
-            workers=len(cap.workers),
+            workers=len(cap.registry.workers),
         )
         try:
             await self.writer.append(
