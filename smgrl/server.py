@@ -8,7 +8,7 @@ Task tree (structured concurrency; a parent outlives its children)::
                                hypercorn
 
 Startup restores the projections from the newest fleet snapshot plus the events after it
-(``smgrl.state.replay.restore_verified``); the snapshotter stores a new one every ``SMGRL_SNAPSHOT_EVERY``
+(``smgrl.state.replay.restore_verified``); the snapshotter (``smgrl.snapshots``) stores a new one every ``SMGRL_SNAPSHOT_EVERY``
 (default 25,000) events.
 
 Startup, in this order, so that a failure changes nothing it need not: take the journal's
@@ -48,12 +48,13 @@ from smgrl.app import create_app
 from smgrl.config import Config
 from smgrl.errors import StartupError
 from smgrl.gateway import Gateway
-from smgrl.journaling import ev
+from smgrl.journaling import ev, record_interrupted
 from smgrl.logs import event as log_event
 from smgrl.registry.health import HealthChecker
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import Registration
-from smgrl.state.replay import Snapshotter, record_interrupted, restore_verified, snapshot_every
+from smgrl.snapshots import Snapshotter, snapshot_every
+from smgrl.state.replay import restore_verified
 
 log = logging.getLogger("smgrl.server")
 

@@ -20,10 +20,11 @@ from journal import JournalWriter, MemoryStore
 from smgrl.app import create_app
 from smgrl.config import Config
 from smgrl.gateway import Gateway
+from smgrl.journaling import record_interrupted
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import Registration
 from smgrl.state.fleet import FleetState
-from smgrl.state.replay import record_interrupted, replay
+from smgrl.state.replay import replay
 
 
 @attrs.define
