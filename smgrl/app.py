@@ -20,7 +20,6 @@ from smgrl.api.rl_front import DiscoveryFront
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.routing_loop import RoutingLoopRoutes
 from smgrl.api.workers import WorkersApi
-from smgrl.dataplane.service import DataPlane
 from smgrl.registry.probe import GATEWAY_ID_HEADER
 
 log = logging.getLogger("smgrl.http")
@@ -180,14 +179,9 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
 
     # The rollout routes are served by a raw ASGI handler in front of Quart, on the same port
     # (measured: Quart's per-request machinery costs more than the whole proxy hop; see
-    # docs/data-plane.md). Everything else reaches Quart unchanged.
-    dataplane = DataPlane(
-        cfg=cfg,
-        fleet=gateway.fleet,
-        pools=gateway.pools,
-        keys=gateway.keys,
-        registry=gateway.metrics.registry,
-    )
+    # docs/data-plane.md). Everything else reaches Quart unchanged. The service itself is built
+    # with every other one, in Gateway.build.
+    dataplane = gateway.dataplane
     app.dataplane = dataplane  # type: ignore[attr-defined]  (tests and benchmarks read it)
     # PSRL's coordinator controls of the routing loop (more specific than /workers/<worker_id>).
     RoutingLoopRoutes(gateway, dataplane).register(app)

@@ -198,7 +198,7 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                             http_done.set()
 
                     urls = await inner.start(run_http)
-                    inner.start_soon(_stop_watch, gw, app, shutdown, stop_now, inner.cancel_scope)
+                    inner.start_soon(_stop_watch, gw, shutdown, stop_now, inner.cancel_scope)
                     task_status.started(Running(gw, urls, metrics_url))
                     log_event(
                         log,
@@ -232,14 +232,14 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
 
 
 async def _stop_watch(
-    gw: Gateway, app, shutdown: trio.Event, stop_now: trio.Event, inner: trio.CancelScope
+    gw: Gateway, shutdown: trio.Event, stop_now: trio.Event, inner: trio.CancelScope
 ) -> None:
     """Say what a graceful stop waits for, and cut it short on ``stop_now`` (a second signal)."""
     await shutdown.wait()
     # From now on an operation cut short is the gateway's doing: it is recorded interrupted
     # (reason shutdown) by serve's shielded bookkeeping, not cancelled as for a client gone.
     gw.control.stopping = True
-    waiting = _in_flight(gw, app)
+    waiting = _in_flight(gw)
     if waiting:
         log.warning(
             "shutting down: waiting up to %gs for %s; press Ctrl-C again (or send SIGTERM) to stop"
@@ -256,7 +256,7 @@ async def _stop_watch(
     inner.cancel()
 
 
-def _in_flight(gw: Gateway, app) -> str:
+def _in_flight(gw: Gateway) -> str:
     """What a graceful stop waits for, in words: the open control operations and rollout requests."""
     parts = []
     ops = list(gw.fleet.operations.open.values())
@@ -266,8 +266,7 @@ def _in_flight(gw: Gateway, app) -> str:
         )
         more = f" and {len(ops) - 3} more" if len(ops) > 3 else ""
         parts.append(f"{_plural(len(ops), 'control operation')} [{shown}{more}]")
-    dataplane = getattr(app, "dataplane", None)
-    active = dataplane.admission.active if dataplane is not None else 0
+    active = gw.dataplane.admission.active
     if active:
         parts.append(_plural(active, "rollout request"))
     return " and ".join(parts)
