@@ -60,7 +60,7 @@ class Gateway:
         auth = AuthPolicy.build(cfg.control_plane_keys, cfg.tenant_keys, cfg.api_key)
         audit = AuditCounts(cfg.audit_interval_secs)
         dataplane = DataPlane(cfg=cfg, fleet=fleet, pools=pools, keys=keys, registry=metrics.registry)
-        gw = cls(
+        gateway = cls(
             cfg,
             fleet,
             journal,
@@ -78,9 +78,9 @@ class Gateway:
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply
-        journal.on_commit = gw.committed
+        journal.on_commit = gateway.committed
         metrics.journal_lock_waits.set_function(lambda: getattr(journal, "lock_waits", 0))
-        return gw
+        return gateway
 
     def committed(self, records) -> None:
         """A batch committed (called by the journal writer; an exception here stops the gateway)."""

@@ -75,18 +75,18 @@ async def gateway_in_process(
     replay(store, fleet)
     keys = KeyRing(store.secrets())
     writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
-    gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)  # wires the hooks
-    app = create_app(gw)
+    gateway = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)  # wires the hooks
+    app = create_app(gateway)
     # One nursery owns the writer and the registry jobs for the life of the test's gateway.
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         await record_interrupted(writer, fleet, "gateway_restart")
-        await nursery.start(gw.registry.run)
+        await nursery.start(gateway.registry.run)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://smgrl.test", timeout=math.inf
         ) as client:
-            running = InProcess(gw, app, client, store, writer)
+            running = InProcess(gateway, app, client, store, writer)
             if worker_urls:
                 await running.register(worker_urls, api_key=api_key)
             try:
@@ -95,4 +95,4 @@ async def gateway_in_process(
                 nursery.cancel_scope.cancel()
         # The writer drains under its own shield when cancelled; close the engine pools too.
     with trio.CancelScope(shield=True):
-        await gw.pools.aclose()
+        await gateway.pools.aclose()
