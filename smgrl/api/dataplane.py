@@ -27,9 +27,9 @@ from smgrl.api import envelopes as env
 from smgrl.api.scope import header as _header
 from smgrl.auth import Denied, check_api_key
 from smgrl.dataplane import loopback
-from smgrl.dataplane import request as rq
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.errors import DataPlaneError, InvalidRoutingMetadata, InvalidVersionPolicyHeader
+from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
     FingerprintEvents,
@@ -55,7 +55,7 @@ RELAYED = frozenset({b"content-type", b"cache-control", b"x-accel-buffering"})
 MODELS = "/v1/models"
 # The routes served here and their methods (the ``allow`` of their 405); smgrl/api/openapi.py
 # documents exactly these (tests/api/test_openapi.py).
-ALLOW = {rq.GENERATE: "POST", rq.COMPLETIONS: "POST", rq.CHAT: "POST", MODELS: "GET,HEAD"}
+ALLOW = {GENERATE: "POST", COMPLETIONS: "POST", CHAT: "POST", MODELS: "GET,HEAD"}
 
 
 class _Disconnected(Exception):
@@ -374,7 +374,7 @@ class _Relay:
         return out
 
     async def run(
-        self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
+        self, req: RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
     ) -> None:
         dp = self.api.dp
         bounds = {
@@ -409,7 +409,7 @@ class _Relay:
                 status, head, data = answer.status, answer.head, answer.data
                 table_version = answer.dispatched.entry.version
             if 200 <= status < 300:
-                if req.route == rq.GENERATE:
+                if req.route == GENERATE:
                     stamp = stamp_generate(data, table_version, req.single)
                 else:
                     stamp = stamp_openai(data, table_version)
@@ -429,14 +429,14 @@ class _Relay:
             else:
                 await self._abort_stream(exc)
 
-    async def _stream(self, req: rq.RolloutRequest, dispatched) -> None:
+    async def _stream(self, req: RolloutRequest, dispatched) -> None:
         send = self.send
         response = dispatched.response
         version = stream_version(dispatched.entry.version)
         chunks = response.aiter_chunks()
         first = b""
         ok = 200 <= response.status < 300
-        if ok and req.route == rq.GENERATE:
+        if ok and req.route == GENERATE:
             # The head waits for the first event, which says which weights the engine is using:
             # the table can lag by a refit the request raced with. The client has nothing to
             # read before the first token anyway.
