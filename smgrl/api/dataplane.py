@@ -28,7 +28,6 @@ from smgrl.api.scope import header as _header
 from smgrl.auth import Denied, check_api_key
 from smgrl.dataplane import loopback
 from smgrl.dataplane.affinity import Routed
-from smgrl.dataplane.errors import DataPlaneError, InvalidRoutingMetadata, InvalidVersionPolicyHeader
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
@@ -39,6 +38,13 @@ from smgrl.dataplane.stamp import (
     stamp_openai,
     stream_version,
     version_tag,
+)
+from smgrl.errors import (
+    DataPlaneError,
+    InvalidRoutingMetadataHeader,
+    InvalidVersionPolicyHeader,
+    openai_body,
+    openai_headers,
 )
 from smgrl.hypercorn_patches import DISCONNECT_EXTENSION
 from smgrl.routing import metadata
@@ -135,7 +141,10 @@ class DataPlaneASGI:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _error(self, send: Send, rid: bytes, exc: DataPlaneError) -> None:
-        await self._respond(send, exc.status, _json(exc.body()), [(b"x-request-id", rid), *exc.headers()])
+        # The rollout family's envelope, named here: an UpstreamUnreachable is also an RlError.
+        await self._respond(
+            send, exc.status, _json(openai_body(exc)), [(b"x-request-id", rid), *openai_headers(exc)]
+        )
 
     async def _openai_error(
         self, send: Send, rid: bytes, status: int, code: str, message: str, extra=()
@@ -274,7 +283,7 @@ class DataPlaneASGI:
             await self._respond(send, error.status, _json(error.body()), headers)
             return
         except metadata.InvalidRoutingMetadata as exc:
-            await self._error(send, rid, InvalidRoutingMetadata(str(exc)))
+            await self._error(send, rid, InvalidRoutingMetadataHeader(str(exc)))
             return
         floor = meta.floor
         routed = Routed(meta)
@@ -463,5 +472,5 @@ class _Relay:
         # The head is out: the status cannot change. Say what happened in the stream's own
         # language (an SSE error event, as SGLang does) and end it; no [DONE] follows.
         log.warning("stream cut short: %s", exc.message)
-        event = b"data: " + _json(exc.body()) + b"\n\n"
+        event = b"data: " + _json(openai_body(exc)) + b"\n\n"
         await self.send({"type": "http.response.body", "body": event, "more_body": False})

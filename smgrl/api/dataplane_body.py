@@ -27,8 +27,8 @@ import re
 from typing import Any
 
 from smgrl.api.serde_body import MAX_DEPTH, SerdeError, fast_parse, field_ok, serde_struct
-from smgrl.dataplane.errors import InvalidRequest
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest, from_obj
+from smgrl.errors import InvalidRequest
 
 # SMG's field types (crates/protocols: ChatCompletionRequest, CompletionRequest); kinds as in
 # smgrl.api.serde_body. ``bool_nf``: null reads as false (SMG's deserialize_null_as_false).

@@ -24,7 +24,7 @@ from typing import Any
 
 from smgrl import __version__
 from smgrl.core.view import RL_WORKER_ENTRY_FIELDS
-from smgrl.dataplane.errors import INVALID_REQUEST_CODES
+from smgrl.errors import INVALID_REQUEST_CODES
 
 OPENAPI_VERSION = "3.0.3"
 

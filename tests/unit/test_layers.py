@@ -100,9 +100,6 @@ SAME_NAME_ALLOWED = {
     # The fake engines' response to send (smgrl/fake/http.py) and the upstream client's response
     # received (smgrl/upstream/response.py): two sides of one exchange, in separate trees.
     "Response": "server-side response of the fakes vs client-side response of the upstream pool",
-    # Not yet merged (issue 13): the RL tree's 502 and the data plane's 502 render different
-    # envelopes from their own body(); one class needs the envelope chosen by the route family.
-    "UpstreamUnreachable": "smgrl/errors.py (RL envelope) vs smgrl/dataplane/errors.py (OpenAI)",
 }
 
 
