@@ -123,7 +123,10 @@ class DataPlaneASGI:
     @staticmethod
     def _request_id(scope: Scope) -> bytes:
         """The caller's id (SMG's headers, ``env.caller_request_id``; 128 characters at most),
-        else a generated one in SMG's format (``env.request_id_prefix`` + 24 alphanumerics)."""
+        else a generated one in SMG's format (``env.new_request_id``, the one generator).
+
+        Not ``env.request_id_for``: a rollout's own ``x-request-id`` is forwarded to the engine
+        as sent (``FORWARDED``), so it is echoed as sent too (bytes, no visible-ASCII filter)."""
         header = _header(scope, b"x-request-id")
         if header is None:
             caller = env.caller_request_id(lambda n: _latin1(_header(scope, n.encode())))
