@@ -15,8 +15,8 @@ from smgrl.api import openapi, openapi_html
 from smgrl.api.control_bodies import ControlBodyBound
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
-from smgrl.api.rl import RlApi
 from smgrl.api.rl_front import DiscoveryFront
+from smgrl.api.rl_routes import RlApi
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.routing_loop import RoutingLoopRoutes
 from smgrl.api.workers import WorkersApi

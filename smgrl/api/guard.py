@@ -78,8 +78,8 @@ class Guard:
         else:
             check.principal = principal = decision
         check.fields = _fields(principal, request.method, path, getattr(g, "request_id", None), reason)
-        # Services that journal their own records take the audit event from here (rl.py passes
-        # it on in the CallContext).
+        # Services that journal their own records take the audit event from here (rl_routes.py
+        # passes it on in the CallContext).
         g.audit_check = check if self.gw.cfg.audit and check.denied is None and action != READ else None
         try:
             yield check

@@ -21,7 +21,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
-from smgrl.api.rl import _query_pairs, _raw_query
+from smgrl.api.rl_routes import _query_pairs, _raw_query
 from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.auth import WRITE
 from smgrl.core.selector import SelectorError, parse_selector, rust_trim

@@ -1,6 +1,6 @@
 """`GET /openapi.json` stays in sync with the gateway: every route the Quart app registers (the
 explicit `/v1/rl` writes included), every route the `/v1/rl` dispatcher knows
-(`smgrl.api.rl.ALLOW`) and every data-plane route (`smgrl.api.dataplane.ALLOW`) is in the document
+(`smgrl.api.rl_routes.ALLOW`) and every data-plane route (`smgrl.api.dataplane.ALLOW`) is in the document
 with exactly its methods, and vice versa; every error code smgrl can answer with is in it, and each
 data-plane and write route documents every code it can answer."""
 
@@ -16,7 +16,7 @@ from rl_api_helpers import ADMIN, KEYS, TENANTS, rl_cfg
 
 from smgrl.api import openapi, rl_writes
 from smgrl.api.dataplane import ALLOW as DATAPLANE_ALLOW
-from smgrl.api.rl import ALLOW, match
+from smgrl.api.rl_routes import ALLOW, match
 from smgrl.config import Config
 from smgrl.errors import (
     INVALID_REQUEST_CODES,
