@@ -393,9 +393,9 @@ def bench_replay(path: Path, n: int) -> list[tuple[str, float, int]]:
 
 # -- issue 4: startup from snapshots, `smgrl journal refits`, the registry projection alone ---------
 
-# The gateway snapshots every SNAPSHOT_EVERY events (smgrl/state/replay.py): the worst case it
+# The gateway snapshots every SNAPSHOT_EVERY events (smgrl/snapshots.py): the worst case it
 # starts from is a snapshot that far behind the head.
-from smgrl.state.replay import SNAPSHOT_EVERY as SNAPSHOT_LAG
+from smgrl.snapshots import SNAPSHOT_EVERY as SNAPSHOT_LAG
 
 
 def _startup(path: Path, *, checked: bool = True) -> tuple[float, Any]:

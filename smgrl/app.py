@@ -16,13 +16,12 @@ from smgrl.api.control_bodies import ControlBodyBound, body_timeout
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.refits import RefitsApi
-from smgrl.api.rl import RlApi
 from smgrl.api.rl_front import DiscoveryFront, EngineFront
+from smgrl.api.rl_routes import RlApi
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.routing_loop import RoutingLoopRoutes
 from smgrl.api.stream import JournalStream
 from smgrl.api.workers import WorkersApi
-from smgrl.dataplane.service import DataPlane
 from smgrl.registry.probe import GATEWAY_ID_HEADER
 
 log = logging.getLogger("smgrl.http")
@@ -181,14 +180,9 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
 
     # The rollout routes are served by a raw ASGI handler in front of Quart, on the same port
     # (measured: Quart's per-request machinery costs more than the whole proxy hop; see
-    # docs/data-plane.md). Everything else reaches Quart unchanged.
-    dataplane = DataPlane(
-        cfg=cfg,
-        fleet=gateway.fleet,
-        pools=gateway.pools,
-        keys=gateway.keys,
-        registry=gateway.metrics.registry,
-    )
+    # docs/data-plane.md). Everything else reaches Quart unchanged. The service itself is built
+    # with every other one, in Gateway.build.
+    dataplane = gateway.dataplane
     app.dataplane = dataplane  # type: ignore[attr-defined]  (tests and benchmarks read it)
     # PSRL's coordinator controls of the routing loop (more specific than /workers/<worker_id>).
     RoutingLoopRoutes(gateway, dataplane).register(app)

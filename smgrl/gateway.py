@@ -1,6 +1,7 @@
 """The gateway's parts, wired together once (by ``smgrl.server`` or by a test).
 
-Nothing here starts a task: ``Gateway`` only holds references. ``smgrl.server.serve`` owns the
+Every service is built here, in one place (the data plane too: ``smgrl.app`` only mounts its ASGI
+front). Nothing here starts a task: ``Gateway`` only holds references. ``smgrl.server.serve`` owns the
 root nursery and starts the journal writer, the registry jobs, the health checker and the HTTP
 listeners inside it.
 """
@@ -15,6 +16,7 @@ from smgrl.audit import AuditCounts
 from smgrl.auth import AuthPolicy
 from smgrl.config import Config
 from smgrl.control.service import ControlService
+from smgrl.dataplane.service import DataPlane
 from smgrl.metrics import Metrics
 from smgrl.refit.saga import RefitService
 from smgrl.registry.keys import KeyRing
@@ -37,6 +39,7 @@ class Gateway:
     registry: RegistryService
     control: ControlService
     audit: AuditCounts
+    dataplane: DataPlane  # the rollout routes' service (served by smgrl/api/dataplane.py)
     # This gateway's id, sent on GET /health (``x-smgrl-gateway-id``): discovery refuses a worker
     # URL whose /health answers with it (the URL reaches this gateway, or another process
     # serving the same journal on a shared port). The journal's own id, so every process of one
@@ -60,16 +63,29 @@ class Gateway:
         )
         auth = AuthPolicy.build(cfg.control_plane_keys, cfg.tenant_keys, cfg.api_key)
         audit = AuditCounts(cfg.audit_interval_secs)
-        gw = cls(
-            cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit, instance_id
+        dataplane = DataPlane(cfg=cfg, fleet=fleet, pools=pools, keys=keys, registry=metrics.registry)
+        gateway = cls(
+            cfg,
+            fleet,
+            journal,
+            store,
+            keys,
+            pools,
+            metrics,
+            auth,
+            registry,
+            control,
+            audit,
+            dataplane,
+            instance_id,
         )
         gw.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply
-        journal.on_commit = gw.committed
+        journal.on_commit = gateway.committed
         metrics.journal_lock_waits.set_function(lambda: getattr(journal, "lock_waits", 0))
-        return gw
+        return gateway
 
     def committed(self, records) -> None:
         """A batch committed (called by the journal writer; an exception here stops the gateway)."""

@@ -3,13 +3,20 @@
 Services depend on ``Appender`` (``append`` awaited until durable; ``enqueue`` for a receipt to
 await later; ``append_many`` for several events in one transaction; ``append_nowait`` queued,
 refused when the queue is full), not on the writer class.
+
+``record_interrupted`` appends ``control.interrupted`` for every operation the journal shows as
+started but never finished: after a crash (``gateway_restart``) or at shutdown (``shutdown``),
+naming the targets whose outcomes were recorded and those that were not.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from journal.events import Recorded, event_class
+
+if TYPE_CHECKING:
+    from smgrl.state.fleet import FleetState
 
 
 def ev(type_name: str, **fields: Any):
@@ -28,3 +35,27 @@ class Appender(Protocol):
     async def append_many(self, items) -> list[Recorded]: ...
 
     def append_nowait(self, stream: str, event, *, secrets=None): ...
+
+
+async def record_interrupted(journal, fleet: FleetState, reason: str) -> list[str]:
+    """Journal ``control.interrupted`` for every open operation, in one transaction."""
+    items = []
+    for op_id, op in list(fleet.operations.open.items()):
+        targets = [t["worker_id"] for t in op.targets]
+        recorded = [t for t in targets if t in op.outcomes]
+        missing = [t for t in targets if t not in op.outcomes]
+        items.append(
+            (
+                f"op:{op_id}",
+                ev(
+                    "control.interrupted",
+                    op_id=op_id,
+                    reason=reason,
+                    recorded_targets=recorded,
+                    missing_targets=missing,
+                ),
+            )
+        )
+    if items:
+        await journal.append_many(items)
+    return [event.op_id for _, event in items]

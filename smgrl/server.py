@@ -8,7 +8,7 @@ Task tree (structured concurrency; a parent outlives its children)::
                                hypercorn
 
 Startup restores the projections from the newest fleet snapshot plus the events after it
-(``smgrl.state.replay.restore_verified``); the snapshotter stores a new one every ``SMGRL_SNAPSHOT_EVERY``
+(``smgrl.state.replay.restore_verified``); the snapshotter (``smgrl.snapshots``) stores a new one every ``SMGRL_SNAPSHOT_EVERY``
 (default 25,000) events.
 
 Startup, in this order, so that a failure changes nothing it need not: take the journal's
@@ -48,12 +48,13 @@ from smgrl.app import create_app
 from smgrl.config import Config
 from smgrl.errors import StartupError
 from smgrl.gateway import Gateway
-from smgrl.journaling import ev
+from smgrl.journaling import ev, record_interrupted
 from smgrl.logs import event as log_event
 from smgrl.registry.health import HealthChecker
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import Registration
-from smgrl.state.replay import Snapshotter, record_interrupted, restore_verified, snapshot_every
+from smgrl.snapshots import Snapshotter, snapshot_every
+from smgrl.state.replay import restore_verified
 
 log = logging.getLogger("smgrl.server")
 
@@ -138,8 +139,8 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
     keys = KeyRing(store.secrets())
     writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
     # Gateway.build wires the writer's commit hooks (projections, key ring, registry jobs, metrics).
-    gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)
-    app = create_app(gw)
+    gateway = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)
+    app = create_app(gateway)
     clean = False
     try:
         async with trio.open_nursery() as outer:
@@ -158,26 +159,30 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
             )
             try:
                 async with trio.open_nursery() as inner:
-                    await inner.start(gw.registry.run)
-                    await inner.start(gw.refits.run)  # resumes sagas the journal left open
+                    await inner.start(gateway.registry.run)
+                    await inner.start(gateway.refits.run)  # resumes sagas the journal left open
                     snapshots = Snapshotter(
                         fleet, writer, every=snapshot_every(), last_seq=restored.snapshot_seq
                     )
                     await inner.start(snapshots.run)
                     if cfg.audit:
-                        await inner.start(gw.audit.run, writer)
+                        await inner.start(gateway.audit.run, writer)
                     for url in cfg.worker_urls:
                         if fleet.registry.conflict_for(url) is None:
-                            await gw.registry.register(Registration(url=url, api_key=cfg.api_key), "cli")
+                            await gateway.registry.register(Registration(url=url, api_key=cfg.api_key), "cli")
                     if cfg.health.enabled:
                         checker = HealthChecker(
-                            fleet=fleet, registry=gw.registry, pools=gw.pools, keys=keys, cfg=cfg.health
+                            fleet=fleet,
+                            registry=gateway.registry,
+                            pools=gateway.pools,
+                            keys=keys,
+                            cfg=cfg.health,
                         )
                         await inner.start(checker.run)
                     metrics_url = None
                     if metrics_listeners is not None:
                         await inner.start(
-                            serve_metrics, lambda: gw.metrics.render(fleet.registry), metrics_listeners
+                            serve_metrics, lambda: gateway.metrics.render(fleet.registry), metrics_listeners
                         )
                         sockname = metrics_listeners[0].socket.getsockname()
                         metrics_url = f"http://{_hostport(sockname)}/metrics"
@@ -198,8 +203,8 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                             http_done.set()
 
                     urls = await inner.start(run_http)
-                    inner.start_soon(_stop_watch, gw, app, shutdown, stop_now, inner.cancel_scope)
-                    task_status.started(Running(gw, urls, metrics_url))
+                    inner.start_soon(_stop_watch, gateway, shutdown, stop_now, inner.cancel_scope)
+                    task_status.started(Running(gateway, urls, metrics_url))
                     log_event(
                         log,
                         "listening",
@@ -221,30 +226,30 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                     # After a fail-stop (journal/writer.py) memory no longer matches the journal
                     # and nothing more is written; the writer's ProjectionError ends serve().
                     if not writer.failed:
-                        await gw.audit.flush(writer)
+                        await gateway.audit.flush(writer)
                         await record_interrupted(writer, fleet, "shutdown")
                         await writer.append("gateway", _stopped_event(clean=True, reason="shutdown"))
                         await writer.aclose()
-                    await gw.pools.aclose()
+                    await gateway.pools.aclose()
                     clean = not writer.failed
     finally:
         log_event(log, "stopped", clean=clean)
 
 
 async def _stop_watch(
-    gw: Gateway, app, shutdown: trio.Event, stop_now: trio.Event, inner: trio.CancelScope
+    gateway: Gateway, shutdown: trio.Event, stop_now: trio.Event, inner: trio.CancelScope
 ) -> None:
     """Say what a graceful stop waits for, and cut it short on ``stop_now`` (a second signal)."""
     await shutdown.wait()
     # From now on an operation cut short is the gateway's doing: it is recorded interrupted
     # (reason shutdown) by serve's shielded bookkeeping, not cancelled as for a client gone.
-    gw.control.stopping = True
-    waiting = _in_flight(gw, app)
+    gateway.control.stopping = True
+    waiting = _in_flight(gateway)
     if waiting:
         log.warning(
             "shutting down: waiting up to %gs for %s; press Ctrl-C again (or send SIGTERM) to stop"
             " waiting: operations still open are then recorded interrupted",
-            gw.cfg.shutdown_grace_period_secs,
+            gateway.cfg.shutdown_grace_period_secs,
             waiting,
         )
     else:
@@ -256,18 +261,17 @@ async def _stop_watch(
     inner.cancel()
 
 
-def _in_flight(gw: Gateway, app) -> str:
+def _in_flight(gateway: Gateway) -> str:
     """What a graceful stop waits for, in words: the open control operations and rollout requests."""
     parts = []
-    ops = list(gw.fleet.operations.open.values())
+    ops = list(gateway.fleet.operations.open.values())
     if ops:
         shown = ", ".join(
             f"{op.op_id} ({op.method} {op.path}, {_plural(len(op.targets), 'engine')})" for op in ops[:3]
         )
         more = f" and {len(ops) - 3} more" if len(ops) > 3 else ""
         parts.append(f"{_plural(len(ops), 'control operation')} [{shown}{more}]")
-    dataplane = getattr(app, "dataplane", None)
-    active = dataplane.admission.active if dataplane is not None else 0
+    active = gateway.dataplane.admission.active
     if active:
         parts.append(_plural(active, "rollout request"))
     return " and ".join(parts)

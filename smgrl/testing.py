@@ -20,10 +20,11 @@ from journal import JournalWriter, MemoryStore
 from smgrl.app import create_app
 from smgrl.config import Config
 from smgrl.gateway import Gateway
+from smgrl.journaling import record_interrupted
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import Registration
 from smgrl.state.fleet import FleetState
-from smgrl.state.replay import record_interrupted, replay
+from smgrl.state.replay import replay
 
 
 @attrs.define
@@ -74,19 +75,19 @@ async def gateway_in_process(
     replay(store, fleet)
     keys = KeyRing(store.secrets())
     writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
-    gw = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)  # wires the hooks
-    app = create_app(gw)
+    gateway = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)  # wires the hooks
+    app = create_app(gateway)
     # One nursery owns the writer and the registry jobs for the life of the test's gateway.
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         await record_interrupted(writer, fleet, "gateway_restart")
-        await nursery.start(gw.registry.run)
-        await nursery.start(gw.refits.run)  # resumes sagas the journal left open
+        await nursery.start(gateway.registry.run)
+        await nursery.start(gateway.refits.run)  # resumes sagas the journal left open
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://smgrl.test", timeout=math.inf
         ) as client:
-            running = InProcess(gw, app, client, store, writer)
+            running = InProcess(gateway, app, client, store, writer)
             if worker_urls:
                 await running.register(worker_urls, api_key=api_key)
             try:
@@ -95,4 +96,4 @@ async def gateway_in_process(
                 nursery.cancel_scope.cancel()
         # The writer drains under its own shield when cancelled; close the engine pools too.
     with trio.CancelScope(shield=True):
-        await gw.pools.aclose()
+        await gateway.pools.aclose()

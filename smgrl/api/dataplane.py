@@ -27,9 +27,8 @@ from smgrl.api import envelopes as env
 from smgrl.api.scope import header as _header
 from smgrl.auth import Denied, check_api_key
 from smgrl.dataplane import loopback
-from smgrl.dataplane import request as rq
 from smgrl.dataplane.affinity import Routed
-from smgrl.dataplane.errors import DataPlaneError, InvalidRoutingMetadata, InvalidVersionPolicyHeader
+from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
     FingerprintEvents,
@@ -39,6 +38,13 @@ from smgrl.dataplane.stamp import (
     stamp_openai,
     stream_version,
     version_tag,
+)
+from smgrl.errors import (
+    DataPlaneError,
+    InvalidRoutingMetadataHeader,
+    InvalidVersionPolicyHeader,
+    openai_body,
+    openai_headers,
 )
 from smgrl.hypercorn_patches import DISCONNECT_EXTENSION
 from smgrl.routing import metadata
@@ -55,7 +61,7 @@ RELAYED = frozenset({b"content-type", b"cache-control", b"x-accel-buffering"})
 MODELS = "/v1/models"
 # The routes served here and their methods (the ``allow`` of their 405); smgrl/api/openapi.py
 # documents exactly these (tests/api/test_openapi.py).
-ALLOW = {rq.GENERATE: "POST", rq.COMPLETIONS: "POST", rq.CHAT: "POST", MODELS: "GET,HEAD"}
+ALLOW = {GENERATE: "POST", COMPLETIONS: "POST", CHAT: "POST", MODELS: "GET,HEAD"}
 
 
 class _Disconnected(Exception):
@@ -144,7 +150,10 @@ class DataPlaneASGI:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _error(self, send: Send, rid: bytes, exc: DataPlaneError) -> None:
-        await self._respond(send, exc.status, _json(exc.body()), [(b"x-request-id", rid), *exc.headers()])
+        # The rollout family's envelope, named here: an UpstreamUnreachable is also an RlError.
+        await self._respond(
+            send, exc.status, _json(openai_body(exc)), [(b"x-request-id", rid), *openai_headers(exc)]
+        )
 
     async def _openai_error(
         self, send: Send, rid: bytes, status: int, code: str, message: str, extra=()
@@ -286,7 +295,7 @@ class DataPlaneASGI:
             await self._respond(send, error.status, _json(error.body()), headers)
             return
         except metadata.InvalidRoutingMetadata as exc:
-            await self._error(send, rid, InvalidRoutingMetadata(str(exc)))
+            await self._error(send, rid, InvalidRoutingMetadataHeader(str(exc)))
             return
         floor = meta.floor
         routed = Routed(meta)
@@ -386,7 +395,7 @@ class _Relay:
         return out
 
     async def run(
-        self, req: rq.RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
+        self, req: RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
     ) -> None:
         dp = self.api.dp
         bounds = {
@@ -421,7 +430,7 @@ class _Relay:
                 status, head, data = answer.status, answer.head, answer.data
                 table_version = answer.dispatched.entry.version
             if 200 <= status < 300:
-                if req.route == rq.GENERATE:
+                if req.route == GENERATE:
                     stamp = stamp_generate(data, table_version, req.single)
                 else:
                     stamp = stamp_openai(data, table_version)
@@ -441,14 +450,14 @@ class _Relay:
             else:
                 await self._abort_stream(exc)
 
-    async def _stream(self, req: rq.RolloutRequest, dispatched) -> None:
+    async def _stream(self, req: RolloutRequest, dispatched) -> None:
         send = self.send
         response = dispatched.response
         version = stream_version(dispatched.entry.version)
         chunks = response.aiter_chunks()
         first = b""
         ok = 200 <= response.status < 300
-        if ok and req.route == rq.GENERATE:
+        if ok and req.route == GENERATE:
             # The head waits for the first event, which says which weights the engine is using:
             # the table can lag by a refit the request raced with. The client has nothing to
             # read before the first token anyway.
@@ -475,5 +484,5 @@ class _Relay:
         # The head is out: the status cannot change. Say what happened in the stream's own
         # language (an SSE error event, as SGLang does) and end it; no [DONE] follows.
         log.warning("stream cut short: %s", exc.message)
-        event = b"data: " + _json(exc.body()) + b"\n\n"
+        event = b"data: " + _json(openai_body(exc)) + b"\n\n"
         await self.send({"type": "http.response.body", "body": event, "more_body": False})

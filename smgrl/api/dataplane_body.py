@@ -27,8 +27,8 @@ import re
 from typing import Any
 
 from smgrl.api.serde_body import MAX_DEPTH, SerdeError, fast_parse, field_ok, serde_struct
-from smgrl.dataplane import request as rq
-from smgrl.dataplane.errors import InvalidRequest
+from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest, from_obj
+from smgrl.errors import InvalidRequest
 
 # SMG's field types (crates/protocols: ChatCompletionRequest, CompletionRequest); kinds as in
 # smgrl.api.serde_body. ``bool_nf``: null reads as false (SMG's deserialize_null_as_false).
@@ -90,9 +90,9 @@ COMPLETION_FIELDS = {
 }
 GENERATE_FIELDS = {"model": "opt_str"}
 SCHEMAS = {
-    rq.CHAT: ("ChatCompletionRequest", CHAT_FIELDS, ("messages", "model")),
-    rq.COMPLETIONS: ("CompletionRequest", COMPLETION_FIELDS, ("model", "prompt")),
-    rq.GENERATE: ("GenerateRequest", GENERATE_FIELDS, ()),
+    CHAT: ("ChatCompletionRequest", CHAT_FIELDS, ("messages", "model")),
+    COMPLETIONS: ("CompletionRequest", COMPLETION_FIELDS, ("model", "prompt")),
+    GENERATE: ("GenerateRequest", GENERATE_FIELDS, ()),
 }
 # serde's error texts -> SMG's codes (its classification of serde errors, checked in order).
 _CODES = (
@@ -166,7 +166,7 @@ def _fast(route: str, body: bytes) -> Any:
 
 
 def _refusal(route: str, exc: SerdeError) -> InvalidRequest:
-    openai = route != rq.GENERATE
+    openai = route != GENERATE
     if exc.syntax:
         text = f"Failed to parse the request body as JSON: {exc.message}"
         return InvalidRequest(f"JSON syntax error: {text}" if openai else text, "invalid_json")
@@ -186,14 +186,14 @@ def _refusal(route: str, exc: SerdeError) -> InvalidRequest:
 
 def _validate(route: str, obj: dict[str, Any]) -> None:
     """SMG's checks after deserializing (``validator``), those with stable texts."""
-    if route == rq.CHAT and not obj["messages"]:
+    if route == CHAT and not obj["messages"]:
         raise InvalidRequest(
             "messages: Invalid 'messages': empty array. Expected an array with minimum length 1, "
             "but got an empty array instead.",
             "empty_array",
             "messages",
         )
-    if route == rq.COMPLETIONS and obj["prompt"] == []:
+    if route == COMPLETIONS and obj["prompt"] == []:
         raise InvalidRequest("prompt: prompt array cannot be empty", "prompt_empty", "prompt")
 
 
@@ -206,9 +206,9 @@ def json_content_type(value: bytes | None) -> bool:
     return kind == b"application" and (sub == b"json" or sub.endswith(b"+json"))
 
 
-def parse(route: str, body: bytes, content_type: bytes | None) -> rq.RolloutRequest:
+def parse(route: str, body: bytes, content_type: bytes | None) -> RolloutRequest:
     """The rollout request, or InvalidRequest with SMG's code, ``param`` and message."""
-    if route != rq.GENERATE and not json_content_type(content_type):
+    if route != GENERATE and not json_content_type(content_type):
         raise InvalidRequest(MISSING_CONTENT_TYPE, "json_parse_error")
     obj = _fast(route, body)
     if obj is None and len(body) > EXACT_TEXT_LIMIT:
@@ -221,15 +221,15 @@ def parse(route: str, body: bytes, content_type: bytes | None) -> rq.RolloutRequ
             raise _refusal(route, exc) from None
         # serde accepts what the fast check doubted (e.g. a valid surrogate pair).
         obj = json.loads(body)
-    if route != rq.GENERATE:
+    if route != GENERATE:
         _validate(route, obj)
-    return rq.from_obj(route, obj)
+    return from_obj(route, obj)
 
 
 def _approximate(route: str, body: bytes) -> InvalidRequest:
     """A large body's refusal from the C parser and the field checks: SMG's code and ``param``,
     serde's wording where it is known, no position (docs/deviations.md)."""
-    openai = route != rq.GENERATE
+    openai = route != GENERATE
     try:
         obj = json.loads(body, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
@@ -259,6 +259,6 @@ def _approximate(route: str, body: bytes) -> InvalidRequest:
 
 def _data_error(route: str, detail: str, code: str, param: str | None) -> InvalidRequest:
     text = f"Failed to deserialize the JSON body into the target type: {detail}"
-    if route == rq.GENERATE:
+    if route == GENERATE:
         return InvalidRequest(text, code, param, status=422)
     return InvalidRequest(f"Invalid JSON data: {text}", code, param)

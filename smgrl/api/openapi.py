@@ -25,7 +25,7 @@ from typing import Any
 from smgrl import __version__
 from smgrl.api.openapi_refits import refit_paths
 from smgrl.core.view import RL_WORKER_ENTRY_FIELDS
-from smgrl.dataplane.errors import INVALID_REQUEST_CODES
+from smgrl.errors import INVALID_REQUEST_CODES
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -92,11 +92,11 @@ def _nullable(schema: dict) -> dict:
     return {**schema, "nullable": True}
 
 
-STR = {"type": "string"}
+STRING = {"type": "string"}
 INT = {"type": "integer"}
 BOOL = {"type": "boolean"}
 ANY: dict = {"description": "any JSON value"}
-LABELS = {"type": "object", "additionalProperties": STR}
+LABELS = {"type": "object", "additionalProperties": STRING}
 
 
 def _obj(props: dict, required: list[str] | None = None, *, additional: Any = False, **extra) -> dict:
@@ -110,7 +110,7 @@ def _obj(props: dict, required: list[str] | None = None, *, additional: Any = Fa
 
 
 def _rl_error(codes: list[str], context: dict | None = None, description: str = "") -> dict:
-    props = {"error": {"type": "string", "enum": codes}, "message": STR, **(context or {})}
+    props = {"error": {"type": "string", "enum": codes}, "message": STRING, **(context or {})}
     return _obj(props, ["error", "message"], description=description)
 
 
@@ -120,9 +120,9 @@ OUTCOME = _obj(
     {
         "status": _nullable(INT),
         "latency_ms": _nullable(INT),
-        "error": _nullable(STR),
-        "message": _nullable(STR),
-        "excerpt": _nullable(STR),
+        "error": _nullable(STRING),
+        "message": _nullable(STRING),
+        "excerpt": _nullable(STRING),
         "body_truncated": _nullable(BOOL),
     },
     [],
@@ -133,25 +133,25 @@ SCHEMAS: dict[str, dict] = {
     # ---- RL crate envelopes
     "RlBadRequest": _rl_error(
         RL_BAD_REQUEST,
-        {"offset": {**INT, "minimum": 0}, "selector": STR},
+        {"offset": {**INT, "minimum": 0}, "selector": STRING},
         "400 from the RL control plane: `offset` with invalid_selector, `selector` with no_workers_match.",
     ),
-    "RlNotFound": _rl_error(RL_NOT_FOUND, {"id": STR}),
+    "RlNotFound": _rl_error(RL_NOT_FOUND, {"id": STRING}),
     "NoControlEndpoint": _rl_error(
         ["no_control_endpoint"],
-        {"worker_id": STR, "url": STR, "connection_mode": STR},
+        {"worker_id": STRING, "url": STRING, "connection_mode": STRING},
         "422: a gRPC/ZMQ worker without `rl.control_url`.",
     ),
-    "UpstreamUnreachable": _rl_error(["upstream_unreachable"], {"worker_id": STR, "url": STR}),
-    "UpstreamTimeout": _rl_error(["upstream_timeout"], {"worker_id": STR, "url": STR}),
+    "UpstreamUnreachable": _rl_error(["upstream_unreachable"], {"worker_id": STRING, "url": STRING}),
+    "UpstreamTimeout": _rl_error(["upstream_timeout"], {"worker_id": STRING, "url": STRING}),
     "JournalUnavailable": _rl_error(
         ["journal_unavailable"], None, "503: the journal cannot record the operation; no engine was called."
     ),
     "InternalError": _rl_error(["internal_error"], None, "500: a gateway bug (the log has the traceback)."),
     "RlCallOutcome": _obj(
         {
-            "worker_id": STR,
-            "url": STR,
+            "worker_id": STRING,
+            "url": STRING,
             "status": {**INT, "minimum": 100, "maximum": 999},
             "latency_ms": {**INT, "minimum": 0},
             "body": {
@@ -165,12 +165,12 @@ SCHEMAS: dict[str, dict] = {
     ),
     "RlFailedCall": _obj(
         {
-            "worker_id": STR,
-            "url": STR,
+            "worker_id": STRING,
+            "url": STRING,
             "error": {"type": "string", "enum": FAILED_CALL},
-            "message": STR,
+            "message": STRING,
             "status": {**INT, "description": "the engine's status, with upstream_error only"},
-            "connection_mode": {**STR, "description": "with no_control_endpoint only"},
+            "connection_mode": {**STRING, "description": "with no_control_endpoint only"},
         },
         ["worker_id", "url", "error", "message"],
     ),
@@ -187,8 +187,8 @@ SCHEMAS: dict[str, dict] = {
     "Capabilities": _obj(
         {
             "source": {"type": "string", "enum": ["static", "advertised"]},
-            "pause_modes": {"type": "array", "items": STR},
-            "update_from": {"type": "array", "items": STR},
+            "pause_modes": {"type": "array", "items": STRING},
+            "update_from": {"type": "array", "items": STRING},
             "abort": BOOL,
             "flush_cache": BOOL,
             "sleep_wake": BOOL,
@@ -197,26 +197,26 @@ SCHEMAS: dict[str, dict] = {
     ),
     "RlWorkerEntry": _obj(
         {
-            "id": STR,
-            "url": STR,
-            "base_url": STR,
-            "engine": STR,
-            "engine_version": _nullable(STR),
-            "model_id": _nullable(STR),
-            "worker_type": STR,
-            "connection_mode": STR,
-            "control_url": _nullable(STR),
+            "id": STRING,
+            "url": STRING,
+            "base_url": STRING,
+            "engine": STRING,
+            "engine_version": _nullable(STRING),
+            "model_id": _nullable(STRING),
+            "worker_type": STRING,
+            "connection_mode": STRING,
+            "control_url": _nullable(STRING),
             "tp_size": _nullable(INT),
             "dp_size": _nullable(INT),
             "pp_size": _nullable(INT),
             "dp_ranks": {**INT, "minimum": 1},
-            "role": _nullable(STR),
-            "health": STR,
-            "weight_version": _nullable(STR),
+            "role": _nullable(STRING),
+            "health": STRING,
+            "weight_version": _nullable(STRING),
             "labels": LABELS,
             "capabilities": _ref("Capabilities"),
             # smgrl additions (deviations.md): present when the journal's engine projection is known
-            "version_source": _nullable(STR),
+            "version_source": _nullable(STRING),
             "control": {"type": "string", "enum": ["active", "paused", "asleep", "unknown"]},
             "version_status": {"type": "string", "enum": ["consistent", "mixed", "unknown"]},
         },
@@ -230,18 +230,18 @@ SCHEMAS: dict[str, dict] = {
         }
     ),
     "OperationTarget": _obj(
-        {"worker_id": STR, "url": STR, "control_url": _nullable(STR), "outcome": _nullable(OUTCOME)},
+        {"worker_id": STRING, "url": STRING, "control_url": _nullable(STRING), "outcome": _nullable(OUTCOME)},
         ["worker_id", "url", "outcome"],
         additional=True,
     ),
     "Operation": _obj(
         {
-            "operation_id": STR,
+            "operation_id": STRING,
             "kind": {"type": "string", "enum": ["call", "fanout"]},
-            "method": STR,
-            "path": STR,
-            "query": _nullable(STR),
-            "selector": _nullable(STR),
+            "method": STRING,
+            "path": STRING,
+            "query": _nullable(STRING),
+            "selector": _nullable(STRING),
             "status": {"type": "string", "enum": ["open", "finished"]},
             "result": _nullable(
                 {
@@ -254,7 +254,7 @@ SCHEMAS: dict[str, dict] = {
             "succeeded": {**INT, "minimum": 0},
             "latency_ms": _nullable(INT),
             "targets": {"type": "array", "items": _ref("OperationTarget")},
-            "missing_targets": {"type": "array", "items": STR},
+            "missing_targets": {"type": "array", "items": STRING},
             "started_seq": INT,
         },
         additional=True,
@@ -264,8 +264,8 @@ SCHEMAS: dict[str, dict] = {
         {
             "seq": {**INT, "minimum": 1},
             "ts": {"type": "number"},
-            "stream": STR,
-            "type": STR,
+            "stream": STRING,
+            "type": STRING,
             "schema": INT,
             "payload": {"type": "object", "additionalProperties": True},
         }
@@ -280,7 +280,12 @@ SCHEMAS: dict[str, dict] = {
     ),
     # ---- explicit writes (Appendix A.1)
     "SetWeightVersion": _obj(
-        {"weight_version": {**STR, "description": "trimmed; 1 to 128 bytes of printable ASCII (0x21-0x7E)"}},
+        {
+            "weight_version": {
+                **STRING,
+                "description": "trimmed; 1 to 128 bytes of printable ASCII (0x21-0x7E)",
+            }
+        },
         description="Unknown fields are ignored.",
         additional=True,
     ),
@@ -299,9 +304,9 @@ SCHEMAS: dict[str, dict] = {
                         "enum": ["invalid_request_error", "service_unavailable_error"],
                     },
                     "code": {"type": "string", "enum": DATAPLANE_CODES},
-                    "message": STR,
+                    "message": STRING,
                     "param": {
-                        **_nullable(STR),
+                        **_nullable(STRING),
                         "description": "the field SMG names for a refused body (e.g. `model`, "
                         "`messages[0].role`), else null",
                     },
@@ -319,7 +324,7 @@ SCHEMAS: dict[str, dict] = {
                     },
                     "versions": {
                         "type": "array",
-                        "items": STR,
+                        "items": STRING,
                         "description": "no_eligible_workers only: the weight versions the model's "
                         "workers have, any state (`unversioned` for none)",
                     },
@@ -347,7 +352,7 @@ SCHEMAS: dict[str, dict] = {
     ),
     "GenerateRequest": _obj(
         {
-            "model": STR,
+            "model": STRING,
             "text": {"description": "a prompt or a list of prompts"},
             "input_ids": {"description": "token ids, or a list of them"},
             "sampling_params": {"type": "object"},
@@ -359,13 +364,13 @@ SCHEMAS: dict[str, dict] = {
         "`data_parallel_rank` is added). Must be a JSON object; `model`, when present, a string.",
     ),
     "CompletionRequest": _obj(
-        {"model": STR, "prompt": {"description": "text, token ids, or a list of them"}, "stream": BOOL},
+        {"model": STRING, "prompt": {"description": "text, token ids, or a list of them"}, "stream": BOOL},
         [],
         additional=True,
         description="OpenAI's completions body, forwarded byte for byte.",
     ),
     "ChatCompletionRequest": _obj(
-        {"model": STR, "messages": {"type": "array", "items": {"type": "object"}}, "stream": BOOL},
+        {"model": STRING, "messages": {"type": "array", "items": {"type": "object"}}, "stream": BOOL},
         [],
         additional=True,
         description="OpenAI's chat completions body, forwarded byte for byte.",
@@ -377,10 +382,10 @@ SCHEMAS: dict[str, dict] = {
                 "type": "array",
                 "items": _obj(
                     {
-                        "id": STR,
+                        "id": STRING,
                         "object": {"type": "string", "enum": ["model"]},
                         "created": INT,
-                        "owned_by": STR,
+                        "owned_by": STRING,
                     }
                 ),
             },
@@ -393,7 +398,7 @@ SCHEMAS: dict[str, dict] = {
                 {
                     "type": {"type": "string", "enum": ["invalid_request_error"]},
                     "code": {"type": "string", "enum": OPENAI_CODES},
-                    "message": STR,
+                    "message": STRING,
                     "param": {"nullable": True, "enum": [None]},
                 }
             )
@@ -405,7 +410,7 @@ SCHEMAS: dict[str, dict] = {
         {
             "error": _obj(
                 {
-                    "message": STR,
+                    "message": STRING,
                     "type": {"type": "string", "enum": ["invalid_request_error"]},
                     "param": {"nullable": True, "enum": [None]},
                     "code": {"type": "string", "enum": ["invalid_api_key"]},
@@ -415,14 +420,17 @@ SCHEMAS: dict[str, dict] = {
         description="401 of the `--api-key` check (no control-plane keys configured).",
     ),
     "WorkerApiError": _obj(
-        {"error": STR, "code": {"type": "string", "enum": WORKER_CODES}},
+        {"error": STRING, "code": {"type": "string", "enum": WORKER_CODES}},
         description="Errors of the SMG-compatible /workers API: the text is in `error`, the code in `code`.",
     ),
     # ---- /workers
     "WorkerSpec": _obj(
         {
-            "url": {**STR, "description": "http://, https://, grpc://, grpcs:// or ipc:// engine URL"},
-            "api_key": {**_nullable(STR), "description": "sent to the engine as bearer; never shown again"},
+            "url": {**STRING, "description": "http://, https://, grpc://, grpcs:// or ipc:// engine URL"},
+            "api_key": {
+                **_nullable(STRING),
+                "description": "sent to the engine as bearer; never shown again",
+            },
             "worker_type": {"type": "string", "enum": ["regular", "prefill", "decode"]},
             "runtime": {
                 "type": "string",
@@ -460,22 +468,22 @@ SCHEMAS: dict[str, dict] = {
     ),
     "Worker": _obj(
         {
-            "id": STR,
-            "model_id": STR,
-            "url": STR,
+            "id": STRING,
+            "model_id": STRING,
+            "url": STRING,
             "models": {"type": "array", "items": {"type": "object"}},
-            "worker_type": STR,
-            "connection_mode": STR,
-            "runtime_type": _nullable(STR),
+            "worker_type": STRING,
+            "connection_mode": STRING,
+            "runtime_type": _nullable(STRING),
             "labels": LABELS,
             "priority": INT,
             "cost": {"type": "number"},
             "max_connection_attempts": INT,
-            "dp_base_url": STR,
+            "dp_base_url": STRING,
             "dp_rank": INT,
             "dp_size": _nullable(INT),
             "is_healthy": BOOL,
-            "status": STR,
+            "status": STRING,
             "load": INT,
             "http2": BOOL,
             "bootstrap_port": INT,
@@ -494,10 +502,10 @@ SCHEMAS: dict[str, dict] = {
     "WorkerAccepted": _obj(
         {
             "status": {"type": "string", "enum": ["accepted"]},
-            "worker_id": STR,
-            "url": STR,
-            "location": STR,
-            "message": STR,
+            "worker_id": STRING,
+            "url": STRING,
+            "location": STRING,
+            "message": STRING,
         },
         ["status", "worker_id", "message"],
     ),
@@ -516,7 +524,7 @@ REQUEST_ID = {
     "x-request-id": {
         "description": "the caller's x-request-id (128 characters at most), else a generated `req-...` id",
         "required": True,
-        "schema": STR,
+        "schema": STRING,
     }
 }
 GATEWAY_ID = {
@@ -524,14 +532,14 @@ GATEWAY_ID = {
         "description": "this gateway's id (its journal's id): discovery refuses a worker URL whose "
         "`/health` answers with its own id (the URL leads back to this gateway)",
         "required": True,
-        "schema": STR,
+        "schema": STRING,
     }
 }
 OP_ID = {
     "x-smgrl-operation-id": {
         "description": "the operation's journal record",
         "required": False,
-        "schema": STR,
+        "schema": STRING,
     },
     "x-smgrl-journal": {
         "description": "`unavailable`: the engines answered but the final record could not be written",
@@ -552,7 +560,7 @@ def _resp(description: str, content: dict | None = None, headers: dict | None = 
     return out
 
 
-TEXT = {"text/plain; charset=utf-8": {"schema": STR}}
+TEXT = {"text/plain; charset=utf-8": {"schema": STRING}}
 
 RESPONSES: dict[str, dict] = {
     "Unauthorized": _resp(
@@ -560,7 +568,7 @@ RESPONSES: dict[str, dict] = {
         "header` or `Invalid authentication token`), realm `control-plane`. Only --api-key: JSON "
         "(ApiKeyError), realm `data-plane`.",
         {**TEXT, **_json(_ref("ApiKeyError"))},
-        {"www-authenticate": {"required": True, "schema": STR}},
+        {"www-authenticate": {"required": True, "schema": STRING}},
     ),
     "Forbidden": _resp(
         "A `user` key on an admin route: `Admin role required for this control plane operation`.", TEXT
@@ -571,7 +579,7 @@ RESPONSES: dict[str, dict] = {
     "MethodNotAllowed": _resp(
         "Wrong method (OpenAI-style envelope, code method_not_allowed).",
         _json(_ref("OpenAIError")),
-        {"allow": {"required": True, "schema": STR}},
+        {"allow": {"required": True, "schema": STRING}},
     ),
     "PayloadTooLarge": _resp(
         "Body over --max-payload-size: the OpenAI-style envelope (declared length), or text for a chunked "
@@ -585,14 +593,14 @@ RESPONSES: dict[str, dict] = {
 SECURED = [{"bearer": []}, {}]
 
 
-def _r(name: str) -> dict:
+def _response_ref(name: str) -> dict:
     return {"$ref": f"#/components/responses/{name}"}
 
 
 def _auth_responses(write: bool) -> dict:
-    out = {"401": _r("Unauthorized")}
+    out = {"401": _response_ref("Unauthorized")}
     if write:
-        out["403"] = _r("Forbidden")
+        out["403"] = _response_ref("Forbidden")
     return out
 
 
@@ -611,13 +619,13 @@ SELECTOR = {
     "required": True,
     "description": "Label selector: `k=v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, comma-joined (AND). "
     "Other query parameters are passed through to the engines.",
-    "schema": STR,
+    "schema": STRING,
     "example": "engine=sglang",
 }
 
 
 def _id_param(name: str, description: str) -> dict:
-    return {"name": name, "in": "path", "required": True, "description": description, "schema": STR}
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": STRING}
 
 
 def _engine_responses(fanout: bool) -> dict:
@@ -649,7 +657,7 @@ def _engine_responses(fanout: bool) -> dict:
         _json(either(_ref("RlNotFound"), _ref("OpenAIError"))),
         OP_ID,
     )
-    out["413"] = _r("PayloadTooLarge")
+    out["413"] = _response_ref("PayloadTooLarge")
     if not fanout:
         out["422"] = _resp("No control endpoint" + op + ".", _json(either(_ref("NoControlEndpoint"))), OP_ID)
         out["500"] = _resp("Gateway bug" + op + ".", _json(either(_ref("InternalError"))), OP_ID)
@@ -744,7 +752,7 @@ def _workers_write(op_id: str, summary: str, body: str | None, responses: dict, 
         "responses": {
             **responses,
             **_auth_responses(write=True),
-            "413": _r("PayloadTooLarge"),
+            "413": _response_ref("PayloadTooLarge"),
             "503": _resp(
                 "The journal cannot record the change (JOURNAL_UNAVAILABLE): nothing changed; retry.",
                 WORKER_ERR,
@@ -764,31 +772,31 @@ WORKER_ID = _id_param("worker_id", "the registry id (a UUID)")
 
 # -- the data plane (smgrl/api/dataplane.py) --------------------------------------------------------
 
-DP_ERROR_CODE = {"x-smg-error-code": {"description": "the error's code", "required": True, "schema": STR}}
-RETRY_AFTER = {"retry-after": {"description": "`1` on retryable errors", "required": False, "schema": STR}}
+DP_ERROR_CODE = {"x-smg-error-code": {"description": "the error's code", "required": True, "schema": STRING}}
+RETRY_AFTER = {"retry-after": {"description": "`1` on retryable errors", "required": False, "schema": STRING}}
 STAMP = {
     "x-smg-weight-version": {
         "description": "the weights that produced the answer: the version the engine reported (a stream's "
         "first event for /generate; SGLang's `metadata.weight_version`), else the gateway's table, else "
         "`default`. OpenAI answers carry it in `system_fingerprint` too.",
         "required": True,
-        "schema": STR,
+        "schema": STRING,
     },
     "x-version-tag": {
         "description": "PSRL: the serving engine's version, `-1` when it has none; for a request with "
         "routing metadata (x-prompt-id or an instance hint) the version pinned at its first selection",
         "required": True,
-        "schema": STR,
+        "schema": STRING,
     },
     "x-base-worker-id": {
         "description": "PSRL: the serving instance's engine (registry id of its rank-0 record)",
         "required": True,
-        "schema": STR,
+        "schema": STRING,
     },
     "x-target-dp-rank": {
         "description": "PSRL: the serving instance's DP rank (0 without DP)",
         "required": True,
-        "schema": STR,
+        "schema": STRING,
     },
     "x-smg-mixed-version": {
         "description": "`true` on a buffered /generate whose weights changed mid-request (absent otherwise)",
@@ -798,9 +806,13 @@ STAMP = {
     "x-smg-routed-worker-id": {
         "description": "the serving worker's URL (`@rank` for a DP rank), as SMG names it",
         "required": True,
-        "schema": STR,
+        "schema": STRING,
     },
-    "x-smgrl-worker-id": {"description": "the serving worker's registry id", "required": True, "schema": STR},
+    "x-smgrl-worker-id": {
+        "description": "the serving worker's registry id",
+        "required": True,
+        "schema": STRING,
+    },
 }
 DP_SECURED = [{"dataPlaneBearer": []}, {}]
 
@@ -816,7 +828,7 @@ DP_ERROR_CODE_OPTIONAL = {
     "x-smg-error-code": {
         "description": "the gateway error's code (absent on a relayed engine answer)",
         "required": False,
-        "schema": STR,
+        "schema": STRING,
     }
 }
 
@@ -834,7 +846,7 @@ def _dp_unauthorized() -> dict:
     return _resp(
         "No or unknown data-plane key (--api-key or a tenant key), code invalid_api_key; realm `data-plane`.",
         _json(_ref("ApiKeyError")),
-        {"www-authenticate": {"required": True, "schema": STR}},
+        {"www-authenticate": {"required": True, "schema": STRING}},
     )
 
 
@@ -844,18 +856,18 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
             "name": "x-smg-routing-key",
             "in": "header",
             "required": False,
-            "schema": STR,
+            "schema": STRING,
             "description": "sticky routing: requests with the same key go to the same worker",
         },
         {
             "name": "x-version-tag",
             "in": "header",
             "required": False,
-            "schema": STR,
+            "schema": STRING,
             "description": "PSRL version floor: only engines at this version or newer (`-1`: no floor)",
         },
         *(
-            {"name": name, "in": "header", "required": False, "schema": STR, "description": text}
+            {"name": name, "in": "header", "required": False, "schema": STRING, "description": text}
             for name, text in (
                 ("x-prompt-id", "PSRL prompt group: its requests share an instance (staged selection)"),
                 ("x-is-validate", "PSRL: a validation request (bool-like; handed to the admission hook)"),
@@ -876,7 +888,7 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
                 "name": "x-smg-version-policy",
                 "in": "header",
                 "required": False,
-                "schema": STR,
+                "schema": STRING,
                 "description": "`any` | `latest-only` | `min-version:<v>` | `max-staleness:<k>` "
                 "(default --rl-version-policy)",
             },
@@ -889,7 +901,7 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
             "The engine's answer, stamped. `stream: true`: a text/event-stream relayed event by event "
             "(OpenAI events carry `system_fingerprint`; an error after the head is an SSE error event, "
             "with no `[DONE]`).",
-            {"application/json": {"schema": ANY}, "text/event-stream": {"schema": STR}},
+            {"application/json": {"schema": ANY}, "text/event-stream": {"schema": STRING}},
             STAMP,
         ),
         "400": _dp_error(
@@ -910,7 +922,7 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
         "422": _dp_error(
             "/generate only: a body of the wrong shape (not an object, `model` not a string): invalid_type."
         ),
-        "405": _r("MethodNotAllowed"),
+        "405": _response_ref("MethodNotAllowed"),
         "413": _resp(
             "Body over --max-payload-size (request_body_too_large).",
             _json(_ref("OpenAIError")),
@@ -958,7 +970,7 @@ def _dataplane_paths(rl: bool) -> dict:
         "responses": {
             "200": _resp("The models.", _json(_ref("ModelList"))),
             "401": _dp_unauthorized(),
-            "405": _r("MethodNotAllowed"),
+            "405": _response_ref("MethodNotAllowed"),
         },
     }
     return {
@@ -998,12 +1010,12 @@ def _write_op(kind: str, fleet: bool) -> dict:
             )
             + ".",
             {
-                **_json(_rl_error(bad, {"offset": {**INT, "minimum": 0}, "selector": STR})),
+                **_json(_rl_error(bad, {"offset": {**INT, "minimum": 0}, "selector": STRING})),
                 **(TEXT if fleet else {}),
             },
         ),
         **_auth_responses(write=True),
-        "413": _r("PayloadTooLarge"),
+        "413": _response_ref("PayloadTooLarge"),
         "503": _resp(
             "The journal cannot record the write (journal_unavailable): nothing changed; retry.",
             _json(_ref("JournalUnavailable")),
@@ -1011,7 +1023,7 @@ def _write_op(kind: str, fleet: bool) -> dict:
     }
     if not fleet:
         responses["404"] = _resp(
-            "No such worker (worker_not_found).", _json(_rl_error(["worker_not_found"], {"id": STR}))
+            "No such worker (worker_not_found).", _json(_rl_error(["worker_not_found"], {"id": STRING}))
         )
     target = "every worker the selector matches" if fleet else "one worker"
     out = {
@@ -1070,7 +1082,7 @@ def _routing_loop_paths() -> dict:
                         "name": "wait",
                         "in": "query",
                         "required": False,
-                        "schema": STR,
+                        "schema": STRING,
                         "description": "accepted for PSRL clients; selections are atomic, nothing to wait for",
                     }
                 ],
@@ -1084,7 +1096,7 @@ def _routing_loop_paths() -> dict:
 
     item = _obj(
         {
-            "worker_id": STR,
+            "worker_id": STRING,
             "dp_rank": {**INT, "minimum": 0},
             "weight_version": {"type": ["string", "integer"]},
         },
@@ -1093,11 +1105,11 @@ def _routing_loop_paths() -> dict:
     result = _obj(
         {
             "status": {"type": "string", "enum": ["updated", "rejected"]},
-            "worker_id": STR,
+            "worker_id": STRING,
             "url": {"type": ["string", "null"]},
-            "weight_version": STR,
+            "weight_version": STRING,
             "dp_rank": INT,
-            "reason": STR,
+            "reason": STRING,
         },
         ["status", "worker_id", "url", "weight_version"],
     )
@@ -1216,7 +1228,7 @@ def _paths(rl: bool) -> dict:
                 "tags": ["meta"],
                 "security": [],
                 "responses": {
-                    "200": _resp("The page.", {"text/html; charset=utf-8": {"schema": STR}}),
+                    "200": _resp("The page.", {"text/html; charset=utf-8": {"schema": STRING}}),
                 },
             }
         ),
@@ -1237,7 +1249,7 @@ def _paths(rl: bool) -> dict:
                     "202": _resp(
                         "Queued.",
                         _json(_ref("WorkerAccepted")),
-                        {"location": {"required": True, "schema": STR}},
+                        {"location": {"required": True, "schema": STRING}},
                     ),
                     "400": _resp("Bad content type, body or URL.", WORKER_ERR),
                     "409": _resp("A worker already has this URL.", WORKER_ERR),

@@ -20,7 +20,7 @@ import trio
 from smgrl.api import envelopes as env
 from smgrl.api.control_bodies import LARGE, body_timeout
 from smgrl.api.dataplane import watch_disconnect
-from smgrl.api.rl import PREFIX, BadUtf8, control_request, decode_params, match, query_pairs
+from smgrl.api.rl_routes import PREFIX, BadUtf8, control_request, decode_params, match, query_pairs
 from smgrl.api.scope import header_text
 from smgrl.auth import ENGINE, READ, Denied
 from smgrl.control.service import CallContext

@@ -21,12 +21,11 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
-from smgrl.api.rl import _raw_query, query_pairs
+from smgrl.api.rl_routes import _raw_query, query_pairs
 from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.auth import WRITE
 from smgrl.core.selector import SelectorError, parse_selector, rust_trim
-from smgrl.core.version import InvalidVersion as BadVersion
-from smgrl.core.version import validate_version
+from smgrl.core.version import MalformedVersion, validate_version
 from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
 from smgrl.core.worker import Worker
 from smgrl.errors import (
@@ -62,7 +61,7 @@ def parse_write(kind: str, data: bytes) -> str:
         return body["control"]
     try:
         return validate_version(body["weight_version"])
-    except BadVersion as exc:
+    except MalformedVersion as exc:
         raise InvalidVersion(str(exc)) from None
 
 

@@ -27,7 +27,7 @@ from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
 from smgrl.auth import READ, WRITE
-from smgrl.core.version import InvalidVersion, validate_version
+from smgrl.core.version import MalformedVersion, validate_version
 from smgrl.errors import InvalidBody, JournalUnavailable, RlError
 from smgrl.journaling import ev
 from smgrl.routing.staged import identity
@@ -221,7 +221,7 @@ def _items(data: bytes) -> list[dict[str, Any]]:
             raise InvalidBody(f"item {n}: `weight_version` must be a string or an integer")
         try:
             version = validate_version(str(raw))
-        except InvalidVersion as exc:
+        except MalformedVersion as exc:
             raise InvalidBody(f"item {n}: {exc}") from None
         out.append({"worker_id": item["worker_id"], "dp_rank": rank, "weight_version": version})
     return out

@@ -29,7 +29,7 @@ _U64_MAX = 2**64 - 1
 _I64_MIN = -(2**63)
 
 
-class InvalidVersion(ValueError):
+class MalformedVersion(ValueError):
     """A version string SMG refuses (``invalid_version``, 400); ``reason`` is a stable log tag."""
 
     MESSAGES: ClassVar[dict[str, str]] = {
@@ -47,15 +47,15 @@ class InvalidVersion(ValueError):
 
 
 def validate_version(v: str) -> str:
-    """The trimmed version, or :class:`InvalidVersion` (checked in order: empty, length, bytes)."""
+    """The trimmed version, or :class:`MalformedVersion` (checked in order: empty, length, bytes)."""
     trimmed = rust_trim(v)
     if not trimmed:
-        raise InvalidVersion("empty")
+        raise MalformedVersion("empty")
     raw = trimmed.encode("utf-8", "surrogatepass")
     if len(raw) > MAX_VERSION_BYTES:
-        raise InvalidVersion("too_long")
+        raise MalformedVersion("too_long")
     if not all(0x21 <= b <= 0x7E for b in raw):
-        raise InvalidVersion("not_printable_ascii")
+        raise MalformedVersion("not_printable_ascii")
     return trimmed
 
 
@@ -197,7 +197,7 @@ def observed_version(value: object) -> str | None:
         return None
     try:
         return validate_version(text)
-    except InvalidVersion:
+    except MalformedVersion:
         return None
 
 
@@ -208,7 +208,7 @@ def observation_problem(value: object) -> str | None:
         return "not_a_string_or_number"
     try:
         validate_version(text)
-    except InvalidVersion as e:
+    except MalformedVersion as e:
         return e.reason
     return None
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import attrs
 import trio
 
-from smgrl.dataplane.errors import QueueFull, QueueTimeout
+from smgrl.errors import QueueFull, QueueTimeout
 
 
 def default_limit() -> int:

@@ -12,7 +12,7 @@ the worst case in RSS.
 
 from __future__ import annotations
 
-from smgrl.dataplane.errors import MemoryBudgetExceeded
+from smgrl.errors import MemoryBudgetExceeded
 
 
 class ByteBudget:

@@ -36,8 +36,8 @@ import trio
 
 from journal.events import RequestLoopedBack
 from smgrl.core.version import Version
-from smgrl.dataplane.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
 from smgrl.dataplane.stamp import Stamp, first_event_version, stream_version
+from smgrl.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
 from smgrl.routing.metadata import InstanceId
 
 log = logging.getLogger("smgrl.dataplane")

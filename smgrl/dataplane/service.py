@@ -31,7 +31,10 @@ from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
-from smgrl.dataplane.errors import (
+from smgrl.dataplane.metrics import DataPlaneMetrics
+from smgrl.dataplane.request import RolloutRequest
+from smgrl.dataplane.table import Entry, ModelEntries, Table, build
+from smgrl.errors import (
     ModelNotFound,
     ModelRequired,
     NoAvailableWorkers,
@@ -39,9 +42,6 @@ from smgrl.dataplane.errors import (
     RequestTimeout,
     UpstreamUnreachable,
 )
-from smgrl.dataplane.metrics import DataPlaneMetrics
-from smgrl.dataplane.request import RolloutRequest
-from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry.keys import KeyRing
 from smgrl.routing import staged
 from smgrl.routing.metadata import InstanceId

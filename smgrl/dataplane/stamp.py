@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.version import InvalidVersion, Version, validate_version
+from smgrl.core.version import MalformedVersion, Version, validate_version
 
 DEFAULT_VERSION = "default"
 UNVERSIONED_TAG = "-1"  # PSRL's x-version-tag for "no version"
@@ -44,7 +44,7 @@ def _valid(value: Any) -> str | None:
         return None
     try:
         version = validate_version(str(value))
-    except InvalidVersion:
+    except MalformedVersion:
         return None
     return None if version == DEFAULT_VERSION else version
 

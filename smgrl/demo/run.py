@@ -96,7 +96,7 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(journal + suffix):
                     os.remove(journal + suffix)
-        gw = start_gateway(
+        gateway_proc = start_gateway(
             [
                 "--enable-rl",
                 "--worker-urls",
@@ -110,10 +110,10 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
             port=port,
             log=log,
         )
-        children.append(gw)
+        children.append(gateway_proc)
         base = f"http://127.0.0.1:{port}"
-        wait_for_workers(base, engines, child=gw)
-        say(f"  gateway: {base} (pid {gw.pid}), journal {journal}")
+        wait_for_workers(base, engines, child=gateway_proc)
+        say(f"  gateway: {base} (pid {gateway_proc.pid}), journal {journal}")
         rl = RL(base, timeout=60)
 
         say("[2/5] before the refit", bold=True)
@@ -141,8 +141,8 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
         ok = new_version == "step-1" and new_text != text
 
         say("[5/5] what the journal recorded", bold=True)
-        gw.stop()
-        children.remove(gw)
+        gateway_proc.stop()
+        children.remove(gateway_proc)
         summarize_journal(journal)
         if ok:
             say(
@@ -216,11 +216,11 @@ def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, cli
         port = free_port()
         args = ["--enable-rl", "--worker-urls", *urls, "--journal", journal]
         args += ["--prometheus-port", str(free_port()), "--disable-health-check"]
-        gw = start_gateway(args, port=port, log=log)
-        children.append(gw)
+        gateway_proc = start_gateway(args, port=port, log=log)
+        children.append(gateway_proc)
         base = f"http://127.0.0.1:{port}"
-        wait_for_workers(base, engines, child=gw)
-        say(f"  gateway: {base} (pid {gw.pid}), journal {journal}")
+        wait_for_workers(base, engines, child=gateway_proc)
+        say(f"  gateway: {base} (pid {gateway_proc.pid}), journal {journal}")
         say("[2/3] rollouts stream through smgrl while the trainer refits every 2 s", bold=True)
         code = subprocess.run(
             [sys.executable, str(EXAMPLE), "--gateway", base, "--clients", str(clients)],
@@ -228,8 +228,8 @@ def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, cli
             timeout=600,
         ).returncode
         say("[3/3] what the journal recorded", bold=True)
-        gw.stop()
-        children.remove(gw)
+        gateway_proc.stop()
+        children.remove(gateway_proc)
         summarize_journal(journal)
         if code == 0:
             say(

@@ -26,7 +26,7 @@ from typing import Literal
 import attrs
 
 from smgrl.core.selector import rust_trim
-from smgrl.core.version import InvalidVersion, Version, parse_u64, validate_version
+from smgrl.core.version import MalformedVersion, Version, parse_u64, validate_version
 
 Kind = Literal["any", "latest-only", "min-version", "max-staleness"]
 UNVERSIONED_TAG = "-1"
@@ -52,7 +52,7 @@ class VersionPolicy:
         if sep and name == "min-version":
             try:
                 return cls("min-version", min_version=Version.parse(validate_version(arg)))
-            except InvalidVersion as exc:
+            except MalformedVersion as exc:
                 raise InvalidVersionPolicy(f"invalid version policy `{raw}`: {exc}") from None
         if sep and name == "max-staleness":
             k = parse_u64(rust_trim(arg))
@@ -107,7 +107,7 @@ def parse_floor(value: str) -> Version | None:
         return None
     try:
         return Version.parse(validate_version(raw))
-    except InvalidVersion as exc:
+    except MalformedVersion as exc:
         raise InvalidVersionPolicy(f"invalid x-version-tag `{raw}`: {exc}") from None
 
 

@@ -12,11 +12,14 @@ Keyed by engine address (``base_url``: DP ranks share one engine). The rules:
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from smgrl.core.observe import Intent
 from smgrl.core.view import EngineFacts
 from smgrl.core.worker import strip_rank
+from smgrl.state.records import exact_record
 
 TYPES = frozenset(
     {
@@ -40,6 +43,35 @@ class _Open:
     settled: set[str] = attrs.field(factory=set)
 
 
+_FACT_FIELDS = frozenset(f.name for f in attrs.fields(EngineFacts))
+
+
+@attrs.frozen
+class EnginesSnapshot:
+    """A consistent copy of the engine projection (``EngineStates.to_snapshot``): facts are frozen
+    values, shared; each open operation is copied as (op_id, intent, targets, succeeded, settled)."""
+
+    revision: int
+    engines: dict[str, EngineFacts]
+    open: list[tuple[str, Intent, dict[str, str], list[str], list[str]]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "facts": {base: attrs.asdict(f) for base, f in self.engines.items()},
+            "open": [
+                {
+                    "op_id": op_id,
+                    "intent": {"version": i.version, "control": i.control, "phase": i.phase},
+                    "targets": targets,
+                    "succeeded": succeeded,
+                    "settled": settled,
+                }
+                for op_id, i, targets, succeeded, settled in self.open
+            ],
+        }
+
+
 class EngineStates:
     def __init__(self) -> None:
         self.engines: dict[str, EngineFacts] = {}
@@ -48,6 +80,35 @@ class EngineStates:
 
     def get(self, base_url: str) -> EngineFacts | None:
         return self.engines.get(base_url)
+
+    # -- the snapshot contract (smgrl.state.snapshot) -------------------------------------------
+
+    def to_snapshot(self) -> EnginesSnapshot:
+        return EnginesSnapshot(
+            self.revision,
+            dict(self.engines),
+            [
+                (op_id, o.intent, dict(o.targets), sorted(o.succeeded), sorted(o.settled))
+                for op_id, o in self._open.items()
+            ],
+        )
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> EngineStates:
+        """The projection an ``EnginesSnapshot.to_json`` describes; SnapshotError (or KeyError,
+        TypeError, ValueError) when it does not fit."""
+        state = cls()
+        state.engines = {
+            str(base): EngineFacts(**exact_record(f, _FACT_FIELDS, "engine"))
+            for base, f in data["facts"].items()
+        }
+        for raw in data["open"]:
+            intent = Intent.from_json(raw["intent"])
+            state._open[str(raw["op_id"])] = _Open(
+                intent, dict(raw["targets"]), set(raw["succeeded"]), set(raw["settled"])
+            )
+        state.revision = int(data["revision"])
+        return state
 
     def apply(self, seq: int, event, registry) -> None:
         """Fold one event. ``registry`` is the registry projection, already updated with it."""

@@ -15,6 +15,8 @@ from typing import Any
 
 import attrs
 
+from smgrl.state.records import exact_record
+
 RECENT = 4096
 # The cache of finished operations is also bounded by their targets: one outcome per target, so a
 # count bound alone let 4096 fan-outs of 64 engines hold 262,144 outcomes (hundreds of MiB; found by
@@ -65,6 +67,30 @@ class OpRecord:
         }
 
 
+_OP_FIELDS = frozenset(f.name for f in attrs.fields(OpRecord))
+
+
+def _op_json(op: OpRecord) -> dict[str, Any]:
+    data = attrs.asdict(op, recurse=False)
+    data["targets"] = [dict(t) for t in op.targets]
+    data["outcomes"] = {wid: dict(o) for wid, o in op.outcomes.items()}
+    data["missing"] = list(op.missing)
+    return data
+
+
+@attrs.frozen
+class OperationsSnapshot:
+    """The open operations as plain data (``Operations.to_snapshot``). OpRecords are mutable
+    (outcomes arrive), so each is copied when the snapshot is taken. The cache of recently
+    finished operations is not part of it (``GET /v1/rl/operations/{id}`` falls back to the
+    journal file)."""
+
+    open: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"open": self.open}
+
+
 class Operations:
     def __init__(self, recent: int = RECENT, recent_targets: int = RECENT_TARGETS) -> None:
         self.open: dict[str, OpRecord] = {}
@@ -75,6 +101,21 @@ class Operations:
 
     def get(self, op_id: str) -> OpRecord | None:
         return self.open.get(op_id) or self.recent.get(op_id)
+
+    # -- the snapshot contract (smgrl.state.snapshot) -------------------------------------------
+
+    def to_snapshot(self) -> OperationsSnapshot:
+        return OperationsSnapshot([_op_json(op) for op in self.open.values()])
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> Operations:
+        """The open operations an ``OperationsSnapshot.to_json`` describes (SnapshotError, or
+        KeyError, TypeError, ValueError when it does not fit); the recent cache starts empty."""
+        state = cls()
+        for raw in data["open"]:
+            op = OpRecord(**exact_record(raw, _OP_FIELDS, "operation"))
+            state.open[op.op_id] = op
+        return state
 
     def apply(self, seq: int, ev) -> None:
         kind = getattr(ev, "TYPE", None)

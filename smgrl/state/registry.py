@@ -9,10 +9,12 @@ views can be cached.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 
 from smgrl.core.worker import Worker, strip_rank
+from smgrl.state.records import SnapshotError, exact_record
 
 TYPES = frozenset(
     {
@@ -23,6 +25,36 @@ TYPES = frozenset(
         "worker.removed",
     }
 )
+
+
+_WORKER_FIELDS = frozenset(f.name for f in attrs.fields(Worker))
+
+
+@attrs.frozen
+class RegistrySnapshot:
+    """A consistent copy of the registry (``RegistryState.to_snapshot``). Workers are frozen
+    values, shared with the live registry; only the containers are copied. ``to_json`` may run
+    anywhere (the snapshotter runs it in the writer's thread)."""
+
+    revision: int
+    last_seq: int
+    workers: list[Worker]  # in registration order
+    by_url: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "last_seq": self.last_seq,
+            "workers": [_worker_json(w) for w in self.workers],
+            "by_url": self.by_url,
+        }
+
+
+def _worker_json(w: Worker) -> dict[str, Any]:
+    data = attrs.asdict(w, recurse=False)
+    data["caller_labels"] = dict(w.caller_labels)
+    data["discovered_labels"] = dict(w.discovered_labels)
+    return data
 
 
 class RegistryState:
@@ -59,6 +91,26 @@ class RegistryState:
 
     def __len__(self) -> int:
         return len(self.workers)
+
+    # -- the snapshot contract (smgrl.state.snapshot) -----------------------------------------
+
+    def to_snapshot(self) -> RegistrySnapshot:
+        return RegistrySnapshot(self.revision, self.last_seq, list(self.workers.values()), dict(self._by_url))
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> RegistryState:
+        """The registry a ``RegistrySnapshot.to_json`` describes; SnapshotError (or KeyError,
+        TypeError, ValueError) when it does not fit."""
+        state = cls()
+        for raw in data["workers"]:
+            w = Worker(**exact_record(raw, _WORKER_FIELDS, "worker"))
+            state.workers[w.id] = w
+        by_url = data["by_url"]
+        if not isinstance(by_url, dict) or any(wid not in state.workers for wid in by_url.values()):
+            raise SnapshotError("registry URL index names unknown workers")
+        state._by_url = {str(url): str(wid) for url, wid in by_url.items()}
+        state.revision, state.last_seq = int(data["revision"]), int(data["last_seq"])
+        return state
 
     # -- the fold ----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Startup replay, projection snapshots, and the bookkeeping of operations cut short.
+"""Startup replay: a FleetState restored from the newest snapshot plus the events after it.
 
 ``restore`` rebuilds the gateway's ``FleetState``: it loads the newest valid ``fleet`` snapshot
 (see ``smgrl.state.snapshot``) and folds only the events after it (the same ``apply`` the writer
@@ -6,19 +6,15 @@ calls at run time). ``replay`` folds from any point without a snapshot (tests, t
 ``restore`` itself when there is no usable snapshot). Both read only the event types the
 projections fold (``FOLDED_TYPES``, through the journal's (type, seq) index) and decode only those.
 
-``Snapshotter`` is the gateway task that stores a new snapshot every ``every`` events.
-
-``record_interrupted`` appends ``control.interrupted`` for every operation the journal shows as
-started but never finished: after a crash (``gateway_restart``) or at shutdown (``shutdown``),
-naming the targets whose outcomes were recorded and those that were not.
+Pure folds over a store the caller opened: no task, no append. The gateway task that stores a
+new snapshot every so many events is ``smgrl.snapshots.Snapshotter``; the journaling of operations
+cut short is ``smgrl.journaling.record_interrupted``.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import os
-import time
 from collections.abc import Iterator
 
 import attrs
@@ -26,8 +22,6 @@ import attrs
 from journal.base import RawRow
 from journal.events import decode, decode_parsed
 from smgrl.errors import StartupError
-from smgrl.journaling import ev
-from smgrl.logs import event as log_event
 from smgrl.state import engines, registry, routing_loop, sagas, snapshot
 from smgrl.state.fleet import FleetState
 
@@ -38,13 +32,6 @@ log = logging.getLogger("smgrl.snapshot")
 # that FleetState ignores every catalogued type outside this set; extend it with the projections.
 CONTROL_TYPES = frozenset({"control.started", "control.outcome", "control.finished", "control.interrupted"})
 FOLDED_TYPES = registry.TYPES | engines.TYPES | CONTROL_TYPES | routing_loop.TYPES | sagas.TYPES
-
-# Events between two snapshots taken by the gateway. It bounds what startup replays and
-# hash-checks (the worst case is a snapshot this many events behind the head): 25,000 keeps a
-# verified startup on a 1M-event journal under a second (docs/benchmarks.md), for a snapshot
-# (about 1 MB and 25-90 ms of the writer thread for a 2,000-worker fleet) every 25,000 events.
-SNAPSHOT_EVERY = 25_000
-SNAPSHOT_EVERY_ENV = "SMGRL_SNAPSHOT_EVERY"  # override (tests, tuning); 0 turns snapshots off
 
 
 def read_types(store, types, after_seq: int = 0) -> Iterator[RawRow]:
@@ -122,7 +109,7 @@ def restore_verified(store) -> tuple[FleetState, Restored]:
     checks them all). A snapshot that fails its hash check is not trusted and not dropped silently:
     one warning line, then the previous valid snapshot (or the first event) is the starting point,
     and the chain is checked from there. The check and the fold are one pass over the rows after
-    the snapshot (at most ``SNAPSHOT_EVERY`` of them): see docs/benchmarks.md.
+    the snapshot (at most ``smgrl.snapshots.SNAPSHOT_EVERY`` of them): see docs/benchmarks.md.
     """
     head = store.last_seq()
     seq, fleet, problem = load_snapshot(store, head)
@@ -167,101 +154,3 @@ def restore_sagas(store, fleet: FleetState, upto_seq: int) -> None:
     events up to the snapshot from the file (a type-filtered read; few events)."""
     for rec in store.read(types=sorted(sagas.TYPES), until_seq=upto_seq):
         fleet.sagas.apply(rec.seq, rec.event, rec.ts)
-
-
-def snapshot_every(environ: dict[str, str] | None = None) -> int:
-    """Events between snapshots: ``SMGRL_SNAPSHOT_EVERY`` when set to an integer >= 0, else 25,000."""
-    raw = (os.environ if environ is None else environ).get(SNAPSHOT_EVERY_ENV, "").strip()
-    if raw.isdigit():
-        return int(raw)
-    return SNAPSHOT_EVERY
-
-
-class Snapshotter:
-    """Stores a fleet snapshot every ``every`` events, through the journal writer.
-
-    The state is captured on the event loop (between batches, so it is exactly the fold up to
-    ``fleet.last_seq``); encoding and the write happen in the writer's thread
-    (``JournalWriter.save_snapshot``), never concurrently with a commit. A ``snapshot.taken``
-    marker follows each stored snapshot.
-    """
-
-    def __init__(self, fleet: FleetState, writer, *, every: int, last_seq: int, poll_secs: float = 1.0):
-        self.fleet = fleet
-        self.writer = writer
-        self.every = every
-        self.last_seq = last_seq  # seq of the newest snapshot (0: none)
-        self.poll_secs = poll_secs
-
-    def due(self) -> bool:
-        return self.every > 0 and self.fleet.last_seq - self.last_seq >= self.every
-
-    async def run(self, *, task_status=None) -> None:
-        # trio is imported here, not at the top: the journal CLI imports this module to read.
-        import trio
-
-        if task_status is not None:  # nursery.start (start_soon passes none)
-            task_status.started()
-        if self.every <= 0:
-            return
-        # Cancelled with the gateway's inner nursery at shutdown. A cancellation during
-        # save_snapshot waits for the thread (abandon_on_cancel=False in the writer): the
-        # snapshot row is then written or not, never half.
-        while True:
-            if self.due():
-                await self.take()
-            await trio.sleep(self.poll_secs)
-
-    async def take(self) -> int | None:
-        """Store a snapshot of the current state now; its upto_seq, or None if it failed."""
-        t0 = time.perf_counter()
-        cap = snapshot.capture(self.fleet)  # on the loop: consistent (no batch applies meanwhile)
-        if cap.last_seq <= 0:
-            return None
-        captured_ms = (time.perf_counter() - t0) * 1000
-        try:
-            size = await self.writer.save_snapshot(snapshot.KIND, cap.last_seq, lambda: snapshot.dumps(cap))
-        except Exception as exc:  # noqa: BLE001 - a snapshot is a cache: log it and carry on
-            log.warning("snapshot at seq %d failed: %r", cap.last_seq, exc)
-            self.last_seq = cap.last_seq  # do not retry every second; try again after `every`
-            return None
-        self.last_seq = cap.last_seq
-        log_event(
-            log,
-            "snapshot stored",
-            upto_seq=cap.last_seq,
-            bytes=size,
-            capture_ms=round(captured_ms, 2),
-            workers=len(cap.workers),
-        )
-        try:
-            await self.writer.append(
-                "gateway", ev("snapshot.taken", kind=snapshot.KIND, upto_seq=cap.last_seq)
-            )
-        except Exception as exc:  # noqa: BLE001 - the marker is informational
-            log.warning("snapshot marker not journaled: %r", exc)
-        return cap.last_seq
-
-
-async def record_interrupted(journal, fleet: FleetState, reason: str) -> list[str]:
-    """Journal ``control.interrupted`` for every open operation, in one transaction."""
-    items = []
-    for op_id, op in list(fleet.operations.open.items()):
-        targets = [t["worker_id"] for t in op.targets]
-        recorded = [t for t in targets if t in op.outcomes]
-        missing = [t for t in targets if t not in op.outcomes]
-        items.append(
-            (
-                f"op:{op_id}",
-                ev(
-                    "control.interrupted",
-                    op_id=op_id,
-                    reason=reason,
-                    recorded_targets=recorded,
-                    missing_targets=missing,
-                ),
-            )
-        )
-    if items:
-        await journal.append_many(items)
-    return [event.op_id for _, event in items]

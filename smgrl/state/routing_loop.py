@@ -4,6 +4,8 @@ the gateway, in-flight ones finish). Snapshotted with the fleet; a restart keeps
 
 from __future__ import annotations
 
+from typing import Any
+
 TYPES = frozenset({"dataplane.dispatch_set"})
 
 
@@ -19,3 +21,19 @@ class RoutingLoop:
         self.paused = bool(event.paused)
         self.revision += 1
         self.changed_seq = seq
+
+    # -- the snapshot contract (smgrl.state.snapshot) -------------------------------------------
+
+    def to_snapshot(self) -> dict[str, Any] | None:
+        """Plain data; None until the loop was ever switched (older snapshots have no such key)."""
+        if not self.revision:
+            return None
+        return {"paused": self.paused, "revision": self.revision, "changed_seq": self.changed_seq}
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> RoutingLoop:
+        state = cls()
+        state.paused = bool(data["paused"])
+        state.revision = int(data["revision"])
+        state.changed_seq = int(data["changed_seq"])
+        return state

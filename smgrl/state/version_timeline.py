@@ -48,7 +48,7 @@ class Change(NamedTuple):
     op_id: str | None
 
 
-class _Op:
+class _OpenVersionOp:
     __slots__ = ("settled", "succeeded", "targets", "version")
 
     def __init__(self, version: str, targets: dict[str, str]) -> None:
@@ -77,7 +77,7 @@ class VersionFold:
     def __init__(self) -> None:
         self.registry = RegistryState()
         self.facts: dict[str, tuple] = {}
-        self._open: dict[str, _Op] = {}
+        self._open: dict[str, _OpenVersionOp] = {}
         self._shown: dict[str, tuple | None] = {}
         self._first: dict[str, str] = {}
 
@@ -149,7 +149,7 @@ class VersionFold:
             yield from self._check(seq, base, None)
 
     def started(self, op_id: str, version: str, targets: Iterable[dict]) -> None:
-        self._open[op_id] = _Op(version, {t["worker_id"]: strip_rank(t["url"]) for t in targets})
+        self._open[op_id] = _OpenVersionOp(version, {t["worker_id"]: strip_rank(t["url"]) for t in targets})
 
     def outcome(self, seq: int, op_id: str, worker_id: str, kind: int) -> Iterator[Change]:
         op = self._open.get(op_id)

@@ -13,8 +13,8 @@ import trio.testing
 
 from smgrl.config import Config, DataPlaneConfig, RlConfig
 from smgrl.dataplane.budget import ByteBudget
-from smgrl.dataplane.errors import MemoryBudgetExceeded
 from smgrl.dataplane.testing import PROBE_MODEL, ScriptedEngine
+from smgrl.errors import MemoryBudgetExceeded
 from smgrl.testing import gateway_in_process
 
 

@@ -9,7 +9,7 @@ from smgrl.core.capability import capabilities_for
 from smgrl.core.control_url import resolve_control_url
 from smgrl.core.path import EnginePathError, metric_op, passthrough_query, validate_engine_path
 from smgrl.core.selector import RUST_WHITESPACE, SelectorError, parse_selector, quote_value, rust_trim
-from smgrl.core.version import InvalidVersion, compare_versions, observed_version, validate_version
+from smgrl.core.version import MalformedVersion, compare_versions, observed_version, validate_version
 
 # Text biased towards the grammar's own alphabet, plus whitespace Python and Rust disagree on.
 GRAMMAR = '=!,()" \\inotabck_./-\t\n\x1c\x1f\u3000\u00a0é'
@@ -127,7 +127,7 @@ def test_capabilities_never_raise_and_lists_have_no_blank_items(engine, labels):
 def test_validate_version_returns_printable_ascii_or_raises(raw):
     try:
         v = validate_version(raw)
-    except InvalidVersion as e:
+    except MalformedVersion as e:
         assert e.reason in ("empty", "too_long", "not_printable_ascii")
     else:
         assert 1 <= len(v.encode()) <= 128 and all(0x21 <= b <= 0x7E for b in v.encode())

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from smgrl.api import dataplane_body as db
 from smgrl.api.serde_body import SerdeError, serde_struct
 from smgrl.dataplane import request as rq
-from smgrl.dataplane.errors import InvalidRequest
+from smgrl.errors import InvalidRequest
 
 CT = b"application/json"
 MSGS = [{"role": "user", "content": "hi"}]

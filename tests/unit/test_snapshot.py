@@ -15,9 +15,10 @@ from journal import Append, JournalClosedError, JournalWriter, MemoryStore, Sqli
 from smgrl.core.observe import intent_of
 from smgrl.journal_cli.filters import catalogue
 from smgrl.journaling import ev
+from smgrl.snapshots import SNAPSHOT_EVERY, Snapshotter, snapshot_every
 from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState
-from smgrl.state.replay import FOLDED_TYPES, SNAPSHOT_EVERY, Snapshotter, replay, restore, snapshot_every
+from smgrl.state.replay import FOLDED_TYPES, replay, restore
 
 URLS = [f"http://h{i}:1" for i in range(4)]
 

@@ -5,7 +5,7 @@ import pytest
 from smgrl.core.version import (
     CONTROL_AFTER,
     VERSION_FIELDS,
-    InvalidVersion,
+    MalformedVersion,
     Version,
     compare_versions,
     fleet_max,
@@ -60,7 +60,7 @@ def test_the_validator_accepts_printable_ascii_within_the_cap(raw, want):
     ],
 )
 def test_the_validator_refuses_empty_over_cap_and_non_printable(raw, message, reason):
-    with pytest.raises(InvalidVersion) as info:
+    with pytest.raises(MalformedVersion) as info:
         validate_version(raw)
     assert str(info.value) == message
     assert info.value.reason == reason

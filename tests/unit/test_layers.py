@@ -1,0 +1,114 @@
+"""The layers hold: the pure packages import no I/O, and no class name is defined twice in smgrl/.
+
+An import-linter-like check over the source (``ast``, nothing is imported): every module under
+the pure packages, and every first-party module they reach through their import statements
+(followed as import-linter follows them: ``from journal.events import x`` depends on
+``journal.events``), must not import an I/O module.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PURE = ("smgrl/state", "smgrl/core", "smgrl/routing")
+FIRST_PARTY = ("smgrl", "journal")
+FORBIDDEN = ("trio", "httpx", "sqlite3", "socket")
+
+
+def _module_file(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The modules ``path`` imports (``from a.b import c`` gives a.b.c when that is a module)."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
+    return found
+
+
+def _reach(start: str) -> dict[str, str]:
+    """Every module ``start`` reaches through first-party import statements: name -> importer."""
+    seen, todo = {start: ""}, [start]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if path is None:
+            continue
+        for imported in _imports(path):
+            if imported not in seen:
+                seen[imported] = name
+                if imported.split(".")[0] in FIRST_PARTY:
+                    todo.append(imported)
+    return seen
+
+
+def _pure_modules() -> list[str]:
+    return sorted(_module_name(p) for pkg in PURE for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_the_check_sees_imports():
+    # It must be able to fail: the I/O shells reach every forbidden module.
+    reached = {m.split(".")[0] for shell in ("smgrl.server", "smgrl.testing") for m in _reach(shell)}
+    assert set(FORBIDDEN) <= reached
+    assert len(_pure_modules()) > 20
+
+
+@pytest.mark.parametrize("module", _pure_modules())
+def test_pure_modules_import_no_io(module):
+    reached = _reach(module)
+    bad = sorted(m for m in reached if m.split(".")[0] in FORBIDDEN)
+    chains = []
+    for m in bad:
+        chain = [m]
+        while reached[chain[-1]]:
+            chain.append(reached[chain[-1]])
+        chains.append(" <- ".join(chain))
+    assert not chains, f"{module} reaches I/O: {chains}"
+
+
+# Class names defined in two modules on purpose, each with its reason.
+SAME_NAME_ALLOWED = {
+    # smgrl/rl.py is the drop-in client: its public names are the contract and stay as they are.
+    "RlError": "smgrl/rl.py is the client: its RlError is what callers catch",
+    "Worker": "smgrl/rl.py is the client: its Worker is the client's view of a worker entry",
+    # The fake engines' response to send (smgrl/fake/http.py) and the upstream client's response
+    # received (smgrl/upstream/response.py): two sides of one exchange, in separate trees.
+    "Response": "server-side response of the fakes vs client-side response of the upstream pool",
+}
+
+
+def test_no_class_is_defined_twice():
+    where: defaultdict[str, list[str]] = defaultdict(list)
+    for path in sorted((ROOT / "smgrl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(str(path.relative_to(ROOT)))
+    twice = {name: files for name, files in where.items() if len(files) > 1 and name not in SAME_NAME_ALLOWED}
+    assert not twice, f"classes defined more than once: {twice}"
+    assert all(len(where[name]) == 2 for name in SAME_NAME_ALLOWED), "an allowed pair is gone: drop it"
