@@ -21,6 +21,9 @@ OpenAI-style codes (``x-smg-error-code``)::
     │   │   │                                                          crate's envelope, as SMG answers it)
     │   │   ├── WorkerNotFound          worker_not_found         404  + id
     │   │   ├── OperationNotFound       operation_not_found      404  + id
+    │   │   ├── InvalidQuery            invalid_query            400  a journal route's query (after, limit, type, ...)
+    │   │   ├── (smgrl/refit/errors.py) refit_unsupported 409 · version_left 409 · refit_in_progress 409
+    │   │   │                           refit_not_found 404 · refit_state 409 (the refit routes)
     │   │   ├── NoControlEndpoint       no_control_endpoint      422  + worker_id, url, connection_mode
     │   │   ├── UpstreamTimeout         upstream_timeout         504  + worker_id, url
     │   │   ├── JournalUnavailable      journal_unavailable      503  (the journal cannot take the record)
@@ -167,6 +170,10 @@ class OperationNotFound(RlError):
 
     def __init__(self, op_id: str) -> None:
         super().__init__(f"operation `{op_id}` not found", id=op_id)
+
+
+class InvalidQuery(RlError):
+    code, status = "invalid_query", 400
 
 
 class NoControlEndpoint(RlError):

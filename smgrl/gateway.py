@@ -79,7 +79,7 @@ class Gateway:
             dataplane,
             instance_id,
         )
-        gw.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
+        gateway.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply

@@ -20,7 +20,7 @@ from quart import Response, request
 from journal import SqliteStore
 from journal.events import encode
 from smgrl.api import envelopes as env
-from smgrl.errors import OperationNotFound, RlError
+from smgrl.errors import InvalidQuery, OperationNotFound
 from smgrl.journal_cli.filters import catalogue, expand_types
 from smgrl.journal_cli.reading import read_events
 from smgrl.journal_cli.values import BadValue, parse_time
@@ -29,10 +29,6 @@ from smgrl.state.operations import Operations
 PAGE_DEFAULT = 100
 PAGE_MAX = 1000
 SQLITE_MAX_INT = 2**63 - 1
-
-
-class InvalidQuery(RlError):
-    code, status = "invalid_query", 400
 
 
 class JournalRoutes:

@@ -22,16 +22,12 @@ from smgrl.api.fleet_page import PAGE
 from smgrl.api.guard import Guard
 from smgrl.api.journal_routes import JournalRoutes, record_json
 from smgrl.auth import READ
-from smgrl.errors import RlError
+from smgrl.errors import InvalidQuery
 
 KEEPALIVE_SECS = 15.0
 BACKFILL_MAX = 10_000
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 ALLOW = {"journal_stream": "GET", "fleet_page": "GET,HEAD"}
-
-
-class BadAfter(RlError):
-    code, status = "invalid_query", 400
 
 
 def sse(event: str, data: dict, event_id: int | None = None) -> bytes:
@@ -78,14 +74,14 @@ class JournalStream:
             if after_arg is not None:
                 if not after_arg.isdigit():
                     check.status = 400
-                    exc = BadAfter("`after` must be a non-negative integer", param="after")
+                    exc = InvalidQuery("`after` must be a non-negative integer", param="after")
                     return env.json_response(exc.status, exc.body())
                 after = int(after_arg)
             tail_arg = request.args.get("tail")
             if tail_arg is not None and after is None:
                 if not tail_arg.isdigit():
                     check.status = 400
-                    exc = BadAfter("`tail` must be a non-negative integer", param="tail")
+                    exc = InvalidQuery("`tail` must be a non-negative integer", param="tail")
                     return env.json_response(exc.status, exc.body())
                 # The last N records, then live (the fleet page's start: recent refits first).
                 after = max(0, self.gw.fleet.last_seq - min(int(tail_arg), BACKFILL_MAX))

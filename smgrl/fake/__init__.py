@@ -14,7 +14,7 @@ Fake-only HTTP surface on every port: ``/_fake/knobs``, ``/_fake/calls``, ``/_fa
 from smgrl.fake.base import BaseEngine, EngineConfig
 from smgrl.fake.checkpoint import DEFAULT_MODEL_NAME, checkpoint_digest, make_checkpoint
 from smgrl.fake.fleet import ENGINE_KINDS, Fleet, fake_fleet, make_engine, start_engine
-from smgrl.fake.knobs import Call, Knobs
+from smgrl.fake.knobs import Knobs, RecordedCall
 from smgrl.fake.sglang import SGLangEngine
 from smgrl.fake.tokenspeed import TokenSpeedEngine
 from smgrl.fake.vllm import VLLMEngine
@@ -23,10 +23,10 @@ __all__ = [
     "DEFAULT_MODEL_NAME",
     "ENGINE_KINDS",
     "BaseEngine",
-    "Call",
     "EngineConfig",
     "Fleet",
     "Knobs",
+    "RecordedCall",
     "SGLangEngine",
     "TokenSpeedEngine",
     "VLLMEngine",

@@ -31,7 +31,7 @@ from smgrl.fake.checkpoint import (
     startup_checkpoint,
 )
 from smgrl.fake.http import HANG, HttpServer, Request, Response, json_response, text_response
-from smgrl.fake.knobs import Call, Knobs
+from smgrl.fake.knobs import Knobs, RecordedCall
 from smgrl.fake.scheduler import Job, Scheduler
 from smgrl.fake.sync import Gauge
 from smgrl.fake.transfer import WeightTransfers
@@ -99,7 +99,7 @@ class BaseEngine:
         self.startup_served_model_name = self.served_model_name
         self.weight_version = config.weight_version
         self.knobs = Knobs(latency_ms=config.latency_ms, token_latency_ms=config.token_latency_ms)
-        self.calls: collections.deque[Call] = collections.deque(maxlen=config.call_log_limit)
+        self.calls: collections.deque[RecordedCall] = collections.deque(maxlen=config.call_log_limit)
         self.gauge = Gauge(parent=gauge_parent)
         self.scheduler = Scheduler(
             self.checkpoint.digest,
@@ -158,7 +158,7 @@ class BaseEngine:
         if self.gauge.parent is not None:
             self.gauge.parent.reset()
 
-    def calls_to(self, path: str, method: str | None = None) -> list[Call]:
+    def calls_to(self, path: str, method: str | None = None) -> list[RecordedCall]:
         return [c for c in self.calls if c.path == path and (method is None or c.method == method)]
 
     @property

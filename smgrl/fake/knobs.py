@@ -6,7 +6,7 @@ HTTP (never clashing with engine routes, never subject to the knobs themselves):
   (unknown or ill-typed keys: 400). ``down_for_s`` is an action: the answer is sent, then the
   listener and every connection close, connections are refused for that long, then the port
   listens again.
-* ``GET /_fake/calls[?path=/x]`` -> ``{"calls": [Call.to_json(), ...]}``; ``DELETE /_fake/calls``
+* ``GET /_fake/calls[?path=/x]`` -> ``{"calls": [RecordedCall.to_json(), ...]}``; ``DELETE /_fake/calls``
   clears the log and resets the peak-concurrency gauges.
 * ``GET /_fake/state`` -> the engine's state (see ``BaseEngine.state``).
 * ``GET /_fake/weights`` -> what weight transfers delivered (metadata and checksums).
@@ -81,7 +81,7 @@ def validate_knobs(payload: Any) -> str | None:
 
 
 @attrs.frozen
-class Call:
+class RecordedCall:
     """One request an engine received (fake routes excluded)."""
 
     method: str
@@ -110,8 +110,8 @@ class Call:
         }
 
 
-def record(req: Request) -> Call:
-    return Call(req.method, req.path, req.query_string, dict(req.headers), req.body, time.time())
+def record(req: Request) -> RecordedCall:
+    return RecordedCall(req.method, req.path, req.query_string, dict(req.headers), req.body, time.time())
 
 
 def forced_response(knobs: Knobs) -> Response:

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from smgrl.core.selector import Selector, SelectorError, parse_selector
-from smgrl.core.version import InvalidVersion as BadVersion
+from smgrl.core.version import MalformedVersion as BadVersion
 from smgrl.core.version import validate_version
 from smgrl.errors import InvalidBody, InvalidSelector, InvalidVersion
 from smgrl.refit.plan import DEFAULT_GROUP, DistributedSource

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from smgrl import app as _every_route  # noqa: F401 - imports every module that defines an error class
 from smgrl import errors as e
 
 
