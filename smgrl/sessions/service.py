@@ -325,12 +325,14 @@ class SessionService:
         s.worker_id = entry.instance.worker_id
         s.instance = entry.instance.identity
         version = cap.record.get("weight_version")
-        if s.floor is None and version is not None:
+        if s.floor is None and entry.version is not None:
+            # The floor is the routing table's version of the engine that served the first turn
+            # (what the eligibility filter compares); an unversioned fleet pins nothing.
             try:
-                if parse_floor(version) is not None:
-                    s.floor = version
+                if parse_floor(entry.version) is not None:
+                    s.floor = entry.version
             except InvalidVersionPolicy:
-                pass  # an unversioned engine ("default"): nothing to pin
+                pass
         event = SessionTurn(
             session_id=s.id,
             turn=s.turns,
