@@ -211,15 +211,19 @@ class SessionsASGI:
                     # SMG creates a TITO session lazily on its first captured turn.
                     await self.svc.create(_headers(scope), api="tito", sid=sid)
         headers = _headers(scope)
-        result = None
+        result = error = None
         # The watcher turns the client's disconnect into a cancellation of the turn (the engine
         # call is cancelled, nothing is captured), as on the rollout routes.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             try:
                 result = await self.svc.turn(sid, obj, headers, rid.decode("latin-1"))
+            except DataPlaneError as exc:  # answered below, not wrapped in the nursery's group
+                error = exc
             finally:
                 nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
         if result is None:
             return  # the client went away
         head = [

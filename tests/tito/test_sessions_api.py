@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-import attrs
 import pytest
 import trio
+import trio.lowlevel
+import trio.testing
 
 from smgrl.config import Config, SessionsConfig
 from smgrl.fake import fake_fleet, model
@@ -48,9 +49,18 @@ async def agent(client, sid, turns, *, stream=False, model_name=None, extra=None
         assert r.status_code == 200, r.text
         msg = _message(r.text) if stream else r.json()["choices"][0]["message"]
         messages.append({k: v for k, v in msg.items() if v is not None or k == "content"})
-        nxt = say(n + 1, "Done." if n + 1 == turns else ("Reading more.\n" + tool_call(f"/f{n}.py") if n % 2 else "Ok, next."))
+        nxt = say(
+            n + 1,
+            "Done."
+            if n + 1 == turns
+            else ("Reading more.\n" + tool_call(f"/f{n}.py") if n % 2 else "Ok, next."),
+        )
         if msg.get("tool_calls"):
-            pending = {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": f"content {n} " + nxt}
+            pending = {
+                "role": "tool",
+                "tool_call_id": msg["tool_calls"][0]["id"],
+                "content": f"content {n} " + nxt,
+            }
         else:
             pending = {"role": "user", "content": "Go on. " + nxt}
     return messages
@@ -96,12 +106,180 @@ async def test_agent_session_captures_token_exact_training_data(tok, model_dirs)
     from smgrl.testing import gateway_in_process
 
     with trio.fail_after(20):
-      async with fake_fleet("sglang", n=2) as fleet, gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw:
-        r = await gw.client.post("/sessions", headers={"x-prompt-id": "7", "authorization": "x"})
-        assert r.status_code == 201
-        sid = r.json()["session_id"]
-        messages = await agent(gw.client, sid, 6)
-        snap = (await gw.client.get(f"/sessions/{sid}")).json()
-        t = check_training(tok, snap, messages[:-0] if False else messages)
-        assert t["num_turns"] == 6
-        assert set(v for v in t["versions"] if v is not None) == {"default"}
+        async with (
+            fake_fleet("sglang", n=2) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            r = await gw.client.post("/sessions", headers={"x-prompt-id": "7", "authorization": "x"})
+            assert r.status_code == 201
+            sid = r.json()["session_id"]
+            messages = await agent(gw.client, sid, 6)
+            snap = (await gw.client.get(f"/sessions/{sid}")).json()
+            t = check_training(tok, snap, messages[:-0] if False else messages)
+            assert t["num_turns"] == 6
+            assert set(v for v in t["versions"] if v is not None) == {"default"}
+
+
+async def test_streaming_turns_and_vllm_token_in_route(tok, model_dirs):
+    from smgrl.testing import gateway_in_process
+
+    with trio.fail_after(20):
+        async with (
+            fake_fleet("vllm", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            messages = await agent(
+                gw.client, sid, 4, stream=True, extra={"stream_options": {"include_usage": True}}
+            )
+            snap = (await gw.client.get(f"/sessions/{sid}")).json()
+            check_training(tok, snap, messages)
+            paths = {c.path for c in fleet.engines[0].calls}
+            assert "/inference/v1/generate" in paths and "/v1/chat/completions" not in paths
+
+
+async def test_delete_drains_in_flight_turns_and_refuses_new_ones(tok, model_dirs):
+    from smgrl.testing import gateway_in_process
+
+    with trio.fail_after(30):
+        async with (
+            fake_fleet("sglang", n=1, token_latency_ms=5) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            engine = fleet.engines[0]
+            box = {}
+            body = {"messages": [{"role": "user", "content": "hi " + say(1, "word " * 40)}]}
+
+            async def turn():
+                box["turn"] = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+
+            async def delete():
+                box["delete"] = await gw.client.delete(f"/sessions/{sid}")
+
+            async with trio.open_nursery() as n:
+                n.start_soon(turn)
+                while not engine.scheduler.jobs:
+                    await engine.scheduler.changed.wait()
+                n.start_soon(delete)
+                while not gw.app.sessions.sessions[sid].closing:
+                    await trio.lowlevel.checkpoint()
+                late = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+                assert late.status_code == 409 and late.json()["error"]["code"] == "session_closing"
+                assert "delete" not in box  # still draining the turn in flight
+            assert box["turn"].status_code == 200
+            assert box["delete"].status_code == 204
+            gone = await gw.client.get(f"/sessions/{sid}")
+            assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
+
+
+async def test_bound_unknown_and_foreign_sessions(tok, model_dirs):
+    from smgrl.testing import gateway_in_process
+
+    async with gateway_in_process(cfg(model_dirs["chatml"], sessions={"max_sessions": 2})) as gw:
+        for _ in range(2):
+            assert (await gw.client.post("/sessions")).status_code == 201
+        r = await gw.client.post("/sessions")
+        assert (
+            r.status_code == 429
+            and r.headers["retry-after"]
+            and r.json()["error"]["code"] == "too_many_sessions"
+        )
+        foreign = "0123456789ab-" + "0" * 32  # another process's id (a restart)
+        r = await gw.client.get(f"/sessions/{foreign}")
+        assert r.status_code == 410 and r.json()["error"]["code"] == "session_gone"
+        r = await gw.client.post(f"/sessions/{foreign}/v1/chat/completions", json={"messages": []})
+        assert r.status_code == 410
+        assert (await gw.client.get("/sessions/nope")).status_code == 404
+        assert (await gw.client.put("/sessions")).status_code == 405
+        sid = gw.app.sessions.owner + "-" + "1" * 32
+        assert (await gw.client.delete(f"/sessions/{sid}")).status_code == 404
+        assert (await gw.client.delete(f"/tito/sessions/{sid}")).status_code == 204  # SMG: idempotent
+
+
+async def test_sessions_disabled_without_tokenizer():
+    from smgrl.testing import gateway_in_process
+
+    async with gateway_in_process(Config()) as gw:
+        r = await gw.client.post("/sessions")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "sessions_disabled"
+
+
+async def test_tito_routes_and_header(tok, model_dirs):
+    from smgrl.testing import gateway_in_process
+
+    with trio.fail_after(20):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/tito/sessions")).json()["session_id"]
+            msgs = [{"role": "user", "content": "hi " + say(1, "Hello.")}]
+            body = {"model": "fake/Qwen3-0.6B", "messages": msgs}
+            r = await gw.client.post(
+                "/v1/chat/completions", json=body, headers={"x-smg-tito-session-id": sid}
+            )
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hello."
+            snap = (await gw.client.get(f"/tito/sessions/{sid}")).json()
+            assert isinstance(snap["trajectories"], list) and len(snap["trajectories"][0]["records"]) == 1
+            assert (await gw.client.delete(f"/tito/sessions/{sid}")).status_code == 204
+            assert (await gw.client.delete(f"/tito/sessions/{sid}")).status_code == 204
+            # a plain chat completion (no header) is not captured and not a session
+            r = await gw.client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200 and not gw.app.sessions.sessions
+
+
+async def test_hang_and_continue_with_a_one_shot_pin(tok, model_dirs):
+    from smgrl.testing import gateway_in_process
+
+    with trio.fail_after(30):
+        async with (
+            fake_fleet("sglang", n=2) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            c = gw.client
+            sid = (await c.post("/sessions")).json()["session_id"]
+            assert (await c.post("/control/hang", json=[sid, "missing-id"])).json() == {
+                "hung": [sid],
+                "deferred": [],
+                "missing": ["missing-id"],
+            }
+            (view,) = (await c.get("/control/sessions")).json()["sessions"]
+            assert view["hang_state"] == "hung" and view["status"] == "env"
+            box = {}
+            body = {"messages": [{"role": "user", "content": "hi " + say(1, "Hi.")}]}
+
+            async def turn():
+                box["r"] = await c.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+
+            workers = sorted(w.id for w in gw.gateway.fleet.registry)
+            target = gw.gateway.fleet.registry.get(workers[1])
+            async with trio.open_nursery() as n:
+                n.start_soon(turn)
+                await trio.testing.wait_all_tasks_blocked()
+                assert "r" not in box  # held at the turn boundary
+                pin = {"session_id": sid, "base_worker_id": target.group or target.id, "target_dp_rank": 0}
+                assert (await c.post("/control/continue", json={"sessions": [pin]})).json() == {
+                    "continued": [sid],
+                    "missing": [],
+                }
+            assert box["r"].status_code == 200
+            assert box["r"].headers["x-smgrl-worker-id"] == target.id
+            assert box["r"].headers["x-base-worker-id"] == pin["base_worker_id"]
+
+
+async def test_control_routes_need_the_admin_key(tok, model_dirs):
+    from smgrl.config import ControlPlaneKey
+    from smgrl.testing import gateway_in_process
+
+    keys = (ControlPlaneKey.parse("a1:admin:admin:adminkey"), ControlPlaneKey.parse("u1:user:user:userkey"))
+    async with gateway_in_process(cfg(model_dirs["chatml"], control_plane_keys=keys, api_key="dpkey")) as gw:
+        c = gw.client
+        assert (await c.post("/sessions")).status_code == 401
+        assert (await c.post("/sessions", headers={"authorization": "Bearer dpkey"})).status_code == 201
+        assert (await c.get("/control/sessions")).status_code == 401
+        assert (
+            await c.get("/control/sessions", headers={"authorization": "Bearer userkey"})
+        ).status_code == 403
+        r = await c.get("/control/sessions", headers={"authorization": "Bearer adminkey"})
+        assert r.status_code == 200 and len(r.json()["sessions"]) == 1
