@@ -115,9 +115,9 @@ async def test_agent_session_captures_token_exact_training_data(tok, model_dirs)
             sid = r.json()["session_id"]
             messages = await agent(gw.client, sid, 6)
             snap = (await gw.client.get(f"/sessions/{sid}")).json()
-            t = check_training(tok, snap, messages[:-0] if False else messages)
+            t = check_training(tok, snap, messages)
             assert t["num_turns"] == 6
-            assert set(v for v in t["versions"] if v is not None) == {"default"}
+            assert {v for v in t["versions"] if v is not None} == {"default"}
 
 
 async def test_streaming_turns_and_vllm_token_in_route(tok, model_dirs):
