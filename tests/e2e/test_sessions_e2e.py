@@ -90,3 +90,30 @@ def test_agent_session_example_across_a_refit(fakes, gateway, tmp_path):
     turns = json.loads(detail.stdout)["turns"]
     assert [t["version"] for t in turns] == ["1"] * 5 + ["2"] * 5
     assert all(t["refit_op"] for t in turns[5:])  # traced to the refit operation that loaded "2"
+
+
+def test_a_restart_ends_open_sessions_explicitly(fakes, gateway, tmp_path):
+    tok = make_model_dir(tmp_path / "tok")
+    journal = str(tmp_path / "sessions.db")
+    gw, http, port = gateway("--tokenizer-path", str(tok), journal=journal)
+    st, _, body = http.request("POST", "/sessions")
+    assert st == 201
+    sid = body["session_id"]
+    gw.proc.kill()  # a crash: nothing ends the session but the next start
+    gw.proc.wait(10)
+    _gw2, http2, _ = gateway("--tokenizer-path", str(tok), journal=journal, port=port)
+    st, hdrs, body = http2.request("GET", f"/sessions/{sid}")
+    assert (
+        st == 410 and body["error"]["code"] == "session_gone" and hdrs["x-smg-error-code"] == "session_gone"
+    )
+    st, _, _ = http2.request("POST", f"/sessions/{sid}/v1/chat/completions", {"messages": []})
+    assert st == 410
+    listing = subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", journal, "--json", "sessions"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    (session,) = json.loads(listing.stdout)["sessions"]
+    assert session["session_id"] == sid and session["state"] == "ended (restart)"
