@@ -9,11 +9,11 @@ import click
 
 from journal.events import decode
 from smgrl.core.worker import strip_rank
-from smgrl.journal_cli.fleet import version_timeline
 from smgrl.journal_cli.group import Ctx, command
+from smgrl.journal_cli.history import version_changes
 from smgrl.journal_cli.render import table
 from smgrl.journal_cli.values import fmt_ts
-from smgrl.state.replay import FOLDED_TYPES, read_types
+from smgrl.state.replay import read_types
 
 SESSION_TYPES = (
     "session.created",
@@ -67,17 +67,18 @@ def fold_sessions(events) -> dict[str, dict[str, Any]]:
     return out
 
 
-def refit_of(changes: list[dict[str, Any]], engine_url: str | None, version: str | None, before_seq: int):
-    """The last version change of the turn's engine to the turn's version before the turn."""
+def refit_of(changes: list, engine_url: str | None, version: str | None, before_seq: int):
+    """The last version change (``smgrl.state.version_timeline.Change``) of the turn's engine to
+    the turn's version before the turn."""
     if engine_url is None or version is None:
         return None
     base = strip_rank(engine_url)
     found = None
-    for row in changes:
-        if row["seq"] >= before_seq:
+    for change in changes:
+        if change.seq >= before_seq:
             break
-        if row["engine"] == base and row["weight_version"] == version:
-            found = row
+        if base in change.engines and change.weight_version == version:
+            found = change
     return found
 
 
@@ -105,8 +106,12 @@ def sessions(ctx: Ctx, session_id: str | None) -> None:
         s = folded.get(session_id)
         if s is None:
             raise click.ClickException(f"no session {session_id!r} in the journal")
-        timeline = [(seq, ts, decode(t, sc, p)) for seq, ts, _s, t, sc, p in read_types(store, FOLDED_TYPES)]
-        changes = list(version_timeline(timeline))
+        last = s["turn_list"][-1]["seq"] if s["turn_list"] else 0
+        changes = []
+        for change, _via in version_changes(ctx.path):
+            if change.seq >= last:
+                break
+            changes.append(change)
     turns = []
     for t in s["turn_list"]:
         ev = t["event"]
@@ -123,8 +128,8 @@ def sessions(ctx: Ctx, session_id: str | None) -> None:
                 "prefix": ev.prefix,
                 "version": ev.weight_version or "-",
                 "engine": ev.engine_url or "-",
-                "refit_seq": change["seq"] if change else None,
-                "refit_op": change.get("op_id") if change else None,
+                "refit_seq": change.seq if change else None,
+                "refit_op": change.op_id if change else None,
             }
         )
     if ctx.json:

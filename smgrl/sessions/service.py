@@ -109,7 +109,7 @@ class SessionService:
             else:
                 open_.pop(getattr(ev, "session_id", None), None)
         for sid, owner in open_.items():
-            await self.journal.enqueue(
+            await self.journal.append(
                 f"session:{sid}", SessionEnded(session_id=sid, reason="restart", owner=owner)
             )
         return len(open_)
@@ -160,7 +160,8 @@ class SessionService:
             version_floor=floor,
             default_headers=defaults,
         )
-        await self.journal.enqueue(f"session:{s.id}", event)
+        # Durable before the 201: a crash right after must still end this session at the next start.
+        await self.journal.append(f"session:{s.id}", event)
         return s
 
     def snapshot(self, sid: str) -> dict:
@@ -184,7 +185,7 @@ class SessionService:
         await s.drained.wait()
         if self.sessions.get(sid) is s:
             del self.sessions[sid]
-        await self.journal.enqueue(
+        await self.journal.append(
             f"session:{sid}", SessionDeleted(session_id=sid, turns=s.turns, reason=reason)
         )
         return True
