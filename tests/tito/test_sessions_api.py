@@ -239,6 +239,20 @@ async def test_hang_and_continue_with_a_one_shot_pin(tok, model_dirs):
         ):
             c = gw.client
             sid = (await c.post("/sessions")).json()["session_id"]
+            msgs = [{"role": "user", "content": "hi " + say(1, "Hi.")}]
+
+            async def turn(n: int):
+                nonlocal msgs
+                r = await c.post(f"/sessions/{sid}/v1/chat/completions", json={"messages": msgs})
+                assert r.status_code == 200, r.text
+                msgs = [
+                    *msgs,
+                    r.json()["choices"][0]["message"],
+                    {"role": "user", "content": "more " + say(n, "Ok.")},
+                ]
+                return r.headers["x-smgrl-worker-id"]
+
+            natural = await turn(2)  # the routing key's choice while the fleet is unchanged
             assert (await c.post("/control/hang", json=[sid, "missing-id"])).json() == {
                 "hung": [sid],
                 "deferred": [],
@@ -246,26 +260,23 @@ async def test_hang_and_continue_with_a_one_shot_pin(tok, model_dirs):
             }
             (view,) = (await c.get("/control/sessions")).json()["sessions"]
             assert view["hang_state"] == "hung" and view["status"] == "env"
+            other = next(w for w in gw.gateway.fleet.registry if w.id != natural)
             box = {}
-            body = {"messages": [{"role": "user", "content": "hi " + say(1, "Hi.")}]}
 
-            async def turn():
-                box["r"] = await c.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+            async def held_turn():
+                box["worker"] = await turn(3)
 
-            workers = sorted(w.id for w in gw.gateway.fleet.registry)
-            target = gw.gateway.fleet.registry.get(workers[1])
             async with trio.open_nursery() as n:
-                n.start_soon(turn)
+                n.start_soon(held_turn)
                 await trio.testing.wait_all_tasks_blocked()
-                assert "r" not in box  # held at the turn boundary
-                pin = {"session_id": sid, "base_worker_id": target.group or target.id, "target_dp_rank": 0}
+                assert "worker" not in box  # held at the turn boundary
+                pin = {"session_id": sid, "base_worker_id": other.group or other.id, "target_dp_rank": 0}
                 assert (await c.post("/control/continue", json={"sessions": [pin]})).json() == {
                     "continued": [sid],
                     "missing": [],
                 }
-            assert box["r"].status_code == 200
-            assert box["r"].headers["x-smgrl-worker-id"] == target.id
-            assert box["r"].headers["x-base-worker-id"] == pin["base_worker_id"]
+            assert box["worker"] == other.id  # the one-shot pin
+            assert await turn(4) == natural  # one shot only: a non-sticky session goes back
 
 
 async def test_control_routes_need_the_admin_key(tok, model_dirs):
