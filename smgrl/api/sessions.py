@@ -84,7 +84,12 @@ class SessionsASGI:
         path = scope["path"]
         if path.startswith(("/sessions", "/tito/", "/control/")):
             return match(path) is not None
-        return path == "/v1/chat/completions" and any(k == TITO_HEADER for k, _ in scope["headers"])
+        # Without a session service a TITO header changes nothing: the turn is an ordinary rollout.
+        return (
+            self.svc is not None
+            and path == "/v1/chat/completions"
+            and any(k == TITO_HEADER for k, _ in scope["headers"])
+        )
 
     async def __call__(self, scope, receive, send) -> None:
         rid = self.api._request_id(scope)
@@ -202,8 +207,8 @@ class SessionsASGI:
         if not isinstance(obj, dict):
             raise InvalidTurn("the request body must be a JSON object")
         if route == "tito-chat":
-            if not sid:
-                raise InvalidTurn("x-smg-tito-session-id is empty")
+            if not _valid_sid(sid):
+                raise InvalidTurn("x-smg-tito-session-id must be 1-128 printable ASCII characters")
             if sid not in self.svc.sessions:
                 try:
                     self.svc._lookup(sid)
@@ -252,6 +257,11 @@ class SessionsASGI:
             )
             return
         await self.api._respond(send, 200, _json(answer.completion(**fields)), head)
+
+
+def _valid_sid(sid: str) -> bool:
+    """A client-chosen TITO id becomes a session id (in events and log lines): printable ASCII only."""
+    return 0 < len(sid) <= 128 and all("!" <= ch <= "~" for ch in sid)
 
 
 def _control_items(obj: Any) -> list[tuple[str, tuple[str, int] | None]]:

@@ -294,3 +294,26 @@ async def test_control_routes_need_the_admin_key(tok, model_dirs):
         ).status_code == 403
         r = await c.get("/control/sessions", headers={"authorization": "Bearer adminkey"})
         assert r.status_code == 200 and len(r.json()["sessions"]) == 1
+
+
+async def test_long_conversations_are_prepared_off_the_loop_and_bad_tito_ids_refused(tok, model_dirs):
+    from smgrl.sessions import service
+    from smgrl.testing import gateway_in_process
+
+    with trio.fail_after(30):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            long = "read the file " * (service.THREAD_CHARS // 10)
+            msgs = [{"role": "user", "content": long + say(1, "Long read.")}]
+            r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json={"messages": msgs})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Long read."
+            assert r.json()["usage"]["prompt_tokens"] == len(tok.tokenize_messages(msgs))
+            bad = await gw.client.post(
+                "/v1/chat/completions",
+                json={"model": "fake/Qwen3-0.6B", "messages": msgs},
+                headers={"x-smg-tito-session-id": "a\tb"},
+            )
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_turn"
