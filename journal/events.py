@@ -527,3 +527,83 @@ class DispatchSet(Event):
     paused: bool
     principal: str | None = None
     request_id: str | None = None
+
+
+# -- agent sessions (docs/sessions.md): lifecycle and one summary per captured turn -------------
+# Never token arrays, message text or header values beyond the allow-listed routing defaults.
+
+
+@event_type("session.created", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class SessionCreated(Event):
+    """``owner`` is the id of the gateway process holding the session in memory; ``api`` says
+    which route made it (``sessions``: ``POST /sessions``; ``tito``: SMG's ``/tito/sessions`` or a
+    first ``x-smg-tito-session-id`` turn)."""
+
+    session_id: str
+    owner: str
+    api: str = "sessions"
+    sticky: bool = False
+    version_floor: str | None = None
+    default_headers: dict[str, str] = attrs.field(factory=dict)
+
+
+@event_type("session.turn", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class SessionTurn(Event):
+    """One assistant turn of a session: sizes, prefix reuse, the weights that produced it, the
+    engine, timings (milliseconds). ``weight_versions`` holds ``{"version","start","end"}`` spans
+    over the output tokens when the weights changed during the turn."""
+
+    session_id: str
+    turn: int
+    trajectory_id: int
+    prompt_tokens: int
+    output_tokens: int
+    reused_tokens: int
+    prefix: str
+    captured: bool
+    finish_reason: str
+    weight_version: str | None = None
+    weight_versions: tuple[dict[str, Any], ...] = _tuple_field()
+    worker_id: str | None = None
+    engine_url: str | None = None
+    prepare_ms: float = 0.0
+    engine_ms: float = 0.0
+    request_id: str | None = None
+
+
+@event_type("session.hung", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class SessionHung(Event):
+    """``deferred``: a turn was in flight, the session hangs when it ends (nothing is aborted)."""
+
+    session_id: str
+    deferred: bool
+
+
+@event_type("session.continued", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class SessionContinued(Event):
+    session_id: str
+    pin_worker_id: str | None = None
+    pin_dp_rank: int | None = None
+
+
+@event_type("session.deleted", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class SessionDeleted(Event):
+    session_id: str
+    turns: int
+    reason: str
+
+
+@event_type("session.ended", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class SessionEnded(Event):
+    """A session the journal saw created and never deleted, ended by a later gateway start
+    (``reason: restart``): sessions live in memory and are never served half-remembered."""
+
+    session_id: str
+    reason: str
+    owner: str | None = None

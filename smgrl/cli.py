@@ -26,6 +26,7 @@ from smgrl.config import (
     HealthConfig,
     RetryConfig,
     RlConfig,
+    SessionsConfig,
     TenantKey,
     validate,
 )
@@ -268,6 +269,45 @@ def main(argv: list[str] | None = None) -> None:
     type=float,
     help="How long a journal append waits for another process's write lock before the operation answers 503.",
 )
+@click.option(
+    "--tokenizer-path",
+    default=None,
+    help="Model dir (tokenizer.json + tokenizer_config.json) for agent sessions with token-exact "
+    "capture (docs/sessions.md); without it the session routes answer 503 sessions_disabled.",
+)
+@click.option(
+    "--max-sessions",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Open sessions at most; POST /sessions beyond it gets 429 too_many_sessions.",
+)
+@click.option(
+    "--session-gc-threshold",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Captured turns a session keeps before collecting abandoned branches (0: after every turn).",
+)
+@click.option(
+    "--session-trajectory-strategy",
+    type=click.Choice(["auto", "manual"]),
+    default="auto",
+    show_default=True,
+    help="auto: branches get their own trajectory ids; manual: x-smg-tito-trajectory-id names it.",
+)
+@click.option(
+    "--session-tool-parser",
+    type=click.Choice(["hermes", "qwen", "none"]),
+    default="hermes",
+    show_default=True,
+    help="How tool calls are parsed from generated text.",
+)
+@click.option(
+    "--session-debug",
+    is_flag=True,
+    help="Validate every reused prefix against a full re-tokenization (CPU-heavy; mismatch_report).",
+)
 def launch(**opts) -> None:
     """Run the gateway."""
     cfg = config_from_options(opts)
@@ -301,6 +341,14 @@ def config_from_options(o: dict) -> Config:
         disable_circuit_breaker=o["disable_circuit_breaker"],
         dp_aware=o["dp_aware"],
         dataplane=dataplane_config(o),
+        sessions=SessionsConfig(
+            tokenizer_path=o["tokenizer_path"],
+            max_sessions=o["max_sessions"],
+            gc_threshold=o["session_gc_threshold"],
+            trajectory_strategy=o["session_trajectory_strategy"],
+            tool_parser=o["session_tool_parser"],
+            debug=o["session_debug"],
+        ),
         control_plane_keys=tuple(ControlPlaneKey.parse(k) for k in o["control_plane_api_keys"]),
         tenant_keys=tuple(TenantKey.parse(k) for k in o["tenant_api_key"]),
         prometheus_host=o["prometheus_host"],
@@ -314,7 +362,12 @@ def config_from_options(o: dict) -> Config:
         audit=not o["disable_audit_logging"],
         audit_interval_secs=o["audit_interval_secs"],
     )
-    return validate(cfg)
+    cfg = validate(cfg)
+    if cfg.sessions.tokenizer_path:
+        from smgrl.sessions import load_tokenizer
+
+        load_tokenizer(cfg.sessions.tokenizer_path)  # a bad model directory: one line, exit 1
+    return cfg
 
 
 def dataplane_config(o: dict) -> DataPlaneConfig:

@@ -123,6 +123,18 @@ class DataPlaneConfig:
 
 
 @attrs.frozen
+class SessionsConfig:
+    """Agent sessions with token-exact capture (docs/sessions.md); off without a tokenizer."""
+
+    tokenizer_path: str | None = None
+    max_sessions: int = 4096
+    gc_threshold: int = 0
+    trajectory_strategy: str = "auto"  # "auto" | "manual"
+    tool_parser: str = "hermes"
+    debug: bool = False
+
+
+@attrs.frozen
 class Config:
     host: str = "127.0.0.1"
     port: int = 30000
@@ -138,6 +150,7 @@ class Config:
     disable_circuit_breaker: bool = False
     dp_aware: bool = False
     dataplane: DataPlaneConfig = DataPlaneConfig()
+    sessions: SessionsConfig = SessionsConfig()
     control_plane_keys: tuple[ControlPlaneKey, ...] = ()
     tenant_keys: tuple[TenantKey, ...] = ()
     prometheus_host: str | None = None
@@ -171,6 +184,7 @@ class Config:
             "health": attrs.asdict(self.health),
             "max_payload_size": self.max_payload_size,
             "dp_aware": self.dp_aware,
+            "sessions": attrs.asdict(self.sessions),
             "control_plane_keys": [
                 {"id": k.id, "name": k.name, "role": k.role} for k in self.control_plane_keys
             ],

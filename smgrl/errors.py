@@ -46,7 +46,10 @@ OpenAI-style codes (``x-smg-error-code``)::
     │       ├── NoEligibleWorkers       no_eligible_workers      503  retryable: every worker held out
     │       ├── LoopbackLimitExceeded   loopback_limit_exceeded  503  retryable: aborted by syncs too often
     │       ├── MemoryBudgetExceeded    memory_budget_exceeded   503  retryable: --dataplane-memory-budget in use
-    │       └── RequestTimeout          request_timeout          504  --request-timeout-secs passed
+    │       ├── RequestTimeout          request_timeout          504  --request-timeout-secs passed
+    │       └── (smgrl/sessions/errors.py) session_not_found 404 · session_gone 410 · session_closing 409 ·
+    │                                   too_many_sessions 429 · sessions_disabled 503 · invalid_turn 400 ·
+    │                                   chat_template_error · engine_answer_invalid · turn_aborted (sessions.md)
     └── WorkerApiError              body ``{"error": message, "code": CODE}`` (the /workers surface)
             BAD_REQUEST 400 · WORKER_NOT_FOUND 404 · WORKER_ALREADY_EXISTS 409
 

@@ -25,6 +25,7 @@ import trio
 from smgrl.api import dataplane_body
 from smgrl.api import envelopes as env
 from smgrl.api.scope import header as _header
+from smgrl.api.sessions import SessionsASGI
 from smgrl.auth import Denied, check_api_key
 from smgrl.dataplane import loopback
 from smgrl.dataplane.affinity import Routed
@@ -86,7 +87,7 @@ def _latin1(value: bytes | None) -> str | None:
 class DataPlaneASGI:
     """ASGI middleware: the data-plane paths are served here, the rest by ``inner`` (Quart)."""
 
-    def __init__(self, inner: Callable, gateway, service: DataPlane) -> None:
+    def __init__(self, inner: Callable, gateway, service: DataPlane, sessions=None) -> None:
         self.inner = inner
         self.gw = gateway
         self.dp = service
@@ -97,9 +98,18 @@ class DataPlaneASGI:
         self.routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             path: self._models if path == MODELS else self._rollout for path in ALLOW
         }
+        # Agent sessions (smgrl/api/sessions.py): their routes, and chat turns with SMG's TITO header.
+        self.sessions = SessionsASGI(self, sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if self.sessions.handles(scope):
+                try:
+                    await self.sessions(scope, receive, send)
+                except Exception:
+                    log.exception("unhandled error on %s %r", scope["method"], scope["path"])
+                    await self._internal_error(scope, send)
+                return
             handler = self.routes.get(scope["path"])
             if handler is not None:
                 try:

@@ -961,6 +961,21 @@ def _rollout_op(op_id: str, summary: str, body: str, rl: bool) -> dict:
     }
 
 
+def _chat_op(rl: bool) -> dict:
+    op = _rollout_op("postChatCompletions", "OpenAI chat completions", "ChatCompletionRequest", rl)
+    op["parameters"].append(
+        {
+            "name": "x-smg-tito-session-id",
+            "in": "header",
+            "required": False,
+            "schema": STR,
+            "description": "SMG TITO: the turn belongs to this session and is captured token-exact "
+            "(answered like POST /sessions/{sid}/v1/chat/completions; created on first use)",
+        }
+    )
+    return op
+
+
 def _dataplane_paths(rl: bool) -> dict:
     models = {
         "operationId": "getModels",
@@ -978,10 +993,150 @@ def _dataplane_paths(rl: bool) -> dict:
         "/v1/completions": {
             "post": _rollout_op("postCompletions", "OpenAI completions", "CompletionRequest", rl)
         },
-        "/v1/chat/completions": {
-            "post": _rollout_op("postChatCompletions", "OpenAI chat completions", "ChatCompletionRequest", rl)
-        },
+        "/v1/chat/completions": {"post": _chat_op(rl)},
         "/v1/models": _get_and_head(models),
+    }
+
+
+# -- agent sessions (smgrl/api/sessions.py, docs/sessions.md) --------------------------------------
+
+SID = {"name": "sid", "in": "path", "required": True, "schema": STR, "description": "the session id"}
+SESSION_ID_BODY = _obj({"session_id": STR}, ["session_id"])
+CONTROL_ITEMS = {
+    "description": '`[{session_id, base_worker_id?, target_dp_rank?}]`, bare ids, or `{"sessions": [...]}`; '
+    "anything else is an empty list",
+    "required": False,
+    "content": _json(ANY),
+}
+
+
+def _sess_error(codes: str) -> dict:
+    return _resp(codes, _json(_ref("DataPlaneError")), {**DP_ERROR_CODE, **RETRY_AFTER})
+
+
+def _session_op(op_id: str, summary: str, responses: dict, *, params=None, body=None, control=False) -> dict:
+    common = {
+        "405": _r("MethodNotAllowed"),
+        "503": _sess_error("sessions_disabled: the gateway runs without --tokenizer-path."),
+        "500": _sess_error("internal_error: a gateway bug (never bad input); the log has the traceback."),
+    }
+    if control:
+        common["401"] = _resp("No or unknown control-plane key (text).", {"text/plain": {"schema": STR}})
+        common["403"] = _resp(
+            "A user-role key: the control routes need admin.", {"text/plain": {"schema": STR}}
+        )
+    else:
+        common["401"] = _dp_unauthorized()
+    op = {
+        "operationId": op_id,
+        "summary": summary,
+        "tags": ["sessions"],
+        "security": [{"bearer": []}, {}] if control else DP_SECURED,
+        "responses": {**common, **responses},
+    }
+    if params:
+        op["parameters"] = params
+    if body is not None:
+        op["requestBody"] = body
+    return op
+
+
+def _session_paths() -> dict:
+    gone = {
+        "404": _sess_error("session_not_found: this gateway process never issued the id."),
+        "410": _sess_error("session_gone: the id belonged to an earlier gateway process (a restart)."),
+    }
+    snapshot = _resp(
+        "The capture snapshot: `{session_id, max_trim_tokens, trajectories: [{trajectory_id, "
+        "accumulated_token_ids, records}], header_info?, version_floor}`.",
+        _json(ANY),
+        {
+            "x-base-worker-id": {"required": False, "schema": STR},
+            "x-target-dp-rank": {"required": False, "schema": STR},
+        },
+    )
+    created = {
+        "201": _resp("Created.", _json(SESSION_ID_BODY)),
+        "400": _sess_error("invalid_turn: an invalid x-version-tag."),
+        "429": _sess_error("too_many_sessions: --max-sessions are open; retry-after."),
+    }
+    turn = {
+        "200": _resp(
+            "A chat.completion built by the gateway from the generated ids (`stream: true`: the completed "
+            "turn as chat.completion.chunk events, then `[DONE]`).",
+            {"application/json": {"schema": ANY}, "text/event-stream": {"schema": STR}},
+        ),
+        "400": _sess_error(
+            "invalid_turn (messages missing or not a list, bad x-smg-tito-trajectory-id) or "
+            "chat_template_error (the template refused the conversation)."
+        ),
+        **gone,
+        "409": _sess_error("session_closing: DELETE is draining the session."),
+        "502": _sess_error("engine_answer_invalid or upstream_unreachable."),
+        "503": _sess_error(
+            "sessions_disabled, no_eligible_workers, no_available_workers or turn_aborted "
+            "(the engine aborted the turn in a weight sync; send it again); retryable."
+        ),
+        "504": _sess_error("request_timeout."),
+    }
+    deleted = {"204": _resp("Deleted (after in-flight turns drained).")}
+    return {
+        "/sessions": {"post": _session_op("postSession", "Open an agent session", created)},
+        "/sessions/{sid}": {
+            "get": _session_op(
+                "getSession", "A session's capture snapshot", {"200": snapshot, **gone}, params=[SID]
+            ),
+            "delete": _session_op(
+                "deleteSession", "Drain and delete a session", {**deleted, **gone}, params=[SID]
+            ),
+        },
+        "/sessions/{sid}/v1/chat/completions": {
+            "post": _session_op(
+                "postSessionChat",
+                "One agent turn (OpenAI chat), captured token-exact",
+                turn,
+                params=[SID],
+                body={"required": True, "content": _json(_ref("ChatCompletionRequest"))},
+            )
+        },
+        "/tito/sessions": {"post": _session_op("postTitoSession", "SMG TITO: open a session", created)},
+        "/tito/sessions/{sid}": {
+            "get": _session_op(
+                "getTitoSession", "SMG TITO: the snapshot", {"200": snapshot, **gone}, params=[SID]
+            ),
+            "delete": _session_op(
+                "deleteTitoSession",
+                "SMG TITO: delete (idempotent)",
+                {**deleted, "410": gone["410"]},
+                params=[SID],
+            ),
+        },
+        "/control/sessions": {
+            "get": _session_op(
+                "getControlSessions",
+                "Sessions for a coordinator (state, instance, tokens)",
+                {"200": _resp("`{sessions: [...]}`.", _json(ANY))},
+                control=True,
+            )
+        },
+        "/control/hang": {
+            "post": _session_op(
+                "postControlHang",
+                "Hang sessions at their next turn boundary (never aborts work in flight)",
+                {"200": _resp("`{hung, deferred, missing}`.", _json(ANY))},
+                body=CONTROL_ITEMS,
+                control=True,
+            )
+        },
+        "/control/continue": {
+            "post": _session_op(
+                "postControlContinue",
+                "Continue sessions, optionally pinning the next turn to an instance",
+                {"200": _resp("`{continued, missing}`.", _json(ANY))},
+                body=CONTROL_ITEMS,
+                control=True,
+            )
+        },
     }
 
 
@@ -1307,6 +1462,7 @@ def _paths(rl: bool) -> dict:
         },
     }
     paths.update(_dataplane_paths(rl))
+    paths.update(_session_paths())
     if not rl:
         return paths
     paths.update(_write_paths())

@@ -18,7 +18,7 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import attrs
 import trio
@@ -237,11 +237,17 @@ class DataPlane:
         floor: Version | None = None,
         exclude: set[str] | None = None,
         routed: Routed | None = None,
+        only: Callable[[Entry], bool] | None = None,
     ) -> Entry:
         """An eligible instance for ``model``; waits (event-driven) while every one is held out.
 
         A request with routing metadata (``routed.staged``) takes the staged selection
-        (``smgrl.routing.staged``); the others the plain one: floor, then the policy."""
+        (``smgrl.routing.staged``); the others the plain one: floor, then the policy.
+
+        ``only`` pins (sessions, docs/sessions.md): while some instance of the model matches it,
+        only matching ones are selectable, and the request waits while they are held out (an
+        engine mid-refit holds a pinned turn, it does not move it); when none matches any more
+        (the instance left the fleet), the pin is ignored."""
         started = self._now()
         policy = policy or self.version_policy
         logged = False
@@ -273,6 +279,8 @@ class DataPlane:
                     kept = [e for e in selectable if staged.identity(e.instance) not in routed.refused]
                     held = held + Counter(refused=len(selectable) - len(kept))
                     selectable = kept
+                if only is not None and any(only(e) for e in slot.entries):
+                    selectable = [e for e in selectable if only(e)]
                 chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
             if chosen is not None:
                 hooked = self.hook is not None and routed is not None
@@ -358,6 +366,8 @@ class DataPlane:
         buffered: bool,
         hold: Hold | None = None,
         routed: Routed | None = None,
+        only: Callable[[Entry], bool] | None = None,
+        adapt: Callable[[Entry], tuple[str, bytes]] | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
@@ -367,6 +377,9 @@ class DataPlane:
         and nothing is retried. ``--request-timeout-secs`` bounds the whole, relay included;
         the wait for an eligible engine has its own bound (never past the deadline), so running
         out of it is a 503 naming why, not a 504.
+
+        Session hooks (smgrl/sessions): ``only`` pins instances (see ``pick``); ``adapt`` gives the
+        route and body for the picked instance (a token-in request in its engine's dialect).
         """
         deadline, wait_until = self.deadlines()
         retry = self.cfg.dataplane.retry
@@ -387,12 +400,14 @@ class DataPlane:
                 floor=floor,
                 exclude=tried,
                 routed=routed,
+                only=only,
             )
             if routed is not None:
                 self.commit(routed, entry)
             instance = entry.instance
+            route, body_out = adapt(entry) if adapt is not None else (req.route, body)
             wid, base = instance.worker_id, instance.base_url
-            target_headers, target_body = self._upstream(entry, req, body, headers)
+            target_headers, target_body = self._upstream(entry, req, body_out, headers)
             last = attempt + 1 == attempts
             relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
@@ -405,7 +420,7 @@ class DataPlane:
                 try:
                     sent_at = self.fleet.last_seq
                     exchange = self.pools.get(base).stream(
-                        "POST", req.route, headers=target_headers, body=target_body
+                        "POST", route, headers=target_headers, body=target_body
                     )
                     async with exchange as response:
                         if response.status >= 500 and not last:

@@ -95,6 +95,11 @@ async def serve(kind: str, ports: list[int], config: dict[str, Any]) -> None:
 @click.option("--require-weight-session/--no-require-weight-session", default=True, show_default=True)
 @click.option("--real-distributed", is_flag=True, help="Receive tensors over torch gloo (needs torch).")
 @click.option("--vllm-server-info", is_flag=True, help="vLLM: serve the dev /server_info instead of 404.")
+@click.option(
+    "--tokenizer-path",
+    default=None,
+    help="Model dir (tokenizer.json + tokenizer_config.json): tokenize, generate and decode with it.",
+)
 def fake_engine(
     kind: str,
     ports: str,
@@ -111,8 +116,17 @@ def fake_engine(
     require_weight_session: bool,
     real_distributed: bool,
     vllm_server_info: bool,
+    tokenizer_path: str | None,
 ) -> None:
     """Serve fake SGLang, vLLM or TokenSpeed engines on many ports from one process."""
+    if tokenizer_path is not None:
+        from smgrl.fake import model
+        from smgrl.tito.chat import TitoError
+
+        try:
+            model.use_tokenizer(tokenizer_path)
+        except (TitoError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint="--tokenizer-path") from None
     config = {
         "host": _loopback(host),
         "dp_size": dp_size,

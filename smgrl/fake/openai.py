@@ -21,6 +21,7 @@ from smgrl.fake.base import Reply
 from smgrl.fake.generate import DONE, run_jobs, sse
 from smgrl.fake.http import Request, Response, json_response, sse_response
 from smgrl.fake.scheduler import Job
+from smgrl.tito.chat import TitoError
 
 if TYPE_CHECKING:
     from smgrl.fake.base import BaseEngine
@@ -54,7 +55,10 @@ def _prompts(engine: BaseEngine, prompt: Any) -> list[list[int]]:
     raise Reply(engine.openai_error(400, "prompt must be a string, a list of strings or token ids."))
 
 
-def chat_prompt(messages: list[Any]) -> list[int]:
+def chat_prompt(messages: list[Any], tools: Any = None) -> list[int]:
+    chat = model.chat_tokenizer()
+    if chat is not None:  # a real tokenizer: its chat template renders the prompt
+        return chat.tokenize_messages(messages, tools=tools if isinstance(tools, list) else None)
     parts = []
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
@@ -160,7 +164,11 @@ async def chat_completions(engine: BaseEngine, req: Request) -> Response:
     if not isinstance(messages, list) or not messages:
         raise Reply(engine.openai_error(400, "messages must be a non-empty list."))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    jobs = _jobs(obj, [chat_prompt(messages)], rid, None)
+    try:
+        prompt = chat_prompt(messages, obj.get("tools"))
+    except TitoError as e:  # a conversation the real chat template refuses
+        raise Reply(engine.openai_error(400, e.message)) from None
+    jobs = _jobs(obj, [prompt], rid, None)
     engine.precheck_admission()
     head = {
         "id": rid,

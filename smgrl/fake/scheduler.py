@@ -53,6 +53,7 @@ class Job:
     stop_text: str | None = None  # a matched stop string, cut from the text
     key: int = 0  # the rolling key of the context so far (prompt + outputs): model.context_key
     keys: list[int] = attrs.Factory(list)  # the context key before each output token
+    planned: list[int] | None = None  # a scripted reply (model.plan), real-tokenizer mode only
 
     opts: dict = attrs.Factory(dict)  # per-API output options (logprobs, ...)
 
@@ -132,6 +133,7 @@ class Scheduler:
     def admit(self, job: Job) -> None:
         job.created = trio.current_time()
         job.key = model.context_key(job.prompt_ids)
+        job.planned = model.plan(job.prompt_ids)
         hashes = model.prefix_hashes(job.prompt_ids)
         cached = 0
         for i, h in enumerate(hashes[:-1]):  # the last prompt token is always computed
@@ -206,7 +208,9 @@ class Scheduler:
         if self._digest_bytes is None:
             self._digest_bytes = bytes.fromhex(self.digest)
         # Autoregressive: the next token follows from the weights and the whole context.
-        token, logprob = model.next_token(self._digest_bytes, job.key, job.seed)
+        token, logprob = model.next_token(
+            self._digest_bytes, job.key, job.seed, job.planned, len(job.output_ids)
+        )
         job.keys.append(job.key)
         job.key = model.extend_key(job.key, token)
         job.started = True
@@ -217,7 +221,7 @@ class Scheduler:
             job.spans[-1][2] = position + 1
         else:
             job.spans.append([version, position, position + 1])
-        if token == model.EOS_TOKEN_ID and not job.ignore_eos or token in job.stop_token_ids:
+        if token == model.eos_id() and not job.ignore_eos or token in job.stop_token_ids:
             job.finish = {"type": "stop", "matched": token}
         elif job.stop and model.token_text(token).strip() in job.stop:
             job.stop_text = model.token_text(token).strip()

@@ -17,6 +17,7 @@ from rl_api_helpers import ADMIN, KEYS, TENANTS, rl_cfg
 from smgrl.api import openapi, refits, rl_writes, stream
 from smgrl.api.dataplane import ALLOW as DATAPLANE_ALLOW
 from smgrl.api.rl_routes import ALLOW, match
+from smgrl.api.sessions import ROUTES as SESSION_ROUTES
 from smgrl.config import Config
 from smgrl.errors import (
     INVALID_REQUEST_CODES,
@@ -68,6 +69,9 @@ async def test_every_route_is_documented_with_its_methods_and_nothing_else(rl_en
                 methods = set(stream.ALLOW[rule.endpoint].split(","))
             served.setdefault(_template(rule.rule), set()).update(methods)
         for path, allow in DATAPLANE_ALLOW.items():
+            assert _template(path) not in served, path
+            served[_template(path)] = set(allow.split(","))
+        for path, allow in SESSION_ROUTES.items():
             assert _template(path) not in served, path
             served[_template(path)] = set(allow.split(","))
         assert {"/generate", "/v1/chat/completions", "/v1/models"} <= set(served)
@@ -329,3 +333,12 @@ def test_docs_page_escapes_what_it_renders():
     page = openapi_html.render(doc)
     assert "<script" not in page and "<i>" not in page and "t<b>" not in page
     assert "&lt;script&gt;x&lt;/script&gt;" in page
+
+
+def test_every_session_error_code_is_documented_on_the_session_routes():
+    from smgrl.api.openapi import document
+    from smgrl.sessions.errors import ALL
+
+    doc = json.dumps(document(False)["paths"])
+    for error in ALL:
+        assert error.code in doc, error.code

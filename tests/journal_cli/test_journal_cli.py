@@ -32,6 +32,8 @@ EVERY_COMMAND = [
     ["export"],
     ["stats"],
     ["stats", "--json"],
+    ["sessions"],
+    ["sessions", "--json"],
 ]
 
 

@@ -213,6 +213,24 @@ def test_fleet_state_ignores_every_type_outside_folded_types():
             "worker.probe_failed", worker_id="w0", attempt=1, error="x", next_retry_s=1.0
         ),
         "dataplane.request_looped_back": ev("dataplane.request_looped_back", request_id="r", loopbacks=1),
+        # Agent sessions (smgrl/sessions) live in the session service, never in the fleet.
+        "session.created": ev("session.created", session_id="s", owner="o"),
+        "session.turn": ev(
+            "session.turn",
+            session_id="s",
+            turn=1,
+            trajectory_id=0,
+            prompt_tokens=3,
+            output_tokens=2,
+            reused_tokens=0,
+            prefix="no_prefix",
+            captured=True,
+            finish_reason="stop",
+        ),
+        "session.hung": ev("session.hung", session_id="s", deferred=False),
+        "session.continued": ev("session.continued", session_id="s"),
+        "session.deleted": ev("session.deleted", session_id="s", turns=1, reason="api"),
+        "session.ended": ev("session.ended", session_id="s", reason="restart"),
     }
     assert set(catalogue()) - FOLDED_TYPES == set(samples)
     base = fold(scenario())

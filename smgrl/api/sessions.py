@@ -1,0 +1,292 @@
+"""Session routes, served raw ASGI in front of Quart like the rollout routes (docs/sessions.md).
+
+- ``POST /sessions`` (201 ``{"session_id"}``), ``GET /sessions/{sid}`` (the capture snapshot),
+  ``DELETE /sessions/{sid}`` (409 for new turns, in-flight turns drain, then 204),
+  ``POST /sessions/{sid}/v1/chat/completions`` (an OpenAI chat endpoint; ``stream`` works).
+- SMG's ``POST/GET/DELETE /tito/sessions[/{id}]`` and the ``x-smg-tito-session-id`` header on
+  ``/v1/chat/completions``.
+- ``GET /control/sessions``, ``POST /control/hang``, ``POST /control/continue``.
+
+``/sessions`` and ``/tito`` take the data plane's keys; ``/control`` the admin control-plane key
+when keys are configured.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import trio
+
+from smgrl.api import envelopes as env
+from smgrl.auth import ENGINE, Denied
+from smgrl.errors import DataPlaneError
+from smgrl.sessions import answer
+from smgrl.sessions.errors import InvalidTurn, SessionNotFound, SessionsDisabled
+
+log = logging.getLogger("smgrl.sessions")
+
+JSON_CT = b"application/json"
+TITO_HEADER = b"x-smg-tito-session-id"
+# The routes and methods served here (smgrl/api/openapi.py documents exactly these).
+ROUTES = {
+    "/sessions": "POST",
+    "/sessions/{sid}": "GET,DELETE",
+    "/sessions/{sid}/v1/chat/completions": "POST",
+    "/tito/sessions": "POST",
+    "/tito/sessions/{sid}": "GET,DELETE",
+    "/control/sessions": "GET",
+    "/control/hang": "POST",
+    "/control/continue": "POST",
+}
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _headers(scope) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in scope["headers"]:
+        out[k.decode("latin-1").lower()] = v.decode("latin-1")
+    return out
+
+
+def match(path: str) -> tuple[str, str | None] | None:
+    """(route template, session id) of a session path, else None."""
+    if path in ("/sessions", "/tito/sessions", "/control/sessions", "/control/hang", "/control/continue"):
+        return path, None
+    for prefix in ("/sessions/", "/tito/sessions/"):
+        if path.startswith(prefix):
+            rest = path[len(prefix) :]
+            sid, sep, tail = rest.partition("/")
+            if not sid:
+                return None
+            if not sep:
+                return prefix + "{sid}", sid
+            if prefix == "/sessions/" and tail == "v1/chat/completions":
+                return "/sessions/{sid}/v1/chat/completions", sid
+            return None
+    return None
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class SessionsASGI:
+    def __init__(self, api, service) -> None:
+        self.api = api  # the DataPlaneASGI: keys, request ids, error envelopes
+        self.svc = service
+
+    def handles(self, scope) -> bool:
+        path = scope["path"]
+        if path.startswith(("/sessions", "/tito/", "/control/")):
+            return match(path) is not None
+        # Without a session service a TITO header changes nothing: the turn is an ordinary rollout.
+        return (
+            self.svc is not None
+            and path == "/v1/chat/completions"
+            and any(k == TITO_HEADER for k, _ in scope["headers"])
+        )
+
+    async def __call__(self, scope, receive, send) -> None:
+        rid = self.api._request_id(scope)
+        path = scope["path"]
+        if path == "/v1/chat/completions":
+            route, sid = "tito-chat", _headers(scope).get("x-smg-tito-session-id", "").strip()
+        else:
+            route, sid = match(path)
+            allow = ROUTES[route]
+            if scope["method"] not in allow.split(","):
+                await self.api._not_allowed(scope, send, rid, allow)
+                return
+        try:
+            if route.startswith("/control/"):
+                denied = self._control_denied(scope)
+            else:
+                denied = self.api._denied(scope)
+            if denied is not None:
+                await self._denied(send, rid, denied)
+                return
+            if self.svc is None and not (route == "/tito/sessions/{sid}" and scope["method"] == "DELETE"):
+                raise SessionsDisabled(
+                    "sessions need the model's tokenizer: start the gateway with --tokenizer-path"
+                )
+            body = await self._body(scope, receive)
+            await self._route(route, sid, scope, receive, send, rid, body)
+        except _ClientGone:
+            return
+        except DataPlaneError as exc:
+            await self.api._error(send, rid, exc)
+
+    def _control_denied(self, scope) -> Denied | None:
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        decision = self.api.gw.auth.check(header.decode("latin-1") if header else None, ENGINE)
+        return decision if isinstance(decision, Denied) else None
+
+    async def _denied(self, send, rid: bytes, denied: Denied) -> None:
+        headers = [(b"x-request-id", rid)]
+        if denied.www_authenticate:
+            headers.append((b"www-authenticate", denied.www_authenticate.encode()))
+        if denied.json:
+            await self.api._respond(
+                send, denied.status, _json(env.api_key_error_body(denied.message)), headers
+            )
+        else:
+            await self.api._respond(
+                send, denied.status, denied.message.encode(), headers, b"text/plain; charset=utf-8"
+            )
+
+    async def _body(self, scope, receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.api.max_body:
+                raise InvalidTurn("the request body is too large")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    @staticmethod
+    def _obj(body: bytes, *, required: bool = True) -> Any:
+        if not body.strip():
+            if required:
+                raise InvalidTurn("the request body must be a JSON object")
+            return None
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidTurn("the request body is not valid JSON") from None
+
+    async def _route(self, route, sid, scope, receive, send, rid, body) -> None:
+        method = scope["method"]
+        api, svc = self.api, self.svc
+        ok = [(b"x-request-id", rid)]
+        if route in ("/sessions", "/tito/sessions"):
+            s = await svc.create(_headers(scope), api="sessions" if route == "/sessions" else "tito")
+            await api._respond(send, 201, _json({"session_id": s.id}), ok)
+        elif route in ("/sessions/{sid}", "/tito/sessions/{sid}") and method == "GET":
+            snap = svc.snapshot(sid)
+            extra = []
+            if "header_info" in snap:
+                info = snap["header_info"]
+                extra = [
+                    (b"x-base-worker-id", str(info["base_worker_id"]).encode()),
+                    (b"x-target-dp-rank", str(info["target_dp_rank"]).encode()),
+                ]
+            await api._respond(send, 200, _json(snap), ok + extra)
+        elif route in ("/sessions/{sid}", "/tito/sessions/{sid}"):  # DELETE
+            try:
+                if svc is None:
+                    raise SessionNotFound("sessions are disabled")
+                await svc.delete(sid, reason="api" if route.startswith("/sessions") else "tito_api")
+            except SessionNotFound:
+                if route.startswith("/sessions"):
+                    raise
+                # SMG's DELETE /tito/sessions/{id} is idempotent: always 204.
+            await api._respond(send, 204, b"", ok)
+        elif route == "/control/sessions":
+            await api._respond(send, 200, _json({"sessions": svc.control_list()}), ok)
+        elif route == "/control/hang":
+            ids = [sid for sid, _ in _control_items(self._obj(body, required=False))]
+            await api._respond(send, 200, _json(await svc.hang(ids)), ok)
+        elif route == "/control/continue":
+            items = _control_items(self._obj(body, required=False))
+            await api._respond(send, 200, _json(await svc.resume(items)), ok)
+        else:  # a chat turn: /sessions/{sid}/v1/chat/completions or the TITO header
+            await self._turn(route, sid, scope, receive, send, rid, body)
+
+    async def _turn(self, route, sid, scope, receive, send, rid, body) -> None:
+        obj = self._obj(body)
+        if not isinstance(obj, dict):
+            raise InvalidTurn("the request body must be a JSON object")
+        if route == "tito-chat":
+            if not _valid_sid(sid):
+                raise InvalidTurn("x-smg-tito-session-id must be 1-128 printable ASCII characters")
+            if sid not in self.svc.sessions:
+                try:
+                    self.svc._lookup(sid)
+                except SessionNotFound:
+                    # SMG creates a TITO session lazily on its first captured turn.
+                    await self.svc.create(_headers(scope), api="tito", sid=sid)
+        headers = _headers(scope)
+        result = error = None
+        # The watcher turns the client's disconnect into a cancellation of the turn (the engine
+        # call is cancelled, nothing is captured), as on the rollout routes.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            try:
+                result = await self.svc.turn(sid, obj, headers, rid.decode("latin-1"))
+            except DataPlaneError as exc:  # answered below, not wrapped in the nursery's group
+                error = exc
+            finally:
+                nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        if result is None:
+            return  # the client went away
+        head = [
+            (b"x-request-id", rid),
+            (b"x-smg-routed-worker-id", result.worker.url.encode()),
+            (b"x-smgrl-worker-id", result.worker.worker_id.encode()),
+            (b"x-base-worker-id", result.worker.identity[0].encode()),
+            (b"x-target-dp-rank", str(result.worker.identity[1]).encode()),
+        ]
+        if result.version is not None:
+            head.append((b"x-version-tag", str(result.version).encode()))
+        fields = {
+            "rid": "chatcmpl-" + rid.decode("latin-1"),
+            "model": obj.get("model") if isinstance(obj.get("model"), str) else result.model,
+            "message": result.message,
+            "finish_reason": result.finish_reason,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "version": result.version,
+        }
+        if obj.get("stream") is True:
+            opts = obj.get("stream_options") if isinstance(obj.get("stream_options"), dict) else {}
+            events = b"".join(answer.chunks(**fields, include_usage=bool(opts.get("include_usage"))))
+            await self.api._respond(
+                send, 200, events, head + [(b"cache-control", b"no-cache")], b"text/event-stream"
+            )
+            return
+        await self.api._respond(send, 200, _json(answer.completion(**fields)), head)
+
+
+def _valid_sid(sid: str) -> bool:
+    """A client-chosen TITO id becomes a session id (in events and log lines): printable ASCII only."""
+    return 0 < len(sid) <= 128 and all("!" <= ch <= "~" for ch in sid)
+
+
+def _control_items(obj: Any) -> list[tuple[str, tuple[str, int] | None]]:
+    """PSRL's bodies: ``[{"session_id", "base_worker_id"?, "target_dp_rank"?}]``, bare ids, or
+    ``{"sessions": [...]}``; anything else is an empty list."""
+    if isinstance(obj, dict):
+        obj = obj.get("sessions")
+    if not isinstance(obj, list):
+        return []
+    out = []
+    for item in obj:
+        if isinstance(item, str):
+            out.append((item, None))
+        elif isinstance(item, dict) and isinstance(item.get("session_id"), str):
+            base, rank = item.get("base_worker_id"), item.get("target_dp_rank")
+            pin = None
+            if isinstance(base, str) and base and rank is not None and str(rank).strip().isdigit():
+                pin = (base, int(str(rank).strip()))
+            out.append((item["session_id"], pin))
+    return out
+
+
+async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return

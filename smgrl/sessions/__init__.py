@@ -1,0 +1,35 @@
+"""Agent sessions with token-exact capture (docs/sessions.md): the I/O shell around smgrl.tito."""
+
+from __future__ import annotations
+
+from smgrl.errors import ConfigError
+
+
+def load_tokenizer(path: str):
+    """The model's tokenizer and chat template; a bad directory is one ConfigError line."""
+    from smgrl.tito.chat import ChatTokenizer, TitoError
+
+    try:
+        return ChatTokenizer.load(path)
+    except TitoError as e:
+        raise ConfigError(f"--tokenizer-path: {e.message}") from None
+
+
+def build(gateway, dataplane):
+    """The session service of a gateway, or None when no tokenizer is configured."""
+    cfg = gateway.cfg.sessions
+    if not cfg.tokenizer_path:
+        return None
+    from smgrl.sessions.service import SessionService
+
+    return SessionService(
+        chat=load_tokenizer(cfg.tokenizer_path),
+        dataplane=dataplane,
+        fleet=gateway.fleet,
+        journal=gateway.journal,
+        max_sessions=cfg.max_sessions,
+        gc_threshold=cfg.gc_threshold,
+        strategy=cfg.trajectory_strategy,
+        debug=cfg.debug,
+        tool_parser=cfg.tool_parser,
+    )

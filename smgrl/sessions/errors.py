@@ -1,0 +1,79 @@
+"""Session errors and their stable codes (the data plane's envelope and ``x-smg-error-code``).
+
+::
+
+    SessionNotFound      session_not_found       404  an id this gateway process never issued
+    SessionGone          session_gone            410  an id from another (earlier) gateway process
+    SessionClosing       session_closing         409  DELETE is draining it: no new turns
+    TooManySessions      too_many_sessions       429  --max-sessions open (retry-after)
+    SessionsDisabled     sessions_disabled       503  no --tokenizer-path
+    InvalidTurn          invalid_turn            400  messages missing/not a list, bad trajectory id
+    TemplateRefused      chat_template_error     400  the chat template refused the conversation
+    EngineAnswerInvalid  engine_answer_invalid   502  the engine's token-in answer has the wrong shape
+    TurnAborted          turn_aborted            503  retryable: the engine aborted the generation
+                                                      (a weight sync); nothing was captured
+"""
+
+from __future__ import annotations
+
+from smgrl.errors import DataPlaneError
+
+
+class SessionNotFound(DataPlaneError):
+    code = "session_not_found"
+    status = 404
+
+
+class SessionGone(DataPlaneError):
+    code = "session_gone"
+    status = 410
+
+
+class SessionClosing(DataPlaneError):
+    code = "session_closing"
+    status = 409
+
+
+class TooManySessions(DataPlaneError):
+    code = "too_many_sessions"
+    status = 429
+    retryable = True
+
+
+class SessionsDisabled(DataPlaneError):
+    code = "sessions_disabled"
+    status = 503
+
+
+class InvalidTurn(DataPlaneError):
+    code = "invalid_turn"
+    status = 400
+
+
+class TemplateRefused(DataPlaneError):
+    code = "chat_template_error"
+    status = 400
+
+
+class EngineAnswerInvalid(DataPlaneError):
+    code = "engine_answer_invalid"
+    status = 502
+
+
+class TurnAborted(DataPlaneError):
+    code = "turn_aborted"
+    status = 503
+    retryable = True
+
+
+ALL = (
+    SessionNotFound,
+    SessionGone,
+    SessionClosing,
+    TooManySessions,
+    SessionsDisabled,
+    InvalidTurn,
+    TemplateRefused,
+    EngineAnswerInvalid,
+    TurnAborted,
+)

@@ -1,0 +1,418 @@
+"""The session service: owns the in-memory sessions, their bound, turns, capture and journal events.
+
+A turn (``turn``): wait at the hang gate -> prepare the prompt ids (prefix reuse, ``smgrl.tito``;
+in a worker thread when the conversation is long, so the event loop keeps serving) -> dispatch
+through the data plane (version floor, sticky instance, the engine's token-in route) -> build the
+assistant message from the generated ids -> capture it in the session's tree -> journal a
+``session.turn`` summary. Everything here runs on the trio loop except the tokenization thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from journal.events import (
+    SessionContinued,
+    SessionCreated,
+    SessionDeleted,
+    SessionEnded,
+    SessionHung,
+    SessionTurn,
+)
+from smgrl.dataplane import request as rq
+from smgrl.dataplane.service import DataPlane
+from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor
+from smgrl.sessions import engine as eng
+from smgrl.sessions import errors
+from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
+from smgrl.tito.capture import assistant_message, captured, validate
+from smgrl.tito.chat import ChatTokenizer, TitoError
+from smgrl.tito.merge import Boundary, prepare_turn
+from smgrl.tito.store import CaptureTree, PrefixMismatch
+from smgrl.tito.toolcalls import parser_for
+
+log = logging.getLogger("smgrl.sessions")
+
+# A conversation longer than this (characters of message text) is tokenized in a worker thread.
+THREAD_CHARS = 16_384
+DEFAULT_MAX_TOKENS = 2048
+
+
+def _chars(messages: Sequence[Any]) -> int:
+    n = 0
+    for m in messages:
+        c = m.get("content") if isinstance(m, dict) else None
+        n += len(c) if isinstance(c, str) else 64
+    return n
+
+
+class TurnResult:
+    __slots__ = (
+        "completion_tokens",
+        "finish_reason",
+        "message",
+        "model",
+        "prompt_tokens",
+        "version",
+        "worker",
+    )
+
+    def __init__(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class SessionService:
+    def __init__(
+        self,
+        *,
+        chat: ChatTokenizer,
+        dataplane: DataPlane,
+        fleet,
+        journal,
+        max_sessions: int = 4096,
+        gc_threshold: int = 0,
+        strategy: str = "auto",
+        debug: bool = False,
+        tool_parser: str = "hermes",
+        owner: str | None = None,
+    ) -> None:
+        self.chat = chat
+        self.boundary = Boundary.derive(chat)
+        self.parser = parser_for(tool_parser)
+        self.dp = dataplane
+        self.fleet = fleet
+        self.journal = journal
+        self.max_sessions = max_sessions
+        self.gc_threshold = gc_threshold
+        self.strategy = strategy
+        self.debug = debug
+        self.owner = owner or new_owner_id()
+        self.sessions: dict[str, Session] = {}
+        # Tokenization threads: at most two at once (the machine's other work is the event loop).
+        self.limiter = trio.CapacityLimiter(2)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def end_previous(self, store) -> int:
+        """Journal ``session.ended`` (reason ``restart``) for every session an earlier gateway
+        process created and never deleted: they lived in its memory and are gone."""
+        open_: dict[str, str] = {}
+        for rec in store.read(types=["session.created", "session.deleted", "session.ended"]):
+            ev = rec.event
+            if isinstance(ev, SessionCreated):
+                open_[ev.session_id] = ev.owner
+            else:
+                open_.pop(getattr(ev, "session_id", None), None)
+        for sid, owner in open_.items():
+            await self.journal.append(
+                f"session:{sid}", SessionEnded(session_id=sid, reason="restart", owner=owner)
+            )
+        return len(open_)
+
+    def _lookup(self, sid: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is not None:
+            return s
+        owner = owner_of(sid)
+        if owner is not None and owner != self.owner:
+            raise errors.SessionGone(
+                f"session {sid} belonged to another gateway process (a restart ends sessions); start a new one"
+            )
+        raise errors.SessionNotFound(f"session {sid} not found")
+
+    async def create(
+        self, headers: Mapping[str, str], api: str = "sessions", sid: str | None = None
+    ) -> Session:
+        if len(self.sessions) >= self.max_sessions:
+            raise errors.TooManySessions(
+                f"{self.max_sessions} sessions are open (--max-sessions); retry later"
+            )
+        defaults = {k: headers[k] for k in DEFAULT_HEADERS if k in headers}
+        floor = defaults.get("x-version-tag")
+        if floor is not None:
+            try:
+                floor = None if parse_floor(floor) is None else floor.strip()
+            except InvalidVersionPolicy as e:
+                raise errors.InvalidTurn(str(e)) from None
+        s = Session(
+            id=sid or new_session_id(self.owner),
+            tree=CaptureTree(strategy=self.strategy, gc_threshold=self.gc_threshold),
+            api=api,
+            headers=defaults,
+            sticky=truthy(defaults.get("x-is-sticky")),
+            floor=floor,
+            created=trio.current_time(),
+        )
+        base, rank = defaults.get("x-base-worker-id"), defaults.get("x-target-dp-rank")
+        if base and rank is not None and rank.strip().isdigit():
+            s.instance = (base, int(rank))
+        self.sessions[s.id] = s
+        event = SessionCreated(
+            session_id=s.id,
+            owner=self.owner,
+            api=api,
+            sticky=s.sticky,
+            version_floor=floor,
+            default_headers=defaults,
+        )
+        # Durable before the 201: a crash right after must still end this session at the next start.
+        await self.journal.append(f"session:{s.id}", event)
+        return s
+
+    def snapshot(self, sid: str) -> dict:
+        s = self._lookup(sid)
+        snap = s.tree.snapshot(s.id)
+        if s.instance is not None:
+            snap["header_info"] = {"base_worker_id": s.instance[0], "target_dp_rank": s.instance[1]}
+        snap["version_floor"] = s.floor
+        return snap
+
+    async def delete(self, sid: str, reason: str = "api") -> bool:
+        """Close, drain in-flight turns, then drop. False when there was nothing to delete."""
+        s = self.sessions.get(sid)
+        if s is None:
+            self._lookup(sid)  # 410 for another process's session, else 404
+        if s.closing:
+            await s.drained.wait()
+            return True
+        s.close()
+        # Turns in flight finish and are captured (their agent gets its answer); new ones get 409.
+        await s.drained.wait()
+        if self.sessions.get(sid) is s:
+            del self.sessions[sid]
+        await self.journal.append(
+            f"session:{sid}", SessionDeleted(session_id=sid, turns=s.turns, reason=reason)
+        )
+        return True
+
+    # -- control -------------------------------------------------------------------------------
+
+    def control_list(self) -> list[dict]:
+        return [s.control_view() for s in self.sessions.values()]
+
+    async def hang(self, ids: Sequence[str]) -> dict:
+        out: dict[str, list[str]] = {"hung": [], "deferred": [], "missing": []}
+        for sid in ids:
+            s = self.sessions.get(sid)
+            if s is None or s.closing:
+                out["missing"].append(sid)
+                continue
+            result = s.hang()
+            out[result].append(sid)
+            await self.journal.enqueue(
+                f"session:{sid}", SessionHung(session_id=sid, deferred=result == "deferred")
+            )
+        return out
+
+    async def resume(self, items: Sequence[tuple[str, tuple[str, int] | None]]) -> dict:
+        out: dict[str, list[str]] = {"continued": [], "missing": []}
+        for sid, pin in items:
+            s = self.sessions.get(sid)
+            if s is None:
+                out["missing"].append(sid)
+                continue
+            s.resume(pin)
+            out["continued"].append(sid)
+            event = SessionContinued(
+                session_id=sid, pin_worker_id=pin[0] if pin else None, pin_dp_rank=pin[1] if pin else None
+            )
+            await self.journal.enqueue(f"session:{sid}", event)
+        return out
+
+    # -- a turn --------------------------------------------------------------------------------
+
+    async def _gate(self, s: Session) -> tuple[str, int] | None:
+        while True:
+            if s.closing:
+                raise errors.SessionClosing(f"session {s.id} is closing")
+            if s.hang_state != "hung":
+                return s.begin_turn()
+            # Hung at a turn boundary: wait for continue (or delete, which also sets the event).
+            await s.continue_event.wait()
+
+    def _trajectory(self, headers: Mapping[str, str]) -> int | None:
+        if self.strategy != "manual":
+            return None
+        raw = headers.get("x-smg-tito-trajectory-id", "0").strip() or "0"
+        if not raw.isdigit():
+            raise errors.InvalidTurn("x-smg-tito-trajectory-id must be a non-negative integer")
+        return int(raw)
+
+    async def _prepare(self, messages, tools, kwargs, s: Session):
+        def run():
+            return prepare_turn(
+                self.chat, self.boundary, messages, tools=tools, kwargs=kwargs, lookup=s.tree.lookup
+            )
+
+        try:
+            if _chars(messages) > THREAD_CHARS:
+                # Long conversations: render + tokenize off the event loop (tokenizers releases
+                # the GIL); cancellation abandons the thread's result, which is pure.
+                return await trio.to_thread.run_sync(run, limiter=self.limiter, abandon_on_cancel=True)
+            return run()
+        except TitoError as e:
+            raise errors.TemplateRefused(e.message) from None
+
+    async def turn(self, sid: str, body: dict, headers: Mapping[str, str], rid: str) -> TurnResult:
+        s = self._lookup(sid)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise errors.InvalidTurn("`messages` must be a non-empty list of message objects")
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        kwargs = (
+            dict(body.get("chat_template_kwargs") or {})
+            if isinstance(body.get("chat_template_kwargs"), dict)
+            else {}
+        )
+        if body.get("reasoning_effort") is not None:
+            kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
+        requested = self._trajectory(headers)
+        model = self.dp.resolve_model(body.get("model") if isinstance(body.get("model"), str) else None)
+        pin = await self._gate(s)
+        try:
+            return await self._turn(s, body, messages, tools, kwargs or None, requested, model, pin, rid)
+        finally:
+            if s.end_turn():
+                await self.journal.enqueue(f"session:{s.id}", SessionHung(session_id=s.id, deferred=True))
+
+    async def _turn(self, s, body, messages, tools, kwargs, requested, model, pin, rid) -> TurnResult:
+        t0 = trio.current_time()
+        plan = await self._prepare(messages, tools, kwargs, s)
+        t1 = trio.current_time()
+        tid = s.tree.reserve(plan.parent_hash, requested)
+        try:
+            gen, entry, t2 = await self._generate(s, body, plan.prompt_ids, model, pin, rid)
+        except BaseException:
+            s.tree.release(tid)
+            raise
+        if gen.finish_reason == "abort":
+            s.tree.release(tid)
+            raise errors.TurnAborted("the engine aborted the turn (a weight sync); send it again")
+        assistant = assistant_message(self.chat, self.parser, gen.output_ids)
+        report: list = []
+        if self.debug and plan.hit:
+            full = self.chat.encode(plan.full_text)
+            report = validate(self.chat, self.boundary, plan.prompt_ids, full)
+        worker = self.fleet.registry.get(entry.instance.worker_id)
+        cap = captured(
+            self.chat,
+            plan,
+            messages,
+            assistant,
+            tools=tools,
+            kwargs=kwargs,
+            output_ids=gen.output_ids,
+            output_logprobs=gen.logprobs,
+            finish_reason=gen.finish_reason,
+            weight_version=gen.weight_version if gen.weight_version is not None else entry.version,
+            weight_versions=gen.spans,
+            engine=entry.instance.url,
+            mismatch_report=report,
+        )
+        captured_ok = True
+        try:
+            s.tree.commit(tid, cap.hash, cap.parent, cap.token_ids, cap.record, cap.render_text)
+        except PrefixMismatch:
+            # Never spliced: the turn starts a new branch (a root) of its own.
+            log.warning("session %s: turn does not extend its prefix; stored as a new branch", s.id)
+            s.tree.commit(tid, cap.hash, None, cap.token_ids, cap.record, cap.render_text)
+        s.turns += 1
+        s.total_tokens = max(s.total_tokens, len(cap.token_ids))
+        s.worker_id = entry.instance.worker_id
+        s.instance = entry.instance.identity
+        version = cap.record.get("weight_version")
+        if s.floor is None and entry.version is not None:
+            # The floor is the routing table's version of the engine that served the first turn
+            # (what the eligibility filter compares); an unversioned fleet pins nothing.
+            try:
+                if parse_floor(entry.version) is not None:
+                    s.floor = entry.version
+            except InvalidVersionPolicy:
+                pass
+        event = SessionTurn(
+            session_id=s.id,
+            turn=s.turns,
+            trajectory_id=tid,
+            prompt_tokens=len(plan.prompt_ids),
+            output_tokens=len(gen.output_ids),
+            reused_tokens=len(s.tree.entries[plan.parent_hash].token_ids)
+            if plan.hit and plan.parent_hash in s.tree.entries
+            else 0,
+            prefix=plan.reason,
+            captured=captured_ok,
+            finish_reason=gen.finish_reason,
+            weight_version=version,
+            weight_versions=tuple(gen.spans),
+            worker_id=entry.instance.worker_id,
+            engine_url=worker.url if worker is not None else entry.instance.url,
+            prepare_ms=round((t1 - t0) * 1000, 3),
+            engine_ms=round((t2 - t1) * 1000, 3),
+            request_id=rid,
+        )
+        await self.journal.enqueue(f"session:{s.id}", event)
+        return TurnResult(
+            message=assistant,
+            finish_reason=gen.finish_reason,
+            prompt_tokens=len(plan.prompt_ids),
+            completion_tokens=len(gen.output_ids),
+            version=version,
+            model=model,
+            worker=entry.instance,
+        )
+
+    async def _generate(self, s: Session, body, prompt_ids, model, pin, rid):
+        """One token-in generation through the data plane (floor, pin, the engine's dialect)."""
+        floor = None
+        if s.floor is not None:
+            try:
+                floor = parse_floor(s.floor)
+            except InvalidVersionPolicy:
+                floor = None
+        target = pin or (s.instance if s.sticky else None)
+        only = (lambda e: e.instance.identity == target) if target is not None else None
+        registry = self.fleet.registry
+
+        def adapt(entry):
+            worker = registry.get(entry.instance.worker_id)
+            kind = eng.engine_kind(worker.engine if worker is not None else "")
+            route, payload = eng.request(kind, prompt_ids, body, DEFAULT_MAX_TOKENS)
+            adapt.kind = kind
+            return route, payload
+
+        adapt.kind = "sglang"
+        req = rq.RolloutRequest(
+            route=rq.GENERATE, model=model, stream=False, prefix=tuple(prompt_ids[: rq.ROUTING_TEXT_LIMIT])
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", rid.encode("latin-1", "replace")),
+        ]
+        async with self.dp.dispatch(
+            req,
+            b"",
+            headers,
+            model=model,
+            buffered=True,
+            routing_key=s.id,
+            floor=floor,
+            only=only,
+            adapt=adapt,
+        ) as dispatched:
+            status = dispatched.response.status
+            data = dispatched.body or b""
+            entry = dispatched.entry
+        t2 = trio.current_time()
+        if not 200 <= status < 300:
+            raise errors.EngineAnswerInvalid(
+                f"the engine answered {status}: {data[:200].decode('utf-8', 'replace')}"
+            )
+        try:
+            gen = eng.parse(adapt.kind, data)
+        except eng.EngineAnswerError as e:
+            raise errors.EngineAnswerInvalid(str(e)) from None
+        return gen, entry, t2

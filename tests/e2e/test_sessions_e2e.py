@@ -1,0 +1,119 @@
+"""Agent sessions end to end: real fake-engine and gateway processes with the in-process-trained
+tokenizer; examples/agent_session.py (the official ``openai`` client) drives a 10-turn agent with
+tool calls, streaming and not, across a fleet refit in the middle of the episode, and checks the
+training arrays (token-exact capture, aligned masks/log-probs, generated-token count, versions)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from smgrl.demo.procs import wait_for_workers
+from smgrl.tito.testkit import make_model_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_agent_session_example_across_a_refit(fakes, gateway, tmp_path):
+    tok = make_model_dir(tmp_path / "tok")
+    urls = fakes("sglang", 2, "--tokenizer-path", str(tok), "--weight-version", "1")
+    gw, http, _port = gateway(
+        "--enable-rl", "--disable-health-check", "--tokenizer-path", str(tok), "--worker-urls", *urls
+    )
+    wait_for_workers(http.base, 2, child=gw)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "agent_session.py"),
+            "--gateway",
+            http.base,
+            "--turns",
+            "10",
+            "--refit-at",
+            "5",
+            "--refit-version",
+            "2",
+            "--scripted",
+            "--check",
+            "--tokenizer-path",
+            str(tok),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    turns = [line for line in lines if line.startswith("turn ")]
+    assert len(turns) == 10
+    assert all("version 1" in line for line in turns[:5]) and all("version 2" in line for line in turns[5:])
+    assert sum("tool call" in line for line in turns) == 5
+    assert "versions ['1', '2']" in run.stdout
+    assert "check: token-exact capture" in run.stdout
+    # The journal tells the story: smgrl journal sessions lists it, deleted, with both versions.
+    listing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "smgrl",
+            "journal",
+            "--journal",
+            str(tmp_path / "journal.db"),
+            "--json",
+            "sessions",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    (session,) = json.loads(listing.stdout)["sessions"]
+    assert session["state"] == "deleted" and session["turns"] == 10 and session["versions"] == ["1", "2"]
+    detail = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "smgrl",
+            "journal",
+            "--journal",
+            str(tmp_path / "journal.db"),
+            "--json",
+            "sessions",
+            session["session_id"],
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    turns = json.loads(detail.stdout)["turns"]
+    assert [t["version"] for t in turns] == ["1"] * 5 + ["2"] * 5
+    assert all(t["refit_op"] for t in turns[5:])  # traced to the refit operation that loaded "2"
+
+
+def test_a_restart_ends_open_sessions_explicitly(fakes, gateway, tmp_path):
+    tok = make_model_dir(tmp_path / "tok")
+    journal = str(tmp_path / "sessions.db")
+    gw, http, port = gateway("--tokenizer-path", str(tok), journal=journal)
+    st, _, body = http.request("POST", "/sessions")
+    assert st == 201
+    sid = body["session_id"]
+    gw.proc.kill()  # a crash: nothing ends the session but the next start
+    gw.proc.wait(10)
+    _gw2, http2, _ = gateway("--tokenizer-path", str(tok), journal=journal, port=port)
+    st, hdrs, body = http2.request("GET", f"/sessions/{sid}")
+    assert (
+        st == 410 and body["error"]["code"] == "session_gone" and hdrs["x-smg-error-code"] == "session_gone"
+    )
+    st, _, _ = http2.request("POST", f"/sessions/{sid}/v1/chat/completions", {"messages": []})
+    assert st == 410
+    listing = subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", journal, "--json", "sessions"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    (session,) = json.loads(listing.stdout)["sessions"]
+    assert session["session_id"] == sid and session["state"] == "ended (restart)"

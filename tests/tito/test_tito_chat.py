@@ -1,0 +1,90 @@
+"""Loading a model directory and rendering its chat template with the HF conventions."""
+
+import json
+
+import pytest
+
+from smgrl.tito.chat import ChatTokenizer, TemplateError, TitoError
+from smgrl.tito.testkit import make_model_dir
+
+
+def test_load_renders_chatml_and_round_trips(chat):
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "héllo wörld"}]
+    text = chat.render(msgs, add_generation_prompt=True)
+    assert (
+        text
+        == "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhéllo wörld<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids = chat.encode(text)
+    assert chat.decode(ids) == text
+    assert chat.eos_token == "<|im_end|>"
+    assert chat.eos_id == chat.tokenizer.token_to_id("<|im_end|>")
+    # special tokens are recognised in rendered text, never split into bytes
+    assert ids.count(chat.eos_id) == 2
+    assert chat.eos_id in chat.special_ids
+
+
+def test_tool_call_arguments_reach_the_template_as_objects(chat):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"ä": 1}'}}
+    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    text = chat.render(msgs)
+    assert '{"name": "f", "arguments": {"ä": 1}}' in text  # tojson keeps non-ASCII, no double encoding
+    assert call["function"]["arguments"] == '{"ä": 1}'  # the caller's message is untouched
+
+
+def test_tools_render_into_the_system_block(chat):
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]
+    text = chat.render([{"role": "user", "content": "u"}], tools=tools)
+    assert text.startswith("<|im_start|>system\n# Tools\n<tools>\n" + json.dumps(tools[0]))
+
+
+def test_raise_exception_is_a_template_error(chat):
+    with pytest.raises(TemplateError) as e:
+        chat.render([{"role": "wizard", "content": "x"}])
+    assert e.value.code == "chat_template_error"
+    assert "unknown role" in e.value.message
+
+
+def test_chat_template_kwargs_are_template_variables(tmp_path, chat):
+    d = make_model_dir(tmp_path / "m")
+    (d / "chat_template.jinja").write_text("{{ greeting }}|{{ messages | length }}|{{ eos_token }}")
+    c = ChatTokenizer.load(d)  # the .jinja file wins over the config's template
+    assert c.render([{"role": "user", "content": "x"}], kwargs={"greeting": "hi"}) == "hi|1|<|im_end|>"
+
+
+def test_named_template_list_uses_default(tmp_path):
+    d = make_model_dir(tmp_path / "m")
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert ChatTokenizer.load(d).render([]) == "D"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (lambda d: (d / "tokenizer.json").unlink(), "tokenizer_not_found"),
+        (lambda d: (d / "tokenizer.json").write_text("{not json"), "tokenizer_invalid"),
+        (lambda d: _set_template(d, None), "chat_template_missing"),
+        (lambda d: _set_template(d, "{% for %}"), "chat_template_invalid"),
+    ],
+)
+def test_bad_model_directories_fail_with_a_stable_code(tmp_path, mutate, code):
+    d = make_model_dir(tmp_path / "m")
+    mutate(d)
+    with pytest.raises(TitoError) as e:
+        ChatTokenizer.load(d)
+    assert e.value.code == code
+
+
+def test_sandbox_refuses_unsafe_attribute_access(tmp_path):
+    d = make_model_dir(tmp_path / "m")
+    _set_template(d, "{{ messages.__class__.__mro__ }}")
+    with pytest.raises(TemplateError):
+        ChatTokenizer.load(d).render([])
+
+
+def _set_template(d, source):
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = source
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
