@@ -968,7 +968,7 @@ def _chat_op(rl: bool) -> dict:
             "name": "x-smg-tito-session-id",
             "in": "header",
             "required": False,
-            "schema": STR,
+            "schema": STRING,
             "description": "SMG TITO: the turn belongs to this session and is captured token-exact "
             "(answered like POST /sessions/{sid}/v1/chat/completions; created on first use)",
         }
@@ -1000,8 +1000,8 @@ def _dataplane_paths(rl: bool) -> dict:
 
 # -- agent sessions (smgrl/api/sessions.py, docs/sessions.md) --------------------------------------
 
-SID = {"name": "sid", "in": "path", "required": True, "schema": STR, "description": "the session id"}
-SESSION_ID_BODY = _obj({"session_id": STR}, ["session_id"])
+SID = {"name": "sid", "in": "path", "required": True, "schema": STRING, "description": "the session id"}
+SESSION_ID_BODY = _obj({"session_id": STRING}, ["session_id"])
 CONTROL_ITEMS = {
     "description": '`[{session_id, base_worker_id?, target_dp_rank?}]`, bare ids, or `{"sessions": [...]}`; '
     "anything else is an empty list",
@@ -1016,14 +1016,14 @@ def _sess_error(codes: str) -> dict:
 
 def _session_op(op_id: str, summary: str, responses: dict, *, params=None, body=None, control=False) -> dict:
     common = {
-        "405": _r("MethodNotAllowed"),
+        "405": _response_ref("MethodNotAllowed"),
         "503": _sess_error("sessions_disabled: the gateway runs without --tokenizer-path."),
         "500": _sess_error("internal_error: a gateway bug (never bad input); the log has the traceback."),
     }
     if control:
-        common["401"] = _resp("No or unknown control-plane key (text).", {"text/plain": {"schema": STR}})
+        common["401"] = _resp("No or unknown control-plane key (text).", {"text/plain": {"schema": STRING}})
         common["403"] = _resp(
-            "A user-role key: the control routes need admin.", {"text/plain": {"schema": STR}}
+            "A user-role key: the control routes need admin.", {"text/plain": {"schema": STRING}}
         )
     else:
         common["401"] = _dp_unauthorized()
@@ -1051,8 +1051,8 @@ def _session_paths() -> dict:
         "accumulated_token_ids, records}], header_info?, version_floor}`.",
         _json(ANY),
         {
-            "x-base-worker-id": {"required": False, "schema": STR},
-            "x-target-dp-rank": {"required": False, "schema": STR},
+            "x-base-worker-id": {"required": False, "schema": STRING},
+            "x-target-dp-rank": {"required": False, "schema": STRING},
         },
     )
     created = {
@@ -1064,7 +1064,7 @@ def _session_paths() -> dict:
         "200": _resp(
             "A chat.completion built by the gateway from the generated ids (`stream: true`: the completed "
             "turn as chat.completion.chunk events, then `[DONE]`).",
-            {"application/json": {"schema": ANY}, "text/event-stream": {"schema": STR}},
+            {"application/json": {"schema": ANY}, "text/event-stream": {"schema": STRING}},
         ),
         "400": _sess_error(
             "invalid_turn (messages missing or not a list, bad x-smg-tito-trajectory-id) or "
