@@ -25,7 +25,8 @@ from typing import Any
 from smgrl import __version__
 from smgrl.api.openapi_refits import refit_paths
 from smgrl.core.view import RL_WORKER_ENTRY_FIELDS
-from smgrl.errors import INVALID_REQUEST_CODES
+from smgrl.errors import INVALID_REQUEST_CODES, DataPlaneError
+from smgrl.sessions import errors as session_errors
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -41,6 +42,7 @@ RL_BAD_REQUEST = [
     "invalid_query",
 ]
 RL_NOT_FOUND = ["worker_not_found", "operation_not_found"]
+REFIT_CODES = ["refit_unsupported", "version_left", "refit_in_progress", "refit_not_found", "refit_state"]
 FAILED_CALL = ["upstream_error", "upstream_unreachable", "upstream_timeout", "no_control_endpoint"]
 OPENAI_CODES = [
     "unknown_url",
@@ -63,6 +65,14 @@ DATAPLANE_CODES = [
     "loopback_limit_exceeded",
     "memory_budget_exceeded",
     "request_timeout",
+    # The agent-session routes' codes (smgrl/sessions/errors.py; docs/sessions.md), read from the classes.
+    *sorted(
+        {
+            cls.code
+            for cls in vars(session_errors).values()
+            if isinstance(cls, type) and issubclass(cls, DataPlaneError) and cls is not DataPlaneError
+        }
+    ),
 ]
 WRITE_WORKER_CODES = ["invalid_body", "invalid_version", "worker_not_found", "journal_unavailable"]
 WRITE_FLEET_CODES = [
@@ -137,6 +147,11 @@ SCHEMAS: dict[str, dict] = {
         "400 from the RL control plane: `offset` with invalid_selector, `selector` with no_workers_match.",
     ),
     "RlNotFound": _rl_error(RL_NOT_FOUND, {"id": STRING}),
+    "RlRefitError": _rl_error(
+        REFIT_CODES,
+        {"engines": {"type": "array", "items": {"type": "object"}}, "id": STRING},
+        "The refit routes' refusals (docs/refits.md): `engines` names the engines a refusal is about.",
+    ),
     "NoControlEndpoint": _rl_error(
         ["no_control_endpoint"],
         {"worker_id": STRING, "url": STRING, "connection_mode": STRING},

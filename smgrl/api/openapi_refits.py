@@ -39,6 +39,14 @@ def _err(description: str) -> dict:
     return _resp(description, _json(ERR))
 
 
+# The refit routes' own codes (smgrl/refit/errors.py), one schema so the document lists them.
+REFIT_ERR = {"$ref": "#/components/schemas/RlRefitError"}
+
+
+def _refit_err(description: str) -> dict:
+    return _resp(description, _json(REFIT_ERR))
+
+
 def _id(name: str, what: str) -> dict:
     return {"name": name, "in": "path", "required": True, "description": what, "schema": STR}
 
@@ -147,8 +155,8 @@ REASON = {
 
 
 def refit_paths() -> dict[str, dict]:
-    not_found = _err("No such refit (refit_not_found).")
-    wrong_state = _err("The refit is not awaiting a transfer (refit_state).")
+    not_found = _refit_err("No such refit (refit_not_found).")
+    wrong_state = _refit_err("The refit is not awaiting a transfer (refit_state).")
     return {
         "/v1/rl/refits": {
             "post": _op(
@@ -159,7 +167,7 @@ def refit_paths() -> dict[str, dict]:
                     "400": _err(
                         "Bad body (invalid_body, invalid_version, invalid_selector, no_workers_match)."
                     ),
-                    "409": _err(
+                    "409": _refit_err(
                         "Engines that cannot take the source (refit_unsupported, with `engines`), a version the "
                         "fleet already left (version_left), or a refit already running (refit_in_progress)."
                     ),

@@ -71,7 +71,7 @@ def match(path: str) -> tuple[str, str | None] | None:
     return None
 
 
-class _ClientGone(Exception):
+class _AgentGone(Exception):
     pass
 
 
@@ -116,7 +116,7 @@ class SessionsASGI:
                 )
             body = await self._body(scope, receive)
             await self._route(route, sid, scope, receive, send, rid, body)
-        except _ClientGone:
+        except _AgentGone:
             return
         except DataPlaneError as exc:
             await self.api._error(send, rid, exc)
@@ -144,7 +144,7 @@ class SessionsASGI:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise _ClientGone
+                raise _AgentGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.api.max_body:

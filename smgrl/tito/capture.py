@@ -34,7 +34,7 @@ def assistant_message(chat: ChatTokenizer, parser: ToolCallParser, output_ids: S
 
 
 @attrs.frozen
-class Captured:
+class CapturedTurn:
     hash: bytes
     parent: bytes | None
     token_ids: list[int]
@@ -58,7 +58,7 @@ def captured(
     engine: str | None = None,
     routed_experts: dict | None = None,
     mismatch_report: Sequence[dict] = (),
-) -> Captured:
+) -> CapturedTurn:
     h = hashing.extend(plan.context, messages, assistant)
     render_text = chat.render(list(messages) + [assistant], tools=tools, kwargs=kwargs)
     record: dict = {
@@ -79,7 +79,7 @@ def captured(
         record["engine"] = engine
     if routed_experts is not None:
         record["routed_experts"] = routed_experts
-    return Captured(h, plan.parent_hash, list(plan.prompt_ids) + list(output_ids), render_text, record)
+    return CapturedTurn(h, plan.parent_hash, list(plan.prompt_ids) + list(output_ids), render_text, record)
 
 
 def _segments(ids: Sequence[int], special: frozenset[int]) -> list[tuple[bool, list[int]]]:
