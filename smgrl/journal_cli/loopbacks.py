@@ -1,0 +1,202 @@
+"""``smgrl journal loopbacks``: the requests the data plane looped back (partial-rollout loopback),
+per refit cycle: "which requests were looped back during refit N, and how many tokens did that save".
+
+A ``dataplane.request_looped_back`` event names, per segment, the operation whose abort ended it
+(``segments[].op_id``). A refit cycle is a set of operations (``smgrl.state.refits``), so a
+request belongs to every cycle one of whose operations aborted one of its segments, and what a
+cycle saved is the tokens of the segments its operations aborted (decoded, kept, not regenerated).
+Summed over the cycles that is the event's ``tokens_kept``.
+
+The events are read by the (type, seq) index, a streamed cursor, and only from the first shown
+cycle on: a loopback is journaled when its request ends, after the operation that caused it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import attrs
+import click
+
+from smgrl.journal_cli import sqlview
+from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
+from smgrl.journal_cli.reading import load_ops
+from smgrl.journal_cli.render import table
+from smgrl.journal_cli.values import fmt_ts
+from smgrl.state.refits import Cycle, group_cycles
+
+__all__ = ["Loopback", "per_cycle", "read_loopbacks"]
+
+TYPE = "dataplane.request_looped_back"
+LAST_DEFAULT = 50  # requests listed unless --last, --all or --refit say otherwise
+
+_QUERY = """
+SELECT seq, ts, schema,
+  json_extract(payload, '$.request_id'), json_extract(payload, '$.model'),
+  json_extract(payload, '$.generated_tokens'), json_extract(payload, '$.tokens_kept'),
+  json_extract(payload, '$.loopbacks'), json_extract(payload, '$.outcome'),
+  json_extract(payload, '$.segments')
+FROM events WHERE type = ? AND seq > ? ORDER BY seq
+"""
+
+
+@attrs.frozen
+class Loopback:
+    seq: int
+    ts: float
+    request_id: str | None
+    model: str | None
+    generated_tokens: int
+    tokens_kept: int
+    loopbacks: int
+    outcome: str
+    kept_by_op: dict[str, int]  # op_id -> tokens of the segments its abort ended
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "ts": self.ts,
+            "request_id": self.request_id,
+            "model": self.model,
+            "generated_tokens": self.generated_tokens,
+            "tokens_kept": self.tokens_kept,
+            "loopbacks": self.loopbacks,
+            "outcome": self.outcome,
+            "kept_by_op": dict(self.kept_by_op),
+        }
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _kept_by_op(raw: Any) -> dict[str, int]:
+    try:
+        segments = json.loads(raw) if isinstance(raw, str) else []
+    except ValueError:
+        return {}
+    out: dict[str, int] = {}
+    for s in segments if isinstance(segments, list) else []:
+        op = s.get("op_id") if isinstance(s, dict) else None
+        if isinstance(op, str) and op:
+            out[op] = out.get(op, 0) + max(0, _int(s.get("end")) - _int(s.get("start")))
+    return out
+
+
+def read_loopbacks(path: str, after_seq: int = 0) -> Iterator[Loopback]:
+    """Every loopback event after ``after_seq``, oldest first, streamed (only the segments
+    array is parsed in Python; the scalar fields come from ``json_extract``)."""
+    with sqlview.view(path) as conn:
+        for seq, ts, _schema, rid, model, gen, kept, n, outcome, segments in conn.execute(
+            _QUERY, (TYPE, after_seq)
+        ):
+            yield Loopback(
+                seq=seq,
+                ts=ts,
+                request_id=rid if isinstance(rid, str) else None,
+                model=model if isinstance(model, str) else None,
+                generated_tokens=_int(gen),
+                tokens_kept=_int(kept),
+                loopbacks=_int(n),
+                outcome=outcome if isinstance(outcome, str) else "?",
+                kept_by_op=_kept_by_op(segments),
+            )
+
+
+def per_cycle(cycles: Iterable[Cycle], loopbacks: Iterable[Loopback]) -> dict[int, tuple[int, int]]:
+    """``{cycle index: (requests looped back, tokens kept)}`` for these cycles (0s included)."""
+    owner = {op.op_id: c.index for c in cycles for op in c.ops}
+    out = dict.fromkeys(set(owner.values()), (0, 0))
+    for lb in loopbacks:
+        for index, kept in _by_cycle(lb, owner).items():
+            n, total = out[index]
+            out[index] = (n + 1, total + kept)
+    return out
+
+
+def _by_cycle(lb: Loopback, owner: dict[str, int]) -> dict[int, int]:
+    mine: dict[int, int] = {}
+    for op, kept in lb.kept_by_op.items():
+        index = owner.get(op)
+        if index is not None:
+            mine[index] = mine.get(index, 0) + kept
+    return mine
+
+
+def _cycle(store, index: int) -> Cycle:
+    """Refit cycle ``index`` (the seq of its first operation, as ``refits`` shows it)."""
+    fold = load_ops(store, after_seq=index - 1)
+    for c in group_cycles(fold.in_order()):
+        if c.index == index:
+            return c
+    raise CliError(f"no refit cycle {index} (see 'smgrl journal refits')", EXIT_BAD_VALUE)
+
+
+@command("loopbacks")
+@click.option(
+    "--refit",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Only the requests looped back by refit cycle N (its 'cycle' in 'refits').",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help=f"The N most recent requests (default {LAST_DEFAULT}).",
+)
+@click.option("--all", "everything", is_flag=True, help="Every looped-back request.")
+def loopbacks(ctx: Ctx, refit, last, everything) -> None:
+    """Requests continued after a sync's abort (partial-rollout loopback): tokens kept, cycle."""
+    if last is not None and everything:
+        raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
+    with ctx.reader() as store:
+        if refit is not None:
+            cycle = _cycle(store, refit)
+            owner = {op.op_id: cycle.index for op in cycle.ops}
+            after = cycle.index
+        else:
+            owner, after = {}, 0
+        found = []
+        for lb in read_loopbacks(ctx.path, after):
+            if refit is not None and not _by_cycle(lb, owner):
+                continue
+            found.append(lb)
+    if not everything:
+        found = found[-(last or LAST_DEFAULT) :] if refit is None or last else found
+    if refit is not None:
+        # Only this cycle's share: a request looped back by two refits counts in each for its own.
+        kept = {lb.seq: _by_cycle(lb, owner).get(refit, 0) for lb in found}
+    else:
+        kept = {lb.seq: lb.tokens_kept for lb in found}
+    if ctx.json:
+        out: dict[str, Any] = {"loopbacks": [lb.to_json() for lb in found]}
+        if refit is not None:
+            out.update(cycle=refit, requests=len(found), tokens_kept=sum(kept.values()))
+        ctx.emit(out)
+        return
+    if not found:
+        click.echo("no looped-back requests" + (f" in refit cycle {refit}" if refit else ""))
+        return
+    rows = [
+        {
+            "seq": lb.seq,
+            "time": fmt_ts(lb.ts),
+            "request": lb.request_id or "-",
+            "outcome": lb.outcome,
+            "loops": lb.loopbacks,
+            "kept": kept[lb.seq],
+            "tokens": lb.generated_tokens,
+            "ops": ", ".join(lb.kept_by_op) or "-",
+        }
+        for lb in found
+    ]
+    click.echo(table(rows, list(rows[0]), limits={"request": 36, "ops": 40}))
+    if refit is not None:
+        click.echo(
+            f"refit cycle {refit}: {len(found)} requests looped back, {sum(kept.values())} tokens kept"
+        )
