@@ -117,8 +117,9 @@ class DataPlane:
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
         self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
         self.tokens: Counter = Counter()  # generated tokens per instance, as answers report them
-        # Waiting requests whose hint names one instance (sticky, forced once, a loopback's
-        # return): they wait for that instance, so GET /workers/stats shows them as its queue.
+        # Waiting requests whose routing names one instance (a hint: sticky, forced once, a
+        # loopback's return; or their prompt group's pin): they wait for that instance, so
+        # GET /workers/stats shows them as its queue.
         self.queued: Counter = Counter()
         # --admission-hook: None admits everything without a call.
         self.hook = admission_hook.resolve(dp.admission_hook) if dp.admission_hook else None
@@ -317,7 +318,10 @@ class DataPlane:
             self.waiting += 1
             self.wait_passes += 1
             self.waiting_by_reason[reason] += 1
-            hint = routed.hint() if routed is not None and routed.staged else None
+            hint = None
+            if routed is not None and routed.staged:
+                # Read again at each pass: a group pin can be written or released meanwhile.
+                hint = routed.hint() or self.groups.pin(routed.meta.prompt_id)
             if hint is not None:
                 self.queued[hint] += 1
             try:

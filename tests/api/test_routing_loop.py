@@ -151,3 +151,33 @@ async def test_worker_stats_show_requests_queued_for_an_instance():
             await gw.client.post("/routing_loop/resume")
         assert answers == [200, 200, 200]
         assert [r["queued"] for r in (await gw.client.get("/workers/stats")).json()["workers"]] == [0, 0]
+
+
+async def test_worker_stats_show_a_prompt_groups_waiting_requests_on_its_pinned_instance():
+    async with (
+        fake_fleet("sglang", n=2, token_latency_ms=2) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        await gw.wait_visible(2)
+        group = {"x-prompt-id": "g"}
+        long = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1000}}
+        answers = []
+
+        async def one(body):
+            answers.append((await gw.client.post("/generate", json=body, headers=group)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, long)  # runs: writes the group's pin
+            await trio.testing.wait_all_tasks_blocked()
+            pinned = gw.app.dataplane.groups.pin("g")
+            assert pinned is not None
+            await gw.client.post("/routing_loop/pause")
+            nursery.start_soon(one, GEN)
+            nursery.start_soon(one, GEN)
+            await trio.testing.wait_all_tasks_blocked()
+            rows = (await gw.client.get("/workers/stats")).json()["workers"]
+            assert {(r["base_worker_id"], r["queued"]) for r in rows} == {
+                (r["base_worker_id"], 2 if r["base_worker_id"] == pinned.worker else 0) for r in rows
+            }
+            await gw.client.post("/routing_loop/resume")
+        assert answers == [200, 200, 200]
