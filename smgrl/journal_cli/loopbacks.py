@@ -125,12 +125,26 @@ def _by_cycle(lb: Loopback, owner: dict[str, int]) -> dict[int, int]:
     return mine
 
 
+CYCLE_WINDOW = 4096  # events read after a cycle's first seq at first (x4 until it is closed)
+
+
 def _cycle(store, index: int) -> Cycle:
-    """Refit cycle ``index`` (the seq of its first operation, as ``refits`` shows it)."""
-    fold = load_ops(store, after_seq=index - 1)
-    for c in group_cycles(fold.in_order()):
-        if c.index == index:
-            return c
+    """Refit cycle ``index`` (the seq of its first operation, as ``refits`` shows it), read from
+    a window of the journal that starts there and widens until the cycle is closed (or the window
+    reaches the end): a cycle long ago costs its own span, not the rest of the journal."""
+    head = store.last_seq()
+    window = CYCLE_WINDOW
+    for _ in range(64):  # bounded: the window reaches the end after a few widenings
+        upto = min(head, index + window)
+        fold = load_ops(store, after_seq=index - 1, until_seq=upto)
+        if not any(op.seq == index for op in fold.ops.values()):
+            break  # no operation starts at that seq: not a cycle, whatever comes after
+        found = next((c for c in group_cycles(fold.in_order()) if c.index == index), None)
+        if found is not None and (found.stage == "done" or upto == head):
+            return found
+        if upto == head:
+            break
+        window *= 4
     raise CliError(f"no refit cycle {index} (see 'smgrl journal refits')", EXIT_BAD_VALUE)
 
 

@@ -121,10 +121,21 @@ def test_loopbacks_lists_every_request_with_its_tokens(looped):
     ] == ["r4"]
 
 
+@pytest.mark.parametrize("window", [1, 3, 4096])
+def test_a_cycle_is_read_whole_whatever_the_first_window(looped, monkeypatch, window):
+    """The cycle is read from a window after its first seq, widened until it is closed."""
+    from smgrl.journal_cli import loopbacks
+
+    monkeypatch.setattr(loopbacks, "CYCLE_WINDOW", window)
+    out = json.loads(_run(looped["path"], "loopbacks", "--refit", str(looped["c1"]), "--json").output)
+    assert (out["requests"], out["tokens_kept"]) == (3, 20)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--refit", "2"], "no refit cycle 2"),
+        (["--refit", "6"], "no refit cycle 6"),  # an outcome of cycle 1's first op, not an op
         (["--last", "2", "--all"], "contradict"),
     ],
 )
