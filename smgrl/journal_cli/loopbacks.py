@@ -13,6 +13,7 @@ cycle on: a loopback is journaled when its request ends, after the operation tha
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -165,7 +166,7 @@ def _cycle(store, index: int) -> Cycle:
 )
 @click.option("--all", "everything", is_flag=True, help="Every looped-back request.")
 def loopbacks(ctx: Ctx, refit, last, everything) -> None:
-    """Requests continued after a sync's abort (partial-rollout loopback): tokens kept, cycle."""
+    """Requests continued after a sync's abort (partial-rollout loopback): tokens kept, by refit."""
     if last is not None and everything:
         raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
     with ctx.reader() as store:
@@ -175,22 +176,29 @@ def loopbacks(ctx: Ctx, refit, last, everything) -> None:
             after = cycle.index
         else:
             owner, after = {}, 0
-        found = []
+        # Without --refit or --all only the last N are kept while the events stream by.
+        keep = None if everything or (refit is not None and last is None) else (last or LAST_DEFAULT)
+        found: collections.deque[Loopback] = collections.deque(maxlen=keep)
+        requests = total = 0
         for lb in read_loopbacks(ctx.path, after):
-            if refit is not None and not _by_cycle(lb, owner):
-                continue
+            if refit is None:
+                mine = lb.tokens_kept
+            elif refit in (shares := _by_cycle(lb, owner)):
+                mine = shares[refit]
+            else:
+                continue  # not looped back by this cycle's operations
+            requests, total = requests + 1, total + mine
             found.append(lb)
-    if not everything:
-        found = found[-(last or LAST_DEFAULT) :] if refit is None or last else found
-    if refit is not None:
-        # Only this cycle's share: a request looped back by two refits counts in each for its own.
-        kept = {lb.seq: _by_cycle(lb, owner).get(refit, 0) for lb in found}
-    else:
-        kept = {lb.seq: lb.tokens_kept for lb in found}
+    # With --refit, only this cycle's share: a request looped back by two refits counts in each
+    # for its own.
+    kept = {lb.seq: _by_cycle(lb, owner).get(refit, 0) if refit else lb.tokens_kept for lb in found}
     if ctx.json:
-        out: dict[str, Any] = {"loopbacks": [lb.to_json() for lb in found]}
+        items = [lb.to_json() for lb in found]
+        out: dict[str, Any] = {"loopbacks": items}
         if refit is not None:
-            out.update(cycle=refit, requests=len(found), tokens_kept=sum(kept.values()))
+            for item, lb in zip(items, found):
+                item["refit_tokens_kept"] = kept[lb.seq]
+            out.update(cycle=refit, requests=requests, tokens_kept=total)
         ctx.emit(out)
         return
     if not found:
@@ -211,6 +219,4 @@ def loopbacks(ctx: Ctx, refit, last, everything) -> None:
     ]
     click.echo(table(rows, list(rows[0]), limits={"request": 36, "ops": 40}))
     if refit is not None:
-        click.echo(
-            f"refit cycle {refit}: {len(found)} requests looped back, {sum(kept.values())} tokens kept"
-        )
+        click.echo(f"refit cycle {refit}: {requests} requests looped back, {total} tokens kept")

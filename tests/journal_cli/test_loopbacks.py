@@ -103,6 +103,13 @@ def test_loopbacks_of_one_refit(looped):
     out = json.loads(_run(looped["path"], "loopbacks", "--refit", str(looped["c1"]), "--json").output)
     assert [lb["request_id"] for lb in out["loopbacks"]] == ["r1", "r2" + OSC, "r3"]
     assert (out["requests"], out["tokens_kept"]) == (3, 20)
+    assert [lb["refit_tokens_kept"] for lb in out["loopbacks"]] == [7, 3, 10]
+    # --last shows fewer rows; the cycle's totals still count every request it looped back.
+    out = json.loads(
+        _run(looped["path"], "loopbacks", "--refit", str(looped["c1"]), "--last", "1", "--json").output
+    )
+    assert [lb["request_id"] for lb in out["loopbacks"]] == ["r3"]
+    assert (out["requests"], out["tokens_kept"]) == (3, 20)
     text = _run(looped["path"], "loopbacks", "--refit", str(looped["c1"])).output
     assert text.splitlines()[-1] == f"refit cycle {looped['c1']}: 3 requests looped back, 20 tokens kept"
 
