@@ -334,7 +334,7 @@ class RL:
         return self._json("GET", "/routing_loop/status")
 
     def worker_stats(self) -> list[dict[str, Any]]:
-        """Per instance (worker, DP rank): in flight, dispatched, version, state."""
+        """Per instance (worker, DP rank): in flight, queued, dispatched, tokens, version, state."""
         return self._json("GET", "/workers/stats")["workers"]
 
     def update_weight_versions(self, items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
     FingerprintEvents,
     Stamp,
+    TokenTail,
     first_event_version,
     stamp_generate,
     stamp_openai,
@@ -431,6 +432,7 @@ class _Relay:
                 head = self._head(dispatched)
                 data = dispatched.body or b""
                 table_version = dispatched.entry.version
+            served = dispatched.instance.worker_id
             if loopback.worth_a_look(req, status, data, dp.cfg.dataplane.max_loopbacks):
                 # Maybe a rollout a weight sync aborted: continue it (smgrl/dataplane/loopback.py).
                 first = loopback.Answer(status, dispatched, head, data)
@@ -439,12 +441,16 @@ class _Relay:
                 )
                 status, head, data = answer.status, answer.head, answer.data
                 table_version = answer.dispatched.entry.version
+                served = answer.dispatched.instance.worker_id
             if 200 <= status < 300:
                 if req.route == GENERATE:
                     stamp = stamp_generate(data, table_version, req.single)
                 else:
                     stamp = stamp_openai(data, table_version)
                 data = stamp.body
+                # A looped-back answer reports every leg's tokens; the aborted legs' were counted.
+                tokens = stamp.tokens
+                dp.count_tokens(served, tokens and max(0, tokens - self.routed.kept))
                 if stamp.mixed:
                     dp.metrics.mixed_answer()
             else:
@@ -473,22 +479,29 @@ class _Relay:
             # read before the first token anyway.
             first = await anext(chunks, b"")
             version = first_event_version(first) or version
+        tail = TokenTail()  # the tokens the stream reports, read without parsing it
+        tail.see(first)
         head = self._head(dispatched) + self._stamped(Stamp(version, False, b""))
         await send({"type": "http.response.start", "status": response.status, "headers": head})
         self.started = True
         if req.openai and ok:
             events = FingerprintEvents(version)
             async for chunk in chunks:
+                tail.see(chunk)
                 out = events.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             await send({"type": "http.response.body", "body": events.flush(), "more_body": False})
+            self.api.dp.count_tokens(dispatched.instance.worker_id, tail.tokens)
             return
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
         async for chunk in chunks:
+            tail.see(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if ok:
+            self.api.dp.count_tokens(dispatched.instance.worker_id, tail.tokens)
 
     async def _abort_stream(self, exc: DataPlaneError) -> None:
         # The head is out: the status cannot change. Say what happened in the stream's own

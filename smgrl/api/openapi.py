@@ -119,6 +119,34 @@ def _obj(props: dict, required: list[str] | None = None, *, additional: Any = Fa
     return out
 
 
+# One row of GET /workers/stats (smgrl/api/routing_loop.py).
+_STATS_ROW = _obj(
+    {
+        "worker_id": STRING,
+        "base_worker_id": STRING,
+        "dp_rank": INT,
+        "url": STRING,
+        "model": STRING,
+        "weight_version": {"type": ["string", "null"]},
+        "control": STRING,
+        "held": {"type": ["string", "null"], "description": "why it is held out, or null"},
+        "in_flight": INT,
+        "queued": {
+            "type": "integer",
+            "description": "requests waiting in the gateway for this instance (a sticky or forced hint, "
+            "a loopback's return, a prompt-group pin); requests waiting for any instance count in `waiting` only",
+        },
+        "dispatched": INT,
+        "tokens": {
+            "type": "integer",
+            "description": "generated tokens its answers reported since start "
+            "(meta_info.completion_tokens, a stream's last count, OpenAI usage)",
+        },
+    },
+    ["worker_id", "base_worker_id", "dp_rank", "url", "in_flight", "queued", "dispatched", "tokens"],
+)
+
+
 def _rl_error(codes: list[str], context: dict | None = None, description: str = "") -> dict:
     props = {"error": {"type": "string", "enum": codes}, "message": STRING, **(context or {})}
     return _obj(props, ["error", "message"], description=description)
@@ -1299,14 +1327,14 @@ def _routing_loop_paths() -> dict:
         "/workers/stats": _get_and_head(
             _read_op(
                 "getWorkerStats",
-                "Per-instance routing stats: in flight, dispatched, version, state",
+                "Per-instance routing stats: in flight, queued, dispatched, tokens, version, state",
                 {
                     "200": _resp(
                         "One row per routable instance (worker, DP rank).",
                         _json(
                             _obj(
                                 {
-                                    "workers": {"type": "array", "items": {"type": "object"}},
+                                    "workers": {"type": "array", "items": _STATS_ROW},
                                     "total": INT,
                                     "waiting": INT,
                                 },

@@ -7,7 +7,8 @@ table, no state outside the journal but run-time counters)::
                                            ones finish (``dataplane.dispatch_set``)
     POST /routing_loop/resume              dispatch again (the waiting requests go out)
     GET  /routing_loop/status              paused, epoch, waiting and running requests
-    GET  /workers/stats                    per instance: in flight, dispatched, version, state
+    GET  /workers/stats                    per instance: in flight, queued, dispatched, generated
+                                           tokens, version, state
     POST /workers/update_weight_version    per-instance version writes (``engine.version_set``)
 
 Writes need the ``write`` (admin) role and are audited like every control-plane write; reads
@@ -30,7 +31,7 @@ from smgrl.auth import READ, WRITE
 from smgrl.core.version import MalformedVersion, validate_version
 from smgrl.errors import InvalidBody, JournalUnavailable, RlError
 from smgrl.journaling import ev
-from smgrl.routing.staged import identity
+from smgrl.routing.staged import identity, matches
 
 MAX_ITEMS = 4096
 
@@ -119,6 +120,7 @@ class RoutingLoopRoutes:
     async def _stats(self, principal) -> Response:
         dp = self.dp
         rows = []
+        hints = [(hint, n) for hint, n in dp.queued.items() if n]  # few: one per waiting pinned request
         for model, slot in sorted(dp.table().models.items()):
             for entry in slot.entries:
                 inst = entry.instance
@@ -134,7 +136,9 @@ class RoutingLoopRoutes:
                         "control": entry.control,
                         "held": entry.hold,
                         "in_flight": dp.loads.get(inst.worker_id, 0),
+                        "queued": sum(n for hint, n in hints if matches(inst, hint)),
                         "dispatched": dp.dispatched.get(inst.worker_id, 0),
+                        "tokens": dp.tokens.get(inst.worker_id, 0),
                     }
                 )
         return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dp.waiting})

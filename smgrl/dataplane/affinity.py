@@ -53,6 +53,7 @@ class Routed:
     meta: RoutingMeta
     selections: int = 0  # committed selections so far
     loopbacks: int = 0  # partial-rollout loopbacks so far
+    kept: int = 0  # tokens of the aborted legs, already counted for their instances
     loop_hint: InstanceId | None = None  # the instance a loopback returns to
     pinned: str | None = None  # the pinned version (raw), once committed
     floor: Version | None = None  # the version floor of the next selection

@@ -36,7 +36,7 @@ import trio
 
 from journal.events import RequestLoopedBack
 from smgrl.core.version import Version
-from smgrl.dataplane.stamp import Stamp, first_event_version, stream_version
+from smgrl.dataplane.stamp import Stamp, TokenTail, first_event_version, stream_version
 from smgrl.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
 from smgrl.routing.metadata import InstanceId
 
@@ -304,6 +304,10 @@ def prepare(dp, routed, rollout: Rollout, instance, leg: Leg) -> None:
     completes), or any instance at the pinned version floor: never older weights."""
     dp.metrics.loopbacks.inc()
     dp.metrics.tokens_kept.inc(len(leg.ids))
+    # Per-instance tokens: the aborted leg's go to the instance that decoded them; the stitched
+    # answer then reports the total, of which only the part after ``routed.kept`` is new.
+    dp.count_tokens(instance.worker_id, len(leg.ids))
+    routed.kept += len(leg.ids)
     routed.loop_hint = InstanceId(instance.group, instance.dp_rank or 0)
     routed.loopbacks += 1
     first = rollout.segments[0]["version"]
@@ -458,21 +462,27 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
                 seam = _Seam(dp, ref, dispatched, body)
+                tail = TokenTail()  # what the relayed events say was generated (stitched: in all)
                 for chunk in (first,) if first else ():
                     out = seam.feed(chunk)
                     if out:
+                        tail.see(out)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 async for chunk in chunks:
                     out = seam.feed(chunk)
                     if out:
+                        tail.see(out)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 rest = seam.flush()
+                tail.see(rest)
             rollout = ref[0]
             if seam.held is None:
                 if rest:
                     await send({"type": "http.response.body", "body": rest, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 outcome = "completed"
+                tokens = tail.tokens
+                dp.count_tokens(dispatched.instance.worker_id, tokens and max(0, tokens - routed.kept))
                 if rollout is not None and seam.last is not None:
                     rollout.add(seam.last, dispatched.instance, None)  # the final segment
                 return
@@ -480,6 +490,7 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
             rollout.add(leg, dispatched.instance, ops[0])
             if rollout.remaining() == 0:
                 final = rollout.stitch(leg, length_reached=True)
+                dp.count_tokens(dispatched.instance.worker_id, len(leg.ids))
                 out = b"data: " + _dumps(final) + b"\n\ndata: [DONE]\n\n"
                 await send({"type": "http.response.body", "body": out, "more_body": False})
                 outcome = "completed"

@@ -116,6 +116,11 @@ class DataPlane:
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
         self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
+        self.tokens: Counter = Counter()  # generated tokens per instance, as answers report them
+        # Waiting requests whose routing names one instance (a hint: sticky, forced once, a
+        # loopback's return; or their prompt group's pin): they wait for that instance, so
+        # GET /workers/stats shows them as its queue.
+        self.queued: Counter = Counter()
         # --admission-hook: None admits everything without a call.
         self.hook = admission_hook.resolve(dp.admission_hook) if dp.admission_hook else None
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
@@ -321,6 +326,12 @@ class DataPlane:
             self.waiting += 1
             self.wait_passes += 1
             self.waiting_by_reason[reason] += 1
+            hint = None
+            if routed is not None and routed.staged:
+                # Read again at each pass: a group pin can be written or released meanwhile.
+                hint = routed.hint() or self.groups.pin(routed.meta.prompt_id)
+            if hint is not None:
+                self.queued[hint] += 1
             try:
                 with trio.move_on_at(wake):
                     await changed.wait()
@@ -329,6 +340,10 @@ class DataPlane:
             finally:
                 self.waiting -= 1
                 self.waiting_by_reason[reason] -= 1
+                if hint is not None:
+                    self.queued[hint] -= 1
+                    if not self.queued[hint]:
+                        del self.queued[hint]  # hints are per request: do not keep them
 
     # -- forwarding ----------------------------------------------------------------------------
 
@@ -460,6 +475,11 @@ class DataPlane:
                 raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")
 
     # -- staged selection's commit and release -------------------------------------------------
+
+    def count_tokens(self, worker_id: str, tokens: int | None) -> None:
+        """Generated tokens an answer of this instance reported (GET /workers/stats)."""
+        if tokens:
+            self.tokens[worker_id] += tokens
 
     def commit(self, routed: Routed, entry: Entry) -> None:
         """Record a selection: the first pins an unversioned staged request's version (so its

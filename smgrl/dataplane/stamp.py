@@ -58,6 +58,10 @@ class Stamp:
     version: str
     mixed: bool
     body: bytes
+    # Generated tokens the answer reports (``meta_info.completion_tokens``, summed over a batch;
+    # ``usage.completion_tokens`` on OpenAI answers), None when it reports none: read while
+    # stamping, from the parse or the scan already done, for GET /workers/stats.
+    tokens: int | None = None
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = [
@@ -147,6 +151,40 @@ def _reported_single(body: bytes) -> list[str] | None:
     return [version] if version is not None else []
 
 
+# Engines write ``completion_tokens`` among meta_info's first fields (SGLang: before the
+# log-probs): looked for in this window first, so a large answer is not searched to its end.
+_TOKENS_WINDOW = 4096
+
+
+def _tokens_single(body: bytes) -> int | None | bool:
+    """``meta_info.completion_tokens`` of a single-object answer found by search, None when it
+    has none, False when only a full parse can tell (called after ``_reported_single`` agreed
+    the body has one top-level ``meta_info`` object).
+
+    Unlike the version, a second ``completion_tokens`` key is not searched for: a search to the
+    end of a 400 KB answer costs ~200 us, more than the rest of the stamp, and a duplicate key
+    at meta_info's own level (which ``json.loads`` would read as its last value) is not valid
+    output of any engine; a nested one is told apart by its depth as for the version."""
+    meta = body.find(b'"meta_info"')
+    inner = _COLON_OBJECT.match(body, meta + len(b'"meta_info"')).end() - 1  # type: ignore[union-attr]
+    key = body.find(b'"completion_tokens"', inner, inner + _TOKENS_WINDOW)
+    if key < 0:
+        key = body.find(b'"completion_tokens"', inner)
+    if key < 0:
+        return None
+    if not _key_at(body, key):
+        return False
+    if _depth(body[inner:key]) != 1:
+        return False  # nested deeper in meta_info, or after it
+    colon = _COLON.match(body, key + len(b'"completion_tokens"'))
+    number = _INT.match(body, colon.end()) if colon is not None else None
+    return _count(int(number.group())) if number is not None else False
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
 def stamp_generate(
     body: bytes, table_version: str | None, single: bool, fast_min: int = FAST_STAMP_MIN
 ) -> Stamp:
@@ -154,10 +192,11 @@ def stamp_generate(
     least ``fast_min`` bytes go through ``_reported_single`` first (the same result as the full
     parse on every valid JSON document: tests/unit/test_routing_stamp.py checks it by property)."""
     reported = _reported_single(body) if len(body) >= fast_min else None
-    if reported is not None:
+    tokens = _tokens_single(body) if reported is not None else False
+    if reported is not None and tokens is not False:
         version = reported[-1] if reported else stream_version(table_version)
         drifted = table_version is not None and any(not _same(v, table_version) for v in reported)
-        return Stamp(version, drifted, body)
+        return Stamp(version, drifted, body, tokens)
     return _stamp_parsed(body, table_version, single)
 
 
@@ -172,10 +211,14 @@ def _stamp_parsed(body: bytes, table_version: str | None, single: bool) -> Stamp
     items = obj if isinstance(obj, list) else [obj]
     reported: list[str] = []
     spans = False
+    tokens: int | None = None
     for item in items:
         meta = item.get("meta_info") if isinstance(item, dict) else None
         if not isinstance(meta, dict):
             continue
+        n = _count(meta.get("completion_tokens"))
+        if n is not None:
+            tokens = (tokens or 0) + n
         version = _valid(meta.get("weight_version"))
         if version is not None:
             reported.append(version)
@@ -185,7 +228,7 @@ def _stamp_parsed(body: bytes, table_version: str | None, single: bool) -> Stamp
     version = reported[-1] if reported else stream_version(table_version)
     drifted = table_version is not None and any(not _same(v, table_version) for v in reported)
     disagree = any(not _same(v, reported[0]) for v in reported[1:])
-    return Stamp(version, spans or drifted or disagree, body)
+    return Stamp(version, spans or drifted or disagree, body, tokens)
 
 
 def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
@@ -199,10 +242,12 @@ def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
     metadata = obj.get("metadata")
     reported = _valid(metadata.get("weight_version")) if isinstance(metadata, dict) else None
     version = reported or stream_version(table_version)
+    usage = obj.get("usage")
+    tokens = _count(usage.get("completion_tokens")) if isinstance(usage, dict) else None
     if obj.get("system_fingerprint") != version:
         obj["system_fingerprint"] = version
         body = _dumps(obj)
-    return Stamp(version, False, body)
+    return Stamp(version, False, body, tokens)
 
 
 # An SSE event ends at a blank line; lines end in CRLF, LF or CR (WHATWG HTML, 9.2.5). Longest
@@ -226,6 +271,35 @@ def first_event_version(chunk: bytes) -> str | None:
         return None
     meta = event.get("meta_info") if isinstance(event, dict) else None
     return _valid(meta.get("weight_version")) if isinstance(meta, dict) else None
+
+
+_TOKENS_KEY = b'"completion_tokens"'
+_TOKENS_VALUE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)(?=\s*[,}])')
+
+
+class TokenTail:
+    """The generated tokens a stream reports, without parsing it: the last chunk that names
+    ``completion_tokens`` is kept (a ``bytes.find`` per chunk), and its last value read once
+    when the stream ends. SGLang's ``/generate`` events carry the running ``meta_info.
+    completion_tokens``; an OpenAI stream's ``usage`` event (``stream_options.include_usage``)
+    its total. A chunk that ends inside the key or the number can hide the last value: the
+    count is then the one before it (an undercount by a few tokens, never a crash)."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last = b""
+
+    def see(self, chunk: bytes) -> None:
+        if _TOKENS_KEY in chunk:
+            self._last = chunk
+
+    @property
+    def tokens(self) -> int | None:
+        found = None
+        for found in _TOKENS_VALUE.finditer(self._last):
+            pass
+        return int(found.group(1)) if found is not None else None
 
 
 class FingerprintEvents:

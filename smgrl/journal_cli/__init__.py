@@ -4,7 +4,7 @@ Importing this package registers every subcommand on :data:`journal_group`; ``sm
 the group to the ``smgrl`` command.
 """
 
-from smgrl.journal_cli import admin, events, fleet, ops, refits, sessions  # noqa: F401 - they register commands
+from smgrl.journal_cli import admin, events, fleet, loopbacks, ops, refits, sessions  # noqa: F401 - they register commands
 from smgrl.journal_cli.group import journal_group
 
 __all__ = ["journal_group"]

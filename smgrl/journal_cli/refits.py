@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
+from smgrl.journal_cli.loopbacks import per_cycle, read_loopbacks
 from smgrl.journal_cli.reading import add_outcomes, recent, seq_at, stream_ops
 from smgrl.journal_cli.render import ChunkedTable, chunks, json_text, table
 from smgrl.journal_cli.timeline import OVERVIEW_MAX, render_html, render_svg
@@ -20,7 +21,7 @@ DETAIL_DEFAULT = 20  # cycles drawn in detail in a picture unless --last says ot
 MARGIN = 4096  # events read before --since, so a cycle that began just before is read whole
 
 
-def cycle_row(c: Cycle, phases: list[str]) -> dict[str, Any]:
+def cycle_row(c: Cycle, phases: list[str], looped: tuple[int, int] | None = None) -> dict[str, Any]:
     spans = c.phases()
     failed = c.failures()
     row: dict[str, Any] = {
@@ -34,6 +35,8 @@ def cycle_row(c: Cycle, phases: list[str]) -> dict[str, Any]:
         s = spans.get(phase)
         row[phase] = fmt_ms(s[1] - s[0]) if s else "-"
     row["total"] = fmt_ms(c.end - c.start)
+    if looped is not None:  # only when the journal has loopbacks in the cycles shown
+        row["looped"], row["kept"] = looped
     row["failed"] = ", ".join(f"{e} ({'; '.join(why)})" for e, why in failed.items()) if failed else "-"
     return row
 
@@ -146,17 +149,21 @@ def _picture(ctx: Ctx, store, stream: Iterable[Cycle], last, html_path, svg_path
 def _output(
     ctx: Ctx, cycles: list[Cycle], detail: list[Cycle], total: int, html_path, svg_path, rows=None
 ) -> None:
+    # Loopbacks are journaled when their request ends, after the op that caused them: read from
+    # the first cycle shown on (the (type, seq) index; nothing else is parsed).
+    looped = per_cycle(cycles, read_loopbacks(ctx.path, cycles[0].index - 1)) if cycles else {}
+    any_looped = any(n for n, _ in looped.values())
     if rows is None:
         seen = {p for c in cycles for p in c.phases()}
         phases = [p for p in PHASE_ORDER if p in seen]
-        rows = [cycle_row(c, phases) for c in cycles]
+        rows = [cycle_row(c, phases, looped[c.index] if any_looped else None) for c in cycles]
     title = f"smgrl refits · {ctx.path}"
     if html_path:
         _write(html_path, render_html(cycles, rows, title=title, detail=len(detail), total=total))
     if svg_path:
         _write(svg_path, render_svg(cycles, title=title, detail=len(detail)))
     if ctx.json:
-        ctx.emit({"cycles": [c.to_json() for c in cycles]})
+        ctx.emit({"cycles": [_with_loopbacks(c.to_json(), looped[c.index]) for c in cycles]})
         return
     if html_path or svg_path:
         for path in (html_path, svg_path):
@@ -167,6 +174,11 @@ def _output(
         click.echo("no refit cycles")
         return
     click.echo(table(rows, list(rows[0]), limits=LIMITS))
+
+
+def _with_loopbacks(cycle: dict[str, Any], looped: tuple[int, int]) -> dict[str, Any]:
+    cycle["loopbacks"] = {"requests": looped[0], "tokens_kept": looped[1]}
+    return cycle
 
 
 def _write(path: str, text: str) -> None:

@@ -118,6 +118,9 @@ async def test_a_sync_that_aborts_a_rollout_is_looped_back_token_exact(tmp_path)
         assert ev.op_ids == (first["op_id"],)
         metrics = gw.app.dataplane.metrics
         assert metrics.loopbacks._value.get() == 1 and metrics.tokens_kept._value.get() == k
+        # Per-instance tokens count each decoded token once (the stitched answer reports N).
+        (row,) = (await gw.client.get("/workers/stats")).json()["workers"]
+        assert row["tokens"] == N
 
 
 async def test_deliberate_aborts_are_answered_as_the_engine_gave_them():
@@ -236,3 +239,5 @@ async def test_a_stream_continues_across_the_loopback_without_a_seam(tmp_path):
         assert [s["version"] for s in meta["weight_versions"]] == ["default", "v2"]
         (ev,) = [rec.event for rec in gw.store.read() if rec.event.TYPE == "dataplane.request_looped_back"]
         assert ev.tokens_kept == k and ev.generated_tokens == N and ev.outcome == "completed"
+        (row,) = (await gw.client.get("/workers/stats")).json()["workers"]
+        assert row["tokens"] == N  # each decoded token counted once, across the seam

@@ -3,6 +3,8 @@ stats and version writes, all journaled and backed by the same projections."""
 
 from __future__ import annotations
 
+import json
+
 import trio
 import trio.testing
 
@@ -86,3 +88,96 @@ async def test_worker_stats_and_per_instance_version_writes():
         assert versions == {(base, "7"), (other, None)}
         r = await gw.client.post("/workers/update_weight_version", json={"worker_id": base})
         assert r.status_code == 400 and r.json()["error"] == "invalid_body"
+
+
+async def test_worker_stats_count_generated_tokens_per_instance():
+    """Buffered and streamed /generate (meta_info.completion_tokens), OpenAI (usage): each
+    instance's tokens are what its answers reported."""
+    async with (
+        fake_fleet("sglang", n=2) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        await gw.wait_visible(2)
+        reported: dict[str, int] = {}
+
+        def add(r, n):
+            assert r.status_code == 200, r.text
+            wid = r.headers["x-smgrl-worker-id"]
+            reported[wid] = reported.get(wid, 0) + n
+
+        for i in range(3):
+            gen = {"input_ids": [1, 2, i], "sampling_params": {"max_new_tokens": 3 + i}}
+            r = await gw.client.post("/generate", json=gen)
+            add(r, r.json()["meta_info"]["completion_tokens"])
+            r = await gw.client.post("/generate", json={**gen, "stream": True})
+            last = [b for b in r.text.split("\n\n") if b.startswith("data: {")][-1]
+            add(r, json.loads(last[6:])["meta_info"]["completion_tokens"])
+            chat = {"model": "fake/Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}]}
+            r = await gw.client.post("/v1/chat/completions", json={**chat, "max_tokens": 2 + i})
+            add(r, r.json()["usage"]["completion_tokens"])
+        rows = (await gw.client.get("/workers/stats")).json()["workers"]
+        assert {r["worker_id"]: r["tokens"] for r in rows} == {
+            r["worker_id"]: reported.get(r["worker_id"], 0) for r in rows
+        }
+        assert sum(reported.values()) > 0
+
+
+async def test_worker_stats_show_requests_queued_for_an_instance():
+    """A sticky request waiting (dispatch paused) for its instance is that instance's queue."""
+    async with (
+        fake_fleet("sglang", n=2) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        await gw.wait_visible(2)
+        rows = (await gw.client.get("/workers/stats")).json()["workers"]
+        target = rows[0]["base_worker_id"]
+        sticky = {"x-base-worker-id": target, "x-target-dp-rank": "0", "x-is-sticky": "true"}
+        await gw.client.post("/routing_loop/pause")
+        answers = []
+
+        async def one(headers):
+            answers.append((await gw.client.post("/generate", json=GEN, headers=headers)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, sticky)
+            nursery.start_soon(one, sticky)
+            nursery.start_soon(one, {})  # waits for any instance: in `waiting`, no one's queue
+            await trio.testing.wait_all_tasks_blocked()
+            body = (await gw.client.get("/workers/stats")).json()
+            assert body["waiting"] == 3
+            assert {r["base_worker_id"]: r["queued"] for r in body["workers"]} == {
+                r["base_worker_id"]: 2 if r["base_worker_id"] == target else 0 for r in rows
+            }
+            await gw.client.post("/routing_loop/resume")
+        assert answers == [200, 200, 200]
+        assert [r["queued"] for r in (await gw.client.get("/workers/stats")).json()["workers"]] == [0, 0]
+
+
+async def test_worker_stats_show_a_prompt_groups_waiting_requests_on_its_pinned_instance():
+    async with (
+        fake_fleet("sglang", n=2, token_latency_ms=2) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        await gw.wait_visible(2)
+        group = {"x-prompt-id": "g"}
+        long = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1000}}
+        answers = []
+
+        async def one(body):
+            answers.append((await gw.client.post("/generate", json=body, headers=group)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, long)  # runs: writes the group's pin
+            await trio.testing.wait_all_tasks_blocked()
+            pinned = gw.app.dataplane.groups.pin("g")
+            assert pinned is not None
+            await gw.client.post("/routing_loop/pause")
+            nursery.start_soon(one, GEN)
+            nursery.start_soon(one, GEN)
+            await trio.testing.wait_all_tasks_blocked()
+            rows = (await gw.client.get("/workers/stats")).json()["workers"]
+            assert {(r["base_worker_id"], r["queued"]) for r in rows} == {
+                (r["base_worker_id"], 2 if r["base_worker_id"] == pinned.worker else 0) for r in rows
+            }
+            await gw.client.post("/routing_loop/resume")
+        assert answers == [200, 200, 200]

@@ -119,6 +119,9 @@ def test_dp_aware_loopback_returns_to_the_pinned_rank(fakes, gateway, tmp_path):
     check(events, old, digest(http, url))
     segments = events[-1]["meta_info"]["segments"]
     assert [s["dp_rank"] for s in segments] == [1, 1]  # the loopback went back to (worker, 1)
+    # Every decoded token counted once, on the rank that decoded it (both legs: rank 1).
+    _, _, stats = http.request("GET", "/workers/stats")
+    assert {w["dp_rank"]: w["tokens"] for w in stats["workers"]} == {0: 0, 1: N}
 
 
 def test_async_rl_loop_partial_rollout_mode(fakes, gateway):

@@ -26,6 +26,8 @@ EVERY_COMMAND = [
     ["ops", "--json"],
     ["refits"],
     ["refits", "--json"],
+    ["loopbacks"],
+    ["loopbacks", "--json"],
     ["versions"],
     ["verify"],
     ["replay"],

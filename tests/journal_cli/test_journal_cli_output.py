@@ -84,6 +84,20 @@ def _hostile_journal(path, n_workers: int = 6) -> dict:
             request_id="r\x07",
         ),
     )
+    b.add(
+        "dataplane",
+        ev(
+            "dataplane.request_looped_back",
+            request_id="rollout" + OSC,
+            model="m\r",
+            generated_tokens=4,
+            tokens_kept=2,
+            loopbacks=1,
+            outcome="completed",
+            op_ids=(op,),
+            segments=({"op_id": op, "start": 0, "end": 2}, {"op_id": None, "start": 2, "end": 4}),
+        ),
+    )
     b.audit("/v1/rl/workers" + OSC)
     b.close()
     return {"workers": [w for w, _ in workers], "op": op}
@@ -109,6 +123,7 @@ def _commands(ids) -> list[list[str]]:
         ["ops"],
         ["ops", "show", ids["op"]],
         ["refits"],
+        ["loopbacks"],
         ["versions"],
         ["stats"],
         ["verify"],

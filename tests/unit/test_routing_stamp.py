@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from smgrl.dataplane.stamp import (
     FingerprintEvents,
+    TokenTail,
     _reported_single,
+    _tokens_single,
     stamp_generate,
     stamp_openai,
     version_tag,
@@ -171,8 +173,12 @@ def _answers(draw) -> dict:
         meta["weight_version"] = draw(_plain_version if draw(st.integers(0, 3)) else _version_value)
     if _rarely(draw, st.just(True)):
         meta["weight_versions"] = [{"version": "v1"}, {"version": "v2"}][: draw(st.integers(1, 2))]
+    if draw(st.integers(0, 2)):
+        meta["completion_tokens"] = draw(_token_count)
     if _rarely(draw, st.just(True)):
         meta["nested"] = {"weight_version": draw(_version_value)}  # not meta_info's own
+    if _rarely(draw, st.just(True)):
+        meta["usage"] = {"completion_tokens": draw(_token_count)}  # not meta_info's own
     meta["output_token_logprobs"] = [[-0.5, i, draw(_tricky_text)] for i in range(draw(st.integers(0, 3)))]
     meta = {k: meta[k] for k in draw(st.permutations(list(meta)))}
     answer: dict = {"text": draw(_tricky_text), "output_ids": draw(st.lists(st.integers(0, 9), max_size=4))}
@@ -183,6 +189,11 @@ def _answers(draw) -> dict:
     if _rarely(draw, st.just(True)):
         answer["extra"] = {"meta_info": {"weight_version": draw(_version_value)}}
     return {k: answer[k] for k in draw(st.permutations(list(answer)))}
+
+
+_token_count = st.one_of(
+    st.integers(0, 10**6), st.integers(-3, -1), st.just(2.0), st.just("7"), st.none(), st.just(True)
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -225,3 +236,63 @@ def test_a_large_answer_is_stamped_without_a_full_parse():
 def test_the_fast_stamp_on_raw_bodies(body, version):
     assert stamp_generate(body, "v9", True, fast_min=0).version == version
     assert stamp_generate(body, "v9", True, fast_min=len(body) + 1).version == version
+
+
+@pytest.mark.parametrize(
+    "answer, tokens",
+    [
+        ({"text": "a", "meta_info": {"completion_tokens": 12}}, 12),
+        ([{"meta_info": {"completion_tokens": 3}}, {"meta_info": {"completion_tokens": 4}}], 7),
+        ({"text": "a", "meta_info": {"weight_version": "v1"}}, None),
+        ({"meta_info": {"completion_tokens": -1}}, None),
+        ({"meta_info": {"x": {"completion_tokens": 5}}}, None),
+    ],
+)
+def test_the_stamp_reads_the_generated_tokens(answer, tokens):
+    body = json.dumps(answer).encode()
+    single = not isinstance(answer, list)
+    assert stamp_generate(body, None, single).tokens == tokens
+    if single:
+        assert stamp_generate(body, None, single, fast_min=0).tokens == tokens
+
+
+def test_a_large_answer_reports_its_tokens_without_a_full_parse():
+    answer = gen("v3")
+    answer["meta_info"]["completion_tokens"] = 20_000
+    answer["meta_info"]["output_token_logprobs"] = [[-0.1, i, None] for i in range(20_000)]
+    assert _tokens_single(json.dumps(answer).encode()) == 20_000
+
+
+def test_openai_answers_report_usage():
+    body = json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}).encode()
+    assert stamp_openai(body, None).tokens == 9
+    assert stamp_openai(b'{"choices": []}', None).tokens is None
+
+
+@pytest.mark.parametrize(
+    "chunks, tokens",
+    [
+        (
+            [
+                b'data: {"meta_info": {"completion_tokens": 1}}\n\n',
+                b'data: {"meta_info": {"completion_tokens": 2}}\n\n',
+                b"data: [DONE]\n\n",
+            ],
+            2,
+        ),
+        (
+            [
+                b'data: {"a": 1, "meta_info": {"completion_tokens": 1}}\n\ndata: {"meta_info": {"completion_tokens": 5}}\n\n'
+            ],
+            5,
+        ),
+        ([b'data: {"usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}}\n\n'], 4),
+        ([b'data: {"choices": []}\n\n', b"data: [DONE]\n\n"], None),
+        ([b'data: {"text": "\\"completion_tokens\\": 9"}\n\n'], None),
+    ],
+)
+def test_a_stream_reports_its_last_token_count(chunks, tokens):
+    tail = TokenTail()
+    for chunk in chunks:
+        tail.see(chunk)
+    assert tail.tokens == tokens
