@@ -28,7 +28,7 @@ from smgrl.journal_cli.render import table
 from smgrl.journal_cli.values import fmt_ts
 from smgrl.state.refits import Cycle, group_cycles
 
-__all__ = ["Loopback", "per_cycle", "read_loopbacks"]
+__all__ = ["LoopbackRecord", "per_cycle", "read_loopbacks"]
 
 TYPE = "dataplane.request_looped_back"
 LAST_DEFAULT = 50  # requests listed unless --last, --all or --refit say otherwise
@@ -44,7 +44,7 @@ FROM events WHERE type = ? AND seq > ? ORDER BY seq
 
 
 @attrs.frozen
-class Loopback:
+class LoopbackRecord:
     seq: int
     ts: float
     request_id: str | None
@@ -86,14 +86,14 @@ def _kept_by_op(raw: Any) -> dict[str, int]:
     return out
 
 
-def read_loopbacks(path: str, after_seq: int = 0) -> Iterator[Loopback]:
+def read_loopbacks(path: str, after_seq: int = 0) -> Iterator[LoopbackRecord]:
     """Every loopback event after ``after_seq``, oldest first, streamed (only the segments
     array is parsed in Python; the scalar fields come from ``json_extract``)."""
     with sqlview.view(path) as conn:
         for seq, ts, _schema, rid, model, gen, kept, n, outcome, segments in conn.execute(
             _QUERY, (TYPE, after_seq)
         ):
-            yield Loopback(
+            yield LoopbackRecord(
                 seq=seq,
                 ts=ts,
                 request_id=rid if isinstance(rid, str) else None,
@@ -106,7 +106,7 @@ def read_loopbacks(path: str, after_seq: int = 0) -> Iterator[Loopback]:
             )
 
 
-def per_cycle(cycles: Iterable[Cycle], loopbacks: Iterable[Loopback]) -> dict[int, tuple[int, int]]:
+def per_cycle(cycles: Iterable[Cycle], loopbacks: Iterable[LoopbackRecord]) -> dict[int, tuple[int, int]]:
     """``{cycle index: (requests looped back, tokens kept)}`` for these cycles (0s included)."""
     owner = {op.op_id: c.index for c in cycles for op in c.ops}
     out = dict.fromkeys(set(owner.values()), (0, 0))
@@ -117,7 +117,7 @@ def per_cycle(cycles: Iterable[Cycle], loopbacks: Iterable[Loopback]) -> dict[in
     return out
 
 
-def _by_cycle(lb: Loopback, owner: dict[str, int]) -> dict[int, int]:
+def _by_cycle(lb: LoopbackRecord, owner: dict[str, int]) -> dict[int, int]:
     mine: dict[int, int] = {}
     for op, kept in lb.kept_by_op.items():
         index = owner.get(op)
@@ -178,7 +178,7 @@ def loopbacks(ctx: Ctx, refit, last, everything) -> None:
             owner, after = {}, 0
         # Without --refit or --all only the last N are kept while the events stream by.
         keep = None if everything or (refit is not None and last is None) else (last or LAST_DEFAULT)
-        found: collections.deque[Loopback] = collections.deque(maxlen=keep)
+        found: collections.deque[LoopbackRecord] = collections.deque(maxlen=keep)
         requests = total = 0
         for lb in read_loopbacks(ctx.path, after):
             if refit is None:

@@ -94,7 +94,10 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
             shown = 0
             for chunk in chunks(stream, CHUNK):
                 head = '{"cycles": [' if shown == 0 else ","
-                click.echo(head + ",".join(json_text(c.to_json(), lines=True) for c in chunk), nl=False)
+                # Loopbacks per cycle, read from the chunk's first cycle on (the (type, seq) index).
+                looped = per_cycle(chunk, read_loopbacks(ctx.path, chunk[0].index - 1))
+                texts = (json_text(_with_loopbacks(c.to_json(), looped[c.index]), lines=True) for c in chunk)
+                click.echo(head + ",".join(texts), nl=False)
                 shown += len(chunk)
             click.echo('{"cycles": []}' if shown == 0 else "]}")
         else:
