@@ -315,12 +315,13 @@ class DataPlaneASGI:
 
 
 def _routing_headers(scope: Scope):
-    """``metadata.parse``'s header lookup: the routing headers, decoded, from one scan."""
+    """``metadata.parse``'s header lookup: the routing headers, decoded, from one scan (the first
+    occurrence of each wins, as for every other header: smgrl/api/scope.py)."""
     found: dict[str, str] = {}
     wanted = _ROUTING_HEADERS
     for key, value in scope["headers"]:
         if key in wanted:
-            found[key.decode()] = value.decode("latin-1")
+            found.setdefault(key.decode(), value.decode("latin-1"))
     return found.get
 
 
