@@ -24,6 +24,10 @@ HTTP URL, TokenSpeed through its ``rl.control_url``), so the journal records the
 Without torch (or with ``--skip-tensors``) the same control sequence runs and no tensor is sent:
 engines started without real transfers accept the metadata alone. Real engines need the tensors.
 
+With ``--saga`` (smgrl only) the gateway's refit saga runs the engine side (docs/refits.md):
+``POST /v1/rl/refits`` with a distributed source, the chunks through
+``POST /v1/rl/refits/{id}/transfer`` while the trainer broadcasts, then ``commit``.
+
 Refuses (exit 2) a loopback ``--master-address`` when the gateway or any engine is not on
 loopback: the engines would try to reach the trainer at their own loopback address. Exit 0 when
 the refit took, 1 when it did not. Works against SMG 1.13.0 with ``from smg.rl import ...``.
@@ -39,12 +43,13 @@ import ipaddress
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from smgrl.rl import RL, RlError, Worker, paused
+from smgrl.rl import RL, RefitError, RlError, Worker, paused
 
 SGLANG_SESSION = "sglang"  # engines whose distributed updates need begin/end_weight_update
 
@@ -328,6 +333,76 @@ def refit(rl: RL, rows: list[Worker], args, torch) -> tuple[list[Worker], dict[s
     return workers, sent
 
 
+def refit_saga(rl: RL, args, torch) -> tuple[list[Worker], dict[str, str]]:
+    """The same refit run by the gateway's refit saga (``--saga``; smgrl only, docs/refits.md):
+    the gateway pauses, joins every engine to the group and begins; the trainer broadcasts each
+    chunk while ``POST /v1/rl/refits/{id}/transfer`` makes every engine kind take it; ``commit``
+    finishes, versions, verifies and resumes. A failure quarantines the engines (never resumed on
+    unknown weights)."""
+    tensors, meta = weights(args, torch)
+    names = list(meta)
+    chunks = [names[i :: args.chunks] for i in range(args.chunks) if names[i :: args.chunks]]
+    port = args.master_port or free_port(args.master_address)
+    source = {
+        "master_address": args.master_address,
+        "master_port": port,
+        "group_name": args.group_name,
+        "backend": args.backend,
+    }
+    record = rl.start_refit(
+        args.selector, args.weight_version, distributed=source, transfer_timeout_secs=args.dist_timeout
+    )
+    refit_id, info = record["refit_id"], record["transfer"]
+    print(
+        f"refit {refit_id}: group {info['group_name']!r}, world_size {info['world_size']}, ranks {info['ranks']}"
+    )
+    pg = None
+    if torch is not None:
+        # Rank 0 joins while the saga's init calls make the engines join (the rendezvous).
+        pg = join_as_rank0(
+            args.master_address, port, info["world_size"], args.group_name, args.backend, args.dist_timeout
+        )
+    deadline = time.monotonic() + args.dist_timeout
+    while (state := rl.refit_status(refit_id))["state"] != "awaiting_transfer":
+        if state["result"] is not None or time.monotonic() > deadline:
+            raise RefitFailed(f"refit {refit_id} did not reach awaiting_transfer: {state['state']}")
+        time.sleep(0.05)
+    try:
+        for i, chunk in enumerate(chunks):
+
+            def broadcast(chunk=chunk) -> None:
+                import torch.distributed as dist
+
+                for n in chunk:
+                    tensor = tensors[n].cuda() if args.backend == "nccl" else tensors[n]
+                    dist.broadcast(tensor, src=0, group=pg)
+
+            result, _ = alongside(
+                broadcast if pg is not None else None,
+                lambda chunk=chunk: rl.refit_transfer(
+                    refit_id, chunk, [meta[n][0] for n in chunk], [meta[n][1] for n in chunk]
+                ),
+                args.dist_timeout,
+            )
+            ok = sum(1 for r in result["results"] if r["result"] == "ok")
+            print(f"  chunk {i + 1}/{len(chunks)}: {len(chunk)} tensors -> {ok}/{len(result['results'])}")
+            if ok != len(result["results"]):
+                rl.fail_refit(refit_id, f"chunk {i + 1} failed on some engines")
+                break
+        else:
+            rl.commit_refit(refit_id)
+        final = rl.wait_refit(refit_id, progress=lambda r: print(f"  saga: {r['state']}"))
+    finally:
+        if pg is not None:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(pg)
+    ids = {e["worker_id"] for e in final["engines"]}
+    sent = {n: checksum(t) for n, t in tensors.items()} if pg is not None else {}
+    return [w for w in rl.workers() if w.id in ids], sent
+
+
 def verify(rl: RL, workers: list[Worker], version: str, sent: dict[str, str]) -> bool:
     ok = True
     rows = {w.id: w for w in rl.workers()}
@@ -370,6 +445,9 @@ def main() -> int:
     ap.add_argument("--skip-tensors", action="store_true", help="control sequence only, even with torch")
     ap.add_argument("--dist-timeout", type=float, default=300.0)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--saga", action="store_true", help="let the gateway's refit saga run the engine side (smgrl only)"
+    )
     args = ap.parse_args()
     if args.chunks < 1 or args.tensors < 1:
         ap.error("--chunks and --tensors must be at least 1")
@@ -388,7 +466,10 @@ def main() -> int:
         + (f"broadcast over {args.backend}" if torch is not None else "skipped")
     )
     try:
-        workers, sent = refit(rl, rl.workers(), args, torch)
+        workers, sent = refit_saga(rl, args, torch) if args.saga else refit(rl, rl.workers(), args, torch)
+    except RefitError as exc:
+        print(f"refit failed: {exc}", file=sys.stderr)
+        return 1
     except Refused as exc:
         print(f"cannot refit:\n  {exc}", file=sys.stderr)
         return 2

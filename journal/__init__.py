@@ -50,6 +50,15 @@ from .events import (
 )
 from .lock import JournalLock, JournalLocked
 from .memory import MemoryStore
+from .refit_events import (
+    RefitFinished,
+    RefitStarted,
+    RefitState,
+    RefitStep,
+    RefitStepDone,
+    WorkerQuarantined,
+    WorkerReleased,
+)
 from .store import SqliteStore
 
 # JournalWriter and Pending need trio (0.15 s to import): loaded when first used, so a process
@@ -95,6 +104,11 @@ __all__ = [
     "ProjectionError",
     "RawRow",
     "Recorded",
+    "RefitFinished",
+    "RefitStarted",
+    "RefitState",
+    "RefitStep",
+    "RefitStepDone",
     "SnapshotTaken",
     "SqliteStore",
     "UnknownEvent",
@@ -103,7 +117,9 @@ __all__ = [
     "WorkerHealthChanged",
     "WorkerLabelsChanged",
     "WorkerProbeFailed",
+    "WorkerQuarantined",
     "WorkerRegistered",
+    "WorkerReleased",
     "WorkerRemoved",
     "decode",
     "encode",

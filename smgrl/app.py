@@ -15,10 +15,12 @@ from smgrl.api import openapi, openapi_html
 from smgrl.api.control_bodies import ControlBodyBound, body_timeout
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
+from smgrl.api.refits import RefitsApi
 from smgrl.api.rl import RlApi
 from smgrl.api.rl_front import DiscoveryFront, EngineFront
 from smgrl.api.rl_writes import RlWrites
 from smgrl.api.routing_loop import RoutingLoopRoutes
+from smgrl.api.stream import JournalStream
 from smgrl.api.workers import WorkersApi
 from smgrl.dataplane.service import DataPlane
 from smgrl.registry.probe import GATEWAY_ID_HEADER
@@ -119,6 +121,8 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         # The explicit version/state writes (Appendix A.1): more specific rules than the /v1/rl
         # catch-all below, so werkzeug routes them here.
         RlWrites(gateway).register(app)
+        RefitsApi(gateway).register(app)  # refit sagas and quarantine (docs/refits.md)
+        JournalStream(gateway).register(app)  # GET /v1/rl/journal/stream and the /fleet page
 
         async def _rl(rest: str) -> Response:
             return await rl.dispatch()

@@ -434,6 +434,9 @@ def _register_subcommands() -> None:
     from smgrl.journal_cli import journal_group
 
     cli.add_command(journal_group, "journal")
+    from smgrl.refit.cli import refit_command
+
+    cli.add_command(refit_command, "refit")
 
 
 _register_subcommands()

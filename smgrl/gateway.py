@@ -16,9 +16,11 @@ from smgrl.auth import AuthPolicy
 from smgrl.config import Config
 from smgrl.control.service import ControlService
 from smgrl.metrics import Metrics
+from smgrl.refit.saga import RefitService
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import RegistryService
 from smgrl.state.fleet import FleetState
+from smgrl.tail import JournalTail
 from smgrl.upstream import PoolSet
 
 
@@ -40,6 +42,8 @@ class Gateway:
     # serving the same journal on a shared port). The journal's own id, so every process of one
     # journal shares it; a random one for a journal without an id (``:memory:``).
     instance_id: str = ""
+    refits: RefitService | None = None
+    tail: JournalTail = attrs.Factory(JournalTail)  # GET /v1/rl/journal/stream, the fleet page
 
     @classmethod
     def build(
@@ -59,6 +63,7 @@ class Gateway:
         gw = cls(
             cfg, fleet, journal, store, keys, pools, metrics, auth, registry, control, audit, instance_id
         )
+        gw.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply
@@ -71,6 +76,7 @@ class Gateway:
         self.fleet.apply_records(records)
         self.registry.committed(records)
         self.metrics.journaled(records)
+        self.tail.publish(records)  # last: subscribers see what the projections already hold
 
 
 def _instance_id(store) -> str:

@@ -33,15 +33,26 @@ they land in ``Worker.extra`` instead of breaking construction.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["RL", "CallResult", "FanoutError", "FanoutFailure", "FanoutResult", "RlError", "Worker", "paused"]
+# SMG's public names exactly (a drop-in copy); the smgrl-only RefitError is imported by name.
+__all__ = [
+    "RL",
+    "CallResult",
+    "FanoutError",
+    "FanoutFailure",
+    "FanoutResult",
+    "RlError",
+    "Worker",
+    "paused",
+]
 
 
 class RlError(Exception):
@@ -330,6 +341,109 @@ class RL:
         """Per-instance version writes ``[{"worker_id", "dp_rank"?, "weight_version"}]``."""
         return self._json("POST", "/workers/update_weight_version", items)
 
+    # -- refit sagas (smgrl only; docs/refits.md) ------------------------------------------------
+
+    def start_refit(
+        self,
+        selector: str,
+        weight_version: str,
+        *,
+        model_path: str | None = None,
+        distributed: dict[str, Any] | None = None,
+        pause_mode: str | None = None,
+        flush: bool = True,
+        on_failure: str = "quarantine",
+        force: bool = False,
+        transfer_timeout_secs: float | None = None,
+    ) -> dict[str, Any]:
+        """Start a refit saga; returns its record (``refit_id``, the plan, ``transfer`` for a
+        distributed source). Exactly one of ``model_path`` and ``distributed``."""
+        if (model_path is None) == (distributed is None):
+            raise ValueError("pass exactly one of model_path and distributed")
+        body: dict[str, Any] = {
+            "selector": selector,
+            "weight_version": weight_version,
+            "source": {"disk": {"model_path": model_path}}
+            if model_path is not None
+            else {"distributed": distributed},
+            "flush": flush,
+            "on_failure": on_failure,
+            "force": force,
+        }
+        if pause_mode is not None:
+            body["pause_mode"] = pause_mode
+        if transfer_timeout_secs is not None:
+            body["transfer_timeout_secs"] = transfer_timeout_secs
+        status, payload = self._request("POST", "/v1/rl/refits", body)
+        _raise_for_status(status, payload)
+        return payload
+
+    def refit_status(self, refit_id: str) -> dict[str, Any]:
+        status, payload = self._request("GET", f"/v1/rl/refits/{refit_id}")
+        _raise_for_status(status, payload)
+        return payload
+
+    def wait_refit(
+        self,
+        refit_id: str,
+        *,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        poll_secs: float = 0.2,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Poll until the refit ends; ``progress(record)`` on every change. Returns the final
+        record when every engine is on the new version, else raises :class:`RefitError`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            record = self.refit_status(refit_id)
+            if record.get("last_seq") != last:
+                last = record.get("last_seq")
+                if progress is not None:
+                    progress(record)
+            if record.get("result") is not None:
+                if record["result"] != "succeeded":
+                    raise RefitError(record)
+                return record
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"refit {refit_id} still {record.get('state')} after {timeout:g}s")
+            time.sleep(poll_secs)
+
+    def refit(
+        self,
+        selector: str,
+        weight_version: str,
+        *,
+        model_path: str | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """A disk refit through the gateway's saga, waited for (every engine kind, one call).
+        Raises :class:`RefitError` naming the engines that did not make it."""
+        started = self.start_refit(selector, weight_version, model_path=model_path, **options)
+        return self.wait_refit(started["refit_id"], progress=progress, timeout=timeout)
+
+    def commit_refit(self, refit_id: str) -> dict[str, Any]:
+        """A distributed refit: the trainer's transfer is done."""
+        status, payload = self._request("POST", f"/v1/rl/refits/{refit_id}/commit", {})
+        _raise_for_status(status, payload)
+        return payload
+
+    def fail_refit(self, refit_id: str, reason: str | None = None) -> dict[str, Any]:
+        status, payload = self._request("POST", f"/v1/rl/refits/{refit_id}/fail", {"reason": reason})
+        _raise_for_status(status, payload)
+        return payload
+
+    def refit_transfer(
+        self, refit_id: str, names: list[str], dtypes: list[str], shapes: list[list[int]]
+    ) -> dict:
+        """The engines' half of one broadcast chunk (each engine kind's own update call)."""
+        body = {"names": names, "dtypes": dtypes, "shapes": shapes}
+        status, payload = self._request("POST", f"/v1/rl/refits/{refit_id}/transfer", body)
+        _raise_for_status(status, payload)
+        return payload
+
     def _write(
         self,
         kind: str,
@@ -351,6 +465,27 @@ class RL:
         if not isinstance(payload, dict) or not isinstance(payload.get("workers"), list):
             raise RlError(status, {"error": "unexpected_response", "message": str(payload)})
         return [Worker.from_json(row) for row in payload["workers"]]
+
+
+class RefitError(RlError):
+    """A refit that did not end with every engine on the new version: ``refit`` is its final
+    record, ``engines`` the ids of the engines that did not make it (quarantined, rolled back or
+    left paused)."""
+
+    def __init__(self, refit: dict[str, Any]):
+        engines = [e for e in refit.get("engines", []) if e.get("status") != "resumed"]
+        self.refit = refit
+        self.engines = [e["worker_id"] for e in engines]
+        names = ", ".join(
+            f"{e['worker_id']} ({e.get('url')}): {e.get('detail') or e.get('status')}" for e in engines
+        )
+        super().__init__(
+            409,
+            {
+                "error": f"refit_{refit.get('result')}",
+                "message": f"refit {refit.get('refit_id')} ended {refit.get('result')}: {names or 'no engine'}",
+            },
+        )
 
 
 @contextmanager

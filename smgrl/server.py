@@ -159,6 +159,7 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
             try:
                 async with trio.open_nursery() as inner:
                     await inner.start(gw.registry.run)
+                    await inner.start(gw.refits.run)  # resumes sagas the journal left open
                     snapshots = Snapshotter(
                         fleet, writer, every=snapshot_every(), last_seq=restored.snapshot_seq
                     )

@@ -81,6 +81,7 @@ async def gateway_in_process(
         await nursery.start(writer.run)
         await record_interrupted(writer, fleet, "gateway_restart")
         await nursery.start(gw.registry.run)
+        await nursery.start(gw.refits.run)  # resumes sagas the journal left open
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://smgrl.test", timeout=math.inf

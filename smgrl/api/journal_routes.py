@@ -78,25 +78,13 @@ class JournalRoutes:
         store = self._store()
 
         def fetch():
-            rows = []
             # The history paths of `smgrl journal events`: one (type, seq) index range per type
             # (globs expanded over the catalogue), merged by seq; a time window is a seq range.
             types = expand_types(patterns, catalogue()) if patterns else None
             found = read_events(
                 store, types, after=after, until_seq=upto, since_ts=since, until_ts=until, limit=limit
             )
-            for rec in itertools.islice(found, limit):
-                type_, schema, payload = encode(rec.event)
-                rows.append(
-                    {
-                        "seq": rec.seq,
-                        "ts": rec.ts,
-                        "stream": rec.stream,
-                        "type": type_,
-                        "schema": schema,
-                        "payload": json.loads(payload),
-                    }
-                )
+            rows = [record_json(rec) for rec in itertools.islice(found, limit)]
             return rows, store.last_seq()
 
         rows, last = await self._read(fetch)
@@ -112,6 +100,19 @@ class JournalRoutes:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+def record_json(rec) -> dict:
+    """One journal record as the journal routes show it (page and stream)."""
+    type_, schema, payload = encode(rec.event)
+    return {
+        "seq": rec.seq,
+        "ts": rec.ts,
+        "stream": rec.stream,
+        "type": type_,
+        "schema": schema,
+        "payload": json.loads(payload),
+    }
 
 
 def _time_arg(name: str) -> float | None:

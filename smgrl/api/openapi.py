@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from smgrl import __version__
+from smgrl.api.openapi_refits import refit_paths
 from smgrl.core.view import RL_WORKER_ENTRY_FIELDS
 from smgrl.dataplane.errors import INVALID_REQUEST_CODES
 
@@ -1297,6 +1298,7 @@ def _paths(rl: bool) -> dict:
     if not rl:
         return paths
     paths.update(_write_paths())
+    paths.update(refit_paths())  # smgrl/api/openapi_refits.py
     rl_404 = _resp(
         "Unknown id, or no such route.", _json({"anyOf": [_ref("RlNotFound"), _ref("OpenAIError")]})
     )

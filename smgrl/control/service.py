@@ -124,10 +124,19 @@ class ControlService:
         return OpResult(status, body, op.op_id, journaled)
 
     async def fanout(
-        self, selector: Selector, targets: Sequence[Worker], req: ControlRequest, ctx: CallContext
+        self,
+        selector: Selector,
+        targets: Sequence[Worker],
+        req: ControlRequest,
+        ctx: CallContext,
+        *,
+        op_id: str | None = None,
+        on_outcome: Callable[[Worker, Outcome], None] | None = None,
     ) -> OpResult:
+        """``op_id`` and ``on_outcome`` are for the refit saga (smgrl/refit/saga.py): it names
+        the operation in its own intent before calling, and reads each engine's answer."""
         started = trio.current_time()
-        op = await self._start("fanout", req, selector.source, targets, ctx)
+        op = await self._start("fanout", req, selector.source, targets, ctx, op_id)
         outcomes: list[Outcome] = []
         done = False
         try:
@@ -136,7 +145,7 @@ class ControlService:
                 targets,
                 lambda w: self._call_one(w, req, op),
                 self.rl.fanout_concurrency,
-                lambda w, o: outcomes.append(o),
+                lambda w, o: (outcomes.append(o), on_outcome and on_outcome(w, o)),
             )
             done = True
         finally:
@@ -255,10 +264,11 @@ class ControlService:
         selector: str | None,
         targets: Sequence[Worker],
         ctx: CallContext,
+        op_id: str | None = None,
     ) -> _Op:
         """Enqueue ``control.started``. Once this returns the intent WILL be written (or its batch
         fails): the caller owes the operation a close from then on."""
-        op_id = new_operation_id()
+        op_id = op_id or new_operation_id()
         event = ev(
             "control.started",
             op_id=op_id,

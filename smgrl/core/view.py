@@ -30,6 +30,9 @@ class EngineFacts:
     version_known: bool = True
     # True when the rest of a fan-out reached a version this engine did not.
     mixed: bool = False
+    # Why the engine is quarantined (held out of routing until released), and by which refit.
+    quarantined: str | None = None
+    quarantine_refit: str | None = None
 
 
 @attrs.frozen
@@ -155,6 +158,10 @@ def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict
         entry["version_status"] = (
             "unknown" if not facts.version_known else "mixed" if facts.mixed else "consistent"
         )
+        if facts.quarantined is not None:
+            # Only on quarantined rows (docs/refits.md), so other rows keep their exact shape.
+            entry["quarantined"] = True
+            entry["quarantine"] = {"reason": facts.quarantined, "refit_id": facts.quarantine_refit}
     return entry
 
 

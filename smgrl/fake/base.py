@@ -24,6 +24,7 @@ from smgrl.fake import knobs as knobs_mod
 from smgrl.fake.checkpoint import (
     DEFAULT_MODEL_NAME,
     Checkpoint,
+    CheckpointNotFound,
     default_checkpoint,
     derived_digest,
     load_checkpoint,
@@ -209,7 +210,13 @@ class BaseEngine:
 
     # -- weights -------------------------------------------------------------------------------
     async def read_checkpoint(self, path: str) -> Checkpoint:
-        """Hash a checkpoint directory off the event loop (raises CheckpointNotFound)."""
+        """Hash a checkpoint directory off the event loop (raises CheckpointNotFound).
+        The ``load_delay_ms`` and ``fail_loads`` knobs act here."""
+        if self.knobs.load_delay_ms:
+            await trio.sleep(self.knobs.load_delay_ms / 1000)
+        if self.knobs.fail_loads > 0:
+            self.knobs.fail_loads -= 1
+            raise CheckpointNotFound(f"{path}: load failed (fake knob fail_loads)")
         return await trio.to_thread.run_sync(load_checkpoint, path)
 
     def install_weights(self, digest: str, checkpoint: Checkpoint | None = None) -> None:

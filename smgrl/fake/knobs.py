@@ -40,6 +40,8 @@ class Knobs:
     huge_body_bytes: int | None = None  # next control call streams a body this large (one-shot)
     redirect_to: str | None = None  # answer every engine route with a redirect to this base URL
     redirect_status: int = 307
+    fail_loads: int = 0  # the next N weight loads from disk fail (refit saga tests)
+    load_delay_ms: float = 0.0  # added to every weight load (fixed load time for benchmarks)
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -54,6 +56,8 @@ _KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "huge_body_bytes": (int, type(None)),
     "redirect_to": (str, type(None)),
     "redirect_status": (int,),
+    "fail_loads": (int,),
+    "load_delay_ms": (int, float),
     "down_for_s": (int, float, type(None)),
 }
 

@@ -20,6 +20,7 @@ from journal import JournalWriteError
 from smgrl.config import HealthConfig
 from smgrl.core.view import collapse
 from smgrl.logs import event as log_event
+from smgrl.refit.recovered import hold_recovered
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, _get
 
 log = logging.getLogger("smgrl.health")
@@ -108,6 +109,8 @@ class HealthChecker:
             streak.failures = 0
             if worker.status == "not_ready" and streak.successes >= self.cfg.success_threshold:
                 await self.registry.set_health(worker, "ready", "health check passed")
+                # Unreachable for at least one interval: held out until refitted or confirmed.
+                await hold_recovered(self.registry.journal, worker, self.cfg.interval_secs)
                 log_event(log, "engine healthy again", worker_id=worker.id, url=worker.url)
         else:
             streak.failures += 1

@@ -7,7 +7,8 @@ held out, with the reason named (the 503 says why when nothing is left):
 - ``paused`` / ``asleep``: a confirmed pause or release, never routed (a refit is in progress);
 - ``unknown``: a pause/continue call got no answer, so the engine's state is not known;
 - ``mixed``: the engine's last refit failed while the rest of the fleet moved on;
-- ``unconfirmed``: a call that would have set its version got no answer.
+- ``unconfirmed``: a call that would have set its version got no answer;
+- ``quarantined``: a refit (or an operator) quarantined it (smgrl/state/sagas.py).
 
 The last three hold until a later call confirms the engine (the projection clears them). Version
 policies (``smgrl.routing.version_policy``) then narrow what is left (``stale``,
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from smgrl.core.view import EngineFacts
 
-HOLD_REASONS = ("unhealthy", "paused", "asleep", "unknown", "mixed", "unconfirmed")
+HOLD_REASONS = ("unhealthy", "paused", "asleep", "unknown", "mixed", "unconfirmed", "quarantined")
 
 
 def hold_reason(status: str, facts: EngineFacts | None) -> str | None:
@@ -27,6 +28,8 @@ def hold_reason(status: str, facts: EngineFacts | None) -> str | None:
         return "unhealthy"
     if facts is None:
         return None
+    if facts.quarantined is not None:
+        return "quarantined"
     control = facts.control
     if control != "active":
         return control if control in ("paused", "asleep") else "unknown"

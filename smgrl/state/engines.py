@@ -82,6 +82,14 @@ class EngineStates:
             if worker is not None:
                 self._seed(worker.base_url, event.labels)
 
+    def set_quarantine(self, base_url: str, quarantine) -> None:
+        """Hold an engine out of routing (a ``smgrl.state.sagas.Quarantine``) or release it."""
+        facts = self._facts(base_url)
+        reason = quarantine.reason if quarantine is not None else None
+        refit = quarantine.refit_id if quarantine is not None else None
+        self.engines[base_url] = attrs.evolve(facts, quarantined=reason, quarantine_refit=refit)
+        self.revision += 1
+
     def forget(self, base_url: str) -> None:
         """The last worker at this address was removed: its facts go, and open operations stop
         tracking it (an engine registered again at this address is a new engine: an operation

@@ -16,6 +16,7 @@ from smgrl.state.engines import EngineStates
 from smgrl.state.operations import Operations
 from smgrl.state.registry import RegistryState
 from smgrl.state.routing_loop import RoutingLoop
+from smgrl.state.sagas import QUARANTINE_TYPES, Sagas
 
 
 class FleetState:
@@ -25,6 +26,7 @@ class FleetState:
         self.operations = Operations()
         self.aborts = AbortingOps()  # recent request-aborting calls per engine (not snapshotted)
         self.routing = RoutingLoop()  # the coordinator's dispatch switch
+        self.sagas = Sagas()
         self.last_seq = 0
         # Called (no arguments, in the writer task) after a committed batch changed the registry
         # or the engine projection: the data plane wakes requests waiting for an eligible engine.
@@ -58,10 +60,25 @@ class FleetState:
         self.operations.apply(seq, event)
         self.aborts.apply(seq, event)
         self.routing.apply(seq, event)
+        self.apply_sagas(seq, event)
         for base in removed_bases:
             if not any(w.base_url == base for w in self.registry):
                 self.engines.forget(base)
         self.last_seq = seq
+
+    def apply_sagas(self, seq: int, event) -> None:
+        """Refit sagas and quarantines (smgrl/state/sagas.py); a quarantine change reaches the
+        engine facts, so routing and discovery see it."""
+        self.sagas.apply(seq, event)
+        kind = getattr(event, "TYPE", None)
+        if kind in QUARANTINE_TYPES:
+            self.engines.set_quarantine(event.base_url, self.sagas.quarantined.get(event.base_url))
+        elif kind == "engine.version_set":
+            for t in event.targets:
+                base = t.get("base_url")
+                facts = self.engines.get(base)
+                if facts is not None and facts.quarantined and base not in self.sagas.quarantined:
+                    self.engines.set_quarantine(base, None)
 
     def apply_records(self, records: Iterable) -> None:
         before = self.revision

@@ -28,7 +28,7 @@ from journal.events import decode, decode_parsed
 from smgrl.errors import StartupError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
-from smgrl.state import engines, registry, routing_loop, snapshot
+from smgrl.state import engines, registry, routing_loop, sagas, snapshot
 from smgrl.state.fleet import FleetState
 
 log = logging.getLogger("smgrl.snapshot")
@@ -37,7 +37,7 @@ log = logging.getLogger("smgrl.snapshot")
 # snapshot markers) change nothing, so replay skips them without decoding them. A test checks
 # that FleetState ignores every catalogued type outside this set; extend it with the projections.
 CONTROL_TYPES = frozenset({"control.started", "control.outcome", "control.finished", "control.interrupted"})
-FOLDED_TYPES = registry.TYPES | engines.TYPES | CONTROL_TYPES | routing_loop.TYPES
+FOLDED_TYPES = registry.TYPES | engines.TYPES | CONTROL_TYPES | routing_loop.TYPES | sagas.TYPES
 
 # Events between two snapshots taken by the gateway. It bounds what startup replays and
 # hash-checks (the worst case is a snapshot this many events behind the head): 25,000 keeps a
@@ -107,6 +107,8 @@ def restore(store, *, use_snapshot: bool = True, until_seq: int | None = None) -
     seq, fleet, problem = load_snapshot(store, head) if use_snapshot else (0, FleetState(), None)
     if problem is not None:
         log.warning("%s; replaying from scratch", problem)
+    if seq:
+        restore_sagas(store, fleet, seq)
     count = replay(store, fleet, seq, until_seq=None if until_seq is None else head)
     return fleet, Restored(snapshot_seq=seq, replayed=count, head=fleet.last_seq, snapshot_error=problem)
 
@@ -135,6 +137,8 @@ def restore_verified(store) -> tuple[FleetState, Restored]:
     # One pass: each row after the snapshot is read once, parsed once, hash-checked, and (when a
     # projection folds its type) folded once it passed. Rows that fail never reach the fold, and
     # a failure refuses the whole state anyway.
+    if seq:
+        restore_sagas(store, fleet, seq)
     folded_upto, count = seq, 0
     apply = fleet.apply
 
@@ -156,6 +160,13 @@ def restore_verified(store) -> tuple[FleetState, Restored]:
         )
     fleet.last_seq = max(fleet.last_seq, folded_upto)
     return fleet, Restored(snapshot_seq=seq, replayed=count, head=fleet.last_seq, snapshot_error=problem)
+
+
+def restore_sagas(store, fleet: FleetState, upto_seq: int) -> None:
+    """Snapshots do not hold refit sagas, quarantines or the version history: fold their
+    events up to the snapshot from the file (a type-filtered read; few events)."""
+    for rec in store.read(types=sorted(sagas.TYPES), until_seq=upto_seq):
+        fleet.sagas.apply(rec.seq, rec.event, rec.ts)
 
 
 def snapshot_every(environ: dict[str, str] | None = None) -> int:

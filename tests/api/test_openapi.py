@@ -14,7 +14,7 @@ import re
 import pytest
 from rl_api_helpers import ADMIN, KEYS, TENANTS, rl_cfg
 
-from smgrl.api import openapi, rl_writes
+from smgrl.api import openapi, refits, rl_writes, stream
 from smgrl.api.dataplane import ALLOW as DATAPLANE_ALLOW
 from smgrl.api.rl import ALLOW, match
 from smgrl.config import Config
@@ -56,6 +56,10 @@ async def test_every_route_is_documented_with_its_methods_and_nothing_else(rl_en
             if rule.endpoint.startswith("rl_"):
                 # The explicit writes take every method so that the others answer 405, not 404.
                 methods = set(rl_writes.ALLOW.split(","))
+            if rule.endpoint in refits.ALLOW:  # the same for the refit routes
+                methods = set(refits.ALLOW[rule.endpoint].split(","))
+            if rule.endpoint in stream.ALLOW:  # and the journal stream and fleet page
+                methods = set(stream.ALLOW[rule.endpoint].split(","))
             served.setdefault(_template(rule.rule), set()).update(methods)
         for path, allow in DATAPLANE_ALLOW.items():
             assert _template(path) not in served, path

@@ -156,3 +156,31 @@ def test_real_tensors_reach_every_engine(fakes, gateway):
     for w in rows:
         received = get(w["control_url"] + "/_fake/weights")
         assert received["real"] is True and len(received["checksums"]) == 8
+
+
+def test_saga_drives_the_engine_side_of_a_transfer(fakes, gateway):
+    """``--saga``: the gateway's refit saga pauses, inits, begins, takes each chunk on every kind,
+    then finishes, versions, verifies and resumes on commit (docs/refits.md)."""
+    http, _, _ = start_fleet(fakes, gateway, sglang=[()], tokenspeed=[("--tp-size", "2"), ()])
+    run = run_example(
+        http.base, "--weight-version", "21", "--master-address", "127.0.0.1", "--skip-tensors", "--saga"
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "saga: succeeded" in run.stdout and "refit done" in run.stdout
+    rows = {w["base_url"]: w for w in http.request("GET", "/v1/rl/workers")[2]["workers"]}
+    assert {(w["weight_version"], w["control"]) for w in rows.values()} == {("21", "active")}
+    for w in rows.values():
+        assert len(get(w["control_url"] + "/_fake/weights")["updates"]) == 3  # one per chunk
+        assert get(w["control_url"] + "/_fake/state")["groups"] == []  # destroyed
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (pip install 'smgrl[torch]')")
+def test_saga_with_real_tensors(fakes, gateway):
+    real = ("--real-distributed",)
+    http, _, _ = start_fleet(fakes, gateway, sglang=[real], tokenspeed=[real])
+    run = run_example(
+        http.base, "--weight-version", "22", "--master-address", "127.0.0.1", "--saga", "--tensors", "4",
+        "--chunks", "2", "--dist-timeout", "60",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "checksums verified on 2/2 engines (4 tensors)" in run.stdout

@@ -19,7 +19,7 @@ def test_every_command_is_documented(name):
     "command, flag",
     [
         (name, opt)
-        for name in ("launch", "demo", "fake-engine")
+        for name in ("launch", "demo", "fake-engine", "refit")
         for p in cli.commands[name].params
         for opt in p.opts
         if opt.startswith("--")

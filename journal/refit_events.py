@@ -1,0 +1,130 @@
+"""Journal events of refit sagas and quarantine (docs/journal.md, docs/refits.md).
+
+A saga (stream ``refit:<id>``) is ``refit.started`` (the whole plan), then per phase a
+``refit.step`` intent (durable before any engine is called; it names the control operations the
+phase runs, each journaled as ``control.*`` in its own ``op:<id>`` stream) and a
+``refit.step_done`` outcome (each engine's verdict), ``refit.state`` for waits (a trainer's
+transfer), and ``refit.finished``. Recovery after a crash is a fold of these events.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from .events import Event, _tuple_field, event_type
+
+__all__ = [
+    "RefitFinished",
+    "RefitStarted",
+    "RefitState",
+    "RefitStep",
+    "RefitStepDone",
+    "WorkerQuarantined",
+    "WorkerReleased",
+]
+
+OnFailure = Literal["quarantine", "rollback", "abort"]
+
+
+@event_type("refit.started", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class RefitStarted(Event):
+    """A refit was accepted: its request and its per-engine plan.
+
+    ``engines`` holds one dict per engine: ``worker_id``, ``url``, ``base_url``, ``engine``
+    (kind), ``pause_mode``, ``rank_offset`` (distributed), ``previous_version`` and
+    ``previous_model_path`` (what a rollback reloads), ``plan`` (phases with their native calls).
+    """
+
+    refit_id: str
+    source: Literal["disk", "distributed"]
+    weight_version: str
+    on_failure: OnFailure
+    selector: str | None = None
+    model_path: str | None = None
+    distributed: dict[str, Any] | None = None  # master_address, master_port, group_name, backend, checksums
+    world_size: int | None = None
+    pause_mode: str | None = None
+    flush: bool = True
+    force: bool = False
+    transfer_timeout_secs: float | None = None
+    engines: tuple[dict[str, Any], ...] = _tuple_field()
+    principal: str | None = None
+    request_id: str | None = None
+
+
+@event_type("refit.step", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class RefitStep(Event):
+    """Intent: ``phase`` is about to run on ``worker_ids`` through the control operations
+    ``op_ids`` (durable before any engine is called)."""
+
+    refit_id: str
+    phase: str
+    worker_ids: tuple[str, ...] = _tuple_field()
+    op_ids: tuple[str, ...] = _tuple_field()
+    rollback: bool = False
+
+
+@event_type("refit.step_done", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class RefitStepDone(Event):
+    """Outcome of a phase: per engine ``{"worker_id", "result": ok|failed|unknown, "detail",
+    "version"}`` (``version`` = what a read-back reported; ``detail`` = why it failed)."""
+
+    refit_id: str
+    phase: str
+    results: tuple[dict[str, Any], ...] = _tuple_field()
+    rollback: bool = False
+
+
+@event_type("refit.state", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class RefitState(Event):
+    """A saga-level state change: ``awaiting_transfer``, ``committing``, ``rolling_back``,
+    ``recovering``; ``detail`` says why (e.g. the transfer's timeout)."""
+
+    refit_id: str
+    state: str
+    detail: str | None = None
+
+
+@event_type("refit.finished", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class RefitFinished(Event):
+    """The saga ended. ``result``: ``succeeded`` (every engine on the new version),
+    ``quarantined`` (the rest resumed on it; ``quarantined`` names the held-out engines),
+    ``rolled_back``, ``aborted`` (everything left paused) or ``failed``."""
+
+    refit_id: str
+    result: Literal["succeeded", "quarantined", "rolled_back", "aborted", "failed"]
+    weight_version: str
+    quarantined: tuple[str, ...] = _tuple_field()
+    detail: str | None = None
+
+
+@event_type("worker.quarantined", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerQuarantined(Event):
+    """An engine is held out of routing until released: by a refit (``refit_id``), by hand
+    (``principal``) or by the recovered-engine rule."""
+
+    worker_id: str
+    base_url: str
+    reason: str
+    refit_id: str | None = None
+    principal: str | None = None
+
+
+@event_type("worker.released", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerReleased(Event):
+    """A quarantine was lifted: by hand, or by a refit that loaded and verified the engine."""
+
+    worker_id: str
+    base_url: str
+    reason: str
+    refit_id: str | None = None
+    principal: str | None = None

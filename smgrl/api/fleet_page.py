@@ -1,0 +1,189 @@
+"""The live fleet page (``GET /fleet``): one self-contained HTML document, no build step, nothing
+loaded from elsewhere. It asks for a control-plane key when the API wants one, keeps it for the
+tab only (``sessionStorage``), and reads ``/v1/rl/workers`` and the journal stream with ``fetch``
+and an ``Authorization`` header (a key never goes into a URL). Read-only."""
+
+PAGE = r"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>smgrl fleet</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+  body { font: 14px/1.4 system-ui, sans-serif; margin: 1.2em; color: #1d2330; background: #fafbfc; }
+  h1 { font-size: 1.3em; margin: 0 0 .6em; } h2 { font-size: 1.05em; margin: 1.2em 0 .4em; }
+  table { border-collapse: collapse; width: 100%; background: #fff; }
+  th, td { text-align: left; padding: .3em .6em; border-bottom: 1px solid #e3e6ea; font-variant-numeric: tabular-nums; }
+  th { background: #f0f2f5; font-weight: 600; }
+  tr.quarantined td { background: #fdecea; } tr.paused td { background: #fff7e0; }
+  .pill { display: inline-block; padding: 0 .5em; border-radius: 1em; font-size: .85em; background: #e3e6ea; }
+  .pill.active { background: #d9f2e3; } .pill.paused { background: #ffe8a8; } .pill.q { background: #f7c3bd; }
+  #status { color: #667; font-size: .9em; } #keyform { display: none; margin: 1em 0; padding: 1em; background: #fff; border: 1px solid #e3e6ea; }
+  #ops li { margin: .15em 0; } svg text { font: 11px system-ui, sans-serif; fill: #334; }
+  .mono { font-family: ui-monospace, monospace; font-size: .9em; }
+</style>
+</head>
+<body>
+<h1>smgrl fleet <span id="status">connecting...</span></h1>
+<form id="keyform"><label>Control-plane key (kept for this tab only):
+  <input id="key" type="password" autocomplete="off" size="40"></label> <button type="submit">Use key</button>
+  <span id="keyerror"></span></form>
+<table id="fleet"><thead><tr><th>engine</th><th>kind</th><th>url</th><th>version</th><th>state</th>
+  <th>quarantine</th><th>health</th></tr></thead><tbody></tbody></table>
+<h2>Refit timeline</h2>
+<svg id="timeline" width="100%" height="40" role="img" aria-label="refit timeline"></svg>
+<h2>Last operations</h2>
+<ul id="ops"></ul>
+<script>
+"use strict";
+const KEY = "smgrl-key";
+const PHASE_COLORS = {pause: "#f2b134", load: "#4f81bd", init: "#8064a2", begin: "#8064a2", transfer: "#9bbb59",
+  end: "#4f81bd", version: "#4bacc6", flush: "#c0504d", verify: "#2c7f5f", destroy: "#8064a2", resume: "#3a9d5d",
+  recheck: "#888", quarantine: "#d9534f"};
+const cycles = new Map();   // refit id -> {id, version, result, steps: [{phase, start, end}], started}
+const ops = [];
+let lastSeq = null, refreshTimer = null;
+
+function headers() {
+  const k = sessionStorage.getItem(KEY);
+  return k ? {"authorization": "Bearer " + k} : {};
+}
+function text(s) { return document.createTextNode(s == null ? "" : String(s)); }
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of kids) e.append(c instanceof Node ? c : text(c));
+  return e;
+}
+function setStatus(s) { document.getElementById("status").textContent = s; }
+function askKey(message) {
+  document.getElementById("keyform").style.display = "block";
+  document.getElementById("keyerror").textContent = message || "";
+}
+document.getElementById("keyform").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem(KEY, document.getElementById("key").value);
+  document.getElementById("key").value = "";
+  document.getElementById("keyform").style.display = "none";
+  start();
+});
+
+async function loadWorkers() {
+  const r = await fetch("/v1/rl/workers", {headers: headers()});
+  if (r.status === 401 || r.status === 403) { askKey(r.status === 403 ? "this key may not read" : ""); return false; }
+  const body = await r.json();
+  const tbody = document.querySelector("#fleet tbody");
+  tbody.replaceChildren();
+  for (const w of body.workers) {
+    const state = w.control || "active";
+    const q = w.quarantined ? (w.quarantine && w.quarantine.reason) || "quarantined" : "";
+    const tr = el("tr", {"data-worker-id": w.id, "class": w.quarantined ? "quarantined" : state});
+    tr.append(el("td", {"class": "mono", title: w.id}, w.id.slice(0, 13)), el("td", {}, w.engine),
+      el("td", {"class": "mono"}, w.url), el("td", {"class": "version"}, w.weight_version || "-"),
+      el("td", {"class": "state"}, el("span", {"class": "pill " + state}, state)),
+      el("td", {"class": "quarantine"}, q ? el("span", {"class": "pill q", title: q}, q.slice(0, 80)) : ""),
+      el("td", {}, w.health));
+    tbody.append(tr);
+  }
+  return true;
+}
+function scheduleRefresh() {
+  if (refreshTimer) return;
+  refreshTimer = setTimeout(() => { refreshTimer = null; loadWorkers(); }, 150);
+}
+
+function onRecord(rec) {
+  lastSeq = rec.seq;
+  const p = rec.payload, t = rec.type;
+  if (t.startsWith("refit.")) {
+    let c = cycles.get(p.refit_id);
+    if (!c) { c = {id: p.refit_id, version: p.weight_version, result: null, steps: [], started: rec.ts}; cycles.set(p.refit_id, c); }
+    if (t === "refit.step") c.steps.push({phase: p.phase, start: rec.ts, end: null});
+    if (t === "refit.step_done") {
+      const s = [...c.steps].reverse().find((x) => x.phase === p.phase && x.end === null);
+      if (s) s.end = rec.ts; else c.steps.push({phase: p.phase, start: rec.ts, end: rec.ts});
+    }
+    if (t === "refit.finished") {
+      c.result = p.result; c.ended = rec.ts;
+      ops.unshift({what: "refit " + (c.version || "") + ": " + p.result, detail: p.quarantined.length ?
+        "quarantined: " + p.quarantined.join(", ") : "", id: p.refit_id});
+    }
+    drawTimeline();
+  } else if (t === "control.finished") {
+    ops.unshift({what: "operation " + p.op_id.slice(0, 13) + ": " + p.result, detail: p.succeeded + "/" + p.total + " engines", id: p.op_id});
+  }
+  if (ops.length > 20) ops.length = 20;
+  drawOps();
+  if (/^(worker|engine|control|refit)\./.test(t)) scheduleRefresh();
+}
+function drawOps() {
+  const ul = document.getElementById("ops");
+  ul.replaceChildren(...ops.map((o) => el("li", {"data-id": o.id}, o.what + (o.detail ? " (" + o.detail + ")" : ""))));
+}
+function drawTimeline() {
+  const svg = document.getElementById("timeline"), ns = "http://www.w3.org/2000/svg";
+  const list = [...cycles.values()].slice(-8);
+  svg.replaceChildren();
+  svg.setAttribute("height", String(Math.max(40, list.length * 26 + 10)));
+  const width = svg.clientWidth || 900, left = 190;
+  list.forEach((c, i) => {
+    const g = document.createElementNS(ns, "g");
+    g.setAttribute("class", "cycle"); g.setAttribute("data-refit-id", c.id);
+    const end = c.ended || Math.max(c.started, ...c.steps.map((s) => s.end || s.start)) + 0.001;
+    const span = Math.max(end - c.started, 0.001), y = 8 + i * 26;
+    const label = document.createElementNS(ns, "text");
+    label.setAttribute("x", "0"); label.setAttribute("y", String(y + 13));
+    label.textContent = "v" + (c.version || "?") + " " + (c.result || "running");
+    g.append(label);
+    for (const s of c.steps) {
+      const r = document.createElementNS(ns, "rect");
+      const x0 = left + (s.start - c.started) / span * (width - left - 10);
+      const x1 = left + ((s.end || end) - c.started) / span * (width - left - 10);
+      r.setAttribute("x", String(x0)); r.setAttribute("y", String(y)); r.setAttribute("height", "18");
+      r.setAttribute("width", String(Math.max(2, x1 - x0))); r.setAttribute("fill", PHASE_COLORS[s.phase] || "#999");
+      r.setAttribute("data-phase", s.phase);
+      const tip = document.createElementNS(ns, "title"); tip.textContent = s.phase; r.append(tip);
+      g.append(r);
+    }
+    svg.append(g);
+  });
+}
+
+async function follow() {
+  // fetch (not EventSource): it can send the key in a header.
+  for (let attempt = 0; attempt < 1000; attempt++) {
+    const url = "/v1/rl/journal/stream" + (lastSeq === null ? "?tail=5000" : "?after=" + lastSeq);
+    let r;
+    try { r = await fetch(url, {headers: headers()}); } catch (e) { setStatus("disconnected; retrying"); await sleep(1000); continue; }
+    if (r.status === 401 || r.status === 403) { askKey(); setStatus("needs a key"); return; }
+    setStatus("live");
+    const reader = r.body.getReader(), dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, {stream: true});
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, cut); buf = buf.slice(cut + 2);
+        let event = "message", data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event: ")) event = line.slice(7);
+          else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        if (event === "journal" && data) onRecord(JSON.parse(data));
+      }
+    }
+    setStatus("reconnecting");
+    await sleep(500);
+  }
+}
+function sleep(ms) { return new Promise((res) => setTimeout(res, ms)); }
+async function start() {
+  if (await loadWorkers()) follow();
+}
+start();
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,132 @@
+"""``GET /v1/rl/journal/stream`` (server-sent events of journal records, from the commit path)
+and ``GET /fleet`` (the live fleet page that reads it).
+
+The stream: one ``event: journal`` per record (``id:`` = its seq, ``data:`` = the record as
+``GET /v1/rl/journal`` shows it). ``?after=SEQ`` first replays the records after SEQ from the file
+(at most ``BACKFILL_MAX``), then goes live without a gap or a repeat; ``?tail=N`` does the
+same for the last N records. A reader that falls
+``smgrl.tail.BUFFER`` records behind gets ``event: lagged`` and the stream ends (reconnect with
+``?after=``). A comment line every ``KEEPALIVE_SECS`` keeps proxies from closing an idle stream.
+Read role, as the other journal routes; the page sends the key in a header, never in a URL.
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+from quart import Response, request
+
+from smgrl.api import envelopes as env
+from smgrl.api.fleet_page import PAGE
+from smgrl.api.guard import Guard
+from smgrl.api.journal_routes import JournalRoutes, record_json
+from smgrl.auth import READ
+from smgrl.errors import RlError
+
+KEEPALIVE_SECS = 15.0
+BACKFILL_MAX = 10_000
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+ALLOW = {"journal_stream": "GET", "fleet_page": "GET,HEAD"}
+
+
+class BadAfter(RlError):
+    code, status = "invalid_query", 400
+
+
+def sse(event: str, data: dict, event_id: int | None = None) -> bytes:
+    head = f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "")
+    return (head + "data: " + json.dumps(data, separators=(",", ":")) + "\n\n").encode()
+
+
+class JournalStream:
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+        self.guard = Guard(gateway)
+        self.reader = JournalRoutes(gateway)
+
+    def register(self, app) -> None:
+        app.add_url_rule("/v1/rl/journal/stream", "journal_stream", self.stream, methods=METHODS)
+        app.add_url_rule("/fleet", "fleet_page", self.page, methods=METHODS)
+
+    async def page(self) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return env.method_not_allowed(request.method, "/fleet", ALLOW["fleet_page"])
+        # No key needed for the page itself: it holds no data; it asks for a key and reads the
+        # API with it. Nothing is loaded from elsewhere (no CDN): one self-contained document.
+        return Response(
+            PAGE,
+            status=200,
+            content_type="text/html; charset=utf-8",
+            headers={
+                "cache-control": "no-store",
+                "content-security-policy": "default-src 'self'; script-src 'unsafe-inline'; "
+                "style-src 'unsafe-inline'; img-src 'self' data:; connect-src 'self'",
+                "referrer-policy": "no-referrer",
+            },
+        )
+
+    async def stream(self) -> Response:
+        raw = (request.scope.get("raw_path") or request.path.encode()).decode("latin-1")
+        if request.method != "GET":
+            return env.method_not_allowed(request.method, raw, ALLOW["journal_stream"])
+        async with self.guard.check(READ, raw) as check:
+            if check.denied is not None:
+                return check.denied
+            after_arg = request.args.get("after")
+            after = None
+            if after_arg is not None:
+                if not after_arg.isdigit():
+                    check.status = 400
+                    exc = BadAfter("`after` must be a non-negative integer", param="after")
+                    return env.json_response(exc.status, exc.body())
+                after = int(after_arg)
+            tail_arg = request.args.get("tail")
+            if tail_arg is not None and after is None:
+                if not tail_arg.isdigit():
+                    check.status = 400
+                    exc = BadAfter("`tail` must be a non-negative integer", param="tail")
+                    return env.json_response(exc.status, exc.body())
+                # The last N records, then live (the fleet page's start: recent refits first).
+                after = max(0, self.gw.fleet.last_seq - min(int(tail_arg), BACKFILL_MAX))
+            # Subscribe BEFORE reading the backfill: every record is then either in the
+            # backfill or in the subscription (duplicates are skipped by seq).
+            sub = self.gw.tail.subscribe()
+            check.status = 200
+            return Response(
+                self._events(sub, after),
+                status=200,
+                content_type="text/event-stream",
+                headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+            )
+
+    async def _events(self, sub, after: int | None):
+        tail = self.gw.tail
+        try:
+            last = self.gw.fleet.last_seq if after is None else after
+            yield sse("hello", {"last_seq": self.gw.fleet.last_seq})
+            if after is not None:
+                store = self.reader._store()
+                upto = self.gw.fleet.last_seq
+                rows = await self.reader._read(
+                    lambda: [record_json(r) for r in store.read(after, limit=BACKFILL_MAX, until_seq=upto)]
+                )
+                for row in rows:
+                    yield sse("journal", row, row["seq"])
+                    last = row["seq"]
+            while True:
+                batch = []
+                with trio.move_on_after(KEEPALIVE_SECS):
+                    batch = await sub.next_batch()
+                if sub.lagged:
+                    yield sse("lagged", {"last_seq": last})
+                    return
+                if not batch:
+                    yield b": keepalive\n\n"
+                    continue
+                for rec in batch:
+                    if rec.seq > last:
+                        yield sse("journal", record_json(rec), rec.seq)
+                        last = rec.seq
+        finally:
+            tail.unsubscribe(sub)

@@ -1,0 +1,107 @@
+"""``smgrl refit``: run a disk refit through a gateway's saga and show it phase by phase.
+
+Exit 0 when every engine resumed on the new version; 1 when the refit ended otherwise (the
+quarantined or paused engines are named, one per line); 2 when the gateway refused it (the
+reason printed, e.g. engines whose kind cannot load from disk).
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.error
+
+import click
+
+from smgrl.core.printable import escape as safe
+from smgrl.rl import RL, RefitError, RlError
+
+BAR = 20
+
+
+def _bar(done: int, total: int) -> str:
+    filled = BAR * done // total if total else BAR
+    return "#" * filled + "." * (BAR - filled)
+
+
+class Progress:
+    """One line per phase as it advances: ``load   [####........] 3/8``; failures named."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.shown: dict[str, tuple[int, int]] = {}
+        self.state = None
+
+    def __call__(self, record: dict) -> None:
+        if record.get("state") != self.state:
+            self.state = record.get("state")
+            self.out(f"refit {safe(record['refit_id'])}: {safe(str(self.state))}")
+        engines = record.get("engines", [])
+        total = len(engines)
+        phases: list[str] = []
+        for plan in record.get("plan", {}).values():
+            for step in plan.get("steps", []):
+                if step["phase"] not in phases:
+                    phases.append(step["phase"])
+        for phase in phases:
+            done = sum(1 for e in engines if phase in e.get("done", []))
+            if done and self.shown.get(phase) != (done, total):
+                self.shown[phase] = (done, total)
+                self.out(f"  {phase:<8} [{_bar(done, total)}] {done}/{total}")
+
+
+@click.command("refit")
+@click.option("--gateway", required=True, help="The gateway's base URL.")
+@click.option("--selector", required=True, help="Which engines (a /v1/rl label selector).")
+@click.option("--model-path", required=True, help="The checkpoint directory every engine loads.")
+@click.option("--version", "weight_version", required=True, help="The weight version to publish.")
+@click.option("--api-key", envvar="SMGRL_API_KEY", default=None, help="A control-plane admin key.")
+@click.option("--pause-mode", default=None, help="Override each engine kind's default pause mode.")
+@click.option(
+    "--on-failure",
+    type=click.Choice(["quarantine", "rollback", "abort"]),
+    default="quarantine",
+    show_default=True,
+)
+@click.option("--force", is_flag=True, help="Allow a version the fleet already left.")
+@click.option("--no-flush", is_flag=True, help="Do not flush the engines' caches.")
+@click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
+def refit_command(
+    gateway, selector, model_path, weight_version, api_key, pause_mode, on_failure, force, no_flush, timeout
+):
+    """Refit engines from a checkpoint directory through the gateway's refit saga."""
+    rl = RL(gateway, api_key=api_key)
+    progress = Progress(click.echo)
+    try:
+        final = rl.refit(
+            selector,
+            weight_version,
+            model_path=model_path,
+            progress=progress,
+            timeout=timeout,
+            pause_mode=pause_mode,
+            on_failure=on_failure,
+            force=force,
+            flush=not no_flush,
+        )
+    except RefitError as exc:
+        click.echo(
+            f"refit {safe(str(exc.refit.get('refit_id')))} ended {safe(str(exc.refit.get('result')))}:"
+        )
+        for e in exc.refit.get("engines", []):
+            if e.get("status") != "resumed":
+                click.echo(
+                    f"  {safe(e['worker_id'])} {safe(str(e.get('url')))}: {safe(str(e.get('detail') or e.get('status')))}"
+                )
+        sys.exit(1)
+    except RlError as exc:
+        click.echo(
+            f"refused: {safe(str(exc.payload.get('error')))}: {safe(str(exc.payload.get('message')))}",
+            err=True,
+        )
+        sys.exit(2)
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        click.echo(f"error: {safe(str(exc))}", err=True)
+        sys.exit(1)
+    click.echo(
+        f"refit {safe(final['refit_id'])} succeeded: {len(final['engines'])} engine(s) on {safe(weight_version)}"
+    )

@@ -1,0 +1,34 @@
+"""Errors of the refit routes (stable codes; docs/refits.md)."""
+
+from __future__ import annotations
+
+from smgrl.errors import RlError
+
+
+class RefitUnsupported(RlError):
+    """Some selected engines cannot take this refit (their kind, source or pause mode)."""
+
+    code, status = "refit_unsupported", 409
+
+
+class VersionLeft(RlError):
+    """The fleet already left this version (published earlier, per the journal) and force is off."""
+
+    code, status = "version_left", 409
+
+
+class RefitInProgress(RlError):
+    code, status = "refit_in_progress", 409
+
+
+class RefitNotFound(RlError):
+    code, status = "refit_not_found", 404
+
+    def __init__(self, refit_id: str) -> None:
+        super().__init__(f"refit `{refit_id}` not found", id=refit_id)
+
+
+class RefitState(RlError):
+    """The refit is not in a state that takes this call (e.g. commit when not awaiting a transfer)."""
+
+    code, status = "refit_state", 409

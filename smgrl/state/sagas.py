@@ -1,0 +1,280 @@
+"""Refit sagas, quarantines and the order versions were published in: a pure fold of
+``refit.*``, ``worker.quarantined``/``worker.released`` and ``engine.version_set`` events.
+
+Three uses: ``GET /v1/rl/refits/{id}`` serves a saga from memory; the saga runner resumes an open
+saga after a crash from exactly this record (``EngineRun.done`` says which phases each engine
+finished, ``EngineRun.status`` whether its weights are known); the routing table holds
+quarantined engines out (their reason reaches ``EngineFacts.quarantined`` through
+``FleetState``); a refit to a version the fleet already left is refused (``left``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import attrs
+
+TYPES = frozenset(
+    {
+        "refit.started",
+        "refit.step",
+        "refit.step_done",
+        "refit.state",
+        "refit.finished",
+        "worker.quarantined",
+        "worker.released",
+        "engine.version_set",
+    }
+)
+QUARANTINE_TYPES = frozenset({"worker.quarantined", "worker.released"})
+RECENT = 256
+RECOVERED = "recovered"  # smgrl.refit.recovered.REASON_PREFIX (the state layer imports nothing above it)  # finished sagas kept in memory (open ones are always kept)
+
+
+@attrs.define
+class EngineRun:
+    worker_id: str
+    url: str
+    base_url: str
+    kind: str
+    pause_mode: str
+    phases: tuple[str, ...]
+    plan: dict[str, Any]
+    rank_offset: int | None = None
+    previous_version: str | None = None
+    previous_model_path: str | None = None
+    done: list[str] = attrs.Factory(list)  # phases finished ok, in order
+    # pending | running | ok | failed | unknown | quarantined | resumed | paused | rolled_back
+    status: str = "pending"
+    phase: str | None = None  # the phase running or last run
+    detail: str | None = None
+    readback: str | None = None
+    verified: str | None = None  # verified | unverified | mismatch
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "url": self.url,
+            "engine": self.kind,
+            "pause_mode": self.pause_mode,
+            "rank_offset": self.rank_offset,
+            "phase": self.phase,
+            "status": self.status,
+            "done": list(self.done),
+            "detail": self.detail,
+            "verification": self.verified,
+            "reported_version": self.readback,
+            "previous_version": self.previous_version,
+        }
+
+
+@attrs.define
+class Saga:
+    refit_id: str
+    started_seq: int
+    started_ts: float | None
+    source: str
+    weight_version: str
+    on_failure: str
+    selector: str | None
+    model_path: str | None
+    distributed: dict[str, Any] | None
+    world_size: int | None
+    pause_mode: str | None
+    flush: bool
+    force: bool
+    transfer_timeout_secs: float | None
+    engines: dict[str, EngineRun]
+    principal: str | None = None
+    state: str = "running"
+    open_step: tuple[str, tuple[str, ...], tuple[str, ...], bool] | None = None  # phase, workers, ops, rb
+    result: str | None = None
+    detail: str | None = None
+    quarantined: tuple[str, ...] = ()
+    last_seq: int = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self.result is None
+
+    def transfer_info(self) -> dict[str, Any] | None:
+        if self.source != "distributed" or self.distributed is None:
+            return None
+        return {
+            "master_address": self.distributed.get("master_address"),
+            "master_port": self.distributed.get("master_port"),
+            "group_name": self.distributed.get("group_name"),
+            "backend": self.distributed.get("backend"),
+            "world_size": self.world_size,
+            "ranks": {e.worker_id: e.rank_offset for e in self.engines.values()},
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "refit_id": self.refit_id,
+            "state": self.state if self.result is None else self.result,
+            "result": self.result,
+            "detail": self.detail,
+            "source": self.source,
+            "model_path": self.model_path,
+            "weight_version": self.weight_version,
+            "on_failure": self.on_failure,
+            "selector": self.selector,
+            "flush": self.flush,
+            "force": self.force,
+            "transfer": self.transfer_info(),
+            "quarantined": list(self.quarantined),
+            "engines": [e.to_json() for e in self.engines.values()],
+            "plan": {e.worker_id: e.plan for e in self.engines.values()},
+            "started_seq": self.started_seq,
+            "last_seq": self.last_seq,
+        }
+
+
+@attrs.frozen
+class Quarantine:
+    worker_id: str
+    reason: str
+    refit_id: str | None
+    seq: int
+
+
+class Sagas:
+    def __init__(self, recent: int = RECENT) -> None:
+        self.open: dict[str, Saga] = {}
+        self.recent: OrderedDict[str, Saga] = OrderedDict()
+        self.quarantined: dict[str, Quarantine] = {}  # engine base_url -> why
+        self.published: dict[str, int] = {}  # version -> seq it was last published at
+        self._cap = recent
+
+    def get(self, refit_id: str) -> Saga | None:
+        return self.open.get(refit_id) or self.recent.get(refit_id)
+
+    def current_version(self) -> str | None:
+        if not self.published:
+            return None
+        return max(self.published.items(), key=lambda kv: kv[1])[0]
+
+    def left(self, version: str) -> bool:
+        """True when ``version`` was published and another version was published after it
+        (order of publication in the journal; never a comparison of the strings)."""
+        seq = self.published.get(version)
+        return seq is not None and any(s > seq for s in self.published.values())
+
+    def busy(self, base_urls: set[str]) -> str | None:
+        """The open saga already working on one of these engines, or None."""
+        for saga in self.open.values():
+            if any(e.base_url in base_urls for e in saga.engines.values()):
+                return saga.refit_id
+        return None
+
+    def apply(self, seq: int, event, ts: float | None = None) -> None:
+        kind = getattr(event, "TYPE", None)
+        if kind not in TYPES:
+            return
+        if kind == "worker.quarantined":
+            self.quarantined[event.base_url] = Quarantine(event.worker_id, event.reason, event.refit_id, seq)
+            return
+        if kind == "worker.released":
+            self.quarantined.pop(event.base_url, None)
+            return
+        if kind == "engine.version_set":
+            self.published[event.weight_version] = seq
+            # An explicit version write confirms the engine: a recovered-engine hold ends.
+            for t in event.targets:
+                q = self.quarantined.get(t.get("base_url"))
+                if q is not None and q.reason.startswith(RECOVERED):
+                    del self.quarantined[t["base_url"]]
+            return
+        if kind == "refit.started":
+            self.open[event.refit_id] = _saga(seq, ts, event)
+            return
+        saga = self.open.get(event.refit_id)
+        if saga is None:
+            return
+        saga.last_seq = seq
+        if kind == "refit.step":
+            saga.open_step = (event.phase, tuple(event.worker_ids), tuple(event.op_ids), event.rollback)
+            for wid in event.worker_ids:
+                run = saga.engines.get(wid)
+                if run is not None:
+                    run.phase, run.status = event.phase, "running"
+        elif kind == "refit.step_done":
+            saga.open_step = None
+            for r in event.results:
+                run = saga.engines.get(r.get("worker_id"))
+                if run is not None:
+                    _step_result(run, event.phase, r, event.rollback)
+        elif kind == "refit.state":
+            saga.state = event.state
+            if event.detail is not None:
+                saga.detail = event.detail
+        elif kind == "refit.finished":
+            saga.result, saga.detail, saga.quarantined = event.result, event.detail, tuple(event.quarantined)
+            saga.state = event.result
+            if event.result in ("succeeded", "quarantined"):
+                self.published[event.weight_version] = seq
+            del self.open[event.refit_id]
+            self.recent[event.refit_id] = saga
+            while len(self.recent) > self._cap:
+                self.recent.popitem(last=False)
+
+
+def _saga(seq: int, ts: float | None, ev) -> Saga:
+    engines = {}
+    for e in ev.engines:
+        plan = e.get("plan") or {}
+        engines[e["worker_id"]] = EngineRun(
+            worker_id=e["worker_id"],
+            url=e["url"],
+            base_url=e["base_url"],
+            kind=e["engine"],
+            pause_mode=e["pause_mode"],
+            phases=tuple(s["phase"] for s in plan.get("steps", [])),
+            plan=plan,
+            rank_offset=e.get("rank_offset"),
+            previous_version=e.get("previous_version"),
+            previous_model_path=e.get("previous_model_path"),
+        )
+    return Saga(
+        refit_id=ev.refit_id,
+        started_seq=seq,
+        started_ts=ts,
+        source=ev.source,
+        weight_version=ev.weight_version,
+        on_failure=ev.on_failure,
+        selector=ev.selector,
+        model_path=ev.model_path,
+        distributed=dict(ev.distributed) if ev.distributed else None,
+        world_size=ev.world_size,
+        pause_mode=ev.pause_mode,
+        flush=ev.flush,
+        force=ev.force,
+        transfer_timeout_secs=ev.transfer_timeout_secs,
+        engines=engines,
+        principal=ev.principal,
+        last_seq=seq,
+    )
+
+
+def _step_result(run: EngineRun, phase: str, r: dict[str, Any], rollback: bool) -> None:
+    result = r.get("result")
+    run.detail = r.get("detail")
+    if r.get("version") is not None:
+        run.readback = r["version"]
+    if r.get("verification") is not None:
+        run.verified = r["verification"]
+    if result == "ok":
+        if rollback:
+            run.status = "rolled_back" if phase == "resume" else "running"
+            return
+        if phase not in run.done:
+            run.done.append(phase)
+        run.status = "resumed" if phase == "resume" else "ok"
+    elif result == "quarantined":
+        run.status = "quarantined"
+    elif result == "retry":
+        run.status = "ok" if run.done else "pending"  # cut short by a restart: run it again
+    else:
+        run.status = "unknown" if result == "unknown" else "failed"

@@ -1,0 +1,113 @@
+"""The live fleet page in a real browser (headless Chromium driven by selenium).
+
+A gateway with control-plane keys fronts 4 fake SGLang engines; the page asks for a key, keeps it
+for the tab, and follows the journal stream. A refit in which one engine fails its load runs
+through the client; the table must show the new version on 3 engines and the quarantined one,
+and the refit timeline must gain the cycle. ``.ci/run`` installs Debian's ``chromium`` and
+``chromium-driver``; elsewhere the test skips saying what is missing. With
+``SMGRL_FLEET_SCREENSHOT=PATH`` it saves a screenshot there (docs/fleet-page.png was made so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.request
+
+import pytest
+
+from smgrl.fake.checkpoint import make_checkpoint
+from smgrl.rl import RL, RefitError
+
+pytestmark = pytest.mark.e2e
+ADMIN = "page-admin-key"
+
+
+def _browser():
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed (pip install selenium)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("Debian's chromium and chromium-driver are not installed (.ci/run installs them)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,800"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway, tmp_path):
+    browser = _browser()
+    from selenium.webdriver.common.by import By
+
+    try:
+        urls = fakes("sglang", 4)
+        _, _, port = gateway(
+            "--enable-rl", "--disable-health-check", "--control-plane-api-keys", f"adm:admin:admin:{ADMIN}",
+            "--worker-urls", *urls,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        rl = RL(base, api_key=ADMIN)
+        wait_for(lambda: len(rl.workers()) == 4, what="4 workers")
+        browser.get(base + "/fleet")
+        form = wait_for(lambda: browser.find_element(By.ID, "keyform").is_displayed(), what="the key form")
+        assert form
+        browser.find_element(By.ID, "key").send_keys(ADMIN)
+        browser.find_element(By.CSS_SELECTOR, "#keyform button").click()
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")) == 4, what="4 rows")
+        assert ADMIN not in browser.current_url
+        req = urllib.request.Request(
+            urls[2] + "/_fake/knobs",
+            data=json.dumps({"fail_loads": 1}).encode(),
+            method="POST",
+            headers={"content-type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=10).read()
+        ckpt = str(make_checkpoint(tmp_path / "ckpt", "fake/model", seed=9))
+        with pytest.raises(RefitError) as failed:
+            rl.refit("engine=sglang", "9", model_path=ckpt)
+        (bad,) = failed.value.engines
+
+        def table():
+            out = {}
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr"):
+                out[tr.get_attribute("data-worker-id")] = (
+                    tr.find_element(By.CSS_SELECTOR, ".version").text,
+                    tr.find_element(By.CSS_SELECTOR, ".quarantine").text,
+                )
+            return out
+
+        rows = wait_for(
+            lambda: (
+                (t := table()) and t.get(bad, ("", ""))[1] and sum(v == "9" for v, _ in t.values()) == 3 and t
+            ),
+            what="the new version and the quarantine in the table",
+        )
+        assert "load failed" in rows[bad][1] and rows[bad][0] != "9"
+        cycle = wait_for(
+            lambda: browser.find_elements(By.CSS_SELECTOR, "#timeline g.cycle"), what="the refit cycle"
+        )
+        phases = {r.get_attribute("data-phase") for r in cycle[-1].find_elements(By.CSS_SELECTOR, "rect")}
+        assert {"pause", "load", "resume"} <= phases
+        assert "quarantined" in cycle[-1].text
+        shot = os.environ.get("SMGRL_FLEET_SCREENSHOT")
+        if shot:
+            browser.save_screenshot(shot)
+    finally:
+        browser.quit()
