@@ -113,12 +113,8 @@ class MemoryStore:
             h = snapshot_hash(kind, upto_seq, anchor, state_json)
             next_id = max((row[0] for row in self._snapshots), default=0) + 1
             self._snapshots.append((next_id, kind, upto_seq, self._clock(), state_json, h))
-            mine = [row for row in self._snapshots if row[1] == kind]
-            keep = retention.keep((row[2] for row in mine), self._head().seq)
-            newest_id: dict[int, int] = {}
-            for row in mine:
-                newest_id[row[2]] = max(row[0], newest_id.get(row[2], row[0]))
-            stale = {row[0]: row[2] for row in mine if row[2] not in keep or newest_id[row[2]] != row[0]}
+            mine = [(row[0], row[2]) for row in self._snapshots if row[1] == kind]
+            stale = dict(retention.drop(mine, self._head().seq))
             self._snapshots = [row for row in self._snapshots if row[0] not in stale]
         return sorted(stale.values())
 

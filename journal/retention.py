@@ -74,6 +74,17 @@ class Retention:
             kept.add(ordered[0])
         return kept
 
+    def drop(self, rows: Iterable[tuple[int, int]], head: int) -> list[tuple[int, int]]:
+        """Of stored snapshots ``(id, upto_seq)``, those to delete: the ones ``keep`` does not
+        keep, and of two at one seq (a CLI ``replay --snapshot`` and the gateway) the older id.
+        Both stores (SQLite and memory) drop by this."""
+        rows = list(rows)
+        keep = self.keep((seq for _id, seq in rows), head)
+        newest_id: dict[int, int] = {}
+        for snap_id, seq in rows:
+            newest_id[seq] = max(snap_id, newest_id.get(seq, snap_id))
+        return [(snap_id, seq) for snap_id, seq in rows if seq not in keep or newest_id[seq] != snap_id]
+
     def max_kept(self, head: int) -> int:
         """The most snapshots ``keep`` returns for a journal of ``head`` events."""
         levels = self.level(head)

@@ -342,15 +342,7 @@ class SqliteStore:
             # Old snapshots serve `workers --at` (history); retention keeps them spread over the
             # journal with a bounded count (journal/retention.py says how many and how close).
             rows = conn.execute("SELECT id, upto_seq FROM snapshots WHERE kind = ?", (kind,)).fetchall()
-            head = self._head(conn).seq
-            keep = retention.keep((seq for _id, seq in rows), head)
-            # Two snapshots at one seq (a CLI `replay --snapshot` and the gateway): keep the newer.
-            newest_id: dict[int, int] = {}
-            for snap_id, seq in rows:
-                newest_id[seq] = max(snap_id, newest_id.get(seq, snap_id))
-            dropped = [
-                (snap_id, seq) for snap_id, seq in rows if seq not in keep or newest_id[seq] != snap_id
-            ]
+            dropped = retention.drop(rows, self._head(conn).seq)
             conn.executemany("DELETE FROM snapshots WHERE id = ?", [(snap_id,) for snap_id, _ in dropped])
         if dropped:
             logger.info(

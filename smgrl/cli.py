@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     type=click.FloatRange(0.0, 1.0),
     help="cache_aware: matched-prefix share above which a request stays with the instance that has it.",
 )
+# Flag declarations like their neighbours': each flag's own type, default and help.
 @click.option(
     "--balance-abs-threshold",
     default=64,

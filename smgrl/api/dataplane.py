@@ -319,23 +319,8 @@ class DataPlaneASGI:
         args = (req, body, headers, model, routing_key, policy, floor)
         # The client's disconnect cancels this request: the engine call in flight is cancelled
         # (its connection closed, so the engine aborts), and a request still waiting for an
-        # eligible engine stops waiting. smgrl's hypercorn (hypercorn_patches.DisconnectHook)
-        # cancels the scope itself; any other server needs a task waiting in receive().
-        hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
-        if hook is not None:
-            with trio.CancelScope() as cancel:
-                hook.cancel_on_disconnect(cancel)
-                try:
-                    await self._admitted(send, rid, relay, args)
-                finally:
-                    hook.cancel_on_disconnect(None)
-            return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
-            try:
-                await self._admitted(send, rid, relay, args)
-            finally:
-                nursery.cancel_scope.cancel()
+        # eligible engine stops waiting.
+        await until_disconnect(scope, receive, self._admitted, send, rid, relay, args)
 
     async def _admitted(self, send: Send, rid: bytes, relay: _Relay, args) -> None:
         try:
@@ -350,16 +335,43 @@ class DataPlaneASGI:
 
 
 def _routing_headers(scope: Scope):
-    """``metadata.parse``'s header lookup: the routing headers, decoded, from one scan."""
+    """``metadata.parse``'s header lookup: the routing headers, decoded, from one scan (the first
+    occurrence of each wins, as for every other header: smgrl/api/scope.py)."""
     found: dict[str, str] = {}
     wanted = _ROUTING_HEADERS
     for key, value in scope["headers"]:
         if key in wanted:
-            found[key.decode()] = value.decode("latin-1")
+            found.setdefault(key.decode(), value.decode("latin-1"))
     return found.get
 
 
 _ROUTING_HEADERS = frozenset(h.encode() for h in metadata.HEADERS)
+
+
+async def until_disconnect(scope: Scope, receive: Receive, fn: Callable[..., Awaitable[Any]], *args) -> Any:
+    """``await fn(*args)``, cancelled when the client disconnects (then None). Shared by the
+    rollout routes and the engine front (smgrl/api/rl_front.py)."""
+    hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+    if hook is not None:
+        # smgrl's hypercorn (hypercorn_patches.DisconnectHook) cancels this scope itself on a
+        # disconnect: no task per request.
+        with trio.CancelScope() as cancel:
+            hook.cancel_on_disconnect(cancel)
+            try:
+                return await fn(*args)
+            finally:
+                hook.cancel_on_disconnect(None)
+        return None
+    # Any other server (the in-process test client): a task waiting in receive() cancels the
+    # nursery when the disconnect arrives; the call's own end cancels that task.
+    result = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
+        try:
+            result = await fn(*args)
+        finally:
+            nursery.cancel_scope.cancel()
+    return result
 
 
 async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

@@ -19,7 +19,7 @@ import trio
 
 from smgrl.api import envelopes as env
 from smgrl.api.control_bodies import LARGE, body_timeout
-from smgrl.api.dataplane import watch_disconnect
+from smgrl.api.dataplane import until_disconnect
 from smgrl.api.rl_routes import PREFIX, BadUtf8, control_request, decode_params, match, query_pairs
 from smgrl.api.scope import header_text
 from smgrl.auth import ENGINE, READ, Denied
@@ -27,7 +27,6 @@ from smgrl.control.service import CallContext
 from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
 from smgrl.core.selector import SelectorError, parse_selector, rust_trim
 from smgrl.errors import RlError
-from smgrl.hypercorn_patches import DISCONNECT_EXTENSION
 
 log = logging.getLogger("smgrl.http")
 
@@ -78,7 +77,7 @@ class EngineFront:
     only the plain case, decided on the request head alone before its body is read: ``GET`` or
     ``POST``, an allowed key, a body of declared length at most ``LARGE`` (and the payload limit),
     valid path parameters, and (fan-out) exactly one selector that parses. It then runs the same
-    service call Quart's route runs (smgrl/api/rl.py) and answers the same bytes: the journal's
+    service call Quart's route runs (smgrl/api/rl_routes.py) and answers the same bytes: the journal's
     guarantees are the service's (intent durable before any engine call; outcomes, finish and
     audit durable before the answer; a shielded ``cancelled`` record when the client leaves).
     Everything else goes on to Quart, which keeps every refusal's single implementation; a
@@ -218,30 +217,11 @@ class EngineFront:
     async def _call(self, scope, receive, route, selector, targets, req, ctx):
         """The service call, cancelled when the client leaves (then None), as quart-trio cancels
         its handler: the engine calls in flight stop and the service's shielded step records the
-        operation ``cancelled``. smgrl's hypercorn cancels the scope itself
-        (hypercorn_patches.DisconnectHook); any other server (the in-process test client) needs a
-        task waiting in receive()."""
+        operation ``cancelled``."""
         control = self.gw.control
-        hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
-        if hook is not None:
-            with trio.CancelScope() as cancel:
-                hook.cancel_on_disconnect(cancel)
-                try:
-                    if route == "fanout":
-                        return await control.fanout(selector, targets, req, ctx)
-                    return await control.call(targets[0], req, ctx)
-                finally:
-                    hook.cancel_on_disconnect(None)
-            return None
-        result = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
-            if route == "fanout":
-                result = await control.fanout(selector, targets, req, ctx)
-            else:
-                result = await control.call(targets[0], req, ctx)
-            nursery.cancel_scope.cancel()
-        return result
+        if route == "fanout":
+            return await until_disconnect(scope, receive, control.fanout, selector, targets, req, ctx)
+        return await until_disconnect(scope, receive, control.call, targets[0], req, ctx)
 
 
 def _replay(received, receive):

@@ -547,13 +547,7 @@ class _Parser:
             error = exc
         finally:
             self.track_any = saved
-        if self.ws() == 0x7D:
-            self.i += 1
-        self.depth -= 1
-        if error is not None:
-            if error.pos is None:
-                error.pos = self.i
-            raise error
+        self._end_map(error)
         return out
 
     def _enum(self, variants: list[str], c: int) -> str:
@@ -612,8 +606,13 @@ class _Parser:
                 raise _Err(f"missing field `{missing[0]}`", False, None)
         except _Err as exc:
             error = exc
-        # serde_json ends the map even after an error (consuming the `}` when it is next), and
-        # only then stamps a position on errors that have none (missing / duplicate field).
+        self._end_map(error)
+        return out
+
+    def _end_map(self, error: _Err | None) -> None:
+        """Leave an object read by ``_keys``: serde_json ends the map even after an error
+        (consuming the `}` when it is next), and only then stamps a position on errors that have
+        none (missing / duplicate field)."""
         if self.ws() == 0x7D:
             self.i += 1
         self.depth -= 1
@@ -621,7 +620,6 @@ class _Parser:
             if error.pos is None:
                 error.pos = self.i
             raise error
-        return out
 
 
 def parse_struct(
@@ -642,6 +640,7 @@ def parse_struct(
     return serde_struct(data, name, fields, required, field_count, aliases, **options)
 
 
+# parse_struct's signature on purpose: its fallback, and callable alone (tests compare the two paths).
 def serde_struct(
     data: bytes,
     name: str,

@@ -13,13 +13,23 @@ import re
 _AUTHORITY_END = re.compile(r"[/?#]")
 
 
-def origin_of(url: str) -> str:
-    """``scheme://authority`` of ``url``, spelled as given; ValueError without a scheme."""
+def _scheme_authority(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ValueError(f"URL `{url}` has no scheme")
     end = _AUTHORITY_END.search(rest)
-    return f"{scheme}://{rest if end is None else rest[: end.start()]}"
+    return scheme, rest if end is None else rest[: end.start()]
+
+
+def authority_of(url: str) -> str:
+    """What follows ``scheme://`` up to the path, query or fragment; ValueError without a scheme."""
+    return _scheme_authority(url)[1]
+
+
+def origin_of(url: str) -> str:
+    """``scheme://authority`` of ``url``, spelled as given; ValueError without a scheme."""
+    scheme, authority = _scheme_authority(url)
+    return f"{scheme}://{authority}"
 
 
 def origin_key(url: str) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import attrs
 
 from smgrl.core.control_url import split_host_port
+from smgrl.core.origin import authority_of
 
 # Runtime names SMG renders lower-case in the discovery row's ``engine`` field; anything else
 # (``unspecified``, an unknown hint) is shown as ``unknown``.
@@ -70,21 +71,13 @@ class Worker:
         return self.status != "pending"
 
 
-def _authority(url: str) -> str:
-    """What follows ``scheme://`` up to the path, query or fragment."""
-    rest = url.split("://", 1)[1] if "://" in url else url
-    for sep in "/?#":
-        rest = rest.split(sep, 1)[0]
-    return rest
-
-
 def _userinfo_end(url: str) -> int:
     """The index of the ``@`` that ends a URL's userinfo, or -1 (a DP-rank ``@N`` suffix is not
     userinfo: it follows the port)."""
     if "://" not in url:
         return -1
     start = url.index("://") + 3
-    authority = _authority(url)
+    authority = authority_of(url)
     at = authority.rfind("@")
     if at == -1:
         return -1
@@ -157,7 +150,7 @@ def reaches_listener(url: str, listen_host: str | None, listen_port: int | None)
     if listen_port is None or not url.startswith(("http://", "https://")):
         return False
     scheme = url.split("://", 1)[0]
-    authority = _authority(strip_rank(url)).rsplit("@", 1)[-1]
+    authority = authority_of(strip_rank(url)).rsplit("@", 1)[-1]
     host, port_text = split_host_port(authority)
     host = host.strip("[]").lower().rstrip(".")
     try:

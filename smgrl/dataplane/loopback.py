@@ -129,6 +129,15 @@ class Rollout:
     def loopbacks(self) -> int:
         return max(0, len(self.segments) - 1)
 
+    def limit_exceeded(self) -> LoopbackLimitExceeded:
+        """The error for one abort more than ``--max-loopbacks`` allows (buffered and streamed
+        relays alike)."""
+        return LoopbackLimitExceeded(
+            f"the rollout was aborted by weight syncs {self.loopbacks + 1} times; "
+            f"--max-loopbacks is {self.max_loopbacks}",
+            tokens=len(self.ids),
+        )
+
     @property
     def kept(self) -> int:
         """Tokens decoded before the last loopback: what the loopback saved from regenerating."""
@@ -278,11 +287,7 @@ async def run_buffered(
                 return answer
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
-                raise LoopbackLimitExceeded(
-                    f"the rollout was aborted by weight syncs {rollout.loopbacks + 1} times; "
-                    f"--max-loopbacks is {rollout.max_loopbacks}",
-                    tokens=len(rollout.ids),
-                )
+                raise rollout.limit_exceeded()
             prepare(dp, routed, rollout, instance, leg)
             async with dp.dispatch(
                 req, rollout.continuation(), headers, model=model, buffered=True, **bounds
@@ -497,11 +502,7 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
                 return
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
-                raise LoopbackLimitExceeded(
-                    f"the rollout was aborted by weight syncs {rollout.loopbacks + 1} times; "
-                    f"--max-loopbacks is {rollout.max_loopbacks}",
-                    tokens=len(rollout.ids),
-                )
+                raise rollout.limit_exceeded()
             prepare(dp, routed, rollout, dispatched.instance, leg)
             leg_body = rollout.continuation()
     except DataPlaneError:

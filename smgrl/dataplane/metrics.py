@@ -101,6 +101,7 @@ class DataPlaneMetrics:
             ["route", "status"],
             registry=r,
         )
+        # Declarations shaped like smgrl/metrics.py's: each names its own series, nothing to share.
         self.duration = Histogram(
             "smgrl_dataplane_request_duration_seconds",
             "Wall time of one rollout request, streamed body included",

@@ -485,10 +485,9 @@ class DataPlane:
         """Record a selection: the first pins an unversioned staged request's version (so its
         loopbacks and echo carry it) and joins the request to its prompt group, writing the
         group's pin once when no hint was honoured."""
-        hinted = routed.hint() is not None
+        hinted = routed.staged and routed.hint() is not None  # before the count: force-pin-once
         routed.selections += 1
         self.dispatched[entry.instance.worker_id] += 1
-        ident = staged.identity(entry.instance)
         if not routed.staged:
             return
         if routed.pinned is None and entry.version is not None:
@@ -496,7 +495,7 @@ class DataPlane:
             routed.floor = Version.parse(entry.version)
         prompt = routed.meta.prompt_id
         if prompt is not None and routed.joined is None:
-            self.groups.join(prompt, None if hinted else InstanceId(*ident))
+            self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
             routed.joined = prompt
 
     async def finish(self, routed: Routed) -> None:

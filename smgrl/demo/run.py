@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -49,37 +48,27 @@ def generate(rl: RL, worker_id: str) -> tuple[str, str]:
     return str(body.get("text", "")).strip(), str(body.get("meta_info", {}).get("weight_version"))
 
 
-@contextlib.contextmanager
-def _workdir(prefix: str) -> Iterator[tuple[str, Callable[[], None]]]:
-    """A temporary directory for the checkpoint and the gateway's log: removed when the demo
-    passes, kept (and named) when it fails or is interrupted, for a look at gateway.log."""
+def run_demo(engines: int, journal: str, keep_journal: bool) -> int:
+    return _in_workdir("smgrl-demo-", lambda work: _run_demo(work, engines, journal, keep_journal))
+
+
+def _in_workdir(prefix: str, run: Callable[[str], int]) -> int:
+    """Run ``run(work)`` in a fresh temporary directory (the checkpoint and the gateway's log):
+    removed when it returns 0, kept (and named) when it fails or is interrupted, for a look at
+    gateway.log."""
     work = tempfile.mkdtemp(prefix=prefix)
-    passed = False
-
-    def done() -> None:
-        nonlocal passed
-        passed = True
-
+    code = 1
     try:
-        yield work, done
+        code = run(work)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        # A child that would not start (its log is in the kept directory): one line, exit 1.
+        say(f"demo FAILED: {exc}", fg="red")
     finally:
-        if passed:
+        if code == 0:
             shutil.rmtree(work, ignore_errors=True)
         else:
             say(f"  kept {work} (the gateway's log is {os.path.join(work, 'gateway.log')})")
-
-
-def run_demo(engines: int, journal: str, keep_journal: bool) -> int:
-    with _workdir("smgrl-demo-") as (work, done):
-        try:
-            code = _run_demo(work, engines, journal, keep_journal)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            # A child that would not start (its log is in the kept directory): one line, exit 1.
-            say(f"demo FAILED: {exc}", fg="red")
-            code = 1
-        if code == 0:
-            done()
-        return code
+    return code
 
 
 def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
@@ -190,16 +179,9 @@ def run_rollouts(engines: int, journal: str, keep_journal: bool, clients: int) -
     if not EXAMPLE.exists():
         say(f"--rollouts needs the repository's examples/ ({EXAMPLE} not found)", fg="red")
         return 1
-    with _workdir("smgrl-demo-rollouts-") as (work, done):
-        try:
-            code = _run_rollouts(work, engines, journal, keep_journal, clients)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            # A child that would not start (its log is in the kept directory): one line, exit 1.
-            say(f"demo FAILED: {exc}", fg="red")
-            code = 1
-        if code == 0:
-            done()
-        return code
+    return _in_workdir(
+        "smgrl-demo-rollouts-", lambda work: _run_rollouts(work, engines, journal, keep_journal, clients)
+    )
 
 
 def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, clients: int) -> int:

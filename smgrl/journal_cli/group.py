@@ -144,6 +144,7 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+# click declarations like every command's (events.py): each option is its own, nothing to share.
 @click.option(
     "--journal",
     "path",

@@ -124,3 +124,17 @@ async def test_bad_routing_metadata_is_a_400_with_a_stable_code():
             assert r.headers["x-smg-error-code"] == "invalid_routing_metadata"
             assert r.json()["error"]["code"] == "invalid_routing_metadata"
         assert not fleet.engines[0].calls_to("/generate")
+
+
+async def test_a_repeated_routing_header_is_read_by_its_first_occurrence():
+    # As every other header of a raw scope (smgrl/api/scope.py) and Quart's headers.get.
+    async with (
+        fake_fleet("sglang", n=1) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        bad_first = [("x-is-sticky", "sometimes"), ("x-is-sticky", "1")]
+        r = await gw.client.post("/generate", json=GEN, headers=bad_first)
+        assert r.status_code == 400, r.text
+        assert r.headers["x-smg-error-code"] == "invalid_routing_metadata"
+        r = await gw.client.post("/generate", json=GEN, headers=list(reversed(bad_first)))
+        assert r.status_code == 200, r.text
