@@ -91,8 +91,13 @@ class Poller(threading.Thread):
             conn.close()
 
 
-def run(fanouts: int = 1000, engines: int = 64, pollers: int = 2, journal_dir: str | None = None,
-        bound_secs: float = 900.0) -> dict:
+def run(
+    fanouts: int = 1000,
+    engines: int = 64,
+    pollers: int = 2,
+    journal_dir: str | None = None,
+    bound_secs: float = 900.0,
+) -> dict:
     """Run the load; return the figures (see ``render``). Raises on setup failure only."""
     _here_importable()
     from smgrl.demo.procs import free_port, start_fake_engines, start_gateway, wait_for_workers
@@ -103,9 +108,20 @@ def run(fanouts: int = 1000, engines: int = 64, pollers: int = 2, journal_dir: s
     try:
         fakes, urls = start_fake_engines("sglang", engines)
         port = free_port()
-        gw = start_gateway(["--enable-rl", "--disable-health-check", "--worker-urls", *urls, "--journal",
-                            os.path.join(work, "journal.db"), "--prometheus-port", str(free_port())],
-                           port=port, log=log)
+        gw = start_gateway(
+            [
+                "--enable-rl",
+                "--disable-health-check",
+                "--worker-urls",
+                *urls,
+                "--journal",
+                os.path.join(work, "journal.db"),
+                "--prometheus-port",
+                str(free_port()),
+            ],
+            port=port,
+            log=log,
+        )
         wait_for_workers(f"http://127.0.0.1:{port}", engines, child=gw, timeout=120)
         deadline = time.monotonic() + bound_secs
         stop = threading.Event()
@@ -184,20 +200,29 @@ def run(fanouts: int = 1000, engines: int = 64, pollers: int = 2, journal_dir: s
 
 
 def kept(result: dict) -> bool:
-    return (not result["fanout_errors"] and not result["poll_errors"] and result["rss_growth"] < MAX_GROWTH
-            and result["gateway_exit"] == 0)
+    return (
+        not result["fanout_errors"]
+        and not result["poll_errors"]
+        and result["rss_growth"] < MAX_GROWTH
+        and result["gateway_exit"] == 0
+    )
 
 
 def render(r: dict) -> str:
     samples = " ".join(f"{k}:{v // 1024}" for k, v in sorted(r["rss_kib"].items()))
     rows = [
-        ("fan-outs (back to back)", f"{r['fanouts']} over {r['engines']} engines ({r['engine_calls']} engine calls)"),
+        (
+            "fan-outs (back to back)",
+            f"{r['fanouts']} over {r['engines']} engines ({r['engine_calls']} engine calls)",
+        ),
         ("pollers (discovery, journal, operations)", f"{r['pollers']}: {r['poll_requests']} requests"),
         ("errors (fan-outs / polls)", f"{len(r['fanout_errors'])} / {len(r['poll_errors'])}"),
         ("fan-out p50 / p99 (ms, informational)", f"{r['fanout_p50_ms']:.1f} / {r['fanout_p99_ms']:.1f}"),
         ("wall time (s, informational)", f"{r['elapsed_s']:.1f}"),
-        (f"VmRSS at fan-out {r['rss_first'][0]} -> {r['rss_last'][0]} (MiB)",
-         f"{r['rss_first'][1] / 1024:.1f} -> {r['rss_last'][1] / 1024:.1f} ({r['rss_growth'] * 100:+.1f}%)"),
+        (
+            f"VmRSS at fan-out {r['rss_first'][0]} -> {r['rss_last'][0]} (MiB)",
+            f"{r['rss_first'][1] / 1024:.1f} -> {r['rss_last'][1] / 1024:.1f} ({r['rss_growth'] * 100:+.1f}%)",
+        ),
         ("VmRSS samples (fan-out:MiB)", samples),
         ("gateway exit status after SIGTERM", str(r["gateway_exit"])),
         ("promise kept (0 errors, growth < 10%)", "yes" if kept(r) else "NO"),

@@ -27,22 +27,39 @@ import time
 from smgrl.fake.scripted import read_requests_blocking
 
 CONTENT_TYPES = [
-    ("application/json", b'{"a":1}'), ("text/json", b'{"a":1}'), ("application/problem+json", b"[1]"),
-    ("application/x-json-stream", b"2"), ("application/json; charset=utf-8", b'"s"'),
-    ("APPLICATION/JSON", b'{"a":1}'), ("text/plain", b'{"a":1}'), (None, b'{"a":1}'),
-    ("application/json", b"{bad"), ("application/json", b""), ("text/plain", b"ok\xff\xfe!"),
-    ("application/json", b'"\xff"'), ("application/json", b"NaN"), ("application/json", b"-0"),
-    ("application/json", b"1.0"), ("application/json", b'{"a":1,"a":2}'), ("application/json", b" [1] "),
-    ("application/json", b'{"a":1} x'), ("application/json", b'"\\ud800"'),
-    ("application/json", b"18446744073709551616"), ("application/json", b"-9223372036854775809"),
-    ("application/json", b"1e400"), ("application/json", b"[" * 127 + b"]" * 127),
-    ("application/json", b"[" * 128 + b"]" * 128), ("application/json", b'"\\ud83d\\ude00"'),
+    ("application/json", b'{"a":1}'),
+    ("text/json", b'{"a":1}'),
+    ("application/problem+json", b"[1]"),
+    ("application/x-json-stream", b"2"),
+    ("application/json; charset=utf-8", b'"s"'),
+    ("APPLICATION/JSON", b'{"a":1}'),
+    ("text/plain", b'{"a":1}'),
+    (None, b'{"a":1}'),
+    ("application/json", b"{bad"),
+    ("application/json", b""),
+    ("text/plain", b"ok\xff\xfe!"),
+    ("application/json", b'"\xff"'),
+    ("application/json", b"NaN"),
+    ("application/json", b"-0"),
+    ("application/json", b"1.0"),
+    ("application/json", b'{"a":1,"a":2}'),
+    ("application/json", b" [1] "),
+    ("application/json", b'{"a":1} x'),
+    ("application/json", b'"\\ud800"'),
+    ("application/json", b"18446744073709551616"),
+    ("application/json", b"-9223372036854775809"),
+    ("application/json", b"1e400"),
+    ("application/json", b"[" * 127 + b"]" * 127),
+    ("application/json", b"[" * 128 + b"]" * 128),
+    ("application/json", b'"\\ud83d\\ude00"'),
     ("application/json", b"[0.001, 1e-10, 1e22, 0.1]"),
 ]
 PROBE = {
     "/health": b"",
     "/v1/models": json.dumps({"object": "list", "data": [{"id": "raw", "owned_by": "sglang"}]}).encode(),
-    "/server_info": json.dumps({"model_path": "raw", "tp_size": 1, "dp_size": 1, "version": "0.5.23"}).encode(),
+    "/server_info": json.dumps(
+        {"model_path": "raw", "tp_size": 1, "dp_size": 1, "version": "0.5.23"}
+    ).encode(),
     "/model_info": json.dumps({"model_path": "raw"}).encode(),
 }
 
@@ -63,8 +80,13 @@ def handle(conn, index):
                 respond(conn, 200, PROBE[path])
             elif path.startswith("/echo"):
                 seen = {k: v for k, v in sorted(headers.items()) if k != "host"}
-                out = {"method": method, "path": path, "query": query, "headers": seen,
-                       "body": body.decode("utf-8", "replace")}
+                out = {
+                    "method": method,
+                    "path": path,
+                    "query": query,
+                    "headers": seen,
+                    "body": body.decode("utf-8", "replace"),
+                }
                 respond(conn, 200, json.dumps(out).encode(), "application/json")
             elif path.startswith("/status/"):
                 code = int(path.rsplit("/", 1)[1])
@@ -85,15 +107,19 @@ def handle(conn, index):
                 time.sleep(5)
                 return
             elif path == "/slowbody":
-                conn.sendall(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n{"a"')
+                conn.sendall(
+                    b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n{"a"'
+                )
                 time.sleep(3)
                 return
             elif path == "/cut":
                 respond(conn, 200, b'{"a":', length=100)
                 return
             elif path == "/chunkbad":
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n5\r\n{\"a\":\r\nzz\r\n")
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b'transfer-encoding: chunked\r\n\r\n5\r\n{"a":\r\nzz\r\n'
+                )
                 return
             else:
                 respond(conn, 200, b"{}")

@@ -47,8 +47,9 @@ BOUND = 30.0  # seconds: the safety bound of every wait below
 
 def fake(url: str, method: str, path: str, body=None):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method=method,
-                                 headers={"content-type": "application/json"} if data else {})
+    req = urllib.request.Request(
+        url + path, data=data, method=method, headers={"content-type": "application/json"} if data else {}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 
@@ -138,8 +139,9 @@ def test_engine_killed_mid_fanout_is_named_and_the_others_are_unaffected(fakes, 
     a, b = fakes("sglang", 2)
     victim_proc, (c,) = start_fake_engines("sglang", 1)
     children.append(victim_proc)
-    gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "30",
-                          "--worker-urls", a, b, c)
+    gw, http, _ = gateway(
+        "--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "30", "--worker-urls", a, b, c
+    )
     ids = {r["url"]: r["id"] for r in wait_for_workers(http.base, 3, child=gw)}
     for url in (a, b, c):
         knobs(url, latency_ms=1500)
@@ -179,16 +181,21 @@ def test_engine_killed_mid_fanout_is_named_and_the_others_are_unaffected(fakes, 
 
 def test_hung_engine_times_out_and_the_rest_of_the_fanout_finishes(fakes, gateway):
     urls = fakes("sglang", 3)
-    gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "1",
-                          "--worker-urls", *urls)
+    gw, http, _ = gateway(
+        "--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "1", "--worker-urls", *urls
+    )
     ids = {r["url"]: r["id"] for r in wait_for_workers(http.base, 3, child=gw)}
     hung = urls[1]
     knobs(hung, hang=True)
     status, headers, body = http.request("POST", FANOUT, b"")
     assert status == 207 and body["succeeded"] == 2
     (failed,) = body["failed"]
-    assert failed == {"worker_id": ids[hung], "url": hung, "error": "upstream_timeout",
-                      "message": f"upstream `{hung}` timed out after 1s"}
+    assert failed == {
+        "worker_id": ids[hung],
+        "url": hung,
+        "error": "upstream_timeout",
+        "message": f"upstream `{hung}` timed out after 1s",
+    }
     assert sorted(body["results"]) == sorted(ids[u] for u in urls if u != hung)
     st, _, op = http.request("GET", f"/v1/rl/operations/{headers['x-smgrl-operation-id']}")
     assert op["result"] == "partial"
@@ -230,8 +237,10 @@ def test_a_1_gib_engine_answer_is_cut_at_1_mib_and_memory_stays_flat(fakes, gate
     peak_growth = (after["VmHWM"] - before["VmHWM"]) / 1024
     record_property("rss_growth_mib", round(rss_growth, 1))
     record_property("peak_growth_mib", round(peak_growth, 1))
-    print(f"1 GiB answers x5: VmRSS {before['VmRSS'] // 1024} -> {after['VmRSS'] // 1024} MiB, "
-          f"VmHWM {before['VmHWM'] // 1024} -> {after['VmHWM'] // 1024} MiB")
+    print(
+        f"1 GiB answers x5: VmRSS {before['VmRSS'] // 1024} -> {after['VmRSS'] // 1024} MiB, "
+        f"VmHWM {before['VmHWM'] // 1024} -> {after['VmHWM'] // 1024} MiB"
+    )
     # 5 GiB went past the gateway; a buffered answer would show as +1 GiB of peak resident memory.
     assert peak_growth < 64, peak_growth
     assert rss_growth < 32, rss_growth
@@ -247,8 +256,10 @@ def test_a_client_sending_its_body_byte_by_byte_is_served_and_blocks_nobody(fake
     gw, http, port = gateway("--enable-rl", "--disable-health-check", "--worker-urls", url)
     (row,) = wait_for_workers(http.base, 1, child=gw)
     body = json.dumps({"pad": "x" * 24, "n": 1}).encode()
-    head = (f"POST /v1/rl/workers/{row['id']}/engine/flush_cache HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+    head = (
+        f"POST /v1/rl/workers/{row['id']}/engine/flush_cache HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as sock:
         sock.sendall(head)
         others = 0
@@ -287,8 +298,9 @@ def _length(raw: bytes) -> int:
 
 def test_client_disconnect_cancels_engine_calls_and_is_journaled(fakes, gateway):
     urls = fakes("sglang", 3)
-    gw, http, port = gateway("--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "60",
-                             "--worker-urls", *urls)
+    gw, http, port = gateway(
+        "--enable-rl", "--disable-health-check", "--rl-control-timeout-secs", "60", "--worker-urls", *urls
+    )
     ids = {r["url"]: r["id"] for r in wait_for_workers(http.base, 3, child=gw)}
     fast, hung = urls[0], urls[1:]
     for url in hung:
@@ -299,8 +311,7 @@ def test_client_disconnect_cancels_engine_calls_and_is_journaled(fakes, gateway)
         during = [gateway_connections(u) for u in hung]
         assert all(n >= 1 for n in during)
     # The client is gone: the gateway cancels the calls in flight, closing their connections.
-    wait_until(lambda: all(gateway_connections(u) == 0 for u in hung),
-               "the hung engines' connections closed")
+    wait_until(lambda: all(gateway_connections(u) == 0 for u in hung), "the hung engines' connections closed")
 
     def finished():
         found = journal_events(http, {"control.finished"})
@@ -325,8 +336,12 @@ def test_client_disconnect_cancels_engine_calls_and_is_journaled(fakes, gateway)
 def tmpfs(path, size: str):
     """A small tmpfs mounted at ``path`` (needs root and CAP_SYS_ADMIN; skips otherwise)."""
     os.makedirs(path, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -358,7 +373,9 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
     urls = fakes("sglang", 2)
     with tmpfs(tmp_path / "disk", "16m") as disk:
         journal = str(disk / "journal.db")
-        gw, http, port = gateway("--enable-rl", "--disable-health-check", "--worker-urls", *urls, journal=journal)
+        gw, http, port = gateway(
+            "--enable-rl", "--disable-health-check", "--worker-urls", *urls, journal=journal
+        )
         ids = [r["id"] for r in wait_for_workers(http.base, 2, child=gw)]
         st, headers, _ = http.request("POST", FANOUT, b"")
         assert st == 200
@@ -391,8 +408,10 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
         # The pending registration's job fails to record a probe, and retries: twice logged means
         # it survived the first failure (before the fix the error took the gateway down).
         log = tmp_path / f"gateway-{port}.log"
-        wait_until(lambda: log.read_text().count("journal unavailable during discovery") >= 2,
-                   "the registration job failed to record a probe and retried")
+        wait_until(
+            lambda: log.read_text().count("journal unavailable during discovery") >= 2,
+            "the registration job failed to record a probe and retried",
+        )
         assert gw.proc.poll() is None, "the gateway died on a full disk"
 
         # Space returns: the next operation is journaled and the engines are called again.
@@ -406,8 +425,13 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
         assert gw.stop() == 0
 
         # Nothing already journaled was corrupted: the chain verifies, every operation is whole.
-        verify = subprocess.run([sys.executable, "-m", "smgrl", "journal", "--journal", journal, "verify"],
-                                capture_output=True, text=True, timeout=120, check=False)
+        verify = subprocess.run(
+            [sys.executable, "-m", "smgrl", "journal", "--journal", journal, "verify"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert verify.returncode == 0, verify.stdout + verify.stderr
         store = SqliteStore.open(journal, readonly=True)
         try:
@@ -425,8 +449,15 @@ def test_journal_disk_full_refuses_calls_keeps_reads_and_recovers(fakes, gateway
 def test_sigterm_mid_fanout_lets_it_finish_journals_it_and_exits_0(fakes, gateway, tmp_path):
     urls = fakes("sglang", 2)
     journal = str(tmp_path / "sigterm.db")
-    gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--shutdown-grace-period-secs", "30",
-                          "--worker-urls", *urls, journal=journal)
+    gw, http, _ = gateway(
+        "--enable-rl",
+        "--disable-health-check",
+        "--shutdown-grace-period-secs",
+        "30",
+        "--worker-urls",
+        *urls,
+        journal=journal,
+    )
     wait_for_workers(http.base, 2, child=gw)
     for url in urls:
         knobs(url, latency_ms=1500)
@@ -473,8 +504,12 @@ class FailingStore(MemoryStore):
 
 
 def _cfg(**kw):
-    return Config(rl=RlConfig(enabled=True), registration_backoff_initial_secs=0.05,
-                  registration_backoff_max_secs=0.1, **kw)
+    return Config(
+        rl=RlConfig(enabled=True),
+        registration_backoff_initial_secs=0.05,
+        registration_backoff_max_secs=0.1,
+        **kw,
+    )
 
 
 async def test_discovery_and_health_checks_survive_a_failing_journal():
@@ -485,8 +520,13 @@ async def test_discovery_and_health_checks_survive_a_failing_journal():
         (wid,) = await gw.register(fleet.urls)
         closed = free_port()
         await gw.gateway.registry.register(Registration(url=f"http://127.0.0.1:{closed}"), "api")
-        checker = HealthChecker(fleet=gw.gateway.fleet, registry=gw.gateway.registry, pools=gw.gateway.pools,
-                                keys=gw.gateway.keys, cfg=HealthConfig(failure_threshold=1, success_threshold=1))
+        checker = HealthChecker(
+            fleet=gw.gateway.fleet,
+            registry=gw.gateway.registry,
+            pools=gw.gateway.pools,
+            keys=gw.gateway.keys,
+            cfg=HealthConfig(failure_threshold=1, success_threshold=1),
+        )
         store.full = True
         fleet.engines[0].go_down(None)  # unhealthy: the checker wants to record it and cannot
         await checker.check_once()

@@ -41,7 +41,15 @@ API_KEY = "api-S3cr3t-77aa10"  # --api-key: the --worker-urls engines' bearer; r
 WORKER = "wrk-S3cr3t-5e5e5e"  # a worker's registration api_key
 GUESS = "gss-S3cr3t-0d0d0d"  # what an attacker tries
 PASSWORD = "pwd-S3cr3t-1a2b3c"  # in a worker URL's userinfo: refused, never echoed
-SECRETS = {"password": PASSWORD, "admin": ADMIN, "user": USER, "tenant": TENANT, "api_key": API_KEY, "worker": WORKER, "guess": GUESS}
+SECRETS = {
+    "password": PASSWORD,
+    "admin": ADMIN,
+    "user": USER,
+    "tenant": TENANT,
+    "api_key": API_KEY,
+    "worker": WORKER,
+    "guess": GUESS,
+}
 FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
 
 
@@ -72,7 +80,9 @@ class Recorder:
                 status, answer_headers, raw = r.status, dict(r.headers), r.read()
         except urllib.error.HTTPError as e:
             status, answer_headers, raw = e.code, dict(e.headers), e.read()
-        self.seen.append(f"{method} {path} {status} {json.dumps(answer_headers)} {raw.decode('utf-8', 'replace')}")
+        self.seen.append(
+            f"{method} {path} {status} {json.dumps(answer_headers)} {raw.decode('utf-8', 'replace')}"
+        )
         try:
             parsed = json.loads(raw) if raw else None
         except ValueError:
@@ -103,11 +113,28 @@ def session(tmp_path_factory):
         port, mport = free_port(), free_port()
         with open(logs[0], "w") as log:
             gw = start_gateway(
-                ["--enable-rl", "--disable-health-check", "--journal", journal, "--prometheus-port", str(mport),
-                 "--control-plane-api-keys", f"adm:Admin:admin:{ADMIN}", f"usr:User:user:{USER}",
-                 "--tenant-api-key", f"t1:{TENANT}", "--api-key", API_KEY, "--log-level", "debug",
-                 "--worker-urls", keyed_by_cli],
-                port=port, log=log)
+                [
+                    "--enable-rl",
+                    "--disable-health-check",
+                    "--journal",
+                    journal,
+                    "--prometheus-port",
+                    str(mport),
+                    "--control-plane-api-keys",
+                    f"adm:Admin:admin:{ADMIN}",
+                    f"usr:User:user:{USER}",
+                    "--tenant-api-key",
+                    f"t1:{TENANT}",
+                    "--api-key",
+                    API_KEY,
+                    "--log-level",
+                    "debug",
+                    "--worker-urls",
+                    keyed_by_cli,
+                ],
+                port=port,
+                log=log,
+            )
             children.append(gw)
             base = f"http://127.0.0.1:{port}"
             wait_listening(base, child=gw)
@@ -131,7 +158,10 @@ def session(tmp_path_factory):
             for url in (keyed_by_cli, keyed_by_api):
                 assert admin.request("POST", f"/v1/rl/workers/{ids[url]}/engine/flush_cache", b"{}")[0] == 200
                 assert admin.request("GET", f"/v1/rl/workers/{ids[url]}/engine/server_info")[0] == 200
-            assert admin.request("PATCH", f"/workers/{reg['worker_id']}", {"labels": {"role": "policy"}})[0] == 202
+            assert (
+                admin.request("PATCH", f"/workers/{reg['worker_id']}", {"labels": {"role": "policy"}})[0]
+                == 202
+            )
             assert user.request("GET", f"/v1/rl/operations/{op_id}")[0] == 200
             assert user.request("GET", "/v1/rl/journal?limit=1000")[0] == 200
             # Refusals, each carrying a key somewhere it does not belong.
@@ -151,10 +181,26 @@ def session(tmp_path_factory):
         port, mport = free_port(), free_port()
         with open(logs[1], "w") as log:
             gw = start_gateway(
-                ["--enable-rl", "--disable-health-check", "--journal", journal, "--prometheus-port", str(mport),
-                 "--api-key", API_KEY, "--tenant-api-key", f"t1:{TENANT}", "--log-json", "--log-level", "debug",
-                 "--worker-urls", keyed_by_cli],
-                port=port, log=log)
+                [
+                    "--enable-rl",
+                    "--disable-health-check",
+                    "--journal",
+                    journal,
+                    "--prometheus-port",
+                    str(mport),
+                    "--api-key",
+                    API_KEY,
+                    "--tenant-api-key",
+                    f"t1:{TENANT}",
+                    "--log-json",
+                    "--log-level",
+                    "debug",
+                    "--worker-urls",
+                    keyed_by_cli,
+                ],
+                port=port,
+                log=log,
+            )
             children.append(gw)
             base = f"http://127.0.0.1:{port}"
             wait_listening(base, child=gw)
@@ -174,8 +220,16 @@ def session(tmp_path_factory):
     finally:
         for child in reversed(children):
             child.stop()
-    return {"journal": journal, "seen": seen, "metrics": metrics, "logs": logs, "work": work,
-            "op_id": op_id, "worker_id": reg["worker_id"], "engine": keyed_by_api}
+    return {
+        "journal": journal,
+        "seen": seen,
+        "metrics": metrics,
+        "logs": logs,
+        "work": work,
+        "op_id": op_id,
+        "worker_id": reg["worker_id"],
+        "engine": keyed_by_api,
+    }
 
 
 def test_the_journal_file_holds_no_key_outside_the_secrets_table(session):
@@ -259,8 +313,11 @@ def _invocations(command: list[str], help_text: str, values: dict[str, str], wor
     """Arguments for one subcommand: its positional arguments and required options filled from
     `values` by metavar, FILE options pointed at files in `work` (searched too)."""
     usage = help_text.split("\n", 1)[0]
-    positional = [tok.strip("[].") for tok in usage.split("[OPTIONS]", 1)[-1].split()
-                  if tok.strip("[].") not in ("COMMAND", "ARGS", "")]
+    positional = [
+        tok.strip("[].")
+        for tok in usage.split("[OPTIONS]", 1)[-1].split()
+        if tok.strip("[].") not in ("COMMAND", "ARGS", "")
+    ]
     args = [values.get(p, values["ID"]) for p in positional]
     optional_args = []
     for line in help_text.splitlines():
@@ -284,9 +341,16 @@ def test_every_journal_command_output_holds_no_key(session):
     work.mkdir(exist_ok=True)
     journal = str(work / "journal.db")
     shutil.copy(session["journal"], journal)  # compact and replay --snapshot write: use a copy
-    values = {"SEQ": "1", "SEQ|TIME": "1", "ID": session["op_id"], "OP_ID": session["op_id"],
-              "ENGINE": session["engine"], "ID|URL": session["worker_id"], "WORKER": session["worker_id"],
-              "TIME": "2000-01-01T00:00:00Z"}
+    values = {
+        "SEQ": "1",
+        "SEQ|TIME": "1",
+        "ID": session["op_id"],
+        "OP_ID": session["op_id"],
+        "ENGINE": session["engine"],
+        "ID|URL": session["worker_id"],
+        "WORKER": session["worker_id"],
+        "TIME": "2000-01-01T00:00:00Z",
+    }
     problems, ran = [], []
     for command, help_text in commands:
         if "Commands:" in help_text and command[-1] not in ("ops",):
@@ -299,13 +363,23 @@ def test_every_journal_command_output_holds_no_key(session):
         if path.suffix == ".out" and path.is_file():
             problems += _leaks(path.read_bytes(), f"file {path.name}")
     # And once as a real process, the way an operator runs it.
-    done = subprocess.run([sys.executable, "-m", "smgrl", "journal", "--journal", journal, "export"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", journal, "export"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0 and session["op_id"] in done.stdout
     problems += _leaks(done.stdout + done.stderr, "`smgrl journal export` (process)")
     # A failing command fails the process too (it exited 0 before smgrl/cli.py passed the code on).
-    missing = subprocess.run([sys.executable, "-m", "smgrl", "journal", "--journal", str(work / "none.db"),
-                              "verify"], capture_output=True, text=True, timeout=120, check=False)
+    missing = subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", str(work / "none.db"), "verify"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert missing.returncode == 3 and "no journal at" in missing.stderr
     print("\n".join(f"{code}  smgrl journal {cmd}" for cmd, code in ran))
     assert problems == []

@@ -49,7 +49,9 @@ scalars = st.one_of(
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -67,8 +69,17 @@ models_docs = st.one_of(
     st.none(),
     json_values.filter(lambda v: isinstance(v, dict)),
     st.fixed_dictionaries(
-        {"data": st.one_of(json_values, st.lists(st.dictionaries(st.sampled_from(
-            ["id", "root", "owned_by", "max_model_len"]), json_values), max_size=2))}
+        {
+            "data": st.one_of(
+                json_values,
+                st.lists(
+                    st.dictionaries(
+                        st.sampled_from(["id", "root", "owned_by", "max_model_len"]), json_values
+                    ),
+                    max_size=2,
+                ),
+            )
+        }
     ),
 )
 
@@ -107,9 +118,20 @@ def test_vllm_labels_are_strings(models, version):
     _assert_labels(found.labels)
 
 
-@given(_info([*SERVER_INFO_KEYS, "server_args", "tensor_parallel_size", "rl.control_url", "rl.pause_modes",
-              "tokenspeed_version", "is_paused"]),
-       st.sampled_from(["tokenspeed", "sglang", "unknown"]))
+@given(
+    _info(
+        [
+            *SERVER_INFO_KEYS,
+            "server_args",
+            "tensor_parallel_size",
+            "rl.control_url",
+            "rl.pause_modes",
+            "tokenspeed_version",
+            "is_paused",
+        ]
+    ),
+    st.sampled_from(["tokenspeed", "sglang", "unknown"]),
+)
 def test_grpc_labels_are_strings(info, runtime):
     found = grpc_labels(info, runtime)
     _assert_labels(found.labels)
@@ -127,10 +149,17 @@ def test_the_probe_json_reader_never_raises(data):
 
 # -- registration bodies --------------------------------------------------------------------------
 
-FIELD_VALUES = st.one_of(json_values, st.just("http://127.0.0.1:1"), st.just("sglang"), st.just("decode"),
-                         st.integers(min_value=0, max_value=70_000))
+FIELD_VALUES = st.one_of(
+    json_values,
+    st.just("http://127.0.0.1:1"),
+    st.just("sglang"),
+    st.just("decode"),
+    st.integers(min_value=0, max_value=70_000),
+)
 spec_objects = st.dictionaries(
-    st.one_of(st.sampled_from(sorted(WORKER_SPEC) + ["runtime_type", "model_id", "labels"]), st.text(max_size=6)),
+    st.one_of(
+        st.sampled_from(sorted(WORKER_SPEC) + ["runtime_type", "model_id", "labels"]), st.text(max_size=6)
+    ),
     FIELD_VALUES,
     max_size=6,
 )
@@ -138,9 +167,14 @@ bodies = st.one_of(
     st.binary(max_size=100),
     json_values.map(lambda v: json.dumps(v).encode()),
     spec_objects.map(lambda v: json.dumps(v).encode()),
-    st.builds(lambda d, u: json.dumps({**d, "url": u}).encode(), spec_objects,
-              st.one_of(st.text(max_size=30), st.sampled_from(["http://", "http://:1", "grpc://h", "http://a b",
-                                                                "ipc:///tmp/x", "HTTP://h"]))),
+    st.builds(
+        lambda d, u: json.dumps({**d, "url": u}).encode(),
+        spec_objects,
+        st.one_of(
+            st.text(max_size=30),
+            st.sampled_from(["http://", "http://:1", "grpc://h", "http://a b", "ipc:///tmp/x", "HTTP://h"]),
+        ),
+    ),
 )
 
 
@@ -184,8 +218,21 @@ def test_worker_update_parses_or_raises_bad_request_only(data):
             _assert_labels(update["labels"])
 
 
-@given(st.one_of(st.none(), st.text(max_size=40), st.sampled_from(
-    ["application/json", "Application/JSON; charset=utf-8", "application/vnd.x+json", "text/json", "json"])))
+@given(
+    st.one_of(
+        st.none(),
+        st.text(max_size=40),
+        st.sampled_from(
+            [
+                "application/json",
+                "Application/JSON; charset=utf-8",
+                "application/vnd.x+json",
+                "text/json",
+                "json",
+            ]
+        ),
+    )
+)
 def test_content_type_check_raises_only_bad_request(value):
     try:
         check_content_type(value)
@@ -210,15 +257,36 @@ def test_uuid_check_returns_none_or_a_message(text):
 content_types = st.one_of(
     st.none(),
     st.text(max_size=30),
-    st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", "JSON",
-                     "application/problem+json", ""]),
+    st.sampled_from(
+        [
+            "application/json",
+            "application/json; charset=utf-8",
+            "text/plain",
+            "JSON",
+            "application/problem+json",
+            "",
+        ]
+    ),
 )
 engine_bodies = st.one_of(
     st.binary(max_size=300),
     json_values.map(lambda v: json.dumps(v).encode()),
     st.text(max_size=100).map(lambda t: t.encode("utf-8", "surrogatepass")),
-    st.sampled_from([b"NaN", b"1e400", b"-0", b"18446744073709551616", b'"\\ud800"', b"[" * 128 + b"]" * 128,
-                     b"[" * 5000, b'{"a": Infinity}', b"\xef\xbb\xbf{}", b" ", b"null"]),
+    st.sampled_from(
+        [
+            b"NaN",
+            b"1e400",
+            b"-0",
+            b"18446744073709551616",
+            b'"\\ud800"',
+            b"[" * 128 + b"]" * 128,
+            b"[" * 5000,
+            b'{"a": Infinity}',
+            b"\xef\xbb\xbf{}",
+            b" ",
+            b"null",
+        ]
+    ),
 )
 
 
