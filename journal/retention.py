@@ -3,10 +3,10 @@
 Snapshots serve two readers: startup restores the newest one, and ``smgrl journal workers --at``
 restores the newest one at or below its target and replays from there. The second needs
 snapshots spread over the whole history, but keeping every one would grow the file by about a
-megabyte per 50,000 events (a 2,000-worker fleet). So, with ``age = head - upto_seq``:
+megabyte per 25,000 events (a 2,000-worker fleet). So, with ``age = head - upto_seq``:
 
-* every snapshot younger than ``recent`` events is kept (the gateway takes one every 50,000
-  events, so the newest million events have one every 50,000);
+* every snapshot younger than ``recent`` events is kept (the gateway takes one every 25,000
+  events, so the newest million events have one every 25,000);
 * older ones are kept sparser, level by level: level k (k >= 1) holds the ages in
   ``(recent * 2**(k-1), recent * 2**k]`` and keeps the newest snapshot of each bucket of
   ``recent * 2**(k-1) / per_level`` seqs (buckets aligned to multiples of their width, so a
@@ -17,7 +17,7 @@ Guarantees (``tests/journal/test_retention.py``, table cases and hypothesis prop
 
 * **count**: at most ``max_kept(head)`` = ``recent / every + 1`` recent snapshots plus
   ``per_level + 2`` per level, one level per doubling of the history beyond ``recent``
-  (defaults: 21 + 10 per doubling: 31 on a 2M-event journal, 51 on 8M);
+  (defaults: 41 + 10 per doubling: 51 on a 2M-event journal, 71 on 8M);
 * **distance**: for any seq ``s`` the newest kept snapshot at or below ``s`` (or the start of
   the journal) is at most ``max(gap, (head - s) / (per_level / 2) + gap)`` below it, where
   ``gap`` is the largest distance between two snapshots the gateway took (its cadence): within
@@ -36,7 +36,9 @@ __all__ = ["DEFAULT", "Retention"]
 
 @attrs.frozen
 class Retention:
-    every: int = 50_000  # the gateway's nominal cadence (only used to state the count bound)
+    # The gateway's cadence (smgrl.snapshots.SNAPSHOT_EVERY; journal/ does not import smgrl), only
+    # used to state the count bound.
+    every: int = 25_000
     recent: int = 1_000_000  # events from the head within which every snapshot is kept
     per_level: int = 8  # buckets per doubling of age beyond ``recent``
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from journal.retention import DEFAULT, Retention
+from smgrl.snapshots import SNAPSHOT_EVERY
 
 
 @pytest.mark.parametrize(
@@ -74,10 +75,11 @@ def test_bounded_count_newest_kept_and_a_snapshot_close_below_any_seq(policy, ga
 
 
 def test_the_default_policy_on_a_long_run():
-    """Gateway cadence (50,000) for 10M events: within the newest 1M a snapshot every 50,000; the
-    count stays within the documented bound (21 + 10 per doubling)."""
-    head, history = simulate(DEFAULT, [50_000] * 200)
+    """Gateway cadence (25,000) for 10M events: within the newest 1M a snapshot every 25,000; the
+    count stays within the documented bound (41 + 10 per doubling)."""
+    assert DEFAULT.every == SNAPSHOT_EVERY
+    head, history = simulate(DEFAULT, [SNAPSHOT_EVERY] * 400)
     kept = history[-1][1]
-    assert len(kept) <= DEFAULT.max_kept(head) <= 21 + 10 * 4
+    assert len(kept) <= DEFAULT.max_kept(head) <= 41 + 10 * 4
     recent = sorted(s for s in kept if head - s <= 1_000_000)
-    assert recent == list(range(head - 1_000_000, head + 1, 50_000))
+    assert recent == list(range(head - 1_000_000, head + 1, SNAPSHOT_EVERY))
