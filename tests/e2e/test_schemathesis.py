@@ -95,6 +95,10 @@ def test_schemathesis_live_gateway(fakes, gateway):
         op
         for op in (result.ok() for result in schema.get_all_operations())
         if "dataplane" not in (op.definition.raw.get("tags") or ())
+        # This gateway has no --tokenizer-path, so every session route answers its documented 503
+        # `sessions_disabled` (tests/tito/test_sessions_api.py and tests/e2e/test_sessions_e2e.py
+        # cover the routes with a tokenizer).
+        and "sessions" not in (op.definition.raw.get("tags") or ())
         # Event streams never end on their own (tests/e2e/test_journal_stream.py covers them).
         and "text/event-stream" not in json.dumps(op.definition.raw.get("responses"))
     ]
