@@ -17,11 +17,13 @@ import logging
 
 import attrs
 from quart import Response, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.audit import route_family
 from smgrl.auth import READ, Denied, Principal
+from smgrl.errors import RlError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 
@@ -62,13 +64,31 @@ class Guard:
     async def check(self, action: str, path: str):
         decision = self.gw.auth.check(request.headers.get("authorization"), action)
         check = self.begin(decision, action, request.method, path, getattr(g, "request_id", None))
-        # Services that journal their own records take the audit event from here (rl.py passes
-        # it on in the CallContext).
+        # Services that journal their own records take the audit event from here (rl_routes.py
+        # passes it on in the CallContext).
         g.audit_check = self.audit_check(check, action)
         try:
             yield check
         finally:
             self._audit(action, path, check)
+
+    async def answer(self, action: str, path: str, call) -> Response:
+        """The guarded-request path the RL route families share (rl_routes.py, rl_writes.py,
+        refits.py): auth and audit through ``check``, then ``await call(check)``; an ``RlError``
+        becomes its envelope, a chunked body that outgrew --max-payload-size the 413 text (a
+        declared Content-Length over it is refused before routing, in app.py), and the answer's
+        status is recorded for the audit."""
+        async with self.check(action, path) as check:
+            if check.denied is not None:
+                return check.denied
+            try:
+                response = await call(check)
+            except RequestEntityTooLarge:
+                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
+            except RlError as exc:
+                response = env.json_response(exc.status, exc.body())
+            check.status = response.status_code
+            return response
 
     def begin(self, decision, action: str, method: str, path: str, request_id: str | None) -> Check:
         """The request's ``Check`` for an auth decision (a denial gets its answer and its count);

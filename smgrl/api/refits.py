@@ -16,12 +16,11 @@ import json
 
 import trio
 from quart import Response, g, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
 from smgrl.auth import READ, WRITE
-from smgrl.errors import InvalidBody, RlError, WorkerNotFound
+from smgrl.errors import InvalidBody, WorkerNotFound
 from smgrl.refit.request import parse_refit
 
 SSE_KEEPALIVE_SECS = 15.0
@@ -93,18 +92,11 @@ class RefitsApi:
         shown = raw.decode("latin-1")
         if request.method not in allow.split(","):
             return env.method_not_allowed(request.method, shown, allow)
-        async with self.guard.check(action, shown) as check:
-            if check.denied is not None:
-                return check.denied
-            try:
-                principal = check.principal.label if check.principal is not None else None
-                response = await handler(principal)
-            except RequestEntityTooLarge:
-                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
-            except RlError as exc:
-                response = env.json_response(exc.status, exc.body())
-            check.status = response.status_code
-            return response
+
+        async def call(check) -> Response:
+            return await handler(check.principal.label if check.principal is not None else None)
+
+        return await self.guard.answer(action, shown, call)
 
     async def refits(self) -> Response:
         async def start(principal):

@@ -12,7 +12,6 @@ from __future__ import annotations
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from quart import Response, g, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from smgrl.api import envelopes as env
 from smgrl.api.guard import Guard
@@ -26,7 +25,6 @@ from smgrl.errors import (
     InvalidEnginePath,
     InvalidSelector,
     NoWorkersMatch,
-    RlError,
     SelectorRequired,
     WorkerNotFound,
 )
@@ -125,21 +123,14 @@ class RlApi:
         route, params = found
         if method not in ALLOW[route].split(","):
             return env.method_not_allowed(method, shown_path, ALLOW[route])
-        async with self.guard.check(ACTION[route], shown_path) as check:
-            if check.denied is not None:
-                return check.denied
+
+        async def call(check) -> Response:
             try:
-                response = await getattr(self, "_" + route)(decode_params(params), check.principal)
+                return await getattr(self, "_" + route)(decode_params(params), check.principal)
             except BadUtf8 as exc:
-                response = env.text_response(400, f"Invalid URL: Invalid UTF-8 in `{exc.param}`")
-            except RequestEntityTooLarge:
-                # A chunked body outgrew --max-payload-size while being read (a declared
-                # Content-Length over it was refused before routing, in app.py).
-                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
-            except RlError as exc:
-                response = env.json_response(exc.status, exc.body())
-            check.status = response.status_code
-            return response
+                return env.text_response(400, f"Invalid URL: Invalid UTF-8 in `{exc.param}`")
+
+        return await self.guard.answer(ACTION[route], shown_path, call)
 
     # -- discovery -----------------------------------------------------------------------------
 

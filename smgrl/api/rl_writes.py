@@ -16,7 +16,6 @@ already reflect the write. Writes need the ``admin`` role (any control-plane wri
 from __future__ import annotations
 
 from quart import Response, g, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
@@ -34,7 +33,6 @@ from smgrl.errors import (
     InvalidVersion,
     JournalUnavailable,
     NoWorkersMatch,
-    RlError,
     SelectorRequired,
     WorkerNotFound,
 )
@@ -99,20 +97,13 @@ class RlWrites:
         shown = raw.decode("latin-1")
         if request.method != "POST":
             return env.method_not_allowed(request.method, shown, ALLOW)
-        async with self.guard.check(WRITE, shown) as check:
-            if check.denied is not None:
-                return check.denied
-            try:
-                if worker_id is None:
-                    response = await self._fleet(kind, check.principal)
-                else:
-                    response = await self._worker(kind, worker_id, check.principal)
-            except RequestEntityTooLarge:
-                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
-            except RlError as exc:
-                response = env.json_response(exc.status, exc.body())
-            check.status = response.status_code
-            return response
+
+        async def call(check) -> Response:
+            if worker_id is None:
+                return await self._fleet(kind, check.principal)
+            return await self._worker(kind, worker_id, check.principal)
+
+        return await self.guard.answer(WRITE, shown, call)
 
     async def _worker(self, kind: str, worker_id: str, principal) -> Response:
         value = parse_write(kind, await request.get_data(cache=False))
