@@ -4,6 +4,7 @@ renders; no business rule lives here."""
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from quart import Response, g, request
 from quart_trio import QuartTrio
@@ -12,6 +13,7 @@ from werkzeug.routing import PathConverter
 
 from smgrl.api import envelopes as env
 from smgrl.api import openapi, openapi_html
+from smgrl.api.apidoc import HTML, OBJECT, TEXT, Resp, Route, as_json, field, model
 from smgrl.api.control_bodies import ControlBodyBound, body_timeout
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.journal_routes import JournalRoutes
@@ -39,6 +41,77 @@ class AnyPath(PathConverter):
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # Paths whose 405 `allow` header SMG 1.13.0 orders differently from ALL_METHODS (observed).
 ALLOW_ORDER = {"/workers": ["POST", "GET", "HEAD"]}
+
+
+@model
+class Readiness:
+    status: Literal["ready", "not_ready"]
+    healthy_workers: int = field(minimum=0)
+    total_workers: int = field(minimum=0)
+
+
+# /openapi.json: the routes registered below (smgrl/api/apidoc.py; the other families' tables are
+# beside their handlers).
+_SERVING = Resp(
+    "Serving.",
+    TEXT,
+    {
+        GATEWAY_ID_HEADER: {
+            "description": "this gateway's id (its journal's id): discovery refuses a worker URL whose "
+            "`/health` answers with its own id (the URL leads back to this gateway)",
+            "required": True,
+            "schema": {"type": "string"},
+        }
+    },
+)
+OPENAPI_ROUTES = (
+    Route(
+        "GET",
+        "/health",
+        "getHealth",
+        "probes",
+        "Liveness (always 200 `OK` while serving)",
+        {"200": _SERVING},
+        security="open",
+    ),
+    Route(
+        "GET",
+        "/liveness",
+        "getLiveness",
+        "probes",
+        "Liveness (always 200 `OK` while serving)",
+        {"200": _SERVING},
+        security="open",
+    ),
+    Route(
+        "GET",
+        "/readiness",
+        "getReadiness",
+        "probes",
+        "Ready when at least one worker is healthy",
+        {"200": Resp("Ready.", as_json(Readiness)), "503": Resp("No healthy worker.", as_json(Readiness))},
+        security="open",
+    ),
+    Route(
+        "GET",
+        "/openapi.json",
+        "getOpenapi",
+        "meta",
+        "This document (no key needed: it describes routes, not data)",
+        {"200": Resp("The OpenAPI document.", as_json(OBJECT))},
+        security="open",
+    ),
+    Route(
+        "GET",
+        "/docs",
+        "getDocs",
+        "meta",
+        "This document as an HTML page rendered by the gateway (no script, nothing loaded from elsewhere; "
+        "no key needed)",
+        {"200": Resp("The page.", HTML)},
+        security="open",
+    ),
+)
 
 
 def create_app(gateway, journal_routes=None) -> QuartTrio:

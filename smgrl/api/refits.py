@@ -13,14 +13,25 @@ DELETE /v1/rl/workers/{id}/quarantine     (admin) release it
 from __future__ import annotations
 
 import json
+from typing import Any, Literal
 
 import trio
 from quart import Response, g, request
 
 from smgrl.api import envelopes as env
+from smgrl.api.apidoc import OBJECT, STRING, Body, Resp, Route, as_json, field, model, path_param
 from smgrl.api.guard import Guard
+from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ, WRITE
-from smgrl.errors import InvalidBody, WorkerNotFound
+from smgrl.errors import (
+    InvalidBody,
+    InvalidSelector,
+    InvalidVersion,
+    JournalUnavailable,
+    NoWorkersMatch,
+    WorkerNotFound,
+)
+from smgrl.refit.errors import RefitInProgress, RefitNotFound, RefitState, RefitUnsupported, VersionLeft
 from smgrl.refit.request import parse_refit
 
 SSE_KEEPALIVE_SECS = 15.0
@@ -196,3 +207,213 @@ class RefitsApi:
             )
 
         return await self._guarded(WRITE, "POST,DELETE", run)
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
+
+_NON_BLANK = {"type": "string", "minLength": 1, "pattern": "\\S"}
+# `source` is one of two shapes (smgrl/refit/request.py): a plain schema, as attrs has no oneOf.
+_SOURCE = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["disk"],
+            "additionalProperties": False,
+            "properties": {
+                "disk": {
+                    "type": "object",
+                    "required": ["model_path"],
+                    "additionalProperties": False,
+                    "properties": {"model_path": _NON_BLANK},
+                }
+            },
+        },
+        {
+            "type": "object",
+            "required": ["distributed"],
+            "additionalProperties": False,
+            "properties": {
+                "distributed": {
+                    "type": "object",
+                    "required": ["master_address", "master_port"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "master_address": _NON_BLANK,
+                        "master_port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                        "group_name": STRING,
+                        "backend": {"type": "string", "enum": ["nccl", "gloo"]},
+                        "checksums": {"type": "object", "additionalProperties": STRING},
+                    },
+                }
+            },
+        },
+    ]
+}
+
+
+@model(inline=True)
+class _RefitRequest:
+    selector: str = field(example="engine=sglang")
+    source: dict = field(schema=_SOURCE)
+    weight_version: str
+    pause_mode: str = field(
+        "default per engine kind: sglang retract, vllm keep, tokenspeed keep", optional=True
+    )
+    flush: bool = field(optional=True, default=True)
+    on_failure: Literal["quarantine", "rollback", "abort"] = field(optional=True, default="quarantine")
+    force: bool = field(optional=True, default=False)
+    transfer_timeout_secs: float = field(
+        optional=True, default=600, minimum=0, exclusiveMinimum=True, maximum=86400
+    )
+
+
+@model(
+    additional=True,
+    inline=True,
+    description="The saga: state, plan per engine, each engine's phase and verification (docs/refits.md).",
+)
+class _Refit:
+    refit_id: str = field(optional=True)
+    state: str = field(optional=True)
+    result: str | None = field(optional=True)
+    engines: list = field(optional=True, schema={"type": "array"})
+
+
+@model(inline=True)
+class _Reason:
+    reason: str | None = field(optional=True)
+
+
+@model(inline=True)
+class _Chunk:
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+
+@model(inline=True)
+class _Empty:
+    pass
+
+
+REFIT_ID = path_param("id", "the refit id")
+_NOT_FOUND = rl_error_resp("No such refit (refit_not_found).", RefitNotFound)
+_WRONG_STATE = rl_error_resp("The refit is not awaiting a transfer (refit_state).", RefitState)
+_JOURNAL_DOWN = rl_error_resp("The journal cannot record it (journal_unavailable).", JournalUnavailable)
+_BAD_BODY = rl_error_resp("Bad body (invalid_body).", InvalidBody)
+_GOES_ON = Resp("The saga goes on.", as_json(_Refit))
+
+
+def _action(path: str, op_id: str, summary: str, ok: dict, body: Any, bad: Resp = _BAD_BODY) -> Route:
+    return Route(
+        "POST",
+        path,
+        op_id,
+        "rl",
+        summary,
+        {**ok, "400": bad, "404": _NOT_FOUND, "409": _WRONG_STATE, "503": _JOURNAL_DOWN},
+        role="admin",
+        params=(REFIT_ID,),
+        body=Body(body, required=False),
+        rl_only=True,
+    )
+
+
+def _quarantine(method: str) -> Route:
+    return Route(
+        method,
+        "/v1/rl/workers/{id}/quarantine",
+        f"{method.lower()}WorkerQuarantine",
+        "rl",
+        ("Quarantine a worker by hand" if method == "POST" else "Release a quarantined worker")
+        + " (journaled; admin role)",
+        {
+            "200": Resp("The worker's quarantine state.", as_json(OBJECT)),
+            "400": _BAD_BODY,
+            "404": rl_error_resp("No such worker (worker_not_found).", WorkerNotFound),
+            "503": _JOURNAL_DOWN,
+        },
+        role="admin",
+        params=(path_param("id", "the worker id"),),
+        body=Body(_Reason, required=False),
+        rl_only=True,
+    )
+
+
+OPENAPI_ROUTES = (
+    Route(
+        "POST",
+        "/v1/rl/refits",
+        "postRefit",
+        "rl",
+        "Start a refit saga (admin role)",
+        {
+            "202": Resp("Accepted: the saga runs; poll or stream it.", as_json(_Refit)),
+            "400": rl_error_resp(
+                "Bad body (invalid_body, invalid_version, invalid_selector, no_workers_match).",
+                InvalidBody,
+                InvalidVersion,
+                InvalidSelector,
+                NoWorkersMatch,
+            ),
+            "409": rl_error_resp(
+                "Engines that cannot take the source (refit_unsupported, with `engines`), a version the fleet "
+                "already left (version_left), or a refit already running (refit_in_progress).",
+                RefitUnsupported,
+                VersionLeft,
+                RefitInProgress,
+            ),
+            "503": _JOURNAL_DOWN,
+        },
+        role="admin",
+        body=Body(_RefitRequest, required=False),
+        rl_only=True,
+    ),
+    Route(
+        "GET",
+        "/v1/rl/refits/{id}",
+        "getRefit",
+        "rl",
+        "A refit: plan and each engine's phase",
+        {"200": Resp("The saga.", as_json(_Refit)), "404": _NOT_FOUND},
+        role="read",
+        params=(REFIT_ID,),
+        rl_only=True,
+    ),
+    Route(
+        "GET",
+        "/v1/rl/refits/{id}/events",
+        "getRefitEvents",
+        "rl",
+        "Server-sent events: the refit's record on every change, until it finishes",
+        {"200": Resp("text/event-stream", {"text/event-stream": STRING}), "404": _NOT_FOUND},
+        role="read",
+        params=(REFIT_ID,),
+        head=False,
+        rl_only=True,
+    ),
+    _action(
+        "/v1/rl/refits/{id}/commit",
+        "postRefitCommit",
+        "The trainer's transfer is done: finish, version, verify, flush, resume",
+        {"202": _GOES_ON},
+        _Empty,
+        rl_error_resp("Bad body (invalid_body): `{}` or nothing.", InvalidBody),
+    ),
+    _action(
+        "/v1/rl/refits/{id}/fail",
+        "postRefitFail",
+        "The trainer's transfer failed: on_failure applies",
+        {"202": _GOES_ON},
+        _Reason,
+    ),
+    _action(
+        "/v1/rl/refits/{id}/transfer",
+        "postRefitTransfer",
+        "The engines' half of one broadcast chunk (each kind's update call)",
+        {"200": Resp("Per-engine results.", as_json(OBJECT))},
+        _Chunk,
+    ),
+    _quarantine("POST"),
+    _quarantine("DELETE"),
+)

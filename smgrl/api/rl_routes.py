@@ -9,12 +9,38 @@ control endpoint -> send; fan-out = query -> selector -> path -> targets -> send
 
 from __future__ import annotations
 
+from typing import Any, Literal
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from quart import Response, g, request
 
 from smgrl.api import envelopes as env
+from smgrl.api.apidoc import (
+    ANY,
+    INT,
+    STRING,
+    TEXT,
+    Body,
+    Param,
+    Resp,
+    Route,
+    as_json,
+    evolve,
+    field,
+    model,
+    path_param,
+)
 from smgrl.api.guard import Guard
+from smgrl.api.schemas import (
+    FAILED_CALL,
+    OP_ID,
+    PAYLOAD_TOO_LARGE,
+    OpenAIErrorModel,
+    RlWorkerEntry,
+    RlWorkersResponse,
+    rl_error,
+    rl_error_resp,
+)
 from smgrl.auth import ENGINE, READ
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext, OpResult
@@ -23,9 +49,15 @@ from smgrl.core.selector import SelectorError, parse_selector, rust_trim
 from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
 from smgrl.errors import (
     InvalidEnginePath,
+    InvalidQuery,
     InvalidSelector,
+    JournalUnavailable,
+    NoControlEndpoint,
     NoWorkersMatch,
+    OperationNotFound,
     SelectorRequired,
+    UpstreamTimeout,
+    UpstreamUnreachable,
     WorkerNotFound,
 )
 
@@ -273,3 +305,300 @@ def _op_response(result: OpResult) -> Response:
     return env.json_response(
         result.status, None if result.status == 204 else result.body, _op_headers(result)
     )
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
+# Served by RlApi.dispatch above and, for discovery and the engine calls, by the raw fronts of
+# smgrl/api/rl_front.py (DiscoveryFront, EngineFront): the same routes, the same answers.
+
+
+@model(additional=True, inline=True)
+class _Outcome:
+    """One target's recorded outcome in an Operation (null until it arrives)."""
+
+    status: int | None = field(optional=True)
+    latency_ms: int | None = field(optional=True)
+    error: str | None = field(optional=True)
+    message: str | None = field(optional=True)
+    excerpt: str | None = field(optional=True)
+    body_truncated: bool | None = field(optional=True)
+
+
+@model(description="One engine answer (any status: the per-worker route mirrors it).")
+class RlCallOutcome:
+    worker_id: str
+    url: str
+    status: int = field(minimum=100, maximum=999)
+    latency_ms: int = field(minimum=0)
+    body: Any = field(
+        schema={
+            "description": "the engine's JSON when its content-type contains `json` and the bytes "
+            "parse, else its text (lossy UTF-8); at most 1 MiB"
+        }
+    )
+    body_truncated: bool = field("present only when true", optional=True, enum=[True])
+
+
+@model
+class RlFailedCall:
+    worker_id: str
+    url: str
+    error: str = field(schema={"type": "string", "enum": FAILED_CALL})
+    message: str
+    status: int = field("the engine's status, with upstream_error only", optional=True)
+    connection_mode: str = field("with no_control_endpoint only", optional=True)
+
+
+@model(
+    description="200 when `failed` is empty, else 207. `results` holds every engine that answered "
+    "(any status); `failed` every non-2xx answer (upstream_error) and every transport failure."
+)
+class RlFanoutResponse:
+    results: dict[str, RlCallOutcome]
+    failed: list[RlFailedCall]
+    total: int = field(minimum=1)
+    succeeded: int = field(minimum=0)
+
+
+@model(additional=True)
+class OperationTarget:
+    worker_id: str
+    url: str
+    control_url: str | None = field(optional=True)
+    outcome: _Outcome | None
+
+
+@model(additional=True, description="The journal's record of one per-worker call or fan-out.")
+class Operation:
+    operation_id: str
+    kind: Literal["call", "fanout"]
+    method: str
+    path: str
+    query: str | None
+    selector: str | None
+    status: Literal["open", "finished"]
+    result: Literal["ok", "partial", "no_match", "failed", "cancelled", "interrupted"] | None
+    http_status: int | None
+    total: int = field(minimum=0)
+    succeeded: int = field(minimum=0)
+    latency_ms: int | None
+    targets: list[OperationTarget]
+    missing_targets: list[str]
+    started_seq: int
+
+
+@model
+class JournalEvent:
+    seq: int = field(minimum=1)
+    ts: float
+    stream: str
+    type: str
+    schema: int
+    payload: dict = field(schema={"type": "object", "additionalProperties": True})
+
+
+@model
+class JournalPage:
+    events: list[JournalEvent]
+    next_after: int = field(minimum=0)
+    last_seq: int = field(minimum=0)
+    more: bool
+
+
+ENGINE_PATH = path_param(
+    "path",
+    "The engine route: 1 to 4 segments of [A-Za-z0-9._-] (neither `.` nor `..`), "
+    "percent-decoded once (send `/` between segments raw; `%2F` is decoded to `/` too).",
+    schema={"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"},
+    example="flush_cache",
+)
+SELECTOR = Param(
+    "selector",
+    "query",
+    "Label selector: `k=v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, comma-joined (AND). "
+    "Other query parameters are passed through to the engines.",
+    required=True,
+    example="engine=sglang",
+)
+WORKER_ID = path_param("id", "the worker id (GET /v1/rl/workers)")
+BAD_UTF8 = Resp("Invalid UTF-8 in a path parameter.", TEXT)
+
+
+def _engine_responses(fanout: bool) -> dict[str, Resp]:
+    """The per-worker route mirrors the engine's status, so each status may carry an RlCallOutcome
+    beside the gateway's own errors; the fan-out answers its own statuses."""
+    mirrored = "" if fanout else " (or the engine's own status, mirrored, with an RlCallOutcome)"
+
+    def errors(description: str, *errs: Any, text: bool = False) -> Resp:
+        schema = rl_error(*errs) if fanout else {"anyOf": [RlCallOutcome, rl_error(*errs)]}
+        content = {**as_json(schema), **(TEXT if text else {})}
+        return Resp(description + mirrored + ".", content, OP_ID, errors=errs)
+
+    out: dict[str, Resp] = {}
+    if fanout:
+        out["200"] = Resp("Every target answered 2xx.", as_json(RlFanoutResponse), OP_ID)
+        out["207"] = Resp(
+            "At least one target failed (non-2xx, unreachable, timeout).", as_json(RlFanoutResponse), OP_ID
+        )
+        bad = (SelectorRequired, InvalidSelector, NoWorkersMatch, InvalidEnginePath)
+        out["400"] = errors(
+            "Invalid selector or engine path; text/plain for a duplicate `selector` or invalid UTF-8 in "
+            "a path parameter",
+            *bad,
+            text=True,
+        )
+        out["404"] = Resp("No such route.", as_json(OpenAIErrorModel), OP_ID, errors=("unknown_url",))
+    else:
+        out["400"] = errors(
+            "Invalid engine path; text/plain for invalid UTF-8 in a path parameter",
+            InvalidEnginePath,
+            text=True,
+        )
+        out["404"] = Resp(
+            "Unknown worker, or no such route" + mirrored + ".",
+            as_json({"anyOf": [RlCallOutcome, rl_error(WorkerNotFound), OpenAIErrorModel]}),
+            OP_ID,
+            errors=(WorkerNotFound, "unknown_url"),
+        )
+        out["422"] = errors("No control endpoint", NoControlEndpoint)
+        out["502"] = errors("Engine unreachable", UpstreamUnreachable)
+        out["504"] = errors("No answer within --rl-control-timeout-secs", UpstreamTimeout)
+    out["413"] = PAYLOAD_TOO_LARGE
+    out["500"] = errors("Gateway bug", "internal_error")
+    out["503"] = errors("The journal cannot record the operation; no engine was called", JournalUnavailable)
+    if not fanout:
+        out["default"] = Resp(
+            "Any other engine status, mirrored (2xx, 3xx: redirects are not followed, 4xx, 5xx).",
+            as_json(RlCallOutcome),
+            OP_ID,
+        )
+    return out
+
+
+def _engine_routes(fanout: bool) -> list[Route]:
+    what = "every worker the selector matches" if fanout else "one worker"
+    get = Route(
+        "GET",
+        "/v1/rl/engine/{path}" if fanout else "/v1/rl/workers/{id}/engine/{path}",
+        "getFanout" if fanout else "getProxy",
+        "rl",
+        f"Send an engine-native control call to {what} (admin role, D3)",
+        _engine_responses(fanout),
+        description="The engine gets the method, path, passthrough query, body and content-type, and "
+        "x-request-id/traceparent/tracestate; the worker's own API key as bearer. Redirects are not "
+        "followed. Recorded in the journal (x-smgrl-operation-id).",
+        role="admin",
+        params=(ENGINE_PATH, SELECTOR) if fanout else (WORKER_ID, ENGINE_PATH),
+        rl_only=True,
+    )
+    post = evolve(
+        get,
+        method="POST",
+        operation_id=get.operation_id.replace("get", "post"),
+        body=Body(
+            ANY,
+            required=False,
+            description="Forwarded verbatim (content-type defaults to application/json when a body is sent).",
+        ),
+    )
+    return [get, post]
+
+
+def _not_found(error: type) -> Resp:
+    return Resp(
+        "Unknown id, or no such route.",
+        as_json({"anyOf": [rl_error(error), OpenAIErrorModel]}),
+        errors=(error, "unknown_url"),
+    )
+
+
+def _journal_param(name: str, description: str, schema: dict) -> Param:
+    return Param(name, "query", description, schema, allow_empty=True)
+
+
+OPENAPI_ROUTES = (
+    Route(
+        "GET",
+        "/v1/rl/workers",
+        "getRlWorkers",
+        "rl",
+        "Discovery: one row per engine (DP ranks collapsed)",
+        {"200": Resp("The rows.", as_json(RlWorkersResponse))},
+        role="read",
+        rl_only=True,
+    ),
+    Route(
+        "GET",
+        "/v1/rl/workers/{id}",
+        "getRlWorker",
+        "rl",
+        "One discovery row (that registry entry)",
+        {
+            "200": Resp("The row.", as_json(RlWorkerEntry)),
+            "400": BAD_UTF8,
+            "404": _not_found(WorkerNotFound),
+        },
+        role="read",
+        params=(path_param("id", "the worker id"),),
+        rl_only=True,
+    ),
+    *_engine_routes(fanout=False),
+    *_engine_routes(fanout=True),
+    Route(
+        "GET",
+        "/v1/rl/operations/{id}",
+        "getRlOperation",
+        "rl",
+        "The journal's record of one operation (smgrl addition)",
+        {
+            "200": Resp("The record.", as_json(Operation)),
+            "400": BAD_UTF8,
+            "404": _not_found(OperationNotFound),
+        },
+        role="read",
+        params=(path_param("id", "x-smgrl-operation-id of a per-worker call or fan-out"),),
+        rl_only=True,
+    ),
+    Route(
+        "GET",
+        "/v1/rl/journal",
+        "getRlJournal",
+        "rl",
+        "Journal events, paged (smgrl addition)",
+        {
+            "200": Resp("A page.", as_json(JournalPage)),
+            "400": rl_error_resp(
+                "`after`/`upto`/`limit` not an integer or too small, `since`/`until` not a time, or "
+                "`type` naming no event type.",
+                InvalidQuery,
+            ),
+        },
+        role="read",
+        params=(
+            _journal_param("after", "events after this seq (empty: 0)", {**INT, "minimum": 0, "default": 0}),
+            _journal_param(
+                "limit",
+                "page size (empty: 100; at most 1000 are returned)",
+                {**INT, "minimum": 1, "default": 100},
+            ),
+            _journal_param(
+                "upto", "events up to and including this seq (empty: the head)", {**INT, "minimum": 0}
+            ),
+            _journal_param(
+                "type",
+                "only these event types: comma-separated names or globs (`worker.*,control.finished`)",
+                STRING,
+            ),
+            *(
+                _journal_param(
+                    name,
+                    f"events committed {what} this time: ISO 8601 (`2026-11-29T11:55:33Z`), unix seconds, "
+                    "or `15m`/`2h`/`1d` ago",
+                    STRING,
+                )
+                for name, what in (("since", "at or after"), ("until", "before"))
+            ),
+        ),
+        rl_only=True,
+    ),
+)

@@ -15,12 +15,16 @@ already reflect the write. Writes need the ``admin`` role (any control-plane wri
 
 from __future__ import annotations
 
+from typing import Literal
+
 from quart import Response, g, request
 
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
+from smgrl.api.apidoc import Body, Resp, Route, as_json, field, model, path_param
 from smgrl.api.guard import Guard
-from smgrl.api.rl_routes import _raw_query, query_pairs
+from smgrl.api.rl_routes import SELECTOR, _raw_query, query_pairs
+from smgrl.api.schemas import PAYLOAD_TOO_LARGE, RlWorkerEntry, RlWorkersResponse, rl_error_resp
 from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.auth import WRITE
 from smgrl.core.selector import SelectorError, parse_selector, rust_trim
@@ -158,3 +162,72 @@ class RlWrites:
             await self.gw.journal.append("engine", event)
         except JournalWriteError as exc:
             raise JournalUnavailable(f"the journal cannot record this write: {exc}") from exc
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
+
+
+@model(additional=True, description="Unknown fields are ignored.")
+class SetWeightVersion:
+    weight_version: str = field("trimmed; 1 to 128 bytes of printable ASCII (0x21-0x7E)")
+
+
+@model(
+    additional=True, description="Unknown fields are ignored. `paused` and `asleep` workers get no rollouts."
+)
+class SetControlState:
+    control: Literal["active", "paused", "asleep"]
+
+
+def _write_route(kind: str, fleet: bool) -> Route:
+    what = "the weight version" if kind == "version" else "the control state"
+    bad = (
+        InvalidBody,
+        InvalidVersion,
+        *((SelectorRequired, InvalidSelector, NoWorkersMatch) if fleet else ()),
+    )
+    responses = {
+        "200": Resp(
+            "The targets' rows (DP ranks collapsed), already reflecting the write."
+            if fleet
+            else "The worker's row, already reflecting the write.",
+            as_json(RlWorkersResponse if fleet else RlWorkerEntry),
+        ),
+        "400": rl_error_resp(
+            "Bad body (invalid_body), version (invalid_version)"
+            + (
+                ", selector (selector_required, invalid_selector, no_workers_match); text/plain for a duplicate "
+                "`selector`"
+                if fleet
+                else ""
+            )
+            + ".",
+            *bad,
+            text=fleet,
+        ),
+        "413": PAYLOAD_TOO_LARGE,
+        "503": rl_error_resp(
+            "The journal cannot record the write (journal_unavailable): nothing changed; retry.",
+            JournalUnavailable,
+        ),
+    }
+    if not fleet:
+        responses["404"] = rl_error_resp("No such worker (worker_not_found).", WorkerNotFound)
+    return Route(
+        "POST",
+        f"/v1/rl/{kind}" if fleet else f"/v1/rl/workers/{{id}}/{kind}",
+        f"post{'Fleet' if fleet else 'Worker'}{kind.capitalize()}",
+        "rl",
+        f"Set {what} of {'every worker the selector matches' if fleet else 'one worker'} "
+        "(SMG M2; gateway-local, no engine call; admin role)",
+        responses,
+        description="Journaled (`engine.version_set` / `engine.state_set`); the answer, discovery and routing "
+        "already reflect it.",
+        role="admin",
+        params=(SELECTOR,) if fleet else (path_param("id", "the worker id"),),
+        body=Body(SetWeightVersion if kind == "version" else SetControlState),
+        rl_only=True,
+    )
+
+
+OPENAPI_ROUTES = tuple(_write_route(kind, fleet) for fleet in (False, True) for kind in ("version", "state"))

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
 from quart import Response, g, request
 
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
+from smgrl.api.apidoc import Body, Param, Resp, Route, as_json, field, model
 from smgrl.api.guard import Guard
+from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ, WRITE
 from smgrl.core.version import MalformedVersion, validate_version
 from smgrl.errors import InvalidBody, JournalUnavailable, RlError
@@ -121,7 +123,7 @@ class RoutingLoopRoutes:
         dp = self.dp
         rows = []
         hints = [(hint, n) for hint, n in dp.queued.items() if n]  # few: one per waiting pinned request
-        for model, slot in sorted(dp.table().models.items()):
+        for model_id, slot in sorted(dp.table().models.items()):
             for entry in slot.entries:
                 inst = entry.instance
                 base, rank = identity(inst)
@@ -131,7 +133,7 @@ class RoutingLoopRoutes:
                         "base_worker_id": base,
                         "dp_rank": rank,
                         "url": inst.url,
-                        "model": model,
+                        "model": model_id,
                         "weight_version": entry.version,
                         "control": entry.control,
                         "held": entry.hold,
@@ -229,3 +231,139 @@ def _items(data: bytes) -> list[dict[str, Any]]:
             raise InvalidBody(f"item {n}: {exc}") from None
         out.append({"worker_id": item["worker_id"], "dp_rank": rank, "weight_version": version})
     return out
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
+
+
+@model(additional=True, inline=True)
+class _Status:
+    enabled: bool
+    paused: bool
+    routing_epoch: int
+    queue_len: int
+    pending_request_num: int = field(optional=True)
+    running_request_num: int
+    prompt_groups: int = field(optional=True)
+
+
+@model(inline=True)
+class _StatsRow:
+    """One row of GET /workers/stats (``_stats`` above)."""
+
+    worker_id: str
+    base_worker_id: str
+    dp_rank: int
+    url: str
+    model: str = field(optional=True)
+    weight_version: str | None = field(optional=True)
+    control: str = field(optional=True)
+    held: str | None = field("why it is held out, or null", optional=True)
+    in_flight: int
+    queued: int = field(
+        "requests waiting in the gateway for this instance (a sticky or forced hint, a loopback's return, "
+        "a prompt-group pin); requests waiting for any instance count in `waiting` only"
+    )
+    dispatched: int
+    tokens: int = field(
+        "generated tokens its answers reported since start (meta_info.completion_tokens, a stream's last "
+        "count, OpenAI usage)"
+    )
+
+
+@model(inline=True)
+class _Stats:
+    workers: list[_StatsRow]
+    total: int
+    waiting: int = field(optional=True)
+
+
+@model(inline=True)
+class _VersionItem:
+    worker_id: str
+    dp_rank: int = field(optional=True, minimum=0)
+    weight_version: str | int
+
+
+@model(inline=True)
+class _VersionResult:
+    status: Literal["updated", "rejected"]
+    worker_id: str
+    url: str | None
+    weight_version: str
+    dp_rank: int = field(optional=True)
+    reason: str = field(optional=True)
+
+
+@model(inline=True)
+class _VersionResults:
+    total: int
+    updated: int
+    rejected: int
+    results: list[_VersionResult]
+
+
+_JOURNAL_DOWN = rl_error_resp(
+    "The journal cannot record the change (journal_unavailable): nothing changed; retry.", JournalUnavailable
+)
+
+
+def _switch(path: str, op_id: str, summary: str) -> Route:
+    return Route(
+        "POST",
+        path,
+        op_id,
+        "psrl",
+        summary,
+        {"200": Resp("The routing loop's status after the call.", as_json(_Status)), "503": _JOURNAL_DOWN},
+        description="Journaled (`dataplane.dispatch_set`) when it changes the state.",
+        role="admin",
+        params=(
+            Param("wait", "query", "accepted for PSRL clients; selections are atomic, nothing to wait for"),
+        ),
+    )
+
+
+OPENAPI_ROUTES = (
+    _switch(
+        "/routing_loop/pause",
+        "postRoutingLoopPause",
+        "Pause rollout dispatch: new requests wait, in-flight ones finish",
+    ),
+    _switch("/routing_loop/resume", "postRoutingLoopResume", "Resume rollout dispatch"),
+    Route(
+        "GET",
+        "/routing_loop/status",
+        "getRoutingLoopStatus",
+        "psrl",
+        "The routing loop's status",
+        {"200": Resp("Status.", as_json(_Status))},
+        role="read",
+    ),
+    Route(
+        "GET",
+        "/workers/stats",
+        "getWorkerStats",
+        "psrl",
+        "Per-instance routing stats: in flight, queued, dispatched, tokens, version, state",
+        {"200": Resp("One row per routable instance (worker, DP rank).", as_json(_Stats))},
+        role="read",
+    ),
+    Route(
+        "POST",
+        "/workers/update_weight_version",
+        "postWorkersUpdateWeightVersion",
+        "psrl",
+        "Per-instance weight-version writes (PSRL); journaled as engine.version_set",
+        {
+            "200": Resp(
+                "Per item: updated or rejected (a replica's DP ranks need one version, all covered).",
+                as_json(_VersionResults),
+            ),
+            "400": rl_error_resp("Bad body (invalid_body).", InvalidBody),
+            "503": _JOURNAL_DOWN,
+        },
+        role="admin",
+        body=Body(list[_VersionItem]),
+    ),
+)

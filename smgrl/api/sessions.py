@@ -20,26 +20,40 @@ from typing import Any
 import trio
 
 from smgrl.api import envelopes as env
+from smgrl.api.apidoc import ANY, STRING, Body, Resp, Route, allow_table, as_json, model, path_param
+from smgrl.api.schemas import (
+    DP_ERROR_CODE,
+    DP_UNAUTHORIZED,
+    METHOD_NOT_ALLOWED,
+    RETRY_AFTER,
+    ChatCompletionRequest,
+    DataPlaneErrorModel,
+)
 from smgrl.auth import ENGINE, Denied
-from smgrl.errors import DataPlaneError
+from smgrl.errors import (
+    DataPlaneError,
+    NoAvailableWorkers,
+    NoEligibleWorkers,
+    RequestTimeout,
+    UpstreamUnreachable,
+)
 from smgrl.sessions import answer
-from smgrl.sessions.errors import InvalidTurn, SessionNotFound, SessionsDisabled
+from smgrl.sessions.errors import (
+    EngineAnswerInvalid,
+    InvalidTurn,
+    SessionClosing,
+    SessionGone,
+    SessionNotFound,
+    SessionsDisabled,
+    TemplateRefused,
+    TooManySessions,
+    TurnAborted,
+)
 
 log = logging.getLogger("smgrl.sessions")
 
 JSON_CT = b"application/json"
 TITO_HEADER = b"x-smg-tito-session-id"
-# The routes and methods served here (smgrl/api/openapi.py documents exactly these).
-ROUTES = {
-    "/sessions": "POST",
-    "/sessions/{sid}": "GET,DELETE",
-    "/sessions/{sid}/v1/chat/completions": "POST",
-    "/tito/sessions": "POST",
-    "/tito/sessions/{sid}": "GET,DELETE",
-    "/control/sessions": "GET",
-    "/control/hang": "POST",
-    "/control/continue": "POST",
-}
 
 
 def _json(obj: Any) -> bytes:
@@ -290,3 +304,145 @@ async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:
         if message["type"] == "http.disconnect":
             scope.cancel()
             return
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
+
+
+@model(inline=True)
+class _SessionId:
+    session_id: str
+
+
+def _error(description: str, *errors: Any) -> Resp:
+    return Resp(description, as_json(DataPlaneErrorModel), {**DP_ERROR_CODE, **RETRY_AFTER}, errors=errors)
+
+
+SID = path_param("sid", "the session id")
+_CONTROL_ITEMS = Body(
+    ANY,
+    required=False,
+    description='`[{session_id, base_worker_id?, target_dp_rank?}]`, bare ids, or `{"sessions": [...]}`; '
+    "anything else is an empty list",
+)
+_COMMON = {
+    "405": METHOD_NOT_ALLOWED,
+    "503": _error("sessions_disabled: the gateway runs without --tokenizer-path.", SessionsDisabled),
+    "500": _error(
+        "internal_error: a gateway bug (never bad input); the log has the traceback.", "internal_error"
+    ),
+}
+_GONE = {
+    "404": _error("session_not_found: this gateway process never issued the id.", SessionNotFound),
+    "410": _error("session_gone: the id belonged to an earlier gateway process (a restart).", SessionGone),
+}
+_SNAPSHOT = Resp(
+    "The capture snapshot: `{session_id, max_trim_tokens, trajectories: [{trajectory_id, accumulated_token_ids, "
+    "records}], header_info?, version_floor}`.",
+    as_json(ANY),
+    {
+        "x-base-worker-id": {"required": False, "schema": STRING},
+        "x-target-dp-rank": {"required": False, "schema": STRING},
+    },
+)
+_CREATED = {
+    "201": Resp("Created.", as_json(_SessionId)),
+    "400": _error("invalid_turn: an invalid x-version-tag.", InvalidTurn),
+    "429": _error("too_many_sessions: --max-sessions are open; retry-after.", TooManySessions),
+}
+_TURN = {
+    "200": Resp(
+        "A chat.completion built by the gateway from the generated ids (`stream: true`: the completed turn as "
+        "chat.completion.chunk events, then `[DONE]`).",
+        {"application/json": ANY, "text/event-stream": STRING},
+    ),
+    "400": _error(
+        "invalid_turn (messages missing or not a list, bad x-smg-tito-trajectory-id) or chat_template_error "
+        "(the template refused the conversation).",
+        InvalidTurn,
+        TemplateRefused,
+    ),
+    **_GONE,
+    "409": _error("session_closing: DELETE is draining the session.", SessionClosing),
+    "502": _error("engine_answer_invalid or upstream_unreachable.", EngineAnswerInvalid, UpstreamUnreachable),
+    "503": _error(
+        "sessions_disabled, no_eligible_workers, no_available_workers or turn_aborted (the engine aborted the "
+        "turn in a weight sync; send it again); retryable.",
+        SessionsDisabled,
+        NoEligibleWorkers,
+        NoAvailableWorkers,
+        TurnAborted,
+    ),
+    "504": _error("request_timeout.", RequestTimeout),
+}
+_DELETED = {"204": Resp("Deleted (after in-flight turns drained).")}
+
+
+def _route(method: str, path: str, op_id: str, summary: str, responses: dict, **kw: Any) -> Route:
+    control = path.startswith("/control/")
+    return Route(
+        method,
+        path,
+        op_id,
+        "sessions",
+        summary,
+        {**_COMMON, **({} if control else {"401": DP_UNAUTHORIZED}), **responses},
+        security="control" if control else "data",
+        role="admin" if control else "",
+        params=(SID,) if "{sid}" in path else (),
+        head=False,
+        **kw,
+    )
+
+
+OPENAPI_ROUTES = (
+    _route("POST", "/sessions", "postSession", "Open an agent session", _CREATED),
+    _route(
+        "GET", "/sessions/{sid}", "getSession", "A session's capture snapshot", {"200": _SNAPSHOT, **_GONE}
+    ),
+    _route("DELETE", "/sessions/{sid}", "deleteSession", "Drain and delete a session", {**_DELETED, **_GONE}),
+    _route(
+        "POST",
+        "/sessions/{sid}/v1/chat/completions",
+        "postSessionChat",
+        "One agent turn (OpenAI chat), captured token-exact",
+        _TURN,
+        body=Body(ChatCompletionRequest),
+    ),
+    _route("POST", "/tito/sessions", "postTitoSession", "SMG TITO: open a session", _CREATED),
+    _route(
+        "GET", "/tito/sessions/{sid}", "getTitoSession", "SMG TITO: the snapshot", {"200": _SNAPSHOT, **_GONE}
+    ),
+    _route(
+        "DELETE",
+        "/tito/sessions/{sid}",
+        "deleteTitoSession",
+        "SMG TITO: delete (idempotent)",
+        {**_DELETED, "410": _GONE["410"]},
+    ),
+    _route(
+        "GET",
+        "/control/sessions",
+        "getControlSessions",
+        "Sessions for a coordinator (state, instance, tokens)",
+        {"200": Resp("`{sessions: [...]}`.", as_json(ANY))},
+    ),
+    _route(
+        "POST",
+        "/control/hang",
+        "postControlHang",
+        "Hang sessions at their next turn boundary (never aborts work in flight)",
+        {"200": Resp("`{hung, deferred, missing}`.", as_json(ANY))},
+        body=_CONTROL_ITEMS,
+    ),
+    _route(
+        "POST",
+        "/control/continue",
+        "postControlContinue",
+        "Continue sessions, optionally pinning the next turn to an instance",
+        {"200": Resp("`{continued, missing}`.", as_json(ANY))},
+        body=_CONTROL_ITEMS,
+    ),
+)
+# The routes and methods served here (the `allow` of their 405): the table's.
+ROUTES = allow_table(OPENAPI_ROUTES)

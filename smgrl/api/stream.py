@@ -18,9 +18,11 @@ import trio
 from quart import Response, request
 
 from smgrl.api import envelopes as env
+from smgrl.api.apidoc import HTML, STRING, Param, Resp, Route
 from smgrl.api.fleet_page import PAGE
 from smgrl.api.guard import Guard
 from smgrl.api.journal_routes import JournalRoutes, record_json
+from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ
 from smgrl.errors import InvalidQuery
 
@@ -126,3 +128,49 @@ class JournalStream:
                         last = rec.seq
         finally:
             tail.unsubscribe(sub)
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
+
+OPENAPI_ROUTES = (
+    Route(
+        "GET",
+        "/v1/rl/journal/stream",
+        "getJournalStream",
+        "rl",
+        "Server-sent events of journal records as they commit (`?after=SEQ` or `?tail=N` replays first)",
+        {
+            "200": Resp("text/event-stream: `event: journal`, `id: <seq>`", {"text/event-stream": STRING}),
+            "400": rl_error_resp(
+                "`after` or `tail` is not a non-negative integer (invalid_query).", InvalidQuery
+            ),
+        },
+        role="read",
+        params=(
+            Param(
+                "after",
+                "query",
+                "replay the records after this seq, then follow",
+                {"type": "integer", "minimum": 0},
+            ),
+            Param(
+                "tail",
+                "query",
+                "without `after`: replay the last N records (at most 10,000), then follow",
+                {"type": "integer", "minimum": 0},
+            ),
+        ),
+        head=False,
+        rl_only=True,
+    ),
+    Route(
+        "GET",
+        "/fleet",
+        "getFleetPage",
+        "meta",
+        "The live fleet page (HTML; it asks for a key and reads the API with it)",
+        {"200": Resp("The page.", HTML)},
+        security="open",
+        rl_only=True,
+    ),
+)

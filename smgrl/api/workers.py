@@ -9,13 +9,17 @@ are writes).
 from __future__ import annotations
 
 import json
+from typing import Any, Literal
 
 from quart import Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
+from smgrl.api.apidoc import STRING, Body, Resp, Route, as_json, field, model, path_param
 from smgrl.api.guard import Guard
+from smgrl.api.schemas import PAYLOAD_TOO_LARGE as PAYLOAD_TOO_LARGE_RESP
+from smgrl.api.schemas import WorkerApiErrorModel
 from smgrl.api.workers_body import (
     PAYLOAD_TOO_LARGE,
     check_content_type,
@@ -199,3 +203,185 @@ class WorkersApi:
 
 def _accepted(worker_id: str, message: str) -> Response:
     return env.json_response(202, {"status": "accepted", "worker_id": worker_id, "message": message})
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
+
+U32 = {"type": "integer", "minimum": 0, "maximum": 4294967295}
+
+
+@model(additional=True, description="SMG's WorkerSpec; unknown fields are ignored.")
+class WorkerSpec:
+    url: str = field("http://, https://, grpc://, grpcs:// or ipc:// engine URL")
+    api_key: str | None = field("sent to the engine as bearer; never shown again", optional=True)
+    worker_type: Literal["regular", "prefill", "decode"] = field(optional=True)
+    runtime: Literal[
+        "unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external"
+    ] = field(optional=True)
+    connection_mode: Literal["http", "grpc", "zmq"] = field(optional=True)
+    labels: dict[str, str] = field(optional=True)
+    bootstrap_port: int | None = field(optional=True, minimum=0, maximum=65535)
+    priority: int = field(optional=True, **U32)
+    cost: float = field(optional=True)
+    dp_size: int | None = field(optional=True, minimum=0)
+    max_connection_attempts: int = field(optional=True, **U32)
+
+
+@model(additional=True)
+class WorkerUpdate:
+    labels: dict[str, str] | None = field(optional=True)
+    priority: int | None = field(optional=True, minimum=0, maximum=4294967295)
+    cost: float | None = field(optional=True)
+
+
+@model(
+    additional=True,
+    description="A registry entry as SMG's /workers shows it (worker_json above).",
+    name="Worker",
+)
+class WorkerEntry:
+    id: str
+    model_id: str = field(optional=True)
+    url: str
+    models: list[dict] = field(optional=True)
+    worker_type: str
+    connection_mode: str
+    runtime_type: str | None = field(optional=True)
+    labels: dict[str, str]
+    priority: int = field(optional=True)
+    cost: float = field(optional=True)
+    max_connection_attempts: int = field(optional=True)
+    dp_base_url: str = field(optional=True)
+    dp_rank: int = field(optional=True)
+    dp_size: int | None = field(optional=True)
+    is_healthy: bool
+    status: str
+    load: int = field(optional=True)
+    http2: bool = field(optional=True)
+    bootstrap_port: int = field(optional=True)
+
+
+@model(inline=True)
+class _TypeCounts:
+    prefill_count: int
+    decode_count: int
+    regular_count: int
+
+
+@model
+class WorkerList:
+    workers: list[WorkerEntry]
+    total: int = field(minimum=0)
+    stats: _TypeCounts
+
+
+@model
+class WorkerAccepted:
+    status: Literal["accepted"]
+    worker_id: str
+    url: str = field(optional=True)
+    location: str = field(optional=True)
+    message: str
+
+
+def _error(description: str, *codes: str) -> Resp:
+    return Resp(description, as_json(WorkerApiErrorModel), errors=codes)
+
+
+WORKER_ID = path_param("worker_id", "the registry id (a UUID)")
+QUEUED = Resp("Queued.", as_json(WorkerAccepted))
+_NO_SUCH = _error("No such worker.", "WORKER_NOT_FOUND")
+# Every write: its body may be too large, and the journal must take the change.
+_WRITE = {
+    "413": PAYLOAD_TOO_LARGE_RESP,
+    "503": _error(
+        "The journal cannot record the change (JOURNAL_UNAVAILABLE): nothing changed; retry.",
+        "JOURNAL_UNAVAILABLE",
+    ),
+}
+
+
+def _write(method: str, path: str, op_id: str, summary: str, body: Any, responses: dict, **kw: Any) -> Route:
+    return Route(
+        method,
+        path,
+        op_id,
+        "workers",
+        summary,
+        {**responses, **_WRITE},
+        role="admin",
+        body=Body(body) if body is not None else None,
+        **kw,
+    )
+
+
+OPENAPI_ROUTES = (
+    Route(
+        "GET",
+        "/workers",
+        "getWorkers",
+        "workers",
+        "List the registry (SMG's /workers)",
+        {"200": Resp("The registry.", as_json(WorkerList))},
+        role="read",
+    ),
+    _write(
+        "POST",
+        "/workers",
+        "postWorkers",
+        "Register an engine (asynchronous: discovery follows)",
+        WorkerSpec,
+        {
+            "202": Resp(
+                "Queued.", as_json(WorkerAccepted), {"location": {"required": True, "schema": STRING}}
+            ),
+            "400": _error("Bad content type, body or URL.", "BAD_REQUEST"),
+            "409": _error("A worker already has this URL.", "WORKER_ALREADY_EXISTS"),
+        },
+    ),
+    Route(
+        "GET",
+        "/workers/{worker_id}",
+        "getWorker",
+        "workers",
+        "One registry entry",
+        {
+            "200": Resp("The entry.", as_json(WorkerEntry)),
+            "400": _error("Not a UUID.", "BAD_REQUEST"),
+            "404": _NO_SUCH,
+        },
+        role="read",
+        params=(WORKER_ID,),
+    ),
+    _write(
+        "PUT",
+        "/workers/{worker_id}",
+        "putWorker",
+        "Replace a worker's labels",
+        WorkerSpec,
+        {
+            "202": QUEUED,
+            "400": _error("Bad id, content type or body; DP rank.", "BAD_REQUEST"),
+            "404": _NO_SUCH,
+        },
+        params=(WORKER_ID,),
+    ),
+    _write(
+        "PATCH",
+        "/workers/{worker_id}",
+        "patchWorker",
+        "Merge labels into a worker's",
+        WorkerUpdate,
+        {"202": QUEUED, "400": _error("Bad id, content type or body.", "BAD_REQUEST"), "404": _NO_SUCH},
+        params=(WORKER_ID,),
+    ),
+    _write(
+        "DELETE",
+        "/workers/{worker_id}",
+        "deleteWorker",
+        "Remove a worker (every DP rank of its engine)",
+        None,
+        {"202": QUEUED, "400": _error("Not a UUID.", "BAD_REQUEST"), "404": _NO_SUCH},
+        params=(WORKER_ID,),
+    ),
+)
