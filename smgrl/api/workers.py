@@ -236,7 +236,7 @@ class WorkerUpdate:
 
 @model(
     additional=True,
-    description="A registry entry as SMG's /workers shows it (worker_json above).",
+    description="A registry entry as SMG's /workers shows it.",
     name="Worker",
 )
 class WorkerEntry:

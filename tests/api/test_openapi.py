@@ -1,8 +1,10 @@
-"""`GET /openapi.json` stays in sync with the gateway: every route the Quart app registers (the
-explicit `/v1/rl` writes included), every route the `/v1/rl` dispatcher knows
-(`smgrl.api.rl_routes.ALLOW`) and every data-plane route (`smgrl.api.dataplane.ALLOW`) is in the document
-with exactly its methods, and vice versa; every error code smgrl can answer with is in it, and each
-data-plane and write route documents every code it can answer."""
+"""`GET /openapi.json` is generated from the route tables (``OPENAPI_ROUTES`` beside each family's
+handlers, assembled by ``smgrl/api/openapi.py``) and stays in sync with the gateway: every route the
+Quart app registers (the explicit `/v1/rl` writes included), every route the `/v1/rl` dispatcher
+knows (`smgrl.api.rl_routes.ALLOW`) and every raw ASGI route (`smgrl.api.dataplane.ALLOW`, the
+session routes) is in the document with exactly its methods, and vice versa; every error code smgrl
+can answer with is in it; every error class a route family raises is listed on that family's
+routes, and each data-plane and write route documents every code it can answer."""
 
 from __future__ import annotations
 
@@ -14,7 +16,17 @@ import re
 import pytest
 from rl_api_helpers import ADMIN, KEYS, TENANTS, rl_cfg
 
-from smgrl.api import openapi, refits, rl_writes, stream
+from smgrl.api import (
+    dataplane,
+    openapi,
+    refits,
+    rl_routes,
+    rl_writes,
+    routing_loop,
+    sessions,
+    stream,
+    workers,
+)
 from smgrl.api.dataplane import ALLOW as DATAPLANE_ALLOW
 from smgrl.api.rl_routes import ALLOW, match
 from smgrl.api.sessions import ROUTES as SESSION_ROUTES
@@ -149,15 +161,8 @@ def test_every_error_code_is_in_the_document():
     doc = openapi.document(True)
     schemas = doc["components"]["schemas"]
 
-    def enum_values(schema_names, field="error"):
-        out = set()
-        for name in schema_names:
-            props = schemas[name]["properties"]
-            out |= set(props[field].get("enum", ()))
-        return out
-
-    rl_schemas = [n for n, s in schemas.items() if set(s.get("required", ())) >= {"error", "message"}]
-    documented_rl = enum_values(rl_schemas) | set(schemas["RlFailedCall"]["properties"]["error"]["enum"])
+    # The RL envelope is rendered per response, with exactly the codes the route lists.
+    documented_rl = _reachable_codes(doc, {"responses": doc["paths"]})
     assert codes["rl"] <= documented_rl, codes["rl"] - documented_rl
     assert codes["workers"] <= set(schemas["WorkerApiError"]["properties"]["code"]["enum"])
     openai_documented = set(schemas["OpenAIError"]["properties"]["error"]["properties"]["code"]["enum"])
@@ -247,7 +252,8 @@ def test_every_dataplane_and_write_error_code_is_documented_on_its_routes():
         for obj in vars(rl_writes).values()
         if isinstance(obj, type) and issubclass(obj, RlError) and obj is not RlError
     }
-    assert raised == set(openapi.WRITE_WORKER_CODES) | set(openapi.WRITE_FLEET_CODES)
+    listed = set().union(*(route.codes() for route in rl_writes.OPENAPI_ROUTES))
+    assert raised == listed - {"request_body_too_large", "PAYLOAD_TOO_LARGE"}  # the shared 413
     selector_codes = {"selector_required", "invalid_selector", "no_workers_match"}
     for path in ("/v1/rl/workers/{id}/version", "/v1/rl/workers/{id}/state"):
         assert raised - selector_codes <= _reachable_codes(doc, doc["paths"][path]["post"]), path
@@ -342,3 +348,81 @@ def test_every_session_error_code_is_documented_on_the_session_routes():
     doc = json.dumps(document(False)["paths"])
     for error in ALL:
         assert error.code in doc, error.code
+
+
+# -- the route tables: every error class a family raises is listed on its routes -------------------
+
+# Each route family: its table, and the sources whose errors its routes answer (the handlers and
+# the services they call).
+FAMILIES = {
+    "rl": (
+        rl_routes,
+        ["smgrl/api/rl_routes.py", "smgrl/api/rl_front.py", "smgrl/api/journal_routes.py", "smgrl/control"],
+    ),
+    "rl_writes": (rl_writes, ["smgrl/api/rl_writes.py"]),
+    "refits": (refits, ["smgrl/api/refits.py", "smgrl/refit"]),
+    "stream": (stream, ["smgrl/api/stream.py"]),
+    "routing_loop": (routing_loop, ["smgrl/api/routing_loop.py"]),
+    "dataplane": (dataplane, ["smgrl/api/dataplane.py", "smgrl/api/dataplane_body.py", "smgrl/dataplane"]),
+    "sessions": (sessions, ["smgrl/api/sessions.py", "smgrl/sessions"]),
+}
+
+
+def _error_classes() -> dict[str, type]:
+    import smgrl.refit.errors  # noqa: F401  (define every class before listing them)
+    import smgrl.sessions.errors  # noqa: F401
+    from smgrl.errors import ApiError
+
+    bases = {ApiError, RlError, DataPlaneError}
+    return {cls.__name__: cls for cls in _descendants(ApiError) if cls not in bases}
+
+
+def _raised_in(paths: list[str]) -> set[str]:
+    """The codes of the error classes these sources name (a class named is a class raised or
+    caught and answered; InvalidRequest answers SMG's body codes)."""
+    classes = _error_classes()
+    files = [f for p in paths for f in ((ROOT / p).rglob("*.py") if (ROOT / p).is_dir() else [ROOT / p])]
+    codes: set[str] = set()
+    for f in files:
+        text = f.read_text()
+        text = text.split("# -- /openapi.json", 1)[0]  # the table itself does not count as raising
+        for name, cls in classes.items():
+            if re.search(rf"\b{name}\b", text):
+                codes |= set(INVALID_REQUEST_CODES) if cls is InvalidRequest else {cls.code}
+    return codes
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_error_a_family_raises_is_listed_on_its_routes(family):
+    module, sources = FAMILIES[family]
+    raised = _raised_in(sources)
+    listed = set().union(*(route.codes() for route in module.OPENAPI_ROUTES))
+    assert raised, family  # the scan finds something: it can fail
+    assert raised <= listed, (family, raised - listed)
+
+
+def test_every_error_class_is_listed_on_some_route():
+    listed = set().union(*(route.codes() for route in openapi.routes(True)))
+    every = {cls.code for cls in _error_classes().values() if cls is not InvalidRequest} | set(
+        INVALID_REQUEST_CODES
+    )
+    assert every <= listed, every - listed
+    # and the /workers codes, the framework's and the --api-key's
+    workers_codes = _codes_in_sources()["workers"]
+    assert workers_codes - {"PAYLOAD_TOO_LARGE"} <= set().union(*(r.codes() for r in workers.OPENAPI_ROUTES))
+    assert "invalid_api_key" in listed and "method_not_allowed" in listed
+
+
+def test_the_raw_fronts_serve_exactly_their_tables_methods():
+    """The data plane and the session routes route by hand: their `allow` tables are the route
+    tables' (so a route added to a table is served and documented at once)."""
+    assert dataplane.ALLOW == {
+        "/generate": "POST",
+        "/v1/completions": "POST",
+        "/v1/chat/completions": "POST",
+        "/v1/models": "GET,HEAD",
+    }
+    assert sessions.ROUTES["/sessions/{sid}"] == "GET,DELETE"
+    for module, allow in ((dataplane, dataplane.ALLOW), (sessions, sessions.ROUTES)):
+        for route in module.OPENAPI_ROUTES:
+            assert route.method in allow[route.path].split(","), route
