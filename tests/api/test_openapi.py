@@ -369,7 +369,7 @@ FAMILIES = {
 
 
 def _error_classes() -> dict[str, type]:
-    import smgrl.refit.errors  # noqa: F401  (define every class before listing them)
+    import smgrl.refit.errors
     import smgrl.sessions.errors  # noqa: F401
     from smgrl.errors import ApiError
 
