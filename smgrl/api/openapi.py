@@ -1,11 +1,11 @@
 """The OpenAPI 3 document of the gateway, served at ``GET /openapi.json``: generated from the route
-tables that each route family declares beside its handlers (``OPENAPI_ROUTES``, see ``FAMILIES``), so the
+tables that each route family declares beside its handlers (``OPENAPI_ROUTES``, see ``families``), so the
 document says what the tables say and nothing else. ``smgrl/api/apidoc.py`` has the pieces a
 table is written with; ``smgrl/api/schemas.py`` the models several families share.
 
 To add a route: add a ``Route`` to the ``OPENAPI_ROUTES`` of the module that registers it (its models as
 ``@model`` attrs classes beside it, its errors as the error classes it raises, listed under the
-status they answer); a new module goes into ``FAMILIES``. ``tests/api/test_openapi.py`` fails
+status they answer); a new module goes into ``families``. ``tests/api/test_openapi.py`` fails
 until every served route has a table entry (and vice versa) and every error class the family
 raises is listed on its routes.
 
@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from smgrl import __version__
-from smgrl.api.apidoc import Resp, RlOnly, Route, model_name, model_schema, schema_of
+from smgrl.api.apidoc import Resp, RlOnly, Route, model_schema, schema_of
 from smgrl.api.schemas import FORBIDDEN, REQUEST_ID, UNAUTHORIZED
 
 OPENAPI_VERSION = "3.0.3"
@@ -96,7 +96,11 @@ class _Builder:
     def operation(self, route: Route, method: str) -> dict:
         head = method == "HEAD"
         responses = dict(route.responses)
-        if route.security == "control" and route.role:
+        if route.security == "control" and not route.role:
+            raise ValueError(
+                f"{route.method} {route.path}: a control-plane route needs a role (read or admin)"
+            )
+        if route.security == "control":
             responses["401"] = UNAUTHORIZED
             if route.role == "admin":
                 responses["403"] = FORBIDDEN
@@ -201,6 +205,3 @@ def rendered(rl_enabled: bool) -> bytes:
         body = json.dumps(document(rl_enabled), separators=(",", ":")).encode()
         _RENDERED[rl_enabled] = body
     return body
-
-
-__all__ = ["document", "families", "model_name", "rendered", "routes"]
