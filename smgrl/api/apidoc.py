@@ -260,7 +260,8 @@ class Route:
 
     ``security``: ``control`` (a control-plane key; ``role`` ``read`` adds the 401, ``admin`` the
     401 and 403), ``data`` (a data-plane key; the family declares its own 401) or ``open``.
-    ``rl_only``: served (and documented) only with --enable-rl (D1)."""
+    ``rl_only``: served (and documented) only with --enable-rl (D1). ``name``: the handler's name,
+    for a family that routes by name (``allow_table(..., by_name=True)``)."""
 
     method: str
     path: str
@@ -275,18 +276,20 @@ class Route:
     body: Body | None = None
     head: bool = True
     rl_only: bool = False
+    name: str = ""
 
     def codes(self) -> set[str]:
         """Every error code the route documents."""
         return set().union(*(r.codes() for r in self.responses.values()))
 
 
-def allow_table(routes: typing.Iterable[Route]) -> dict[str, str]:
-    """path -> the methods its routes serve, in table order (a GET's HEAD after it): the ``allow``
-    of the path's 405, for a front that routes by hand."""
+def allow_table(routes: typing.Iterable[Route], *, by_name: bool = False) -> dict[str, str]:
+    """path (or the route's ``name``) -> the methods its routes serve, in table order (a GET's HEAD
+    after it): the ``allow`` of the path's 405, for a family that checks methods itself."""
     out: dict[str, list[str]] = {}
     for r in routes:
-        out.setdefault(r.path, []).extend([r.method, "HEAD"] if r.method == "GET" and r.head else [r.method])
+        key = r.name if by_name else r.path
+        out.setdefault(key, []).extend([r.method, "HEAD"] if r.method == "GET" and r.head else [r.method])
     return {path: ",".join(methods) for path, methods in out.items()}
 
 

@@ -19,7 +19,7 @@ import trio
 from quart import Response, g, request
 
 from smgrl.api import envelopes as env
-from smgrl.api.apidoc import OBJECT, STRING, Body, Resp, Route, as_json, field, model, path_param
+from smgrl.api.apidoc import OBJECT, STRING, Body, Resp, Route, allow_table, as_json, field, model, path_param
 from smgrl.api.guard import Guard
 from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ, WRITE
@@ -36,17 +36,6 @@ from smgrl.refit.request import parse_refit
 
 SSE_KEEPALIVE_SECS = 15.0
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-# The methods each endpoint serves (the rest answer 405 with this ``allow``); the OpenAPI test
-# reads it.
-ALLOW = {
-    "refit_create": "POST",
-    "refit_show": "GET,HEAD",
-    "refit_events": "GET",
-    "refit_commit": "POST",
-    "refit_fail": "POST",
-    "refit_transfer": "POST",
-    "refit_quarantine": "POST,DELETE",
-}
 
 
 def _small_json(data: bytes, fields: dict[str, type]) -> dict:
@@ -316,6 +305,7 @@ def _action(path: str, op_id: str, summary: str, ok: dict, body: Any, bad: Resp 
         params=(REFIT_ID,),
         body=Body(body, required=False),
         rl_only=True,
+        name="refit_" + path.rsplit("/", 1)[1],
     )
 
 
@@ -337,6 +327,7 @@ def _quarantine(method: str) -> Route:
         params=(path_param("id", "the worker id"),),
         body=Body(_Reason, required=False),
         rl_only=True,
+        name="refit_quarantine",
     )
 
 
@@ -368,6 +359,7 @@ OPENAPI_ROUTES = (
         role="admin",
         body=Body(_RefitRequest, required=False),
         rl_only=True,
+        name="refit_create",
     ),
     Route(
         "GET",
@@ -379,6 +371,7 @@ OPENAPI_ROUTES = (
         role="read",
         params=(REFIT_ID,),
         rl_only=True,
+        name="refit_show",
     ),
     Route(
         "GET",
@@ -391,6 +384,7 @@ OPENAPI_ROUTES = (
         params=(REFIT_ID,),
         head=False,
         rl_only=True,
+        name="refit_events",
     ),
     _action(
         "/v1/rl/refits/{id}/commit",
@@ -417,3 +411,5 @@ OPENAPI_ROUTES = (
     _quarantine("POST"),
     _quarantine("DELETE"),
 )
+# The methods each endpoint serves (the rest answer 405 with this ``allow``): the table's.
+ALLOW = allow_table(OPENAPI_ROUTES, by_name=True)

@@ -24,6 +24,7 @@ from smgrl.api.apidoc import (
     Param,
     Resp,
     Route,
+    allow_table,
     as_json,
     evolve,
     field,
@@ -109,14 +110,6 @@ def match(raw_path: bytes) -> tuple[str, dict[str, bytes]] | None:
     return None
 
 
-ALLOW = {
-    "workers": "GET,HEAD",
-    "worker": "GET,HEAD",
-    "proxy": "GET,HEAD,POST",
-    "fanout": "GET,HEAD,POST",
-    "operation": "GET,HEAD",
-    "journal": "GET,HEAD",
-}
 JOURNAL_ROUTES = ("operation", "journal")
 ACTION = {
     "workers": READ,
@@ -490,6 +483,7 @@ def _engine_routes(fanout: bool) -> list[Route]:
         role="admin",
         params=(ENGINE_PATH, SELECTOR) if fanout else (WORKER_ID, ENGINE_PATH),
         rl_only=True,
+        name="fanout" if fanout else "proxy",
     )
     post = evolve(
         get,
@@ -525,6 +519,7 @@ OPENAPI_ROUTES = (
         "Discovery: one row per engine (DP ranks collapsed)",
         {"200": Resp("The rows.", as_json(RlWorkersResponse))},
         role="read",
+        name="workers",
         rl_only=True,
     ),
     Route(
@@ -540,6 +535,7 @@ OPENAPI_ROUTES = (
         },
         role="read",
         params=(path_param("id", "the worker id"),),
+        name="worker",
         rl_only=True,
     ),
     *_engine_routes(fanout=False),
@@ -557,6 +553,7 @@ OPENAPI_ROUTES = (
         },
         role="read",
         params=(path_param("id", "x-smgrl-operation-id of a per-worker call or fan-out"),),
+        name="operation",
         rl_only=True,
     ),
     Route(
@@ -599,6 +596,9 @@ OPENAPI_ROUTES = (
                 for name, what in (("since", "at or after"), ("until", "before"))
             ),
         ),
+        name="journal",
         rl_only=True,
     ),
 )
+# route name (``match``) -> the methods it serves (the ``allow`` of its 405): the table's.
+ALLOW = allow_table(OPENAPI_ROUTES, by_name=True)

@@ -18,7 +18,7 @@ import trio
 from quart import Response, request
 
 from smgrl.api import envelopes as env
-from smgrl.api.apidoc import HTML, STRING, Param, Resp, Route
+from smgrl.api.apidoc import HTML, STRING, Param, Resp, Route, allow_table
 from smgrl.api.fleet_page import PAGE
 from smgrl.api.guard import Guard
 from smgrl.api.journal_routes import JournalRoutes, record_json
@@ -29,7 +29,6 @@ from smgrl.errors import InvalidQuery
 KEEPALIVE_SECS = 15.0
 BACKFILL_MAX = 10_000
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-ALLOW = {"journal_stream": "GET", "fleet_page": "GET,HEAD"}
 
 
 def sse(event: str, data: dict, event_id: int | None = None) -> bytes:
@@ -162,6 +161,7 @@ OPENAPI_ROUTES = (
         ),
         head=False,
         rl_only=True,
+        name="journal_stream",
     ),
     Route(
         "GET",
@@ -172,5 +172,8 @@ OPENAPI_ROUTES = (
         {"200": Resp("The page.", HTML)},
         security="open",
         rl_only=True,
+        name="fleet_page",
     ),
 )
+# The methods each endpoint serves (the rest answer 405 with this ``allow``): the table's.
+ALLOW = allow_table(OPENAPI_ROUTES, by_name=True)

@@ -413,9 +413,10 @@ def test_every_error_class_is_listed_on_some_route():
     assert "invalid_api_key" in listed and "method_not_allowed" in listed
 
 
-def test_the_raw_fronts_serve_exactly_their_tables_methods():
-    """The data plane and the session routes route by hand: their `allow` tables are the route
-    tables' (so a route added to a table is served and documented at once)."""
+def test_the_families_that_check_methods_themselves_serve_their_tables_methods():
+    """The raw fronts (data plane, sessions, the /v1/rl dispatcher and its raw fronts) and the
+    routes that answer their own 405 (refits, journal stream) take their `allow` tables from the
+    route tables: a route added to a table is served with the methods it is documented with."""
     assert dataplane.ALLOW == {
         "/generate": "POST",
         "/v1/completions": "POST",
@@ -423,6 +424,22 @@ def test_the_raw_fronts_serve_exactly_their_tables_methods():
         "/v1/models": "GET,HEAD",
     }
     assert sessions.ROUTES["/sessions/{sid}"] == "GET,DELETE"
-    for module, allow in ((dataplane, dataplane.ALLOW), (sessions, sessions.ROUTES)):
+    assert rl_routes.ALLOW == {
+        "workers": "GET,HEAD",
+        "worker": "GET,HEAD",
+        "proxy": "GET,HEAD,POST",
+        "fanout": "GET,HEAD,POST",
+        "operation": "GET,HEAD",
+        "journal": "GET,HEAD",
+    }
+    assert refits.ALLOW["refit_quarantine"] == "POST,DELETE" and refits.ALLOW["refit_events"] == "GET"
+    assert stream.ALLOW == {"journal_stream": "GET", "fleet_page": "GET,HEAD"}
+    for module, allow, key in (
+        (dataplane, dataplane.ALLOW, "path"),
+        (sessions, sessions.ROUTES, "path"),
+        (rl_routes, rl_routes.ALLOW, "name"),
+        (refits, refits.ALLOW, "name"),
+        (stream, stream.ALLOW, "name"),
+    ):
         for route in module.OPENAPI_ROUTES:
-            assert route.method in allow[route.path].split(","), route
+            assert route.method in allow[getattr(route, key)].split(","), route
