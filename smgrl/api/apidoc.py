@@ -6,10 +6,13 @@ assembles ``/openapi.json`` from those tables and nothing else, so a route, its 
 error codes it answers are written once. A route serving GET also serves HEAD unless it says
 ``head=False``: the HEAD operation is derived (same statuses and headers, no body).
 
-Models are attrs classes declared with ``model`` (fields are required unless they have a default;
-``attrs.field(metadata=doc(...))`` adds JSON Schema keywords to one field) or, for a body that is
-free-form, a plain JSON Schema dict. ``schema_of`` turns a type into JSON Schema; a model class is a
-``$ref`` to ``components/schemas/<ClassName>`` unless it was declared ``inline``.
+Models are attrs classes declared with ``@model`` (a field is required unless declared
+``field(optional=True)``; ``field("its description", minimum=0, ...)`` adds JSON Schema keywords,
+``field(schema={...})`` replaces the schema its type gives) or, for a body that is free-form, a
+plain JSON Schema dict (which may hold model classes). ``schema_of`` turns a type into JSON Schema;
+a model class is a ``$ref`` to ``components/schemas/<its name>`` unless it was declared ``inline``.
+The error codes are never written as strings where an error class exists: a ``Resp`` lists the
+classes (``errors=``) and the RL envelope's enum is made from them (``smgrl/api/schemas.py``).
 
 Pure: attrs and the standard library only.
 """

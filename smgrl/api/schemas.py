@@ -245,12 +245,6 @@ FORBIDDEN = Resp(
     TEXT,
     name="Forbidden",
 )
-UNKNOWN_URL = Resp(
-    "No such route (OpenAI-style envelope, code unknown_url).",
-    as_json(OpenAIErrorModel),
-    errors=("unknown_url",),
-    name="UnknownUrl",
-)
 METHOD_NOT_ALLOWED = Resp(
     "Wrong method (OpenAI-style envelope, code method_not_allowed).",
     as_json(OpenAIErrorModel),
@@ -265,7 +259,6 @@ PAYLOAD_TOO_LARGE = Resp(
     errors=("request_body_too_large", "PAYLOAD_TOO_LARGE"),
     name="PayloadTooLarge",
 )
-INTERNAL_ERROR = rl_error("internal_error", description="500: a gateway bug (the log has the traceback).")
 
 DP_UNAUTHORIZED = Resp(
     "No or unknown data-plane key (--api-key or a tenant key), code invalid_api_key; realm `data-plane`.",
