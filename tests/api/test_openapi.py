@@ -8,6 +8,7 @@ routes, and each data-plane and write route documents every code it can answer."
 
 from __future__ import annotations
 
+import ast
 import html
 import json
 import pathlib
@@ -384,11 +385,13 @@ def _raised_in(paths: list[str]) -> set[str]:
     files = [f for p in paths for f in ((ROOT / p).rglob("*.py") if (ROOT / p).is_dir() else [ROOT / p])]
     codes: set[str] = set()
     for f in files:
-        text = f.read_text()
-        text = text.split("# -- /openapi.json", 1)[0]  # the table itself does not count as raising
-        for name, cls in classes.items():
-            if re.search(rf"\b{name}\b", text):
-                codes |= set(INVALID_REQUEST_CODES) if cls is InvalidRequest else {cls.code}
+        # The code before the table (the table itself, and imports made for it, do not count).
+        tree = ast.parse(f.read_text().split("# -- /openapi.json", 1)[0])
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for name in used & set(classes):
+            cls = classes[name]
+            codes |= set(INVALID_REQUEST_CODES) if cls is InvalidRequest else {cls.code}
     return codes
 
 
