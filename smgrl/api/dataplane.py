@@ -24,7 +24,20 @@ import trio
 
 from smgrl.api import dataplane_body
 from smgrl.api import envelopes as env
-from smgrl.api.apidoc import ANY, STRING, Body, Param, Resp, RlOnly, Route, allow_table, as_json, field, model
+from smgrl.api.apidoc import (
+    ANY,
+    STRING,
+    Body,
+    Param,
+    Resp,
+    RlOnly,
+    Route,
+    allow_table,
+    as_json,
+    evolve,
+    field,
+    model,
+)
 from smgrl.api.schemas import (
     DP_ERROR_CODE,
     DP_UNAUTHORIZED,
@@ -73,6 +86,16 @@ from smgrl.errors import (
 from smgrl.hypercorn_patches import DISCONNECT_EXTENSION
 from smgrl.routing import metadata
 from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy
+from smgrl.sessions.errors import (
+    EngineAnswerInvalid,
+    InvalidTurn,
+    SessionClosing,
+    SessionGone,
+    SessionsDisabled,
+    TemplateRefused,
+    TooManySessions,
+    TurnAborted,
+)
 
 log = logging.getLogger("smgrl.dataplane")
 
@@ -717,6 +740,32 @@ ROLLOUT_RESPONSES = {
 }
 
 
+def _with_tito(responses: dict[str, Resp]) -> dict[str, Resp]:
+    """/v1/chat/completions with x-smg-tito-session-id is a captured session turn, served by the
+    session routes (smgrl/api/sessions.py): it answers their codes too."""
+    out = dict(responses)
+    for status, errors in (
+        ("400", (InvalidTurn, TemplateRefused)),
+        ("429", (TooManySessions,)),
+        ("502", (EngineAnswerInvalid,)),
+        ("503", (SessionsDisabled, TurnAborted)),
+    ):
+        resp = out[status]
+        codes = ", ".join(e.code for e in errors)
+        out[status] = evolve(
+            resp,
+            description=f"{resp.description} With x-smg-tito-session-id: {codes}.",
+            errors=resp.errors + errors,
+        )
+    out["409"] = dp_error(
+        "x-smg-tito-session-id: session_closing (DELETE is draining the session).", SessionClosing
+    )
+    out["410"] = dp_error(
+        "x-smg-tito-session-id: session_gone (the id belonged to an earlier gateway process).", SessionGone
+    )
+    return out
+
+
 def _rollout(path: str, op_id: str, summary: str, body: type, extra: tuple = ()) -> Route:
     return Route(
         "POST",
@@ -724,7 +773,7 @@ def _rollout(path: str, op_id: str, summary: str, body: type, extra: tuple = ())
         op_id,
         "dataplane",
         summary,
-        ROLLOUT_RESPONSES,
+        _with_tito(ROLLOUT_RESPONSES) if path == CHAT else ROLLOUT_RESPONSES,
         description="Served by the data plane (raw ASGI, same port). Routed to a worker serving `model` (or "
         "the only model served); paused/asleep workers and those outside the version policy get no requests: "
         "the request waits for an eligible one.",
