@@ -60,6 +60,11 @@ class Routed:
     joined: str | None = None  # the prompt id whose running set this request is in
     refused: set[tuple[str, int]] = attrs.Factory(set)
     reservations: list[Any] = attrs.Factory(list)
+    # Session turns (smgrl/sessions): always the staged selection, and an honoured hint HOLDS
+    # the turn while its instance is merely held out (mid-refit: paused, asleep...) instead of
+    # falling through; only an instance that left the fleet or is quarantined/unhealthy
+    # releases it (docs/sessions.md).
+    session: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.floor = self.meta.floor
@@ -67,7 +72,7 @@ class Routed:
 
     @property
     def staged(self) -> bool:
-        return self.meta.staged or self.loop_hint is not None
+        return self.meta.staged or self.loop_hint is not None or self.session
 
     def hint(self) -> InstanceId | None:
         """The instance hint this selection honours, if any. Spec section 11 item 1, decided:

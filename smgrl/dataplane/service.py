@@ -242,17 +242,12 @@ class DataPlane:
         floor: Version | None = None,
         exclude: set[str] | None = None,
         routed: Routed | None = None,
-        only: Callable[[Entry], bool] | None = None,
     ) -> Entry:
         """An eligible instance for ``model``; waits (event-driven) while every one is held out.
 
         A request with routing metadata (``routed.staged``) takes the staged selection
-        (``smgrl.routing.staged``); the others the plain one: floor, then the policy.
-
-        ``only`` pins (sessions, docs/sessions.md): while some instance of the model matches it,
-        only matching ones are selectable, and the request waits while they are held out (an
-        engine mid-refit holds a pinned turn, it does not move it); when none matches any more
-        (the instance left the fleet), the pin is ignored."""
+        (``smgrl.routing.staged``); the others the plain one: floor, then the policy. A
+        session turn's honoured hint holds it while its instance is mid-refit (``held_hint``)."""
         started = self._now()
         policy = policy or self.version_policy
         logged = False
@@ -267,10 +262,13 @@ class DataPlane:
                 held, chosen = Counter(dispatch_paused=len(slot.entries)), None
             elif routed is not None and routed.staged:
                 selectable, held = self.eligible(slot, policy, None)
+                hint = routed.hint()
+                if hint is not None and routed.session:
+                    hint, selectable = held_hint(slot.entries, selectable, hint)
                 decision = staged.select(
                     selectable,
                     floor=routed.floor,
-                    hint=routed.hint(),
+                    hint=hint,
                     group_pin=self.groups.pin(routed.meta.prompt_id),
                     refused=routed.refused,
                     choose=lambda group: self._choose(group, req, routing_key, exclude),
@@ -284,8 +282,6 @@ class DataPlane:
                     kept = [e for e in selectable if staged.identity(e.instance) not in routed.refused]
                     held = held + Counter(refused=len(selectable) - len(kept))
                     selectable = kept
-                if only is not None and any(only(e) for e in slot.entries):
-                    selectable = [e for e in selectable if only(e)]
                 chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
             if chosen is not None:
                 hooked = self.hook is not None and routed is not None
@@ -381,7 +377,6 @@ class DataPlane:
         buffered: bool,
         hold: Hold | None = None,
         routed: Routed | None = None,
-        only: Callable[[Entry], bool] | None = None,
         adapt: Callable[[Entry], tuple[str, bytes]] | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
@@ -393,8 +388,8 @@ class DataPlane:
         the wait for an eligible engine has its own bound (never past the deadline), so running
         out of it is a 503 naming why, not a 504.
 
-        Session hooks (smgrl/sessions): ``only`` pins instances (see ``pick``); ``adapt`` gives the
-        route and body for the picked instance (a token-in request in its engine's dialect).
+        Session turns (smgrl/sessions): ``adapt`` gives the route and body for the picked
+        instance (a token-in request in its engine's dialect).
         """
         deadline, wait_until = self.deadlines()
         retry = self.cfg.dataplane.retry
@@ -415,7 +410,6 @@ class DataPlane:
                 floor=floor,
                 exclude=tried,
                 routed=routed,
-                only=only,
             )
             if routed is not None:
                 self.commit(routed, entry)
@@ -551,6 +545,24 @@ class DataPlane:
 
     def _record(self, base_url: str, success: bool) -> None:
         self.breakers.record(base_url, success, self._now())
+
+
+# Hold reasons that release a session's pin: the instance is not coming back by itself (an
+# operator or a refit must act). The others (paused, asleep, unknown, a version still being
+# confirmed...) are a refit in progress: the pinned turn waits for it.
+RELEASING = frozenset({"quarantined", "unhealthy", "mixed"})
+
+
+def held_hint(
+    entries: Sequence[Entry], selectable: Sequence[Entry], hint: InstanceId
+) -> tuple[InstanceId | None, Sequence[Entry]]:
+    """A session turn's honoured hint: while its instance is in the fleet and not released
+    (``RELEASING``), only that instance is selectable (none while it is mid-refit: the turn
+    waits); once it is gone or released, no hint (the staged selection chooses afresh)."""
+    pinned = [e for e in entries if staged.matches(e.instance, hint)]
+    if not pinned or all(e.hold in RELEASING for e in pinned):
+        return None, selectable
+    return hint, [e for e in selectable if staged.matches(e.instance, hint)]
 
 
 def wait_reason(held: Counter) -> str:

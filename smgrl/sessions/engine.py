@@ -55,12 +55,9 @@ def max_tokens(body: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def request(
-    kind: str, prompt_ids: Sequence[int], body: Mapping[str, Any], default_max: int
-) -> tuple[str, bytes]:
-    """(route, JSON body) of one token-in generation for an engine of ``kind``."""
-    limit = max_tokens(body)
-    limit = default_max if limit is None else limit
+def request(kind: str, prompt_ids: Sequence[int], body: Mapping[str, Any], limit: int) -> tuple[str, bytes]:
+    """(route, JSON body) of one token-in generation of at most ``limit`` tokens for an engine
+    of ``kind`` (a loopback's continuation: the prompt extended, the limit what is left)."""
     if kind == "vllm":
         params: dict[str, Any] = {"max_tokens": limit, "logprobs": 0}
         for name in _SGLANG_NAMES:

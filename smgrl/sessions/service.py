@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from journal.events import (
@@ -23,8 +24,12 @@ from journal.events import (
     SessionHung,
     SessionTurn,
 )
+from smgrl.dataplane import loopback
 from smgrl.dataplane import request as rq
+from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.service import DataPlane
+from smgrl.routing import metadata
+from smgrl.routing.metadata import InstanceId
 from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor
 from smgrl.sessions import engine as eng
 from smgrl.sessions import errors
@@ -48,6 +53,25 @@ def _chars(messages: Sequence[Any]) -> int:
         c = m.get("content") if isinstance(m, dict) else None
         n += len(c) if isinstance(c, str) else 64
     return n
+
+
+def _leg(gen: eng.Generated, table_version: str | None) -> loopback.Leg:
+    """One engine answer as a segment of the turn (``loopback.Rollout`` merges them)."""
+    version = gen.weight_version if gen.weight_version is not None else table_version
+    ids = list(gen.output_ids)
+    spans = [(sp["version"], sp["start"], sp["end"]) for sp in gen.spans] or (
+        [(version, 0, len(ids))] if ids else []
+    )
+    return loopback.Leg(
+        ids=ids,
+        logprobs=gen.logprobs,
+        top=None,
+        text=None,
+        finish=gen.finish_reason,
+        version=version,
+        spans=spans,
+        obj={},
+    )
 
 
 class TurnResult:
@@ -286,7 +310,7 @@ class SessionService:
         t1 = trio.current_time()
         tid = s.tree.reserve(plan.parent_hash, requested)
         try:
-            gen, entry, t2 = await self._generate(s, body, plan.prompt_ids, model, pin, rid)
+            gen, entry, t2, routed, segments = await self._generate(s, body, plan.prompt_ids, model, pin, rid)
         except BaseException:
             s.tree.release(tid)
             raise
@@ -314,6 +338,9 @@ class SessionService:
             engine=entry.instance.url,
             mismatch_report=report,
         )
+        if segments:
+            # A turn looped back across weight syncs: each segment's engine, version and span.
+            cap.record["segments"] = [dict(seg) for seg in segments]
         captured_ok = True
         try:
             s.tree.commit(tid, cap.hash, cap.parent, cap.token_ids, cap.record, cap.render_text)
@@ -326,12 +353,13 @@ class SessionService:
         s.worker_id = entry.instance.worker_id
         s.instance = entry.instance.identity
         version = cap.record.get("weight_version")
-        if s.floor is None and entry.version is not None:
-            # The floor is the routing table's version of the engine that served the first turn
-            # (what the eligibility filter compares); an unversioned fleet pins nothing.
+        if s.floor is None and routed.pinned is not None:
+            # The floor is the version the first turn's first selection pinned (the routing
+            # table's version of its engine: what the eligibility filter compares); an
+            # unversioned fleet pins nothing.
             try:
-                if parse_floor(entry.version) is not None:
-                    s.floor = entry.version
+                if parse_floor(routed.pinned) is not None:
+                    s.floor = routed.pinned
             except InvalidVersionPolicy:
                 pass
         event = SessionTurn(
@@ -365,8 +393,14 @@ class SessionService:
             worker=entry.instance,
         )
 
-    async def _generate(self, s: Session, body, prompt_ids, model, pin, rid):
-        """One token-in generation through the data plane (floor, pin, the engine's dialect)."""
+    def _routed(self, s: Session, pin: tuple[str, int] | None, rid: str) -> Routed:
+        """The turn's routing, as a rollout's (staged selection): the session's defaults (prompt
+        group, validate flag), its version floor (pinned by the first turn), and the instance
+        hint when honoured: a one-shot continue pin, or the last turn's instance when sticky."""
+        try:
+            meta = metadata.parse(s.headers.get)
+        except (metadata.InvalidRoutingMetadata, InvalidVersionPolicy) as e:
+            raise errors.InvalidTurn(f"the session's default headers: {e}") from None
         floor = None
         if s.floor is not None:
             try:
@@ -374,17 +408,33 @@ class SessionService:
             except InvalidVersionPolicy:
                 floor = None
         target = pin or (s.instance if s.sticky else None)
-        only = (lambda e: e.instance.identity == target) if target is not None else None
+        meta = attrs.evolve(
+            meta,
+            request_id=meta.request_id or rid,
+            version_tag=floor.raw if floor is not None else None,
+            floor=floor,
+            is_sticky=s.sticky and pin is None,
+            hint=InstanceId(*target) if target is not None else None,
+            force_pin_once=pin is not None,
+        )
+        return Routed(meta, session=True)
+
+    async def _generate(self, s: Session, body, prompt_ids, model, pin, rid):
+        """One token-in generation through the data plane: the staged selection (``_routed``),
+        the engine's dialect (``adapt``), and the partial-rollout loopback: a leg that a weight
+        sync through this gateway aborted continues on the same instance (or any at the turn's
+        version floor) from the original prompt plus every id so far, its cap reduced, so the
+        turn is captured whole with the version span of every segment."""
+        routed = self._routed(s, pin, rid)
         registry = self.fleet.registry
-
-        def adapt(entry):
-            worker = registry.get(entry.instance.worker_id)
-            kind = eng.engine_kind(worker.engine if worker is not None else "")
-            route, payload = eng.request(kind, prompt_ids, body, DEFAULT_MAX_TOKENS)
-            adapt.kind = kind
-            return route, payload
-
-        adapt.kind = "sglang"
+        max_loopbacks = self.dp.cfg.dataplane.max_loopbacks
+        cap = eng.max_tokens(body)
+        rollout = loopback.Rollout(
+            obj={},
+            prompt=list(prompt_ids),
+            cap=DEFAULT_MAX_TOKENS if cap is None else cap,
+            max_loopbacks=max_loopbacks,
+        )
         req = rq.RolloutRequest(
             route=rq.GENERATE, model=model, stream=False, prefix=tuple(prompt_ids[: rq.ROUTING_TEXT_LIMIT])
         )
@@ -392,27 +442,73 @@ class SessionService:
             (b"content-type", b"application/json"),
             (b"x-request-id", rid.encode("latin-1", "replace")),
         ]
-        async with self.dp.dispatch(
-            req,
-            b"",
-            headers,
-            model=model,
-            buffered=True,
-            routing_key=s.id,
-            floor=floor,
-            only=only,
-            adapt=adapt,
-        ) as dispatched:
-            status = dispatched.response.status
-            data = dispatched.body or b""
-            entry = dispatched.entry
-        t2 = trio.current_time()
-        if not 200 <= status < 300:
-            raise errors.EngineAnswerInvalid(
-                f"the engine answered {status}: {data[:200].decode('utf-8', 'replace')}"
-            )
+        kinds: dict[str, str] = {}
+
+        def adapt(entry):
+            worker = registry.get(entry.instance.worker_id)
+            kind = kinds["kind"] = eng.engine_kind(worker.engine if worker is not None else "")
+            return eng.request(kind, rollout.prompt + rollout.ids, body, rollout.remaining())
+
+        outcome = "cancelled"
         try:
-            gen = eng.parse(adapt.kind, data)
-        except eng.EngineAnswerError as e:
-            raise errors.EngineAnswerInvalid(str(e)) from None
-        return gen, entry, t2
+            while True:
+                async with self.dp.dispatch(
+                    req,
+                    b"",
+                    headers,
+                    model=model,
+                    buffered=True,
+                    routing_key=s.id,
+                    routed=routed,
+                    adapt=adapt,
+                ) as dispatched:
+                    status = dispatched.response.status
+                    data = dispatched.body or b""
+                    entry = dispatched.entry
+                    seq = dispatched.seq
+                if not 200 <= status < 300:
+                    outcome = "failed"
+                    raise errors.EngineAnswerInvalid(
+                        f"the engine answered {status}: {data[:200].decode('utf-8', 'replace')}"
+                    )
+                try:
+                    gen = eng.parse(kinds["kind"], data)
+                except eng.EngineAnswerError as e:
+                    outcome = "failed"
+                    raise errors.EngineAnswerInvalid(str(e)) from None
+                instance = entry.instance
+                ops = (
+                    self.dp.fleet.aborts.since(instance.base_url, seq) if gen.finish_reason == "abort" else []
+                )
+                leg = _leg(gen, entry.version)
+                rollout.add(leg, instance, ops[0] if ops else None)
+                if not ops:  # done, or a deliberate abort (answered 503 turn_aborted by the caller)
+                    outcome = "aborted" if gen.finish_reason == "abort" else "completed"
+                    self.dp.count_tokens(instance.worker_id, len(leg.ids))
+                    break
+                if rollout.remaining() == 0:
+                    outcome = "completed"
+                    self.dp.count_tokens(instance.worker_id, len(leg.ids))
+                    leg.finish = "length"
+                    break
+                if rollout.loopbacks >= max_loopbacks:
+                    outcome = "limit_exceeded"
+                    raise rollout.limit_exceeded()
+                # Back to the instance that aborted (eligible again once its sync completes),
+                # or any at the pinned floor: never older weights (loopback.prepare).
+                loopback.prepare(self.dp, routed, rollout, instance, leg)
+        finally:
+            if rollout.loopbacks or outcome == "limit_exceeded":
+                await loopback.record(self.journal, rollout, routed, req, model, outcome)
+            await self.dp.finish(routed)
+        t2 = trio.current_time()
+        spans = tuple({"version": v, "start": a, "end": b} for v, a, b in rollout.spans)
+        merged = eng.Generated(
+            output_ids=list(rollout.ids),
+            logprobs=rollout.logprobs,
+            finish_reason=leg.finish or gen.finish_reason,
+            weight_version=leg.version,
+            spans=spans if len(spans) > 1 else (),
+        )
+        segments = tuple(rollout.segments) if rollout.loopbacks else ()
+        return merged, entry, t2, routed, segments

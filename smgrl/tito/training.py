@@ -131,6 +131,15 @@ def token_version(record, j: int):
     return _get(record, "weight_version")
 
 
+def token_engine(record, j: int):
+    """Engine (URL) that generated output token ``j`` of a turn: its segment's when the turn was
+    looped back (the continuation may run elsewhere), else the turn's."""
+    for seg in _get(record, "segments") or ():
+        if seg["start"] <= j < seg["end"]:
+            return seg["url"]
+    return _get(record, "engine")
+
+
 def training_data(snapshot: Mapping, *, max_trim_tokens: int | None = None) -> list[dict]:
     """One training result per trajectory of a session snapshot, with per-token provenance."""
     trajectories = snapshot.get("trajectories")
@@ -151,7 +160,7 @@ def training_data(snapshot: Mapping, *, max_trim_tokens: int | None = None) -> l
                 rec = records[turn]
                 versions.append(token_version(rec, j))
                 turns.append(turn)
-                engines.append(_get(rec, "engine"))
+                engines.append(token_engine(rec, j))
         result.update(
             trajectory_id=t.get("trajectory_id"),
             finish_reason=_get(records[-1], "finish_reason") if records else None,
