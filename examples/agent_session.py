@@ -12,7 +12,10 @@ arrays with ``smgrl.tito.training_data`` and prints their shapes and the weight 
 were produced with, then deletes the session.
 
 ``--refit-at K`` refits the fleet after turn K through ``smgrl.rl`` (pause, weights from disk with a
-new version, resume), in the middle of the episode. ``--scripted`` adds ``[[fake-say:...]]`` lines
+new version, resume), in the middle of the episode. With ``--abort-sync`` the refit happens DURING
+turn K+1 instead, as an asynchronous RL trainer's sync does: ``pause_generation`` in mode ``abort``
+(the engines abort the turn's generation), weights from disk, ``continue_generation``; the gateway
+loops the turn back and captures it whole, its tokens carrying the version that produced each. ``--scripted`` adds ``[[fake-say:...]]`` lines
 to the tool results and user turns so that ``smgrl fake-engine --tokenizer-path`` answers like an
 agent (tool calls on odd turns). ``--check`` (with the tokenizer's directory) verifies the arrays:
 the captured ids decode to exactly a full render of the final conversation, masks and log-probs
@@ -23,8 +26,10 @@ turn that produced it; exit 1 on a failure.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import sys
+import time
 
 import httpx
 from openai import OpenAI
@@ -107,6 +112,44 @@ def refit(gateway: str, version: str, selector: str) -> None:
         rl.set_state("active", selector=selector)  # never leave the fleet held out
 
 
+def wait_decoding(rl: RL, tokens: int, timeout: float = 30.0) -> None:
+    """Until some engine is generating and (fake engines) has decoded ``tokens`` tokens."""
+    deadline = time.monotonic() + timeout
+    urls = [w.url for w in rl.workers()]
+    with httpx.Client(timeout=5) as http:
+        while time.monotonic() < deadline:
+            for url in urls:
+                state = http.get(f"{url}/_fake/state")
+                if state.status_code == 200 and max(state.json().get("decoded") or [0]) >= tokens:
+                    return
+            time.sleep(0.005)
+    raise SystemExit(f"no engine decoded {tokens} tokens within {timeout:g}s")
+
+
+def abort_sync(gateway: str, version: str, selector: str) -> None:
+    """An asynchronous trainer's sync: abort what runs, load new weights, resume."""
+    rl = RL(gateway, timeout=120)
+    model_path = rl.workers()[0].labels.get("model_path")
+    rl.fanout("pause_generation", {"mode": "abort"}, selector=selector)
+    try:
+        rl.fanout(
+            "update_weights_from_disk",
+            {"model_path": model_path, "weight_version": version},
+            selector=selector,
+        )
+    finally:
+        rl.fanout("continue_generation", {}, selector=selector)
+
+
+def turn_during_sync(args, client: OpenAI, model: str, messages: list, stream: bool):
+    """One turn while the trainer syncs the fleet (``abort_sync``) in the middle of it."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run_turn, client, model, messages, stream)
+        wait_decoding(RL(args.gateway, timeout=30), 4)
+        abort_sync(args.gateway, args.refit_version, args.selector)
+        return future.result(timeout=120)
+
+
 def check(args, snapshot: dict, messages: list, versions: list) -> list[str]:
     from smgrl.tito.chat import ChatTokenizer
 
@@ -124,11 +167,20 @@ def check(args, snapshot: dict, messages: list, versions: list) -> list[str]:
     generated = sum(len(r["output_logprobs"]) for r in traj["records"])
     if sum(t["response_mask"]) != generated:
         problems.append(f"mask counts {sum(t['response_mask'])} tokens, engines generated {generated}")
+    # The versions each turn's tokens may carry: the turn's (its answer's), or, for a turn
+    # looped back across a sync, those of its segments, in order.
+    allowed = [
+        [s["version"] for s in r.get("weight_versions") or ()] or [versions[i]]
+        for i, r in enumerate(traj["records"])
+    ]
+    for i, r in enumerate(traj["records"]):
+        if r.get("weight_version") != versions[i]:
+            problems.append(f"turn {i}: captured version {r.get('weight_version')}, answered {versions[i]}")
     for m, lp, v, turn in zip(
         t["response_mask"], t["logprobs"], t["versions"], t["token_turns"], strict=True
     ):
-        if m and (lp >= 0 or v != versions[turn]):
-            problems.append(f"turn {turn}: token version {v}, turn version {versions[turn]}")
+        if m and (lp >= 0 or v not in allowed[turn]):
+            problems.append(f"turn {turn}: token version {v}, turn versions {allowed[turn]}")
             break
         if not m and (lp != 0.0 or v is not None):
             problems.append("an environment token has a log-prob or a version")
@@ -143,6 +195,9 @@ def main() -> int:
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--refit-at", type=int, default=0, help="refit the fleet after this turn (0: never)")
     p.add_argument("--refit-version", default="2")
+    p.add_argument(
+        "--abort-sync", action="store_true", help="refit during turn K+1, aborting it (pause mode abort)"
+    )
     p.add_argument("--selector", default="engine=sglang", help="the engines a refit goes to")
     p.add_argument("--scripted", action="store_true", help="script the fake engines' answers")
     p.add_argument("--check", action="store_true")
@@ -161,7 +216,11 @@ def main() -> int:
     versions = []
     try:
         for turn in range(1, args.turns + 1):
-            msg, version = run_turn(client, model, messages, stream=turn % 2 == 0)
+            if args.abort_sync and args.refit_at and turn == args.refit_at + 1:
+                msg, version = turn_during_sync(args, client, model, messages, turn % 2 == 0)
+                print(f"sync: the fleet was refitted to version {args.refit_version} during turn {turn}")
+            else:
+                msg, version = run_turn(client, model, messages, stream=turn % 2 == 0)
             messages.append(msg)
             versions.append(version)
             print(
@@ -179,12 +238,18 @@ def main() -> int:
                     )
             else:
                 messages.append({"role": "user", "content": "Continue." + directive})
-            if turn == args.refit_at:
+            if turn == args.refit_at and not args.abort_sync:
                 refit(args.gateway, args.refit_version, args.selector)
                 print(f"refit: the fleet is at version {args.refit_version}", flush=True)
         snapshot = http.get(f"/sessions/{sid}").raise_for_status().json()
     finally:
         http.delete(f"/sessions/{sid}")
+    for traj in snapshot["trajectories"]:
+        for i, record in enumerate(traj["records"], 1):
+            segments = record.get("segments") or ()
+            if len(segments) > 1:
+                spans = [(s["version"], s["end"] - s["start"]) for s in record["weight_versions"]]
+                print(f"turn {i}: looped back {len(segments) - 1}x across a sync; (version, tokens) {spans}")
     for t in training_data(snapshot):
         print(
             f"trajectory {t['trajectory_id']}: prompt_ids {len(t['prompt_ids'])}, response_ids "

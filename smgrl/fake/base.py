@@ -191,6 +191,8 @@ class BaseEngine:
             "healthy": self.healthy,
             "inflight": self.inflight,
             "running": len(self.scheduler.running()),
+            # Tokens each running job has decoded so far (a test can sync mid-generation).
+            "decoded": [len(j.output_ids) for j in self.scheduler.running()],
             "waiting": len(self.scheduler.waiting()),
             "concurrency": self.gauge.current,
             "peak_concurrency": self.gauge.peak,

@@ -92,6 +92,46 @@ def test_agent_session_example_across_a_refit(fakes, gateway, tmp_path):
     assert all(t["refit_op"] for t in turns[5:])  # traced to the refit operation that loaded "2"
 
 
+def test_a_turn_survives_a_fleet_sync_that_aborts_it(fakes, gateway, tmp_path):
+    """The trainer syncs the fleet DURING turn 6 (pause_generation mode abort, weights from disk,
+    continue): the turn is looped back and captured whole; its tokens carry version 1 up to the
+    abort and 2 after it; the journal records the loopback."""
+    tok = make_model_dir(tmp_path / "tok")
+    urls = fakes(
+        "sglang", 2, "--tokenizer-path", str(tok), "--weight-version", "1", "--token-latency-ms", "15"
+    )
+    gw, http, _port = gateway(
+        "--enable-rl", "--disable-health-check", "--tokenizer-path", str(tok), "--worker-urls", *urls
+    )
+    wait_for_workers(http.base, 2, child=gw)
+    args = ["--turns", "8", "--refit-at", "5", "--abort-sync", "--scripted", "--check"]
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "agent_session.py"), "--gateway", http.base, *args]
+        + ["--tokenizer-path", str(tok)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    turns = [line for line in lines if line.startswith("turn ") and "version " in line]
+    assert all("version 1" in line for line in turns[:5]) and all("version 2" in line for line in turns[5:])
+    (looped,) = [line for line in lines if "looped back" in line]
+    assert looped.startswith("turn 6: looped back 1x") and "('1', " in looped and "('2', " in looped
+    assert "check: token-exact capture" in run.stdout
+    events = subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", str(tmp_path / "journal.db"), "--json"]
+        + ["loopbacks"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    (rec,) = json.loads(events.stdout)["loopbacks"]
+    assert rec["outcome"] == "completed" and rec["tokens_kept"] >= 4
+
+
 def test_a_restart_ends_open_sessions_explicitly(fakes, gateway, tmp_path):
     tok = make_model_dir(tmp_path / "tok")
     journal = str(tmp_path / "sessions.db")
