@@ -143,6 +143,9 @@ class DataPlaneASGI:
         }
         # Agent sessions (smgrl/api/sessions.py): their routes, and chat turns with SMG's TITO header.
         self.sessions = SessionsASGI(self, sessions)
+        # The model's tokenizer (--tokenizer-path): text prompts and the OpenAI routes can then
+        # loop back across a weight sync (smgrl/dataplane/loopback.py).
+        self.tokenizer = sessions.chat if sessions is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -471,9 +474,12 @@ class _Relay:
             "routed": self.routed,
         }
         try:
-            if req.stream and loopback.streamable(req, dp.cfg.dataplane.max_loopbacks):
+            tokenizer = self.api.tokenizer
+            if req.stream and loopback.streamable(req, dp.cfg.dataplane.max_loopbacks, tokenizer):
                 # A rollout stream that a sync may abort: continued without a seam.
-                await loopback.run_stream(self, dp, req, body, headers, model, bounds, self.api.gw.journal)
+                await loopback.run_stream(
+                    self, dp, req, body, headers, model, bounds, self.api.gw.journal, tokenizer
+                )
                 return
             if req.stream:
                 async with dp.dispatch(
@@ -487,11 +493,11 @@ class _Relay:
                 data = dispatched.body or b""
                 table_version = dispatched.entry.version
             served = dispatched.instance.worker_id
-            if loopback.worth_a_look(req, status, data, dp.cfg.dataplane.max_loopbacks):
+            if loopback.worth_a_look(req, status, data, dp.cfg.dataplane.max_loopbacks, tokenizer):
                 # Maybe a rollout a weight sync aborted: continue it (smgrl/dataplane/loopback.py).
                 first = loopback.Answer(status, dispatched, head, data)
                 answer = await loopback.run_buffered(
-                    dp, req, body, headers, model, bounds, self._head, self.api.gw.journal, first
+                    dp, req, body, headers, model, bounds, self._head, self.api.gw.journal, first, tokenizer
                 )
                 status, head, data = answer.status, answer.head, answer.data
                 table_version = answer.dispatched.entry.version

@@ -67,6 +67,11 @@ class Leg:
     version: str | None
     spans: list[tuple[str | None, int, int]]  # (version, start, end) over this leg's ids
     obj: dict
+    count: int | None = None  # generated tokens when the answer carries no ids (OpenAI routes)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids) if self.count is None else self.count
 
 
 def read_leg(obj: Any) -> Leg | None:
@@ -124,10 +129,16 @@ class Rollout:
     segments: list[dict] = attrs.Factory(list)
     input_logprobs: Any = None
     first: bool = True
+    route: str | None = None  # the continuation's route when not the request's (chat -> completions)
 
     @property
     def loopbacks(self) -> int:
         return max(0, len(self.segments) - 1)
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far, every leg."""
+        return len(self.ids)
 
     def limit_exceeded(self) -> LoopbackLimitExceeded:
         """The error for one abort more than ``--max-loopbacks`` allows (buffered and streamed
@@ -135,7 +146,7 @@ class Rollout:
         return LoopbackLimitExceeded(
             f"the rollout was aborted by weight syncs {self.loopbacks + 1} times; "
             f"--max-loopbacks is {self.max_loopbacks}",
-            tokens=len(self.ids),
+            tokens=self.generated,
         )
 
     @property
@@ -175,7 +186,20 @@ class Rollout:
         )
 
     def remaining(self) -> int | None:
-        return None if self.cap is None else max(0, self.cap - len(self.ids))
+        return None if self.cap is None else max(0, self.cap - self.generated)
+
+    def read(self, obj: Any) -> Leg | None:
+        """A continuation leg's answer."""
+        return read_leg(obj)
+
+    def adapt(self):
+        """``DataPlane.dispatch``'s ``adapt`` for a continuation: None (the request's own route),
+        or the other route a continuation takes (a chat rollout continues as a completion)."""
+        if self.route is None:
+            return None
+        route = self.route
+        body = self.continuation()
+        return lambda entry: (route, body)
 
     def continuation(self) -> bytes:
         """The next leg's body: the original prompt plus every id so far, the cap reduced."""
@@ -214,10 +238,16 @@ class Rollout:
         return out
 
 
-def start(obj: Any, single: bool, max_loopbacks: int) -> Rollout | None:
-    """A rollout that may loop back, or None (text prompt, batch, disabled)."""
+def start(obj: Any, single: bool, max_loopbacks: int, tokenizer=None) -> Rollout | None:
+    """A rollout that may loop back, or None (batch, disabled; a ``text`` prompt without the
+    gateway's tokenizer). With the tokenizer (``--tokenizer-path``) a ``text`` prompt is
+    tokenized and continued as ``input_ids``."""
     if max_loopbacks <= 0 or not single or not isinstance(obj, dict):
         return None
+    text = obj.get("text")
+    if isinstance(text, str) and tokenizer is not None and obj.get("input_ids") is None:
+        obj = {k: v for k, v in obj.items() if k != "text"}
+        obj["input_ids"] = tokenizer.encode(text)
     ids = obj.get("input_ids")
     if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
         return None
@@ -236,32 +266,58 @@ class Answer:
     data: bytes
 
 
-def worth_a_look(req, status: int, data: bytes, max_loopbacks: int) -> bool:
-    """Cheap test on every buffered answer: could this be a ``/generate`` (``input_ids``, one
-    prompt) that an engine aborted? Only then is anything parsed."""
-    return (
-        max_loopbacks > 0
-        and req.route == "/generate"
-        and req.single
-        and isinstance(req.prefix, tuple)
-        and 200 <= status < 300
-        and b'"abort"' in data
-    )
+def loopable(req, max_loopbacks: int, tokenizer) -> bool:
+    """May this request loop back? A single-prompt ``/generate`` with ``input_ids``; with the
+    gateway's tokenizer also a ``text`` prompt and the OpenAI routes (``loopback_openai``)."""
+    if max_loopbacks <= 0 or not req.single:
+        return False
+    if req.route == "/generate":
+        return isinstance(req.prefix, tuple) or tokenizer is not None
+    return tokenizer is not None
+
+
+def worth_a_look(req, status: int, data: bytes, max_loopbacks: int, tokenizer=None) -> bool:
+    """Cheap test on every buffered answer: could this be a rollout that may loop back and
+    that an engine aborted? Only then is anything parsed."""
+    return 200 <= status < 300 and b'"abort"' in data and loopable(req, max_loopbacks, tokenizer)
+
+
+def reader(req):
+    """How a leg is read from an answer of ``req``'s route."""
+    if req.route == "/generate":
+        return read_leg
+    from smgrl.dataplane import loopback_openai
+
+    return loopback_openai.read_leg
+
+
+def begin(req, body: bytes, max_loopbacks: int, tokenizer) -> Rollout | None:
+    """The rollout of ``req`` (its first leg just ended in a sync's abort), or None."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if req.route == "/generate":
+        return start(obj, req.single, max_loopbacks, tokenizer)
+    from smgrl.dataplane import loopback_openai
+
+    return loopback_openai.start(req.route, obj, max_loopbacks, tokenizer)
 
 
 async def run_buffered(
-    dp, req, body: bytes, headers, model: str, bounds: dict, make_head, journal, first: Answer
+    dp, req, body: bytes, headers, model: str, bounds: dict, make_head, journal, first: Answer, tokenizer=None
 ) -> Answer:
-    """Continue a buffered ``/generate`` whose first answer is ``first`` while its legs end in
-    a sync's abort; answer the stitched rollout. ``make_head(dispatched)`` builds the head."""
+    """Continue a buffered rollout whose first answer is ``first`` while its legs end in a
+    sync's abort; answer the stitched rollout. ``make_head(dispatched)`` builds the head."""
     routed = bounds["routed"]
     answer = first
     rollout: Rollout | None = None
     outcome = "cancelled"
+    read = reader(req)
     try:
         while True:
             try:
-                leg = read_leg(json.loads(answer.data)) if 200 <= answer.status < 300 else None
+                leg = read(json.loads(answer.data)) if 200 <= answer.status < 300 else None
             except ValueError:
                 leg = None
             if leg is None:
@@ -273,9 +329,10 @@ async def run_buffered(
             if rollout is None:
                 if not ops:
                     return answer  # not a sync's abort: answered as the engine gave it
-                rollout = start(json.loads(body), req.single, dp.cfg.dataplane.max_loopbacks)
+                rollout = begin(req, body, dp.cfg.dataplane.max_loopbacks, tokenizer)
                 if rollout is None:
                     return answer
+                read = rollout.read  # a chat rollout's continuations answer as completions
             rollout.add(leg, instance, ops[0] if ops else None)
             if not ops:
                 outcome = "aborted" if leg.finish == "abort" else "completed"
@@ -290,7 +347,13 @@ async def run_buffered(
                 raise rollout.limit_exceeded()
             prepare(dp, routed, rollout, instance, leg)
             async with dp.dispatch(
-                req, rollout.continuation(), headers, model=model, buffered=True, **bounds
+                req,
+                rollout.continuation(),
+                headers,
+                model=model,
+                buffered=True,
+                adapt=rollout.adapt(),
+                **bounds,
             ) as dispatched:
                 answer = Answer(
                     dispatched.response.status, dispatched, make_head(dispatched), dispatched.body or b""
@@ -308,11 +371,11 @@ def prepare(dp, routed, rollout: Rollout, instance, leg: Leg) -> None:
     """Route the next leg: back to the instance that aborted (eligible again once its sync
     completes), or any instance at the pinned version floor: never older weights."""
     dp.metrics.loopbacks.inc()
-    dp.metrics.tokens_kept.inc(len(leg.ids))
+    dp.metrics.tokens_kept.inc(leg.tokens)
     # Per-instance tokens: the aborted leg's go to the instance that decoded them; the stitched
     # answer then reports the total, of which only the part after ``routed.kept`` is new.
-    dp.count_tokens(instance.worker_id, len(leg.ids))
-    routed.kept += len(leg.ids)
+    dp.count_tokens(instance.worker_id, leg.tokens)
+    routed.kept += leg.tokens
     routed.loop_hint = InstanceId(instance.group, instance.dp_rank or 0)
     routed.loopbacks += 1
     first = rollout.segments[0]["version"]
@@ -332,7 +395,7 @@ async def record(journal, rollout: Rollout, routed, req, model: str, outcome: st
         route=req.route,
         model=model,
         prompt_tokens=len(rollout.prompt),
-        generated_tokens=len(rollout.ids),
+        generated_tokens=rollout.generated,
         tokens_kept=rollout.kept,
         loopbacks=rollout.loopbacks,
         outcome=outcome,
@@ -348,9 +411,10 @@ async def record(journal, rollout: Rollout, routed, req, model: str, outcome: st
         log.warning("journaling a partial-rollout loopback timed out")
 
 
-def streamable(req, max_loopbacks: int) -> bool:
-    """A streamed ``/generate`` (``input_ids``, one prompt) that may loop back."""
-    return max_loopbacks > 0 and req.route == "/generate" and req.single and isinstance(req.prefix, tuple)
+def streamable(req, max_loopbacks: int, tokenizer=None) -> bool:
+    """A streamed single-prompt ``/generate`` that may loop back (``input_ids``; a ``text``
+    prompt with the gateway's tokenizer)."""
+    return req.route == "/generate" and loopable(req, max_loopbacks, tokenizer)
 
 
 def preview(rollout: Rollout) -> Rollout:
@@ -371,8 +435,9 @@ class _Seam:
     ids/text/log-probs from the first token), and holds back a sync's abort (and its
     ``[DONE]``) so the client never sees the seam."""
 
-    def __init__(self, dp, rollout_ref: list, dispatched, body: bytes) -> None:
+    def __init__(self, dp, rollout_ref: list, dispatched, body: bytes, tokenizer=None) -> None:
         self.dp = dp
+        self.tokenizer = tokenizer
         self.ref = rollout_ref  # [Rollout | None]: shared across legs
         self.dispatched = dispatched
         self.body = body
@@ -417,7 +482,7 @@ class _Seam:
             if ops:
                 if rollout is None:
                     rollout = self.ref[0] = start(
-                        json.loads(self.body), True, self.dp.cfg.dataplane.max_loopbacks
+                        json.loads(self.body), True, self.dp.cfg.dataplane.max_loopbacks, self.tokenizer
                     )
                 if rollout is not None:
                     self.held = (leg, ops)
@@ -430,7 +495,9 @@ class _Seam:
         return b"data: " + _dumps(tmp.stitch(leg)) + b"\n\n"
 
 
-async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: dict, journal) -> None:
+async def run_stream(
+    relay, dp, req, body: bytes, headers, model: str, bounds: dict, journal, tokenizer=None
+) -> None:
     """A streamed ``/generate`` across its legs: the head goes once (the first leg's), each
     leg's events are relayed as they come (rewritten after a loopback), a sync's abort starts
     the next leg instead of ending the stream."""
@@ -466,7 +533,7 @@ async def run_stream(relay, dp, req, body: bytes, headers, model: str, bounds: d
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
-                seam = _Seam(dp, ref, dispatched, body)
+                seam = _Seam(dp, ref, dispatched, body, tokenizer)
                 tail = TokenTail()  # what the relayed events say was generated (stitched: in all)
                 for chunk in (first,) if first else ():
                     out = seam.feed(chunk)
