@@ -191,6 +191,13 @@ class JournalUnavailable(RlError):
     code, status = "journal_unavailable", 503
 
 
+class PauseWaitTimeout(RlError):
+    """``POST /routing_loop/pause?wait=true``: dispatch is paused, but requests were still in
+    flight when the wait's ``timeout`` ran out."""
+
+    code, status = "pause_wait_timeout", 504
+
+
 class InvalidVersionPolicyHeader(RlError):
     """A rollout's ``x-smg-version-policy`` header refused: the RL crate's envelope, as SMG's
     middleware answers it."""

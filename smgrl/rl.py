@@ -323,9 +323,15 @@ class RL:
         _raise_for_status(status, payload)
         return payload
 
-    def pause_dispatch(self) -> dict[str, Any]:
-        """New rollout requests wait in the gateway; in-flight ones finish. Returns the status."""
-        return self._json("POST", "/routing_loop/pause")
+    def pause_dispatch(self, *, wait: bool = False, timeout: float | None = None) -> dict[str, Any]:
+        """New rollout requests wait in the gateway; in-flight ones finish. Returns the status.
+        ``wait``: return once they have finished (at most ``timeout`` seconds, default 30;
+        past it ``RlError`` with code ``pause_wait_timeout``: dispatch is paused all the same)."""
+        if not wait:
+            return self._json("POST", "/routing_loop/pause")
+        query = "?wait=true" + ("" if timeout is None else f"&timeout={timeout:g}")
+        budget = None if timeout is None else timeout + 30
+        return self._json("POST", "/routing_loop/pause" + query, timeout=budget)
 
     def resume_dispatch(self) -> dict[str, Any]:
         return self._json("POST", "/routing_loop/resume")
@@ -340,6 +346,21 @@ class RL:
     def update_weight_versions(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """Per-instance version writes ``[{"worker_id", "dp_rank"?, "weight_version"}]``."""
         return self._json("POST", "/workers/update_weight_version", items)
+
+    def pause_workers(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Hold instances out of routing (PSRL's ``/workers/pause``): ``[{"worker_id", "dp_rank"?}]``,
+        ``dp_rank`` an int or a list (a replica's ranks all, or none). No engine is called."""
+        return self._json("POST", "/workers/pause", items)
+
+    def resume_workers(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Put held instances back into routing (PSRL's ``/workers/resume``)."""
+        return self._json("POST", "/workers/resume", items)
+
+    def waiting_requests(self, version_tag: str | int) -> list[dict[str, Any]]:
+        """The requests waiting in the gateway whose version tag is at most ``version_tag``
+        (``-1``: the unversioned ones), PSRL's ``/routing_loop/filter``."""
+        query = urllib.parse.urlencode({"version_tag": str(version_tag)})
+        return self._json("GET", f"/routing_loop/filter?{query}")["requests"]
 
     # -- refit sagas (smgrl only; docs/refits.md) ------------------------------------------------
 

@@ -4,16 +4,19 @@ The routes PSRL's coordinator calls, backed by the journal's projections (no sec
 table, no state outside the journal but run-time counters)::
 
     POST /routing_loop/pause[?wait=true]   new rollout requests wait in the gateway; in-flight
-                                           ones finish (``dataplane.dispatch_set``)
+                                           ones finish (``dataplane.dispatch_set``); ``wait``:
+                                           answer once they have (``timeout``, 504 past it)
     POST /routing_loop/resume              dispatch again (the waiting requests go out)
     GET  /routing_loop/status              paused, epoch, waiting and running requests
+    GET  /routing_loop/filter?version_tag=N  the waiting requests whose version tag is <= N
     GET  /workers/stats                    per instance: in flight, queued, dispatched, generated
                                            tokens, version, state
     POST /workers/update_weight_version    per-instance version writes (``engine.version_set``)
+    POST /workers/pause | /workers/resume  hold instances out of routing / back in
+                                           (``engine.state_set``; no engine is called)
 
 Writes need the ``write`` (admin) role and are audited like every control-plane write; reads
-need ``read``. ``wait=true`` is accepted for PSRL's clients: smgrl's selections are atomic (no
-decision is ever half made), so there is nothing to wait for.
+need ``read``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 from collections import defaultdict
 from typing import Any, Literal
 
+import trio
 from quart import Response, g, request
 
 from journal import JournalWriteError
@@ -31,11 +35,15 @@ from smgrl.api.guard import Guard
 from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ, WRITE
 from smgrl.core.version import MalformedVersion, validate_version
-from smgrl.errors import InvalidBody, JournalUnavailable, RlError
+from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout, RlError
 from smgrl.journaling import ev
+from smgrl.routing.metadata import FALSE, TRUE
 from smgrl.routing.staged import identity, matches
+from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor, parse_version
 
 MAX_ITEMS = 4096
+DEFAULT_WAIT_SECS = 30.0  # POST /routing_loop/pause?wait=true without ``timeout``
+MAX_WAIT_SECS = 3600.0
 
 
 class RoutingLoopRoutes:
@@ -49,6 +57,9 @@ class RoutingLoopRoutes:
             "/routing_loop/pause": ("POST", self._pause),
             "/routing_loop/resume": ("POST", self._resume),
             "/routing_loop/status": ("GET", self._status),
+            "/routing_loop/filter": ("GET", self._filter),
+            "/workers/pause": ("POST", self._pause_workers),
+            "/workers/resume": ("POST", self._resume_workers),
             "/workers/stats": ("GET", self._stats),
             "/workers/update_weight_version": ("POST", self._versions),
         }
@@ -85,22 +96,41 @@ class RoutingLoopRoutes:
             "request_id": getattr(g, "request_id", None),
         }
 
-    async def _set(self, paused: bool, principal) -> Response:
+    async def _set(self, paused: bool, principal) -> bool:
+        """Switch dispatch; True when it changed (journaled)."""
         loop = self.gw.fleet.routing
         changed = loop.paused != paused
         if changed:
             await self._append(
                 "dataplane", ev("dataplane.dispatch_set", paused=paused, **self._who(principal))
             )
-        return env.json_response(
-            200, {"action": "pause" if paused else "resume", "changed": changed, **self._status_body()}
-        )
+        return changed
+
+    def _switched(self, paused: bool, changed: bool, **extra) -> Response:
+        body = {"action": "pause" if paused else "resume", "changed": changed, **extra, **self._status_body()}
+        return env.json_response(200, body)
 
     async def _pause(self, principal) -> Response:
-        return await self._set(True, principal)
+        wait = request.args.get("wait", "false").strip().lower()
+        if wait not in TRUE | FALSE:
+            raise InvalidQuery("`wait` must be true or false")
+        timeout = _seconds(request.args.get("timeout"))
+        changed = await self._set(True, principal)
+        if wait in FALSE:
+            return self._switched(True, changed)
+        # In-flight requests finish on their own (a pause never aborts anything); the answer
+        # says they have, or, past ``timeout``, how many are still running (dispatch stays
+        # paused either way: the journal has it).
+        if not await self.dp.wait_idle(trio.current_time() + timeout):
+            raise PauseWaitTimeout(
+                f"dispatch is paused, but {self.dp.in_flight} requests were still in flight after "
+                f"{timeout:g}s (wait again, or resume)",
+                running_request_num=self.dp.in_flight,
+            )
+        return self._switched(True, changed, drained=True)
 
     async def _resume(self, principal) -> Response:
-        return await self._set(False, principal)
+        return self._switched(False, await self._set(False, principal))
 
     def _status_body(self) -> dict[str, Any]:
         dp = self.dp
@@ -144,6 +174,99 @@ class RoutingLoopRoutes:
                     }
                 )
         return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dp.waiting})
+
+    async def _filter(self, principal) -> Response:
+        raw = request.args.get("version_tag")
+        if raw is None:
+            raise InvalidQuery("`version_tag` is required (a version, or -1)")
+        try:
+            bound = parse_floor(raw)
+        except InvalidVersionPolicy as exc:
+            raise InvalidQuery(str(exc)) from None
+        rows = []
+        now = trio.current_time()
+        for facts in list(self.dp.waiting_requests.values()):
+            tag = facts["version_tag"]
+            # Unversioned requests (-1) are below every bound; -1 as the bound keeps only them.
+            if tag is None or (bound is not None and parse_version(tag) <= bound):
+                rows.append(
+                    {
+                        **{k: v for k, v in facts.items() if k != "waiting_since"},
+                        "version_tag": tag if tag is not None else "-1",
+                        "waiting_secs": round(now - facts["waiting_since"], 3),
+                    }
+                )
+        body = {"version_tag": raw.strip(), "requests": rows, "total": len(rows)}
+        return env.json_response(200, body)
+
+    async def _pause_workers(self, principal) -> Response:
+        return await self._hold(True, principal)
+
+    async def _resume_workers(self, principal) -> Response:
+        return await self._hold(False, principal)
+
+    async def _hold(self, paused: bool, principal) -> Response:
+        """PSRL's /workers/pause|resume: hold instances out of routing (or back in), as the
+        state write ``POST /v1/rl/workers/{id}/state`` does (``engine.state_set``): no engine is
+        called. smgrl holds out whole engines: an item set naming some DP ranks of a replica
+        but not all is rejected with the reason."""
+        items = _hold_items(await request.get_data(cache=False))
+        registry = self.gw.fleet.registry
+        results: list[dict[str, Any]] = []
+        by_engine: dict[str, list[int]] = defaultdict(list)
+        ranks: dict[str, set | None] = {}
+        engines: dict[str, Any] = {}
+        for i, (wid, item_ranks) in enumerate(items):
+            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
+            result: dict[str, Any] = {
+                "status": "paused" if paused else "resumed",
+                "worker_id": wid,
+                "url": None,
+            }
+            if item_ranks is not None:
+                result["dp_rank"] = sorted(item_ranks)
+            results.append(result)
+            if worker is None or not worker.is_visible:
+                result.update(status="rejected", reason="worker not found")
+                continue
+            result["url"] = worker.base_url
+            engines[worker.base_url] = worker
+            by_engine[worker.base_url].append(i)
+            seen = ranks.get(worker.base_url, set())
+            ranks[worker.base_url] = None if item_ranks is None or seen is None else seen | item_ranks
+        targets = []
+        for base, indexes in by_engine.items():
+            size = _dp_size(registry, base)
+            named = ranks[base]
+            if named is not None and named != set(range(size)):
+                for i in indexes:
+                    results[i].update(
+                        status="rejected",
+                        reason=f"smgrl holds out whole engines: name all {size} DP ranks of the replica, or none",
+                    )
+                continue
+            w = engines[base]
+            targets.append({"worker_id": w.id, "url": w.url, "base_url": w.base_url})
+        if targets:
+            await self._append(
+                "engine",
+                ev(
+                    "engine.state_set",
+                    control="paused" if paused else "active",
+                    targets=tuple(targets),
+                    selector=None,
+                    **self._who(principal),
+                ),
+            )
+        updated = sum(r["status"] != "rejected" for r in results)
+        body = {
+            "action": "pause" if paused else "resume",
+            "total": len(results),
+            "updated": updated,
+            "rejected": len(results) - updated,
+            "results": results,
+        }
+        return env.json_response(200, body)
 
     async def _versions(self, principal) -> Response:
         items = _items(await request.get_data(cache=False))
@@ -233,6 +356,43 @@ def _items(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
+def _seconds(raw: str | None) -> float:
+    """``timeout`` of a waiting pause: seconds, 0 < t <= MAX_WAIT_SECS (400 ``invalid_query``)."""
+    if raw is None:
+        return DEFAULT_WAIT_SECS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_WAIT_SECS:  # NaN fails too
+        raise InvalidQuery(f"`timeout` must be a number of seconds in (0, {MAX_WAIT_SECS:g}]")
+    return value
+
+
+def _hold_items(data: bytes) -> list[tuple[str, set[int] | None]]:
+    """PSRL's ``[{"worker_id"? | "base_worker_id"?, "dp_rank"?: int | [int]}]`` as (worker,
+    ranks or None for all), checked (400 ``invalid_body``)."""
+    try:
+        items = json.loads(data) if data else None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidBody("the body is not valid JSON") from None
+    if not isinstance(items, list) or not items or len(items) > MAX_ITEMS:
+        raise InvalidBody(f"expected a list of 1-{MAX_ITEMS} {{worker_id, dp_rank?}} objects")
+    out = []
+    for n, item in enumerate(items):
+        wid = item.get("worker_id", item.get("base_worker_id")) if isinstance(item, dict) else None
+        if not isinstance(wid, str) or not wid:
+            raise InvalidBody(f"item {n}: expected an object with a string `worker_id` (or `base_worker_id`)")
+        rank = item.get("dp_rank")
+        ranks = [rank] if type(rank) is int else rank
+        if rank is not None and (
+            not isinstance(ranks, list) or not ranks or not all(type(r) is int and r >= 0 for r in ranks)
+        ):
+            raise InvalidBody(f"item {n}: `dp_rank` must be a non-negative integer or a list of them")
+        out.append((wid, None if rank is None else set(ranks)))
+    return out
+
+
 # -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
 
 
@@ -308,20 +468,107 @@ _JOURNAL_DOWN = rl_error_resp(
 )
 
 
-def _switch(path: str, op_id: str, summary: str) -> Route:
+def _switch(path: str, op_id: str, summary: str, wait: bool = False) -> Route:
+    responses = {
+        "200": Resp("The routing loop's status after the call.", as_json(_Status)),
+        "503": _JOURNAL_DOWN,
+    }
+    params: tuple[Param, ...] = ()
+    if wait:
+        responses["400"] = rl_error_resp("A bad `wait` or `timeout` (invalid_query).", InvalidQuery)
+        responses["504"] = rl_error_resp(
+            "Paused, but requests were still in flight after `timeout` (pause_wait_timeout; "
+            "`running_request_num` says how many).",
+            PauseWaitTimeout,
+            context={"running_request_num": {"type": "integer"}},
+        )
+        params = (
+            Param(
+                "wait",
+                "query",
+                "answer once the requests in flight have finished (bounded by `timeout`)",
+                {"type": "string", "enum": sorted(TRUE | FALSE)},
+            ),
+            Param("timeout", "query", "seconds the wait may last, in (0, 3600]; default 30"),
+        )
     return Route(
         "POST",
         path,
         op_id,
         "psrl",
         summary,
-        {"200": Resp("The routing loop's status after the call.", as_json(_Status)), "503": _JOURNAL_DOWN},
+        responses,
         description="Journaled (`dataplane.dispatch_set`) when it changes the state.",
         role="admin",
-        params=(
-            Param("wait", "query", "accepted for PSRL clients; selections are atomic, nothing to wait for"),
-        ),
+        params=params,
     )
+
+
+@model(inline=True)
+class _HoldItem:
+    worker_id: str = field("the engine's registry id or URL", optional=True)
+    base_worker_id: str = field("the same, PSRL's other name for it", optional=True)
+    dp_rank: Any = field(
+        "a DP rank or a list of them (all of a replica's, or none)",
+        optional=True,
+        schema={
+            "oneOf": [{"type": "integer", "minimum": 0}, {"type": "array", "items": {"type": "integer"}}]
+        },
+    )
+
+
+@model(inline=True)
+class _HoldResult:
+    status: Literal["paused", "resumed", "rejected"]
+    worker_id: str
+    url: str | None
+    dp_rank: list[int] = field(optional=True)
+    reason: str = field(optional=True)
+
+
+@model(inline=True)
+class _HoldResults:
+    action: Literal["pause", "resume"]
+    total: int
+    updated: int
+    rejected: int
+    results: list[_HoldResult]
+
+
+def _hold_route(path: str, op_id: str, summary: str) -> Route:
+    return Route(
+        "POST",
+        path,
+        op_id,
+        "psrl",
+        summary,
+        {
+            "200": Resp("Per item: paused/resumed or rejected (with the reason).", as_json(_HoldResults)),
+            "400": rl_error_resp("Bad body (invalid_body).", InvalidBody),
+            "503": _JOURNAL_DOWN,
+        },
+        description="Journaled as `engine.state_set` (no engine is called). smgrl holds out whole engines: "
+        "items naming some DP ranks of a replica but not all are rejected.",
+        role="admin",
+        body=Body(list[_HoldItem]),
+    )
+
+
+@model(inline=True)
+class _Waiting:
+    request_id: str | None
+    model: str
+    version_tag: str
+    reason: str
+    loopbacks: int
+    waiting_secs: float
+
+
+@model(inline=True)
+class _Filter:
+    version_tag: str
+    requests: list[_Waiting]
+    total: int
 
 
 OPENAPI_ROUTES = (
@@ -329,6 +576,7 @@ OPENAPI_ROUTES = (
         "/routing_loop/pause",
         "postRoutingLoopPause",
         "Pause rollout dispatch: new requests wait, in-flight ones finish",
+        wait=True,
     ),
     _switch("/routing_loop/resume", "postRoutingLoopResume", "Resume rollout dispatch"),
     Route(
@@ -340,6 +588,21 @@ OPENAPI_ROUTES = (
         {"200": Resp("Status.", as_json(_Status))},
         role="read",
     ),
+    Route(
+        "GET",
+        "/routing_loop/filter",
+        "getRoutingLoopFilter",
+        "psrl",
+        "The requests waiting in the gateway whose version tag is at most `version_tag`",
+        {
+            "200": Resp("Unversioned requests (-1) are below every bound.", as_json(_Filter)),
+            "400": rl_error_resp("A missing or bad `version_tag` (invalid_query).", InvalidQuery),
+        },
+        role="read",
+        params=(Param("version_tag", "query", "a version, or -1", required=True),),
+    ),
+    _hold_route("/workers/pause", "postWorkersPause", "Hold instances out of routing (PSRL)"),
+    _hold_route("/workers/resume", "postWorkersResume", "Put held instances back into routing (PSRL)"),
     Route(
         "GET",
         "/workers/stats",

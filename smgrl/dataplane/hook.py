@@ -53,6 +53,9 @@ class HookRequest:
     route: str
     version: str | None  # the candidate instance's version (None: unversioned)
     loopback: int  # 0 for the first dispatch, n for the n-th partial-rollout loopback
+    # PSRL's ``x-response-token-count``: tokens the request's earlier legs generated (what a
+    # loopback continues from; 0 for the first dispatch), for admit-time token estimates.
+    response_tokens: int = 0
 
 
 class AdmissionHook(Protocol):

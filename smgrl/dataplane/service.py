@@ -121,6 +121,12 @@ class DataPlane:
         # loopback's return; or their prompt group's pin): they wait for that instance, so
         # GET /workers/stats shows them as its queue.
         self.queued: Counter = Counter()
+        # Requests waiting in the gateway right now (GET /routing_loop/filter): token -> facts.
+        self.waiting_requests: dict[object, dict] = {}
+        # Requests at an engine right now, and the event POST /routing_loop/pause?wait=true
+        # waits on until there are none (set by the dispatch that ends the last one).
+        self.in_flight = 0
+        self._idle: trio.Event | None = None
         # --admission-hook: None admits everything without a call.
         self.hook = admission_hook.resolve(dp.admission_hook) if dp.admission_hook else None
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
@@ -328,12 +334,22 @@ class DataPlane:
                 hint = routed.hint() or self.groups.pin(routed.meta.prompt_id)
             if hint is not None:
                 self.queued[hint] += 1
+            token = object()
+            self.waiting_requests[token] = {
+                "request_id": routed.meta.request_id if routed is not None else None,
+                "model": model,
+                "version_tag": _tag(routed, floor),
+                "reason": reason,
+                "loopbacks": routed.loopbacks if routed is not None else 0,
+                "waiting_since": started,
+            }
             try:
                 with trio.move_on_at(wake):
                     await changed.wait()
                 if routed is not None:
                     routed.refused.clear()  # the hook may answer differently after a change
             finally:
+                del self.waiting_requests[token]
                 self.waiting -= 1
                 self.waiting_by_reason[reason] -= 1
                 if hint is not None:
@@ -420,6 +436,7 @@ class DataPlane:
             last = attempt + 1 == attempts
             relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
+            self.in_flight += 1
             mark = hold.held if hold is not None else 0  # what a discarded answer gives back
             # The deadline scope spans the caller's relay too (it runs at ``yield``, in this
             # task: the asynccontextmanager pattern trio allows for a yield inside a scope). A
@@ -465,8 +482,23 @@ class DataPlane:
                     ) from exc
                 finally:
                     self.loads[wid] -= 1
+                    self.in_flight -= 1
+                    if not self.in_flight and self._idle is not None:
+                        self._idle.set()
+                        self._idle = None
             if timeout.cancelled_caught:
                 raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")
+
+    async def wait_idle(self, deadline: float) -> bool:
+        """Until no request is at an engine (True), or ``deadline`` (False). Event-driven: the
+        dispatch that ends the last in-flight request wakes the waiters."""
+        with trio.move_on_at(deadline):
+            while self.in_flight:
+                if self._idle is None:
+                    self._idle = trio.Event()
+                await self._idle.wait()
+            return True
+        return False
 
     # -- staged selection's commit and release -------------------------------------------------
 
@@ -519,6 +551,7 @@ class DataPlane:
             route=req.route,
             version=entry.version,
             loopback=routed.loopbacks,
+            response_tokens=routed.kept,
         )
         result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
         if admission_hook.refused(result):
@@ -563,6 +596,14 @@ def held_hint(
     if not pinned or all(e.hold in RELEASING for e in pinned):
         return None, selectable
     return hint, [e for e in selectable if staged.matches(e.instance, hint)]
+
+
+def _tag(routed: Routed | None, floor: Version | None) -> str | None:
+    """A waiting request's version tag (GET /routing_loop/filter): a staged request's pinned
+    version, else its floor; None: unversioned (PSRL's -1)."""
+    if routed is not None and routed.staged:
+        return routed.pinned
+    return floor.raw if floor is not None else None
 
 
 def wait_reason(held: Counter) -> str:

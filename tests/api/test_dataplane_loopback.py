@@ -8,6 +8,7 @@ import json
 
 import attrs
 import trio
+from test_dataplane_hook import Hook
 
 from smgrl.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet, make_checkpoint, model
@@ -65,6 +66,7 @@ async def test_a_sync_that_aborts_a_rollout_is_looped_back_token_exact(tmp_path)
         engine = fleet.engines[0]
         wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
         old = engine.weights_digest
+        hook = gw.app.dataplane.hook = Hook()
         result = {}
 
         async def rollout():
@@ -118,6 +120,9 @@ async def test_a_sync_that_aborts_a_rollout_is_looped_back_token_exact(tmp_path)
         assert ev.op_ids == (first["op_id"],)
         metrics = gw.app.dataplane.metrics
         assert metrics.loopbacks._value.get() == 1 and metrics.tokens_kept._value.get() == k
+        # The admission hook is asked again for the continuation: PSRL's x-response-token-count.
+        asked = [(req.loopback, req.response_tokens) for _, req in hook.requests]
+        assert asked == [(0, 0), (1, k)] and not hook.held
         # Per-instance tokens count each decoded token once (the stitched answer reports N).
         (row,) = (await gw.client.get("/workers/stats")).json()["workers"]
         assert row["tokens"] == N

@@ -181,3 +181,105 @@ async def test_worker_stats_show_a_prompt_groups_waiting_requests_on_its_pinned_
             }
             await gw.client.post("/routing_loop/resume")
         assert answers == [200, 200, 200]
+
+
+async def test_pause_with_wait_answers_once_in_flight_requests_finished_or_says_it_timed_out():
+    async with (
+        fake_fleet("sglang", n=1, token_latency_ms=5) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        engine = fleet.engines[0]
+        order = []
+        long = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}
+
+        async def rollout():
+            r = await gw.client.post("/generate", json=long)
+            order.append(("rollout", r.status_code))
+
+        async def pause(query: str):
+            r = await gw.client.post("/routing_loop/pause" + query)
+            order.append(("pause", r.status_code, r.json()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rollout)
+            assert await engine.wait_until(lambda: bool(engine.scheduler.jobs), timeout=30)
+            # A timeout shorter than the generation: a clear 504, dispatch paused all the same.
+            await pause("?wait=true&timeout=0.05")
+            kind, status, body = order[-1]
+            assert (kind, status, body["error"]) == ("pause", 504, "pause_wait_timeout")
+            assert body["running_request_num"] == 1 and gw.gateway.fleet.routing.paused
+            nursery.start_soon(pause, "?wait=true")
+        assert [o[0] for o in order] == ["pause", "rollout", "pause"]  # answered after the rollout
+        assert order[-1][1] == 200 and order[-1][2]["drained"] is True
+        assert order[-1][2]["running_request_num"] == 0
+        for query in ("?wait=maybe", "?wait=true&timeout=0", "?wait=true&timeout=nan"):
+            r = await gw.client.post("/routing_loop/pause" + query)
+            assert r.status_code == 400 and r.json()["error"] == "invalid_query", query
+
+
+async def test_workers_pause_and_resume_hold_instances_out_of_routing():
+    async with (
+        fake_fleet("sglang", n=2, dp_size=2) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        await gw.wait_visible(4)
+        rows = (await gw.client.get("/workers/stats")).json()["workers"]
+        base = rows[0]["base_worker_id"]
+        items = [{"base_worker_id": base}, {"worker_id": "nope"}]
+        r = await gw.client.post("/workers/pause", json=items)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["action"], body["total"], body["updated"], body["rejected"]) == ("pause", 2, 1, 1)
+        assert [x["status"] for x in body["results"]] == ["paused", "rejected"]
+        held = {
+            row["base_worker_id"]: row["held"]
+            for row in (await gw.client.get("/workers/stats")).json()["workers"]
+        }
+        assert held[base] == "paused" and list(held.values()).count(None) == 1
+        for _ in range(4):  # every request goes to the other replica
+            r = await gw.client.post("/generate", json=GEN)
+            assert r.status_code == 200 and r.headers["x-base-worker-id"] != base
+        # smgrl holds out whole engines: some DP ranks of a replica is refused with the reason.
+        r = await gw.client.post("/workers/resume", json=[{"worker_id": base, "dp_rank": [0]}])
+        assert (
+            r.json()["results"][0]["status"] == "rejected"
+            and "all 2 DP ranks" in r.json()["results"][0]["reason"]
+        )
+        r = await gw.client.post("/workers/resume", json=[{"worker_id": base, "dp_rank": [0, 1]}])
+        assert r.json()["updated"] == 1 and r.json()["results"][0]["status"] == "resumed"
+        rows = (await gw.client.get("/workers/stats")).json()["workers"]
+        assert all(row["held"] is None for row in rows)
+        assert [e.control for e in events(gw, "engine.state_set")] == ["paused", "active"]
+        for bad in (b"{}", b"[]", b'[{"dp_rank": 0}]', b'[{"worker_id": "x", "dp_rank": -1}]'):
+            r = await gw.client.post("/workers/pause", data=bad)
+            assert r.status_code == 400 and r.json()["error"] == "invalid_body", bad
+
+
+async def test_filter_lists_the_waiting_requests_at_or_below_a_version():
+    async with fake_fleet("sglang", n=1) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
+        await gw.client.post("/routing_loop/pause")
+        dp = gw.app.dataplane
+
+        async def one(tag):
+            headers = {"x-request-id": f"r{tag}"} | ({"x-version-tag": tag} if tag else {})
+            await gw.client.post("/generate", json=GEN, headers=headers)
+
+        async with trio.open_nursery() as nursery:
+            for tag in ("3", "5", None):
+                nursery.start_soon(one, tag)
+            await trio.testing.wait_all_tasks_blocked()
+            assert dp.waiting == 3
+
+            async def listed(bound):
+                r = await gw.client.get(f"/routing_loop/filter?version_tag={bound}")
+                assert r.status_code == 200, r.text
+                return sorted((x["request_id"], x["version_tag"]) for x in r.json()["requests"])
+
+            assert await listed("4") == [("r3", "3"), ("rNone", "-1")]
+            assert await listed("5") == [("r3", "3"), ("r5", "5"), ("rNone", "-1")]
+            assert await listed("-1") == [("rNone", "-1")]
+            for bad in ("", "a%20b"):
+                r = await gw.client.get(f"/routing_loop/filter?version_tag={bad}")
+                assert r.status_code == 400 and r.json()["error"] == "invalid_query"
+            assert (await gw.client.get("/routing_loop/filter")).status_code == 400
+            await gw.client.post("/routing_loop/resume")

@@ -166,3 +166,13 @@ def test_coordinator_controls_through_smgrl_rl(fakes, gateway):
     with pytest.raises(RlError) as info:
         rl.update_weight_versions([])
     assert info.value.status == 400
+    # PSRL's worker holds, the waiting-request filter and a waiting pause, through smgrl.rl.
+    first = stats[0]["base_worker_id"]
+    held = rl.pause_workers([{"worker_id": first}])
+    assert held["action"] == "pause" and held["updated"] == 1
+    assert {s["base_worker_id"]: s["held"] for s in rl.worker_stats()}[first] == "paused"
+    assert rl.resume_workers([{"worker_id": first}])["results"][0]["status"] == "resumed"
+    assert rl.waiting_requests(-1) == []
+    paused = rl.pause_dispatch(wait=True, timeout=5)
+    assert paused["drained"] is True and paused["running_request_num"] == 0
+    assert rl.resume_dispatch()["paused"] is False
