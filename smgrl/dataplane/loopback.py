@@ -430,19 +430,66 @@ def preview(rollout: Rollout) -> Rollout:
     )
 
 
+CUMULATIVE, INCREMENTAL = "cumulative", "incremental"
+
+
+def stream_mode(leg: Leg) -> str | None:
+    """How an engine streams ``/generate``, read off one event, or None (not yet known): SGLang's
+    default repeats every id so far in each event (``output_ids`` as long as the cumulative
+    ``meta_info.completion_tokens``); with ``--incremental-streaming-output`` (and TokenSpeed's
+    shim in front of it) an event carries only the new ids. One event of a single token says
+    nothing; an event without the counter is taken as cumulative (the default)."""
+    count = leg.obj.get("meta_info", {}).get("completion_tokens")
+    if type(count) is not int:
+        return CUMULATIVE
+    if len(leg.ids) < count:
+        return INCREMENTAL
+    return CUMULATIVE if count > 1 else None
+
+
+def extend(acc: Leg | None, leg: Leg) -> Leg:
+    """An incremental stream's leg so far: ``acc`` (None at first) followed by ``leg``'s new
+    tokens; the latest event's finish, version and object."""
+    if acc is None:
+        acc = Leg(ids=[], logprobs=[], top=[], text="", finish=None, version=None, spans=[], obj={})
+    start = len(acc.ids)
+    acc.ids = acc.ids + leg.ids
+    acc.logprobs = None if acc.logprobs is None or leg.logprobs is None else acc.logprobs + leg.logprobs
+    acc.top = None if acc.top is None or leg.top is None else acc.top + leg.top
+    acc.text = None if acc.text is None or leg.text is None else acc.text + leg.text
+    acc.finish, acc.obj = leg.finish, leg.obj
+    acc.version = leg.version or acc.version
+    history = leg.obj.get("meta_info", {}).get("weight_versions")
+    if isinstance(history, list) and history:
+        acc.spans = list(leg.spans)  # the engine's spans cover the whole leg
+    elif leg.ids:
+        v = leg.version
+        if acc.spans and acc.spans[-1][0] == v and acc.spans[-1][2] == start:
+            acc.spans[-1] = (v, acc.spans[-1][1], start + len(leg.ids))
+        else:
+            acc.spans.append((v, start, start + len(leg.ids)))
+    return acc
+
+
 class _Seam:
-    """Relays one leg's SSE events; rewrites them once the rollout has looped back (cumulative
-    ids/text/log-probs from the first token), and holds back a sync's abort (and its
-    ``[DONE]``) so the client never sees the seam."""
+    """Relays one leg's SSE events; holds back a sync's abort (and its ``[DONE]``) so the client
+    never sees the seam, and rewrites the events once the rollout has looped back, in the
+    engine's own streaming mode (``stream_mode``): cumulative events are re-stitched to carry
+    the whole rollout from its first token; incremental ones keep their new tokens and get the
+    rollout's counters. The mode is learnt from the first leg's events (a couple of parses) and
+    shared across legs; an incremental leg is parsed event by event (its ids are needed to
+    continue it)."""
 
     def __init__(self, dp, rollout_ref: list, dispatched, body: bytes, tokenizer=None) -> None:
         self.dp = dp
         self.tokenizer = tokenizer
-        self.ref = rollout_ref  # [Rollout | None]: shared across legs
+        self.ref = rollout_ref  # [Rollout | None, mode | None]: shared across legs
         self.dispatched = dispatched
         self.body = body
         self.held: tuple[Leg, list[str]] | None = None  # the sync's abort of this leg
-        self.last: Leg | None = None  # the leg's latest event, once the rollout looped back
+        self.last: Leg | None = None  # the leg so far, once the rollout looped back
+        self.acc: Leg | None = None  # incremental mode: this leg's tokens so far
+        self.seen: list[Leg] = []  # events parsed before the mode was known
         self.buf = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -452,8 +499,7 @@ class _Seam:
             self.buf = data
             return b""
         complete, self.buf = data[: end + 2], data[end + 2 :]
-        rollout = self.ref[0]
-        if rollout is None and b'"abort"' not in complete:
+        if self.ref[0] is None and self.ref[1] == CUMULATIVE and b'"abort"' not in complete:
             return complete  # the common case: nothing to look at
         out = []
         for event in complete.split(b"\n\n")[:-1]:
@@ -464,11 +510,29 @@ class _Seam:
         rest, self.buf = self.buf, b""
         return rest
 
+    def _learn(self, leg: Leg) -> None:
+        """Track the leg: learn the mode, accumulate an incremental leg."""
+        mode = self.ref[1]
+        if mode is None:
+            self.seen.append(leg)
+            mode = self.ref[1] = stream_mode(leg)
+            if mode is None:
+                return
+            if mode == CUMULATIVE:
+                self.seen = []
+                return
+            for earlier in self.seen:
+                self.acc = extend(self.acc, earlier)
+            self.seen = []
+            return
+        if mode == INCREMENTAL:
+            self.acc = extend(self.acc, leg)
+
     def _event(self, event: bytes) -> bytes:
         if event.startswith(b"data: [DONE]"):
             return b"" if self.held is not None else event + b"\n\n"
         rollout = self.ref[0]
-        if not event.startswith(b"data: {") or (rollout is None and b'"abort"' not in event):
+        if not event.startswith(b"data: {"):
             return event + b"\n\n"
         try:
             leg = read_leg(json.loads(event[6:]))
@@ -476,6 +540,9 @@ class _Seam:
             leg = None
         if leg is None:
             return event + b"\n\n"
+        self._learn(leg)
+        incremental = self.ref[1] == INCREMENTAL
+        whole = self.acc if incremental else leg  # this leg so far
         if leg.finish == "abort":
             instance = self.dispatched.instance
             ops = self.dp.fleet.aborts.since(instance.base_url, self.dispatched.seq)
@@ -485,14 +552,36 @@ class _Seam:
                         json.loads(self.body), True, self.dp.cfg.dataplane.max_loopbacks, self.tokenizer
                     )
                 if rollout is not None:
-                    self.held = (leg, ops)
+                    self.held = (whole if whole is not None else leg, ops)
+                    if incremental and leg.ids:
+                        # Its new tokens are the client's: sent as an ordinary event.
+                        return self._incremental(rollout, leg, whole, final=False)
                     return b""
         if rollout is None:
             return event + b"\n\n"
-        self.last = leg
+        self.last = whole
+        if incremental:
+            return self._incremental(rollout, leg, whole, final=leg.finish is not None)
         tmp = preview(rollout)
         tmp.add(leg, self.dispatched.instance, None)
         return b"data: " + _dumps(tmp.stitch(leg)) + b"\n\n"
+
+    def _incremental(self, rollout: Rollout, leg: Leg, whole: Leg, *, final: bool) -> bytes:
+        """An incremental event of a looped-back rollout: its new tokens, the rollout's counters;
+        the last one also the rollout's version spans and segments."""
+        out = dict(leg.obj)
+        meta = dict(out.get("meta_info") or {})
+        meta["prompt_tokens"] = len(rollout.prompt)
+        meta["completion_tokens"] = rollout.generated + len(whole.ids)
+        if final:
+            tmp = preview(rollout)
+            tmp.add(whole, self.dispatched.instance, None)
+            meta["weight_versions"] = [{"version": v, "start": a, "end": b} for v, a, b in tmp.spans]
+            meta["segments"] = [dict(seg) for seg in tmp.segments]
+        else:
+            meta["finish_reason"] = None
+        out["meta_info"] = meta
+        return b"data: " + _dumps(out) + b"\n\n"
 
 
 async def run_stream(
@@ -503,7 +592,7 @@ async def run_stream(
     the next leg instead of ending the stream."""
     routed = bounds["routed"]
     send = relay.send
-    ref: list = [None]
+    ref: list = [None, None]  # [the Rollout once looped back, the engine's stream mode]
     outcome = "cancelled"
     leg_body = body
     try:
@@ -562,6 +651,12 @@ async def run_stream(
             rollout.add(leg, dispatched.instance, ops[0])
             if rollout.remaining() == 0:
                 final = rollout.stitch(leg, length_reached=True)
+                if ref[1] == INCREMENTAL:  # its tokens went out already, event by event
+                    meta = final["meta_info"]
+                    for key in ("output_token_logprobs", "output_top_logprobs"):
+                        if key in meta:
+                            meta[key] = []
+                    final = {**final, "output_ids": [], "text": ""}
                 dp.count_tokens(dispatched.instance.worker_id, len(leg.ids))
                 out = b"data: " + _dumps(final) + b"\n\ndata: [DONE]\n\n"
                 await send({"type": "http.response.body", "body": out, "more_body": False})

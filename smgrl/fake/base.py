@@ -61,6 +61,9 @@ class EngineConfig:
     health_check_timeout_s: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
     context_length: int | None = None
     stream_interval: int = 1
+    # SGLang --incremental-streaming-output (TokenSpeed's shim shares it): each /generate stream
+    # event carries only the tokens (ids, text, log-probs) new since the previous one.
+    incremental_streaming_output: bool = False
     head_as_get: bool = True  # HEAD on a GET route answers like GET (see docs: FastAPI says 405)
     call_log_limit: int = 10_000
     enable_weights_cpu_backup: bool = False  # SGLang: weights survive release/resume

@@ -1,7 +1,8 @@
 """SGLang's native ``/generate`` (engines.md §1.3), shared by the SGLang and TokenSpeed fakes.
 
 Single prompt -> one object, batch -> a list. ``stream: true`` -> SSE events carrying the
-cumulative text/output_ids, then ``data: [DONE]``. Every answer's ``meta_info`` carries the
+cumulative text/output_ids (only the new ones with ``incremental_streaming_output``, SGLang's
+``--incremental-streaming-output``), then ``data: [DONE]``. Every answer's ``meta_info`` carries the
 weight version; a request that straddled a version change also gets ``weight_versions`` spans.
 """
 
@@ -165,19 +166,36 @@ async def sglang_generate(engine: BaseEngine, req: Request) -> Response:
     return json_response(outputs if batch else outputs[0])
 
 
+def _since(out: dict[str, Any], job: Job, sent: int) -> dict[str, Any]:
+    """SGLang's incremental streaming: only what is new since ``sent`` output tokens (the
+    counters in ``meta_info`` stay cumulative)."""
+    out["output_ids"] = out["output_ids"][sent:]
+    out["text"] = job.delta_text(sent)
+    meta = out["meta_info"]
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if key in meta:
+            meta[key] = meta[key][sent:]
+    return out
+
+
 async def _stream(engine: BaseEngine, jobs: list[Job], batch: bool) -> AsyncIterator[bytes]:
     interval = max(1, engine.config.stream_interval)
+    incremental = engine.config.incremental_streaming_output
     async with engine.admission():
         with engine.scheduler.admitted(jobs):
             # Batch items stream one after the other (the fake's simplification; each event
             # carries its "index" as SGLang's do).
             for index, job in enumerate(jobs):
                 # aclosing: if the client goes away, the job leaves the scheduler right now.
+                sent = 0
                 async with contextlib.aclosing(engine.scheduler.steps(job)) as steps:
                     async for _ in steps:
                         if job.finish is None and len(job.output_ids) % interval:
                             continue
                         out = render(engine, job)
+                        if incremental:
+                            out = _since(out, job, sent)
+                            sent = len(job.output_ids)
                         if batch:
                             out["index"] = index
                         yield sse(out)

@@ -60,6 +60,7 @@ def server_args(engine: SGLangEngine) -> dict[str, Any]:
         "nnodes": 1,
         "node_rank": 0,
         "stream_interval": c.stream_interval,
+        "incremental_streaming_output": c.incremental_streaming_output,
         "random_seed": 42,
         "served_model_name": engine.startup_served_model_name,
         "weight_version": c.weight_version,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import attrs
+import pytest
 import trio
 from test_dataplane_hook import Hook
 
@@ -246,3 +247,58 @@ async def test_a_stream_continues_across_the_loopback_without_a_seam(tmp_path):
         assert ev.tokens_kept == k and ev.generated_tokens == N and ev.outcome == "completed"
         (row,) = (await gw.client.get("/workers/stats")).json()["workers"]
         assert row["tokens"] == N  # each decoded token counted once, across the seam
+
+
+@pytest.mark.parametrize(
+    ("kind", "incremental"),
+    [("sglang", False), ("sglang", True), ("tokenspeed", False), ("tokenspeed", True)],
+)
+async def test_streams_are_stitched_in_each_engines_streaming_mode(kind, incremental):
+    """SGLang streams cumulative events by default and only the new tokens with
+    --incremental-streaming-output; TokenSpeed's /generate shim streams as the SGLang it fronts.
+    Either way the client reads one generation across the loopback, in the engine's own mode."""
+    async with (
+        fake_fleet(kind, n=1, token_latency_ms=3, incremental_streaming_output=incremental) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        engine = fleet.engines[0]
+        wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
+        result = {}
+
+        async def rollout():
+            result["r"] = await gw.client.post("/generate", json={**body(), "stream": True})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rollout)
+            await produced(engine, 8)
+            await rl(gw, wid, "pause_generation", {"mode": "abort"})
+            await rl(gw, wid, "update_weight_version", {"new_version": "v2", "abort_all_requests": False})
+            await rl(gw, wid, "continue_generation", {})
+        r = result["r"]
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") and r.text.count("[DONE]") == 1
+        events = sse_events(r.text)
+        assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])  # no abort in sight
+        if incremental:
+            ids = [t for e in events for t in e["output_ids"]]
+            lps = [lp for e in events for lp in e["meta_info"]["output_token_logprobs"]]
+        else:
+            seen: list[int] = []
+            for event in events:  # cumulative ids only ever grow
+                assert event["output_ids"][: len(seen)] == seen
+                seen = event["output_ids"]
+            ids, lps = seen, events[-1]["meta_info"]["output_token_logprobs"]
+        meta = events[-1]["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == N
+        k = meta["segments"][0]["end"]
+        assert len(ids) == N and [lp[1] for lp in lps] == ids
+        assert ids == reference(engine.weights_digest, PROMPT, N)[:k] + reference(
+            engine.weights_digest, PROMPT + ids[:k], N - k
+        )
+        assert meta["weight_versions"] == [
+            {"version": "default", "start": 0, "end": k},
+            {"version": "v2", "start": k, "end": N},
+        ]
+        last = engine.calls_to("/generate")[-1].json_body()
+        assert last["input_ids"] == PROMPT + ids[:k] and last["sampling_params"]["max_new_tokens"] == N - k
+        (ev,) = [rec.event for rec in gw.store.read() if rec.event.TYPE == "dataplane.request_looped_back"]
+        assert ev.tokens_kept == k and ev.generated_tokens == N
