@@ -51,7 +51,7 @@ from smgrl.api.schemas import (
 from smgrl.api.scope import header as _header
 from smgrl.api.sessions import SessionsASGI
 from smgrl.auth import Denied, check_api_key
-from smgrl.dataplane import loopback
+from smgrl.dataplane import loopback, loopback_openai_stream
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest
 from smgrl.dataplane.service import DataPlane
@@ -478,6 +478,16 @@ class _Relay:
             if req.stream and loopback.streamable(req, dp.cfg.dataplane.max_loopbacks, tokenizer):
                 # A rollout stream that a sync may abort: continued without a seam.
                 await loopback.run_stream(
+                    self, dp, req, body, headers, model, bounds, self.api.gw.journal, tokenizer
+                )
+                return
+            if (
+                req.stream
+                and req.openai
+                and loopback.loopable(req, dp.cfg.dataplane.max_loopbacks, tokenizer)
+            ):
+                # With the tokenizer an OpenAI stream a sync aborts continues too.
+                await loopback_openai_stream.run(
                     self, dp, req, body, headers, model, bounds, self.api.gw.journal, tokenizer
                 )
                 return

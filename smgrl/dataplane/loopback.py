@@ -192,13 +192,14 @@ class Rollout:
         """A continuation leg's answer."""
         return read_leg(obj)
 
-    def adapt(self):
-        """``DataPlane.dispatch``'s ``adapt`` for a continuation: None (the request's own route),
-        or the other route a continuation takes (a chat rollout continues as a completion)."""
+    def adapt(self, body: bytes | None = None):
+        """``DataPlane.dispatch``'s ``adapt`` for a continuation (``body``, else
+        ``continuation()``): None (the request's own route), or the other route a
+        continuation takes (a chat rollout continues as a completion)."""
         if self.route is None:
             return None
         route = self.route
-        body = self.continuation()
+        body = self.continuation() if body is None else body
         return lambda entry: (route, body)
 
     def continuation(self) -> bytes:
@@ -325,6 +326,7 @@ async def run_buffered(
                 return answer
             dispatched = answer.dispatched
             instance = dispatched.instance
+            leg = versioned(leg, current_version(dp, dispatched))
             ops = dp.fleet.aborts.since(instance.base_url, dispatched.seq) if leg.finish == "abort" else []
             if rollout is None:
                 if not ops:
@@ -365,6 +367,28 @@ async def run_buffered(
     finally:
         if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
             await record(journal, rollout, routed, req, model, outcome)
+
+
+def current_version(dp, dispatched) -> str | None:
+    """The routing table's version NOW for the instance that served ``dispatched``: for an
+    answer that names no version. A continuation sent while its engine's pause was not yet
+    confirmed waited at the engine and ran on the weights the table shows after the sync, not
+    those it showed at dispatch."""
+    instance = dispatched.instance
+    slot = dp.table().models.get(instance.model)
+    for entry in slot.entries if slot is not None else ():
+        if entry.instance.worker_id == instance.worker_id:
+            return entry.version
+    return dispatched.entry.version
+
+
+def versioned(leg: Leg, version: str | None) -> Leg:
+    """``leg`` with ``version`` where the engine named none."""
+    if leg.version is not None or version is None:
+        return leg
+    return attrs.evolve(
+        leg, version=version, spans=[(v if v is not None else version, a, b) for v, a, b in leg.spans]
+    )
 
 
 def prepare(dp, routed, rollout: Rollout, instance, leg: Leg) -> None:

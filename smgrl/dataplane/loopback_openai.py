@@ -15,7 +15,7 @@ The stitched answer keeps the first leg's shape (``chat.completion`` or ``text_c
 per-token version spans (``weight_versions``, in engine tokens) and ``segments``. Log-probs are
 not stitched (the legs' formats differ): a continued answer has ``logprobs: null``; a chat answer's
 tool calls are not parsed again (its content is the generated text). Single choice only (``n``
-absent or 1); streams of the OpenAI routes answer the engine's abort (docs/data-plane.md).
+absent or 1). Streams: ``loopback_openai_stream``.
 """
 
 from __future__ import annotations
@@ -123,11 +123,13 @@ class TextRollout(Rollout):
             }
         )
 
-    def continuation(self) -> bytes:
+    def continuation(self, stream: bool = False) -> bytes:
         obj: dict[str, Any] = {k: self.obj[k] for k in SAMPLING if self.obj.get(k) is not None}
         obj["model"] = self.obj.get("model")
         obj["prompt"] = self.prompt + self.tokenizer.encode("".join(self.text or ()))
-        obj["stream"] = False
+        obj["stream"] = stream
+        if stream:  # its usage counts the leg's tokens (loopback_openai_stream)
+            obj["stream_options"] = {"include_usage": True}
         if self.cap is not None:
             obj["max_tokens"] = self.remaining()
         return _dumps(obj)

@@ -4,6 +4,8 @@ fake engines on loopback using the same tokenizer."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 
@@ -146,3 +148,57 @@ async def test_without_a_tokenizer_the_openai_routes_answer_the_engines_abort(ch
             r = await synced(gw, fleet, "/v1/completions", body)
             assert r.json()["choices"][0]["finish_reason"] == "abort"
             assert not looped(gw)
+
+
+def sse(text: str) -> list[dict]:
+    return [json.loads(b[6:]) for b in text.split("\n\n") if b.startswith("data: {")]
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_openai_streams_continue_across_the_loopback(chat, model_dirs, route):
+    with trio.fail_after(30):
+        async with (
+            fake_fleet("sglang", n=1, token_latency_ms=3, weight_version="1") as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            name = gw.app.dataplane.served_models()[0]
+            prompt = (
+                {"messages": [{"role": "user", "content": "a poem"}]}
+                if "chat" in route
+                else {"prompt": "a poem"}
+            )
+            body = {"model": name, **prompt, "max_tokens": N, "ignore_eos": True, "stream": True}
+            plain = await gw.client.post(route, json={**body, "stream_options": {"include_usage": True}})
+            assert (
+                plain.text.count("data: [DONE]") == 1
+                and sse(plain.text)[-1]["usage"]["completion_tokens"] == N
+            )
+            r = await synced(gw, fleet, route, {**body, "stream_options": {"include_usage": True}})
+            assert r.status_code == 200, r.text
+            assert r.text.endswith("data: [DONE]\n\n") and r.text.count("[DONE]") == 1
+            events = sse(r.text)
+            usage = events.pop()
+            assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == N
+            assert len({e["id"] for e in events}) == 1  # one stream, the first leg's id
+            finishes = [e["choices"][0]["finish_reason"] for e in events]
+            assert finishes[-1] == "length" and set(finishes[:-1]) == {None}  # no abort in sight
+            text = "".join(
+                (e["choices"][0].get("delta") or {}).get("content") or ""
+                if "chat" in route
+                else e["choices"][0]["text"]
+                for e in events
+            )
+            last = events[-1]["choices"][0]
+            k = last["segments"][0]["end"]
+            assert [s["version"] for s in last["weight_versions"]] == ["1", "2"] and 0 < k < N
+            cont = fleet.engines[0].calls_to("/v1/completions")[-1].json_body()
+            head = (
+                chat.tokenize_messages(prompt["messages"])
+                if "chat" in route
+                else chat.encode(prompt["prompt"])
+            )
+            partial = chat.decode(cont["prompt"][len(head) :])
+            assert cont["prompt"][: len(head)] == head and partial and text.startswith(partial)
+            assert cont["stream"] is True and cont["max_tokens"] == N - k
+            (ev,) = looped(gw)
+            assert ev.tokens_kept == k and ev.generated_tokens == N and ev.outcome == "completed"
