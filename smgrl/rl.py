@@ -330,7 +330,7 @@ class RL:
         if not wait:
             return self._json("POST", "/routing_loop/pause")
         query = "?wait=true" + ("" if timeout is None else f"&timeout={timeout:g}")
-        budget = None if timeout is None else timeout + 30
+        budget = (30.0 if timeout is None else timeout) + 30  # the gateway's wait, then its answer
         return self._json("POST", "/routing_loop/pause" + query, timeout=budget)
 
     def resume_dispatch(self) -> dict[str, Any]:
