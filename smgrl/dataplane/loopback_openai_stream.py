@@ -23,7 +23,7 @@ from smgrl.dataplane.stamp import Stamp, stream_version
 from smgrl.errors import DataPlaneError, UpstreamUnreachable
 
 
-class _Leg:
+class _StreamLeg:
     """One leg's stream: its text and token count, and whether a sync's abort ended it."""
 
     def __init__(self) -> None:
@@ -34,13 +34,13 @@ class _Leg:
         self.ops: list[str] = []
 
 
-class _Seam:
+class _ChunkSeam:
     def __init__(self, dp, state: dict, dispatched, version: str) -> None:
         self.dp = dp
         self.state = state  # shared across legs: rollout, first event's shape, usage wanted
         self.dispatched = dispatched
         self.version = version
-        self.leg = _Leg()
+        self.leg = _StreamLeg()
         self.buf = b""
         self.final: tuple[str, str] | None = None  # a looped-back stream's last event, held
         self.versioned = False
@@ -208,7 +208,7 @@ async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, jo
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
-                seam = _Seam(dp, state, dispatched, version)
+                seam = _ChunkSeam(dp, state, dispatched, version)
                 async for chunk in response.aiter_chunks():
                     out = seam.feed(chunk)
                     if out:
