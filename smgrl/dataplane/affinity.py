@@ -55,6 +55,7 @@ class Routed:
     loopbacks: int = 0  # partial-rollout loopbacks so far
     kept: int = 0  # tokens of the aborted legs, already counted for their instances
     loop_hint: InstanceId | None = None  # the instance a loopback returns to
+    after_ops: tuple[str, ...] = ()  # the aborting calls a loopback's continuation waits out
     pinned: str | None = None  # the pinned version (raw), once committed
     floor: Version | None = None  # the version floor of the next selection
     joined: str | None = None  # the prompt id whose running set this request is in

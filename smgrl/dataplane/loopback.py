@@ -347,7 +347,7 @@ async def run_buffered(
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
                 raise rollout.limit_exceeded()
-            prepare(dp, routed, rollout, instance, leg)
+            prepare(dp, routed, rollout, instance, leg, ops)
             async with dp.dispatch(
                 req,
                 rollout.continuation(),
@@ -391,9 +391,11 @@ def versioned(leg: Leg, version: str | None) -> Leg:
     )
 
 
-def prepare(dp, routed, rollout: Rollout, instance, leg: Leg) -> None:
-    """Route the next leg: back to the instance that aborted (eligible again once its sync
-    completes), or any instance at the pinned version floor: never older weights."""
+def prepare(dp, routed, rollout: Rollout, instance, leg: Leg, ops=()) -> None:
+    """Route the next leg: once the syncs that aborted it (``ops``) have finished, back to the
+    instance that aborted (eligible again once its sync completes), or any instance at the
+    pinned version floor: never older weights."""
+    routed.after_ops = tuple(ops)
     dp.metrics.loopbacks.inc()
     dp.metrics.tokens_kept.inc(leg.tokens)
     # Per-instance tokens: the aborted leg's go to the instance that decoded them; the stitched
@@ -689,7 +691,7 @@ async def run_stream(
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
                 raise rollout.limit_exceeded()
-            prepare(dp, routed, rollout, dispatched.instance, leg)
+            prepare(dp, routed, rollout, dispatched.instance, leg, ops)
             leg_body = rollout.continuation()
     except DataPlaneError:
         if outcome == "cancelled":

@@ -243,7 +243,7 @@ async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, jo
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
                 raise rollout.limit_exceeded()
-            prepare(dp, routed, rollout, dispatched.instance, leg)  # counts the leg's tokens
+            prepare(dp, routed, rollout, dispatched.instance, leg, seam.leg.ops)  # counts its tokens
             leg_body = rollout.continuation(stream=True)
             adapt = rollout.adapt(leg_body)
     except DataPlaneError:

@@ -262,7 +262,13 @@ class DataPlane:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
-            if self.fleet.routing.paused:
+            if routed is not None and routed.after_ops and not self.fleet.aborts.pending(routed.after_ops):
+                routed.after_ops = ()  # the syncs that aborted this loopback have finished
+            if routed is not None and routed.after_ops:
+                # A partial-rollout continuation waits for the sync that aborted it: until then
+                # its engine may still look active (refusing it, or running old weights).
+                held, chosen = Counter(syncing=len(slot.entries)), None
+            elif self.fleet.routing.paused:
                 # The coordinator paused dispatch (/routing_loop/pause): wait like a request
                 # with no eligible engine; the resume's journal commit wakes it.
                 held, chosen = Counter(dispatch_paused=len(slot.entries)), None

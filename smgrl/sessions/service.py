@@ -496,7 +496,7 @@ class SessionService:
                     raise rollout.limit_exceeded()
                 # Back to the instance that aborted (eligible again once its sync completes),
                 # or any at the pinned floor: never older weights (loopback.prepare).
-                loopback.prepare(self.dp, routed, rollout, instance, leg)
+                loopback.prepare(self.dp, routed, rollout, instance, leg, ops)
         finally:
             if rollout.loopbacks or outcome == "limit_exceeded":
                 await loopback.record(self.journal, rollout, routed, req, model, outcome)

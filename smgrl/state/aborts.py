@@ -25,12 +25,16 @@ class AbortingOps:
         # engine -> [start seq, op id, end seq (None: in flight)], oldest first
         self._by_engine: dict[str, deque[list]] = {}
         self._open: dict[str, list[list]] = {}  # op id -> its entries, until it ends
+        self.ended = 0  # aborting calls ended so far (FleetState wakes waiting requests on it)
 
     def apply(self, seq: int, event) -> None:
         kind = getattr(event, "TYPE", None)
         if kind in ("control.finished", "control.interrupted"):
-            for entry in self._open.pop(event.op_id, ()):
-                entry[2] = seq
+            entries = self._open.pop(event.op_id, None)
+            if entries is not None:
+                self.ended += 1
+                for entry in entries:
+                    entry[2] = seq
             return
         if kind != "control.started":
             return
@@ -57,3 +61,9 @@ class AbortingOps:
         """The aborting operations on the engine at ``base_url`` not finished at journal
         ``seq`` (when a request was sent to it): they may have aborted that request."""
         return [op for start, op, end in self._by_engine.get(base_url, ()) if end is None or end > seq]
+
+    def pending(self, op_ids) -> bool:
+        """Is any of these aborting calls still in flight? A partial-rollout continuation waits
+        for the sync that aborted it to finish (the engine is then paused, or on its new
+        weights) instead of racing it to an engine that may refuse it or run on old weights."""
+        return any(op in self._open for op in op_ids)

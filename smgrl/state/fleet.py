@@ -81,10 +81,11 @@ class FleetState:
                     self.engines.set_quarantine(base, None)
 
     def apply_records(self, records: Iterable) -> None:
-        before = self.revision
+        before, ended = self.revision, self.aborts.ended
         for rec in records:
             self.apply(rec.seq, rec.event)
-        if self._listeners and self.revision != before:
+        # The end of an aborting call wakes too: partial-rollout continuations wait for it.
+        if self._listeners and (self.revision != before or self.aborts.ended != ended):
             self.notify()
 
     def facts(self) -> dict[str, EngineFacts]:

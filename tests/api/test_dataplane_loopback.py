@@ -9,6 +9,7 @@ import json
 import attrs
 import pytest
 import trio
+import trio.testing
 from test_dataplane_hook import Hook
 
 from smgrl.config import Config, DataPlaneConfig, RlConfig
@@ -302,3 +303,36 @@ async def test_streams_are_stitched_in_each_engines_streaming_mode(kind, increme
         assert last["input_ids"] == PROMPT + ids[:k] and last["sampling_params"]["max_new_tokens"] == N - k
         (ev,) = [rec.event for rec in gw.store.read() if rec.event.TYPE == "dataplane.request_looped_back"]
         assert ev.tokens_kept == k and ev.generated_tokens == N
+
+
+async def test_a_continuation_waits_for_the_sync_that_aborted_it_to_finish(tmp_path):
+    """A sync that aborts first and then loads for a while: the continuation waits in the gateway
+    (``syncing``) until the load has finished, instead of racing it to an engine that still
+    looks active (vLLM would refuse it; any engine would run it on weights the table does not
+    name yet)."""
+    async with (
+        fake_fleet("sglang", n=1, token_latency_ms=3) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        engine = fleet.engines[0]
+        engine.knobs.load_delay_ms = 300
+        wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
+        dp = gw.app.dataplane
+        ckpt = make_checkpoint(tmp_path / "v2", "fake/Qwen3-0.6B", seed=2)
+        result = {}
+
+        async def rollout():
+            result["r"] = await gw.client.post("/generate", json=body())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rollout)
+            await produced(engine, 8)
+            load = {"model_path": str(ckpt), "weight_version": "v2", "abort_all_requests": True}
+            nursery.start_soon(rl, gw, wid, "update_weights_from_disk", load)
+            # Everything blocked for 50 ms: only the 300 ms load sleeps, the rest waits.
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert dp.waiting_by_reason["syncing"] == 1
+            assert len(engine.calls_to("/generate")) == 1  # nothing raced the load
+        out = result["r"].json()
+        assert out["meta_info"]["completion_tokens"] == N
+        assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["default", "v2"]

@@ -5,6 +5,7 @@ quarantined."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 from test_sessions_api import TOOLS, cfg, check_training, say, tok  # noqa: F401 - the fixture
@@ -31,10 +32,34 @@ async def rl(gw, wid: str, path: str, payload: dict) -> None:
     assert r.status_code == 200, r.text
 
 
-async def test_a_turn_aborted_by_a_sync_is_looped_back_and_captured_whole(tok, model_dirs):  # noqa: F811
+# Each engine's sync through the gateway: pause in abort mode, a new version, resume; and the
+# token-in route a session turn takes on it.
+SYNCS = {
+    "sglang": (
+        [
+            ("pause_generation", {"mode": "abort"}),
+            ("update_weight_version", {"new_version": "2", "abort_all_requests": False}),
+        ],
+        ("continue_generation", {}),
+        ("/generate", "input_ids"),
+    ),
+    "vllm": (
+        [
+            ("pause?mode=abort", {}),
+            ("update_weight_version", {"new_version": "2", "abort_all_requests": False}),
+        ],
+        ("resume", {}),
+        ("/inference/v1/generate", "token_ids"),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SYNCS))
+async def test_a_turn_aborted_by_a_sync_is_looped_back_and_captured_whole(tok, model_dirs, kind):  # noqa: F811
+    syncs, resume, (route, ids_key) = SYNCS[kind]
     with trio.fail_after(30):
         async with (
-            fake_fleet("sglang", n=1, token_latency_ms=5, weight_version="1") as fleet,
+            fake_fleet(kind, n=1, token_latency_ms=5, weight_version="1") as fleet,
             gateway_in_process(
                 cfg(model_dirs["chatml"], rl=RlConfig(enabled=True, control_timeout_secs=5)),
                 worker_urls=fleet.urls,
@@ -55,11 +80,11 @@ async def test_a_turn_aborted_by_a_sync_is_looped_back_and_captured_whole(tok, m
                 n.start_soon(turn)
                 await decoded(engine, 6)
                 # The trainer's sync through the gateway: pause in abort mode, new version, resume.
-                await rl(gw, wid, "pause_generation", {"mode": "abort"})
-                await rl(gw, wid, "update_weight_version", {"new_version": "2", "abort_all_requests": False})
+                for path, payload in syncs:
+                    await rl(gw, wid, path, payload)
                 await trio.testing.wait_all_tasks_blocked()
                 assert "r" not in box  # the continuation waits for the engine mid-refit
-                await rl(gw, wid, "continue_generation", {})
+                await rl(gw, wid, *resume)
             r = box["r"]
             assert r.status_code == 200, r.text
             msg = r.json()["choices"][0]["message"]
@@ -79,8 +104,8 @@ async def test_a_turn_aborted_by_a_sync_is_looped_back_and_captured_whole(tok, m
             generated = [v for v, m in zip(t["versions"], t["response_mask"], strict=True) if m]
             assert generated == ["1"] * k + ["2"] * (second["end"] - k)
             # The continuation's prompt was the turn's prompt plus the kept tokens.
-            gens = [c.json_body() for c in engine.calls_to("/generate")]
-            assert gens[-1]["input_ids"] == gens[0]["input_ids"] + t["response_ids"][:k]
+            gens = [c.json_body() for c in engine.calls_to(route)]
+            assert len(gens) == 2 and gens[-1][ids_key] == gens[0][ids_key] + t["response_ids"][:k]
             (ev,) = [
                 rec.event for rec in gw.store.read() if rec.event.TYPE == "dataplane.request_looped_back"
             ]
