@@ -32,6 +32,7 @@ from smgrl.api.schemas import (
 from smgrl.auth import ENGINE, Denied
 from smgrl.errors import (
     DataPlaneError,
+    LoopbackLimitExceeded,
     NoAvailableWorkers,
     NoEligibleWorkers,
     RequestTimeout,
@@ -366,12 +367,14 @@ _TURN = {
     "409": _error("session_closing: DELETE is draining the session.", SessionClosing),
     "502": _error("engine_answer_invalid or upstream_unreachable.", EngineAnswerInvalid, UpstreamUnreachable),
     "503": _error(
-        "sessions_disabled, no_eligible_workers, no_available_workers or turn_aborted (the engine aborted the "
-        "turn in a weight sync; send it again); retryable.",
+        "sessions_disabled, no_eligible_workers, no_available_workers, turn_aborted (a deliberate abort: the "
+        "trainer's abort_request or one sent straight to the engine; send it again; a weight sync's abort is "
+        "looped back) or loopback_limit_exceeded (aborted by syncs more than --max-loopbacks times); retryable.",
         SessionsDisabled,
         NoEligibleWorkers,
         NoAvailableWorkers,
         TurnAborted,
+        LoopbackLimitExceeded,
     ),
     "504": _error("request_timeout.", RequestTimeout),
 }
