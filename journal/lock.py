@@ -17,6 +17,14 @@ Why a sidecar file and ``flock(2)``:
 * The file is never deleted or replaced: a new inode at the same path would let a second process
   lock "the journal" while the first still holds the old inode.
 
+The sidecar is named after the path, and a hard link to the journal in another directory is
+another path (with its own ``-wal`` and ``-shm`` files: two gateways there would corrupt the WAL).
+So the lock also follows the file's identity: ``flock`` on a descriptor of the journal file itself,
+which every link and every path to that inode shares. That descriptor is never closed while the
+process runs (closing would drop SQLite's POSIX locks, see above): on release the ``flock`` is
+undone with ``LOCK_UN`` and the descriptor is parked, to be reused by the next lock on the same
+file (at most one parked descriptor per journal file and concurrent holder in a process).
+
 The content is one JSON object per holder, one per line, describing who holds it: ``mode``,
 ``pid``, ``host``, ``port`` (``null`` until the gateway listens), ``since`` (UTC), ``version``.
 It is written right after the lock is taken and rewritten once the port is known.
@@ -37,6 +45,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 from typing import Any, Self
 
 import attrs
@@ -52,8 +61,37 @@ _MAX_RECORD_BYTES = 64 * 1024  # the file is only ever a few lines; never read m
 def lock_path(journal_path: str) -> str:
     """``<journal>.lock`` beside the file the path resolves to: a symlink to the journal (or to a
     directory on its path) names the same lock, so it cannot start a second owner. A hard link
-    in another directory still names another lock file (docs/journal.md)."""
+    in another directory names another lock file; the ``flock`` on the journal file itself
+    (:func:`_identity_fd`) refuses it."""
     return os.path.realpath(os.fspath(journal_path)) + ".lock"
+
+
+# Descriptors of journal files whose flock was released, by (st_dev, st_ino): never closed (see
+# the module docstring), reused by the next lock on the same file.
+_parked: dict[tuple[int, int], list[int]] = {}
+_parked_lock = threading.Lock()
+
+
+def _identity_fd(journal_path: str) -> int:
+    """A descriptor of the journal file (created empty if missing, as SQLite would), reusing a
+    parked one of the same file. Never one a live :class:`JournalLock` holds: ``flock`` conflicts
+    only between open file descriptions, and a second holder in this process must be refused too."""
+    fd = os.open(journal_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    with _parked_lock:
+        spare = _parked.get((st.st_dev, st.st_ino))
+        reused = spare.pop() if spare else None
+    if reused is None:
+        return fd
+    # A second descriptor of the same file was just opened: park it instead of closing it.
+    _park(fd)
+    return reused
+
+
+def _park(fd: int) -> None:
+    st = os.fstat(fd)
+    with _parked_lock:
+        _parked.setdefault((st.st_dev, st.st_ino), []).append(fd)
 
 
 @attrs.frozen
@@ -102,11 +140,13 @@ class JournalLocked(JournalError):
 
     code = "journal_locked"
 
-    def __init__(self, journal_path: str, owners: list[Owner]) -> None:
+    def __init__(self, journal_path: str, owners: list[Owner], *, through: str = "") -> None:
         self.journal_path = journal_path
         self.owners = owners
         if owners:
             who = "; ".join(o.describe() for o in owners)
+        elif through:
+            who = f"a gateway holding {through}"
         else:
             who = "a process that has not described itself yet"
         super().__init__(f"{journal_path} is in use by another smgrl gateway: {who}")
@@ -126,12 +166,41 @@ def _parse(text: str) -> list[Owner]:
     return [o for o in map(Owner.parse, text.splitlines()) if o is not None]
 
 
+def _take_identity(journal_path: str, mode: str) -> int:
+    """The ``flock`` on the journal file itself: refuses an owner reached through another path
+    (a hard link in another directory, whose sidecar lock is another file)."""
+    fd = _identity_fd(journal_path)
+    try:
+        fcntl.flock(fd, MODES[mode] | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _park(fd)
+        raise JournalLocked(
+            os.fspath(journal_path), [], through="the same file through another path (a hard link)"
+        ) from None
+    except BaseException:
+        _park(fd)
+        raise
+    return fd
+
+
 class JournalLock:
     """A held journal lock. Build it with :meth:`acquire`; :meth:`release` (or process death) ends it."""
 
-    def __init__(self, path: str, fd: int, owner: Owner) -> None:
+    def __init__(
+        self,
+        path: str,
+        fd: int,
+        owner: Owner,
+        journal_fd: int | None = None,
+        *,
+        journal_path: str = "",
+        created: bool = False,
+    ) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._journal_fd = journal_fd
+        self._journal_path = journal_path
+        self._created = created
         self.owner = owner
 
     @classmethod
@@ -155,11 +224,17 @@ class JournalLock:
         except BaseException:
             os.close(fd)
             raise
+        created = not os.path.exists(journal_path)
+        try:
+            journal_fd = _take_identity(journal_path, mode)
+        except BaseException:
+            os.close(fd)  # releases the sidecar's flock (the sidecar is not the database file)
+            raise
         since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         owner = Owner(
             mode=mode, pid=os.getpid(), host=socket.gethostname(), port=port, since=since, version=version
         )
-        lock = cls(path, fd, owner)
+        lock = cls(path, fd, owner, journal_fd, journal_path=os.fspath(journal_path), created=created)
         try:
             lock._write()
         except BaseException:
@@ -208,6 +283,25 @@ class JournalLock:
             raise JournalError(f"{self.path} is no longer held")
         return self._fd
 
+    def _release_identity(self, fd: int) -> None:
+        """Undo the journal file's flock. The acquire created the file if it was missing (an
+        identity needs a file); still empty now, nothing ever opened it as a journal (a startup
+        that failed before, e.g. on a busy port): it is removed, as if never touched, and its
+        descriptor closed (an empty file holds no SQLite lock to lose)."""
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        if self._created:
+            try:
+                st, now = os.fstat(fd), os.stat(self._journal_path)
+            except OSError:
+                st = now = None
+            if st and now and st.st_size == 0 and (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                with contextlib.suppress(OSError):
+                    os.unlink(self._journal_path)
+                os.close(fd)
+                return
+        _park(fd)  # never closed: see the module docstring
+
     @property
     def held(self) -> bool:
         return self._fd is not None
@@ -217,6 +311,9 @@ class JournalLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        journal_fd, self._journal_fd = self._journal_fd, None
+        if journal_fd is not None:
+            self._release_identity(journal_fd)
         with contextlib.suppress(OSError):
             if self.owner.mode == "exclusive":
                 os.ftruncate(fd, 0)

@@ -144,3 +144,43 @@ def test_a_symlink_to_the_journal_is_the_same_journal(tmp_path):
     with JournalLock.acquire(str(tmp_path / "link.db")), pytest.raises(JournalLocked):  # and back
         JournalLock.acquire(str(path))
     assert lock_path(str(tmp_path / "link.db")) == str(path) + ".lock"
+
+
+def test_a_hard_link_to_the_journal_in_another_directory_is_the_same_journal(tmp_path):
+    # Found by reading the code: `launch --journal other/j.db` where other/j.db is a hard link to a
+    # live gateway's journal took other/j.db.lock, so a second gateway ran on the same file (with
+    # its own -wal and -shm: a corrupted WAL). The lock follows the file's identity too.
+    path = tmp_path / "j.db"
+    SqliteStore.open(str(path)).close()
+    (tmp_path / "other").mkdir()
+    link = tmp_path / "other" / "j.db"
+    os.link(path, link)
+    with JournalLock.acquire(str(path)):
+        with pytest.raises(JournalLocked) as refused:
+            JournalLock.acquire(str(link))
+        assert "another path" in str(refused.value)
+        # The refused attempt released the sidecar lock it had taken beside the link.
+        assert read_owners(lock_path(str(link))) == []
+    # Released: the link may own it now, and the path not.
+    with JournalLock.acquire(str(link)), pytest.raises(JournalLocked):
+        JournalLock.acquire(str(path))
+    # The journal is still a journal: the locks never wrote a byte of it or broke SQLite's locks.
+    store = SqliteStore.open(str(path))
+    assert store.last_seq() == 0
+    store.close()
+
+
+def test_the_identity_lock_holds_across_processes_and_dies_with_its_owner(tmp_path):
+    path = str(tmp_path / "j.db")
+    (tmp_path / "other").mkdir()
+    SqliteStore.open(path).close()
+    link = str(tmp_path / "other" / "j.db")
+    os.link(path, link)
+    child = holder(link, "exclusive")
+    try:
+        with pytest.raises(JournalLocked):
+            JournalLock.acquire(path)
+    finally:
+        stop(child)
+    with JournalLock.acquire(path) as lock:
+        assert lock.held
