@@ -13,6 +13,7 @@ import time
 
 import trio
 
+from smgrl.core.numbers import parse_uint
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 from smgrl.state import snapshot
@@ -31,9 +32,8 @@ SNAPSHOT_EVERY_ENV = "SMGRL_SNAPSHOT_EVERY"  # override (tests, tuning); 0 turns
 def snapshot_every(environ: dict[str, str] | None = None) -> int:
     """Events between snapshots: ``SMGRL_SNAPSHOT_EVERY`` when set to an integer >= 0, else 25,000."""
     raw = (os.environ if environ is None else environ).get(SNAPSHOT_EVERY_ENV, "").strip()
-    if raw.isdigit():
-        return int(raw)
-    return SNAPSHOT_EVERY
+    every = parse_uint(raw)
+    return SNAPSHOT_EVERY if every is None else every
 
 
 class Snapshotter:

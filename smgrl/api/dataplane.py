@@ -51,6 +51,7 @@ from smgrl.api.schemas import (
 from smgrl.api.scope import header as _header
 from smgrl.api.sessions import SessionsASGI
 from smgrl.auth import Denied, check_api_key
+from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import loopback, loopback_openai_stream
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest
@@ -248,11 +249,12 @@ class DataPlaneASGI:
 
     async def _read_body(self, scope: Scope, receive: Receive, hold) -> bytes:
         length = _header(scope, b"content-length")
-        declared = length is not None and length.isdigit()
-        if declared:
-            if int(length) > self.max_body:
+        declared_size = parse_uint(length)
+        declared = declared_size is not None
+        if declared_size is not None:
+            if declared_size > self.max_body:
                 raise _TooLarge
-            hold.take(int(length))  # the memory budget, before a byte is read (503 otherwise)
+            hold.take(declared_size)  # the memory budget, before a byte is read (503 otherwise)
         chunks = []
         size = 0
         while True:

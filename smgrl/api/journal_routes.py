@@ -20,6 +20,7 @@ from quart import Response, request
 from journal import SqliteStore
 from journal.events import encode
 from smgrl.api import envelopes as env
+from smgrl.core.numbers import parse_int
 from smgrl.errors import InvalidQuery, OperationNotFound
 from smgrl.journal_cli.filters import catalogue, expand_types
 from smgrl.journal_cli.reading import read_events
@@ -125,9 +126,8 @@ def _int_arg(name: str, default: int, minimum: int) -> int:
     raw = request.args.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
+    value = parse_int(raw)
+    if value is None:
         raise InvalidQuery(f"`{name}` must be an integer, got `{raw}`") from None
     if value < minimum:
         raise InvalidQuery(f"`{name}` must be at least {minimum}")

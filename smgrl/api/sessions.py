@@ -30,6 +30,7 @@ from smgrl.api.schemas import (
     DataPlaneErrorModel,
 )
 from smgrl.auth import ENGINE, Denied
+from smgrl.core.numbers import parse_uint
 from smgrl.errors import (
     DataPlaneError,
     LoopbackLimitExceeded,
@@ -293,8 +294,9 @@ def _control_items(obj: Any) -> list[tuple[str, tuple[str, int] | None]]:
         elif isinstance(item, dict) and isinstance(item.get("session_id"), str):
             base, rank = item.get("base_worker_id"), item.get("target_dp_rank")
             pin = None
-            if isinstance(base, str) and base and rank is not None and str(rank).strip().isdigit():
-                pin = (base, int(str(rank).strip()))
+            dp_rank = rank if type(rank) is int and rank >= 0 else parse_uint(str(rank).strip())
+            if isinstance(base, str) and base and dp_rank is not None:
+                pin = (base, dp_rank)
             out.append((item["session_id"], pin))
     return out
 

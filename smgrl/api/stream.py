@@ -24,6 +24,7 @@ from smgrl.api.guard import Guard
 from smgrl.api.journal_routes import JournalRoutes, record_json
 from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ
+from smgrl.core.numbers import parse_uint
 from smgrl.errors import InvalidQuery
 
 KEEPALIVE_SECS = 15.0
@@ -73,19 +74,20 @@ class JournalStream:
             after_arg = request.args.get("after")
             after = None
             if after_arg is not None:
-                if not after_arg.isdigit():
+                after = parse_uint(after_arg)
+                if after is None:
                     check.status = 400
                     exc = InvalidQuery("`after` must be a non-negative integer", param="after")
                     return env.json_response(exc.status, exc.body())
-                after = int(after_arg)
             tail_arg = request.args.get("tail")
             if tail_arg is not None and after is None:
-                if not tail_arg.isdigit():
+                tail = parse_uint(tail_arg)
+                if tail is None:
                     check.status = 400
                     exc = InvalidQuery("`tail` must be a non-negative integer", param="tail")
                     return env.json_response(exc.status, exc.body())
                 # The last N records, then live (the fleet page's start: recent refits first).
-                after = max(0, self.gw.fleet.last_seq - min(int(tail_arg), BACKFILL_MAX))
+                after = max(0, self.gw.fleet.last_seq - min(tail, BACKFILL_MAX))
             # Subscribe BEFORE reading the backfill: every record is then either in the
             # backfill or in the subscription (duplicates are skipped by seq).
             sub = self.gw.tail.subscribe()

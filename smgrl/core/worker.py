@@ -15,6 +15,8 @@ import attrs
 from smgrl.core.control_url import split_host_port
 from smgrl.core.origin import authority_of
 
+from .numbers import parse_uint
+
 # Runtime names SMG renders lower-case in the discovery row's ``engine`` field; anything else
 # (``unspecified``, an unknown hint) is shown as ``unknown``.
 KNOWN_ENGINES = frozenset({"sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external"})
@@ -207,14 +209,8 @@ def parse_size(value: str | None) -> int | None:
     """Labels ``tp_size``/``dp_size``/``pp_size``: trimmed, unsigned int, else None."""
     if value is None:
         return None
-    text = value.strip()
-    if not text.isascii() or not text.isdigit():
-        return None
-    digits = text.lstrip("0") or "0"
-    if len(digits) > 20:  # past u64; and int() refuses 4,300+ digits (a 500 on every worker listing)
-        return None
-    number = int(digits)
-    return number if number < 2**64 else None
+    number = parse_uint(value.strip())  # past u64: None (int() refuses 4,300+ digits: was a 500)
+    return number if number is not None and number < 2**64 else None
 
 
 def is_uuid(text: str) -> bool:

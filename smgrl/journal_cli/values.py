@@ -18,6 +18,8 @@ import re
 
 import attrs
 
+from smgrl.core.numbers import parse_uint
+
 __all__ = ["BadValue", "Point", "SeqRange", "fmt_ms", "fmt_ts", "parse_point", "parse_time", "seq_range"]
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -63,8 +65,9 @@ class Point:
 
 def parse_point(text: str, now: float) -> Point:
     raw = text.strip()
-    if raw.isdigit():
-        return Point(seq=int(raw))
+    seq = parse_uint(raw)
+    if seq is not None:
+        return Point(seq=seq)
     return Point(ts=parse_time(raw, now))
 
 

@@ -24,6 +24,7 @@ from journal.events import (
     SessionHung,
     SessionTurn,
 )
+from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import loopback
 from smgrl.dataplane import request as rq
 from smgrl.dataplane.affinity import Routed
@@ -173,8 +174,8 @@ class SessionService:
             created=trio.current_time(),
         )
         base, rank = defaults.get("x-base-worker-id"), defaults.get("x-target-dp-rank")
-        if base and rank is not None and rank.strip().isdigit():
-            s.instance = (base, int(rank))
+        if base and rank is not None and (dp_rank := parse_uint(rank.strip())) is not None:
+            s.instance = (base, dp_rank)
         self.sessions[s.id] = s
         event = SessionCreated(
             session_id=s.id,
@@ -263,9 +264,10 @@ class SessionService:
         if self.strategy != "manual":
             return None
         raw = headers.get("x-smg-tito-trajectory-id", "0").strip() or "0"
-        if not raw.isdigit():
+        value = parse_uint(raw)
+        if value is None:
             raise errors.InvalidTurn("x-smg-tito-trajectory-id must be a non-negative integer")
-        return int(raw)
+        return value
 
     async def _prepare(self, messages, tools, kwargs, s: Session):
         def run():

@@ -101,3 +101,20 @@ async def test_journal_history_queries(tmp_path):
         for bad in ("upto=-1", "upto=x", "since=yesterday-ish", "until=2026-13-45T00:00:00Z"):
             r = await gw.client.get(f"/v1/rl/journal?{bad}", headers=USER)
             assert r.status_code == 400 and r.json()["error"] == "invalid_query", bad
+
+
+async def test_integer_query_parameters_are_plain_ascii_digits(tmp_path):
+    # Found against a live gateway: `?after=1_0` read as 10 (int() accepts underscores), and
+    # `/v1/rl/journal/stream?after=²` was a 500 ("²".isdigit() is true, int() refuses it).
+    async with gateway_in_process(cfg()) as gw:
+        for route, names in (
+            ("/v1/rl/journal", ("after", "limit", "upto")),
+            ("/v1/rl/journal/stream", ("after", "tail")),
+        ):
+            for name in names:
+                for bad in ("1_0", "+1", "%201", "%D9%A3", "%C2%B2", "0x10", "1e3", "9" * 5000):
+                    r = await gw.client.get(f"{route}?{name}={bad}", headers=USER)
+                    assert r.status_code == 400, (route, name, bad, r.status_code)
+                    assert r.json()["error"] == "invalid_query", (route, name, bad)
+        ok = await gw.client.get("/v1/rl/journal?after=0&limit=007", headers=USER)
+        assert ok.status_code == 200
