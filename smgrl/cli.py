@@ -161,6 +161,14 @@ def main(argv: list[str] | None = None) -> None:
     "503 memory_budget_exceeded (before a declared body is read).",
 )
 @click.option(
+    "--dataplane-body-timeout-secs",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0, min_open=True),
+    help="Seconds a rollout or session request body may take to arrive; after it a 408 "
+    "request_body_timeout (its bytes of the memory budget are released).",
+)
+@click.option(
     "--admission-hook",
     default=None,
     metavar="MODULE:OBJECT",
@@ -382,6 +390,7 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         max_loopbacks=o["max_loopbacks"],
         max_body_size=o["dataplane_max_body_size"],
         memory_budget=o["dataplane_memory_budget"],
+        body_timeout_secs=o["dataplane_body_timeout_secs"],
         max_concurrent_requests=o["max_concurrent_requests"],
         queue_size=o["queue_size"],
         queue_timeout_secs=o["queue_timeout_secs"],

@@ -116,6 +116,9 @@ class DataPlaneConfig:
     # --max-payload-size), and the bytes of rollout bodies and buffered answers held at once.
     max_body_size: int = 67_108_864
     memory_budget: int = 1_073_741_824
+    # How long a rollout or session body may take to arrive, from the first read: a declared body
+    # holds its bytes of the budget while it trickles in (408 request_body_timeout after).
+    body_timeout_secs: float = 30.0
     # --admission-hook module:object (smgrl/dataplane/hook.py); None admits everything.
     admission_hook: str | None = None
     # Partial-rollout loopbacks per request (smgrl/dataplane/loopback.py); 0 turns them off.
@@ -273,5 +276,7 @@ def _validate_dataplane(cfg: Config) -> None:
             "Invalid --dataplane-max-body-size / --dataplane-memory-budget "
             "(expected 1 <= max body size <= memory budget)"
         )
+    if not dp.body_timeout_secs > 0:
+        raise ConfigError("Invalid --dataplane-body-timeout-secs (expected > 0)")
     if cfg.request_timeout_secs <= 0:
         raise ConfigError("Invalid --request-timeout-secs (expected > 0)")

@@ -47,6 +47,8 @@ OpenAI-style codes (``x-smg-error-code``)::
     │       ├── LoopbackLimitExceeded   loopback_limit_exceeded  503  retryable: aborted by syncs too often
     │       ├── MemoryBudgetExceeded    memory_budget_exceeded   503  retryable: --dataplane-memory-budget in use
     │       ├── RequestTimeout          request_timeout          504  --request-timeout-secs passed
+    │       ├── RequestBodyTimeout      request_body_timeout     408  the body did not arrive within
+    │       │                                                         --dataplane-body-timeout-secs
     │       └── (smgrl/sessions/errors.py) session_not_found 404 · session_gone 410 · session_closing 409 ·
     │                                   too_many_sessions 429 · sessions_disabled 503 · invalid_turn 400 ·
     │                                   chat_template_error · engine_answer_invalid · turn_aborted (sessions.md)
@@ -300,6 +302,13 @@ class LoopbackLimitExceeded(DataPlaneError):
 
 class RequestTimeout(DataPlaneError):
     code, status = "request_timeout", 504
+
+
+class RequestBodyTimeout(DataPlaneError):
+    """A rollout or session body did not arrive within --dataplane-body-timeout-secs: a client
+    (even one with the key) must not hold the memory budget with a body that never comes."""
+
+    code, status = "request_body_timeout", 408
 
 
 # -- the /workers surface ----------------------------------------------------------------------

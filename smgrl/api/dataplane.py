@@ -79,6 +79,7 @@ from smgrl.errors import (
     NoEligibleWorkers,
     QueueFull,
     QueueTimeout,
+    RequestBodyTimeout,
     RequestTimeout,
     UpstreamUnreachable,
     openai_body,
@@ -136,6 +137,7 @@ class DataPlaneASGI:
         self.gw = gateway
         self.dp = service
         self.max_body = service.max_body
+        self.body_timeout = gateway.cfg.dataplane.body_timeout_secs
         auth = gateway.auth
         # Data-plane keys: --api-key and the tenant keys (control-plane keys are for /v1/rl).
         self._keys = tuple(k for k in (auth.api_key, *(t.key for t in auth.tenant_keys)) if k)
@@ -248,6 +250,17 @@ class DataPlaneASGI:
         return policy, metadata.parse(_routing_headers(scope), fields)
 
     async def _read_body(self, scope: Scope, receive: Receive, hold) -> bytes:
+        # A deadline for the whole body: a declared body holds its bytes of the memory budget
+        # from the first read, so a client with the key trickling it (or never sending it) held
+        # them up to --request-timeout-secs. Cancelling receive() only stops waiting for hypercorn's
+        # next body message; the caller answers 408 and the connection is closed by h11.
+        with trio.move_on_after(self.body_timeout):
+            return await self._read_body_now(scope, receive, hold)
+        raise RequestBodyTimeout(
+            f"the request body did not arrive within {self.body_timeout:g}s (--dataplane-body-timeout-secs)"
+        )
+
+    async def _read_body_now(self, scope: Scope, receive: Receive, hold) -> bytes:
         length = _header(scope, b"content-length")
         declared_size = parse_uint(length)
         declared = declared_size is not None

@@ -203,3 +203,50 @@ async def test_an_unauthenticated_body_takes_nothing_from_the_budget():
             assert r.status_code == 200
             stalled.set()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stalled_body_with_the_key_times_out_and_gives_its_budget_back():
+    # Found against a live gateway: a client WITH the data-plane key declaring a 900-byte body and
+    # sending one byte held those 900 bytes of the budget (and its task) up to
+    # --request-timeout-secs; a few such clients refused every rollout with 503. The body now has
+    # a deadline of its own (--dataplane-body-timeout-secs): 408 request_body_timeout.
+    stalled = trio.Event()
+
+    async def stall():
+        yield b"{"
+        await stalled.wait()
+
+    engine = ScriptedEngine()
+    base = cfg(budget=1000, body=900)
+    config = attrs.evolve(
+        base, api_key="secret", dataplane=attrs.evolve(base.dataplane, body_timeout_secs=0.2)
+    )
+    key = {"authorization": "Bearer secret"}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.serve)
+        async with gateway_in_process(config, worker_urls=[engine.url]) as gw:
+            answers = []
+
+            async def trickler():
+                answers.append(
+                    await gw.client.post(
+                        "/generate", content=stall(), headers={**key, "content-length": "900"}
+                    )
+                )
+
+            nursery.start_soon(trickler)
+            with trio.fail_after(10):
+                while gw.app.dataplane.budget.used != 900:  # declared: reserved before it is read
+                    await trio.sleep(0.001)
+                while not answers:
+                    await trio.sleep(0.001)
+            r = answers[0]
+            assert r.status_code == 408, r.text
+            assert r.json()["error"]["code"] == "request_body_timeout"
+            assert r.headers["x-smg-error-code"] == "request_body_timeout"
+            assert gw.app.dataplane.budget.used == 0
+            ok = await gw.client.post("/generate", content=padded(900), headers=key)
+            assert ok.status_code == 200
+            assert len(engine.seen) == 1  # only the second: the stalled body never reached it
+            stalled.set()
+        nursery.cancel_scope.cancel()
