@@ -21,6 +21,13 @@ Open with ``synchronous="FULL"`` to fsync the WAL at every commit and survive po
 cost of an fsync per batch (group commit keeps that cost per batch, not per event). The SIGKILL
 promise is tested: ``tests/journal/test_journal_crash.py``.
 
+WAL size. The WAL grows with a burst (writes between checkpoints) and SQLite never shrinks it by
+itself: a burst left the ``-wal`` file at its peak for the life of the process. ``wal_size_limit``
+(64 MiB by default) bounds it: ``journal_size_limit`` makes SQLite truncate the WAL to it whenever
+the WAL restarts after a complete checkpoint, and :meth:`SqliteStore.checkpoint` truncates a WAL
+grown past it at once (``wal_checkpoint(TRUNCATE)``, never waiting for readers: when a reader
+holds an old snapshot it is retried at the next checkpoint).
+
 Read-only opens (``readonly=True``, the CLI while the gateway runs) use ``mode=ro`` plus
 ``query_only``: they never migrate and never modify the database. SQLite may still create the
 ``-wal``/``-shm`` side files (mode 0600 like the database), which it needs to read a WAL database
@@ -106,6 +113,9 @@ _PAGE = 2000  # rows per read page: flat memory, and the read snapshot is releas
 _COMPACT_PAGE = 256  # control.started rows per compaction transaction (up to 64 KiB each)
 
 _SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
+# The WAL's size after a checkpoint (see "WAL size" above): well above what the writer's checkpoint
+# interval (4,096 events) leaves in it, so steady traffic never truncates.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 # SQLITE_BUSY and its extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT): the lock is taken.
 _BUSY_CODES = frozenset({5, 261, 517, 773})
 _UPSERT_META = (
@@ -150,6 +160,7 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._busy_ms = busy_ms
         self._busy_now = busy_ms  # the connection's busy_timeout right now
+        self._wal_size_limit = WAL_SIZE_LIMIT
         self._clock = time.time  # commit timestamps; tests substitute a fake clock
 
     # -- opening ----------------------------------------------------------------------------------
@@ -162,13 +173,16 @@ class SqliteStore:
         readonly: bool = False,
         synchronous: str = "NORMAL",
         busy_timeout_ms: int = 5000,
+        wal_size_limit: int = 0,
     ) -> SqliteStore:
         """Open (creating and migrating if needed) the journal at ``path``.
 
         ``readonly=True`` never writes and never migrates: the file must exist and be migrated.
         ``synchronous``: "NORMAL" (survives process crash/SIGKILL) or "FULL" (also power loss).
         ``busy_timeout_ms``: how long a write waits for another connection's write lock.
+        ``wal_size_limit``: bytes the WAL is truncated to after checkpoints (0: ``WAL_SIZE_LIMIT``).
         """
+        wal_limit = wal_size_limit or WAL_SIZE_LIMIT
         path = os.fspath(path)
         sync = synchronous.upper()
         if sync not in _SYNC_MODES:
@@ -193,6 +207,7 @@ class SqliteStore:
             else:
                 db.enable_wal()
                 conn.execute(f"PRAGMA synchronous = {sync}")
+                conn.execute(f"PRAGMA journal_size_limit = {int(wal_limit)}")
                 if sync != "FULL":
                     # Commits are then cheap enough to run on the event loop (JournalWriter does);
                     # checkpoints, which fsync the database file, are run by the writer in its
@@ -204,6 +219,7 @@ class SqliteStore:
             conn.close()
             raise
         store = cls(conn, db, readonly=readonly, path=path, busy_ms=int(busy_timeout_ms))
+        store._wal_size_limit = int(wal_limit)
         store.commits_are_cheap = not readonly and sync != "FULL"
         return store
 
@@ -212,12 +228,31 @@ class SqliteStore:
     commits_are_cheap = False
 
     def checkpoint(self) -> None:
-        """Copy the WAL into the database file (PASSIVE: never waits for readers)."""
+        """Copy the WAL into the database file (PASSIVE: never waits for readers), then truncate
+        a WAL grown past ``wal_size_limit`` by a burst (see the module docstring)."""
         if self._readonly:
             return
         with self._lock:
             self._set_busy_timeout(self._busy_ms)
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            if self.wal_size() > self._wal_size_limit:
+                # busy_timeout 0: TRUNCATE would wait for readers of an old snapshot (and for
+                # another connection's write); it answers "busy" at once instead, and the next
+                # checkpoint tries again. Nothing committed is at stake either way.
+                self._set_busy_timeout(0)
+                try:
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                except sqlite3.OperationalError:
+                    pass
+                finally:
+                    self._set_busy_timeout(self._busy_ms)
+
+    def wal_size(self) -> int:
+        """Bytes of the ``-wal`` file now (0 when there is none)."""
+        try:
+            return os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
 
     def close(self) -> None:
         with self._lock:

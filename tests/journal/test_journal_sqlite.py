@@ -188,3 +188,40 @@ def test_migration_names_match_the_set():
 
     pending = MIGRATIONS.pending(sqlite_utils.Database(memory=True))
     assert tuple(m.name for m in pending) == MIGRATION_NAMES
+
+
+class TestWalSize:
+    # Found against a live gateway: after a burst the -wal file stayed at its peak size for the
+    # life of the process (SQLite never shrinks it by itself).
+    LIMIT = 256 * 1024
+
+    def burst(self, store, batches=40):
+        for i in range(batches):
+            store.append_batch([Append("control", started(f"op{i}", body=b"x" * 30_000))])
+
+    def test_a_checkpoint_after_a_burst_brings_the_wal_under_the_limit(self, tmp_path):
+        path = tmp_path / "j.db"
+        with SqliteStore.open(path, wal_size_limit=self.LIMIT) as store:
+            self.burst(store)
+            assert store.wal_size() > self.LIMIT  # the burst grew it (no autocheckpoint)
+            store.checkpoint()
+            assert store.wal_size() <= self.LIMIT
+            assert store.count() == 40 and store.verify().ok
+            self.burst(store, 2)  # the truncated WAL takes writes as before
+            assert store.count() == 42 and store.verify().ok
+
+    def test_a_reader_on_an_old_snapshot_delays_the_truncation_never_the_checkpoint(self, tmp_path):
+        path = tmp_path / "j.db"
+        with SqliteStore.open(path, wal_size_limit=self.LIMIT) as store:
+            store.append_batch(a_few(1))
+            reader = sqlite3.connect(path)
+            reader.execute("BEGIN")
+            assert reader.execute("SELECT count(*) FROM events").fetchone() == (1,)  # snapshot held
+            self.burst(store)
+            store.checkpoint()  # returns at once: TRUNCATE answers busy instead of waiting
+            assert store.wal_size() > self.LIMIT
+            reader.rollback()
+            reader.close()
+            store.checkpoint()
+            assert store.wal_size() <= self.LIMIT
+            assert store.count() == 41 and store.verify().ok
