@@ -20,6 +20,7 @@ from typing import Any
 import click
 import trio
 
+from smgrl.core.numbers import parse_uint
 from smgrl.fake.fleet import ENGINE_KINDS, build_engines
 from smgrl.fake.sync import Gauge
 
@@ -32,11 +33,10 @@ def parse_ports(spec: str) -> list[int]:
         if not part:
             continue
         lo, sep, hi = part.partition("-")
-        try:
-            first = int(lo)
-            last = int(hi) if sep else first
-        except ValueError:
-            raise click.BadParameter(f"not a port or range: {part!r}") from None
+        first = parse_uint(lo.strip())
+        last = parse_uint(hi.strip()) if sep else first
+        if first is None or last is None:
+            raise click.BadParameter(f"not a port or range: {part!r}")
         if not (0 <= first <= last <= 65535):
             raise click.BadParameter(f"bad port range: {part!r}")
         ports.extend(range(first, last + 1))
@@ -68,13 +68,36 @@ async def serve(kind: str, ports: list[int], config: dict[str, Any]) -> None:
             # The root nursery owns every engine; cancelling it on a signal closes them all.
             async with trio.open_nursery() as nursery:
                 for engine in engines:
-                    await nursery.start(engine.serve)
+                    try:
+                        await nursery.start(engine.serve)
+                    except BaseException as exc:
+                        bind = _find(exc, OSError)
+                        if bind is None:
+                            raise
+                        where = f"{engine.server.host}:{engine.server.port}"
+                        raise CannotListen(f"cannot listen on {where}: {bind.strerror or bind}") from None
                 line = {"ready": True, "kind": kind, "urls": [e.url for e in engines], "pid": os.getpid()}
                 sys.stdout.write(json.dumps(line) + "\n")
                 sys.stdout.flush()
                 async for _ in signals:
                     break
                 nursery.cancel_scope.cancel()
+
+
+class CannotListen(Exception):
+    """A port is in use (or not ours to bind): one line and exit 1, never a traceback."""
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` in ``exc`` or, through trio's nurseries, in its exception groups."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 @click.command("fake-engine")
@@ -142,4 +165,11 @@ def fake_engine(
         "real_distributed": real_distributed,
         "vllm_server_info": vllm_server_info,
     }
-    trio.run(serve, kind, parse_ports(ports), config)
+    try:
+        trio.run(serve, kind, parse_ports(ports), config)
+    except BaseException as exc:
+        failed = _find(exc, CannotListen)
+        if failed is None:
+            raise
+        click.echo(f"error: {failed}", err=True)
+        sys.exit(1)

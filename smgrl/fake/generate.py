@@ -19,6 +19,7 @@ import trio
 from smgrl.fake import model
 from smgrl.fake.base import Reply
 from smgrl.fake.http import Request, Response, dumps, json_response, sse_response
+from smgrl.fake.limits import LimitError, check_tokens, max_tokens_arg
 from smgrl.fake.scheduler import Job
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def _per_item(value: Any, index: int, batch: bool) -> Any:
     return value[index] if batch and isinstance(value, list) else value
 
 
-def parse_jobs(obj: dict[str, Any]) -> tuple[list[Job], bool]:
+def parse_jobs(obj: dict[str, Any], engine: BaseEngine) -> tuple[list[Job], bool]:
     text, input_ids = obj.get("text"), obj.get("input_ids")
     if (text is None) == (input_ids is None):
         raise _error("Either text or input_ids should be provided, but not both.")
@@ -61,11 +62,14 @@ def parse_jobs(obj: dict[str, Any]) -> tuple[list[Job], bool]:
     for i, prompt in enumerate(prompts):
         params = _per_item(obj.get("sampling_params") or {}, i, batch) or {}
         rid = _per_item(obj.get("rid"), i, batch) or uuid.uuid4().hex
-        max_new = params.get("max_new_tokens", 128)
-        if max_new is None:
-            max_new = 128
-        if not isinstance(max_new, int) or max_new < 0:
-            raise _error(f"max_new_tokens must be at least 0, got {max_new}.")
+        if not isinstance(params, dict):
+            raise _error("sampling_params must be an object.")
+        try:
+            asked = max_tokens_arg(params.get("max_new_tokens"), "max_new_tokens")
+            check_tokens(engine, len(prompt), asked or 0)
+            max_new = 128 if asked is None else asked
+        except LimitError as exc:
+            raise _error(str(exc)) from None
         stop = params.get("stop") or ()
         job = Job(
             rid=str(rid),
@@ -157,7 +161,7 @@ async def sglang_generate(engine: BaseEngine, req: Request) -> Response:
         obj = None
     if not isinstance(obj, dict):
         raise _error("The request body must be a JSON object.")
-    jobs, batch = parse_jobs(obj)
+    jobs, batch = parse_jobs(obj, engine)
     engine.precheck_admission()
     if obj.get("stream"):
         return sse_response(_stream(engine, jobs, batch))

@@ -20,6 +20,7 @@ from smgrl.fake import model
 from smgrl.fake.base import Reply
 from smgrl.fake.generate import DONE, run_jobs, sse
 from smgrl.fake.http import Request, Response, json_response, sse_response
+from smgrl.fake.limits import LimitError, check_n, check_tokens, context_length, max_tokens_arg
 from smgrl.fake.scheduler import Job
 from smgrl.tito.chat import TitoError
 
@@ -70,14 +71,24 @@ def chat_prompt(messages: list[Any], tools: Any = None) -> list[int]:
     return model.tokenize(" ".join(parts))
 
 
-def _jobs(obj: dict[str, Any], prompts: list[list[int]], rid: str, default_max: int | None) -> list[Job]:
-    n = obj.get("n") or 1
+def _jobs(
+    engine: BaseEngine, obj: dict[str, Any], prompts: list[list[int]], rid: str, default_max: int | None
+) -> list[Job]:
+    try:
+        n = check_n(obj.get("n"))
+        asked = max_tokens_arg(obj.get("max_completion_tokens"), "max_completion_tokens")
+        if asked is None:
+            asked = max_tokens_arg(obj.get("max_tokens"), "max_tokens")
+        for prompt in prompts:
+            check_tokens(engine, len(prompt), asked or 0)
+    except LimitError as exc:
+        raise Reply(engine.openai_error(400, str(exc))) from None
     stop = obj.get("stop") or ()
     jobs = []
     for i, prompt in enumerate(prompts):
-        limit = obj.get("max_completion_tokens") or obj.get("max_tokens") or default_max
+        limit = asked or default_max
         if limit is None:
-            limit = 40960 - len(prompt)
+            limit = context_length(engine) - len(prompt)
         for j in range(n):
             seed = obj.get("seed")
             if n > 1:
@@ -134,7 +145,7 @@ def _usage(jobs: list[Job]) -> dict[str, int]:
 async def completions(engine: BaseEngine, req: Request) -> Response:
     obj = _body(engine, req)
     rid = f"cmpl-{uuid.uuid4().hex}"
-    jobs = _jobs(obj, _prompts(engine, obj.get("prompt")), rid, 16)
+    jobs = _jobs(engine, obj, _prompts(engine, obj.get("prompt")), rid, 16)
     logprobs = obj.get("logprobs")
     engine.precheck_admission()
     head = {
@@ -168,7 +179,7 @@ async def chat_completions(engine: BaseEngine, req: Request) -> Response:
         prompt = chat_prompt(messages, obj.get("tools"))
     except TitoError as e:  # a conversation the real chat template refuses
         raise Reply(engine.openai_error(400, e.message)) from None
-    jobs = _jobs(obj, [prompt], rid, None)
+    jobs = _jobs(engine, obj, [prompt], rid, None)
     engine.precheck_admission()
     head = {
         "id": rid,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from smgrl.fake.generate import run_jobs
 from smgrl.fake.http import Request, Response, json_response
+from smgrl.fake.limits import LimitError, check_tokens, max_tokens_arg
 from smgrl.fake.scheduler import Job
 
 if TYPE_CHECKING:
@@ -88,11 +89,18 @@ async def inference_generate(engine: VLLMEngine, req: Request) -> Response:
     if not isinstance(obj, dict) or not isinstance(obj.get("token_ids"), list):
         return engine.openai_error(400, "token_ids (a list of ints) is required", "BadRequestError")
     params = obj.get("sampling_params") or {}
+    if not isinstance(params, dict) or not all(isinstance(t, int) for t in obj["token_ids"]):
+        return engine.openai_error(400, "token_ids (a list of ints) is required", "BadRequestError")
+    try:
+        asked = max_tokens_arg(params.get("max_tokens"), "max_tokens")
+        check_tokens(engine, len(obj["token_ids"]), asked or 0)
+    except LimitError as exc:
+        return engine.openai_error(400, str(exc), "BadRequestError")
     stop = params.get("stop") or ()
     job = Job(
         rid=str(obj.get("request_id") or f"gen-{uuid.uuid4().hex}"),
         prompt_ids=list(obj["token_ids"]),
-        max_new_tokens=int(params.get("max_tokens") or 16),
+        max_new_tokens=asked or 16,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stop_token_ids=tuple(params.get("stop_token_ids") or ()),
         ignore_eos=bool(params.get("ignore_eos", False)),

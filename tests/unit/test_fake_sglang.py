@@ -17,7 +17,7 @@ from smgrl.fake import fake_fleet, make_checkpoint
 
 LONG = {
     "text": "tell me a very long story",
-    "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True},
+    "sampling_params": {"max_new_tokens": 40_000, "ignore_eos": True},
 }
 SHORT = {"text": "hello world", "sampling_params": {"max_new_tokens": 8}}
 FLUSH_OK = (

@@ -8,7 +8,7 @@ import trio
 
 from smgrl.fake import fake_fleet
 
-LONG = {"text": "a long story please", "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True}}
+LONG = {"text": "a long story please", "sampling_params": {"max_new_tokens": 40_000, "ignore_eos": True}}
 GROUP = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2}
 NOT_IMPLEMENTED = "{} is not implemented by this build's scheduler; supported sources: distributed"
 

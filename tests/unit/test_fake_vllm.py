@@ -9,7 +9,7 @@ import trio.testing
 
 from smgrl.fake import fake_fleet, make_checkpoint
 
-LONG = {"prompt": "a long story please", "max_tokens": 100_000, "ignore_eos": True}
+LONG = {"prompt": "a long story please", "max_tokens": 40_000, "ignore_eos": True}
 SHORT = {"prompt": "hello world", "max_tokens": 6}
 
 
