@@ -63,7 +63,11 @@ def make_checkpoint(path: str | os.PathLike[str], name: str, seed: int = 0, **ex
 def load_checkpoint(path: str) -> Checkpoint:
     """Hash a checkpoint directory. Blocking file I/O: call it from a worker thread."""
     root = Path(path)
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte: the real engine's 400 too
+        raise CheckpointNotFound(f"{exc}: '{path[:256]}'") from None
+    if not is_dir:
         raise CheckpointNotFound(f"[Errno 2] No such file or directory: '{path}'")
     h = hashlib.blake2b(digest_size=16)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))

@@ -81,3 +81,14 @@ def test_a_busy_port_is_one_line_and_exit_1():
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("path", ["x" * 5000, "a\x00b"])
+async def test_a_disk_load_from_an_impossible_path_is_a_400_not_a_500(path):
+    # Found against a live gateway: a refit with a 100,000-character (or NUL) model_path made the
+    # fake SGLang engine answer 500 with a traceback (OSError: File name too long) where the
+    # real one answers its "Failed to get weights iterator" 400.
+    async with fake_fleet("sglang", 1) as fleet, httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(fleet.urls[0] + "/update_weights_from_disk", json={"model_path": path})
+        assert r.status_code == 400, r.text
+        assert r.json()["success"] is False
