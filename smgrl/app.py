@@ -16,6 +16,7 @@ from smgrl.api import openapi, openapi_html
 from smgrl.api.apidoc import HTML, OBJECT, TEXT, Resp, Route, as_json, field, model
 from smgrl.api.control_bodies import ControlBodyBound, body_timeout
 from smgrl.api.dataplane import DataPlaneASGI
+from smgrl.api.event_streams import EventStreams
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.refits import RefitsApi
 from smgrl.api.rl_front import DiscoveryFront, EngineFront
@@ -194,8 +195,9 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         # The explicit version/state writes (Appendix A.1): more specific rules than the /v1/rl
         # catch-all below, so werkzeug routes them here.
         RlWrites(gateway).register(app)
-        RefitsApi(gateway).register(app)  # refit sagas and quarantine (docs/refits.md)
-        JournalStream(gateway).register(app)  # GET /v1/rl/journal/stream and the /fleet page
+        streams = EventStreams(cfg.max_event_streams)  # one bound for both kinds of SSE stream
+        RefitsApi(gateway, streams).register(app)  # refit sagas and quarantine (docs/refits.md)
+        JournalStream(gateway, streams).register(app)  # GET /v1/rl/journal/stream and the /fleet page
 
         async def _rl(rest: str) -> Response:
             return await rl.dispatch()

@@ -139,6 +139,14 @@ def main(argv: list[str] | None = None) -> None:
 @click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
 @click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
 @click.option(
+    "--max-event-streams",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server-sent event streams (journal stream, refit events) open at once; more get 429 "
+    "too_many_streams.",
+)
+@click.option(
     "--max-concurrent-large-bodies",
     default=4,
     show_default=True,
@@ -347,6 +355,7 @@ def config_from_options(o: dict) -> Config:
         max_payload_size=o["max_payload_size"],
         max_concurrent_large_bodies=o["max_concurrent_large_bodies"],
         request_timeout_secs=o["request_timeout_secs"],
+        max_event_streams=o["max_event_streams"],
         disable_circuit_breaker=o["disable_circuit_breaker"],
         dp_aware=o["dp_aware"],
         dataplane=dataplane_config(o),

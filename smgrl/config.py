@@ -150,6 +150,8 @@ class Config:
     # Control-plane requests with a body over 1 MiB served at once (smgrl/api/control_bodies.py).
     max_concurrent_large_bodies: int = 4
     request_timeout_secs: float = 1800.0
+    # Server-sent event streams open at once (journal stream, refit events): smgrl/api/event_streams.py.
+    max_event_streams: int = 64
     disable_circuit_breaker: bool = False
     dp_aware: bool = False
     dataplane: DataPlaneConfig = DataPlaneConfig()

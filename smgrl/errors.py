@@ -27,6 +27,7 @@ OpenAI-style codes (``x-smg-error-code``)::
     │   │   ├── NoControlEndpoint       no_control_endpoint      422  + worker_id, url, connection_mode
     │   │   ├── UpstreamTimeout         upstream_timeout         504  + worker_id, url
     │   │   ├── JournalUnavailable      journal_unavailable      503  (the journal cannot take the record)
+    │   │   ├── TooManyStreams          too_many_streams         429  --max-event-streams event streams open
     │   │   └── UpstreamUnreachable ┐   upstream_unreachable     502  + worker_id (+ url): a control call's
     │   └── DataPlaneError          │                                 outcome, or a rollout's retries exhausted
     │       ├── UpstreamUnreachable ┘   (one class in both families; retryable for a rollout)
@@ -198,6 +199,12 @@ class PauseWaitTimeout(RlError):
     flight when the wait's ``timeout`` ran out."""
 
     code, status = "pause_wait_timeout", 504
+
+
+class TooManyStreams(RlError):
+    """--max-event-streams server-sent event streams are open (smgrl/api/event_streams.py)."""
+
+    code, status = "too_many_streams", 429
 
 
 class InvalidVersionPolicyHeader(RlError):

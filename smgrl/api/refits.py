@@ -20,6 +20,7 @@ from quart import Response, g, request
 
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import OBJECT, STRING, Body, Resp, Route, allow_table, as_json, field, model, path_param
+from smgrl.api.event_streams import EventStreams
 from smgrl.api.guard import Guard
 from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ, WRITE
@@ -57,9 +58,10 @@ def _small_json(data: bytes, fields: dict[str, type]) -> dict:
 
 
 class RefitsApi:
-    def __init__(self, gateway) -> None:
+    def __init__(self, gateway, streams: EventStreams) -> None:
         self.gw = gateway
         self.guard = Guard(gateway)
+        self.streams = streams
 
     @property
     def service(self):
@@ -116,8 +118,9 @@ class RefitsApi:
     async def events(self, refit_id: str) -> Response:
         async def stream(_principal):
             self.service.get(refit_id)  # 404 before the stream starts
+            self.streams.admit()  # 429 too_many_streams
             return Response(
-                self._sse(refit_id),
+                self.streams.counted(self._sse(refit_id)),
                 status=200,
                 content_type="text/event-stream",
                 headers={"cache-control": "no-store"},
