@@ -30,6 +30,13 @@ FIELDS = frozenset(
 )
 DEFAULT_TRANSFER_TIMEOUT = 600.0
 MAX_TRANSFER_TIMEOUT = 86400.0
+# Every text field is short by nature (a path: PATH_MAX is 4096; an address, a mode, a name), and
+# the plan repeats some of them per engine and per call: unbounded, one request with a 100,000-
+# character model_path wrote a 302 KB refit.started for two engines (x32 for 64 engines, and up
+# to --max-payload-size per field).
+MAX_TEXT = 4096
+MAX_CHECKSUMS = 200_000  # tensor names -> checksum; a 1T-parameter MoE has ~100k tensors
+MAX_CHECKSUM_TEXT = 1024
 
 
 @attrs.frozen
@@ -58,6 +65,8 @@ def _str(obj: dict, key: str, *, required: bool = False) -> str | None:
         return None
     if not isinstance(value, str) or not value.strip():
         raise _bad(f"`{key}` must be a non-empty string")
+    if len(value) > MAX_TEXT:
+        raise _bad(f"`{key}` is longer than {MAX_TEXT} characters")
     return value
 
 
@@ -77,7 +86,7 @@ def parse_refit(data: bytes) -> RefitRequest:
         raise _bad("the body must be a JSON object")
     unknown = sorted(set(body) - FIELDS)
     if unknown:
-        raise _bad(f"unknown field `{unknown[0]}`")
+        raise _bad(f"unknown field `{unknown[0][:100]}`")
     source_text = _str(body, "selector", required=True)
     try:
         selector = parse_selector(source_text.strip())
@@ -130,7 +139,7 @@ def _distributed(spec: dict[str, Any]) -> DistributedSource:
     allowed = {"master_address", "master_port", "group_name", "backend", "checksums"}
     unknown = sorted(set(spec) - allowed)
     if unknown:
-        raise _bad(f"unknown field `source.distributed.{unknown[0]}`")
+        raise _bad(f"unknown field `source.distributed.{unknown[0][:100]}`")
     address = _str(spec, "master_address", required=True)
     port = spec.get("master_port")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -143,6 +152,14 @@ def _distributed(spec: dict[str, Any]) -> DistributedSource:
         not isinstance(checksums, dict) or not all(isinstance(v, str) for v in checksums.values())
     ):
         raise _bad("`source.distributed.checksums` must map tensor names to strings")
+    if checksums is not None and (
+        len(checksums) > MAX_CHECKSUMS
+        or any(len(k) > MAX_CHECKSUM_TEXT or len(v) > MAX_CHECKSUM_TEXT for k, v in checksums.items())
+    ):
+        raise _bad(
+            f"`source.distributed.checksums` holds at most {MAX_CHECKSUMS} entries of at most "
+            f"{MAX_CHECKSUM_TEXT} characters each"
+        )
     return DistributedSource(
         master_address=address,
         master_port=port,

@@ -428,3 +428,29 @@ async def test_a_refit_never_aborts_generation_in_flight_by_default(ckpt, kind):
             assert r.json()["meta_info"]["finish_reason"]["type"] != "abort"
         else:
             assert r.json()["choices"][0]["finish_reason"] != "abort"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"source": {"disk": {"model_path": "/ckpt/" + "x" * 5000}}},
+        {"source": {"disk": {"model_path": "/ckpt"}}, "pause_mode": "r" * 5000},
+        {"source": {"distributed": {"master_address": "h" * 5000, "master_port": 1}}},
+        {
+            "source": {
+                "distributed": {"master_address": "h", "master_port": 1, "checksums": {"w": "c" * 5000}}
+            }
+        },
+        {"source": {"disk": {"model_path": "/ckpt"}}, "k" * 100_000: 1},
+    ],
+)
+async def test_refit_text_fields_are_bounded_and_nothing_is_journaled(body):
+    # Found against a live gateway: a 100,000-character model_path was accepted and repeated in
+    # the plan per engine and per call (a 302 KB refit.started for two engines; any field could
+    # be up to --max-payload-size, 512 MiB).
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        status, answer = await refit(gw, weight_version="5", **body)
+        assert status == 400 and answer["error"] == "invalid_body", answer
+        assert len(answer["message"]) < 300
+        sagas = gw.gateway.fleet.sagas
+        assert not sagas.open and not sagas.recent  # no refit.started (only the write's audit record)
