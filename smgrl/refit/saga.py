@@ -579,10 +579,12 @@ class RefitService:
             result = "quarantined" if quarantined else "succeeded" if ok else "failed"
         events = []
         if result in ("succeeded", "quarantined"):
-            # A refit that loaded, verified and resumed an engine ends its earlier quarantine.
+            # A refit that loaded, verified and resumed an engine ends its EARLIER quarantine. One
+            # set after the refit started (by hand while it ran, or an engine that went away and
+            # came back mid-refit) is a decision the refit knows nothing about: it stays.
             for r in saga.engines.values():
-                facts = self.fleet.engines.get(r.base_url)
-                if r.status == "resumed" and facts is not None and facts.quarantined is not None:
+                hold = self.fleet.sagas.quarantined.get(r.base_url)
+                if r.status == "resumed" and hold is not None and hold.seq < saga.started_seq:
                     events.append(
                         ev(
                             "worker.released",

@@ -454,3 +454,29 @@ async def test_refit_text_fields_are_bounded_and_nothing_is_journaled(body):
         assert len(answer["message"]) < 300
         sagas = gw.gateway.fleet.sagas
         assert not sagas.open and not sagas.recent  # no refit.started (only the write's audit record)
+
+
+async def test_a_quarantine_set_by_hand_during_a_refit_outlives_it(ckpt):
+    # Found against a live gateway: an operator quarantined an engine while a refit held it (the
+    # refit was loading); the refit then resumed the engine and released the quarantine
+    # ("refitted"), putting an engine the operator had just held out back into routing. A refit
+    # ends only quarantines older than itself.
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        wid = next(w["id"] for w in (await rows(gw)).values() if w["url"] == fleet[0].url)
+        fleet[0].set_knobs(load_delay_ms=1500)
+        _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="5")
+        refit_id = body["refit_id"]
+        with trio.fail_after(20):
+            while gw.gateway.fleet.sagas.get(refit_id).engines[wid].phase != "load":
+                await gw.gateway.refits.change_event().wait()
+        r = await gw.client.post(f"/v1/rl/workers/{wid}/quarantine", json={"reason": "bad gpu"})
+        assert r.status_code == 200 and r.json()["quarantined"] is True
+        done = await wait_done(gw, refit_id)
+        assert done["result"] == "succeeded"
+        assert (await rows(gw))[wid]["quarantine"] == {"reason": "bad gpu", "refit_id": None}
+        assert [type(e).TYPE for e in journal(gw, "worker.quarantined", "worker.released")] == [
+            "worker.quarantined"
+        ]
+        fleet.clear_calls()
+        await served_versions(gw, 4)
+        assert fleet[0].calls_to("/generate") == []  # still held out of routing
