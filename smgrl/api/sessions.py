@@ -266,8 +266,10 @@ class SessionsASGI:
         ]
         if result.version is not None:
             head.append((b"x-version-tag", str(result.version).encode()))
+        rid_text = rid.decode("latin-1")
         fields = {
-            "rid": "chatcmpl-" + rid.decode("latin-1"),
+            # A generated id already carries SMG's "chatcmpl-" prefix; a caller's own gets it once.
+            "rid": rid_text if rid_text.startswith("chatcmpl-") else "chatcmpl-" + rid_text,
             "model": obj.get("model") if isinstance(obj.get("model"), str) else result.model,
             "message": result.message,
             "finish_reason": result.finish_reason,

@@ -317,3 +317,32 @@ async def test_long_conversations_are_prepared_off_the_loop_and_bad_tito_ids_ref
                 headers={"x-smg-tito-session-id": "a\tb"},
             )
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_turn"
+
+
+async def test_a_turn_answer_id_is_prefixed_once(tok, model_dirs):
+    # Found against a live gateway: a session turn's answer id was "chatcmpl-chatcmpl-..." (the
+    # generated request id already carries SMG's prefix); a caller's own x-request-id gets it once.
+    from smgrl.testing import gateway_in_process
+
+    with trio.fail_after(20):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            body = {
+                "model": "fake/Qwen3-0.6B",
+                "messages": [{"role": "user", "content": "hi " + say(1, "Hi.")}],
+            }
+            for path, headers in (
+                (f"/sessions/{sid}/v1/chat/completions", {}),
+                ("/v1/chat/completions", {"x-smg-tito-session-id": sid}),
+            ):
+                r = await gw.client.post(path, json=body, headers=headers)
+                assert r.status_code == 200, r.text
+                assert r.json()["id"] == r.headers["x-request-id"]
+                assert r.json()["id"].startswith("chatcmpl-") and r.json()["id"].count("chatcmpl-") == 1
+            r = await gw.client.post(
+                f"/sessions/{sid}/v1/chat/completions", json=body, headers={"x-request-id": "mine-1"}
+            )
+            assert r.json()["id"] == "chatcmpl-mine-1"
