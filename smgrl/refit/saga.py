@@ -181,9 +181,14 @@ class RefitService:
             principal=principal,
             request_id=request_id,
         )
-        await self._append(refit_id, [event])
+        # Shielded from the request's cancellation (the client leaving): once refit.started is
+        # queued it WILL be written (journal/writer.py), and a saga written but never spawned
+        # stays open for ever, holding its engines (refit_in_progress) until a restart. The wait
+        # is bounded by --journal-lock-wait-secs; a client that leaves still started its refit.
+        with trio.CancelScope(shield=True):
+            await self._append(refit_id, [event])
+            self._spawn(refit_id)
         log_event(log, "refit.started", refit_id=refit_id, engines=len(engines), version=req.weight_version)
-        self._spawn(refit_id)
         return refit_id
 
     def _plans(

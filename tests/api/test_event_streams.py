@@ -12,6 +12,7 @@ import json
 
 import attrs
 import trio
+from asgi_call import AsgiCall
 from rl_api_helpers import rl_cfg
 
 from smgrl.fake import fake_fleet
@@ -19,56 +20,8 @@ from smgrl.fake.checkpoint import make_checkpoint
 from smgrl.testing import gateway_in_process
 
 
-class Stream:
-    """One streaming GET on the ASGI app: its status, the body so far, and a disconnect."""
-
-    def __init__(self, app, path: str) -> None:
-        self.app = app
-        path, _, query = path.partition("?")
-        self.scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": query.encode(),
-            "root_path": "",
-            "headers": [(b"host", b"smgrl.test")],
-            "client": ("127.0.0.1", 1),
-            "server": ("127.0.0.1", 80),
-            "extensions": {},
-        }
-        self.status: int | None = None
-        self.body = b""
-        self.changed = trio.Event()
-        self.gone = trio.Event()
-        self._asked = False
-
-    async def receive(self):
-        if not self._asked:
-            self._asked = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await self.gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-        elif message["type"] == "http.response.body":
-            self.body += message.get("body", b"")
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        await self.app(self.scope, self.receive, self.send)
-
-    async def wait_for(self, predicate) -> None:
-        with trio.fail_after(20):
-            while not predicate(self):
-                await self.changed.wait()
+def Stream(app, path: str) -> AsgiCall:
+    return AsgiCall(app, path)
 
 
 async def test_event_streams_are_bounded_and_a_closed_one_frees_its_slot(tmp_path):

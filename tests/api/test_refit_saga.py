@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import trio
+import trio.testing
 from rl_api_helpers import ADMIN, KEYS, USER, journal, rl_cfg
 
 from smgrl.fake import fake_fleet
@@ -480,3 +482,52 @@ async def test_a_quarantine_set_by_hand_during_a_refit_outlives_it(ckpt):
         fleet.clear_calls()
         await served_versions(gw, 4)
         assert fleet[0].calls_to("/generate") == []  # still held out of routing
+
+
+async def test_a_client_that_leaves_while_its_refit_is_journaled_does_not_orphan_the_refit(ckpt, tmp_path):
+    # Found against a live gateway: clients that sent POST /v1/rl/refits and reset the
+    # connection at once left, 1 time in 80, a refit.started in the journal whose saga never ran
+    # (cancelled between the append and the spawn): open for ever, every later refit of those
+    # engines refused with refit_in_progress until a restart. Here the journal's write lock is
+    # held by another connection (as `smgrl journal compact` does) so that the client leaves
+    # while refit.started waits to be written.
+    import sqlite3
+
+    from asgi_call import AsgiCall
+
+    from journal import SqliteStore
+
+    path = tmp_path / "j.db"
+    store = SqliteStore.open(path)
+    config = attrs.evolve(rl_cfg(), journal_lock_wait_secs=30.0)
+    body = json.dumps(
+        {"selector": "engine=sglang", "source": {"disk": {"model_path": ckpt}}, "weight_version": "5"}
+    ).encode()
+    async with (
+        fake_fleet("sglang", 2) as fleet,
+        gateway_in_process(config, store=store, worker_urls=fleet.urls) as gw,
+    ):
+        blocker = sqlite3.connect(path, timeout=30)
+        blocker.execute("BEGIN IMMEDIATE")  # the journal's write lock, held
+        call = AsgiCall(gw.app, "/v1/rl/refits", method="POST", body=body)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(call.run)
+            with trio.fail_after(20):  # the handler is in its append (engines reserved) ...
+                while not gw.gateway.refits._starting:
+                    await trio.sleep(0.005)
+            # ... and refit.started is queued: the handler waits for the commit, the writer for
+            # the lock; nothing else runs.
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            call.gone.set()  # the client leaves; its disconnect is delivered
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            blocker.rollback()  # the lock comes free: refit.started is written
+            blocker.close()
+            with trio.fail_after(20):
+                await call.done.wait()
+        with trio.fail_after(20):
+            while not gw.gateway.fleet.sagas.open and not gw.gateway.fleet.sagas.recent:
+                await gw.gateway.refits.change_event().wait()
+        saga = next(iter({**gw.gateway.fleet.sagas.open, **gw.gateway.fleet.sagas.recent}.values()))
+        done = await wait_done(gw, saga.refit_id)
+        assert done["result"] == "succeeded"
+    store.close()
