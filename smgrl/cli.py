@@ -174,7 +174,15 @@ def main(argv: list[str] | None = None) -> None:
     show_default=True,
     type=click.FloatRange(min=0.0, min_open=True),
     help="Seconds a rollout or session request body may take to arrive; after it a 408 "
-    "request_body_timeout (its bytes of the memory budget are released).",
+    "request_body_stalled (its bytes of the memory budget are released).",
+)
+@click.option(
+    "--stream-body-stall-timeout-secs",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="As SMG: no rollout or session request body bytes for this many seconds is a 408 "
+    "request_body_stalled; 0 disables.",
 )
 @click.option(
     "--admission-hook",
@@ -400,6 +408,7 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         max_body_size=o["dataplane_max_body_size"],
         memory_budget=o["dataplane_memory_budget"],
         body_timeout_secs=o["dataplane_body_timeout_secs"],
+        stall_timeout_secs=o["stream_body_stall_timeout_secs"],
         max_concurrent_requests=o["max_concurrent_requests"],
         queue_size=o["queue_size"],
         queue_timeout_secs=o["queue_timeout_secs"],

@@ -117,8 +117,10 @@ class DataPlaneConfig:
     max_body_size: int = 67_108_864
     memory_budget: int = 1_073_741_824
     # How long a rollout or session body may take to arrive, from the first read: a declared body
-    # holds its bytes of the budget while it trickles in (408 request_body_timeout after).
+    # holds its bytes of the budget while it trickles in (408 request_body_stalled after).
     body_timeout_secs: float = 30.0
+    # SMG's --stream-body-stall-timeout-secs: no body bytes for this long is a 408 (0: off).
+    stall_timeout_secs: float = 300.0
     # --admission-hook module:object (smgrl/dataplane/hook.py); None admits everything.
     admission_hook: str | None = None
     # Partial-rollout loopbacks per request (smgrl/dataplane/loopback.py); 0 turns them off.
@@ -278,6 +280,8 @@ def _validate_dataplane(cfg: Config) -> None:
             "Invalid --dataplane-max-body-size / --dataplane-memory-budget "
             "(expected 1 <= max body size <= memory budget)"
         )
+    if not dp.stall_timeout_secs >= 0:
+        raise ConfigError("Invalid --stream-body-stall-timeout-secs (expected >= 0)")
     if not dp.body_timeout_secs > 0:
         raise ConfigError("Invalid --dataplane-body-timeout-secs (expected > 0)")
     if cfg.request_timeout_secs <= 0:

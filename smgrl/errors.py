@@ -48,8 +48,9 @@ OpenAI-style codes (``x-smg-error-code``)::
     │       ├── LoopbackLimitExceeded   loopback_limit_exceeded  503  retryable: aborted by syncs too often
     │       ├── MemoryBudgetExceeded    memory_budget_exceeded   503  retryable: --dataplane-memory-budget in use
     │       ├── RequestTimeout          request_timeout          504  --request-timeout-secs passed
-    │       ├── RequestBodyTimeout      request_body_timeout     408  the body did not arrive within
-    │       │                                                         --dataplane-body-timeout-secs
+    │       ├── RequestBodyStalled      request_body_stalled     408  no body bytes for
+    │       │                                                         --stream-body-stall-timeout-secs, or
+    │       │                                                         not all within --dataplane-body-timeout-secs
     │       └── (smgrl/sessions/errors.py) session_not_found 404 · session_gone 410 · session_closing 409 ·
     │                                   too_many_sessions 429 · sessions_disabled 503 · invalid_turn 400 ·
     │                                   chat_template_error · engine_answer_invalid · turn_aborted (sessions.md)
@@ -311,11 +312,12 @@ class RequestTimeout(DataPlaneError):
     code, status = "request_timeout", 504
 
 
-class RequestBodyTimeout(DataPlaneError):
-    """A rollout or session body did not arrive within --dataplane-body-timeout-secs: a client
-    (even one with the key) must not hold the memory budget with a body that never comes."""
+class RequestBodyStalled(DataPlaneError):
+    """SMG's 408 for a request body that stopped arriving (--stream-body-stall-timeout-secs), and
+    smgrl's for one that did not arrive whole within --dataplane-body-timeout-secs: a client (even
+    one with the key) must not hold the memory budget with a body that never comes."""
 
-    code, status = "request_body_timeout", 408
+    code, status = "request_body_stalled", 408
 
 
 # -- the /workers surface ----------------------------------------------------------------------

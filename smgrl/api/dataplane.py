@@ -79,7 +79,7 @@ from smgrl.errors import (
     NoEligibleWorkers,
     QueueFull,
     QueueTimeout,
-    RequestBodyTimeout,
+    RequestBodyStalled,
     RequestTimeout,
     UpstreamUnreachable,
     openai_body,
@@ -138,6 +138,7 @@ class DataPlaneASGI:
         self.dp = service
         self.max_body = service.max_body
         self.body_timeout = gateway.cfg.dataplane.body_timeout_secs
+        self.stall_timeout = gateway.cfg.dataplane.stall_timeout_secs
         auth = gateway.auth
         # Data-plane keys: --api-key and the tenant keys (control-plane keys are for /v1/rl).
         self._keys = tuple(k for k in (auth.api_key, *(t.key for t in auth.tenant_keys)) if k)
@@ -255,10 +256,25 @@ class DataPlaneASGI:
         # them up to --request-timeout-secs. Cancelling receive() only stops waiting for hypercorn's
         # next body message; the caller answers 408 and the connection is closed by h11.
         with trio.move_on_after(self.body_timeout):
-            return await self._read_body_now(scope, receive, hold)
-        raise RequestBodyTimeout(
-            f"the request body did not arrive within {self.body_timeout:g}s (--dataplane-body-timeout-secs)"
+            return await self._read_body_now(scope, self.stalling(receive), hold)
+        raise RequestBodyStalled(
+            f"The request body did not arrive within {self.body_timeout:g} seconds "
+            "(--dataplane-body-timeout-secs)"
         )
+
+    def stalling(self, receive: Receive) -> Receive:
+        """``receive`` with SMG's stall bound (--stream-body-stall-timeout-secs; 0: none): no
+        body message for that long is SMG's 408, with its text."""
+        stall = self.stall_timeout
+        if not stall:
+            return receive
+
+        async def bounded() -> dict[str, Any]:
+            with trio.move_on_after(stall):
+                return await receive()
+            raise RequestBodyStalled(f"No request body bytes arrived from the client for {stall:g} seconds")
+
+        return bounded
 
     async def _read_body_now(self, scope: Scope, receive: Receive, hold) -> bytes:
         length = _header(scope, b"content-length")

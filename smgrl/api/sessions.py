@@ -36,7 +36,7 @@ from smgrl.errors import (
     LoopbackLimitExceeded,
     NoAvailableWorkers,
     NoEligibleWorkers,
-    RequestBodyTimeout,
+    RequestBodyStalled,
     RequestTimeout,
     UpstreamUnreachable,
 )
@@ -160,9 +160,10 @@ class SessionsASGI:
         # The rollout routes' body deadline (smgrl/api/dataplane.py, _read_body): a stalled
         # body must not hold this task, nor what arrived of it, for the request timeout.
         with trio.move_on_after(self.api.body_timeout):
-            return await self._body_now(scope, receive)
-        raise RequestBodyTimeout(
-            f"the request body did not arrive within {self.api.body_timeout:g}s (--dataplane-body-timeout-secs)"
+            return await self._body_now(scope, self.api.stalling(receive))
+        raise RequestBodyStalled(
+            f"The request body did not arrive within {self.api.body_timeout:g} seconds "
+            "(--dataplane-body-timeout-secs)"
         )
 
     async def _body_now(self, scope, receive) -> bytes:

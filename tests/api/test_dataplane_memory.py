@@ -205,22 +205,35 @@ async def test_an_unauthenticated_body_takes_nothing_from_the_budget():
         nursery.cancel_scope.cancel()
 
 
-async def test_a_stalled_body_with_the_key_times_out_and_gives_its_budget_back():
+@pytest.mark.parametrize(
+    ("limits", "trickle", "message"),
+    [
+        # SMG's bound: no byte for --stream-body-stall-timeout-secs, with SMG's text.
+        ({"stall_timeout_secs": 0.2}, False, "No request body bytes arrived from the client for 0.2 seconds"),
+        # smgrl's: the whole body within --dataplane-body-timeout-secs, however it trickles (a
+        # byte every 50 ms never stalls; without the deadline it held the budget for 900 x 50 ms).
+        ({"stall_timeout_secs": 0, "body_timeout_secs": 0.3}, True, "did not arrive within 0.3 seconds"),
+    ],
+)
+async def test_a_stalled_body_with_the_key_times_out_and_gives_its_budget_back(limits, trickle, message):
     # Found against a live gateway: a client WITH the data-plane key declaring a 900-byte body and
     # sending one byte held those 900 bytes of the budget (and its task) up to
-    # --request-timeout-secs; a few such clients refused every rollout with 503. The body now has
-    # a deadline of its own (--dataplane-body-timeout-secs): 408 request_body_timeout.
+    # --request-timeout-secs; a few such clients refused every rollout with 503. Now SMG's 408
+    # request_body_stalled, the budget released.
     stalled = trio.Event()
 
     async def stall():
         yield b"{"
+        if trickle:
+            for _ in range(898):
+                await trio.sleep(0.05)  # the client's pace is what is under test
+                yield b" "
         await stalled.wait()
 
     engine = ScriptedEngine()
     base = cfg(budget=1000, body=900)
-    config = attrs.evolve(
-        base, api_key="secret", dataplane=attrs.evolve(base.dataplane, body_timeout_secs=0.2)
-    )
+    dataplane = attrs.evolve(base.dataplane, **{"body_timeout_secs": 30.0, **limits})
+    config = attrs.evolve(base, api_key="secret", dataplane=dataplane)
     key = {"authorization": "Bearer secret"}
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.serve)
@@ -242,8 +255,9 @@ async def test_a_stalled_body_with_the_key_times_out_and_gives_its_budget_back()
                     await trio.sleep(0.001)
             r = answers[0]
             assert r.status_code == 408, r.text
-            assert r.json()["error"]["code"] == "request_body_timeout"
-            assert r.headers["x-smg-error-code"] == "request_body_timeout"
+            assert r.json()["error"]["code"] == "request_body_stalled"
+            assert r.headers["x-smg-error-code"] == "request_body_stalled"
+            assert message in r.json()["error"]["message"]
             assert gw.app.dataplane.budget.used == 0
             ok = await gw.client.post("/generate", content=padded(900), headers=key)
             assert ok.status_code == 200
