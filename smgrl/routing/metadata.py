@@ -3,7 +3,8 @@
 Headers win over the body fields they name (spec psrl-sessions-tito.md section 6.1)::
 
     x-request-id      request_id                  the request's identity (any string; smgrl
-                                                  generates one when absent)
+                                                  generates one when absent; one that is not
+                                                  1-128 printable ASCII is ignored, never refused)
     x-prompt-id       prompt_id                   the prompt group (GRPO group): its pin
     x-version-tag     version_tag                 version floor; -1 = unversioned (pinned at
                                                   the first commit)
@@ -160,7 +161,13 @@ def parse(header: Callable[[str], str | None], body: Mapping[str, Any] | None = 
         return name, None
 
     name, value = pick("x-request-id", "request_id")
-    request_id = parse_id(name, value) if value is not None else None
+    # Never a reason to refuse a request: SMG serves any x-request-id (one over 128 characters is
+    # replaced by a generated id), and the id names the request without routing it. One that is
+    # not a PSRL id (1-128 printable ASCII) is left out of the metadata.
+    try:
+        request_id = parse_id(name, value) if value is not None else None
+    except InvalidRoutingMetadata:
+        request_id = None
     name, value = pick("x-prompt-id", "prompt_id")
     prompt_id = parse_id(name, value) if value is not None else None
     name, value = pick("x-version-tag", "version_tag")

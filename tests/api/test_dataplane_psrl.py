@@ -138,3 +138,29 @@ async def test_a_repeated_routing_header_is_read_by_its_first_occurrence():
         assert r.headers["x-smg-error-code"] == "invalid_routing_metadata"
         r = await gw.client.post("/generate", json=GEN, headers=list(reversed(bad_first)))
         assert r.status_code == 200, r.text
+
+
+async def test_an_x_request_id_smg_accepts_is_never_refused():
+    # Found by smg-diff against SMG 1.13.0: a rollout whose x-request-id was over 128 characters,
+    # held a tab or a non-ASCII byte got 400 invalid_routing_metadata; SMG serves it (an id over
+    # 128 characters replaced by a generated one, any other echoed). The request id names the
+    # request; it never routes it, so it is never a reason to refuse one.
+    async with (
+        fake_fleet("sglang", n=1) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        for rid, echoed in [
+            ("r" * 200, None),
+            ("a\tb", "a\tb"),
+            ("\xe9t\xe9", "\xe9t\xe9"),
+            ("ok-1", "ok-1"),
+        ]:
+            r = await gw.client.post("/generate", json=GEN, headers={"x-request-id": rid.encode("latin-1")})
+            assert r.status_code == 200, (rid, r.text)
+            got = r.headers.raw[[k.lower() for k, _ in r.headers.raw].index(b"x-request-id")][1]
+            if echoed is None:
+                assert got.startswith(b"gnt-") and len(got) == 28
+            else:
+                assert got == echoed.encode("latin-1")
+        r = await gw.client.post("/generate", json={**GEN, "request_id": {"not": "an id"}})
+        assert r.status_code == 200, r.text
