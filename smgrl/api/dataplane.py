@@ -780,6 +780,11 @@ ROLLOUT_RESPONSES = {
         MemoryBudgetExceeded,
         LoopbackLimitExceeded,
     ),
+    "408": dp_error(
+        "request_body_stalled: no body bytes for --stream-body-stall-timeout-secs, or the body did not "
+        "arrive within --dataplane-body-timeout-secs.",
+        RequestBodyStalled,
+    ),
     "504": dp_error("request_timeout: --request-timeout-secs passed.", RequestTimeout),
     "default": Resp(
         "Any other engine status, relayed as the engine sent it (body untouched).", as_json(ANY), STAMP

@@ -30,6 +30,7 @@ from smgrl.errors import (
     InvalidVersion,
     JournalUnavailable,
     NoWorkersMatch,
+    TooManyStreams,
     WorkerNotFound,
 )
 from smgrl.refit.errors import RefitInProgress, RefitNotFound, RefitState, RefitUnsupported, VersionLeft
@@ -382,7 +383,13 @@ OPENAPI_ROUTES = (
         "getRefitEvents",
         "rl",
         "Server-sent events: the refit's record on every change, until it finishes",
-        {"200": Resp("text/event-stream", {"text/event-stream": STRING}), "404": _NOT_FOUND},
+        {
+            "200": Resp("text/event-stream", {"text/event-stream": STRING}),
+            "404": _NOT_FOUND,
+            "429": rl_error_resp(
+                "--max-event-streams event streams are open (too_many_streams); retry later.", TooManyStreams
+            ),
+        },
         role="read",
         params=(REFIT_ID,),
         head=False,

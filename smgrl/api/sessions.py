@@ -391,6 +391,11 @@ _TURN = {
         TurnAborted,
         LoopbackLimitExceeded,
     ),
+    "408": _error(
+        "request_body_stalled: no body bytes for --stream-body-stall-timeout-secs, or the body did not "
+        "arrive within --dataplane-body-timeout-secs.",
+        RequestBodyStalled,
+    ),
     "504": _error("request_timeout.", RequestTimeout),
 }
 _DELETED = {"204": Resp("Deleted (after in-flight turns drained).")}

@@ -164,6 +164,9 @@ OPENAPI_ROUTES = (
             "400": rl_error_resp(
                 "`after` or `tail` is not a non-negative integer (invalid_query).", InvalidQuery
             ),
+            "429": rl_error_resp(
+                "--max-event-streams event streams are open (too_many_streams); retry later.", TooManyStreams
+            ),
         },
         role="read",
         params=(
