@@ -97,8 +97,9 @@ def test_shared_holders_coexist_and_keep_an_exclusive_owner_out(tmp_path):
 
 def test_the_lock_never_touches_sqlites_own_locks(tmp_path):
     # SQLite locks the database file with POSIX fcntl locks, which a process loses when it closes
-    # ANY descriptor of that file. The lock lives in a sidecar file, so writers and readers of the
-    # journal work as before while the owner holds it, and the database file is never opened by it.
+    # ANY descriptor of that file. The lock lives in a sidecar file, and the identity flock on the
+    # database file uses a descriptor that is never closed (it is parked on release), so writers
+    # and readers of the journal work as before while the owner holds it.
     path = str(tmp_path / "j.db")
     with JournalLock.acquire(path):
         store = SqliteStore.open(path)
