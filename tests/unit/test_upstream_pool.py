@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from smgrl.upstream import ConnectError, EnginePool, PoolSet, ProtocolError, ReadError, UpstreamError
+from smgrl.upstream import connection as connection_module
 from smgrl.upstream.connection import Connection
 
 SAFETY = 10  # seconds before a hang becomes a failure; never reached when things work
@@ -323,10 +324,11 @@ async def test_reused_connection_reset_after_the_request_is_retried(nursery):
 async def test_failed_write_on_a_fresh_connection_is_a_connect_error(nursery, monkeypatch):
     server, origin = await start(nursery, keep_alive)
 
-    async def broken_send_all(self: trio.SocketStream, data: bytes) -> None:
-        raise trio.BrokenResourceError("socket connection broken: [Errno 32] Broken pipe")
+    def broken_write(fd: int, data: bytes) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(trio.SocketStream, "send_all", broken_send_all)
+    # Connection.send writes a plain TCP socket's fd directly (smgrl/upstream/connection.py).
+    monkeypatch.setattr(connection_module, "_write", broken_write)
     pool = EnginePool(origin)
     with pytest.raises(ConnectError, match="cannot send"):
         await pool.request("POST", "/", body=b"x")
