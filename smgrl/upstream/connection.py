@@ -30,14 +30,12 @@ STREAM_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSEr
 # so a test can make them fail like a broken connection does.
 _write = os.write
 _read = os.read
-# Reads in a row that found data without waiting before ``Connection.receive`` checkpoints.
-HOT_READS: Final = 16
 
 
 class Connection:
     """A connection owned by exactly one party at a time: the pool's idle stack or one exchange."""
 
-    __slots__ = ("_fd", "_hot", "_socket", "idle_since", "stream")
+    __slots__ = ("_fd", "_socket", "idle_since", "stream")
 
     def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
         self.stream = stream
@@ -46,7 +44,6 @@ class Connection:
         # Plain TCP: ``send``/``receive`` use the socket's fd directly (see there); None for TLS
         # (``open_connection`` sets it only for a connection that stays plain).
         self._fd: int | None = None
-        self._hot = 0  # reads in a row that found data without waiting (``receive``)
 
     async def send(self, data: bytes) -> None:
         """``stream.send_all(data)``, for plain TCP without its schedule point when the kernel
@@ -70,27 +67,12 @@ class Connection:
             await self.stream.send_all(memoryview(data)[sent:])
 
     async def receive(self, size: int) -> bytes:
-        """``stream.receive_some(size)``; for plain TCP, a ``read`` first and, only when nothing
-        is there yet, one wait for readability and a second ``read``, without trio's trailing
-        schedule point. Under load the answer is usually there already (no epoll registration at
-        all). ``HOT_READS`` reads in a row without a wait pass a checkpoint, so a body that keeps
-        arriving cannot hold the event loop."""
+        """``stream.receive_some(size)``; for plain TCP, one wait for readability and one
+        ``read``: trio's first tries a ``recv`` that (right after a request) fails with EAGAIN,
+        then waits, reads and passes a schedule point of its own."""
         fd = self._fd
         if fd is None:
             return await self.stream.receive_some(size)
-        try:
-            data = _read(fd, size)
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
-        else:
-            self._hot += 1
-            if self._hot >= HOT_READS:
-                self._hot = 0
-                await trio.lowlevel.checkpoint()
-            return data
-        self._hot = 0
         # Cancellable here (the wait is the checkpoint); the read below never blocks.
         await trio.lowlevel.wait_readable(fd)
         try:
