@@ -132,6 +132,22 @@ async def test_sequential_requests_share_one_connection(nursery):
     assert_settled(pool, idle=1)
 
 
+async def test_a_request_larger_than_the_socket_buffer_arrives_whole(nursery):
+    """Connection.send writes what the kernel takes at once and hands the rest to trio's
+    send_all: 8 MiB (well past a loopback socket buffer) arrive byte for byte, twice on the
+    same connection."""
+    server, origin = await start(nursery, keep_alive)
+    pool = EnginePool(origin)
+    body = bytes(range(256)) * (8 * 4096)
+    for _ in range(2):
+        with trio.fail_after(SAFETY):
+            response, answer, _ = await pool.request("POST", "/update_weights", body=body)
+        assert (response.status, answer) == (200, b"ok")
+    assert [r[r.index(b"\r\n\r\n") + 4 :] == body for r in server.requests] == [True, True]
+    assert server.connections == 1
+    assert_settled(pool, idle=1)
+
+
 async def test_connection_returns_to_the_pool_when_the_body_ends_not_at_exit(nursery):
     server, origin = await start(nursery, keep_alive)
     pool = EnginePool(origin)
