@@ -219,8 +219,8 @@ class ControlService:
                 pass  # the interrupted record then names these targets as cut short
 
     async def _call_one(self, worker: Worker, req: ControlRequest, op: _Op, *, quiet_ok: bool) -> Outcome:
-        """``quiet_ok``: inside a fan-out, an engine's 2xx answer is logged at DEBUG (docs/deviations.md
-        D-log): the operation's ``rl.fanout`` line counts them, and every answer is a
+        """``quiet_ok``: inside a fan-out, an engine's 2xx answer is logged at DEBUG (docs/deviations.md,
+        "log lines of a fan-out"): the operation's ``rl.fanout`` line counts them, and every answer is a
         ``control.outcome`` event in the journal. A refusal is still an INFO line of its own."""
         outcome = await call_worker(
             worker, self.keys.get(worker.group), req, self.pools, self.rl.control_timeout_secs
