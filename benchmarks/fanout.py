@@ -19,7 +19,8 @@ starts is stopped by its PID; everything listens on 127.0.0.1; every loop is bou
 
 Before/after in one run (``--baseline-src DIR``, e.g. ``git archive main | tar -x -C DIR``): this
 checkout's smgrl, the one in DIR and SMG run at once, and one client alternates blocks of 25
-fan-outs (then discovery polls) between them, so load on the machine hits each alike. Besides
+fan-outs (then discovery polls) between them, in an order reversed every other block, so load on
+the machine hits each alike. Besides
 latency it reports each gateway's CPU per request (``/proc/<pid>/stat``), which a busy machine
 disturbs less than latency.
 
@@ -206,8 +207,15 @@ def interleaved(args, smg: str | None) -> None:
                     cpu = dict.fromkeys(children, 0.0)
                     for name, (_, port) in children.items():
                         timed_requests(port, method, path, 0, warmup=10)
-                    for _ in range(max(1, args.rounds // block)):
-                        for name, (child, port) in children.items():
+                    for turn in range(max(1, args.rounds // block)):
+                        # The rotation's order reversed every other block: on a busy 2-core VM the
+                        # gateway measured first (right after another's block) had a worse p50
+                        # (docs/benchmarks.md, issue 14 session 3), which a fixed order charged
+                        # to the same gateway every time.
+                        order = list(children.items())
+                        if turn % 2:
+                            order.reverse()
+                        for name, (child, port) in order:
                             c0 = cpu_seconds(child.proc.pid)
                             lat[name] += timed_requests(port, method, path, block, warmup=0)
                             cpu[name] += cpu_seconds(child.proc.pid) - c0

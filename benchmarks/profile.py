@@ -172,6 +172,12 @@ def main() -> None:
         default="warn",
         help="the gateway's (benchmarks/fanout.py runs it at info, the default)",
     )
+    ap.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only the thread holding the GIL (py-spy --gil): Python CPU, without the time a "
+        "thread spends preempted inside a syscall that released the GIL",
+    )
     ap.add_argument("--top", type=int, default=0, help="also print the N hottest functions (self)")
     ap.add_argument("--keep", default=None, help="keep py-spy's raw output at this path")
     ap.add_argument("--fold", default=None, help="only fold an existing raw file (no run)")
@@ -213,7 +219,7 @@ def main() -> None:
         _load(args, base, 1.0)
         spy_proc = subprocess.Popen(
             [spy, "record", "-p", str(gw.pid), "-r", str(args.rate), "--format", "raw", "--nonblocking",
-             "-o", raw, "-d", str(int(args.secs) + 1)],
+             "-o", raw, "-d", str(int(args.secs) + 1), *(["--gil"] if args.gil else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         cpu0 = cpu_seconds(gw.pid)

@@ -184,15 +184,15 @@ class DataPlaneASGI:
     # -- small helpers -------------------------------------------------------------------------
 
     @staticmethod
-    def _request_id(scope: Scope) -> bytes:
+    def _request_id(scope: Scope, found: dict[bytes, bytes] | None = None) -> bytes:
         """The caller's id (SMG's headers, ``env.caller_request_id``; 128 characters at most),
-        else a generated one in SMG's format (``env.request_id_prefix`` + 24 alphanumerics)."""
+        else a generated one in SMG's format (``env.request_id_prefix`` + 24 alphanumerics).
+        ``found``: the request's headers already collected by ``_headers_of`` (SMG's four names
+        among them)."""
         # One pass over the headers for SMG's four names (first occurrence of each wins); most
         # rollout clients send none of them (measured: a scan per name was ~10 us per request).
-        found = {}
-        for key, value in scope["headers"]:
-            if key in _RID_HEADERS and key not in found:
-                found[key] = value
+        if found is None:
+            found = _headers_of(scope, _RID_HEADERS)
         header = found.get(b"x-request-id")
         if header is None and found:
             caller = env.caller_request_id(lambda n: _latin1(found.get(n.encode())))
@@ -228,11 +228,11 @@ class DataPlaneASGI:
         )
         await self._openai_error(send, rid, 405, "method_not_allowed", message, [(b"allow", allow.encode())])
 
-    def _denied(self, scope: Scope) -> Denied | None:
+    def _denied(self, scope: Scope, found: dict[bytes, bytes] | None = None) -> Denied | None:
         """The refusal when the data-plane key check fails, else None (no keys: open)."""
         if not self._keys:
             return None
-        header = _header(scope, b"authorization")
+        header = _header(scope, b"authorization") if found is None else found.get(b"authorization")
         return check_api_key(header.decode("latin-1") if header else None, self._keys)
 
     async def _auth_error(self, send: Send, rid: bytes, denied: Denied) -> None:
@@ -240,23 +240,23 @@ class DataPlaneASGI:
         headers = [(b"x-request-id", rid), (b"www-authenticate", denied.www_authenticate.encode())]
         await self._respond(send, denied.status, _json(body), headers)
 
-    def _version_bounds(self, scope: Scope, fields: dict[str, Any] | None):
+    def _version_bounds(self, found: dict[bytes, bytes], fields: dict[str, Any] | None):
         """The request's version policy (``x-smg-version-policy``, with --enable-rl only) and
         PSRL routing metadata (``x-version-tag`` floor, prompt group, instance hint...)."""
         policy = None
         if self.gw.cfg.rl.enabled:
-            header = _header(scope, b"x-smg-version-policy")
+            header = found.get(b"x-smg-version-policy")
             if header is not None:
                 policy = VersionPolicy.parse(header.decode("latin-1"))
-        return policy, metadata.parse(_routing_headers(scope), fields)
+        return policy, metadata.parse(_routing_headers(found), fields)
 
-    async def _read_body(self, scope: Scope, receive: Receive, hold) -> bytes:
+    async def _read_body(self, length: bytes | None, receive: Receive, hold) -> bytes:
         # A deadline for the whole body: a declared body holds its bytes of the memory budget
         # from the first read, so a client with the key trickling it (or never sending it) held
         # them up to --request-timeout-secs. Cancelling receive() only stops waiting for hypercorn's
         # next body message; the caller answers 408 and the connection is closed by h11.
         with trio.move_on_after(self.body_timeout):
-            return await self._read_body_now(scope, self.stalling(receive), hold)
+            return await self._read_body_now(length, self.stalling(receive), hold)
         raise RequestBodyStalled(
             f"The request body did not arrive within {self.body_timeout:g} seconds "
             "(--dataplane-body-timeout-secs)"
@@ -276,8 +276,7 @@ class DataPlaneASGI:
 
         return bounded
 
-    async def _read_body_now(self, scope: Scope, receive: Receive, hold) -> bytes:
-        length = _header(scope, b"content-length")
+    async def _read_body_now(self, length: bytes | None, receive: Receive, hold) -> bytes:
         declared_size = parse_uint(length)
         declared = declared_size is not None
         if declared_size is not None:
@@ -346,7 +345,9 @@ class DataPlaneASGI:
             self.dp.metrics.answered(scope["path"], status, trio.current_time() - started)
 
     async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send, hold) -> None:
-        rid = self._request_id(scope)
+        # Every header this path reads, in one pass over the request's headers.
+        found = _headers_of(scope, _ROLLOUT_HEADERS)
+        rid = self._request_id(scope, found)
         allow = ALLOW[scope["path"]]
         if scope["method"] not in allow.split(","):
             await self._not_allowed(scope, send, rid, allow)
@@ -354,12 +355,12 @@ class DataPlaneASGI:
         # The key first, as SMG's auth layer does, before a byte of the body is read or reserved:
         # a client without a key must not hold the memory budget (a stalled declared body did,
         # for every rollout, up to --request-timeout-secs) nor make the gateway buffer anything.
-        denied = self._denied(scope)
+        denied = self._denied(scope, found)
         if denied is not None:
             await self._auth_error(send, rid, denied)
             return
         try:
-            body = await self._read_body(scope, receive, hold)
+            body = await self._read_body(found.get(b"content-length"), receive, hold)
         except _Disconnected:
             return
         except _TooLarge:
@@ -369,13 +370,13 @@ class DataPlaneASGI:
             await self._error(send, rid, exc)
             return
         try:
-            req = dataplane_body.parse(scope["path"], body, _header(scope, b"content-type"))
+            req = dataplane_body.parse(scope["path"], body, found.get(b"content-type"))
             model = self.dp.resolve_model(req.model)
         except DataPlaneError as exc:
             await self._error(send, rid, exc)
             return
         try:
-            policy, meta = self._version_bounds(scope, req.routing)
+            policy, meta = self._version_bounds(found, req.routing)
         except InvalidVersionPolicy as exc:
             error = InvalidVersionPolicyHeader(str(exc))
             headers = [(b"x-request-id", rid), (b"x-smg-error-code", error.code.encode())]
@@ -387,9 +388,9 @@ class DataPlaneASGI:
         floor = meta.floor
         routed = Routed(meta)
         headers = list(scope["headers"])
-        if _header(scope, b"x-request-id") is None:
+        if b"x-request-id" not in found:
             headers.append((b"x-request-id", rid))
-        key = _header(scope, b"x-smg-routing-key")
+        key = found.get(b"x-smg-routing-key")
         routing_key = key.decode("latin-1") if key else None
         relay = _Relay(self, send, rid, hold, routed)
         args = (req, body, headers, model, routing_key, policy, floor)
@@ -410,18 +411,36 @@ class DataPlaneASGI:
             await self.dp.finish(relay.routed)
 
 
-def _routing_headers(scope: Scope):
-    """``metadata.parse``'s header lookup: the routing headers, decoded, from one scan (the first
-    occurrence of each wins, as for every other header: smgrl/api/scope.py)."""
-    found: dict[str, str] = {}
-    wanted = _ROUTING_HEADERS
+def _headers_of(scope: Scope, wanted: frozenset[bytes]) -> dict[bytes, bytes]:
+    """The ``wanted`` headers of a request from one scan (the first occurrence of each wins, as
+    for every other header: smgrl/api/scope.py)."""
+    found: dict[bytes, bytes] = {}
     for key, value in scope["headers"]:
-        if key in wanted:
-            found.setdefault(key.decode(), value.decode("latin-1"))
-    return found.get
+        if key in wanted and key not in found:
+            found[key] = value
+    return found
+
+
+def _routing_headers(found: dict[bytes, bytes]):
+    """``metadata.parse``'s header lookup: the routing headers among ``found``, decoded."""
+    return {
+        key.decode(): value.decode("latin-1") for key, value in found.items() if key in _ROUTING_HEADERS
+    }.get
 
 
 _ROUTING_HEADERS = frozenset(h.encode() for h in metadata.HEADERS)
+# What the rollout path reads of a request's head (``DataPlaneASGI._serve_rollout``).
+_ROLLOUT_HEADERS = frozenset(
+    {
+        *_RID_HEADERS,
+        *_ROUTING_HEADERS,
+        b"authorization",
+        b"content-length",
+        b"content-type",
+        b"x-smg-version-policy",
+        b"x-smg-routing-key",
+    }
+)
 
 
 async def until_disconnect(scope: Scope, receive: Receive, fn: Callable[..., Awaitable[Any]], *args) -> Any:

@@ -110,7 +110,7 @@ class ControlService:
         outcome = None
         try:
             await self._intent_durable(op)
-            outcome = await self._call_one(worker, req, op)
+            outcome = await self._call_one(worker, req, op, quiet_ok=False)
         finally:
             if outcome is None and not op.intent_failed:
                 await self._record_cut_short(op, 1, 0, started)
@@ -143,7 +143,7 @@ class ControlService:
             await self._intent_durable(op)
             await run_fanout(
                 targets,
-                lambda w: self._call_one(w, req, op),
+                lambda w: self._call_one(w, req, op, quiet_ok=True),
                 self.rl.fanout_concurrency,
                 lambda w, o: (outcomes.append(o), on_outcome and on_outcome(w, o)),
             )
@@ -160,6 +160,7 @@ class ControlService:
         log_event(
             log,
             "rl.fanout",
+            op_id=op.op_id,
             path=req.path,
             selector=selector.source,
             total=body["total"],
@@ -217,7 +218,10 @@ class ControlService:
             except JournalWriteError:
                 pass  # the interrupted record then names these targets as cut short
 
-    async def _call_one(self, worker: Worker, req: ControlRequest, op: _Op) -> Outcome:
+    async def _call_one(self, worker: Worker, req: ControlRequest, op: _Op, *, quiet_ok: bool) -> Outcome:
+        """``quiet_ok``: inside a fan-out, an engine's 2xx answer is logged at DEBUG (docs/deviations.md,
+        "log lines of a fan-out"): the operation's ``rl.fanout`` line counts them, and every answer is a
+        ``control.outcome`` event in the journal. A refusal is still an INFO line of its own."""
         outcome = await call_worker(
             worker, self.keys.get(worker.group), req, self.pools, self.rl.control_timeout_secs
         )
@@ -228,6 +232,7 @@ class ControlService:
             log_event(
                 log,
                 "rl.proxy",
+                logging.DEBUG if quiet_ok and outcome.ok else logging.INFO,
                 worker_id=worker.id,
                 url=worker.url,
                 control_url=outcome.control_url,

@@ -131,7 +131,9 @@ def _ids(value: Any) -> tuple[int, ...] | None:
     if not isinstance(value, list) or not value:
         return None
     head = value[:ROUTING_TEXT_LIMIT]
-    if not all(type(t) is int for t in head):
+    # Every id an int (not a bool, float or string), checked at C speed: a generator over a
+    # 4,096-token prompt cost ~170 us per request, this ~40 (docs/benchmarks.md, issue 14).
+    if list(map(type, head)).count(int) != len(head):
         return None
     return tuple(head)
 

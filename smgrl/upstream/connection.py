@@ -11,6 +11,7 @@ with ``https_compatible=True``: an engine may close without one).
 
 from __future__ import annotations
 
+import os
 import select
 import ssl
 from typing import Final
@@ -25,17 +26,61 @@ __all__ = ["RECEIVE_SIZE", "STREAM_ERRORS", "Connection", "open_connection"]
 RECEIVE_SIZE: Final = 65536
 # What a trio stream raises when the connection broke (SSL errors are OSErrors too).
 STREAM_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+# A socket's fd read and written directly (``Connection.send``/``receive``); names of their own
+# so a test can make them fail like a broken connection does.
+_write = os.write
+_read = os.read
 
 
 class Connection:
     """A connection owned by exactly one party at a time: the pool's idle stack or one exchange."""
 
-    __slots__ = ("_socket", "idle_since", "stream")
+    __slots__ = ("_fd", "_socket", "idle_since", "stream")
 
     def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
         self.stream = stream
         self._socket = socket
         self.idle_since = 0.0
+        # Plain TCP: ``send``/``receive`` use the socket's fd directly (see there); None for TLS
+        # (``open_connection`` sets it only for a connection that stays plain).
+        self._fd: int | None = None
+
+    async def send(self, data: bytes) -> None:
+        """``stream.send_all(data)``, for plain TCP without its schedule point when the kernel
+        takes every byte at once (a request almost always fits the socket buffer).
+
+        Measured (docs/benchmarks.md, issue 14): trio's ``send_all`` ends every send with a
+        ``cancel_shielded_checkpoint``, a task switch per engine call; the caller's next step
+        is a receive that waits anyway, which is its checkpoint. Errors are trio's: a broken
+        connection raises ``trio.BrokenResourceError`` (one of ``STREAM_ERRORS``)."""
+        fd = self._fd
+        if fd is None:
+            await self.stream.send_all(data)
+            return
+        try:
+            sent = _write(fd, data)  # the fd is non-blocking (trio made it so)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+        if sent < len(data):
+            await self.stream.send_all(memoryview(data)[sent:])
+
+    async def receive(self, size: int) -> bytes:
+        """``stream.receive_some(size)``; for plain TCP, one wait for readability and one
+        ``read``: trio's first tries a ``recv`` that (right after a request) fails with EAGAIN,
+        then waits, reads and passes a schedule point of its own."""
+        fd = self._fd
+        if fd is None:
+            return await self.stream.receive_some(size)
+        # Cancellable here (the wait is the checkpoint); the read below never blocks.
+        await trio.lowlevel.wait_readable(fd)
+        try:
+            return _read(fd, size)
+        except BlockingIOError:  # woken without data after all: trio's way
+            return await self.stream.receive_some(size)
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
     def close(self) -> None:
         """Close now, without a checkpoint (see the module docstring). Idempotent."""
@@ -70,6 +115,7 @@ async def open_connection(
         raise ConnectError(f"cannot connect to {origin}: {exc}") from exc
     connection = Connection(tcp, tcp.socket)
     if ssl_context is None:
+        connection._fd = tcp.socket.fileno()
         return connection
     tls = trio.SSLStream(tcp, ssl_context, server_hostname=host, https_compatible=True)
     try:

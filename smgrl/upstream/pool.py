@@ -194,9 +194,8 @@ class EnginePool:
         # Residual risk, accepted: an engine that reads a request on a reused connection and
         # then dies without a byte of answer looks the same; the retry then usually meets a
         # refused connection, but a non-idempotent request could run twice if it came back.
-        stream = connection.stream
         try:
-            await stream.send_all(request)
+            await connection.send(request)
         except STREAM_ERRORS as exc:
             if reused:
                 raise _StaleConnection from exc
@@ -207,7 +206,7 @@ class EnginePool:
         while True:
             if event is NEED_DATA:
                 try:
-                    data = await stream.receive_some(RECEIVE_SIZE)
+                    data = await connection.receive(RECEIVE_SIZE)
                 except STREAM_ERRORS as exc:
                     if reused and not received:
                         raise _StaleConnection from exc

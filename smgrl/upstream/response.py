@@ -125,7 +125,7 @@ class Response:
                     break  # deliver what we have before waiting for more
                 else:
                     try:
-                        data = await connection.stream.receive_some(RECEIVE_SIZE)
+                        data = await connection.receive(RECEIVE_SIZE)
                     except STREAM_ERRORS as exc:
                         raise ReadError(
                             f"connection to {self._pool.origin} broke inside the body: {exc}"

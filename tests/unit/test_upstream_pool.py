@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from smgrl.upstream import ConnectError, EnginePool, PoolSet, ProtocolError, ReadError, UpstreamError
+from smgrl.upstream import connection as connection_module
 from smgrl.upstream.connection import Connection
 
 SAFETY = 10  # seconds before a hang becomes a failure; never reached when things work
@@ -128,6 +129,22 @@ async def test_sequential_requests_share_one_connection(nursery):
     assert server.connections == 1
     assert len(server.requests) == 10
     assert pool.connections_opened == 1
+    assert_settled(pool, idle=1)
+
+
+async def test_a_request_larger_than_the_socket_buffer_arrives_whole(nursery):
+    """Connection.send writes what the kernel takes at once and hands the rest to trio's
+    send_all: 8 MiB (well past a loopback socket buffer) arrive byte for byte, twice on the
+    same connection."""
+    server, origin = await start(nursery, keep_alive)
+    pool = EnginePool(origin)
+    body = bytes(range(256)) * (8 * 4096)
+    for _ in range(2):
+        with trio.fail_after(SAFETY):
+            response, answer, _ = await pool.request("POST", "/update_weights", body=body)
+        assert (response.status, answer) == (200, b"ok")
+    assert [r[r.index(b"\r\n\r\n") + 4 :] == body for r in server.requests] == [True, True]
+    assert server.connections == 1
     assert_settled(pool, idle=1)
 
 
@@ -323,10 +340,11 @@ async def test_reused_connection_reset_after_the_request_is_retried(nursery):
 async def test_failed_write_on_a_fresh_connection_is_a_connect_error(nursery, monkeypatch):
     server, origin = await start(nursery, keep_alive)
 
-    async def broken_send_all(self: trio.SocketStream, data: bytes) -> None:
-        raise trio.BrokenResourceError("socket connection broken: [Errno 32] Broken pipe")
+    def broken_write(fd: int, data: bytes) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(trio.SocketStream, "send_all", broken_send_all)
+    # Connection.send writes a plain TCP socket's fd directly (smgrl/upstream/connection.py).
+    monkeypatch.setattr(connection_module, "_write", broken_write)
     pool = EnginePool(origin)
     with pytest.raises(ConnectError, match="cannot send"):
         await pool.request("POST", "/", body=b"x")
