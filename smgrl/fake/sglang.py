@@ -58,7 +58,9 @@ class SGLangEngine(SGLangWeights, BaseEngine):
         self.weight_session = False
         self._flush_pending = False
         self.load_format = "auto"
-        self.created = int(time.time())
+        # /server_info's startup_time: set once per process start, so a restart changes it (the
+        # recovered-engine rule reads it; smgrl.core.identity).
+        self.created = time.time()
 
     # -- envelopes -----------------------------------------------------------------------------
     def authorize(self, req: Request) -> Response | None:
