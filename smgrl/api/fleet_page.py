@@ -38,7 +38,7 @@ PAGE = r"""<!doctype html>
 "use strict";
 const KEY = "smgrl-key";
 const PHASE_COLORS = {pause: "#f2b134", load: "#4f81bd", init: "#8064a2", begin: "#8064a2", transfer: "#9bbb59",
-  end: "#4f81bd", version: "#4bacc6", flush: "#c0504d", verify: "#2c7f5f", destroy: "#8064a2", resume: "#3a9d5d",
+  end: "#4f81bd", version: "#4bacc6", flush: "#c0504d", verify: "#2c7f5f", checksum: "#1f6f5f", destroy: "#8064a2", resume: "#3a9d5d",
   recheck: "#888", quarantine: "#d9534f"};
 const cycles = new Map();   // refit id -> {id, version, result, steps: [{phase, start, end}], started}
 const ops = [];

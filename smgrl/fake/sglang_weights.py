@@ -138,7 +138,12 @@ class SGLangWeights:
                     "ModelRunner are partially updated. Please discard the whole weights."
                 )
             sums = await self.transfers.receive(
-                group, names, dtypes, shapes, weight_version=args["weight_version"]
+                group,
+                names,
+                dtypes,
+                shapes,
+                corrupt=self.knobs.corrupt_transfers,
+                weight_version=args["weight_version"],
             )
             self.install_weights(derived_digest(self.weights_digest, names, dtypes, shapes, sums))
             flushed, refusal = self._after_load(args["flush_cache"])

@@ -53,6 +53,7 @@ class EngineRun:
     detail: str | None = None
     readback: str | None = None
     verified: str | None = None  # verified | unverified | mismatch
+    checksums: str | None = None  # trainer checksums: pending | verified | unverified | mismatch
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ class EngineRun:
             "done": list(self.done),
             "detail": self.detail,
             "verification": self.verified,
+            "checksums": self.checksums,
             "reported_version": self.readback,
             "previous_version": self.previous_version,
         }
@@ -244,6 +246,7 @@ def _saga(seq: int, ts: float | None, ev) -> Saga:
             rank_offset=e.get("rank_offset"),
             previous_version=e.get("previous_version"),
             previous_model_path=e.get("previous_model_path"),
+            checksums="pending" if plan.get("checksums") == "checked" else plan.get("checksums"),
         )
     return Saga(
         refit_id=ev.refit_id,
@@ -273,6 +276,8 @@ def _step_result(run: EngineRun, phase: str, r: dict[str, Any], rollback: bool) 
         run.readback = r["version"]
     if r.get("verification") is not None:
         run.verified = r["verification"]
+    if r.get("checksums") is not None:
+        run.checksums = r["checksums"]
     if result == "ok":
         if rollback:
             run.status = "rolled_back" if phase == "resume" else "running"

@@ -10,6 +10,7 @@ from rl_api_helpers import ADMIN, KEYS, USER, journal, rl_cfg
 
 from smgrl.fake import fake_fleet
 from smgrl.fake.checkpoint import make_checkpoint
+from smgrl.fake.transfer import declared_checksum
 from smgrl.testing import gateway_in_process
 
 GEN = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
@@ -187,6 +188,45 @@ async def test_distributed_refit_of_a_mixed_fleet_through_commit():
         assert all(e.paused is None for e in (sg[0], vl[0], ts[0]))
         r = await gw.client.post(f"/v1/rl/refits/{rid}/commit")
         assert r.status_code == 409 and r.json()["error"] == "refit_state"
+
+
+async def test_trainer_checksums_are_compared_where_the_engine_has_a_checksum_route():
+    """vLLM's /weight_checker is compared with ``source.distributed.checksums``: a mismatch is a
+    failed load (quarantined, never resumed); SGLang has no per-tensor route: ``unverified``."""
+    names, dtypes, shapes = ["w.0", "w.1"], ["float32", "bfloat16"], [[2, 2], [3]]
+    sums = {n: declared_checksum(n, d, s) for n, d, s in zip(names, dtypes, shapes, strict=True)}
+    async with (
+        fake_fleet("sglang", 1) as sg,
+        fake_fleet("vllm", 2, weight_transfer_backend="gloo") as vl,
+        gateway_in_process(rl_cfg(), worker_urls=sg.urls + vl.urls) as gw,
+    ):
+        vl[1].set_knobs(corrupt_transfers=True)
+        ids = {w["url"]: w["id"] for w in (await rows(gw)).values()}
+        source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500, "checksums": sums}}
+        status, body = await refit(gw, source=source, weight_version="9")
+        assert status == 202, body
+        rid = body["refit_id"]
+        await wait_state(gw, rid, "awaiting_transfer")
+        r = await gw.client.post(
+            f"/v1/rl/refits/{rid}/transfer", json={"names": names, "dtypes": dtypes, "shapes": shapes}
+        )
+        assert r.status_code == 200, r.text
+        assert (await gw.client.post(f"/v1/rl/refits/{rid}/commit")).status_code == 202
+        done = await wait_done(gw, rid)
+        engines = {e["worker_id"]: e for e in done["engines"]}
+        good, bad, plain = engines[ids[vl[0].url]], engines[ids[vl[1].url]], engines[ids[sg[0].url]]
+        assert done["result"] == "quarantined" and done["quarantined"] == [bad["worker_id"]], done
+        assert (good["checksums"], good["status"]) == ("verified", "resumed")
+        assert (plain["checksums"], plain["status"]) == ("unverified", "resumed")
+        assert bad["checksums"] == "mismatch" and bad["status"] == "quarantined"
+        assert "checksum mismatch on 2 of 2 tensor(s): w.0, w.1" in bad["detail"]
+        assert vl[1].paused is not None and vl[0].paused is None and sg[0].paused is None
+        assert [c.path for c in sg[0].calls if "checker" in c.path] == []
+        assert len(vl[0].calls_to("/weight_checker")) == 1
+        (step,) = [e for e in journal(gw, "refit.step_done") if e.phase == "checksum"]
+        assert sorted(x["checksums"] for x in step.results) == ["mismatch", "verified"]
+        (started,) = journal(gw, "refit.started")
+        assert sorted(e["plan"]["checksums"] for e in started.engines) == ["checked", "checked", "unverified"]
 
 
 async def test_a_transfer_that_never_commits_times_out_into_quarantine():
