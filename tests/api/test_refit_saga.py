@@ -468,3 +468,54 @@ async def test_a_refit_never_aborts_generation_in_flight_by_default(ckpt, kind):
             assert r.json()["meta_info"]["finish_reason"]["type"] != "abort"
         else:
             assert r.json()["choices"][0]["finish_reason"] != "abort"
+
+
+async def test_journal_refits_tells_the_sagas_and_quarantines(ckpt, tmp_path):
+    """`smgrl journal refits` shows, with the cycles, each saga behind them (result, per-phase
+    counts, the engine held out and why) and the quarantines set outside sagas."""
+    from click.testing import CliRunner
+
+    from journal import SqliteStore
+    from smgrl.journal_cli import journal_group
+
+    path = tmp_path / "j.db"
+    store = SqliteStore.open(path)
+    try:
+        async with (
+            fake_fleet("sglang", 3) as fleet,
+            gateway_in_process(rl_cfg(), store=store, worker_urls=fleet.urls) as gw,
+        ):
+            fleet[1].set_knobs(fail_loads=1)
+            _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="5")
+            rid = body["refit_id"]
+            assert (await wait_done(gw, rid))["result"] == "quarantined"
+            held = next(w for w in (await rows(gw)).values() if w["url"] == fleet[1].url)["id"]
+            other = next(w for w in (await rows(gw)).values() if w["url"] == fleet[2].url)["id"]
+            r = await gw.client.post(f"/v1/rl/workers/{other}/quarantine", json={"reason": "odd logits"})
+            assert r.status_code == 200, r.text
+    finally:
+        store.close()
+
+    def run(*args):
+        result = CliRunner().invoke(journal_group, ["--journal", str(path), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    for args in ((), ("--all",)):
+        data = json.loads(run("--json", "refits", *args))
+        (saga,) = data["sagas"]
+        assert (saga["refit_id"], saga["state"], saga["weight_version"]) == (rid, "quarantined", "5")
+        engines = {e["worker_id"]: e for e in saga["engines"]}
+        assert engines[held]["status"] == "quarantined" and "load failed" in engines[held]["detail"]
+        assert engines[held]["done"] == ["pause"]
+        assert {e["status"] for w, e in engines.items() if w != held} == {"resumed"}
+        assert [(q["worker"], q["action"]) for q in saga["quarantines"]] == [(held, "held")]
+        assert [(q["worker"], q["action"], q["reason"]) for q in data["quarantines"]] == [
+            (other, "held", "odd logits")
+        ]
+        assert len(data["cycles"]) == 1
+    text = run("refits", "--wide")
+    assert (
+        "refit sagas" in text and "pause 3/3 load 2/3" in text and f"{held} quarantined: load failed" in text
+    )
+    assert "quarantines outside sagas" in text and "odd logits" in text
