@@ -136,11 +136,15 @@ class RefitsApi:
             if saga is None:
                 return
             body = self.service.view(saga)
+            # Decided from the record about to be sent, not from the saga after the yield: the
+            # saga object moves on while this generator waits at the yield (a large record to a
+            # slow reader), and ending on its later state would never send the final record.
+            finished = body["result"] is not None
             if body["last_seq"] != last:
                 last = body["last_seq"]
                 data = json.dumps(body, separators=(",", ":"))
                 yield f"event: refit\nid: {last}\ndata: {data}\n\n".encode()
-            if not saga.is_open:
+            if finished:
                 return
             with trio.move_on_after(SSE_KEEPALIVE_SECS) as scope:
                 await changed.wait()
