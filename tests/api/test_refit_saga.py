@@ -535,3 +535,8 @@ async def test_the_event_stream_always_ends_with_the_final_record(ckpt):
         await wait_done(gw, body["refit_id"])  # the saga ends meanwhile
         rest = [chunk async for chunk in stream]
         assert rest and b'"result":"succeeded"' in rest[-1], rest
+        # Each record is the GET record: the same JSON (its plan included), parsed back.
+        last = json.loads(rest[-1].split(b"data: ", 1)[1])
+        shown = (await gw.client.get(f"/v1/rl/refits/{body['refit_id']}")).json()
+        expected = gw.gateway.refits.view(gw.gateway.refits.get(body["refit_id"]))
+        assert last == shown == expected and set(shown["plan"]) == {e["worker_id"] for e in shown["engines"]}
