@@ -166,6 +166,7 @@ class SGLangEngine(SGLangWeights, BaseEngine):
             ("/abort_request", "POST", self.abort_request),
             ("/release_memory_occupation", "GET,POST", self.release_memory_occupation),
             ("/resume_memory_occupation", "GET,POST", self.resume_memory_occupation),
+            ("/weights_checker", "GET,POST", self.weights_checker),
         )
 
     async def health(self, req: Request) -> Response:
