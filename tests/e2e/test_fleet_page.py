@@ -85,8 +85,11 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
         assert ADMIN not in browser.current_url
 
         def inflight():
-            cells = browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr .inflight")
-            return [int(c.text) if c.text.isdigit() else None for c in cells]
+            # One script: the rows are replaced whenever the table reloads (no stale elements).
+            cells = browser.execute_script(
+                "return [...document.querySelectorAll('#fleet tbody tr .inflight')].map(c => c.textContent)"
+            )
+            return [int(c) if c.isdigit() else None for c in cells]
 
         wait_for(lambda: inflight() == [0, 0, 0, 0], what="an idle fleet in the in-flight column")
         rollouts = [threading.Thread(target=rollout, args=(base,)) for _ in range(3)]
@@ -111,13 +114,12 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
         (bad,) = failed.value.engines
 
         def table():
-            out = {}
-            for tr in browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr"):
-                out[tr.get_attribute("data-worker-id")] = (
-                    tr.find_element(By.CSS_SELECTOR, ".version").text,
-                    tr.find_element(By.CSS_SELECTOR, ".quarantine").text,
-                )
-            return out
+            # One script: the rows are replaced whenever the table reloads (no stale elements).
+            rows = browser.execute_script(
+                "return [...document.querySelectorAll('#fleet tbody tr')].map(tr => [tr.dataset.workerId,"
+                " tr.querySelector('.version').textContent, tr.querySelector('.quarantine').textContent])"
+            )
+            return {wid: (version, held) for wid, version, held in rows}
 
         rows = wait_for(
             lambda: (
