@@ -12,7 +12,6 @@ import sys
 import threading
 
 import pytest
-from conftest import Http
 
 from smgrl.demo.procs import free_port, wait_for_workers
 
@@ -39,12 +38,12 @@ def first_line(proc: subprocess.Popen) -> str:
 
 def test_follow_a_gateway_stream_backfill_then_live_then_ctrl_c(fakes, gateway):
     urls = fakes("sglang", 2)
-    gw, _, port = gateway(
+    gw, anon, port = gateway(
         "--enable-rl", "--disable-health-check", "--control-plane-api-keys", f"adm:admin:admin:{KEY}",
         "--worker-urls", *urls,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    http = Http(base, KEY)
+    http = type(anon)(base, KEY)  # the fixture's client, with the key
     wait_for_workers(base, 2, token=KEY, child=gw)
     assert http.request("POST", FANOUT, b"")[0] == 200
 
