@@ -4,13 +4,13 @@ restarted on its initial weights (and served rollouts with them elsewhere) is he
 /v1/rl/workers/{id}/version``: an explicit confirmation) or an operator releases it. Two signs:
 
 - it comes back after being unreachable for at least one health interval (``hold_recovered``);
-- its reported startup identity changed (``check_identity``: SGLang's ``startup_time``,
+- its reported startup identity changed (``identity_events``: SGLang's ``startup_time``,
   TokenSpeed's ``start_time``; ``smgrl.core.identity``), even when no health round saw it down.
 """
 
 from __future__ import annotations
 
-from smgrl.core.identity import identity_route, startup_identity
+from smgrl.core.identity import startup_identity
 from smgrl.journaling import ev
 
 REASON_PREFIX = "recovered"
@@ -74,7 +74,3 @@ def identity_events(worker, info, sagas) -> list:
             )
         )
     return events
-
-
-def reports_identity(worker) -> bool:
-    return identity_route(worker.engine) is not None
