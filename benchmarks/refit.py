@@ -5,16 +5,16 @@ One fake SGLang process serves N engines (default 64) on loopback with a fixed l
 (``load_delay_ms`` knob, default 200 ms, so both sides wait for the same loads). One smgrl gateway
 (SQLite journal) fronts them. Each round refits the whole fleet to a new checkpoint, alternating:
 
-* ``saga``: ``POST /v1/rl/refits`` and wait for the result (polled every 10 ms over one
-  kept-alive connection), i.e. pause, load, flush, verify (version read back) and resume, each
-  phase journaled as intent and outcome;
+* ``saga``: ``POST /v1/rl/refits`` and wait for the result on the refit's event stream
+  (``GET /v1/rl/refits/{id}/events``), i.e. pause, load, flush, verify (version read back) and
+  resume, each phase journaled as intent and outcome;
 * ``raw``: the client drives the same five phases itself with raw fan-outs
   (``POST /v1/rl/engine/<route>?selector=``), checking each answer and the read-back versions.
 
 Prints a markdown table of wall times (median, min, max) and the saga's overhead. Every process
 this starts is stopped by its PID; every loop is bounded.
 
-    python benchmarks/refit.py [--engines 64] [--rounds 5] [--load-ms 200]
+    python benchmarks/refit.py [--engines 64] [--rounds 10] [--load-ms 200]
 """
 
 from __future__ import annotations
@@ -48,17 +48,28 @@ class Conn:
         return resp.status, (json.loads(raw) if raw else None)
 
 
-def saga_round(c: Conn, ckpt: str, version: str) -> float:
+def saga_round(c: Conn, ckpt: str, version: str, port: int) -> float:
     t0 = time.perf_counter()
     body = {"selector": SELECTOR, "source": {"disk": {"model_path": ckpt}}, "weight_version": version}
     status, rec = c.request("POST", "/v1/rl/refits", body)
     if status != 202:
         raise RuntimeError(f"refit refused: {status} {rec}")
-    for _ in range(60_000):
-        status, rec = c.request("GET", f"/v1/rl/refits/{rec['refit_id']}")
-        if rec["result"] is not None:
-            break
-        time.sleep(0.01)
+    # Wait on the refit's event stream (the record on every change, the last one when it ends):
+    # the end is seen as it is journaled, without a poll interval or a render per poll.
+    stream = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        stream.request("GET", f"/v1/rl/refits/{rec['refit_id']}/events")
+        resp = stream.getresponse()
+        for _ in range(100_000):  # bounded: a refit sends a few dozen records
+            line = resp.readline()
+            if not line:
+                raise RuntimeError("the refit's event stream ended before its result")
+            if line.startswith(b"data: "):
+                rec = json.loads(line[6:])
+                if rec["result"] is not None:
+                    break
+    finally:
+        stream.close()
     dt = time.perf_counter() - t0
     if rec["result"] != "succeeded":
         raise RuntimeError(f"saga ended {rec['result']}")
@@ -98,7 +109,7 @@ def raw_round(c: Conn, ckpt: str, version: str, n: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--load-ms", type=float, default=200.0)
     args = ap.parse_args()
     fakes, urls = start_fake_engines("sglang", args.engines)
@@ -120,6 +131,9 @@ def main() -> int:
                 "--disable-health-check",
                 "--journal",
                 f"{tmp}/journal.db",
+                # A free port: the default metrics port may be another gateway's on this machine.
+                "--prometheus-port",
+                str(free_port()),
                 "--worker-urls",
                 *urls,
             ],
@@ -131,7 +145,10 @@ def main() -> int:
         for i in range(args.rounds * 2 + 2):
             ckpt = str(make_checkpoint(f"{tmp}/ckpt-{i}", "fake/model", seed=i + 1))
             kind = "saga" if i % 2 == 0 else "raw"
-            dt = saga_round(c, ckpt, f"v{i}") if kind == "saga" else raw_round(c, ckpt, f"v{i}", args.engines)
+            if kind == "saga":
+                dt = saga_round(c, ckpt, f"v{i}", port)
+            else:
+                dt = raw_round(c, ckpt, f"v{i}", args.engines)
             if i >= 2:  # the first round of each kind warms up
                 times[kind].append(dt)
         saga, raw = statistics.median(times["saga"]), statistics.median(times["raw"])

@@ -349,6 +349,10 @@ def refit_saga(rl: RL, args, torch) -> tuple[list[Worker], dict[str, str]]:
         "group_name": args.group_name,
         "backend": args.backend,
     }
+    if torch is not None:
+        # The engines whose kind has a per-tensor checksum route (vLLM) compare them after the
+        # load; a mismatch fails that engine's load (docs/refits.md, Verification).
+        source["checksums"] = {n: checksum(t) for n, t in tensors.items()}
     record = rl.start_refit(
         args.selector, args.weight_version, distributed=source, transfer_timeout_secs=args.dist_timeout
     )

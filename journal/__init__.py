@@ -56,6 +56,7 @@ from .refit_events import (
     RefitState,
     RefitStep,
     RefitStepDone,
+    WorkerIdentitySeen,
     WorkerQuarantined,
     WorkerReleased,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "VerifyReport",
     "WorkerDiscovered",
     "WorkerHealthChanged",
+    "WorkerIdentitySeen",
     "WorkerLabelsChanged",
     "WorkerProbeFailed",
     "WorkerQuarantined",

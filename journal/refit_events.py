@@ -21,6 +21,7 @@ __all__ = [
     "RefitState",
     "RefitStep",
     "RefitStepDone",
+    "WorkerIdentitySeen",
     "WorkerQuarantined",
     "WorkerReleased",
 ]
@@ -128,3 +129,17 @@ class WorkerReleased(Event):
     reason: str
     refit_id: str | None = None
     principal: str | None = None
+
+
+@event_type("worker.identity_seen", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerIdentitySeen(Event):
+    """The engine's startup identity (the server-info field that changes when it restarts:
+    SGLang ``startup_time``, TokenSpeed ``start_time``) as the health checker read it: the first
+    time (``previous`` null), and whenever it changed (the engine restarted; a
+    ``worker.quarantined`` with a ``recovered`` reason is committed with it)."""
+
+    worker_id: str
+    base_url: str
+    identity: str
+    previous: str | None = None

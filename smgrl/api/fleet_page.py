@@ -1,7 +1,11 @@
 """The live fleet page (``GET /fleet``): one self-contained HTML document, no build step, nothing
 loaded from elsewhere. It asks for a control-plane key when the API wants one, keeps it for the
 tab only (``sessionStorage``), and reads ``/v1/rl/workers`` and the journal stream with ``fetch``
-and an ``Authorization`` header (a key never goes into a URL). Read-only."""
+and an ``Authorization`` header (a key never goes into a URL). Read-only.
+
+The in-flight column is the data plane's counters (``GET /workers/stats``: rollout requests in
+flight per instance, summed per engine row), read once a second while the tab is visible (rollout
+traffic is not journaled, so the stream cannot carry it); one request at a time."""
 
 PAGE = r"""<!doctype html>
 <html lang="en">
@@ -29,7 +33,7 @@ PAGE = r"""<!doctype html>
   <input id="key" type="password" autocomplete="off" size="40"></label> <button type="submit">Use key</button>
   <span id="keyerror"></span></form>
 <table id="fleet"><thead><tr><th>engine</th><th>kind</th><th>url</th><th>version</th><th>state</th>
-  <th>quarantine</th><th>health</th></tr></thead><tbody></tbody></table>
+  <th>quarantine</th><th>health</th><th>in flight</th></tr></thead><tbody></tbody></table>
 <h2>Refit timeline</h2>
 <svg id="timeline" width="100%" height="40" role="img" aria-label="refit timeline"></svg>
 <h2>Last operations</h2>
@@ -38,11 +42,11 @@ PAGE = r"""<!doctype html>
 "use strict";
 const KEY = "smgrl-key";
 const PHASE_COLORS = {pause: "#f2b134", load: "#4f81bd", init: "#8064a2", begin: "#8064a2", transfer: "#9bbb59",
-  end: "#4f81bd", version: "#4bacc6", flush: "#c0504d", verify: "#2c7f5f", destroy: "#8064a2", resume: "#3a9d5d",
+  end: "#4f81bd", version: "#4bacc6", flush: "#c0504d", verify: "#2c7f5f", checksum: "#1f6f5f", destroy: "#8064a2", resume: "#3a9d5d",
   recheck: "#888", quarantine: "#d9534f"};
 const cycles = new Map();   // refit id -> {id, version, result, steps: [{phase, start, end}], started}
 const ops = [];
-let lastSeq = null, refreshTimer = null;
+let lastSeq = null, refreshTimer = null, inflight = new Map(), polling = false;
 
 function headers() {
   const k = sessionStorage.getItem(KEY);
@@ -82,10 +86,33 @@ async function loadWorkers() {
       el("td", {"class": "mono"}, w.url), el("td", {"class": "version"}, w.weight_version || "-"),
       el("td", {"class": "state"}, el("span", {"class": "pill " + state}, state)),
       el("td", {"class": "quarantine"}, q ? el("span", {"class": "pill q", title: q}, q.slice(0, 80)) : ""),
-      el("td", {}, w.health));
+      el("td", {}, w.health), el("td", {"class": "inflight"}, inflight.has(w.id) ? String(inflight.get(w.id)) : "-"));
     tbody.append(tr);
   }
   return true;
+}
+// Rollout requests in flight per engine row (DP ranks summed), from the data plane's counters.
+async function loadInflight() {
+  let r;
+  try { r = await fetch("/workers/stats", {headers: headers()}); } catch (e) { return; }
+  if (!r.ok) return;
+  const body = await r.json(), counts = new Map();
+  for (const w of body.workers) {
+    const id = w.base_worker_id || w.worker_id;
+    counts.set(id, (counts.get(id) || 0) + (w.in_flight || 0));
+  }
+  inflight = counts;
+  for (const tr of document.querySelectorAll("#fleet tbody tr")) {
+    const cell = tr.querySelector(".inflight"), id = tr.getAttribute("data-worker-id");
+    if (cell) cell.textContent = counts.has(id) ? String(counts.get(id)) : "-";
+  }
+}
+async function pollInflight() {
+  // One request at a time, once a second, only while the tab is shown: bounded load on the gateway.
+  for (;;) {
+    if (!document.hidden) await loadInflight();
+    await sleep(1000);
+  }
 }
 function scheduleRefresh() {
   if (refreshTimer) return;
@@ -180,7 +207,10 @@ async function follow() {
 }
 function sleep(ms) { return new Promise((res) => setTimeout(res, ms)); }
 async function start() {
-  if (await loadWorkers()) follow();
+  if (await loadWorkers()) {
+    follow();
+    if (!polling) { polling = true; pollInflight(); }
+  }
 }
 start();
 </script>

@@ -42,6 +42,7 @@ class Knobs:
     redirect_status: int = 307
     fail_loads: int = 0  # the next N weight loads from disk fail (refit saga tests)
     load_delay_ms: float = 0.0  # added to every weight load (fixed load time for benchmarks)
+    corrupt_transfers: bool = False  # received tensors get wrong checksums (checksum route tests)
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -58,6 +59,7 @@ _KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "redirect_status": (int,),
     "fail_loads": (int,),
     "load_delay_ms": (int, float),
+    "corrupt_transfers": (bool,),
     "down_for_s": (int, float, type(None)),
 }
 

@@ -58,7 +58,9 @@ class SGLangEngine(SGLangWeights, BaseEngine):
         self.weight_session = False
         self._flush_pending = False
         self.load_format = "auto"
-        self.created = int(time.time())
+        # /server_info's startup_time: set once per process start, so a restart changes it (the
+        # recovered-engine rule reads it; smgrl.core.identity).
+        self.created = time.time()
 
     # -- envelopes -----------------------------------------------------------------------------
     def authorize(self, req: Request) -> Response | None:
@@ -164,6 +166,7 @@ class SGLangEngine(SGLangWeights, BaseEngine):
             ("/abort_request", "POST", self.abort_request),
             ("/release_memory_occupation", "GET,POST", self.release_memory_occupation),
             ("/resume_memory_occupation", "GET,POST", self.resume_memory_occupation),
+            ("/weights_checker", "GET,POST", self.weights_checker),
         )
 
     async def health(self, req: Request) -> Response:

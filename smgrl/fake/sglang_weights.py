@@ -138,7 +138,12 @@ class SGLangWeights:
                     "ModelRunner are partially updated. Please discard the whole weights."
                 )
             sums = await self.transfers.receive(
-                group, names, dtypes, shapes, weight_version=args["weight_version"]
+                group,
+                names,
+                dtypes,
+                shapes,
+                corrupt=self.knobs.corrupt_transfers,
+                weight_version=args["weight_version"],
             )
             self.install_weights(derived_digest(self.weights_digest, names, dtypes, shapes, sums))
             flushed, refusal = self._after_load(args["flush_cache"])
@@ -196,6 +201,29 @@ class SGLangWeights:
         return json_response(
             {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
         )
+
+    async def weights_checker(self, req: Request) -> Response:
+        """``/weights_checker`` (engines.md §1): ``checksum`` hashes all weights into one value per
+        engine (``per_engine_checksum``) and keeps it; ``compare`` says whether the weights still
+        hash to it; ``reset`` forgets it. One hash of everything: a trainer's per-tensor checksums
+        cannot be compared with it (docs/refits.md, Verification)."""
+        args = self.struct(req, {"action": (b.STR, b.REQUIRED)})
+        action = args["action"]
+        digest = derived_digest(self.weights_digest, sorted(self.transfers.checksums.items()))
+        if action == "checksum":
+            self._weights_baseline = digest
+            return json_response({"success": True, "message": "Success", "per_engine_checksum": [digest]})
+        if action == "reset":
+            self._weights_baseline = None
+            return json_response({"success": True, "message": "Success"})
+        if action == "compare":
+            base = getattr(self, "_weights_baseline", None)
+            if base is None:
+                return json_response({"success": False, "message": "no checksum to compare with"}, 400)
+            same = base == digest
+            message = "Success" if same else "weights differ from the last checksum"
+            return json_response({"success": same, "message": message, "per_engine_checksum": [digest]})
+        return json_response({"success": False, "message": f"unknown action {action!r}"}, 400)
 
     def _tags(self, req: Request) -> list[str]:
         tags = self.struct(req, {"tags": (b.OPT_LIST, None)})["tags"]

@@ -156,7 +156,9 @@ class TokenSpeedEngine(BaseEngine):
             raise fail(
                 400, f"Failed to update parameter online: weight update group {group!r} is not initialized"
             )
-        sums = await self.transfers.receive(group, names, dtypes, shapes, weight_version=version)
+        sums = await self.transfers.receive(
+            group, names, dtypes, shapes, corrupt=self.knobs.corrupt_transfers, weight_version=version
+        )
         self.install_weights(derived_digest(self.weights_digest, names, dtypes, shapes, sums))
         if obj.get("flush_cache", False) and not self.scheduler.jobs:
             self.scheduler.flush_cache()

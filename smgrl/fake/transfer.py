@@ -4,10 +4,16 @@ By default nothing is received: a fake records the metadata of each update
 (names/dtypes/shapes) and derives its new weights digest from it. With ``real=True`` and torch
 importable, :mod:`smgrl.fake.distributed` joins the trainer's gloo group and receives the
 broadcast tensors; their checksums are kept per name. torch is imported only then.
+
+Without real transfers the fake holds no tensor: the checksum it keeps per name is that of the
+declared metadata (``declared_checksum``), so a test without torch can pass the checksums the
+engine will report to a refit (``source.distributed.checksums``). ``corrupt`` (the
+``corrupt_transfers`` knob) keeps a wrong checksum instead, as a tensor damaged in transit would.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import attrs
@@ -51,14 +57,24 @@ class WeightTransfers:
         return self.groups.pop(name, None) is not None
 
     async def receive(
-        self, group: str, names: list[str], dtypes: list[str], shapes: list[list[int]], **meta: Any
+        self,
+        group: str,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        corrupt: bool = False,
+        **meta: Any,
     ) -> dict[str, str]:
-        """Take one update round; returns {name: checksum} (empty without real transfers)."""
+        """Take one update round; returns {name: checksum} (of the metadata without real
+        transfers)."""
         receiver = self._receivers.get(group)
-        sums: dict[str, str] = {}
         if receiver is not None:
             sums = await receiver.receive(names, dtypes, shapes)
-            self.checksums.update(sums)
+        else:
+            sums = {n: declared_checksum(n, d, s) for n, d, s in zip(names, dtypes, shapes, strict=True)}
+        if corrupt:
+            sums = {n: hashlib.sha256(f"corrupt:{v}".encode()).hexdigest() for n, v in sums.items()}
+        self.checksums.update(sums)
         self.updates.append(
             {"group": group, "names": names, "dtypes": dtypes, "shapes": shapes, "checksums": sums, **meta}
         )
@@ -75,3 +91,8 @@ class WeightTransfers:
             "updates": self.updates,
             "checksums": self.checksums,
         }
+
+
+def declared_checksum(name: str, dtype: str, shape: list[int]) -> str:
+    """What a fake without real transfers reports for a tensor it was told about."""
+    return hashlib.sha256(f"{name}|{dtype}|{list(shape)}".encode()).hexdigest()

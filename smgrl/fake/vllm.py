@@ -324,7 +324,9 @@ class VLLMEngine(BaseEngine):
             self.update_active = False  # an error resets the session
             raise self._session_error("names, dtype_names and shapes must have the same length")
         self._last_meta = (names, dtypes, shapes)
-        sums = await self.transfers.receive(_GROUP, names, dtypes, shapes)
+        sums = await self.transfers.receive(
+            _GROUP, names, dtypes, shapes, corrupt=self.knobs.corrupt_transfers
+        )
         self.install_weights(derived_digest(self.weights_digest, names, dtypes, shapes, sums))
         self._weights_discarded = False
         return json_response({"message": "Weights updated"})

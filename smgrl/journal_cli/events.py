@@ -14,6 +14,7 @@ from smgrl.core.printable import escape_for_json
 from smgrl.journal_cli.filters import WorkerFilter, catalogue, expand_types, payload_dict
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.reading import read_events, resolve_worker, worker_filter
+from smgrl.journal_cli.remote import follow_gateway
 from smgrl.journal_cli.render import EventsLayout, json_text, summarize
 from smgrl.journal_cli.values import fmt_ts, parse_time, seq_range, time_window
 
@@ -103,7 +104,16 @@ class _Scan:
     metavar="N",
     help="Stop following after N s.",
 )
-def events(ctx: Ctx, types, worker, after, before, since, until, limit, follow, follow_seconds) -> None:
+@click.option(
+    "--gateway",
+    default=None,
+    metavar="URL",
+    help="With --follow: read a running gateway's journal stream (GET /v1/rl/journal/stream), not the file.",
+)
+@click.option("--api-key", envvar="SMGRL_API_KEY", default=None, help="With --gateway: a control-plane key.")
+def events(
+    ctx: Ctx, types, worker, after, before, since, until, limit, follow, follow_seconds, gateway, api_key
+) -> None:
     """Events, oldest first, as a table (JSON Lines with --json)."""
     rng = seq_range(after, before)
     since_ts = parse_time(since, ctx.now) if since else None
@@ -116,6 +126,17 @@ def events(ctx: Ctx, types, worker, after, before, since, until, limit, follow, 
     wanted = expand_types(types, catalogue()) if types else None
     if wanted == []:
         raise CliError(f"no event type matches {', '.join(types)}", EXIT_BAD_VALUE)
+    if gateway is not None:
+        if not follow:
+            raise CliError(
+                "--gateway follows the live stream: add --follow (or read the file with --journal)"
+            )
+        if worker is not None or since is not None:
+            raise CliError(
+                "--gateway takes --type, --after, --limit and --follow-seconds only", EXIT_BAD_VALUE
+            )
+        _follow_gateway(ctx, gateway, api_key, wanted, after, limit, follow_seconds)
+        return
     with ctx.reader() as store:
         head = store.last_seq()
         start = rng.after
@@ -158,6 +179,31 @@ def _follow(store, scan: _Scan, printer, after: int, limit, shown: int, seconds)
         printer.flush()  # ^C ends a tail: that is how it is stopped, not an error
 
 
+def _follow_gateway(ctx: Ctx, url: str, api_key, wanted, after, limit, seconds) -> None:
+    show = None if wanted is None else frozenset(wanted)
+    state: dict = {"printer": None, "shown": 0}
+
+    def on_hello(head: int) -> None:
+        state["printer"] = _Printer(ctx, head, wanted)
+
+    def on_record(data: dict) -> bool:
+        if show is not None and data.get("type") not in show:
+            return True
+        state["printer"].add_json(data)
+        state["printer"].flush()
+        state["shown"] += 1
+        return limit is None or state["shown"] < limit
+
+    deadline = None if seconds is None else time.monotonic() + seconds
+    try:
+        follow_gateway(url, api_key, after, on_hello=on_hello, on_record=on_record, deadline=deadline)
+    except KeyboardInterrupt:
+        pass  # ^C ends a tail: that is how it is stopped, not an error
+    finally:
+        if state["printer"] is not None:
+            state["printer"].flush()
+
+
 class _Printer:
     """JSON Lines as events arrive; a table printed in chunks whose column widths are fixed
     before the first row (from the journal's head seq and the event types that can show), so
@@ -176,6 +222,18 @@ class _Printer:
             click.echo(json_text(event_json(rec), lines=True))
             return
         self.rows.append(event_row(rec))
+        if len(self.rows) >= self.CHUNK:
+            self.flush()
+
+    def add_json(self, data: dict) -> None:
+        """A record as the gateway's journal routes show it (``seq``, ``ts``, ``stream``,
+        ``type``, ``schema``, ``payload``)."""
+        data = {**data, "time": fmt_ts(data["ts"])} if data.get("ts") is not None else dict(data)
+        if self.ctx.json:
+            click.echo(json_text(data, lines=True))
+            return
+        data.setdefault("time", "")
+        self.rows.append({**data, "summary": summarize(data["type"], data.get("payload") or {})})
         if len(self.rows) >= self.CHUNK:
             self.flush()
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import click
 
+from smgrl.journal_cli import sagas as sv
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.loopbacks import per_cycle, read_loopbacks
 from smgrl.journal_cli.reading import add_outcomes, recent, seq_at, stream_ops
@@ -77,7 +78,7 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
             if picture:
                 # Per-engine bars need every target's own timing: read the outcomes of the drawn ops.
                 add_outcomes(store, fold, [op.op_id for c in detail for op in c.ops])
-            _output(ctx, cycles, detail, len(cycles), html_path, svg_path)
+            _output(ctx, store, cycles, detail, len(cycles), html_path, svg_path)
             return
         # --all, --since, --until: streamed in start order, memory bounded by the open cycles.
         start = seq_at(store, Point(ts=since_ts)) - MARGIN if since_ts is not None else 0
@@ -88,6 +89,17 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
         )
         if last is not None:
             stream = collections.deque(stream, maxlen=last)
+        first: list[int] = []  # the first cycle's seq: quarantines outside sagas are read from there
+        ids: list[str] = []  # the sagas behind the cycles shown (few: one per saga refit)
+
+        def noted(cycles: Iterable[Cycle]) -> Iterator[Cycle]:
+            for c in cycles:
+                if not first:
+                    first.append(c.index)
+                ids.extend(sv.saga_ids([c]))
+                yield c
+
+        stream = noted(stream)
         if picture:
             _picture(ctx, store, stream, last, html_path, svg_path)
         elif ctx.json:
@@ -99,7 +111,9 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
                 texts = (json_text(_with_loopbacks(c.to_json(), looped[c.index]), lines=True) for c in chunk)
                 click.echo(head + ",".join(texts), nl=False)
                 shown += len(chunk)
-            click.echo('{"cycles": []}' if shown == 0 else "]}")
+            click.echo('{"cycles": [' if shown == 0 else "", nl=False)
+            sagas = _sagas(store, ids, first, since_ts is not None)
+            click.echo("]," + json_text(sagas, lines=True)[1:])
         else:
             shown, layout, seen = 0, ChunkedTable(limits=LIMITS), set()
             for chunk in chunks(stream, CHUNK):
@@ -110,6 +124,7 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
                 shown += len(chunk)
             if shown == 0:
                 click.echo("no refit cycles")
+            _print_sagas(_sagas(store, ids, first, since_ts is not None))
 
 
 CHUNK = 500  # cycles per printed chunk: the output is streamed, never held whole
@@ -146,11 +161,35 @@ def _picture(ctx: Ctx, store, stream: Iterable[Cycle], last, html_path, svg_path
     phases = [p for p in PHASE_ORDER if p in seen]
     columns = _columns(phases)
     rows = [{k: r.get(k, "-") for k in columns} for r in rows]
-    _output(ctx, cycles, detail, total, html_path, svg_path, rows=rows)
+    _output(ctx, store, cycles, detail, total, html_path, svg_path, rows=rows)
+
+
+def _sagas(store, ids: Iterable[str], first: list[int], ranged: bool) -> dict[str, Any]:
+    """The sagas behind the cycles shown, and the quarantines set outside them since the first
+    cycle shown (the whole journal when nothing narrowed it)."""
+    sagas = [s for s in (sv.read_saga(store, rid) for rid in dict.fromkeys(ids)) if s is not None]
+    after = first[0] - 1 if first else (store.last_seq() if ranged else 0)
+    return {"sagas": sagas, "quarantines": sv.other_quarantines(store, max(0, after))}
+
+
+def _print_sagas(found: dict[str, Any]) -> None:
+    if found["sagas"]:
+        click.echo("\nrefit sagas (docs/refits.md)")
+        click.echo(table([sv.saga_row(s) for s in found["sagas"]], sv.COLUMNS, limits=sv.LIMITS))
+    if found["quarantines"]:
+        click.echo("\nquarantines outside sagas (by hand, recovered engines)")
+        click.echo(table(found["quarantines"], sv.QUARANTINE_COLUMNS, limits=sv.LIMITS))
 
 
 def _output(
-    ctx: Ctx, cycles: list[Cycle], detail: list[Cycle], total: int, html_path, svg_path, rows=None
+    ctx: Ctx,
+    store,
+    cycles: list[Cycle],
+    detail: list[Cycle],
+    total: int,
+    html_path,
+    svg_path,
+    rows=None,
 ) -> None:
     # Loopbacks are journaled when their request ends, after the op that caused them: read from
     # the first cycle shown on (the (type, seq) index; nothing else is parsed).
@@ -165,8 +204,9 @@ def _output(
         _write(html_path, render_html(cycles, rows, title=title, detail=len(detail), total=total))
     if svg_path:
         _write(svg_path, render_svg(cycles, title=title, detail=len(detail)))
+    found = _sagas(store, sv.saga_ids(cycles), [cycles[0].index] if cycles else [], False)
     if ctx.json:
-        ctx.emit({"cycles": [_with_loopbacks(c.to_json(), looped[c.index]) for c in cycles]})
+        ctx.emit({"cycles": [_with_loopbacks(c.to_json(), looped[c.index]) for c in cycles], **found})
         return
     if html_path or svg_path:
         for path in (html_path, svg_path):
@@ -175,8 +215,9 @@ def _output(
         return
     if not rows:
         click.echo("no refit cycles")
-        return
-    click.echo(table(rows, list(rows[0]), limits=LIMITS))
+    else:
+        click.echo(table(rows, list(rows[0]), limits=LIMITS))
+    _print_sagas(found)
 
 
 def _with_loopbacks(cycle: dict[str, Any], looped: tuple[int, int]) -> dict[str, Any]:

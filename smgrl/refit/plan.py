@@ -7,7 +7,12 @@ the next, so a failed load is known for every engine before any engine resumes.
 
 Disk source:        pause -> load -> version -> flush -> verify -> resume
 Distributed source: pause -> init -> begin -> [awaiting_transfer] -> end -> version -> flush
-                    -> verify -> destroy -> resume
+                    -> verify -> checksum -> destroy -> resume
+
+``checksum`` runs only when the trainer passed ``source.distributed.checksums`` and only on kinds
+with a per-tensor weight-checksum route (vLLM ``POST /weight_checker {"action": "checksum"}``);
+the others are recorded ``unverified`` (SGLang's ``/weights_checker`` hashes all weights into one
+value per engine, TokenSpeed has no such route).
 
 Default pause modes keep the work in flight (docs/refits.md):
 
@@ -34,7 +39,7 @@ import attrs
 KINDS = ("sglang", "vllm", "tokenspeed")
 SOURCES = ("disk", "distributed")
 DISK_PHASES = ("pause", "load", "version", "flush", "verify", "resume")
-DIST_PHASES = ("pause", "init", "begin", "end", "version", "flush", "verify", "destroy", "resume")
+DIST_PHASES = ("pause", "init", "begin", "end", "version", "flush", "verify", "checksum", "destroy", "resume")
 # The phase after which a distributed refit waits for the trainer's transfer.
 TRANSFER_AFTER = "begin"
 # A load (or the transfer's end) changes the weights: from then on the engine's weights are
@@ -60,7 +65,8 @@ class Call:
     query: str | None = None
     body: Mapping[str, Any] | None = None
     # How to read the answer: "success" (2xx and no ``success: false``), "version" (a read-back
-    # of the weight version, from ``version_field``).
+    # of the weight version, from ``version_field``), "checksum" (per-tensor checksums to compare
+    # with the trainer's, ``checksum_mismatches``).
     check: str = "success"
     version_field: str | None = None
 
@@ -95,6 +101,9 @@ class EnginePlan:
     steps: tuple[tuple[str, tuple[Call, ...]], ...]
     # True when ``verify`` reads the version from a route other than the one that set it.
     verifiable: bool
+    # With trainer checksums: "checked" (a ``checksum`` phase compares them) or "unverified"
+    # (the kind has no per-tensor checksum route); None without checksums.
+    checksums: str | None = None
 
     def calls(self, phase: str) -> tuple[Call, ...]:
         for name, calls in self.steps:
@@ -111,6 +120,7 @@ class EnginePlan:
             "kind": self.kind,
             "pause_mode": self.pause_mode,
             "verifiable": self.verifiable,
+            "checksums": self.checksums,
             "steps": [{"phase": p, "calls": [c.to_json() for c in calls]} for p, calls in self.steps],
         }
 
@@ -224,10 +234,34 @@ def plan(
     if flush:
         steps.append(("flush", (flush_call(kind),)))
     steps.append(("verify", (readback_call(kind),)))
+    checksums = None
     if source == "distributed":
+        if dist is not None and dist.checksums:  # type: ignore[union-attr]
+            checker = checksum_call(kind)
+            checksums = "unverified" if checker is None else "checked"
+            if checker is not None:
+                steps.append(("checksum", (checker,)))
         steps.append(("destroy", (_destroy_call(kind, dist),)))  # type: ignore[arg-type]
     steps.append(("resume", (resume_call(kind),)))
-    return EnginePlan(kind, mode, tuple(steps), verifiable=True)
+    return EnginePlan(kind, mode, tuple(steps), verifiable=True, checksums=checksums)
+
+
+def checksum_call(kind: str) -> Call | None:
+    """The kind's per-tensor weight-checksum route, or None (engines.md §2: vLLM dev mode's
+    ``/weight_checker``; SGLang's ``/weights_checker`` returns one hash of all weights per engine,
+    which a trainer's per-tensor checksums cannot be compared with; TokenSpeed has none)."""
+    if kind == "vllm":
+        return Call("POST", "weight_checker", body={"action": "checksum"}, check="checksum")
+    return None
+
+
+def checksum_mismatches(expected: Mapping[str, str], body: Any) -> list[str] | None:
+    """Names whose checksum the engine reports differently (or not at all); None when the answer
+    holds no ``checksums`` object."""
+    got = body.get("checksums") if isinstance(body, dict) else None
+    if not isinstance(got, dict):
+        return None
+    return sorted(name for name, want in expected.items() if str(got.get(name)) != want)
 
 
 def _distributed(

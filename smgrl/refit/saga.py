@@ -15,7 +15,9 @@ Rules:
   resumed on weights nobody knows. ``on_failure`` then decides: ``quarantine`` holds it out of
   routing (paused) and the rest goes on; ``rollback`` reloads the previous checkpoint on every
   engine that was loaded, then resumes all on the old version; ``abort`` stops, all paused;
-- a load is verified by reading the version back from another route (``verify`` phase).
+- a load is verified by reading the version back from another route (``verify`` phase), and,
+  when the trainer passed checksums, by the engine's per-tensor checksum route where its kind has
+  one (``checksum`` phase; the others are recorded ``unverified``). A mismatch is a failed load.
 
 Tasks: every saga runs in the service's nursery (``run``), not in the request that started it,
 so a client that disconnects does not cancel the refit. Cancelling the service (shutdown)
@@ -49,7 +51,7 @@ log = logging.getLogger("smgrl.refit")
 # Stages of a failed exchange after which the engine may have acted (control/outcome.py).
 MAY_HAVE_ACTED = frozenset({"send", "head", "body"})
 # Phases safe to run again after a crash cut them short (idempotent on every kind).
-REPEATABLE = frozenset({"pause", "version", "flush", "verify", "resume", "destroy"})
+REPEATABLE = frozenset({"pause", "version", "flush", "verify", "checksum", "resume", "destroy"})
 
 
 @attrs.frozen
@@ -402,6 +404,8 @@ class RefitService:
             return _result(run, "unknown" if acted else "failed", outcome.error.message)
         if not P.answer_ok(call, outcome.status, outcome.body):
             return _result(run, "failed", _excerpt(outcome))
+        if call.check == "checksum":
+            return _checksum_verdict(saga, run, outcome.body)
         if call.check != "version":
             return _result(run, "ok", None)
         reported = P.readback(call, outcome.status, outcome.body)
@@ -655,6 +659,23 @@ def _result(run: EngineRun, result: str, detail: str | None) -> dict[str, Any]:
     return {"worker_id": run.worker_id, "result": result, "detail": detail}
 
 
+def _checksum_verdict(saga: Saga, run: EngineRun, body: Any) -> dict[str, Any]:
+    """The engine's per-tensor checksums against the trainer's: any difference (or a name the
+    engine does not report) fails the load, like a version mismatch."""
+    expected = (saga.distributed or {}).get("checksums") or {}
+    bad = P.checksum_mismatches(expected, body)
+    if bad is None:
+        return {
+            **_result(run, "failed", "the weight checker answered without checksums"),
+            "checksums": "mismatch",
+        }
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+        detail = f"checksum mismatch on {len(bad)} of {len(expected)} tensor(s): {shown}"
+        return {**_result(run, "failed", detail), "checksums": "mismatch"}
+    return {**_result(run, "ok", None), "checksums": "verified"}
+
+
 def _why(run: EngineRun) -> str:
     what = "failed" if run.status == "failed" else "outcome unknown"
     return f"{run.phase or 'refit'} {what}" + (f": {run.detail}" if run.detail else "")
@@ -676,7 +697,7 @@ def _call_of(plan_json: dict[str, Any], phase: str) -> P.Call:
         if step["phase"] == phase:
             c = step["calls"][0]
             path, _, query = c["target"].lstrip("/").partition("?")
-            check = "version" if phase == "verify" else "success"
+            check = {"verify": "version", "checksum": "checksum"}.get(phase, "success")
             return P.Call(
                 c["method"],
                 path,

@@ -1,5 +1,6 @@
 """Refit sagas, quarantines and the order versions were published in: a pure fold of
-``refit.*``, ``worker.quarantined``/``worker.released`` and ``engine.version_set`` events.
+``refit.*``, ``worker.quarantined``/``worker.released``, ``worker.identity_seen`` and
+``engine.version_set`` events.
 
 Three uses: ``GET /v1/rl/refits/{id}`` serves a saga from memory; the saga runner resumes an open
 saga after a crash from exactly this record (``EngineRun.done`` says which phases each engine
@@ -24,12 +25,13 @@ TYPES = frozenset(
         "refit.finished",
         "worker.quarantined",
         "worker.released",
+        "worker.identity_seen",
         "engine.version_set",
     }
 )
 QUARANTINE_TYPES = frozenset({"worker.quarantined", "worker.released"})
-RECENT = 256
-RECOVERED = "recovered"  # smgrl.refit.recovered.REASON_PREFIX (the state layer imports nothing above it)  # finished sagas kept in memory (open ones are always kept)
+RECENT = 256  # finished sagas kept in memory (open ones are always kept)
+RECOVERED = "recovered"  # smgrl.refit.recovered.REASON_PREFIX (the state layer imports nothing above it)
 
 
 @attrs.define
@@ -51,6 +53,7 @@ class EngineRun:
     detail: str | None = None
     readback: str | None = None
     verified: str | None = None  # verified | unverified | mismatch
+    checksums: str | None = None  # trainer checksums: pending | verified | unverified | mismatch
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +67,7 @@ class EngineRun:
             "done": list(self.done),
             "detail": self.detail,
             "verification": self.verified,
+            "checksums": self.checksums,
             "reported_version": self.readback,
             "previous_version": self.previous_version,
         }
@@ -146,6 +150,9 @@ class Sagas:
         self.recent: OrderedDict[str, Saga] = OrderedDict()
         self.quarantined: dict[str, Quarantine] = {}  # engine base_url -> why
         self.published: dict[str, int] = {}  # version -> seq it was last published at
+        # engine base_url -> (worker id, startup identity) last seen; the worker id tells a
+        # re-registration at the same address (a new worker: nothing to compare) apart.
+        self.identities: dict[str, tuple[str, str]] = {}
         self._cap = recent
 
     def get(self, refit_id: str) -> Saga | None:
@@ -178,6 +185,9 @@ class Sagas:
             return
         if kind == "worker.released":
             self.quarantined.pop(event.base_url, None)
+            return
+        if kind == "worker.identity_seen":
+            self.identities[event.base_url] = (event.worker_id, event.identity)
             return
         if kind == "engine.version_set":
             self.published[event.weight_version] = seq
@@ -236,6 +246,7 @@ def _saga(seq: int, ts: float | None, ev) -> Saga:
             rank_offset=e.get("rank_offset"),
             previous_version=e.get("previous_version"),
             previous_model_path=e.get("previous_model_path"),
+            checksums="pending" if plan.get("checksums") == "checked" else plan.get("checksums"),
         )
     return Saga(
         refit_id=ev.refit_id,
@@ -265,6 +276,8 @@ def _step_result(run: EngineRun, phase: str, r: dict[str, Any], rollback: bool) 
         run.readback = r["version"]
     if r.get("verification") is not None:
         run.verified = r["verification"]
+    if r.get("checksums") is not None:
+        run.checksums = r["checksums"]
     if result == "ok":
         if rollback:
             run.status = "rolled_back" if phase == "resume" else "running"

@@ -12,6 +12,7 @@ from rl_api_helpers import ADMIN, KEYS, USER, journal, rl_cfg
 
 from smgrl.fake import fake_fleet
 from smgrl.fake.checkpoint import make_checkpoint
+from smgrl.fake.transfer import declared_checksum
 from smgrl.testing import gateway_in_process
 
 GEN = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
@@ -189,6 +190,45 @@ async def test_distributed_refit_of_a_mixed_fleet_through_commit():
         assert all(e.paused is None for e in (sg[0], vl[0], ts[0]))
         r = await gw.client.post(f"/v1/rl/refits/{rid}/commit")
         assert r.status_code == 409 and r.json()["error"] == "refit_state"
+
+
+async def test_trainer_checksums_are_compared_where_the_engine_has_a_checksum_route():
+    """vLLM's /weight_checker is compared with ``source.distributed.checksums``: a mismatch is a
+    failed load (quarantined, never resumed); SGLang has no per-tensor route: ``unverified``."""
+    names, dtypes, shapes = ["w.0", "w.1"], ["float32", "bfloat16"], [[2, 2], [3]]
+    sums = {n: declared_checksum(n, d, s) for n, d, s in zip(names, dtypes, shapes, strict=True)}
+    async with (
+        fake_fleet("sglang", 1) as sg,
+        fake_fleet("vllm", 2, weight_transfer_backend="gloo") as vl,
+        gateway_in_process(rl_cfg(), worker_urls=sg.urls + vl.urls) as gw,
+    ):
+        vl[1].set_knobs(corrupt_transfers=True)
+        ids = {w["url"]: w["id"] for w in (await rows(gw)).values()}
+        source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500, "checksums": sums}}
+        status, body = await refit(gw, source=source, weight_version="9")
+        assert status == 202, body
+        rid = body["refit_id"]
+        await wait_state(gw, rid, "awaiting_transfer")
+        r = await gw.client.post(
+            f"/v1/rl/refits/{rid}/transfer", json={"names": names, "dtypes": dtypes, "shapes": shapes}
+        )
+        assert r.status_code == 200, r.text
+        assert (await gw.client.post(f"/v1/rl/refits/{rid}/commit")).status_code == 202
+        done = await wait_done(gw, rid)
+        engines = {e["worker_id"]: e for e in done["engines"]}
+        good, bad, plain = engines[ids[vl[0].url]], engines[ids[vl[1].url]], engines[ids[sg[0].url]]
+        assert done["result"] == "quarantined" and done["quarantined"] == [bad["worker_id"]], done
+        assert (good["checksums"], good["status"]) == ("verified", "resumed")
+        assert (plain["checksums"], plain["status"]) == ("unverified", "resumed")
+        assert bad["checksums"] == "mismatch" and bad["status"] == "quarantined"
+        assert "checksum mismatch on 2 of 2 tensor(s): w.0, w.1" in bad["detail"]
+        assert vl[1].paused is not None and vl[0].paused is None and sg[0].paused is None
+        assert [c.path for c in sg[0].calls if "checker" in c.path] == []
+        assert len(vl[0].calls_to("/weight_checker")) == 1
+        (step,) = [e for e in journal(gw, "refit.step_done") if e.phase == "checksum"]
+        assert sorted(x["checksums"] for x in step.results) == ["mismatch", "verified"]
+        (started,) = journal(gw, "refit.started")
+        assert sorted(e["plan"]["checksums"] for e in started.engines) == ["checked", "checked", "unverified"]
 
 
 async def test_a_transfer_that_never_commits_times_out_into_quarantine():
@@ -531,3 +571,75 @@ async def test_a_client_that_leaves_while_its_refit_is_journaled_does_not_orphan
         done = await wait_done(gw, saga.refit_id)
         assert done["result"] == "succeeded"
     store.close()
+
+
+async def test_journal_refits_tells_the_sagas_and_quarantines(ckpt, tmp_path):
+    """`smgrl journal refits` shows, with the cycles, each saga behind them (result, per-phase
+    counts, the engine held out and why) and the quarantines set outside sagas."""
+    from click.testing import CliRunner
+
+    from journal import SqliteStore
+    from smgrl.journal_cli import journal_group
+
+    path = tmp_path / "j.db"
+    store = SqliteStore.open(path)
+    try:
+        async with (
+            fake_fleet("sglang", 3) as fleet,
+            gateway_in_process(rl_cfg(), store=store, worker_urls=fleet.urls) as gw,
+        ):
+            fleet[1].set_knobs(fail_loads=1)
+            _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="5")
+            rid = body["refit_id"]
+            assert (await wait_done(gw, rid))["result"] == "quarantined"
+            held = next(w for w in (await rows(gw)).values() if w["url"] == fleet[1].url)["id"]
+            other = next(w for w in (await rows(gw)).values() if w["url"] == fleet[2].url)["id"]
+            r = await gw.client.post(f"/v1/rl/workers/{other}/quarantine", json={"reason": "odd logits"})
+            assert r.status_code == 200, r.text
+    finally:
+        store.close()
+
+    def run(*args):
+        result = CliRunner().invoke(journal_group, ["--journal", str(path), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    for args in ((), ("--all",)):
+        data = json.loads(run("--json", "refits", *args))
+        (saga,) = data["sagas"]
+        assert (saga["refit_id"], saga["state"], saga["weight_version"]) == (rid, "quarantined", "5")
+        engines = {e["worker_id"]: e for e in saga["engines"]}
+        assert engines[held]["status"] == "quarantined" and "load failed" in engines[held]["detail"]
+        assert engines[held]["done"] == ["pause"]
+        assert {e["status"] for w, e in engines.items() if w != held} == {"resumed"}
+        assert [(q["worker"], q["action"]) for q in saga["quarantines"]] == [(held, "held")]
+        assert [(q["worker"], q["action"], q["reason"]) for q in data["quarantines"]] == [
+            (other, "held", "odd logits")
+        ]
+        assert len(data["cycles"]) == 1
+    text = run("refits", "--wide")
+    assert (
+        "refit sagas" in text and "pause 3/3 load 2/3" in text and f"{held} quarantined: load failed" in text
+    )
+    assert "quarantines outside sagas" in text and "odd logits" in text
+
+
+async def test_the_event_stream_always_ends_with_the_final_record(ckpt):
+    """A reader slow to take a record (the generator waits at its yield while the saga runs on
+    to its end) still gets the final record: the stream once ended on the saga's later state
+    without sending it (seen with 64 engines' records through hypercorn)."""
+    from smgrl.api.refits import RefitsApi
+
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="3")
+        stream = RefitsApi(gw.gateway)._sse(body["refit_id"])
+        first = await stream.__anext__()  # the generator now waits at its yield
+        assert b'"result":null' in first
+        await wait_done(gw, body["refit_id"])  # the saga ends meanwhile
+        rest = [chunk async for chunk in stream]
+        assert rest and b'"result":"succeeded"' in rest[-1], rest
+        # Each record is the GET record: the same JSON (its plan included), parsed back.
+        last = json.loads(rest[-1].split(b"data: ", 1)[1])
+        shown = (await gw.client.get(f"/v1/rl/refits/{body['refit_id']}")).json()
+        expected = gw.gateway.refits.view(gw.gateway.refits.get(body["refit_id"]))
+        assert last == shown == expected and set(shown["plan"]) == {e["worker_id"] for e in shown["engines"]}

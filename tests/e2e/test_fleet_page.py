@@ -3,7 +3,8 @@
 A gateway with control-plane keys fronts 4 fake SGLang engines; the page asks for a key, keeps it
 for the tab, and follows the journal stream. A refit in which one engine fails its load runs
 through the client; the table must show the new version on 3 engines and the quarantined one,
-and the refit timeline must gain the cycle. ``.ci/run`` installs Debian's ``chromium`` and
+and the refit timeline must gain the cycle. Slow rollouts in flight show in the in-flight column
+(the data plane's counters), and leave it when they finish. ``.ci/run`` installs Debian's ``chromium`` and
 ``chromium-driver``; elsewhere the test skips saying what is missing. With
 ``SMGRL_FLEET_SCREENSHOT=PATH`` it saves a screenshot there (docs/fleet-page.png was made so).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 import urllib.request
 
@@ -52,12 +54,21 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def rollout(base: str) -> None:
+    """One rollout of ~4 s (100 tokens at the fakes' 40 ms per token)."""
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}}
+    req = urllib.request.Request(
+        base + "/generate", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    urllib.request.urlopen(req, timeout=60).read()
+
+
 def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway, tmp_path):
     browser = _browser()
     from selenium.webdriver.common.by import By
 
     try:
-        urls = fakes("sglang", 4)
+        urls = fakes("sglang", 4, "--token-latency-ms", "40")
         _, _, port = gateway(
             "--enable-rl", "--disable-health-check", "--control-plane-api-keys", f"adm:admin:admin:{ADMIN}",
             "--worker-urls", *urls,
@@ -72,6 +83,24 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
         browser.find_element(By.CSS_SELECTOR, "#keyform button").click()
         wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")) == 4, what="4 rows")
         assert ADMIN not in browser.current_url
+
+        def inflight():
+            # One script: the rows are replaced whenever the table reloads (no stale elements).
+            cells = browser.execute_script(
+                "return [...document.querySelectorAll('#fleet tbody tr .inflight')].map(c => c.textContent)"
+            )
+            return [int(c) if c.isdigit() else None for c in cells]
+
+        wait_for(lambda: inflight() == [0, 0, 0, 0], what="an idle fleet in the in-flight column")
+        rollouts = [threading.Thread(target=rollout, args=(base,)) for _ in range(3)]
+        for t in rollouts:
+            t.start()
+        try:
+            wait_for(lambda: sum(n or 0 for n in inflight()) == 3, what="3 rollouts in flight")
+        finally:
+            for t in rollouts:
+                t.join(60)
+        wait_for(lambda: inflight() == [0, 0, 0, 0], what="the rollouts leaving the in-flight column")
         req = urllib.request.Request(
             urls[2] + "/_fake/knobs",
             data=json.dumps({"fail_loads": 1}).encode(),
@@ -85,13 +114,12 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
         (bad,) = failed.value.engines
 
         def table():
-            out = {}
-            for tr in browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr"):
-                out[tr.get_attribute("data-worker-id")] = (
-                    tr.find_element(By.CSS_SELECTOR, ".version").text,
-                    tr.find_element(By.CSS_SELECTOR, ".quarantine").text,
-                )
-            return out
+            # One script: the rows are replaced whenever the table reloads (no stale elements).
+            rows = browser.execute_script(
+                "return [...document.querySelectorAll('#fleet tbody tr')].map(tr => [tr.dataset.workerId,"
+                " tr.querySelector('.version').textContent, tr.querySelector('.quarantine').textContent])"
+            )
+            return {wid: (version, held) for wid, version, held in rows}
 
         rows = wait_for(
             lambda: (

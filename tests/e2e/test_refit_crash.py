@@ -128,4 +128,12 @@ def test_sigkill_at_seeded_points_of_a_refit_saga(fakes, gateway, tmp_path):
         text=True,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip(), "smgrl journal refits printed nothing"
+    told = json.loads(out.stdout)
+    # Every saga's story: how it ended, the restart it went through, each engine's fate.
+    assert [s["state"] for s in told["sagas"]] == outcomes, told["sagas"]
+    assert sum("recovering" in s["states"] for s in told["sagas"]) >= ROUNDS // 2
+    for saga in told["sagas"]:
+        held = {q["worker"] for q in saga["quarantines"] if q["action"] == "held"}
+        for engine in saga["engines"]:
+            assert engine["status"] in ("resumed", "quarantined"), engine
+            assert (engine["status"] == "quarantined") == (engine["worker_id"] in held), saga

@@ -272,4 +272,10 @@ async def test_weights_route_records_transfers_without_torch():
         assert weights["real"] is False
         assert weights["groups"]["weight_update_group"]["world_size"] == 2
         assert [(u["names"], u["weight_version"]) for u in weights["updates"]] == [(["a", "b"], "3")]
-        assert weights["checksums"] == {}
+        # Nothing received: the checksums are those of the declared metadata (docs/engines.md).
+        from smgrl.fake.transfer import declared_checksum
+
+        assert weights["checksums"] == {
+            "a": declared_checksum("a", "float32", [1]),
+            "b": declared_checksum("b", "bfloat16", [2, 2]),
+        }

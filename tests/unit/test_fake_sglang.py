@@ -613,3 +613,22 @@ async def test_openai_routes(sg):
     assert deltas[-1]["finish_reason"] in ("stop", "length")
     text = "".join(d["delta"].get("content", "") for d in deltas)
     assert text == chat["choices"][0]["message"]["content"]
+
+
+async def test_weights_checker_hashes_all_weights_into_one_value(sg, tmp_path):
+    """/weights_checker (engines.md §1): one checksum per engine, kept for ``compare``; a load
+    changes it; ``reset`` forgets it; a bad action is a 400."""
+    _engine, c = sg
+    first = (await c.post("/weights_checker", json={"action": "checksum"})).json()
+    assert first["success"] is True and len(first["per_engine_checksum"]) == 1
+    same = (await c.request("GET", "/weights_checker", json={"action": "compare"})).json()
+    assert same["success"] is True and same["per_engine_checksum"] == first["per_engine_checksum"]
+    ckpt = make_checkpoint(tmp_path / "next", "fake/model", seed=11)
+    r = await c.post("/update_weights_from_disk", json={"model_path": str(ckpt), "weight_version": "v2"})
+    assert r.status_code == 200, r.text
+    moved = (await c.post("/weights_checker", json={"action": "compare"})).json()
+    assert moved["success"] is False and moved["per_engine_checksum"] != first["per_engine_checksum"]
+    assert (await c.post("/weights_checker", json={"action": "reset"})).json()["success"] is True
+    assert (await c.post("/weights_checker", json={"action": "compare"})).status_code == 400
+    assert (await c.post("/weights_checker", json={"action": "nope"})).status_code == 400
+    envelope_ok(await c.post("/weights_checker"))

@@ -174,3 +174,28 @@ def test_every_plan_pauses_first_resumes_last_and_follows_the_phase_order(kind, 
     assert p.phases[0] == "pause" and p.phases[-1] == "resume"
     assert [order.index(x) for x in p.phases] == sorted(order.index(x) for x in p.phases)
     assert any(x in P.WEIGHT_PHASES for x in p.phases) or source == "distributed" and kind == "tokenspeed"
+
+
+@pytest.mark.parametrize(
+    ("expected", "body", "bad"),
+    [
+        ({"a": "1", "b": "2"}, {"checksums": {"a": "1", "b": "2", "extra": "x"}}, []),
+        ({"a": "1", "b": "2"}, {"checksums": {"a": "1", "b": "3"}}, ["b"]),
+        ({"a": "1", "b": "2"}, {"checksums": {"a": "1"}}, ["b"]),  # not reported = mismatch
+        ({"a": "1"}, {"checksums": {"a": 1}}, []),  # compared as text
+        ({"a": "1"}, {"status": "reset"}, None),  # no checksums in the answer
+        ({"a": "1"}, {"checksums": ["a"]}, None),
+        ({"a": "1"}, None, None),
+    ],
+)
+def test_checksum_mismatches(expected, body, bad):
+    assert P.checksum_mismatches(expected, body) == bad
+
+
+@pytest.mark.parametrize(("kind", "mark", "phase"), [("vllm", "checked", True), ("sglang", "unverified", False),
+                                                      ("tokenspeed", "unverified", False)])  # fmt: skip
+def test_trainer_checksums_add_a_checksum_phase_where_the_kind_has_a_route(kind, mark, phase):
+    dist = P.DistributedSource("127.0.0.1", 29500, checksums={"w": "abc"})
+    p = P.plan(kind, "distributed", "9", dist=dist)
+    assert p.checksums == mark and ("checksum" in p.phases) is phase
+    assert P.plan(kind, "distributed", "9", dist=P.DistributedSource("127.0.0.1", 29500)).checksums is None
