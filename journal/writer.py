@@ -51,10 +51,11 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import trio
 
-from .base import Append, EventStore
+from .base import Append, EventStore, Expect
 from .errors import (
     JournalBusyError,
     JournalClosedError,
+    JournalConflict,
     JournalFullError,
     JournalWriteError,
     ProjectionError,
@@ -75,6 +76,7 @@ class _Batch:
     items: list[Append] = attrs.Factory(list)
     created: float = attrs.Factory(trio.current_time)  # when its first event arrived
     sealed: bool = False  # an append_many group: nothing else joins it
+    expect: Expect | None = None  # an append_if group: committed only if this holds
     done: trio.Event = attrs.Factory(trio.Event)
     recorded: list[Recorded] | None = None
     error: BaseException | None = None
@@ -102,6 +104,10 @@ class Pending:
 
 
 def _result(batch: _Batch, index: int) -> Recorded:
+    if isinstance(batch.error, JournalConflict):
+        # Not a failure of the journal: the caller's decision is stale. Fresh instance per waiter.
+        err = batch.error
+        raise JournalConflict(str(err), head=err.head, seq=err.seq) from None
     if batch.error is not None:
         # A fresh exception per waiter: one shared instance would have its traceback rewritten by
         # every task that raises it.
@@ -234,6 +240,31 @@ class JournalWriter:
         await batch.done.wait()  # enqueued: written even if this wait is cancelled (see append)
         return [_result(batch, first + i) for i in range(len(appends))]
 
+    async def append_if(
+        self, expect: Expect, items: Sequence[tuple[str, Event | UnknownEvent]]
+    ) -> list[Recorded]:
+        """Append ``items`` in ONE transaction only if ``expect`` still holds when it commits
+        (optimistic concurrency across processes: see ``base.Expect``); wait until durable.
+
+        Raises JournalConflict (nothing written) when events matching ``expect`` were appended
+        after ``expect.after``, by any process - this one's own queued appends included, which
+        commit first. The caller catches up to ``conflict.head`` and decides again. Only this
+        group fails on a conflict: it is never batched with other appends. Cancellation as for
+        ``append``.
+        """
+        appends = [Append(stream, event) for stream, event in items]
+        if not appends:
+            raise ValueError("append_if needs at least one event")
+        await self._wait_for_room()
+        self._check_open()
+        batch = _Batch(items=appends, sealed=True, expect=expect)
+        self._queue.append(batch)
+        self._queued += len(appends)
+        if self._wakeup:
+            self._wakeup.unpark()
+        await batch.done.wait()  # enqueued: written (or refused) even if this wait is cancelled
+        return [_result(batch, i) for i in range(len(appends))]
+
     async def _wait_for_room(self) -> None:
         # Cancellation point *before* anything is enqueued: a caller that is already cancelled gets
         # Cancelled and its event is not written, so "cancelled on entry" means "did not happen".
@@ -275,7 +306,7 @@ class JournalWriter:
             await trio.lowlevel.checkpoint()
             return
         await target.done.wait()
-        if target.error is not None:
+        if target.error is not None and not isinstance(target.error, JournalConflict):
             raise JournalWriteError(f"journal write failed: {target.error}") from target.error
 
     # -- the writer task --------------------------------------------------------------------------
@@ -328,6 +359,11 @@ class JournalWriter:
             self._queue.appendleft(batch)
             self._queued += len(batch.items)
             raise
+        except JournalConflict as exc:
+            # A conditional group whose condition no longer held: refused, nothing written; only
+            # its own caller hears of it (it is not a journal failure, so no error log).
+            logger.debug("conditional append refused: %s", exc)
+            batch.error = exc
         except Exception as exc:  # noqa: BLE001 - whatever the store raised belongs to the waiters
             # Disk full, read-only file, I/O error, the lock held past lock_wait_secs: the store
             # rolled the transaction back, so this batch left no trace and the next one starts
@@ -352,7 +388,7 @@ class JournalWriter:
             # No await between taking the batch and committing it: nothing can interleave, and a
             # cancellation cannot land half-way. wait=0: never block the event loop on a lock.
             try:
-                return self._store.append_batch(batch.items, wait=0)
+                return self._append(batch, 0)
             except JournalBusyError:
                 self.lock_waits += 1  # somebody else holds the lock: wait for it in the thread
         # Thread hop: SQLite blocks (fsync with synchronous=FULL, waiting for the write lock), so it
@@ -362,10 +398,16 @@ class JournalWriter:
         # waiters without an answer. So cancellation waits for it.
         wait = max(0.0, self._lock_wait - (trio.current_time() - batch.created))
         return await trio.to_thread.run_sync(
-            lambda: self._store.append_batch(batch.items, wait=wait),
+            lambda: self._append(batch, wait),
             limiter=self._limiter,
             abandon_on_cancel=False,
         )
+
+    def _append(self, batch: _Batch, wait: float) -> list[Recorded]:
+        if batch.expect is None:
+            # Stores written before conditional appends existed take no ``expect`` keyword.
+            return self._store.append_batch(batch.items, wait=wait)
+        return self._store.append_batch(batch.items, wait=wait, expect=batch.expect)
 
     def _apply(self, batch: _Batch, recorded: list[Recorded]) -> None:
         """Feed the committed batch to memory (secrets, then projections), or fail stop."""
