@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
+from . import lease as leases
 from ._chain import (
     EMPTY_HEAD,
     GENESIS,
@@ -28,7 +29,6 @@ from ._chain import (
     snapshot_hash,
     verify_journal,
 )
-from . import lease as leases
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
 from .errors import JournalConflict, JournalReadOnlyError
 from .events import ControlStarted, Event, Recorded, decode

@@ -251,7 +251,9 @@ class PgStore:
                 # Two processes creating one journal at once: the second waits, then finds it done.
                 self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._key,))
                 self._conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-                self._conn.execute(f"CREATE TABLE IF NOT EXISTS {s}.migrations (name TEXT PRIMARY KEY, applied_at TEXT)")
+                self._conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {s}.migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
+                )
                 done = {r[0] for r in self._conn.execute(f"SELECT name FROM {s}.migrations")}
                 now = datetime.datetime.now(datetime.UTC).isoformat()
                 ddl = _ddl(s)
@@ -334,7 +336,9 @@ class PgStore:
         with self._listen_lock:
             if self._listen_thread is not None or self._closed:
                 return
-            self._listen_thread = threading.Thread(target=self._listen, name="smgrl-journal-listen", daemon=True)
+            self._listen_thread = threading.Thread(
+                target=self._listen, name="smgrl-journal-listen", daemon=True
+            )
             self._listen_thread.start()
         # Subscribed before the first token is handed out: no commit after it goes unnoticed.
         self._listen_ready.wait(timeout=10)
@@ -354,7 +358,7 @@ class PgStore:
                             for callback in list(self._listeners):
                                 try:
                                     callback()
-                                except Exception:  # noqa: BLE001 - one listener must not stop the others
+                                except Exception:
                                     logger.exception("journal change listener failed")
             except psycopg.Error as exc:
                 self._listen_ready.set()
@@ -379,7 +383,9 @@ class PgStore:
                 conn = self._conn
                 lock_key = key or self._key
                 if wait == 0:
-                    got = conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", (lock_key,)).fetchone()[0]
+                    got = conn.execute(
+                        "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (lock_key,)
+                    ).fetchone()[0]
                     if not got:
                         raise JournalBusyError("another connection holds the journal's write lock")
                 else:
@@ -481,7 +487,9 @@ class PgStore:
         return self._lease_op(name, lambda cur, now: leases.released(cur, holder)) is not None
 
     def lease(self, name: str) -> Lease | None:
-        rows = self._query(f"SELECT name, holder, expires, epoch FROM {self._s}.leases WHERE name = %s", (name,))
+        rows = self._query(
+            f"SELECT name, holder, expires, epoch FROM {self._s}.leases WHERE name = %s", (name,)
+        )
         return Lease(*rows[0]) if rows else None
 
     # -- snapshots and compaction -----------------------------------------------------------------
@@ -497,7 +505,13 @@ class PgStore:
                 raise ValueError(f"cannot snapshot at seq {upto_seq}: no such event")
             conn.execute(
                 f"INSERT INTO {s}.snapshots (kind, upto_seq, ts, state, hash) VALUES (%s, %s, %s, %s, %s)",
-                (kind, upto_seq, self._clock(), state_json, snapshot_hash(kind, upto_seq, anchor, state_json)),
+                (
+                    kind,
+                    upto_seq,
+                    self._clock(),
+                    state_json,
+                    snapshot_hash(kind, upto_seq, anchor, state_json),
+                ),
             )
             rows = conn.execute(f"SELECT id, upto_seq FROM {s}.snapshots WHERE kind = %s", (kind,)).fetchall()
             dropped = retention.drop([tuple(r) for r in rows], self._head(conn).seq)
@@ -580,7 +594,9 @@ class PgStore:
         s = self._s
         after, until = 0, None
         if since_ts is not None:
-            rows = self._query(f"SELECT seq FROM {s}.events WHERE ts >= %s ORDER BY ts, seq LIMIT 1", (since_ts,))
+            rows = self._query(
+                f"SELECT seq FROM {s}.events WHERE ts >= %s ORDER BY ts, seq LIMIT 1", (since_ts,)
+            )
             if not rows:
                 return None
             after = rows[0][0] - 1
@@ -660,7 +676,9 @@ class PgStore:
             with self._lock, self._errors():
                 anchor = self._anchor(self._conn, after)
             if anchor is None:
-                return VerifyReport(ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing")
+                return VerifyReport(
+                    ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
+                )
         return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
 
     def snapshot_seqs(self, kind: str) -> list[int]:
@@ -689,24 +707,25 @@ class PgStore:
         """Every table but ``secrets``, as ``(table, rows)`` chunks, read in ONE repeatable-read
         transaction (a consistent copy while gateways append)."""
         s = self._s
-        with self._lock, self._errors():
-            with self._conn.transaction():
-                self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                yield "meta", self._conn.execute(f"SELECT key, value FROM {s}.meta").fetchall()
-                yield (
-                    "snapshots",
-                    self._conn.execute(f"SELECT id, kind, upto_seq, ts, state, hash FROM {s}.snapshots").fetchall(),
-                )
-                cur = self._conn.cursor(name="smgrl_copy")  # server-side: flat memory
-                cur.execute(
-                    f"SELECT seq, ts, stream, type, schema, payload, prev_hash, hash FROM {s}.events ORDER BY seq"
-                )
-                while True:
-                    rows = cur.fetchmany(_PAGE)
-                    if not rows:
-                        break
-                    yield "events", rows
-                cur.close()
+        with self._lock, self._errors(), self._conn.transaction():
+            self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield "meta", self._conn.execute(f"SELECT key, value FROM {s}.meta").fetchall()
+            yield (
+                "snapshots",
+                self._conn.execute(
+                    f"SELECT id, kind, upto_seq, ts, state, hash FROM {s}.snapshots"
+                ).fetchall(),
+            )
+            cur = self._conn.cursor(name="smgrl_copy")  # server-side: flat memory
+            cur.execute(
+                f"SELECT seq, ts, stream, type, schema, payload, prev_hash, hash FROM {s}.events ORDER BY seq"
+            )
+            while True:
+                rows = cur.fetchmany(_PAGE)
+                if not rows:
+                    break
+                yield "events", rows
+            cur.close()
 
 
 def _scrub(text: str, password: str | None) -> str:

@@ -84,6 +84,7 @@ from typing import Any, Self
 
 import sqlite_utils
 
+from . import lease as leases
 from ._chain import (
     EMPTY_HEAD,
     GENESIS,
@@ -97,7 +98,6 @@ from ._chain import (
     verify_journal,
 )
 from ._schema import FORMAT_VERSION, MIGRATION_NAMES, MIGRATIONS
-from . import lease as leases
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
 from .errors import (
     JournalBusyError,
@@ -359,7 +359,9 @@ class SqliteStore:
 
     @staticmethod
     def _lease_row(conn: sqlite3.Connection, name: str) -> Lease | None:
-        row = conn.execute("SELECT name, holder, expires, epoch FROM leases WHERE name = ?", (name,)).fetchone()
+        row = conn.execute(
+            "SELECT name, holder, expires, epoch FROM leases WHERE name = ?", (name,)
+        ).fetchone()
         return Lease(*row) if row else None
 
     @staticmethod
@@ -727,7 +729,9 @@ def _check_expect(conn: sqlite3.Connection, expect: Expect, head: int) -> None:
     if expect.streams is not None:
         where += f" AND stream IN ({', '.join('?' * len(expect.streams))})" if expect.streams else " AND 0"
         params.extend(expect.streams)
-    last = conn.execute(f"SELECT max(seq) FROM events WHERE seq > ?{where}", (expect.after, *params)).fetchone()[0]
+    last = conn.execute(
+        f"SELECT max(seq) FROM events WHERE seq > ?{where}", (expect.after, *params)
+    ).fetchone()[0]
     problem = expect_problem(expect, head, last)
     if problem is not None:
         raise JournalConflict(problem, head=head, seq=last or head)

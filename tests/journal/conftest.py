@@ -33,7 +33,9 @@ def pg_url(pg_server: pg_harness.PgServer) -> str:
 
 
 @pytest.fixture(params=["sqlite", "memory", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqliteBackend | MemoryBackend | PgBackend]:
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[SqliteBackend | MemoryBackend | PgBackend]:
     if request.param == "postgres":
         b = PgBackend(request.getfixturevalue("pg_url"))
     elif request.param == "sqlite":
