@@ -168,6 +168,11 @@ class JournalWriter:
         self._limiter = trio.CapacityLimiter(1)
         self.commits = 0  # transactions committed (tests and benchmarks count them per operation)
         self.lock_waits = 0  # batches handed to the thread because the write lock was taken
+        # Several writers (docs/journal.md, "Several writers"): None while this process is the
+        # journal's only writer. Set it to the seq the projections were restored to before run()
+        # when other processes append too: on_commit then receives EVERY event in seq order (the
+        # others' included, read from the store), and ``position`` is the last seq it received.
+        self.position: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -373,8 +378,9 @@ class JournalWriter:
             batch.error = exc
         else:
             self.commits += 1
+            gap, recorded = recorded
             batch.recorded = recorded
-            self._apply(batch, recorded)
+            self._apply(batch, recorded, gap)
         self._inflight = None
         batch.done.set()
         if self._failed is None and self._inline and batch.error is None:
@@ -383,12 +389,14 @@ class JournalWriter:
                 self._since_checkpoint = 0
                 await self._checkpoint()
 
-    async def _commit(self, batch: _Batch) -> list[Recorded]:
+    async def _commit(self, batch: _Batch) -> tuple[list[Recorded], list[Recorded]]:
+        """``(gap, recorded)``: the batch's records, and (several writers) the events other
+        processes appended between ``position`` and the batch, read right after the commit."""
         if self._inline:
             # No await between taking the batch and committing it: nothing can interleave, and a
             # cancellation cannot land half-way. wait=0: never block the event loop on a lock.
             try:
-                return self._append(batch, 0)
+                return self._append_and_gap(batch, 0)
             except JournalBusyError:
                 self.lock_waits += 1  # somebody else holds the lock: wait for it in the thread
         # Thread hop: SQLite blocks (fsync with synchronous=FULL, waiting for the write lock), so it
@@ -398,26 +406,51 @@ class JournalWriter:
         # waiters without an answer. So cancellation waits for it.
         wait = max(0.0, self._lock_wait - (trio.current_time() - batch.created))
         return await trio.to_thread.run_sync(
-            lambda: self._append(batch, wait),
+            lambda: self._append_and_gap(batch, wait),
             limiter=self._limiter,
             abandon_on_cancel=False,
         )
 
-    def _append(self, batch: _Batch, wait: float) -> list[Recorded]:
+    def _append_and_gap(self, batch: _Batch, wait: float) -> tuple[list[Recorded], list[Recorded]]:
         if batch.expect is None:
             # Stores written before conditional appends existed take no ``expect`` keyword.
-            return self._store.append_batch(batch.items, wait=wait)
-        return self._store.append_batch(batch.items, wait=wait, expect=batch.expect)
+            recorded = self._store.append_batch(batch.items, wait=wait)
+        else:
+            recorded = self._store.append_batch(batch.items, wait=wait, expect=batch.expect)
+        gap: list[Recorded] = []
+        position = self.position
+        if position is not None and recorded[0].seq > position + 1:
+            # Others appended since our projections' position: read them now, in the same thread
+            # hop as the commit (a network round trip for PostgreSQL), so they are applied first.
+            gap = list(self._store.read(after_seq=position, until_seq=recorded[0].seq - 1))
+        return gap, recorded
 
-    def _apply(self, batch: _Batch, recorded: list[Recorded]) -> None:
+    def _in_order(self, records: list[Recorded]) -> list[Recorded]:
+        """Several writers: ``records`` trimmed to what follows ``position``, without a hole."""
+        position = self.position
+        if position is None:
+            return records
+        records = [r for r in records if r.seq > position]
+        if records and records[0].seq != position + 1:
+            # A hole: a catch_up() applied a newer range while this batch's gap was read in the
+            # thread (the two take turns on the store, not on the projections). Rare; filled with
+            # a synchronous read, on the event loop, rather than applying out of order.
+            hole = list(self._store.read(after_seq=position, until_seq=records[0].seq - 1))
+            records = hole + records
+        if records:
+            self.position = records[-1].seq
+        return records
+
+    def _apply(self, batch: _Batch, recorded: list[Recorded], gap: Sequence[Recorded] = ()) -> None:
         """Feed the committed batch to memory (secrets, then projections), or fail stop."""
         try:
             if self.on_secrets is not None:
                 changes = {wid: key for item in batch.items for wid, key in item.secrets.items()}
                 if changes:
                     self.on_secrets(changes)
-            if self.on_commit is not None:
-                self.on_commit(recorded)
+            records = self._in_order([*gap, *recorded])
+            if self.on_commit is not None and records:
+                self.on_commit(records)
         except Exception as exc:
             # The events ARE committed but memory missed (part of) them: serving on would answer
             # from state the journal contradicts. Stop: appenders get an error, run() raises.
@@ -431,6 +464,57 @@ class JournalWriter:
                 f"applying journal events {recorded[0].seq}-{recorded[-1].seq} to memory failed: {exc!r}"
             )
             batch.error = self._failed
+
+    # -- several writers: following the others -----------------------------------------------------
+
+    async def catch_up(self) -> int:
+        """Several writers: feed ``on_commit`` what other processes appended after ``position``
+        (in seq order, after anything this writer already fed); return how many events.
+
+        Read on the event loop for a local store (``commits_are_cheap``: SQLite WAL, memory), in
+        the writer's thread otherwise (PostgreSQL). A failure to apply is the writer's fail-stop.
+        """
+        if self.position is None:
+            raise RuntimeError("catch_up() needs writer.position (several writers)")
+        if self._failed is not None:
+            raise self._failed
+        after = self.position
+
+        def read() -> list[Recorded]:
+            return list(self._store.read(after_seq=after))
+
+        if self._inline:
+            records = read()
+        else:
+            # abandon_on_cancel=False: the thread holds the store's lock until the read ends.
+            records = await trio.to_thread.run_sync(read, limiter=self._limiter, abandon_on_cancel=False)
+        records = self._in_order(records)
+        if records and self.on_commit is not None:
+            try:
+                self.on_commit(records)
+            except Exception as exc:
+                logger.critical(
+                    "applying journal events %d-%d to memory failed; stopping",
+                    records[0].seq,
+                    records[-1].seq,
+                    exc_info=True,
+                )
+                self._failed = ProjectionError(
+                    f"applying journal events {records[0].seq}-{records[-1].seq} to memory failed: {exc!r}"
+                )
+                self._wakeup.unpark_all()  # run() raises it (the gateway stops)
+                raise self._failed from exc
+        return len(records)
+
+    async def follow(self, watcher, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Several writers: the tail task. Calls ``catch_up()`` whenever ``watcher`` (a
+        journal.watch.ChangeWatcher on this store) reports a commit; runs until cancelled."""
+        token = self._store.change_token()
+        await self.catch_up()  # what was appended before the token was taken
+        task_status.started()
+        while True:
+            token = await watcher.wait(token)
+            await self.catch_up()
 
     async def _checkpoint(self) -> None:
         # The fsyncing part of WAL mode, off the event loop. Appends arriving meanwhile queue up

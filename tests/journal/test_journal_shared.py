@@ -332,3 +332,46 @@ def _until(predicate, *, deadline: float) -> None:
     while not predicate():
         assert time.monotonic() < end, "condition not reached in time"
         time.sleep(0.01)
+
+
+async def test_writers_sharing_a_journal_feed_every_event_in_order(target):
+    # Two writers on two connections (as two gateway processes would have): each projection
+    # receives every event once, in seq order - its own from the commit path, the other's from
+    # the commit path's gap read or from follow() - and appenders see their own writes applied.
+    stores = [open_store(target), open_store(target)]
+    seen: list[list[int]] = [[], []]
+    complete = [trio.Event(), trio.Event()]
+    writers = [JournalWriter(store) for store in stores]
+
+    def apply(i: int, records) -> None:
+        seen[i].extend(r.seq for r in records)
+        if len(seen[i]) >= 60:
+            complete[i].set()
+
+    for i, writer in enumerate(writers):
+        writer.position = 0
+        writer.on_commit = lambda records, i=i: apply(i, records)
+    try:
+        async with trio.open_nursery() as nursery:
+            for writer, store in zip(writers, stores, strict=True):
+                await nursery.start(writer.run)
+                await nursery.start(writer.follow, ChangeWatcher(store))
+
+            async def appender(i: int) -> None:
+                for n in range(30):
+                    rec = await writers[i].append(f"p{i}", outcome(op_id=f"p{i}-{n}"))
+                    assert seen[i][-1] >= rec.seq  # read-your-writes: applied before append returns
+                    if n % 7 == 0:
+                        await trio.sleep(0)
+
+            async with trio.open_nursery() as inner:
+                inner.start_soon(appender, 0)
+                inner.start_soon(appender, 1)
+            with trio.fail_after(20):  # follow() delivers the other's last events
+                for event in complete:
+                    await event.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        for store in stores:
+            store.close()
+    assert seen[0] == seen[1] == list(range(1, 61))
