@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -362,7 +363,7 @@ async def test_writers_sharing_a_journal_feed_every_event_in_order(target):
                     rec = await writers[i].append(f"p{i}", outcome(op_id=f"p{i}-{n}"))
                     assert seen[i][-1] >= rec.seq  # read-your-writes: applied before append returns
                     if n % 7 == 0:
-                        await trio.sleep(0)
+                        await trio.lowlevel.checkpoint()
 
             async with trio.open_nursery() as inner:
                 inner.start_soon(appender, 0)
