@@ -1,0 +1,116 @@
+"""``smgrl journal`` and ``smgrl launch`` on a ``postgresql://`` journal (a real server), with the
+URL's password and the workers' keys never shown."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from journal_helpers import FakeClock, finished, outcome, registered, started
+
+from journal import Append, PgStore, SqliteStore, open_store
+from smgrl.demo.procs import free_port, start_gateway, wait_listening
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "sk-worker-key-never-shown-0123"
+
+
+def _fill(store) -> None:
+    store._clock = FakeClock(1_700_000_000.0)
+    store.append_batch([Append("workers", registered("w1", has_api_key=True), {"w1": SECRET})])
+    store.append_batch(
+        [
+            Append("op:op1", started("op1", body=b'{"weights": "/ckpt/1"}')),
+            Append("op:op1", outcome("op1", "w1")),
+            Append("op:op1", finished("op1")),
+        ]
+    )
+
+
+def smgrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "smgrl", *args], check=False, capture_output=True, text=True, timeout=120
+    )
+
+
+def _no_secrets(result: subprocess.CompletedProcess, password: str) -> None:
+    for text in (result.stdout, result.stderr):
+        assert password not in text
+        assert SECRET not in text
+
+
+def test_journal_commands_on_postgres_match_sqlite(pg_url, pg_server, tmp_path):
+    pg = PgStore.open(pg_url)
+    sq = SqliteStore.open(tmp_path / "same.db")
+    try:
+        _fill(pg)
+        _fill(sq)  # the same events at the same times: the same rows, the same hashes
+    finally:
+        pg.close()
+        sq.close()
+    sqlite_path = str(tmp_path / "same.db")
+    for command in (["events", "--json"], ["verify", "--json"], ["ops", "--json"], ["workers", "--json"]):
+        on_pg = smgrl("journal", "--journal", pg_url, *command)
+        on_sqlite = smgrl("journal", "--journal", sqlite_path, *command)
+        assert on_pg.returncode == 0, on_pg.stderr
+        _no_secrets(on_pg, pg_server.password)
+        assert on_pg.stdout == on_sqlite.stdout, command
+    # Writing commands write to PostgreSQL itself.
+    snap = smgrl("journal", "--journal", pg_url, "replay", "--snapshot", "--json")
+    assert snap.returncode == 0, snap.stderr
+    assert json.loads(snap.stdout)["snapshot"]["upto_seq"] == 4
+    compact = smgrl("journal", "--journal", pg_url, "compact", "--before", "5", "--json")
+    assert compact.returncode == 0, compact.stderr
+    assert json.loads(compact.stdout)["compacted"] == 1
+    stats = smgrl("journal", "--journal", pg_url, "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    out = json.loads(stats.stdout)
+    assert out["path"] == pg_url.replace(pg_server.password, "***")
+    assert out["events"] == 4 and len(out["snapshots"]) == 1 and out["meta"]["bodies_compacted_before"] == "5"
+    verify = smgrl("journal", "--journal", pg_url, "verify")
+    assert verify.returncode == 0 and "ok: 4 events verified" in verify.stdout, verify.stderr
+    exported = smgrl("journal", "export", "--journal", pg_url)
+    assert exported.returncode == 0, exported.stderr
+    for r in (snap, compact, stats, verify, exported):
+        _no_secrets(r, pg_server.password)
+    with open_store(pg_url) as store:
+        assert store.verify().ok and store.latest_snapshot("fleet") is not None
+
+
+def test_errors_name_the_url_without_its_password(pg_server):
+    wrong = pg_server.url("x").replace(pg_server.password, "not-the-" + pg_server.password)
+    result = smgrl("journal", "--journal", wrong, "events")
+    assert result.returncode == 4
+    assert result.stderr.startswith("error: cannot connect to the journal postgresql://postgres:***@")
+    assert pg_server.password not in result.stderr
+    missing = smgrl("journal", "--journal", pg_server.url("nothing_here"), "verify")
+    assert missing.returncode == 4 and "no smgrl journal in schema 'nothing_here'" in missing.stderr
+    _no_secrets(missing, pg_server.password)
+
+
+def test_the_gateway_serves_a_postgres_journal(pg_url, pg_server, tmp_path):
+    port = free_port()
+    log_path = tmp_path / "gateway.log"
+    with open(log_path, "a") as log:
+        child = start_gateway(
+            ["--journal", pg_url, "--enable-rl", "--prometheus-port", str(free_port())], port=port, log=log
+        )
+    try:
+        wait_listening(f"http://127.0.0.1:{port}", child=child)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/rl/journal?limit=10", timeout=30) as r:
+            body = r.read().decode()
+        assert "gateway.started" in body
+    finally:
+        assert child.stop() == 0
+    log_text = log_path.read_text()
+    assert pg_server.password not in log_text
+    with open_store(pg_url) as store:
+        types = [r.event.TYPE for r in store.read()]
+        assert types[0] == "gateway.started" and types[-1] == "gateway.stopped"
+        config = next(store.read()).event
+        assert pg_server.password not in repr(config)
+        assert store.verify().ok
