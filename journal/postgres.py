@@ -390,8 +390,11 @@ class PgStore:
                         raise JournalBusyError("another connection holds the journal's write lock")
                 else:
                     ms = 30_000 if wait is None else max(1, int(wait * 1000))
-                    conn.execute(f"SET LOCAL lock_timeout = {ms}")
-                    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock_key,))
+                    # One round trip: the timeout is set (transaction-local) before the lock waits.
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtext(%s))",
+                        (str(ms), lock_key),
+                    )
                 yield conn
         finally:
             self._lock.release()
@@ -412,24 +415,27 @@ class PgStore:
             if expect is not None:
                 self._check_expect(conn, expect, head.seq)
             rows, recorded, secret_ops = build_batch(items, head, self._clock())
-            cur = conn.cursor()
-            cur.executemany(
-                f"INSERT INTO {s}.events (seq, ts, stream, type, schema, payload, prev_hash, hash)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                rows,
-            )
-            for worker_id, api_key, seq in secret_ops:
-                if api_key is None:
-                    conn.execute(f"DELETE FROM {s}.secrets WHERE worker_id = %s", (worker_id,))
-                else:
-                    conn.execute(
-                        f"INSERT INTO {s}.secrets (worker_id, api_key, seq) VALUES (%s, %s, %s)"
-                        " ON CONFLICT (worker_id) DO UPDATE SET api_key = excluded.api_key, seq = excluded.seq",
-                        (worker_id, api_key, seq),
-                    )
-            last = recorded[-1]
-            self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
-            conn.execute("SELECT pg_notify(%s, %s)", (self._channel, str(last.seq)))
+            # The rest needs no answer: pipelined, sent in one round trip (the block's exit syncs,
+            # so an error raises here and the transaction rolls back).
+            with conn.pipeline():
+                conn.cursor().executemany(
+                    f"INSERT INTO {s}.events (seq, ts, stream, type, schema, payload, prev_hash, hash)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    rows,
+                )
+                for worker_id, api_key, seq in secret_ops:
+                    if api_key is None:
+                        conn.execute(f"DELETE FROM {s}.secrets WHERE worker_id = %s", (worker_id,))
+                    else:
+                        conn.execute(
+                            f"INSERT INTO {s}.secrets (worker_id, api_key, seq) VALUES (%s, %s, %s)"
+                            " ON CONFLICT (worker_id) DO UPDATE SET api_key = excluded.api_key,"
+                            " seq = excluded.seq",
+                            (worker_id, api_key, seq),
+                        )
+                last = recorded[-1]
+                self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
+                conn.execute("SELECT pg_notify(%s, %s)", (self._channel, str(last.seq)))
         return recorded
 
     def _set_meta(self, conn: Any, *pairs: tuple[str, str]) -> None:
