@@ -37,7 +37,7 @@ sys.path[:] = [str(_HERE.parent), str(_HERE.parent / "tests" / "journal")] + [
     p for p in sys.path if Path(p or ".").resolve() != _HERE
 ]
 
-from journal import Append, ControlOutcome, open_store  # noqa: E402
+from journal import Append, ControlOutcome, open_store
 
 
 def _event(tag: str) -> ControlOutcome:
@@ -190,7 +190,7 @@ def main() -> None:
                     continue
                 server = pg_harness.PgServer().start()
                 try:
-                    out = run_store("PostgreSQL", lambda tag: server.url(tag), args)
+                    out = run_store("PostgreSQL", server.url, args)
                 finally:
                     server.stop()
             rate_rows += out[:-1]
