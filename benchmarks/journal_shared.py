@@ -54,11 +54,15 @@ def child_append(target: str, name: str, seconds: float, batch: int) -> None:
     print("ready", flush=True)
     sys.stdin.readline()
     n, end = 0, time.monotonic() + seconds
+    took: list[float] = []
     while time.monotonic() < end:
-        store.append_batch([Append(name, _event(f"{name}-{n + i}")) for i in range(batch)], wait=30)
+        items = [Append(name, _event(f"{name}-{n + i}")) for i in range(batch)]
+        t0 = time.perf_counter()
+        store.append_batch(items, wait=30)
+        took.append((time.perf_counter() - t0) * 1000)
         n += batch
     store.close()
-    print(json.dumps({"events": n}), flush=True)
+    print(json.dumps({"events": n, "ms": took}), flush=True)
 
 
 def child_lag_writer(target: str, count: int, gap_ms: float) -> None:
@@ -107,7 +111,7 @@ def _spawn(*args: str) -> subprocess.Popen:
     )
 
 
-def append_rate(target: str, procs: int, seconds: float, batch: int) -> float:
+def append_rate(target: str, procs: int, seconds: float, batch: int) -> tuple[float, list[float]]:
     children = [_spawn("append", target, f"p{i}", str(seconds), str(batch)) for i in range(procs)]
     for c in children:
         assert c.stdout.readline().strip() == "ready"
@@ -115,11 +119,11 @@ def append_rate(target: str, procs: int, seconds: float, batch: int) -> float:
     for c in children:
         c.stdin.write("go\n")
         c.stdin.flush()
-    total = sum(json.loads(c.stdout.readline())["events"] for c in children)
+    results = [json.loads(c.stdout.readline()) for c in children]
     elapsed = time.monotonic() - t0
     for c in children:
         c.wait(60)
-    return total / elapsed
+    return sum(r["events"] for r in results) / elapsed, [ms for r in results for ms in r["ms"]]
 
 
 def lag(target: str, count: int, gap_ms: float) -> list[float]:
@@ -142,15 +146,18 @@ def pct(values: list[float], q: float) -> float:
 def run_store(name: str, make_target, args) -> list[str]:
     rows = []
     for batch in args.batch:
-        rates = {}
+        rates, took = {}, {}
         for procs in (1, 2):
             target = make_target(f"rate_{batch}_{procs}")
             open_store(target).close()
-            rates[procs] = append_rate(target, procs, args.seconds, batch)
+            rates[procs], took[procs] = append_rate(target, procs, args.seconds, batch)
             with open_store(target) as store:
                 report = store.verify()
                 assert report.ok, report
-        rows.append(f"| {name} | {batch} | {rates[1]:,.0f} | {rates[2]:,.0f} | {rates[2] / rates[1]:.2f} |")
+        rows.append(
+            f"| {name} | {batch} | {rates[1]:,.0f} | {rates[2]:,.0f} | {rates[2] / rates[1]:.2f} |"
+            f" {pct(took[1], 50):.2f} / {pct(took[1], 99):.2f} | {pct(took[2], 50):.2f} / {pct(took[2], 99):.2f} |"
+        )
     target = make_target("lag")
     open_store(target).close()
     lags = lag(target, args.lag_events, args.gap_ms)
@@ -196,8 +203,11 @@ def main() -> None:
             rate_rows += out[:-1]
             lag_rows.append(out[-1])
     print(f"## Append rate ({args.seconds:g} s per run, events/s summed over the processes)\n")
-    print("| store | events per transaction | 1 process | 2 processes | 2 / 1 |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| store | events per transaction | 1 process | 2 processes | 2 / 1 |"
+        " commit ms p50 / p99, 1 process | 2 processes |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rate_rows))
     print("\n## Cross-process visibility lag (append in one process -> read by another's tail), ms\n")
     print("| store | events | p50 | p99 | max |")
