@@ -114,3 +114,40 @@ def test_the_gateway_serves_a_postgres_journal(pg_url, pg_server, tmp_path):
         config = next(store.read()).event
         assert pg_server.password not in repr(config)
         assert store.verify().ok
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:secret@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u:p%40ss%2Fw@h/db?schema=s1", "postgresql://u:***@h/db?schema=s1"),
+        ("postgres://h/db", "postgres://h/db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("./smgrl-journal.db", "./smgrl-journal.db"),
+    ],
+)
+def test_a_url_is_shown_without_its_password(url, shown):
+    from journal import describe
+
+    assert describe(url) == shown
+
+
+@pytest.mark.parametrize("schema", ["Upper", "a-b", "x;drop", "", "a" * 50])
+def test_a_bad_schema_parameter_is_refused_before_connecting(schema):
+    from journal.postgres import _split_url
+
+    with pytest.raises(ValueError, match="schema="):
+        _split_url(f"postgresql://u:pw@127.0.0.1:1/db?schema={schema}")
+
+
+def test_a_gateway_that_cannot_open_its_postgres_journal_says_so_in_one_line(pg_server):
+    wrong = pg_server.url("x").replace(pg_server.password, "wrong-" + pg_server.password)
+    for url, says in (
+        (wrong, "cannot connect to the journal postgresql://postgres:***@"),
+        (pg_server.url("x").replace("schema=x", "schema=Bad-Name"), "schema= must be a lowercase identifier"),
+    ):
+        result = smgrl("launch", "--port", "0", "--journal", url)
+        assert result.returncode == 1, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
+        assert pg_server.password not in result.stderr + result.stdout
