@@ -32,8 +32,9 @@ def _secrets(value: Mapping[str, str | None] | None) -> Mapping[str, str | None]
     for worker_id, api_key in out.items():
         if not isinstance(worker_id, str) or not worker_id:
             raise ValueError("secrets: worker ids must be non-empty strings")
-        if api_key is not None and not isinstance(api_key, str):
-            raise ValueError("secrets: an api key must be a string (or None to delete it)")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            # '' is how the stores record a deleted key (a tombstone): never a key.
+            raise ValueError("secrets: an api key must be a non-empty string (or None to delete it)")
     return out
 
 

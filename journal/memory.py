@@ -49,7 +49,7 @@ class MemoryStore:
         self._readonly = False
         self._lock = threading.Lock()  # the writer calls us from a worker thread
         self._rows: list[Row] = []
-        self._secrets: dict[str, tuple[str, int]] = {}
+        self._secrets: dict[str, tuple[str | None, int]] = {}  # None: deleted (a tombstone)
         self._snapshots: list[tuple[int, str, int, float, str, str]] = []  # id, kind, upto, ts, state, hash
         self._meta: dict[str, Any] = {"high_water": EMPTY_HEAD, "bodies_compacted_before": 0}
         self._leases: dict[str, Lease] = {}
@@ -106,10 +106,7 @@ class MemoryStore:
             rows, recorded, secret_ops = build_batch(items, head, self._clock())
             self._rows.extend(rows)
             for worker_id, api_key, seq in secret_ops:
-                if api_key is None:
-                    self._secrets.pop(worker_id, None)
-                else:
-                    self._secrets[worker_id] = (api_key, seq)
+                self._secrets[worker_id] = (api_key, seq)
             self._meta["high_water"] = Head(recorded[-1].seq, recorded[-1].ts, recorded[-1].hash)
             self._changes[0] += 1
         return recorded
@@ -229,7 +226,11 @@ class MemoryStore:
 
     def secrets(self) -> dict[str, str]:
         with self._lock:
-            return {worker_id: key for worker_id, (key, _seq) in sorted(self._secrets.items())}
+            return {w: key for w, (key, _seq) in sorted(self._secrets.items()) if key is not None}
+
+    def secret_changes(self, after_seq: int, until_seq: int) -> dict[str, str | None]:
+        with self._lock:
+            return {w: key for w, (key, seq) in self._secrets.items() if after_seq < seq <= until_seq}
 
     def get_secret(self, worker_id: str) -> str | None:
         with self._lock:

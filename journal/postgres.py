@@ -424,15 +424,13 @@ class PgStore:
                     rows,
                 )
                 for worker_id, api_key, seq in secret_ops:
-                    if api_key is None:
-                        conn.execute(f"DELETE FROM {s}.secrets WHERE worker_id = %s", (worker_id,))
-                    else:
-                        conn.execute(
-                            f"INSERT INTO {s}.secrets (worker_id, api_key, seq) VALUES (%s, %s, %s)"
-                            " ON CONFLICT (worker_id) DO UPDATE SET api_key = excluded.api_key,"
-                            " seq = excluded.seq",
-                            (worker_id, api_key, seq),
-                        )
+                    # A deletion leaves a tombstone ('') carrying its seq, as in SQLite.
+                    conn.execute(
+                        f"INSERT INTO {s}.secrets (worker_id, api_key, seq) VALUES (%s, %s, %s)"
+                        " ON CONFLICT (worker_id) DO UPDATE SET api_key = excluded.api_key,"
+                        " seq = excluded.seq",
+                        (worker_id, api_key or "", seq),
+                    )
                 last = recorded[-1]
                 self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
                 conn.execute("SELECT pg_notify(%s, %s)", (self._channel, str(last.seq)))
@@ -574,11 +572,22 @@ class PgStore:
         return self._query(f"SELECT count(*) FROM {self._s}.events")[0][0]
 
     def secrets(self) -> dict[str, str]:
-        return dict(self._query(f"SELECT worker_id, api_key FROM {self._s}.secrets ORDER BY worker_id"))
+        return dict(
+            self._query(
+                f"SELECT worker_id, api_key FROM {self._s}.secrets WHERE api_key != '' ORDER BY worker_id"
+            )
+        )
 
     def get_secret(self, worker_id: str) -> str | None:
         rows = self._query(f"SELECT api_key FROM {self._s}.secrets WHERE worker_id = %s", (worker_id,))
-        return rows[0][0] if rows else None
+        return (rows[0][0] or None) if rows else None
+
+    def secret_changes(self, after_seq: int, until_seq: int) -> dict[str, str | None]:
+        rows = self._query(
+            f"SELECT worker_id, api_key FROM {self._s}.secrets WHERE seq > %s AND seq <= %s",
+            (after_seq, until_seq),
+        )
+        return {worker_id: key or None for worker_id, key in rows}
 
     def _pages(
         self, columns: str, after_seq: int, where: str, params: Sequence[Any], limit: int | None

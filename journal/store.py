@@ -6,6 +6,8 @@ Schema (created by ``sqlite_utils.Migrations`` set ``smgrl.journal``; see ``jour
            payload TEXT (canonical JSON), prev_hash TEXT, hash TEXT)
         indexes: (stream, seq), (type, seq), (ts)
     secrets(worker_id TEXT PRIMARY KEY, api_key TEXT NOT NULL, seq INTEGER -> events.seq)
+        api_key '' is a deleted key (a tombstone with the deleting event's seq, so that processes
+        following the journal learn of deletions too: ``secret_changes``)
         worker API keys; never in a payload, never exported, never printed
     snapshots(id INTEGER PRIMARY KEY, kind TEXT, upto_seq INTEGER, ts REAL, state TEXT (JSON), hash TEXT)
         index: (kind, upto_seq)
@@ -341,14 +343,12 @@ class SqliteStore:
             rows, recorded, secret_ops = build_batch(items, head, self._clock())
             _insert_events(conn, rows)
             for worker_id, api_key, seq in secret_ops:
-                if api_key is None:
-                    conn.execute("DELETE FROM secrets WHERE worker_id = ?", (worker_id,))
-                else:
-                    conn.execute(
-                        "INSERT INTO secrets (worker_id, api_key, seq) VALUES (?, ?, ?) ON CONFLICT (worker_id)"
-                        " DO UPDATE SET api_key = excluded.api_key, seq = excluded.seq",
-                        (worker_id, api_key, seq),
-                    )
+                # A deletion leaves a tombstone ('') carrying its seq: see secret_changes().
+                conn.execute(
+                    "INSERT INTO secrets (worker_id, api_key, seq) VALUES (?, ?, ?) ON CONFLICT (worker_id)"
+                    " DO UPDATE SET api_key = excluded.api_key, seq = excluded.seq",
+                    (worker_id, api_key or "", seq),
+                )
             last = recorded[-1]
             conn.executemany(
                 _UPSERT_META, [("high_water_seq", str(last.seq)), ("high_water_hash", last.hash)]
@@ -494,11 +494,21 @@ class SqliteStore:
         return self._query("SELECT count(*) FROM events")[0][0]
 
     def secrets(self) -> dict[str, str]:
-        return dict(self._query("SELECT worker_id, api_key FROM secrets ORDER BY worker_id"))
+        return dict(
+            self._query("SELECT worker_id, api_key FROM secrets WHERE api_key != '' ORDER BY worker_id")
+        )
 
     def get_secret(self, worker_id: str) -> str | None:
         rows = self._query("SELECT api_key FROM secrets WHERE worker_id = ?", (worker_id,))
-        return rows[0][0] if rows else None
+        return (rows[0][0] or None) if rows else None
+
+    def secret_changes(self, after_seq: int, until_seq: int) -> dict[str, str | None]:
+        """The keys set (or deleted: None) by the events ``after_seq < seq <= until_seq`` and not
+        changed since: what a process following the others' appends applies to its key ring."""
+        rows = self._query(
+            "SELECT worker_id, api_key FROM secrets WHERE seq > ? AND seq <= ?", (after_seq, until_seq)
+        )
+        return {worker_id: key or None for worker_id, key in rows}
 
     def _pages(
         self, columns: str, after_seq: int, where: str, params: Sequence[Any], limit: int | None

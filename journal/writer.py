@@ -378,9 +378,9 @@ class JournalWriter:
             batch.error = exc
         else:
             self.commits += 1
-            gap, recorded = recorded
+            (gap, gap_secrets), recorded = recorded
             batch.recorded = recorded
-            self._apply(batch, recorded, gap)
+            self._apply(batch, recorded, gap, gap_secrets)
         self._inflight = None
         batch.done.set()
         if self._failed is None and self._inline and batch.error is None:
@@ -389,9 +389,10 @@ class JournalWriter:
                 self._since_checkpoint = 0
                 await self._checkpoint()
 
-    async def _commit(self, batch: _Batch) -> tuple[list[Recorded], list[Recorded]]:
-        """``(gap, recorded)``: the batch's records, and (several writers) the events other
-        processes appended between ``position`` and the batch, read right after the commit."""
+    async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
+        """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
+        events other processes appended between ``position`` and the batch with the keys they
+        set, read right after the commit."""
         if self._inline:
             # No await between taking the batch and committing it: nothing can interleave, and a
             # cancellation cannot land half-way. wait=0: never block the event loop on a lock.
@@ -411,19 +412,29 @@ class JournalWriter:
             abandon_on_cancel=False,
         )
 
-    def _append_and_gap(self, batch: _Batch, wait: float) -> tuple[list[Recorded], list[Recorded]]:
+    def _append_and_gap(
+        self, batch: _Batch, wait: float
+    ) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
         if batch.expect is None:
             # Stores written before conditional appends existed take no ``expect`` keyword.
             recorded = self._store.append_batch(batch.items, wait=wait)
         else:
             recorded = self._store.append_batch(batch.items, wait=wait, expect=batch.expect)
         gap: list[Recorded] = []
+        gap_secrets: dict[str, str | None] = {}
         position = self.position
         if position is not None and recorded[0].seq > position + 1:
             # Others appended since our projections' position: read them now, in the same thread
             # hop as the commit (a network round trip for PostgreSQL), so they are applied first.
             gap = list(self._store.read(after_seq=position, until_seq=recorded[0].seq - 1))
-        return gap, recorded
+            gap_secrets = self._foreign_secrets(position, recorded[0].seq - 1)
+        return (gap, gap_secrets), recorded
+
+    def _foreign_secrets(self, after: int, until: int) -> dict[str, str | None]:
+        """The keys other processes' events in (after, until] set or deleted (their Appends
+        never passed through this writer)."""
+        changes = getattr(self._store, "secret_changes", None)
+        return changes(after, until) if changes is not None else {}
 
     def _in_order(self, records: list[Recorded]) -> list[Recorded]:
         """Several writers: ``records`` trimmed to what follows ``position``, without a hole."""
@@ -436,16 +447,26 @@ class JournalWriter:
             # thread (the two take turns on the store, not on the projections). Rare; filled with
             # a synchronous read, on the event loop, rather than applying out of order.
             hole = list(self._store.read(after_seq=position, until_seq=records[0].seq - 1))
+            secrets = self._foreign_secrets(position, records[0].seq - 1)
+            if secrets and self.on_secrets is not None:
+                self.on_secrets(secrets)
             records = hole + records
         if records:
             self.position = records[-1].seq
         return records
 
-    def _apply(self, batch: _Batch, recorded: list[Recorded], gap: Sequence[Recorded] = ()) -> None:
+    def _apply(
+        self,
+        batch: _Batch,
+        recorded: list[Recorded],
+        gap: Sequence[Recorded] = (),
+        gap_secrets: Mapping[str, str | None] | None = None,
+    ) -> None:
         """Feed the committed batch to memory (secrets, then projections), or fail stop."""
         try:
             if self.on_secrets is not None:
-                changes = {wid: key for item in batch.items for wid, key in item.secrets.items()}
+                own = {wid: key for item in batch.items for wid, key in item.secrets.items()}
+                changes = {**(gap_secrets or {}), **own}  # the batch comes after the gap
                 if changes:
                     self.on_secrets(changes)
             records = self._in_order([*gap, *recorded])
@@ -480,18 +501,24 @@ class JournalWriter:
             raise self._failed
         after = self.position
 
-        def read() -> list[Recorded]:
-            return list(self._store.read(after_seq=after))
+        def read() -> tuple[list[Recorded], dict[str, str | None]]:
+            records = list(self._store.read(after_seq=after))
+            return records, (self._foreign_secrets(after, records[-1].seq) if records else {})
 
         if self._inline:
-            records = read()
+            records, secrets = read()
         else:
             # abandon_on_cancel=False: the thread holds the store's lock until the read ends.
-            records = await trio.to_thread.run_sync(read, limiter=self._limiter, abandon_on_cancel=False)
-        records = self._in_order(records)
-        if records and self.on_commit is not None:
+            records, secrets = await trio.to_thread.run_sync(
+                read, limiter=self._limiter, abandon_on_cancel=False
+            )
+        if records:
             try:
-                self.on_commit(records)
+                if secrets and self.on_secrets is not None:
+                    self.on_secrets(secrets)  # idempotent: a key may arrive twice
+                records = self._in_order(records)
+                if records and self.on_commit is not None:
+                    self.on_commit(records)
             except Exception as exc:
                 logger.critical(
                     "applying journal events %d-%d to memory failed; stopping",

@@ -131,6 +131,19 @@ class TestLeases:
             store.renew_lease("snapshots", "p1", ttl)  # the old holder learns it lost the duty
 
 
+def test_secret_changes_tell_followers_of_sets_and_deletions(backend):
+    store = backend.store
+    store.append_batch([Append("workers", registered("w1"), {"w1": "k1"})])  # seq 1
+    store.append_batch([Append("workers", registered("w2"), {"w2": "k2"})])  # seq 2
+    store.append_batch([Append("workers", registered("w1"), {"w1": None})])  # seq 3: deleted
+    assert store.secret_changes(0, 3) == {"w1": None, "w2": "k2"}
+    assert store.secret_changes(1, 2) == {"w2": "k2"}
+    assert store.secret_changes(0, 1) == {}  # w1's row moved on to seq 3
+    assert store.secrets() == {"w2": "k2"} and store.get_secret("w1") is None
+    with pytest.raises(ValueError, match="non-empty"):
+        Append("workers", registered("w3"), {"w3": ""})  # '' is the tombstone, never a key
+
+
 class TestChangeToken:
     def test_changes_when_another_connection_commits(self, backend):
         store = backend.store
@@ -341,6 +354,7 @@ async def test_writers_sharing_a_journal_feed_every_event_in_order(target):
     # the commit path's gap read or from follow() - and appenders see their own writes applied.
     stores = [open_store(target), open_store(target)]
     seen: list[list[int]] = [[], []]
+    rings: list[dict[str, str]] = [{}, {}]  # each process's key ring, fed by on_secrets
     complete = [trio.Event(), trio.Event()]
     writers = [JournalWriter(store) for store in stores]
 
@@ -349,9 +363,17 @@ async def test_writers_sharing_a_journal_feed_every_event_in_order(target):
         if len(seen[i]) >= 60:
             complete[i].set()
 
+    def keys(i: int, changes) -> None:
+        for worker_id, key in changes.items():
+            if key is None:
+                rings[i].pop(worker_id, None)
+            else:
+                rings[i][worker_id] = key
+
     for i, writer in enumerate(writers):
         writer.position = 0
         writer.on_commit = lambda records, i=i: apply(i, records)
+        writer.on_secrets = lambda changes, i=i: keys(i, changes)
     try:
         async with trio.open_nursery() as nursery:
             for writer, store in zip(writers, stores, strict=True):
@@ -360,7 +382,11 @@ async def test_writers_sharing_a_journal_feed_every_event_in_order(target):
 
             async def appender(i: int) -> None:
                 for n in range(30):
-                    rec = await writers[i].append(f"p{i}", outcome(op_id=f"p{i}-{n}"))
+                    # Keys set, replaced and deleted by one process reach the other's ring.
+                    secrets = {5: {f"w{i}": f"k{i}"}, 12: {"gone": "x"}, 20: {f"w{i}": f"k{i}b"}}.get(n)
+                    if n == 25:
+                        secrets = {"gone": None}
+                    rec = await writers[i].append(f"p{i}", outcome(op_id=f"p{i}-{n}"), secrets=secrets)
                     assert seen[i][-1] >= rec.seq  # read-your-writes: applied before append returns
                     if n % 7 == 0:
                         await trio.lowlevel.checkpoint()
@@ -372,7 +398,9 @@ async def test_writers_sharing_a_journal_feed_every_event_in_order(target):
                 for event in complete:
                     await event.wait()
             nursery.cancel_scope.cancel()
+        final_keys = stores[0].secrets()
     finally:
         for store in stores:
             store.close()
     assert seen[0] == seen[1] == list(range(1, 61))
+    assert rings[0] == rings[1] == final_keys == {"w0": "k0b", "w1": "k1b"}
