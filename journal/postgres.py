@@ -32,6 +32,7 @@ replaced by ``***``; every database error is re-raised with the password scrubbe
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import json
@@ -41,6 +42,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Self
 
@@ -79,6 +81,23 @@ _PAGE = 2000
 _COMPACT_PAGE = 256
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 PG_MIGRATIONS = ("0001_create_journal", "0002_leases")
+
+
+_LISTENING: weakref.WeakSet[PgStore] = weakref.WeakSet()
+
+
+def _stop_listeners() -> None:
+    # At interpreter exit, before daemon threads are frozen: a LISTEN thread stopped inside
+    # psycopg's C code during finalization can crash the process. Each stops within 0.25 s.
+    for store in list(_LISTENING):
+        store._listen_stop.set()
+    for store in list(_LISTENING):
+        thread = store._listen_thread
+        if thread is not None:
+            thread.join(timeout=2)
+
+
+atexit.register(_stop_listeners)
 
 
 def is_postgres_url(value: str) -> bool:
@@ -339,6 +358,7 @@ class PgStore:
             self._listen_thread = threading.Thread(
                 target=self._listen, name="smgrl-journal-listen", daemon=True
             )
+            _LISTENING.add(self)
             self._listen_thread.start()
         # Subscribed before the first token is handed out: no commit after it goes unnoticed.
         self._listen_ready.wait(timeout=10)
