@@ -233,6 +233,20 @@ class PgStore:
         except psycopg.Error as exc:
             raise JournalError(f"journal database error on {self.path}: {self._scrub(exc)}") from None
 
+    def _live(self) -> Any:
+        """The connection, replaced first if it broke (server restart, a killed backend, a network
+        cut): the failed operation raised JournalError, the next one reconnects. Under the lock."""
+        if self._conn.closed or self._conn.broken:
+            import psycopg
+
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = psycopg.connect(self._libpq_url, autocommit=True, connect_timeout=10)
+            if self._readonly:
+                self._conn.execute("SET default_transaction_read_only = on")
+            logger.warning("journal connection to %s re-established", self.path)
+        return self._conn
+
     def _scrub(self, exc: object) -> str:
         return _scrub(str(exc), self._password)
 
@@ -399,23 +413,24 @@ class PgStore:
         else:
             self._lock.acquire()
         try:
-            with self._errors(), self._conn.transaction():
-                conn = self._conn
-                lock_key = key or self._key
-                if wait == 0:
-                    got = conn.execute(
-                        "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (lock_key,)
-                    ).fetchone()[0]
-                    if not got:
-                        raise JournalBusyError("another connection holds the journal's write lock")
-                else:
-                    ms = 30_000 if wait is None else max(1, int(wait * 1000))
-                    # One round trip: the timeout is set (transaction-local) before the lock waits.
-                    conn.execute(
-                        "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtext(%s))",
-                        (str(ms), lock_key),
-                    )
-                yield conn
+            with self._errors():
+                conn = self._live()
+                with conn.transaction():
+                    lock_key = key or self._key
+                    if wait == 0:
+                        got = conn.execute(
+                            "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (lock_key,)
+                        ).fetchone()[0]
+                        if not got:
+                            raise JournalBusyError("another connection holds the journal's write lock")
+                    else:
+                        ms = 30_000 if wait is None else max(1, int(wait * 1000))
+                        # One round trip: the timeout is set (transaction-local) before the lock waits.
+                        conn.execute(
+                            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtext(%s))",
+                            (str(ms), lock_key),
+                        )
+                    yield conn
         finally:
             self._lock.release()
 
@@ -580,7 +595,7 @@ class PgStore:
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock, self._errors():
-            return self._conn.execute(sql, params).fetchall()
+            return self._live().execute(sql, params).fetchall()
 
     def meta(self) -> dict[str, str]:
         return dict(self._query(f"SELECT key, value FROM {self._s}.meta"))
@@ -686,9 +701,11 @@ class PgStore:
             params.append(max_seq)
         for snapshot_id, upto_seq in self._query(sql + " ORDER BY upto_seq DESC, id DESC", params):
             with self._lock, self._errors():
-                row = self._conn.execute(
-                    f"SELECT state, hash FROM {s}.snapshots WHERE id = %s", (snapshot_id,)
-                ).fetchone()
+                row = (
+                    self._live()
+                    .execute(f"SELECT state, hash FROM {s}.snapshots WHERE id = %s", (snapshot_id,))
+                    .fetchone()
+                )
                 anchor = self._anchor(self._conn, upto_seq)
             if row is None or anchor is None:
                 continue
@@ -709,7 +726,7 @@ class PgStore:
 
         if anchor is None:
             with self._lock, self._errors():
-                anchor = self._anchor(self._conn, after)
+                anchor = self._anchor(self._live(), after)
             if anchor is None:
                 return VerifyReport(
                     ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
@@ -742,7 +759,7 @@ class PgStore:
         """Every table but ``secrets``, as ``(table, rows)`` chunks, read in ONE repeatable-read
         transaction (a consistent copy while gateways append)."""
         s = self._s
-        with self._lock, self._errors(), self._conn.transaction():
+        with self._lock, self._errors(), self._live().transaction():
             self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield "meta", self._conn.execute(f"SELECT key, value FROM {s}.meta").fetchall()
             yield (

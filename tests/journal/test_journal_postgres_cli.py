@@ -4,6 +4,7 @@ URL's password and the workers' keys never shown."""
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 import urllib.request
@@ -151,3 +152,29 @@ def test_a_gateway_that_cannot_open_its_postgres_journal_says_so_in_one_line(pg_
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
         assert pg_server.password not in result.stderr + result.stdout
+
+
+def test_a_broken_connection_fails_one_operation_and_the_next_reconnects(pg_url, pg_server):
+    import psycopg
+
+    with open_store(pg_url) as store:
+        store.append_batch([Append("workers", registered("w1"), {"w1": SECRET})])
+        token = store.change_token()  # starts the LISTEN thread too
+        with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+            # What a server restart or a network cut does to the store's connections.
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = 'postgres' AND backend_type = 'client backend'"
+            )
+        from journal import JournalError
+
+        with pytest.raises(JournalError) as failed:
+            store.append_batch([Append("workers", registered("w2"))])
+        assert pg_server.password not in str(failed.value)
+        (rec,) = store.append_batch([Append("workers", registered("w3"))])
+        assert rec.seq == 2  # the failed batch left nothing; the chain goes on
+        assert store.verify().ok and store.get_secret("w1") == SECRET
+        end = time.monotonic() + 20
+        while store.change_token() == token:  # the LISTEN thread reconnects on its own
+            assert time.monotonic() < end, "the LISTEN connection did not come back"
+            time.sleep(0.05)
