@@ -4,9 +4,9 @@ URL's password and the workers' keys never shown."""
 from __future__ import annotations
 
 import json
-import time
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
