@@ -147,7 +147,7 @@ def test_a_gateway_that_cannot_open_its_postgres_journal_says_so_in_one_line(pg_
         (wrong, "cannot connect to the journal postgresql://postgres:***@"),
         (pg_server.url("x").replace("schema=x", "schema=Bad-Name"), "schema= must be a lowercase identifier"),
     ):
-        result = smgrl("launch", "--port", "0", "--journal", url)
+        result = smgrl("launch", "--port", "0", "--prometheus-port", str(free_port()), "--journal", url)
         assert result.returncode == 1, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
