@@ -213,13 +213,19 @@ async def test_writer_append_if_refuses_only_its_group():
 
 APPENDER = textwrap.dedent(
     """
-    import sys
+    import sys, time
     from journal import Append, ControlOutcome, open_store
     target, name, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store = open_store(target)
     print("ready", flush=True)
     sys.stdin.readline()  # start together
+    others = sys.argv[5:]  # the second half waits until the others appended: they surely overlap
     for b in range(batches):
+        if others and b == batches // 2:
+            end = time.monotonic() + 60
+            while not any(True for _ in store.read(stream=others[0], limit=1)):
+                assert time.monotonic() < end, "the other appender never started"
+                time.sleep(0.001)
         store.append_batch([
             Append(name, ControlOutcome(op_id=f"{name}-{b}-{i}", worker_id="w", url="http://w",
                    status=200, latency_ms=1, excerpt="ok"))
@@ -264,8 +270,8 @@ def _kill(child: subprocess.Popen) -> None:
 @pytest.mark.e2e
 def test_two_processes_appending_at_once_keep_one_chain(target):
     open_store(target).close()  # created (and migrated) once, before the race
-    batches, size = 400, 3
-    children = [_child(APPENDER, target, f"p{i}", str(batches), str(size)) for i in range(2)]
+    batches, size = 200, 3
+    children = [_child(APPENDER, target, f"p{i}", str(batches), str(size), f"p{1 - i}") for i in range(2)]
     try:
         for child in children:
             assert child.stdout.readline().strip() == "ready"
@@ -284,7 +290,8 @@ def test_two_processes_appending_at_once_keep_one_chain(target):
         assert [r.seq for r in records] == list(range(1, 2 * batches * size + 1))  # no gap, no dup
         report = store.verify()
         assert report.ok and report.checked == 2 * batches * size, report
-        # Each batch stayed contiguous, and the two processes really interleaved.
+        # Each batch stayed contiguous, and the two processes really interleaved (each one's second
+        # half started after the other had appended).
         streams = [r.stream for r in records]
         assert all(len(set(streams[i : i + size])) == 1 for i in range(0, len(streams), size))
         assert sum(1 for a, b in itertools.pairwise(streams) if a != b) > 1
