@@ -117,7 +117,7 @@ class Lease:
 
 
 class EventStore(Protocol):
-    """What JournalWriter, replay and the CLI need from a store (SqliteStore, MemoryStore).
+    """What JournalWriter, replay and the CLI need from a store (SqliteStore, MemoryStore, PgStore).
 
     Every method is synchronous. JournalWriter commits on the event loop with ``wait=0`` when the
     store says commits are cheap, and in its worker thread otherwise (or when the lock is taken).
