@@ -9,19 +9,26 @@ here explicitly (the submodules are the implementation):
   :class:`Append` (one event to append, with its secrets), :class:`VerifyReport`
 * writing from trio: :class:`JournalWriter` (group commit), :class:`Pending`
 * errors: :class:`JournalError` and its subclasses (see ``journal/errors.py`` for the tree)
-* ownership: :class:`JournalLock` (one gateway per file; ``journal/lock.py``), :class:`JournalLocked`
+* ownership: :class:`JournalLock` (one gateway per file, or one group of processes; ``journal/lock.py``),
+  :class:`JournalLocked`
+* several writers: :class:`Expect` and :class:`JournalConflict` (conditional append),
+  :class:`Lease` and :class:`LeaseLost` (duties run once), :class:`ChangeWatcher` (tail wake-up),
+  :class:`PgStore` (PostgreSQL) and :func:`open_store` (a ``--journal`` value to its store);
+  docs/journal.md, "Several writers"
 """
 
-from .base import Append, EventStore, RawRow, VerifyReport
+from .base import Append, EventStore, Expect, Lease, RawRow, VerifyReport
 from .errors import (
     JournalBusyError,
     JournalClosedError,
+    JournalConflict,
     JournalError,
     JournalForeignError,
     JournalFullError,
     JournalReadOnlyError,
     JournalTooNewError,
     JournalWriteError,
+    LeaseLost,
     ProjectionError,
 )
 from .events import (
@@ -50,6 +57,8 @@ from .events import (
 )
 from .lock import JournalLock, JournalLocked
 from .memory import MemoryStore
+from .opening import describe, is_postgres_url, open_store
+from .postgres import PgStore
 from .refit_events import (
     RefitFinished,
     RefitStarted,
@@ -64,7 +73,7 @@ from .store import SqliteStore
 
 # JournalWriter and Pending need trio (0.15 s to import): loaded when first used, so a process
 # that only reads the file (``smgrl journal``) does not pay for it.
-_LAZY = {"JournalWriter": "writer", "Pending": "writer"}
+_LAZY = {"JournalWriter": "writer", "Pending": "writer", "ChangeWatcher": "watch"}
 
 
 def __getattr__(name: str):
@@ -81,16 +90,19 @@ __all__ = [
     "Append",
     "AuditControlPlane",
     "AuditControlPlaneCounts",
+    "ChangeWatcher",
     "ControlFinished",
     "ControlInterrupted",
     "ControlOutcome",
     "ControlStarted",
     "Event",
     "EventStore",
+    "Expect",
     "GatewayStarted",
     "GatewayStopped",
     "JournalBusyError",
     "JournalClosedError",
+    "JournalConflict",
     "JournalError",
     "JournalForeignError",
     "JournalFullError",
@@ -100,8 +112,11 @@ __all__ = [
     "JournalTooNewError",
     "JournalWriteError",
     "JournalWriter",
+    "Lease",
+    "LeaseLost",
     "MemoryStore",
     "Pending",
+    "PgStore",
     "ProjectionError",
     "RawRow",
     "Recorded",
@@ -124,7 +139,10 @@ __all__ = [
     "WorkerReleased",
     "WorkerRemoved",
     "decode",
+    "describe",
     "encode",
     "event_class",
     "event_type",
+    "is_postgres_url",
+    "open_store",
 ]

@@ -21,7 +21,7 @@ MIGRATIONS = sqlite_utils.Migrations("smgrl.journal")
 # Every migration name, in order: Migrations has no public list of what is registered, and the store
 # must tell "a newer smgrl wrote this file" (applied names we do not know) from "needs migrating".
 # A test checks this against the set.
-MIGRATION_NAMES = ("0001_create_journal",)
+MIGRATION_NAMES = ("0001_create_journal", "0002_leases")
 
 
 @MIGRATIONS(name="0001_create_journal")
@@ -71,4 +71,16 @@ def _create_journal(db: sqlite_utils.Database) -> None:
             ("high_water_hash", GENESIS),
             ("bodies_compacted_before", "0"),
         ],
+    )
+
+
+@MIGRATIONS(name="0002_leases")
+def _leases(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """CREATE TABLE leases (
+    name TEXT PRIMARY KEY, -- a duty that must run in one process (journal/lease.py)
+    holder TEXT NOT NULL, -- '' once released
+    expires REAL NOT NULL, -- unix seconds
+    epoch INTEGER NOT NULL -- +1 at each change of holder (a fencing token)
+)"""
     )

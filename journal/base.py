@@ -11,7 +11,7 @@ import attrs
 from ._chain import Prepared, VerifyReport, prepare
 from .events import Event, Recorded, UnknownEvent
 
-__all__ = ["Append", "EventStore", "RawRow", "VerifyReport"]
+__all__ = ["Append", "EventStore", "Expect", "Lease", "RawRow", "VerifyReport"]
 
 # (seq, ts, stream, type, schema, payload) as stored: what read_raw() yields.
 RawRow = tuple[int, float, str, str, int, str]
@@ -32,8 +32,9 @@ def _secrets(value: Mapping[str, str | None] | None) -> Mapping[str, str | None]
     for worker_id, api_key in out.items():
         if not isinstance(worker_id, str) or not worker_id:
             raise ValueError("secrets: worker ids must be non-empty strings")
-        if api_key is not None and not isinstance(api_key, str):
-            raise ValueError("secrets: an api key must be a string (or None to delete it)")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            # '' is how the stores record a deleted key (a tombstone): never a key.
+            raise ValueError("secrets: an api key must be a non-empty string (or None to delete it)")
     return out
 
 
@@ -60,16 +61,87 @@ class Append:
         object.__setattr__(self, "_prepared", prepare(self.event, self.stream))
 
 
+def _names(value: Iterable[str | type[Event]] | str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    return tuple(v if isinstance(v, str) else v.TYPE for v in value)
+
+
+def _streams(value: Iterable[str] | str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+@attrs.frozen(slots=True)
+class Expect:
+    """The position a decision was made on, for a conditional append (optimistic concurrency).
+
+    ``after``: the seq the deciding projection had read up to. ``types`` / ``streams``: the events
+    the decision depends on (None: any). The append goes through only if no event matching BOTH
+    filters was appended after ``after``; otherwise the store raises ``JournalConflict`` and writes
+    nothing. ``Expect(after=head)`` with no filter: the whole journal's head must still be ``head``.
+    Checked inside the write transaction, so two processes deciding on the same position cannot
+    both append.
+    """
+
+    after: int = attrs.field(validator=attrs.validators.ge(0))
+    types: tuple[str, ...] | None = attrs.field(default=None, converter=_names)
+    streams: tuple[str, ...] | None = attrs.field(default=None, converter=_streams)
+
+
+def expect_problem(expect: Expect, head: int, last_match: int | None) -> str | None:
+    """Why a conditional append must be refused (None: it may go on). Shared by every store."""
+    if expect.after > head:
+        return f"the expected position {expect.after} is beyond the journal's head {head}"
+    if last_match is not None and last_match > expect.after:
+        return (
+            f"conflict: event {last_match} matching the condition was appended after seq {expect.after}"
+            f" (head {head}); catch up and decide again"
+        )
+    return None
+
+
+@attrs.frozen(slots=True)
+class Lease:
+    """A named lease as a store reports it. ``expires``: unix seconds on the store's clock
+    (PostgreSQL: the server's). ``epoch`` grows by one each time the lease changes holder: a
+    fencing token a duty can record with what it does."""
+
+    name: str
+    holder: str
+    expires: float
+    epoch: int
+
+
 class EventStore(Protocol):
-    """What JournalWriter, replay and the CLI need from a store (SqliteStore, MemoryStore).
+    """What JournalWriter, replay and the CLI need from a store (SqliteStore, MemoryStore, PgStore).
 
     Every method is synchronous. JournalWriter commits on the event loop with ``wait=0`` when the
     store says commits are cheap, and in its worker thread otherwise (or when the lock is taken).
     """
 
-    def append_batch(self, items: Sequence[Append], *, wait: float | None = None) -> list[Recorded]:
-        """One transaction; ``wait`` = 0: raise JournalBusyError instead of waiting for a lock."""
+    def append_batch(
+        self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None
+    ) -> list[Recorded]:
+        """One transaction; ``wait`` = 0: raise JournalBusyError instead of waiting for a lock.
+        ``expect``: append only if the condition holds, else raise JournalConflict (see Expect)."""
         ...
+
+    def change_token(self) -> object:
+        """A cheap value that differs once anything was committed since it was taken (no blocking
+        I/O: SQLite's ``PRAGMA data_version``, PostgreSQL's LISTEN counter). See journal/watch.py."""
+        ...
+
+    def take_lease(self, name: str, holder: str, ttl: float) -> Lease | None: ...
+
+    def renew_lease(self, name: str, holder: str, ttl: float) -> Lease: ...
+
+    def release_lease(self, name: str, holder: str) -> bool: ...
+
+    def lease(self, name: str) -> Lease | None: ...
 
     def read(
         self,

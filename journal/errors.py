@@ -24,6 +24,11 @@
      │                                                          database): it is never modified
      ├── JournalTooNewError         code "journal_too_new"      written by a newer smgrl (format or
      │                                                          migrations this code does not know)
+     ├── JournalConflict            code "journal_conflict"     a conditional append found the position
+     │                                                          it was decided on moved: nothing was
+     │                                                          written; ``head`` says where to catch up to
+     ├── LeaseLost                  code "journal_lease_lost"   renewing or releasing a lease this holder
+     │                                                          no longer holds (expired and taken over)
      └── JournalLocked              code "journal_locked"       another gateway owns the file
                                                                 (``journal/lock.py``)
 
@@ -37,12 +42,14 @@ from __future__ import annotations
 __all__ = [
     "JournalBusyError",
     "JournalClosedError",
+    "JournalConflict",
     "JournalError",
     "JournalForeignError",
     "JournalFullError",
     "JournalReadOnlyError",
     "JournalTooNewError",
     "JournalWriteError",
+    "LeaseLost",
     "ProjectionError",
 ]
 
@@ -102,3 +109,33 @@ class JournalTooNewError(JournalError):
     does not know): this code does not write it."""
 
     code = "journal_too_new"
+
+
+class JournalConflict(JournalError):
+    """A conditional append (``append_batch(..., expect=...)``) found that events matching its
+    condition were appended after the position it was decided on: nothing was written.
+
+    ``head`` is the journal's head (seq) seen inside the refused transaction and ``seq`` the last
+    matching event's seq: read up to ``head``, decide again, append again.
+    """
+
+    code = "journal_conflict"
+
+    def __init__(self, message: str, *, head: int, seq: int) -> None:
+        super().__init__(message)
+        self.head = head
+        self.seq = seq
+
+    def __reduce__(self):  # pickles (crosses a process boundary) with its fields
+        return (_conflict, (str(self), self.head, self.seq))
+
+
+def _conflict(message: str, head: int, seq: int) -> JournalConflict:
+    return JournalConflict(message, head=head, seq=seq)
+
+
+class LeaseLost(JournalError):
+    """``renew``/``release`` of a lease this holder does not hold (any more): it expired and another
+    holder took it, or it was never taken. The duty it guarded must stop at once."""
+
+    code = "journal_lease_lost"

@@ -29,12 +29,15 @@ The content is one JSON object per holder, one per line, describing who holds it
 ``pid``, ``host``, ``port`` (``null`` until the gateway listens), ``since`` (UTC), ``version``.
 It is written right after the lock is taken and rewritten once the port is known.
 
-Modes. ``exclusive`` (``LOCK_EX``) is what ``smgrl launch`` takes today. ``shared`` (``LOCK_SH``)
-is the room left for several processes serving one journal together (``--workers N``): every
-process of such a group holds the lock shared and adds its own line; the kernel then refuses an
-exclusive launcher while any of them runs and refuses them while an exclusive owner runs. The group
-itself must still agree on who writes (one writer process, or SQLite's write lock per batch):
-the lock only keeps out processes that are not part of it.
+Modes. ``exclusive`` (``LOCK_EX``) is what a lone ``smgrl launch`` takes. ``shared`` (``LOCK_SH``)
+is for several processes serving one journal together (``--workers N``): every process of such a
+group declares the same ``group`` (an opaque token its supervisor chose, e.g. a uuid passed to
+each worker), holds the lock shared and adds its own line; the kernel then refuses an exclusive
+launcher while any of them runs and refuses them while an exclusive owner runs. A shared holder
+of ANOTHER group is refused too: after taking ``LOCK_SH`` it reads the lines (under the record
+lock that serializes rewrites), drops those of processes of this host that are dead (a SIGKILLed
+member leaves its line), and refuses when a live line names another group. Within a group,
+SQLite's write lock (``BEGIN IMMEDIATE`` per batch) serializes the appends: journal/store.py.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class Owner:
     port: int | None
     since: str
     version: str = ""
+    group: str = ""  # shared mode: the cooperating group's token ('' for exclusive)
 
     def describe(self) -> str:
         port = "not listening yet" if self.port is None else f"port {self.port}"
@@ -123,6 +127,7 @@ class Owner:
                 port=None if data.get("port") is None else int(data["port"]),
                 since=_printable(data["since"]),
                 version=_printable(data.get("version", "")),
+                group=_printable(data.get("group", "")),
             )
         except (ValueError, TypeError, KeyError):
             return None
@@ -160,6 +165,19 @@ def read_owners(path: str) -> list[Owner]:
     except OSError:
         return []
     return _parse(text)
+
+
+def _maybe_alive(owner: Owner) -> bool:
+    """False only for a process of this host that is known dead (its line is stale)."""
+    if owner.host != socket.gethostname():
+        return True
+    try:
+        os.kill(owner.pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, owned by someone else
+    return True
 
 
 def _parse(text: str) -> list[Owner]:
@@ -205,14 +223,24 @@ class JournalLock:
 
     @classmethod
     def acquire(
-        cls, journal_path: str, *, mode: str = "exclusive", port: int | None = None, version: str = ""
+        cls,
+        journal_path: str,
+        *,
+        mode: str = "exclusive",
+        port: int | None = None,
+        version: str = "",
+        group: str = "",
     ) -> JournalLock:
         """Take the lock without waiting; :class:`JournalLocked` when another process holds it.
 
-        ``OSError`` when the lock file cannot be created (missing directory, permissions).
+        ``mode="shared"`` needs ``group``: the token every process of one cooperating group
+        declares (a holder of another group is refused). ``OSError`` when the lock file cannot be
+        created (missing directory, permissions).
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
+        if (mode == "shared") != bool(group):
+            raise ValueError("a shared lock needs a group token, an exclusive one takes none")
         path = lock_path(journal_path)
         # 0600 like the journal; O_CLOEXEC (Python's default) so no child process inherits it.
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -232,11 +260,17 @@ class JournalLock:
             raise
         since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         owner = Owner(
-            mode=mode, pid=os.getpid(), host=socket.gethostname(), port=port, since=since, version=version
+            mode=mode,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            port=port,
+            since=since,
+            version=version,
+            group=group,
         )
         lock = cls(path, fd, owner, journal_fd, journal_path=os.fspath(journal_path), created=created)
         try:
-            lock._write()
+            lock._write(joining=True)
         except BaseException:
             lock.release()
             raise
@@ -247,7 +281,7 @@ class JournalLock:
         self.owner = attrs.evolve(self.owner, **changes)
         self._write()
 
-    def _write(self) -> None:
+    def _write(self, *, joining: bool = False) -> None:
         fd = self._require_fd()
         line = self.owner.to_json() + "\n"
         if self.owner.mode == "exclusive":
@@ -267,11 +301,15 @@ class JournalLock:
             # Read through our own descriptor: opening and closing the file again would drop this
             # process's record lock (the POSIX rule above).
             text = os.pread(fd, _MAX_RECORD_BYTES, 0).decode("utf-8", "replace")
-            lines = [
-                o.to_json() + "\n"
+            others = [
+                o
                 for o in _parse(text)
-                if (o.pid, o.host) != (self.owner.pid, self.owner.host)
+                if (o.pid, o.host) != (self.owner.pid, self.owner.host) and _maybe_alive(o)
             ]
+            foreign = [o for o in others if o.group != self.owner.group]
+            if joining and foreign:
+                raise JournalLocked(self.path.removesuffix(".lock"), foreign)
+            lines = [o.to_json() + "\n" for o in others]
             data = "".join([*lines, line]).encode()
             os.pwrite(fd, data, 0)
             os.ftruncate(fd, len(data))

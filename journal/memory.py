@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
+from . import lease as leases
 from ._chain import (
     EMPTY_HEAD,
     GENESIS,
@@ -28,8 +29,8 @@ from ._chain import (
     snapshot_hash,
     verify_journal,
 )
-from .base import Append, RawRow, type_names
-from .errors import JournalReadOnlyError
+from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
+from .errors import JournalConflict, JournalReadOnlyError
 from .events import ControlStarted, Event, Recorded, decode
 from .retention import DEFAULT as DEFAULT_RETENTION
 from .retention import Retention
@@ -48,9 +49,11 @@ class MemoryStore:
         self._readonly = False
         self._lock = threading.Lock()  # the writer calls us from a worker thread
         self._rows: list[Row] = []
-        self._secrets: dict[str, tuple[str, int]] = {}
+        self._secrets: dict[str, tuple[str | None, int]] = {}  # None: deleted (a tombstone)
         self._snapshots: list[tuple[int, str, int, float, str, str]] = []  # id, kind, upto, ts, state, hash
         self._meta: dict[str, Any] = {"high_water": EMPTY_HEAD, "bodies_compacted_before": 0}
+        self._leases: dict[str, Lease] = {}
+        self._changes = [0]  # commits so far (a list: shared with read-only views)
 
     def _readonly_view(self) -> MemoryStore:
         """A read-only store over the same data (what ``SqliteStore.open(readonly=True)`` is to a file)."""
@@ -58,6 +61,7 @@ class MemoryStore:
         view._readonly = True
         view._lock, view._rows, view._secrets = self._lock, self._rows, self._secrets
         view._snapshots, view._meta = self._snapshots, self._meta
+        view._leases, view._changes = self._leases, self._changes
         return view
 
     @property
@@ -85,21 +89,73 @@ class MemoryStore:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def append_batch(self, items: Sequence[Append], *, wait: float | None = None) -> list[Recorded]:
+    def change_token(self) -> int:
+        return self._changes[0]
+
+    def append_batch(
+        self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None
+    ) -> list[Recorded]:
         # ``wait`` (how long to wait for another writer's lock) means nothing here: one process.
         if not items:
             return []
         self._check_writable()
         with self._lock:
-            rows, recorded, secret_ops = build_batch(items, self._head(), self._clock())
+            head = self._head()
+            if expect is not None:
+                self._check_expect(expect, head.seq)
+            rows, recorded, secret_ops = build_batch(items, head, self._clock())
             self._rows.extend(rows)
             for worker_id, api_key, seq in secret_ops:
-                if api_key is None:
-                    self._secrets.pop(worker_id, None)
-                else:
-                    self._secrets[worker_id] = (api_key, seq)
+                self._secrets[worker_id] = (api_key, seq)
             self._meta["high_water"] = Head(recorded[-1].seq, recorded[-1].ts, recorded[-1].hash)
+            self._changes[0] += 1
         return recorded
+
+    def _check_expect(self, expect: Expect, head: int) -> None:
+        last = None
+        types = None if expect.types is None else frozenset(expect.types)
+        streams = None if expect.streams is None else frozenset(expect.streams)
+        for row in reversed(self._rows):
+            if row[0] <= expect.after:
+                break
+            if (types is None or row[3] in types) and (streams is None or row[2] in streams):
+                last = row[0]
+                break
+        problem = expect_problem(expect, head, last)
+        if problem is not None:
+            raise JournalConflict(problem, head=head, seq=last or head)
+
+    # -- leases (journal/lease.py) ------------------------------------------------------------------
+
+    def take_lease(self, name: str, holder: str, ttl: float) -> Lease | None:
+        leases.check_args(name, holder, ttl)
+        self._check_writable()
+        with self._lock:
+            new = leases.taken(self._leases.get(name), name, holder, self._clock(), ttl)
+            if new is not None:
+                self._leases[name] = new
+        return new
+
+    def renew_lease(self, name: str, holder: str, ttl: float) -> Lease:
+        leases.check_args(name, holder, ttl)
+        self._check_writable()
+        with self._lock:
+            new = leases.renewed(self._leases.get(name), name, holder, self._clock(), ttl)
+            self._leases[name] = new
+        return new
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        leases.check_args(name, holder)
+        self._check_writable()
+        with self._lock:
+            new = leases.released(self._leases.get(name), holder)
+            if new is not None:
+                self._leases[name] = new
+        return new is not None
+
+    def lease(self, name: str) -> Lease | None:
+        with self._lock:
+            return self._leases.get(name)
 
     def save_snapshot(
         self, kind: str, upto_seq: int, state_json: str, *, retention: Retention = DEFAULT_RETENTION
@@ -136,6 +192,7 @@ class MemoryStore:
                 i = index[seq]
                 self._rows[i] = (*self._rows[i][:5], payload, *self._rows[i][6:])  # type: ignore[assignment]
             self._meta["bodies_compacted_before"] = stop
+            self._changes[0] += 1
             return len(updates)
 
     # -- reading ----------------------------------------------------------------------------------
@@ -169,7 +226,11 @@ class MemoryStore:
 
     def secrets(self) -> dict[str, str]:
         with self._lock:
-            return {worker_id: key for worker_id, (key, _seq) in sorted(self._secrets.items())}
+            return {w: key for w, (key, _seq) in sorted(self._secrets.items()) if key is not None}
+
+    def secret_changes(self, after_seq: int, until_seq: int) -> dict[str, str | None]:
+        with self._lock:
+            return {w: key for w, (key, seq) in self._secrets.items() if after_seq < seq <= until_seq}
 
     def get_secret(self, worker_id: str) -> str | None:
         with self._lock:

@@ -6,6 +6,8 @@ Schema (created by ``sqlite_utils.Migrations`` set ``smgrl.journal``; see ``jour
            payload TEXT (canonical JSON), prev_hash TEXT, hash TEXT)
         indexes: (stream, seq), (type, seq), (ts)
     secrets(worker_id TEXT PRIMARY KEY, api_key TEXT NOT NULL, seq INTEGER -> events.seq)
+        api_key '' is a deleted key (a tombstone with the deleting event's seq, so that processes
+        following the journal learn of deletions too: ``secret_changes``)
         worker API keys; never in a payload, never exported, never printed
     snapshots(id INTEGER PRIMARY KEY, kind TEXT, upto_seq INTEGER, ts REAL, state TEXT (JSON), hash TEXT)
         index: (kind, upto_seq)
@@ -13,6 +15,15 @@ Schema (created by ``sqlite_utils.Migrations`` set ``smgrl.journal``; see ``jour
         journal_id, created_at, format_version, and three keys maintained with every write:
         high_water_seq / high_water_hash (the head, written in the same transaction as each batch)
         and bodies_compacted_before (see compaction)
+    leases(name TEXT PRIMARY KEY, holder TEXT, expires REAL, epoch INTEGER)
+        duties that run in one process of several (journal/lease.py)
+
+Several writers. Every write is one ``BEGIN IMMEDIATE`` transaction that reads the chain head
+inside it, so processes appending to one file at once keep one gapless chain (SQLite serializes
+the transactions). ``append_batch(expect=...)`` appends only if the position a decision was made
+on still holds (``JournalConflict`` otherwise); ``change_token()`` (``PRAGMA data_version`` on a
+connection of its own) tells a tail cheaply that another connection committed. See
+docs/journal.md, "Several writers".
 
 Durability. WAL mode with ``synchronous=NORMAL`` (the default): a committed batch survives a crash
 or SIGKILL of the gateway process, because it is in the WAL file that the OS already holds. On power
@@ -82,6 +93,7 @@ from typing import Any, Self
 
 import sqlite_utils
 
+from . import lease as leases
 from ._chain import (
     EMPTY_HEAD,
     GENESIS,
@@ -95,9 +107,10 @@ from ._chain import (
     verify_journal,
 )
 from ._schema import FORMAT_VERSION, MIGRATION_NAMES, MIGRATIONS
-from .base import Append, RawRow, type_names
+from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
 from .errors import (
     JournalBusyError,
+    JournalConflict,
     JournalError,
     JournalForeignError,
     JournalReadOnlyError,
@@ -162,6 +175,8 @@ class SqliteStore:
         self._busy_now = busy_ms  # the connection's busy_timeout right now
         self._wal_size_limit = WAL_SIZE_LIMIT
         self._clock = time.time  # commit timestamps; tests substitute a fake clock
+        self._watch: sqlite3.Connection | None = None  # change_token()'s own connection
+        self._watch_lock = threading.Lock()
 
     # -- opening ----------------------------------------------------------------------------------
 
@@ -255,6 +270,10 @@ class SqliteStore:
             return 0
 
     def close(self) -> None:
+        with self._watch_lock:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
         with self._lock:
             if not self._readonly:
                 # Leave a self-contained file: move the WAL into it. SQLite only does this when the
@@ -263,6 +282,17 @@ class SqliteStore:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.close()
+
+    def change_token(self) -> int:
+        """``PRAGMA data_version`` of a connection used for nothing else: it changes whenever any
+        other connection (this store's own included) committed since the last call. Microseconds,
+        no lock wait: safe to poll from the event loop (journal/watch.py)."""
+        with self._watch_lock:
+            if self._watch is None:
+                uri = pathlib.Path(self.path).resolve().as_uri() + "?mode=ro"
+                self._watch = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            # fetchall: the statement is finished, so no read snapshot stays open on this connection.
+            return self._watch.execute("PRAGMA data_version").fetchall()[0][0]
 
     def __enter__(self) -> Self:
         return self
@@ -324,34 +354,89 @@ class SqliteStore:
         row = conn.execute("SELECT seq, ts, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         return Head(*row) if row else EMPTY_HEAD
 
-    def append_batch(self, items: Sequence[Append], *, wait: float | None = None) -> list[Recorded]:
+    def append_batch(
+        self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None
+    ) -> list[Recorded]:
         """Append ``items`` in ONE transaction: consecutive seqs, chained hashes, one commit ts.
 
         Either every item is committed (and its secrets written) or none is. ``wait``: how long to
         wait for another connection's write lock, in seconds (None: ``busy_timeout_ms``; 0: raise
         JournalBusyError at once, without waiting, as the writer's inline path needs).
+        ``expect``: append only if no event matching it was appended after ``expect.after``
+        (JournalConflict otherwise, nothing written; see ``base.Expect``).
         """
         if not items:
             return []
         with self._write(wait) as conn:
             # The head is read inside the write transaction rather than cached: another process
-            # (the CLI) may have written since, and a failed batch must leave no trace in memory.
-            rows, recorded, secret_ops = build_batch(items, self._head(conn), self._clock())
+            # (another gateway process, the CLI) may have written since, and a failed batch must
+            # leave no trace in memory. BEGIN IMMEDIATE holds the write lock from here to COMMIT,
+            # so nobody appends between this read and our rows.
+            head = self._head(conn)
+            if expect is not None:
+                _check_expect(conn, expect, head.seq)
+            rows, recorded, secret_ops = build_batch(items, head, self._clock())
             _insert_events(conn, rows)
             for worker_id, api_key, seq in secret_ops:
-                if api_key is None:
-                    conn.execute("DELETE FROM secrets WHERE worker_id = ?", (worker_id,))
-                else:
-                    conn.execute(
-                        "INSERT INTO secrets (worker_id, api_key, seq) VALUES (?, ?, ?) ON CONFLICT (worker_id)"
-                        " DO UPDATE SET api_key = excluded.api_key, seq = excluded.seq",
-                        (worker_id, api_key, seq),
-                    )
+                # A deletion leaves a tombstone ('') carrying its seq: see secret_changes().
+                conn.execute(
+                    "INSERT INTO secrets (worker_id, api_key, seq) VALUES (?, ?, ?) ON CONFLICT (worker_id)"
+                    " DO UPDATE SET api_key = excluded.api_key, seq = excluded.seq",
+                    (worker_id, api_key or "", seq),
+                )
             last = recorded[-1]
             conn.executemany(
                 _UPSERT_META, [("high_water_seq", str(last.seq)), ("high_water_hash", last.hash)]
             )
         return recorded
+
+    # -- leases (journal/lease.py) ----------------------------------------------------------------
+
+    @staticmethod
+    def _lease_row(conn: sqlite3.Connection, name: str) -> Lease | None:
+        row = conn.execute(
+            "SELECT name, holder, expires, epoch FROM leases WHERE name = ?", (name,)
+        ).fetchone()
+        return Lease(*row) if row else None
+
+    @staticmethod
+    def _put_lease(conn: sqlite3.Connection, lease: Lease) -> None:
+        conn.execute(
+            "INSERT INTO leases (name, holder, expires, epoch) VALUES (?, ?, ?, ?) ON CONFLICT (name)"
+            " DO UPDATE SET holder = excluded.holder, expires = excluded.expires, epoch = excluded.epoch",
+            (lease.name, lease.holder, lease.expires, lease.epoch),
+        )
+
+    def take_lease(self, name: str, holder: str, ttl: float) -> Lease | None:
+        """Take (or renew) lease ``name`` for ``ttl`` seconds; None while another holder has it."""
+        leases.check_args(name, holder, ttl)
+        with self._write() as conn:
+            new = leases.taken(self._lease_row(conn, name), name, holder, self._clock(), ttl)
+            if new is not None:
+                self._put_lease(conn, new)
+        return new
+
+    def renew_lease(self, name: str, holder: str, ttl: float) -> Lease:
+        """Extend a held lease to now + ``ttl``; LeaseLost if ``holder`` no longer holds it."""
+        leases.check_args(name, holder, ttl)
+        with self._write() as conn:
+            new = leases.renewed(self._lease_row(conn, name), name, holder, self._clock(), ttl)
+            self._put_lease(conn, new)
+        return new
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        """Give a held lease up at once; False if ``holder`` did not hold it."""
+        leases.check_args(name, holder)
+        with self._write() as conn:
+            new = leases.released(self._lease_row(conn, name), holder)
+            if new is not None:
+                self._put_lease(conn, new)
+        return new is not None
+
+    def lease(self, name: str) -> Lease | None:
+        """The lease row as stored (an expired or released one included)."""
+        rows = self._query("SELECT name, holder, expires, epoch FROM leases WHERE name = ?", (name,))
+        return Lease(*rows[0]) if rows else None
 
     def save_snapshot(
         self, kind: str, upto_seq: int, state_json: str, *, retention: Retention = DEFAULT_RETENTION
@@ -444,11 +529,21 @@ class SqliteStore:
         return self._query("SELECT count(*) FROM events")[0][0]
 
     def secrets(self) -> dict[str, str]:
-        return dict(self._query("SELECT worker_id, api_key FROM secrets ORDER BY worker_id"))
+        return dict(
+            self._query("SELECT worker_id, api_key FROM secrets WHERE api_key != '' ORDER BY worker_id")
+        )
 
     def get_secret(self, worker_id: str) -> str | None:
         rows = self._query("SELECT api_key FROM secrets WHERE worker_id = ?", (worker_id,))
-        return rows[0][0] if rows else None
+        return (rows[0][0] or None) if rows else None
+
+    def secret_changes(self, after_seq: int, until_seq: int) -> dict[str, str | None]:
+        """The keys set (or deleted: None) by the events ``after_seq < seq <= until_seq`` and not
+        changed since: what a process following the others' appends applies to its key ring."""
+        rows = self._query(
+            "SELECT worker_id, api_key FROM secrets WHERE seq > ? AND seq <= ?", (after_seq, until_seq)
+        )
+        return {worker_id: key or None for worker_id, key in rows}
 
     def _pages(
         self, columns: str, after_seq: int, where: str, params: Sequence[Any], limit: int | None
@@ -672,6 +767,19 @@ def _check_identity(
             f"{path} is an smgrl journal written by an older smgrl (migrations {pending} not applied):"
             " start the gateway on it once to upgrade it"
         )
+
+
+def _check_expect(conn: sqlite3.Connection, expect: Expect, head: int) -> None:
+    where, params = _filters(list(expect.types) if expect.types is not None else None, None, None)
+    if expect.streams is not None:
+        where += f" AND stream IN ({', '.join('?' * len(expect.streams))})" if expect.streams else " AND 0"
+        params.extend(expect.streams)
+    last = conn.execute(
+        f"SELECT max(seq) FROM events WHERE seq > ?{where}", (expect.after, *params)
+    ).fetchone()[0]
+    problem = expect_problem(expect, head, last)
+    if problem is not None:
+        raise JournalConflict(problem, head=head, seq=last or head)
 
 
 _INSERT_CHUNK = 128  # rows per multi-row INSERT (8 variables each, far below SQLite's limit)

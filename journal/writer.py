@@ -51,10 +51,11 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import trio
 
-from .base import Append, EventStore
+from .base import Append, EventStore, Expect
 from .errors import (
     JournalBusyError,
     JournalClosedError,
+    JournalConflict,
     JournalFullError,
     JournalWriteError,
     ProjectionError,
@@ -75,6 +76,7 @@ class _Batch:
     items: list[Append] = attrs.Factory(list)
     created: float = attrs.Factory(trio.current_time)  # when its first event arrived
     sealed: bool = False  # an append_many group: nothing else joins it
+    expect: Expect | None = None  # an append_if group: committed only if this holds
     done: trio.Event = attrs.Factory(trio.Event)
     recorded: list[Recorded] | None = None
     error: BaseException | None = None
@@ -102,6 +104,10 @@ class Pending:
 
 
 def _result(batch: _Batch, index: int) -> Recorded:
+    if isinstance(batch.error, JournalConflict):
+        # Not a failure of the journal: the caller's decision is stale. Fresh instance per waiter.
+        err = batch.error
+        raise JournalConflict(str(err), head=err.head, seq=err.seq) from None
     if batch.error is not None:
         # A fresh exception per waiter: one shared instance would have its traceback rewritten by
         # every task that raises it.
@@ -162,6 +168,11 @@ class JournalWriter:
         self._limiter = trio.CapacityLimiter(1)
         self.commits = 0  # transactions committed (tests and benchmarks count them per operation)
         self.lock_waits = 0  # batches handed to the thread because the write lock was taken
+        # Several writers (docs/journal.md, "Several writers"): None while this process is the
+        # journal's only writer. Set it to the seq the projections were restored to before run()
+        # when other processes append too: on_commit then receives EVERY event in seq order (the
+        # others' included, read from the store), and ``position`` is the last seq it received.
+        self.position: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -234,6 +245,31 @@ class JournalWriter:
         await batch.done.wait()  # enqueued: written even if this wait is cancelled (see append)
         return [_result(batch, first + i) for i in range(len(appends))]
 
+    async def append_if(
+        self, expect: Expect, items: Sequence[tuple[str, Event | UnknownEvent]]
+    ) -> list[Recorded]:
+        """Append ``items`` in ONE transaction only if ``expect`` still holds when it commits
+        (optimistic concurrency across processes: see ``base.Expect``); wait until durable.
+
+        Raises JournalConflict (nothing written) when events matching ``expect`` were appended
+        after ``expect.after``, by any process - this one's own queued appends included, which
+        commit first. The caller catches up to ``conflict.head`` and decides again. Only this
+        group fails on a conflict: it is never batched with other appends. Cancellation as for
+        ``append``.
+        """
+        appends = [Append(stream, event) for stream, event in items]
+        if not appends:
+            raise ValueError("append_if needs at least one event")
+        await self._wait_for_room()
+        self._check_open()
+        batch = _Batch(items=appends, sealed=True, expect=expect)
+        self._queue.append(batch)
+        self._queued += len(appends)
+        if self._wakeup:
+            self._wakeup.unpark()
+        await batch.done.wait()  # enqueued: written (or refused) even if this wait is cancelled
+        return [_result(batch, i) for i in range(len(appends))]
+
     async def _wait_for_room(self) -> None:
         # Cancellation point *before* anything is enqueued: a caller that is already cancelled gets
         # Cancelled and its event is not written, so "cancelled on entry" means "did not happen".
@@ -275,7 +311,7 @@ class JournalWriter:
             await trio.lowlevel.checkpoint()
             return
         await target.done.wait()
-        if target.error is not None:
+        if target.error is not None and not isinstance(target.error, JournalConflict):
             raise JournalWriteError(f"journal write failed: {target.error}") from target.error
 
     # -- the writer task --------------------------------------------------------------------------
@@ -328,6 +364,11 @@ class JournalWriter:
             self._queue.appendleft(batch)
             self._queued += len(batch.items)
             raise
+        except JournalConflict as exc:
+            # A conditional group whose condition no longer held: refused, nothing written; only
+            # its own caller hears of it (it is not a journal failure, so no error log).
+            logger.debug("conditional append refused: %s", exc)
+            batch.error = exc
         except Exception as exc:  # noqa: BLE001 - whatever the store raised belongs to the waiters
             # Disk full, read-only file, I/O error, the lock held past lock_wait_secs: the store
             # rolled the transaction back, so this batch left no trace and the next one starts
@@ -337,8 +378,9 @@ class JournalWriter:
             batch.error = exc
         else:
             self.commits += 1
+            (gap, gap_secrets), recorded = recorded
             batch.recorded = recorded
-            self._apply(batch, recorded)
+            self._apply(batch, recorded, gap, gap_secrets)
         self._inflight = None
         batch.done.set()
         if self._failed is None and self._inline and batch.error is None:
@@ -347,12 +389,15 @@ class JournalWriter:
                 self._since_checkpoint = 0
                 await self._checkpoint()
 
-    async def _commit(self, batch: _Batch) -> list[Recorded]:
+    async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
+        """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
+        events other processes appended between ``position`` and the batch with the keys they
+        set, read right after the commit."""
         if self._inline:
             # No await between taking the batch and committing it: nothing can interleave, and a
             # cancellation cannot land half-way. wait=0: never block the event loop on a lock.
             try:
-                return self._store.append_batch(batch.items, wait=0)
+                return self._append_and_gap(batch, 0)
             except JournalBusyError:
                 self.lock_waits += 1  # somebody else holds the lock: wait for it in the thread
         # Thread hop: SQLite blocks (fsync with synchronous=FULL, waiting for the write lock), so it
@@ -362,20 +407,71 @@ class JournalWriter:
         # waiters without an answer. So cancellation waits for it.
         wait = max(0.0, self._lock_wait - (trio.current_time() - batch.created))
         return await trio.to_thread.run_sync(
-            lambda: self._store.append_batch(batch.items, wait=wait),
+            lambda: self._append_and_gap(batch, wait),
             limiter=self._limiter,
             abandon_on_cancel=False,
         )
 
-    def _apply(self, batch: _Batch, recorded: list[Recorded]) -> None:
+    def _append_and_gap(
+        self, batch: _Batch, wait: float
+    ) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
+        if batch.expect is None:
+            # Stores written before conditional appends existed take no ``expect`` keyword.
+            recorded = self._store.append_batch(batch.items, wait=wait)
+        else:
+            recorded = self._store.append_batch(batch.items, wait=wait, expect=batch.expect)
+        gap: list[Recorded] = []
+        gap_secrets: dict[str, str | None] = {}
+        position = self.position
+        if position is not None and recorded[0].seq > position + 1:
+            # Others appended since our projections' position: read them now, in the same thread
+            # hop as the commit (a network round trip for PostgreSQL), so they are applied first.
+            gap = list(self._store.read(after_seq=position, until_seq=recorded[0].seq - 1))
+            gap_secrets = self._foreign_secrets(position, recorded[0].seq - 1)
+        return (gap, gap_secrets), recorded
+
+    def _foreign_secrets(self, after: int, until: int) -> dict[str, str | None]:
+        """The keys other processes' events in (after, until] set or deleted (their Appends
+        never passed through this writer)."""
+        changes = getattr(self._store, "secret_changes", None)
+        return changes(after, until) if changes is not None else {}
+
+    def _in_order(self, records: list[Recorded]) -> list[Recorded]:
+        """Several writers: ``records`` trimmed to what follows ``position``, without a hole."""
+        position = self.position
+        if position is None:
+            return records
+        records = [r for r in records if r.seq > position]
+        if records and records[0].seq != position + 1:
+            # A hole: a catch_up() applied a newer range while this batch's gap was read in the
+            # thread (the two take turns on the store, not on the projections). Rare; filled with
+            # a synchronous read, on the event loop, rather than applying out of order.
+            hole = list(self._store.read(after_seq=position, until_seq=records[0].seq - 1))
+            secrets = self._foreign_secrets(position, records[0].seq - 1)
+            if secrets and self.on_secrets is not None:
+                self.on_secrets(secrets)
+            records = hole + records
+        if records:
+            self.position = records[-1].seq
+        return records
+
+    def _apply(
+        self,
+        batch: _Batch,
+        recorded: list[Recorded],
+        gap: Sequence[Recorded] = (),
+        gap_secrets: Mapping[str, str | None] | None = None,
+    ) -> None:
         """Feed the committed batch to memory (secrets, then projections), or fail stop."""
         try:
             if self.on_secrets is not None:
-                changes = {wid: key for item in batch.items for wid, key in item.secrets.items()}
+                own = {wid: key for item in batch.items for wid, key in item.secrets.items()}
+                changes = {**(gap_secrets or {}), **own}  # the batch comes after the gap
                 if changes:
                     self.on_secrets(changes)
-            if self.on_commit is not None:
-                self.on_commit(recorded)
+            records = self._in_order([*gap, *recorded])
+            if self.on_commit is not None and records:
+                self.on_commit(records)
         except Exception as exc:
             # The events ARE committed but memory missed (part of) them: serving on would answer
             # from state the journal contradicts. Stop: appenders get an error, run() raises.
@@ -389,6 +485,63 @@ class JournalWriter:
                 f"applying journal events {recorded[0].seq}-{recorded[-1].seq} to memory failed: {exc!r}"
             )
             batch.error = self._failed
+
+    # -- several writers: following the others -----------------------------------------------------
+
+    async def catch_up(self) -> int:
+        """Several writers: feed ``on_commit`` what other processes appended after ``position``
+        (in seq order, after anything this writer already fed); return how many events.
+
+        Read on the event loop for a local store (``commits_are_cheap``: SQLite WAL, memory), in
+        the writer's thread otherwise (PostgreSQL). A failure to apply is the writer's fail-stop.
+        """
+        if self.position is None:
+            raise RuntimeError("catch_up() needs writer.position (several writers)")
+        if self._failed is not None:
+            raise self._failed
+        after = self.position
+
+        def read() -> tuple[list[Recorded], dict[str, str | None]]:
+            records = list(self._store.read(after_seq=after))
+            return records, (self._foreign_secrets(after, records[-1].seq) if records else {})
+
+        if self._inline:
+            records, secrets = read()
+        else:
+            # abandon_on_cancel=False: the thread holds the store's lock until the read ends.
+            records, secrets = await trio.to_thread.run_sync(
+                read, limiter=self._limiter, abandon_on_cancel=False
+            )
+        if records:
+            try:
+                if secrets and self.on_secrets is not None:
+                    self.on_secrets(secrets)  # idempotent: a key may arrive twice
+                records = self._in_order(records)
+                if records and self.on_commit is not None:
+                    self.on_commit(records)
+            except Exception as exc:
+                logger.critical(
+                    "applying journal events %d-%d to memory failed; stopping",
+                    records[0].seq,
+                    records[-1].seq,
+                    exc_info=True,
+                )
+                self._failed = ProjectionError(
+                    f"applying journal events {records[0].seq}-{records[-1].seq} to memory failed: {exc!r}"
+                )
+                self._wakeup.unpark_all()  # run() raises it (the gateway stops)
+                raise self._failed from exc
+        return len(records)
+
+    async def follow(self, watcher, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Several writers: the tail task. Calls ``catch_up()`` whenever ``watcher`` (a
+        journal.watch.ChangeWatcher on this store) reports a commit; runs until cancelled."""
+        token = self._store.change_token()
+        await self.catch_up()  # what was appended before the token was taken
+        task_status.started()
+        while True:
+            token = await watcher.wait(token)
+            await self.catch_up()
 
     async def _checkpoint(self) -> None:
         # The fsyncing part of WAL mode, off the event loop. Appends arriving meanwhile queue up

@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     default=DEFAULT_JOURNAL,
     show_default=True,
     envvar="SMGRL_JOURNAL",
-    help="The SQLite journal file (env SMGRL_JOURNAL).",
+    help="The SQLite journal file, or a postgresql:// URL (env SMGRL_JOURNAL).",
 )
 @click.option(
     "--journal-lock-wait-secs",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 
+from journal.postgres import redact_url
 from smgrl.core.worker import reaches_listener, self_registration, worker_url_problem
 from smgrl.errors import ConfigError
 
@@ -196,7 +197,7 @@ class Config:
                 {"id": k.id, "name": k.name, "role": k.role} for k in self.control_plane_keys
             ],
             "tenant_keys": [k.tenant for k in self.tenant_keys],
-            "journal": self.journal,
+            "journal": redact_url(self.journal),  # a postgresql:// URL without its password
             "journal_lock_wait_secs": self.journal_lock_wait_secs,
             "audit": self.audit,
             "audit_interval_secs": self.audit_interval_secs,

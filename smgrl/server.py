@@ -41,7 +41,16 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from journal import JournalError, JournalLock, JournalWriter, MemoryStore, SqliteStore
+from journal import (
+    JournalError,
+    JournalLock,
+    JournalWriter,
+    MemoryStore,
+    PgStore,
+    SqliteStore,
+    describe,
+    is_postgres_url,
+)
 from smgrl import __version__, hypercorn_patches
 from smgrl.api.metrics_server import serve_metrics
 from smgrl.app import create_app
@@ -111,7 +120,8 @@ async def serve(
     with contextlib.ExitStack() as resources:
         own_store = store is None
         lock = None
-        if own_store and cfg.journal != ":memory:":
+        # A PostgreSQL journal has no lock file (its writers share it: docs/journal.md).
+        if own_store and cfg.journal != ":memory:" and not is_postgres_url(cfg.journal):
             lock = resources.enter_context(own_journal(cfg.journal))
         hc = hypercorn_config(cfg)
         sockets = bind_http(hc, cfg)
@@ -154,7 +164,7 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
             log_event(
                 log,
                 "journal replayed",
-                path=cfg.journal,
+                path=describe(cfg.journal),  # a URL's password never reaches a log line
                 events=restored.replayed,
                 snapshot_seq=restored.snapshot_seq,
                 head=restored.head,
@@ -300,8 +310,18 @@ def own_journal(path: str):
         lock.release()
 
 
-def open_journal(path: str) -> SqliteStore:
-    """``SqliteStore.open`` with every failure as one StartupError line naming the path."""
+def open_journal(path: str):
+    """``SqliteStore.open`` (``PgStore.open`` for a postgresql:// URL) with every failure as one
+    StartupError line naming the path (a URL without its password)."""
+    if is_postgres_url(path):
+        try:
+            return PgStore.open(path)
+        except ImportError:
+            raise StartupError(
+                "a postgresql:// journal needs psycopg: pip install 'psycopg[binary]'"
+            ) from None
+        except (JournalError, ValueError) as exc:  # unreachable server, foreign schema, bad schema=
+            raise StartupError(_scrub_url(str(exc), path)) from None
     if os.path.isdir(path):
         raise StartupError(f"--journal {path} is a directory, not a journal file")
     try:
@@ -312,6 +332,11 @@ def open_journal(path: str) -> SqliteStore:
         raise StartupError(f"cannot open the journal {path}: {exc}") from None
     except OSError as exc:
         raise StartupError(_journal_os_error(path, exc)) from None
+
+
+def _scrub_url(text: str, url: str) -> str:
+    """Belt and braces: the stores already scrub the password; never let it through here either."""
+    return text.replace(url, describe(url))
 
 
 def _journal_os_error(path: str, exc: OSError) -> str:

@@ -201,12 +201,12 @@ def stats(ctx: Ctx) -> None:
         counts = sqlview.type_counts(conn)
         bounds = sqlview.bounds(conn)
         snaps = sqlview.snapshots(conn)
-    sizes = sqlview.file_sizes(ctx.path)
+    sizes = {} if ctx.url else sqlview.file_sizes(ctx.path)  # PostgreSQL: no file of ours
     public_meta = {
         k: meta.get(k) for k in ("journal_id", "created_at", "format_version", "bodies_compacted_before")
     }
     out = {
-        "path": ctx.path,
+        "path": ctx.label,
         "events": sum(counts.values()),
         **bounds,
         "first_time": fmt_ts(bounds["first_ts"]),
@@ -222,7 +222,7 @@ def stats(ctx: Ctx) -> None:
         return
     total = sum(sizes.values())
     # One fact per line, so the report fits 80 columns (the path is the caller's own).
-    click.echo(f"journal {ctx.path}")
+    click.echo(f"journal {ctx.label}")
     click.echo(f"  {total / 1e6:.1f} MB: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
     click.echo(f"  id {public_meta['journal_id']}, format {public_meta['format_version']}")
     click.echo(f"  created {public_meta['created_at']}")

@@ -1,6 +1,8 @@
 """The ``smgrl journal`` click group: options shared by every subcommand, opening the file, errors.
 
-Every subcommand reads the SQLite file directly through a read-only store (safe while the
+A ``postgresql://`` URL works wherever a path does: the subcommands read an SQLite copy of it
+(``pgmirror.py`` says why and how) and write to PostgreSQL itself; the URL is shown without its
+password. Every subcommand reads the SQLite file directly through a read-only store (safe while the
 gateway appends: WAL readers never block the writer), except ``replay --snapshot`` and
 ``compact``, which open it read-write after checking it is a journal (a read-write open of any
 other SQLite file would migrate it). Nothing here ever reads the ``secrets`` table.
@@ -24,7 +26,7 @@ from typing import Any
 import attrs
 import click
 
-from journal import JournalError, SqliteStore
+from journal import JournalError, SqliteStore, describe, is_postgres_url
 from smgrl.config import DEFAULT_JOURNAL
 from smgrl.journal_cli.render import SafeOutput, json_text, output, terminal_width
 from smgrl.journal_cli.values import BadValue
@@ -60,6 +62,24 @@ class Ctx:
     wide: bool = False
     width: int | None = None
     now: float = attrs.field(factory=time.time)
+    url: str | None = None  # a postgresql:// journal: ``path`` is then its SQLite copy
+    _copy: contextlib.ExitStack = attrs.field(factory=contextlib.ExitStack)
+
+    @property
+    def label(self) -> str:
+        """The journal as shown to the user (a URL without its password)."""
+        return describe(self.url) if self.url else self.path
+
+    def use(self, target: str) -> None:
+        """Read ``target``: a path, or a postgresql:// URL copied to a temporary SQLite file."""
+        self._copy.close()
+        self.url = None
+        if not is_postgres_url(target):
+            self.path = target
+            return
+        self.url = target
+        self.path = self._copy.enter_context(_pg_copy(target))
+        click.get_current_context().call_on_close(self._copy.close)
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[SqliteStore]:
@@ -71,6 +91,11 @@ class Ctx:
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[SqliteStore]:
+        if self.url is not None:
+            with self.reader() as copy, _pg_writer(self.url) as store:
+                yield _PgWrites(copy, store)  # type: ignore[misc]
+            self.use(self.url)  # the copy follows what was written
+            return
         open_readonly(self.path).close()  # proves it is a journal before a read-write open
         try:
             store = SqliteStore.open(self.path, busy_timeout_ms=30_000)
@@ -83,6 +108,60 @@ class Ctx:
 
     def emit(self, obj: object, *, lines: bool = False) -> None:
         click.echo(json_text(obj, lines=lines))
+
+
+@contextlib.contextmanager
+def _pg_copy(url: str) -> Iterator[str]:
+    from smgrl.journal_cli import pgmirror
+
+    try:
+        copy = pgmirror.temporary_copy(url)
+        path = copy.__enter__()
+    except ImportError:
+        raise CliError(
+            "a postgresql:// journal needs psycopg: pip install 'psycopg[binary]'", EXIT_NOT_JOURNAL
+        ) from None
+    except JournalError as exc:  # unreachable, not a journal: the message has no password
+        raise CliError(str(exc), EXIT_NOT_JOURNAL) from None
+    try:
+        yield path
+    finally:
+        copy.__exit__(None, None, None)
+
+
+class _PgWrites:
+    """A PostgreSQL journal for a writing command: it reads the copy (consistent with what the
+    command read so far, and what ``path`` names) and writes to PostgreSQL itself."""
+
+    def __init__(self, copy: SqliteStore, store: Any) -> None:
+        self._copy = copy
+        self._store = store
+
+    def save_snapshot(self, *args: Any, **kwargs: Any) -> list[int]:
+        return self._store.save_snapshot(*args, **kwargs)
+
+    def compact_bodies(self, before_seq: int) -> int:
+        return self._store.compact_bodies(before_seq)
+
+    def meta(self) -> dict[str, str]:
+        return self._store.meta()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._copy, name)
+
+
+@contextlib.contextmanager
+def _pg_writer(url: str):
+    from journal.postgres import PgStore
+
+    try:
+        store = PgStore.open(url)
+    except JournalError as exc:
+        raise CliError(f"cannot open {describe(url)} for writing: {exc}", EXIT_NOT_JOURNAL) from None
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def open_readonly(path: str) -> SqliteStore:
@@ -151,7 +230,7 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
     default=DEFAULT_JOURNAL,
     show_default=True,
     envvar="SMGRL_JOURNAL",
-    help="The journal file (env SMGRL_JOURNAL).",
+    help="The journal file, or a postgresql:// URL (env SMGRL_JOURNAL).",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="Machine-readable output (JSON; JSON Lines for events)."
@@ -172,6 +251,8 @@ def journal_group(ctx: click.Context, path: str, as_json: bool, wide: bool, widt
         click.echo(ctx.get_help())
         ctx.exit(0)
     ctx.obj = Ctx(path=path, json=as_json, wide=wide, width=width)
+    if is_postgres_url(path):
+        ctx.obj.use(path)
 
 
 def command(
@@ -193,7 +274,7 @@ def command(
             ctx = click.get_current_context().find_object(Ctx)
             assert ctx is not None
             if sub_path:
-                ctx.path = sub_path
+                ctx.use(sub_path)
             if sub_json:
                 ctx.json = True
             ctx.wide = ctx.wide or sub_wide

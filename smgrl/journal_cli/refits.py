@@ -199,7 +199,7 @@ def _output(
         seen = {p for c in cycles for p in c.phases()}
         phases = [p for p in PHASE_ORDER if p in seen]
         rows = [cycle_row(c, phases, looped[c.index] if any_looped else None) for c in cycles]
-    title = f"smgrl refits · {ctx.path}"
+    title = f"smgrl refits · {ctx.label}"
     if html_path:
         _write(html_path, render_html(cycles, rows, title=title, detail=len(detail), total=total))
     if svg_path:

@@ -1,16 +1,46 @@
-"""Fixtures of the journal tests: ``backend`` runs a test against SqliteStore and MemoryStore."""
+"""Fixtures of the journal tests: ``backend`` runs a test against SqliteStore, MemoryStore and
+PgStore (a fresh schema of one real PostgreSQL server per session: ``pg_server``)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
+import pg_harness
 import pytest
-from journal_helpers import MemoryBackend, SqliteBackend
+from journal_helpers import MemoryBackend, PgBackend, SqliteBackend
+
+_schemas = itertools.count(1)
 
 
-@pytest.fixture(params=["sqlite", "memory"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqliteBackend | MemoryBackend]:
-    b = SqliteBackend(tmp_path) if request.param == "sqlite" else MemoryBackend(tmp_path)
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg_harness.PgServer]:
+    why = pg_harness.unavailable()
+    if why is not None:
+        pytest.skip(f"PostgreSQL tests need a server: {why}")
+    server = pg_harness.PgServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: pg_harness.PgServer) -> str:
+    """A journal URL on a schema no other test uses."""
+    return pg_server.url(f"t{next(_schemas)}")
+
+
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[SqliteBackend | MemoryBackend | PgBackend]:
+    if request.param == "postgres":
+        b = PgBackend(request.getfixturevalue("pg_url"))
+    elif request.param == "sqlite":
+        b = SqliteBackend(tmp_path)
+    else:
+        b = MemoryBackend(tmp_path)
     yield b
     b.close()

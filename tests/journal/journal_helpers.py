@@ -250,3 +250,86 @@ def removed(worker_id: str = "w1") -> WorkerRemoved:
 def a_few(n: int, stream: str = "control") -> list[Append]:
     """n ordinary appends (outcomes with distinct op ids)."""
     return [Append(stream, outcome(op_id=f"op{next(_ids)}")) for _ in range(n)]
+
+
+class PgBackend:
+    """PgStore on a fresh schema of the session's PostgreSQL server (``pg_server`` fixture)."""
+
+    name = "postgres"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        from journal.postgres import PgStore, _split_url
+
+        self.url = url
+        self.store = PgStore.open(url)
+        libpq, self.schema, _pw = _split_url(url)
+        self._conn = psycopg.connect(libpq, autocommit=True)
+
+    def set_clock(self, clock: FakeClock) -> None:
+        self.store._clock = clock
+
+    def readonly(self):
+        from journal.postgres import PgStore
+
+        return PgStore.open(self.url, readonly=True)
+
+    def _exec(self, sql: str, params: tuple = ()) -> list:
+        cur = self._conn.execute(sql.replace("{s}", self.schema), params)
+        return cur.fetchall() if cur.description else []
+
+    def payload(self, seq: int) -> str:
+        return self._exec("SELECT payload FROM {s}.events WHERE seq = %s", (seq,))[0][0]
+
+    def set_payload(self, seq: int, payload: str) -> None:
+        self._exec("UPDATE {s}.events SET payload = %s WHERE seq = %s", (payload, seq))
+
+    def set_ts(self, seq: int, ts: float) -> None:
+        self._exec("UPDATE {s}.events SET ts = %s WHERE seq = %s", (ts, seq))
+
+    def delete(self, seq: int) -> None:
+        self._exec("UPDATE {s}.secrets SET seq = NULL WHERE seq = %s", (seq,))
+        self._exec("DELETE FROM {s}.events WHERE seq = %s", (seq,))
+
+    def truncate_after(self, seq: int) -> None:
+        self._exec("UPDATE {s}.secrets SET seq = NULL WHERE seq > %s", (seq,))
+        self._exec("DELETE FROM {s}.events WHERE seq > %s", (seq,))
+
+    def set_snapshot_state(self, upto_seq: int, state: str) -> None:
+        self._exec("UPDATE {s}.snapshots SET state = %s WHERE upto_seq = %s", (state, upto_seq))
+
+    def forge_row(self, row: tuple) -> None:
+        self._exec("INSERT INTO {s}.events VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", row)
+
+    @contextlib.contextmanager
+    def during_scan(self, callback: Callable[[], None]) -> Iterator[None]:
+        store = self.store
+        original = store._pages
+
+        def pages(*args: object, **kwargs: object) -> Iterator[list]:
+            for i, page in enumerate(original(*args, **kwargs)):
+                yield page
+                if i == 0:
+                    callback()
+
+        store._pages = pages
+        try:
+            yield
+        finally:
+            del store._pages
+
+    def everything_but_secrets(self) -> str:
+        tables = [
+            r[0]
+            for r in self._exec(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (self.schema,)
+            )
+        ]
+        return "\n".join(
+            repr(row) for t in tables if t != "secrets" for row in self._exec(f'SELECT * FROM {{s}}."{t}"')
+        )
+
+    def close(self) -> None:
+        self.store.close()
+        self._conn.close()

@@ -44,7 +44,8 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from journal import JournalLock
-    lock = JournalLock.acquire(sys.argv[1], mode=sys.argv[2])
+    group = sys.argv[3] if len(sys.argv) > 3 else ""
+    lock = JournalLock.acquire(sys.argv[1], mode=sys.argv[2], group=group)
     lock.update(port=4242)
     print("locked", flush=True)
     time.sleep(60)
@@ -52,8 +53,10 @@ CHILD = textwrap.dedent(
 )
 
 
-def holder(path: str, mode: str) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, path, mode], stdout=subprocess.PIPE, text=True)
+def holder(path: str, mode: str, group: str = "") -> subprocess.Popen:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, path, mode, group], stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout.readline().strip() == "locked"
     return child
 
@@ -82,8 +85,8 @@ def test_a_sigkilled_owner_does_not_block_the_next_one(tmp_path):
 def test_shared_holders_coexist_and_keep_an_exclusive_owner_out(tmp_path):
     path = str(tmp_path / "j.db")
     # One line per process in the lock file: a holder here and one in a child process.
-    mine = JournalLock.acquire(path, mode="shared", port=1)
-    child = holder(path, "shared")
+    mine = JournalLock.acquire(path, mode="shared", port=1, group="g1")
+    child = holder(path, "shared", "g1")
     try:
         with pytest.raises(JournalLocked) as refused:
             JournalLock.acquire(path)
@@ -92,7 +95,34 @@ def test_shared_holders_coexist_and_keep_an_exclusive_owner_out(tmp_path):
         mine.release()
         stop(child)
     with JournalLock.acquire(path), pytest.raises(JournalLocked):
+        JournalLock.acquire(path, mode="shared", group="g1")
+
+
+def test_a_shared_holder_of_another_group_is_refused_until_the_group_is_gone(tmp_path):
+    # Two `--workers N` launches on one file: the second group's processes opt in to sharing too,
+    # but they are not part of the first group, so they are refused, naming the first group.
+    path = str(tmp_path / "j.db")
+    child = holder(path, "shared", "group-a")
+    try:
+        with pytest.raises(JournalLocked) as refused:
+            JournalLock.acquire(path, mode="shared", group="group-b")
+        assert [(o.pid, o.group) for o in refused.value.owners] == [(child.pid, "group-a")]
+        with JournalLock.acquire(path, mode="shared", group="group-a") as member:
+            assert member.held  # a member of the same group joins
+        stop(child)  # SIGKILL: its line stays in the file, but the process is gone
+    finally:
+        stop(child)
+    with JournalLock.acquire(path, mode="shared", group="group-b") as lock:
+        assert [o.group for o in read_owners(lock_path(path))] == ["group-b"]
+        assert lock.held
+
+
+def test_shared_mode_needs_a_group_and_exclusive_takes_none(tmp_path):
+    path = str(tmp_path / "j.db")
+    with pytest.raises(ValueError):
         JournalLock.acquire(path, mode="shared")
+    with pytest.raises(ValueError):
+        JournalLock.acquire(path, group="g")
 
 
 def test_the_lock_never_touches_sqlites_own_locks(tmp_path):

@@ -90,7 +90,7 @@ class TestSchema:
         assert meta["format_version"] == "1"
         assert meta["high_water_seq"] == "2"
         applied = sqlite_utils.Migrations("smgrl.journal").applied(db)
-        assert [m.name for m in applied] == ["0001_create_journal"]
+        assert [m.name for m in applied] == ["0001_create_journal", "0002_leases"]
         db.close()
 
     def test_reopen_is_idempotent(self, tmp_path):

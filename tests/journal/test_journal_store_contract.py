@@ -1,7 +1,10 @@
-"""The store contract: every test runs against SqliteStore (a tmp file) and MemoryStore.
+"""The store contract: every test runs against SqliteStore (a tmp file), MemoryStore and PgStore
+(a fresh schema on the real PostgreSQL server the ``pg_server`` fixture starts; skipped, saying
+why, where no server binaries exist). The several-writers part of the contract (conditional
+append, leases, change tokens) is in test_journal_shared.py, over the same three backends.
 
 Like eventsourcing's recorder test cases: whatever the gateway, replay or the CLI may rely on is
-stated here once, and both backends must pass it.
+stated here once, and every backend must pass it.
 """
 
 from __future__ import annotations
