@@ -628,11 +628,12 @@ async def test_the_event_stream_always_ends_with_the_final_record(ckpt):
     """A reader slow to take a record (the generator waits at its yield while the saga runs on
     to its end) still gets the final record: the stream once ended on the saga's later state
     without sending it (seen with 64 engines' records through hypercorn)."""
+    from smgrl.api.event_streams import EventStreams
     from smgrl.api.refits import RefitsApi
 
     async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
         _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="3")
-        stream = RefitsApi(gw.gateway)._sse(body["refit_id"])
+        stream = RefitsApi(gw.gateway, EventStreams(limit=1))._sse(body["refit_id"])
         first = await stream.__anext__()  # the generator now waits at its yield
         assert b'"result":null' in first
         await wait_done(gw, body["refit_id"])  # the saga ends meanwhile
