@@ -13,6 +13,7 @@ import uuid
 
 import sqlite_utils
 
+from . import opindex
 from ._chain import GENESIS
 
 FORMAT_VERSION = 1
@@ -21,7 +22,7 @@ MIGRATIONS = sqlite_utils.Migrations("smgrl.journal")
 # Every migration name, in order: Migrations has no public list of what is registered, and the store
 # must tell "a newer smgrl wrote this file" (applied names we do not know) from "needs migrating".
 # A test checks this against the set.
-MIGRATION_NAMES = ("0001_create_journal", "0002_leases")
+MIGRATION_NAMES = ("0001_create_journal", "0002_leases", "0003_op_index")
 
 
 @MIGRATIONS(name="0001_create_journal")
@@ -84,3 +85,12 @@ def _leases(db: sqlite_utils.Database) -> None:
     epoch INTEGER NOT NULL -- +1 at each change of holder (a fencing token)
 )"""
     )
+
+
+@MIGRATIONS(name="0003_op_index")
+def _op_index(db: sqlite_utils.Database) -> None:
+    """The derived operation index (``journal/opindex.py``), back-filled from the events in the
+    migration's transaction: a crash leaves the journal as it was, and the next open retries."""
+    for statement in opindex.CREATE:
+        db.execute(statement)
+    opindex.rebuild(db.conn, db.conn)

@@ -94,6 +94,7 @@ from typing import Any, Self
 import sqlite_utils
 
 from . import lease as leases
+from . import opindex
 from ._chain import (
     EMPTY_HEAD,
     GENESIS,
@@ -129,6 +130,7 @@ _SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
 # The WAL's size after a checkpoint (see "WAL size" above): well above what the writer's checkpoint
 # interval (4,096 events) leaves in it, so steady traffic never truncates.
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
+_OP_TYPES = frozenset(opindex.TYPES)
 # SQLITE_BUSY and its extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT): the lock is taken.
 _BUSY_CODES = frozenset({5, 261, 517, 773})
 _UPSERT_META = (
@@ -377,6 +379,10 @@ class SqliteStore:
                 _check_expect(conn, expect, head.seq)
             rows, recorded, secret_ops = build_batch(items, head, self._clock())
             _insert_events(conn, rows)
+            # The derived operation index, in the same transaction as the events it derives from.
+            control = [(r[0], r[1], r[3], r[5]) for r in rows if r[3] in _OP_TYPES]
+            if control:
+                opindex.apply_rows(conn, control)
             for worker_id, api_key, seq in secret_ops:
                 # A deletion leaves a tombstone ('') carrying its seq: see secret_changes().
                 conn.execute(

@@ -90,7 +90,9 @@ class TestSchema:
         assert meta["format_version"] == "1"
         assert meta["high_water_seq"] == "2"
         applied = sqlite_utils.Migrations("smgrl.journal").applied(db)
-        assert [m.name for m in applied] == ["0001_create_journal", "0002_leases"]
+        assert [m.name for m in applied] == ["0001_create_journal", "0002_leases", "0003_op_index"]
+        # The derived operation index (journal/opindex.py) holds the one operation started.
+        assert [(r["seq"], r["op_id"]) for r in db.query("SELECT seq, op_id FROM op_index")] == [(2, "op1")]
         db.close()
 
     def test_reopen_is_idempotent(self, tmp_path):

@@ -1,0 +1,194 @@
+"""The operation index: one derived row per control operation, kept beside the events.
+
+``smgrl journal ops --all``, ``refits --all`` and ``versions`` walk every operation of a journal.
+Read from the events, that costs parsing 90,000 ``control.started`` payloads and their ends per
+million events (seconds). The ``op_index`` table holds what those readers need of each operation,
+one narrow row, so they read it instead of the events:
+
+    op_index(seq INTEGER PRIMARY KEY  -- the operation's control.started
+             op_id, ts, kind, method, path, selector, phase, version  -- intent.phase, intent.version
+             targets   -- the started payload's targets, canonical JSON
+             outcomes  -- every control.outcome, seq order: JSON [[seq, worker_id, status, error?, stage], ...]
+             closed_seq  -- the first control.finished / control.interrupted
+             end_ts, result, http_status, total, succeeded, failed, latency_ms)  -- as OpsFold ends it
+
+It is **derived, never a second source of truth**:
+
+* written by ``SqliteStore.append_batch`` in the transaction that appends the events it derives
+  from (``apply_rows``), so the two can never disagree after a commit or a crash;
+* rebuilt by the same code from the events (``rebuild``: the schema migration that adds it to an
+  older journal, and ``smgrl journal verify``, which rebuilds it into a temporary file and compares
+  row by row, naming the first operation that differs);
+* readers never trust it for anything the chain protects: a row only says where to look
+  (``ops show`` and failed operations' outcomes are still read from the events).
+
+The rules are ``smgrl.state.refits.OpsFold``'s: an event belongs to the newest operation with its
+op id started before it; an outcome is appended; ``control.finished`` sets the end (the last one
+wins); ``control.interrupted`` ends an operation that has no result yet. A control row whose
+payload is not a JSON object with a string ``op_id`` is no operation (verify reports it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+__all__ = ["COLUMNS", "CREATE", "TYPES", "apply_rows", "fields_of", "rebuild", "rows_of"]
+
+TYPES = ("control.started", "control.outcome", "control.finished", "control.interrupted")
+
+CREATE = (
+    """CREATE TABLE op_index (
+    seq INTEGER PRIMARY KEY, -- the control.started event of the operation
+    op_id TEXT NOT NULL,
+    ts REAL NOT NULL, -- its commit time
+    kind TEXT, method TEXT, path TEXT, selector TEXT,
+    phase TEXT, -- intent.phase
+    version TEXT, -- intent.version
+    targets TEXT NOT NULL, -- canonical JSON of the payload's targets
+    outcomes TEXT, -- JSON [[seq, worker_id, status, error_set, stage], ...] in seq order
+    closed_seq INTEGER, -- the first control.finished or control.interrupted
+    end_ts REAL, result TEXT, http_status INTEGER, total INTEGER, succeeded INTEGER,
+    failed INTEGER, latency_ms INTEGER -- from the last control.finished (or interrupted)
+) -- derived from the events (journal/opindex.py): rebuildable, checked by verify""",
+    "CREATE INDEX idx_op_index_op_id ON op_index (op_id, seq)",
+    "CREATE INDEX idx_op_index_version ON op_index (seq) WHERE version IS NOT NULL",
+)
+
+COLUMNS = (
+    "seq", "op_id", "ts", "kind", "method", "path", "selector", "phase", "version", "targets",
+    "outcomes", "closed_seq", "end_ts", "result", "http_status", "total", "succeeded", "failed",
+    "latency_ms",
+)  # fmt: skip
+_I = {c: i for i, c in enumerate(COLUMNS)}
+_OUTCOMES, _CLOSED, _END = _I["outcomes"], _I["closed_seq"], _I["end_ts"]
+_RESULT = _I["result"]
+_REPLACE = f"INSERT OR REPLACE INTO op_index ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+
+_dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
+
+
+def _scalar(value: Any) -> Any:
+    """A column value: JSON scalars as they are, anything else (a hand-made row) as canonical JSON."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return _dumps(value)
+
+
+def _split(payload: str) -> dict | None:
+    """A canonical control.started payload without its body (up to 64 KiB) and with its targets
+    as text, parsed cheaply; None when it does not have the canonical shape (parse it whole)."""
+    b = payload.find(',"body_encoding":')
+    t = payload.find(',"targets":', b)
+    if b < 0 or t < 0 or not payload.startswith('{"body":') or not payload.endswith("]}"):
+        return None
+    head = json.loads("{" + payload[b + 1 : t] + "}")
+    head["targets"] = payload[t + 11 : -1]  # canonical already: the payload is canonical JSON
+    return head
+
+
+def fields_of(type_: str, payload: str) -> dict | None:
+    """The payload as a dict (a started one's targets as canonical JSON text), or None when the
+    row is no operation event (not a JSON object with a string op_id)."""
+    p = _split(payload) if type_ == "control.started" else None
+    if p is None:
+        try:
+            p = json.loads(payload)
+        except ValueError:
+            return None
+        if not isinstance(p, dict):
+            return None
+        if type_ == "control.started":
+            targets = p.get("targets")
+            p["targets"] = _dumps(targets if targets is not None else [])
+    if not isinstance(p.get("op_id"), str):
+        return None
+    return p
+
+
+def _started_row(seq: int, ts: float, p: dict) -> list[Any]:
+    intent = p.get("intent")
+    intent = intent if isinstance(intent, dict) else {}
+    row: list[Any] = [None] * len(COLUMNS)
+    row[:10] = (
+        seq, p["op_id"], ts, _scalar(p.get("kind")), _scalar(p.get("method")), _scalar(p.get("path")),
+        _scalar(p.get("selector")), _scalar(intent.get("phase")), _scalar(intent.get("version")),
+        p["targets"],
+    )  # fmt: skip
+    return row
+
+
+def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, str]]) -> None:
+    """Fold ``(seq, ts, type, payload)`` control rows, in seq order and all newer than every row
+    of ``op_index``, into ``op_index`` on ``conn``: the one code path of appends and rebuilds."""
+    touched: dict[int, list[Any]] = {}  # op row seq -> the row, as it will be written
+    latest: dict[str, int | None] = {}  # op id -> its newest op row seq (None: there is none)
+    for seq, ts, type_, payload in rows:
+        p = fields_of(type_, payload)
+        if p is None:
+            continue
+        op_id = p["op_id"]
+        if type_ == "control.started":
+            touched[seq] = _started_row(seq, ts, p)
+            latest[op_id] = seq
+            continue
+        if op_id in latest:
+            target = latest[op_id]
+        else:
+            found = conn.execute("SELECT max(seq) FROM op_index WHERE op_id = ?", (op_id,)).fetchone()
+            target = latest[op_id] = found[0]
+        if target is None:
+            continue  # its start is not in the journal: no operation (as OpsFold)
+        row = touched.get(target)
+        if row is None:
+            stored = conn.execute("SELECT * FROM op_index WHERE seq = ?", (target,)).fetchone()
+            row = touched[target] = list(stored)
+        if type_ == "control.outcome":
+            record = _dumps([seq, _scalar(p.get("worker_id")), _scalar(p.get("status")),
+                             p.get("error") is not None, _scalar(p.get("stage"))])  # fmt: skip
+            old = row[_OUTCOMES]
+            row[_OUTCOMES] = f"[{record}]" if old is None else f"{old[:-1]},{record}]"
+            continue
+        if row[_CLOSED] is None:
+            row[_CLOSED] = seq
+        if type_ == "control.finished":
+            row[_END:] = (
+                ts, _scalar(p.get("result")), _scalar(p.get("http_status")), _scalar(p.get("total", 0)),
+                _scalar(p.get("succeeded", 0)), _scalar(p.get("failed", 0)), _scalar(p.get("latency_ms")),
+            )  # fmt: skip
+        elif row[_RESULT] is None:  # control.interrupted ends an operation still open
+            row[_END], row[_RESULT] = ts, "interrupted"
+    if touched:
+        conn.executemany(_REPLACE, touched.values())
+
+
+_CHUNK = 20_000  # events per rebuild step: memory holds one step's touched rows
+
+
+def _control_rows(src: sqlite3.Connection, after: int, upto: int) -> Iterator[tuple[int, float, str, str]]:
+    sql = (
+        "SELECT seq, ts, type, payload FROM events WHERE seq > ? AND seq <= ?"
+        f" AND type IN ({', '.join('?' * len(TYPES))}) ORDER BY seq"
+    )
+    return src.execute(sql, (after, upto, *TYPES))
+
+
+def rebuild(src: sqlite3.Connection, dst: sqlite3.Connection, upto: int | None = None) -> int:
+    """Fill ``dst``'s (empty) ``op_index`` from ``src``'s events up to ``upto`` (default: all), in
+    steps of ``_CHUNK`` events through ``apply_rows``; returns the rows written. ``src`` and ``dst``
+    may be one connection (the migration) or two (verify: a temporary file)."""
+    if upto is None:
+        upto = src.execute("SELECT max(seq) FROM events").fetchone()[0] or 0
+    after = 0
+    while after < upto:
+        stop = min(upto, after + _CHUNK)
+        apply_rows(dst, list(_control_rows(src, after, stop)))
+        after = stop
+    return dst.execute("SELECT count(*) FROM op_index").fetchone()[0]
+
+
+def rows_of(conn: sqlite3.Connection) -> Iterator[tuple]:
+    """Every op_index row in seq order (a cursor: streamed)."""
+    return conn.execute(f"SELECT {', '.join(COLUMNS)} FROM op_index ORDER BY seq")
