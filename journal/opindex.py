@@ -30,12 +30,24 @@ payload is not a JSON object with a string ``op_id`` is no operation (verify rep
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["COLUMNS", "CREATE", "TYPES", "apply_rows", "fields_of", "rebuild", "rows_of"]
+__all__ = [
+    "COLUMNS",
+    "CREATE",
+    "TYPES",
+    "IndexReport",
+    "apply_rows",
+    "check",
+    "fields_of",
+    "rebuild",
+    "rows_of",
+]
 
 TYPES = ("control.started", "control.outcome", "control.finished", "control.interrupted")
 
@@ -192,3 +204,43 @@ def rebuild(src: sqlite3.Connection, dst: sqlite3.Connection, upto: int | None =
 def rows_of(conn: sqlite3.Connection) -> Iterator[tuple]:
     """Every op_index row in seq order (a cursor: streamed)."""
     return conn.execute(f"SELECT {', '.join(COLUMNS)} FROM op_index ORDER BY seq")
+
+
+class IndexReport(NamedTuple):
+    ok: bool
+    checked: int  # op_index rows compared
+    first_bad_seq: int | None = None  # the operation (its control.started seq) that differs
+    reason: str | None = None
+
+
+def check(conn: sqlite3.Connection, workdir: str) -> IndexReport:
+    """Rebuild the index from ``conn``'s events into a temporary file under ``workdir`` (memory
+    stays flat) and compare it with the stored one row by row. ``conn`` must read one snapshot of
+    the file throughout (the caller holds a read transaction), so a live gateway's appends do not
+    show up halfway."""
+    path = os.path.join(workdir, "op_index.db")
+    dst = sqlite3.connect(path)
+    try:
+        dst.execute("PRAGMA journal_mode = OFF")
+        dst.execute("PRAGMA synchronous = OFF")
+        for statement in CREATE:
+            dst.execute(statement)
+        rebuild(conn, dst)
+        dst.commit()
+        checked = 0
+        fresh, stored = rows_of(dst), rows_of(conn)
+        for want, have in itertools.zip_longest(fresh, stored):
+            if want == have:
+                checked += 1
+                continue
+            if have is None or (want is not None and want[0] < have[0]):
+                return IndexReport(False, checked, want[0], "operation index row missing")
+            if want is None or have[0] < want[0]:
+                return IndexReport(False, checked, have[0], "operation index row derived from no operation")
+            column = next(c for c, a, b in zip(COLUMNS, want, have, strict=True) if a != b)
+            return IndexReport(
+                False, checked, want[0], f"operation index row differs from the events ({column})"
+            )
+        return IndexReport(True, checked)
+    finally:
+        dst.close()

@@ -86,6 +86,7 @@ import os
 import pathlib
 import re
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -675,6 +676,29 @@ class SqliteStore:
                 )
         return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
 
+    def check_op_index(self) -> opindex.IndexReport:
+        """Rebuild the derived operation index from the events (into a temporary file) and compare
+        it with the stored one (``journal/opindex.py``). One read transaction: a concurrent
+        writer's appends are not seen halfway."""
+        with self._lock, tempfile.TemporaryDirectory(prefix="smgrl-op-index-") as tmp:
+            if not self._readonly:
+                self._set_busy_timeout(self._busy_ms)
+            self._conn.execute("BEGIN")
+            try:
+                return opindex.check(self._conn, tmp)
+            finally:
+                self._conn.execute("ROLLBACK")
+
+    def rebuild_op_index(self) -> int:
+        """Drop and rebuild the derived operation index from the events, in one transaction;
+        returns its rows."""
+        with self._write() as conn:
+            conn.execute("DELETE FROM op_index")
+            return opindex.rebuild(conn, conn)
+
+    def count_op_index(self) -> int:
+        return self._query("SELECT count(*) FROM op_index")[0][0]
+
     def snapshot_seqs(self, kind: str) -> list[int]:
         """The ``upto_seq`` of every stored snapshot of ``kind``, valid or not, newest first: lets
         startup tell "no snapshot" from "a snapshot that failed its hash check"."""
@@ -771,7 +795,7 @@ def _check_identity(
         pending = ", ".join(m.name for m in MIGRATIONS.pending(db))
         raise JournalError(
             f"{path} is an smgrl journal written by an older smgrl (migrations {pending} not applied):"
-            " start the gateway on it once to upgrade it"
+            " start the gateway on it once, or run `smgrl journal reindex`, to upgrade it"
         )
 
 

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import collections
+import os
+import sqlite3
 import time
 from typing import Any
 
 import click
 
+from journal import JournalError, JournalLock, JournalLocked, SqliteStore
 from journal._chain import snapshot_hash  # the one formula that binds a snapshot to the chain
 from journal.retention import DEFAULT as DEFAULT_RETENTION
 from smgrl.journal_cli import sqlview
 from smgrl.journal_cli.checks import diff_paths, payload_problem
-from smgrl.journal_cli.group import EXIT_BAD_VALUE, EXIT_CHECK, CliError, Ctx, command
+from smgrl.journal_cli.group import (
+    EXIT_BAD_VALUE,
+    EXIT_CHECK,
+    EXIT_NOT_JOURNAL,
+    CliError,
+    Ctx,
+    command,
+    open_readonly,
+)
 from smgrl.journal_cli.reading import load_ops
 from smgrl.journal_cli.render import table
 from smgrl.journal_cli.values import fmt_ts
@@ -91,6 +102,13 @@ def verify(ctx: Ctx, no_replay: bool) -> None:
         if bad_seq is None:
             bad_seq, why, notes = check_schemas(store, report.checked)
             checks["schemas"] = {"ok": bad_seq is None}
+        if bad_seq is None:
+            # The derived operation index (journal/opindex.py), rebuilt from the events and compared.
+            index = store.check_op_index()
+            checks["op_index"] = {"ok": index.ok, "operations": index.checked}
+            if not index.ok:
+                bad_seq = index.first_bad_seq
+                why = f"{index.reason}: run `smgrl journal reindex` to rebuild it from the events"
         if bad_seq is None and not no_replay:
             bad_seq, why, more = check_snapshots(ctx, store)
             notes += more
@@ -266,3 +284,37 @@ def compact(ctx: Ctx, before: int) -> None:
         return
     click.echo(f"compacted {count} request bodies; bodies are now kept from seq {mark} on")
     click.echo(f"snapshots untouched ({kept} stored): projections never read a request body")
+
+
+@command("reindex")
+def reindex(ctx: Ctx) -> None:
+    """Rebuild the derived operation index from the events (or add it to an older journal)."""
+    if not os.path.isfile(ctx.path):
+        open_readonly(ctx.path).close()  # the usual "no journal at PATH" / "is a directory" errors
+    try:
+        # The rebuild is one write transaction (seconds per million events): a running gateway's
+        # appends would wait for it past their lock wait, so refuse while one owns the journal.
+        lock = JournalLock.acquire(ctx.path)
+    except (JournalLocked, OSError) as exc:
+        raise CliError(f"cannot reindex: {exc}; stop the gateway first", EXIT_CHECK) from None
+    try:
+        t0 = time.perf_counter()
+        try:
+            with sqlview.view(ctx.path) as conn:
+                had_index = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'op_index'"
+                ).fetchone()
+            # A read-write open refuses what is not a journal untouched and migrates an older one:
+            # migration 0002 creates the index and fills it from the events.
+            store = SqliteStore.open(ctx.path, busy_timeout_ms=30_000)
+        except (JournalError, sqlite3.Error) as exc:
+            raise CliError(f"cannot open {ctx.path} for writing: {exc}", EXIT_NOT_JOURNAL) from None
+        with store:
+            rows = store.rebuild_op_index() if had_index else store.count_op_index()
+    finally:
+        lock.release()
+    what = "rebuilt" if had_index else "created (journal migrated)"
+    if ctx.json:
+        ctx.emit({"operations": rows, "action": "rebuilt" if had_index else "created"})
+        return
+    click.echo(f"operation index {what}: {rows} operations in {time.perf_counter() - t0:.2f} s")

@@ -26,7 +26,7 @@ from smgrl.journal_cli import sqlview
 from smgrl.state import engines, registry
 from smgrl.state.fleet import FleetState
 from smgrl.state.replay import load_snapshot
-from smgrl.state.version_timeline import Change, VersionFold
+from smgrl.state.version_timeline import OK, SETTLED, UNKNOWN, Change, VersionFold
 
 __all__ = ["add_times", "fleet_at", "grouped", "version_changes"]
 
@@ -113,53 +113,34 @@ def fleet_at(path: str, store, upto: int) -> tuple[FleetState, int]:
 
 # -- versions ---------------------------------------------------------------------------------------
 
-# One row per operation whose intent sets a version (``control.started`` with intent.version; the
-# cheap ``instr`` runs first so pause/resume payloads are never parsed as JSON), with its outcomes
-# and its end read through the (stream, seq) index (``+e.type`` keeps SQLite off the type index
-# there). Each outcome comes as "seq US kind US tail" (US = \x1f, RS = \x1e between outcomes):
-# kind is the engine projection's classification (1 OK: 2xx without error; 2 UNKNOWN: the exchange
-# stopped at `head` or `body`, the engine may have acted; 0 anything else), decided in C. The payload is canonical JSON (sorted keys, no spaces;
-# no string can contain an unescaped quote), so ``,"status":2`` and ``,"error":null,`` can only
-# be the keys themselves, and the tail after ``,"worker_id":"`` is the id plus ``"}``.
-_VERSION_OPS = """
-SELECT v.seq, v.op_id, v.version, v.path, v.targets,
-  (SELECT group_concat(e.seq || char(31) || (CASE
-      WHEN instr(e.payload, ',"status":2') > 0 AND instr(e.payload, ',"error":null,') > 0 THEN 1
-      WHEN json_extract(e.payload, '$.stage') IN ('head', 'body') THEN 2
-      ELSE 0 END) || char(31) || substr(e.payload, instr(e.payload, ',"worker_id":"') + 14), char(30))
-   FROM events e WHERE e.stream = v.stream AND e.seq > v.seq AND +e.type = 'control.outcome'),
-  (SELECT min(e.seq) FROM events e
-   WHERE e.stream = v.stream AND e.seq > v.seq AND +e.type IN ('control.finished', 'control.interrupted'))
-FROM (
-  SELECT seq, stream, json_extract(payload, '$.op_id') AS op_id,
-    json_extract(payload, '$.intent.version') AS version,
-    json_extract(payload, '$.path') AS path, json_extract(payload, '$.targets') AS targets
-  FROM events
-  WHERE type = 'control.started' AND instr(payload, '"version":"') > 0
-    AND json_extract(payload, '$.intent.version') IS NOT NULL
-) AS v
-ORDER BY v.seq
-"""
+# One row per operation whose intent sets a version, from the journal's operation index
+# (``journal/opindex.py``: derived from the events in their own transaction, checked by verify):
+# its targets, its outcomes ([seq, worker_id, status, error set, stage] in seq order) and the seq
+# that closed it, through the partial index over the rows with a version.
+_VERSION_OPS = (
+    "SELECT seq, op_id, version, path, targets, outcomes, closed_seq FROM op_index"
+    " WHERE version IS NOT NULL ORDER BY seq"
+)
 # Health changes move neither an address nor a label, so they cannot change what `versions` shows.
 _OTHER_TYPES = sorted((registry.TYPES - {"worker.health_changed"}) | {"engine.version_set"})
 _BY_TYPE = "SELECT seq, type, schema, payload FROM events WHERE type = ? ORDER BY seq"
-_WORKER_ID = "SELECT json_extract(payload, '$.worker_id') FROM events WHERE seq = ?"
 
 
-def _outcomes(conn: sqlite3.Connection, text: str | None) -> list[tuple[int, str, int]]:
+def _outcomes(text: str | None) -> list[tuple[int, str, int]]:
+    """``(seq, worker_id, kind)`` per outcome; kind is the engine projection's classification
+    (``EngineStates.apply``): OK for a 2xx without error, UNKNOWN for an exchange that stopped at
+    ``head`` or ``body`` (the engine may have acted), SETTLED for anything else."""
     if not text:
         return []
-    fields = iter(text.replace("\x1e", "\x1f").split("\x1f"))
     out = []
-    for seq_text, kind, tail in zip(fields, fields, fields, strict=True):
-        seq = int(seq_text)
-        if tail.endswith('"}') and '"' not in tail[:-2] and "\\" not in tail:
-            wid = tail[:-2]
-        else:  # not the canonical shape (an escaped id, a hand-made row): ask SQLite
-            wid = conn.execute(_WORKER_ID, (seq,)).fetchone()[0]
-        out.append((seq, wid, int(kind)))
-    if any(out[i][0] > out[i + 1][0] for i in range(len(out) - 1)):
-        out.sort()
+    for seq, wid, status, error, stage in json.loads(text):
+        if not error and isinstance(status, int) and 200 <= status < 300:
+            kind = OK
+        elif stage in ("head", "body"):
+            kind = UNKNOWN
+        else:
+            kind = SETTLED
+        out.append((seq, wid, kind))
     return out
 
 
@@ -173,7 +154,7 @@ def _operations(conn: sqlite3.Connection) -> Iterator[tuple[int, int, tuple]]:
                 targets_cache.clear()  # bounded: a fleet that keeps changing
             # Consecutive fan-outs to one fleet have byte-identical targets: parse each once.
             parsed = targets_cache[targets] = json.loads(targets) if targets else []
-        outcomes = _outcomes(conn, outcomes_text)
+        outcomes = _outcomes(outcomes_text)
         last = max(close or 0, outcomes[-1][0] if outcomes else 0, seq)
         yield seq, last, (op_id, version, f"/{(path or '').lstrip('/')}", parsed, outcomes, close)
 

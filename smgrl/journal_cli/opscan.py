@@ -28,8 +28,12 @@ __all__ = ["scan_ops", "stream_ops"]
 
 _QUERY = (
     "SELECT seq, op_id, ts, kind, method, path, selector, phase, version, targets, closed_seq,"
-    " end_ts, result, total, succeeded, failed, latency_ms FROM op_index"
-    " WHERE seq > ? AND seq <= ? ORDER BY seq"
+    " end_ts, result, total, succeeded, failed, latency_ms FROM op_index AS o"
+    " WHERE seq > ?1 AND seq <= ?2"
+    # An op id started again replaces the earlier operation (as OpsFold keys them by id); op ids
+    # are UUIDs, so this is one probe of the (op_id, seq) index per row that finds nothing.
+    " AND NOT EXISTS (SELECT 1 FROM op_index AS n WHERE n.op_id = o.op_id AND n.seq > o.seq AND n.seq <= ?2)"
+    " ORDER BY seq"
 )
 
 

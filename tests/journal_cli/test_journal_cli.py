@@ -36,6 +36,7 @@ EVERY_COMMAND = [
     ["stats", "--json"],
     ["sessions"],
     ["sessions", "--json"],
+    ["reindex"],
 ]
 
 
