@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import json
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -13,7 +15,7 @@ from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.loopbacks import per_cycle, read_loopbacks
 from smgrl.journal_cli.reading import add_outcomes, recent, seq_at, stream_ops
 from smgrl.journal_cli.render import ChunkedTable, chunks, json_text, table
-from smgrl.journal_cli.timeline import OVERVIEW_MAX, render_html, render_svg
+from smgrl.journal_cli.timeline import OVERVIEW_MAX, html_parts, render_html, render_svg
 from smgrl.journal_cli.values import Point, fmt_ms, fmt_ts, parse_time, time_window
 from smgrl.state.refits import PHASE_ORDER, Cycle, OpsFold, group_cycles, iter_cycles
 
@@ -137,31 +139,46 @@ def _columns(phases: list[str]) -> list[str]:
 
 def _picture(ctx: Ctx, store, stream: Iterable[Cycle], last, html_path, svg_path) -> None:
     """The picture of a streamed range: the overview draws the last OVERVIEW_MAX cycles and the
-    panels the last ``--last`` (else DETAIL_DEFAULT), so only those are held; the HTML table
-    has a row per cycle (kept as its cells, every phase, unseen ones dropped at the end)."""
+    panels the last ``--last`` (else DETAIL_DEFAULT), so only those are held. The HTML table has
+    a row per cycle: each is spooled to a temporary file as it comes (every phase; the phases
+    never seen are dropped when the page is written), so memory stays flat in the journal."""
     n_detail = last if last is not None else DETAIL_DEFAULT
     # With --json too, the JSON lists every cycle of the range: then all of them are held.
     keep = None if ctx.json else max(OVERVIEW_MAX, n_detail)
     tail: collections.deque[Cycle] = collections.deque(maxlen=keep)
-    rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     total = 0
-    for c in stream:
-        tail.append(c)
-        total += 1
-        spans = c.phases()
-        seen.update(spans)
-        if html_path:
-            rows.append(cycle_row(c, list(spans)))
-    cycles = list(tail)
-    detail = cycles[-n_detail:]
-    fold = OpsFold()
-    fold.ops = {op.op_id: op for c in detail for op in c.ops}
-    add_outcomes(store, fold, list(fold.ops))
-    phases = [p for p in PHASE_ORDER if p in seen]
-    columns = _columns(phases)
-    rows = [{k: r.get(k, "-") for k in columns} for r in rows]
-    _output(ctx, store, cycles, detail, total, html_path, svg_path, rows=rows)
+    every = _columns(list(PHASE_ORDER))
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
+        for c in stream:
+            tail.append(c)
+            total += 1
+            spans = c.phases()
+            seen.update(spans)
+            if html_path and not ctx.json:
+                row = cycle_row(c, list(PHASE_ORDER))
+                spool.write(json.dumps([row[k] for k in every]) + "\n")
+        cycles = list(tail)
+        detail = cycles[-n_detail:]
+        fold = OpsFold()
+        fold.ops = {op.op_id: op for c in detail for op in c.ops}
+        add_outcomes(store, fold, list(fold.ops))
+        columns = _columns([p for p in PHASE_ORDER if p in seen])
+        if ctx.json or not html_path:
+            _output(ctx, store, cycles, detail, total, html_path, svg_path, rows=None if ctx.json else [])
+            return
+        spool.seek(0)
+        rows = (
+            {k: v for k, v in zip(every, json.loads(line), strict=True) if k in columns} for line in spool
+        )
+        title = f"smgrl refits · {ctx.label}"
+        with open(html_path, "w", encoding="utf-8") as f:
+            f.writelines(html_parts(cycles, rows, columns, title=title, detail=len(detail), total=total))
+        if svg_path:
+            _write(svg_path, render_svg(cycles, title=title, detail=len(detail)))
+    for path in (html_path, svg_path):
+        if path:
+            click.echo(f"wrote {path} ({total} cycles, {len(detail)} in detail)")
 
 
 def _sagas(store, ids: Iterable[str], first: list[int], ranged: bool) -> dict[str, Any]:

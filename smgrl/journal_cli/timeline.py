@@ -10,7 +10,7 @@ Every bar has a tooltip (SVG ``<title>``) with the operation id and what happene
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from smgrl.journal_cli.values import fmt_ms, fmt_ts
 from smgrl.state.refits import PHASE_ORDER, Cycle
@@ -225,16 +225,21 @@ def render_html(
     """A self-contained page: the cycle table and the SVG picture (``cycles``: the last ones
     drawn; ``total``: how many there were, when more than those)."""
     cols = list(rows[0]) if rows else []
-    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr"
-        + (' class="bad"' if r.get("status") in ("failed", "abandoned") else "")
-        + ">"
-        + "".join(f"<td>{_e(r.get(c, ''))}</td>" for c in cols)
-        + "</tr>"
-        for r in rows
-    )
-    return (
+    return "".join(html_parts(cycles, rows, cols, title=title, detail=detail, total=total))
+
+
+def html_parts(
+    cycles: Sequence[Cycle],
+    rows: Iterable[dict],
+    cols: Sequence[str],
+    *,
+    title: str,
+    detail: int | None = 20,
+    total: int | None = None,
+) -> Iterator[str]:
+    """``render_html``'s page in pieces, one per table row: written as they come, a table of
+    every cycle of a long journal is never held whole (``refits --all --html``)."""
+    yield (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>"
         "body{font-family:ui-sans-serif,system-ui,sans-serif;margin:20px;color:#111}"
@@ -246,6 +251,20 @@ def render_html(
         f'<h1 style="font-size:20px">{_e(title)}</h1>'
         f"<p>{len(cycles) if total is None else total} refit cycles. Times are UTC. Hover a bar for its operation and outcome.</p>"
         + render_svg(cycles, title="Refit timeline", detail=detail)
-        + (f'<h2 style="font-size:16px">Cycles</h2><table><tr>{head}</tr>{body}</table>' if rows else "")
-        + "</body></html>"
     )
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    started = False
+    for r in rows:
+        if not started:
+            yield f'<h2 style="font-size:16px">Cycles</h2><table><tr>{head}</tr>'
+            started = True
+        yield (
+            "<tr"
+            + (' class="bad"' if r.get("status") in ("failed", "abandoned") else "")
+            + ">"
+            + "".join(f"<td>{_e(r.get(c, ''))}</td>" for c in cols)
+            + "</tr>"
+        )
+    if started:
+        yield "</table>"
+    yield "</body></html>"
