@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from journal.events import decode, event_class
+from smgrl.core.worker import strip_rank
 from smgrl.journal_cli import sqlview
 from smgrl.state import engines, registry
 from smgrl.state.fleet import FleetState
@@ -132,31 +133,33 @@ def _outcomes(text: str | None) -> list[tuple[int, str, int]]:
     ``head`` or ``body`` (the engine may have acted), SETTLED for anything else."""
     if not text:
         return []
-    out = []
-    for seq, wid, status, error, stage in json.loads(text):
-        if not error and isinstance(status, int) and 200 <= status < 300:
-            kind = OK
-        elif stage in ("head", "body"):
-            kind = UNKNOWN
-        else:
-            kind = SETTLED
-        out.append((seq, wid, kind))
-    return out
+    return [
+        (
+            seq,
+            wid,
+            OK if not error and type(status) is int and 200 <= status < 300 else _KIND.get(stage, SETTLED),
+        )
+        for seq, wid, status, error, stage in json.loads(text)
+    ]
+
+
+_KIND = {"head": UNKNOWN, "body": UNKNOWN}
 
 
 def _operations(conn: sqlite3.Connection) -> Iterator[tuple[int, int, tuple]]:
     """``(first seq, last seq, (op_id, version, path, targets, outcomes, close))`` per version op."""
-    targets_cache: dict[str, Any] = {}
+    bases_of: dict[str, dict[str, str]] = {}
     for seq, op_id, version, path, targets, outcomes_text, close in conn.execute(_VERSION_OPS):
-        parsed = targets_cache.get(targets)
-        if parsed is None:
-            if len(targets_cache) > 1024:
-                targets_cache.clear()  # bounded: a fleet that keeps changing
-            # Consecutive fan-outs to one fleet have byte-identical targets: parse each once.
-            parsed = targets_cache[targets] = json.loads(targets) if targets else []
+        bases = bases_of.get(targets)
+        if bases is None:
+            if len(bases_of) > 1024:
+                bases_of.clear()  # bounded: a fleet that keeps changing
+            # Consecutive fan-outs to one fleet have byte-identical targets: convert each once.
+            parsed = json.loads(targets) if targets else []
+            bases = bases_of[targets] = {t["worker_id"]: strip_rank(t["url"]) for t in parsed}
         outcomes = _outcomes(outcomes_text)
         last = max(close or 0, outcomes[-1][0] if outcomes else 0, seq)
-        yield seq, last, (op_id, version, f"/{(path or '').lstrip('/')}", parsed, outcomes, close)
+        yield seq, last, (op_id, version, f"/{(path or '').lstrip('/')}", bases, outcomes, close)
 
 
 def version_changes(path: str) -> Iterator[tuple[Change, str | None]]:
@@ -193,7 +196,7 @@ def _fold_run(fold: VersionFold, run: list[tuple]) -> Iterator[tuple[Change, str
                 yield change, type_
         else:
             op_id, version, via, targets, outcomes, close = row
-            for change in fold.operation(op_id, version, targets, outcomes, close):
+            for change in fold.operation(op_id, version, (), outcomes, close, bases=targets):
                 yield change, via
         return
     steps: list[tuple] = []
@@ -213,7 +216,7 @@ def _fold_run(fold: VersionFold, run: list[tuple]) -> Iterator[tuple[Change, str
             for change in fold.event(seq, decode(type_, schema, payload)):
                 yield change, type_
         elif step == 1:
-            fold.started(data[0], data[1], data[3])
+            fold.started(data[0], data[1], (), data[3])
         elif step == 2:
             for change in fold.outcome(seq, data[0], data[2], data[3]):
                 yield change, data[1]

@@ -127,8 +127,14 @@ def _common(a: str, b: str) -> int:
 
 
 def ids_in(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
-    texts = (str(r.get(c) or "") for r in rows for c in columns)
-    return [m.group() for t in texts if len(t) >= 36 for m in UUID.finditer(t)]  # a UUID is 36 long
+    # A UUID is 36 long: shorter strings are skipped without a regex (and without str() of them).
+    texts = (
+        t
+        for r in rows
+        for v in map(r.get, columns)
+        if v and (len(t := v if type(v) is str else str(v)) >= 36)
+    )
+    return [m.group() for t in texts for m in UUID.finditer(t)]
 
 
 def _cell(value: Any, limit: int | None = None) -> str:
@@ -246,7 +252,20 @@ class FixedTable:
 
     def render(self, cells: Sequence[Sequence[str]], *, header: bool) -> str:
         lines = [self.line(self.columns)] if header else []
-        lines += [self.line(row) for row in cells]
+        # ``line`` per row, inlined (a million cells at --all): a cell that fits is only padded.
+        widths, sep = self.widths, " " * self.gap
+        pairs = list(enumerate(widths))
+        for row in cells:
+            if len(row) != len(widths):
+                raise ValueError("a row does not have one value per column")
+            lines.append(
+                sep.join(
+                    [
+                        (row[i].ljust(w) if len(row[i]) <= w else _cut(row[i], w).ljust(w)) if w else row[i]
+                        for i, w in pairs
+                    ]
+                ).rstrip()
+            )
         return "\n".join(lines)
 
 
@@ -286,8 +305,10 @@ class ChunkedTable:
         if layout is not None and tuple(layout.columns) == columns:
             cells = self._cells(rows, columns, layout.compact)
             widths, capped = layout.widths, self.capped
+            # Column by column in C (zip, map, max): a million cells at --all.
             if all(
-                len(v) <= widths[i] or capped[i] or not widths[i] for row in cells for i, v in enumerate(row)
+                capped[i] or not widths[i] or max(map(len, column), default=0) <= widths[i]
+                for i, column in enumerate(zip(*cells))
             ):
                 return layout.render(cells, header=False)
         sample = [self.widest[c] for c in columns if c in self.widest]
@@ -304,7 +325,16 @@ class ChunkedTable:
         self, rows: Sequence[Mapping[str, Any]], columns: tuple[str, ...], compact: bool
     ) -> list[list[str]]:
         """Cells as ``fit`` makes them (escaped, ids shortened, cut to their limits)."""
-        cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+        # _cell, inlined: most values are short printable strings or numbers.
+        cells = [
+            [
+                "-"
+                if v is None or v == ""
+                else (t if (t := v if type(v) is str else str(v)).isprintable() else escape(t))
+                for v in map(r.get, columns)
+            ]
+            for r in rows
+        ]
         if _settings.wide:
             return cells
         limits = self.limits or {}
@@ -312,17 +342,18 @@ class ChunkedTable:
         text = self.abbrev.text
         # Per cell (a million at --all): only a cell as long as a UUID can hold one, and only a
         # cell longer than its cap is cut.
-        cells = [
-            [
-                v if len(v) < 36 else _cut(text(v), caps[i]) if len(v) > caps[i] else text(v)
-                for i, v in enumerate(row)
-            ]
-            for row in cells
-        ]
-        if min(caps) < 36:
-            cells = [
-                [v if len(v) <= caps[i] else _cut(v, caps[i]) for i, v in enumerate(row)] for row in cells
-            ]
+        # Per cell only in the columns that need it (a million cells at --all): a cell as long as
+        # a UUID may hold one, a cell longer than its cap is cut.
+        longest = [max(map(len, column), default=0) for column in zip(*cells)]
+        for i, most in enumerate(longest):
+            if most < 36 and most <= caps[i]:
+                continue
+            cap = caps[i]
+            for row in cells:
+                v = row[i]
+                if len(v) >= 36:
+                    v = _cut(text(v), cap) if len(v) > cap else text(v)
+                row[i] = v if len(v) <= cap else _cut(v, cap)
         if compact:
             cells = [[_compact_time(v) for v in row] for row in cells]
         return cells

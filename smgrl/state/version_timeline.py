@@ -148,8 +148,14 @@ class VersionFold:
         for base in {w.base_url for w in (before, after) if w is not None} | ({removed} - {None}):
             yield from self._check(seq, base, None)
 
-    def started(self, op_id: str, version: str, targets: Iterable[dict]) -> None:
-        self._open[op_id] = _OpenVersionOp(version, {t["worker_id"]: strip_rank(t["url"]) for t in targets})
+    def started(
+        self, op_id: str, version: str, targets: Iterable[dict], bases: dict[str, str] | None = None
+    ) -> None:
+        """``bases``: ``targets`` as worker id -> engine address already (readers that see the
+        same targets many times convert them once); copied, the fold edits it."""
+        if bases is None:
+            bases = {t["worker_id"]: strip_rank(t["url"]) for t in targets}
+        self._open[op_id] = _OpenVersionOp(version, dict(bases))
 
     def outcome(self, seq: int, op_id: str, worker_id: str, kind: int) -> Iterator[Change]:
         op = self._open.get(op_id)
@@ -197,6 +203,7 @@ class VersionFold:
         targets: list[dict],
         outcomes: list[tuple[int, str, int]],
         close: int | None,
+        bases: dict[str, str] | None = None,
     ) -> Iterator[Change]:
         """A whole operation at once (``started``, its outcomes in seq order, then ``closed`` at
         ``close`` unless it is still open), when no other event falls between its first and last.
@@ -205,7 +212,7 @@ class VersionFold:
         confirmed at V, nothing is left unknown or mixed at the end. Anything else goes event by
         event through the same methods as interleaved operations.
         """
-        self.started(op_id, version, targets)
+        self.started(op_id, version, targets, bases)
         op = self._open[op_id]
         wids = [wid for _seq, wid, _kind in outcomes]
         if (
