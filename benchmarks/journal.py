@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import subprocess
 import sys
@@ -224,16 +225,21 @@ def _outcome(i: int) -> ControlOutcome:
     )
 
 
-def generate_with_snapshots(path: Path, n: int, *, snapshot_every: int = 50_000, batch: int = 5000) -> int:
+def generate_with_snapshots(
+    path: Path, n: int, *, snapshot_every: int | None = None, batch: int = 5000
+) -> int:
     """Write ``realistic(n)`` straight through the store in batches, taking a fleet snapshot (and
     its ``snapshot.taken`` marker) every ``snapshot_every`` events as the gateway does, with the
     store's retention policy thinning older ones. Returns the number of snapshots taken.
 
     The fold runs on the events as appended (no decode), so 5M events take minutes, not hours.
     """
+    from smgrl.snapshots import SNAPSHOT_EVERY
     from smgrl.state import snapshot
     from smgrl.state.fleet import FleetState
 
+    if snapshot_every is None:
+        snapshot_every = SNAPSHOT_EVERY  # the gateway's cadence
     store = SqliteStore.open(path)
     fleet = FleetState()
     last_snap, taken = 0, 0
@@ -619,6 +625,7 @@ def history_targets(path: Path) -> list[tuple[str, list[str]]]:
         ("`refits --all`", [*j, "refits", "--all"]),
         ("`events --type 'worker.*'` (glob)", [*j, "events", "--type", "worker.*"]),
         ("`ops --all`", [*j, "ops", "--all"]),
+        ("`refits --all --html`", [*j, "refits", "--all", "--html", str(path.with_suffix(".html"))]),
     ]
 
 
@@ -632,6 +639,42 @@ def bench_history(path: Path, runs: int = 3) -> list[tuple[str, str, str, str]]:
         print(
             f"    {what}: {rows[-1][1]} s, cpu {rows[-1][2]} s, {rows[-1][3]} MB", file=sys.stderr, flush=True
         )
+    return rows
+
+
+def bench_index(path: Path) -> list[tuple[str, str, str, str]]:
+    """The operation index's one-off costs, as commands, once each: `reindex` (drop and rebuild)
+    and the migration of a journal written before it (the table and its migration record removed
+    from a copy, then `reindex`, which migrates: what a gateway's first start on it pays too)."""
+    import shutil
+    import sqlite3
+
+    rows = []
+    wall, cpu, peak = run_command(["--journal", str(path), "reindex"])
+    rows.append(("`reindex` (rebuild the operation index)", f"{wall:.2f}", f"{cpu:.2f}", f"{peak:.0f}"))
+    old = path.with_name(path.stem + "-old.db")
+    shutil.copyfile(path, old)
+    with sqlite3.connect(old) as conn:
+        conn.execute("DROP TABLE op_index")
+        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0002_op_index'")
+    wall, cpu, peak = run_command(["--journal", str(old), "reindex"])
+    rows.append(
+        (
+            "migration of an older journal (back-fill, via `reindex`)",
+            f"{wall:.2f}",
+            f"{cpu:.2f}",
+            f"{peak:.0f}",
+        )
+    )
+    wall, cpu, peak = run_command(["--journal", str(path), "verify", "--no-replay"])
+    rows.append(
+        ("`verify --no-replay` (chain, schemas, operation index)", f"{wall:.2f}", f"{cpu:.2f}", f"{peak:.0f}")
+    )
+    for p in path.parent.glob(old.name + "*"):
+        p.unlink()
+    with sqlite3.connect(path) as conn:
+        size = conn.execute("SELECT sum(pgsize) FROM dbstat WHERE name LIKE '%op_index%'").fetchone()[0]
+    rows.append(("operation index size (table and indexes)", f"{size / 1e6:.1f} MB", "", ""))
     return rows
 
 
@@ -682,6 +725,12 @@ def main() -> None:
     parser.add_argument("--history-runs", type=int, default=3, help="runs of each history command")
     parser.add_argument(
         "--history-dir", default=None, help="where the history journals are written (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--history-keep",
+        default=None,
+        metavar="DIR",
+        help="reuse (or keep) the generated history journals in DIR instead of a temporary directory",
     )
     args = parser.parse_args()
     sizes = [int(s) for s in args.events.split(",") if s]
@@ -751,30 +800,40 @@ def main() -> None:
                 print(f"| {n:,} | {what} | {value} |")
     if args.history:
         bench_history_sizes(
-            [int(x) for x in args.history.split(",") if x], args.history_runs, args.history_dir
+            [int(x) for x in args.history.split(",") if x],
+            args.history_runs,
+            args.history_dir,
+            args.history_keep,
         )
     print()
 
 
-def bench_history_sizes(sizes: list[int], runs: int, where: str | None) -> None:
+def bench_history_sizes(sizes: list[int], runs: int, where: str | None, keep: str | None = None) -> None:
     print("\n## Time travel at scale (issue 19): commands as a user runs them\n")
     print(f"{runs} runs each (ranges); the journals are written with the gateway's snapshot cadence")
-    print("(every 50,000 events, thinned by the retention policy).\n")
+    print("(every 25,000 events, thinned by the retention policy).\n")
     print("| events | command | wall s | CPU s | peak MB |")
     print("|---:|---|---:|---:|---:|")
-    with tempfile.TemporaryDirectory(prefix="smgrl-history-", dir=where) as tmp:
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="smgrl-history-", dir=where))
+        else:
+            tmp = keep
+            os.makedirs(tmp, exist_ok=True)
         for n in sizes:
             path = Path(tmp) / f"history-{n}.db"
-            t0 = time.perf_counter()
-            taken = generate_with_snapshots(path, n)
-            print(
-                f"| {n:,} | (generated in {time.perf_counter() - t0:.0f} s, {taken} snapshots taken) | | | |"
-            )
-            for what, wall, cpu, peak in bench_history(path, runs):
+            if not path.exists():
+                t0 = time.perf_counter()
+                taken = generate_with_snapshots(path, n)
+                print(
+                    f"| {n:,} | (generated in {time.perf_counter() - t0:.0f} s, {taken} snapshots taken) | | | |"
+                )
+            for what, wall, cpu, peak in bench_history(path, runs) + bench_index(path):
                 print(f"| {n:,} | {what} | {wall} | {cpu} | {peak} |")
             sys.stdout.flush()
-            for p in Path(tmp).glob(f"history-{n}.db*"):
-                p.unlink()
+            if keep is None:
+                for p in Path(tmp).glob(f"history-{n}.db*"):
+                    p.unlink()
 
 
 if __name__ == "__main__":

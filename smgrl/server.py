@@ -178,6 +178,12 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                     snapshots = Snapshotter(
                         fleet, writer, every=snapshot_every(), last_seq=restored.snapshot_seq
                     )
+                    if snapshots.due():
+                        # Startup replayed and chain-checked more events than a snapshot spans
+                        # (no snapshot yet, or one that failed its hash): store what it checked
+                        # before serving, so the next start restores it and checks only the rows
+                        # after it. The long check is paid once (docs/journal.md#startup-trust).
+                        await snapshots.take()
                     await inner.start(snapshots.run)
                     if cfg.audit:
                         await inner.start(gateway.audit.run, writer)
