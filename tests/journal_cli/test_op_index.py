@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import attrs
 import sqlite_utils
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from journal import Append, SqliteStore
 from journal._chain import EMPTY_HEAD, build_batch
 from journal._schema import MIGRATIONS
+from journal.events import ControlStarted
 from smgrl.journal_cli import journal_group
 from smgrl.journal_cli.opscan import scan_ops, stream_ops
 from smgrl.journaling import ev
@@ -292,3 +294,21 @@ def test_reindex_refuses_while_a_gateway_owns_the_journal(tmp_path):
         lock.release()
     assert result.exit_code == 1
     assert "stop the gateway first" in result.output
+
+
+def test_compaction_leaves_the_index_true(tmp_path):
+    # compact rewrites request bodies; the index holds none, so it still equals a rebuild.
+    path = tmp_path / "j.db"
+    with SqliteStore.open(path) as store:
+        body = b'{"model_path": "/ckpt/step-1"}'
+        started = attrs.evolve(
+            _started("op-a", "update_weights_from_disk", ["w0"], "step-1"), **ControlStarted.body_fields(body)
+        )
+        assert started.body is not None
+        store.append_batch([Append("op:op-a", started)])
+        _append(store, [("outcome", "op-a", "w0", "ok"), ("finish", "op-a", "ok")])
+        before = store._query("SELECT * FROM op_index")
+        assert store.compact_bodies(10) == 1
+        assert store.verify().ok
+        assert store.check_op_index().ok
+        assert store._query("SELECT * FROM op_index") == before
