@@ -79,24 +79,19 @@ def _ops(conn: sqlite3.Connection, fold: OpsFold, after_seq: int, until_seq: int
         key = (path, phase, method)
         if key not in phases:
             phases[key] = phase_of(path, {"phase": phase}, method)
-        op = Op(
-            op_id=op_id,
-            seq=seq,
-            start=ts,
-            kind=kind if kind is not None else "call",
-            method=method,
-            path=path,
-            selector=selector,
-            phase=phases[key],
-            version=version,
-            targets=tmap,
-            total=len(tmap),
-            engines=engines,
-        )
         if closed is not None and closed <= limit:
-            op.end, op.result = end_ts, result
-            if total is not None:  # a control.finished was read (not only an interruption)
-                op.total, op.succeeded, op.failed, op.latency_ms = total, succeeded, failed, latency_ms
+            end, res = end_ts, result
+            if total is None:  # interrupted, no control.finished: the fold's defaults
+                total, succeeded, failed, latency_ms = len(tmap), 0, 0, None
+        else:  # still open as of the range's end
+            end = res = latency_ms = None
+            total, succeeded, failed = len(tmap), 0, 0
+        # Positional (every field, in Op's order): a third cheaper than keywords, 90,000 times.
+        # tests/journal_cli/test_op_index.py compares every field with the fold over the events.
+        op = Op(
+            op_id, seq, ts, kind if kind is not None else "call", method, path, selector, phases[key],
+            version, tmap, {}, end, res, total, succeeded, failed, latency_ms, engines,
+        )  # fmt: skip
         yield op
 
 
