@@ -642,7 +642,7 @@ def bench_history(path: Path, runs: int = 3) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def bench_index(path: Path) -> list[tuple[str, str, str, str]]:
+def bench_index(path: Path, *, verify: bool = True) -> list[tuple[str, str, str, str]]:
     """The operation index's one-off costs, as commands, once each: `reindex` (drop and rebuild)
     and the migration of a journal written before it (the table and its migration record removed
     from a copy, then `reindex`, which migrates: what a gateway's first start on it pays too)."""
@@ -727,6 +727,9 @@ def main() -> None:
         "--history-dir", default=None, help="where the history journals are written (default: a temp dir)"
     )
     parser.add_argument(
+        "--history-skip-verify", action="store_true", help="do not time `verify` on the history journals"
+    )
+    parser.add_argument(
         "--history-keep",
         default=None,
         metavar="DIR",
@@ -804,11 +807,14 @@ def main() -> None:
             args.history_runs,
             args.history_dir,
             args.history_keep,
+            not args.history_skip_verify,
         )
     print()
 
 
-def bench_history_sizes(sizes: list[int], runs: int, where: str | None, keep: str | None = None) -> None:
+def bench_history_sizes(
+    sizes: list[int], runs: int, where: str | None, keep: str | None = None, verify: bool = True
+) -> None:
     print("\n## Time travel at scale (issue 19): commands as a user runs them\n")
     print(f"{runs} runs each (ranges); the journals are written with the gateway's snapshot cadence")
     print("(every 25,000 events, thinned by the retention policy).\n")
@@ -828,7 +834,7 @@ def bench_history_sizes(sizes: list[int], runs: int, where: str | None, keep: st
                 print(
                     f"| {n:,} | (generated in {time.perf_counter() - t0:.0f} s, {taken} snapshots taken) | | | |"
                 )
-            for what, wall, cpu, peak in bench_history(path, runs) + bench_index(path):
+            for what, wall, cpu, peak in bench_history(path, runs) + bench_index(path, verify=verify):
                 print(f"| {n:,} | {what} | {wall} | {cpu} | {peak} |")
             sys.stdout.flush()
             if keep is None:
