@@ -36,6 +36,7 @@ import argparse
 import collections
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -587,17 +588,26 @@ def run_command(args: list[str]) -> tuple[float, float, float]:
     (user + system), peak RSS MB). On a busy machine wall time is mostly waiting for a core: the
     CPU time is what the command costs.
 
-    The peak is the child's own ``ru_maxrss`` from ``os.wait4`` (RUSAGE_CHILDREN would report the
-    largest of every child so far)."""
+    Started through GNU ``time`` when there is one: a child forked from this (large) benchmark
+    process would report this process's RSS as its peak (Linux keeps ``ru_maxrss`` across exec),
+    one forked from ``time`` reports its own. Without it, the child's ``ru_maxrss`` from
+    ``os.wait4``, an upper bound."""
     argv = [sys.executable, "-m", "smgrl", "journal", *args]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}: {err[-500:]}")
+    gnu_time = os.path.exists("/usr/bin/time")
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
+        if gnu_time:
+            argv = ["/usr/bin/time", "-f", "%U %S %M", "-o", out.name, *argv]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}: {err[-500:]}")
+        if gnu_time:
+            user, system, peak_kb = out.read().split()[-3:]
+            return elapsed, float(user) + float(system), int(peak_kb) / 1024
     return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
@@ -646,7 +656,6 @@ def bench_index(path: Path, *, verify: bool = True) -> list[tuple[str, str, str,
     """The operation index's one-off costs, as commands, once each: `reindex` (drop and rebuild)
     and the migration of a journal written before it (the table and its migration record removed
     from a copy, then `reindex`, which migrates: what a gateway's first start on it pays too)."""
-    import shutil
     import sqlite3
 
     rows = []
