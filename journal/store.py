@@ -11,6 +11,9 @@ Schema (created by ``sqlite_utils.Migrations`` set ``smgrl.journal``; see ``jour
         worker API keys; never in a payload, never exported, never printed
     snapshots(id INTEGER PRIMARY KEY, kind TEXT, upto_seq INTEGER, ts REAL, state TEXT (JSON), hash TEXT)
         index: (kind, upto_seq)
+    op_index(seq INTEGER PRIMARY KEY, op_id, ts, ... one row per control operation)
+        DERIVED from the control.* events, written in the same transaction as they are
+        (``journal/opindex.py``); verify rebuilds and compares it, ``rebuild_op_index`` rebuilds it
     meta(key TEXT PRIMARY KEY, value TEXT)
         journal_id, created_at, format_version, and three keys maintained with every write:
         high_water_seq / high_water_hash (the head, written in the same transaction as each batch)

@@ -11,6 +11,11 @@ the projections' own ``apply``: nothing here decides what an event means.
 
 Operations are not folded: ``workers`` shows the registry and the engine facts, and the
 operations projection (open operations, recent outcomes) is what startup needs, not history.
+
+``versions`` reads the operations that set a version from the journal's operation index
+(``journal/opindex.py``: one row per operation with its targets, outcomes and end, derived from
+the events in their transaction and checked by ``smgrl journal verify``), and the registry and
+``engine.version_set`` events through the (type, seq) index.
 """
 
 from __future__ import annotations
