@@ -384,7 +384,11 @@ class SqliteStore:
             rows, recorded, secret_ops = build_batch(items, head, self._clock())
             _insert_events(conn, rows)
             # The derived operation index, in the same transaction as the events it derives from.
-            control = [(r[0], r[1], r[3], r[5]) for r in rows if r[3] in _OP_TYPES]
+            control = [
+                (r[0], r[1], r[3], r[5], item.event)
+                for r, item in zip(rows, items, strict=True)
+                if r[3] in _OP_TYPES
+            ]
             if control:
                 opindex.apply_rows(conn, control)
             for worker_id, api_key, seq in secret_ops:
