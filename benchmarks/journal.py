@@ -666,7 +666,7 @@ def bench_index(path: Path, *, verify: bool = True) -> list[tuple[str, str, str,
     shutil.copyfile(path, old)
     with sqlite3.connect(old) as conn:
         conn.execute("DROP TABLE op_index")
-        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0002_op_index'")
+        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0003_op_index'")
     wall, cpu, peak = run_command(["--journal", str(old), "reindex"])
     rows.append(
         (

@@ -305,7 +305,7 @@ def reindex(ctx: Ctx) -> None:
                     "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'op_index'"
                 ).fetchone()
             # A read-write open refuses what is not a journal untouched and migrates an older one:
-            # migration 0002 creates the index and fills it from the events.
+            # migration 0003 creates the index and fills it from the events.
             store = SqliteStore.open(ctx.path, busy_timeout_ms=30_000)
         except (JournalError, sqlite3.Error) as exc:
             raise CliError(f"cannot open {ctx.path} for writing: {exc}", EXIT_NOT_JOURNAL) from None

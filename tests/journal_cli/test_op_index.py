@@ -206,11 +206,11 @@ def test_until_seq_sees_an_operation_as_it_was(tmp_path):
 
 
 def _old_journal(path) -> None:
-    """A journal as smgrl wrote it before the operation index: migration 0001 only, its rows made
+    """A journal as smgrl wrote it before the operation index: migrations 0001-0002 only, its rows made
     with the chain's own builder (none of the new code runs)."""
     db = sqlite_utils.Database(path)
     db.conn.execute("PRAGMA journal_mode = WAL")
-    MIGRATIONS.apply(db, stop_before="0002_op_index")
+    MIGRATIONS.apply(db, stop_before="0003_op_index")
     items = [
         Append("op:op-a", _started("op-a", "update_weights_from_disk", ["w0", "w1"], "step-1")),
         Append("op:op-a", _outcome("op-a", "w0", "ok")),
