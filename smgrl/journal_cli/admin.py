@@ -289,6 +289,12 @@ def compact(ctx: Ctx, before: int) -> None:
 @command("reindex")
 def reindex(ctx: Ctx) -> None:
     """Rebuild the derived operation index from the events (or add it to an older journal)."""
+    if ctx.url is not None:
+        raise CliError(
+            "a postgresql:// journal keeps no operation index (each command builds its copy's):"
+            " nothing to reindex",
+            EXIT_BAD_VALUE,
+        )
     if not os.path.isfile(ctx.path):
         open_readonly(ctx.path).close()  # the usual "no journal at PATH" / "is a directory" errors
     try:
