@@ -84,12 +84,13 @@ class RefitService:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, resume: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Own the sagas' nursery; first resume every saga the journal left open (a crash or a
-        shutdown mid-refit)."""
+        shutdown mid-refit). ``resume=False``: several processes share the journal, and an open
+        saga may be another live process's (docs/scale-out.md)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for saga in list(self.fleet.sagas.open.values()):
+            for saga in list(self.fleet.sagas.open.values()) if resume else ():
                 self._spawn(saga.refit_id, recovering=True)
             task_status.started()
             await trio.sleep_forever()

@@ -65,13 +65,19 @@ class RegistryService:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # This nursery owns every discovery job; it lives as long as the gateway's root nursery.
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            for w in list(self.fleet.registry):
-                if w.status == "pending" and w.group == w.id:
-                    self._start_job(w.id)
-            task_status.started()
-            await trio.sleep_forever()
+        # Several processes (smgrl/sharing.py): this runs only while the process holds the
+        # discovery lease; once cancelled no job starts here until it runs again.
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for w in list(self.fleet.registry):
+                    if w.status == "pending" and w.group == w.id:
+                        self._start_job(w.id)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._jobs.clear()
 
     # -- writes --------------------------------------------------------------------------------
 
