@@ -1,0 +1,60 @@
+"""Two gateways on one SQLite journal, in one process (as two ``--workers`` processes would be):
+decisions made once through the conditional append, whatever each one's projection has seen.
+
+Gateway B does not follow the journal here (no tail task), so its projection is stale on purpose:
+the decision must still be made once (the conditional append refuses B's stale decision; B catches
+up and decides again). With a follow task the window is milliseconds; tests/e2e/test_workers.py
+drives real processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import trio
+
+from journal import JournalWriter, SqliteStore
+from smgrl.errors import WorkerApiError
+from smgrl.gateway import Gateway
+from smgrl.registry.keys import KeyRing
+from smgrl.registry.service import Registration
+from smgrl.state.replay import restore
+
+
+@contextlib.asynccontextmanager
+async def shared_gateway(path, cfg, nursery):
+    store = SqliteStore.open(path)
+    fleet, restored = restore(store)
+    writer = JournalWriter(store)
+    writer.position = restored.head  # several writers: on_commit gets every event in order
+    gateway = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=KeyRing(store.secrets()))
+    await nursery.start(writer.run)
+    try:
+        yield gateway
+    finally:
+        await writer.aclose()
+        store.close()
+
+
+async def test_a_url_is_registered_once_across_gateways_whose_views_lag(rl_config, tmp_path):
+    path = str(tmp_path / "j.db")
+    async with (
+        trio.open_nursery() as nursery,
+        shared_gateway(path, rl_config, nursery) as a,
+        shared_gateway(path, rl_config, nursery) as b,
+    ):
+        first = await a.registry.register(Registration(url="http://127.0.0.1:9"), "api")
+        assert b.fleet.registry.get(first.id) is None  # B has not seen it (no tail)
+        with pytest.raises(WorkerApiError) as refused:
+            await b.registry.register(Registration(url="http://127.0.0.1:9"), "api")
+        assert refused.value.status == 409
+        assert first.id in str(refused.value)
+        # B caught up while deciding again: its projection now holds A's registration.
+        assert b.fleet.registry.get(first.id) is not None
+        # A different URL still registers through B, decided on its caught-up view.
+        other = await b.registry.register(Registration(url="http://127.0.0.1:10"), "api")
+        assert other.url == "http://127.0.0.1:10"
+    with SqliteStore.open(path, readonly=True) as store:
+        urls = [r.event.url for r in store.read(types=["worker.registered"])]
+    assert sorted(urls) == ["http://127.0.0.1:10", "http://127.0.0.1:9"]
