@@ -58,3 +58,37 @@ async def test_a_url_is_registered_once_across_gateways_whose_views_lag(rl_confi
     with SqliteStore.open(path, readonly=True) as store:
         urls = [r.event.url for r in store.read(types=["worker.registered"])]
     assert sorted(urls) == ["http://127.0.0.1:10", "http://127.0.0.1:9"]
+
+
+async def test_one_refit_at_a_time_across_gateways_whose_views_lag(tmp_path):
+    """A starts a refit; B, whose view has not seen it, is refused (409 refit_in_progress) instead
+    of starting a second saga on the same engines."""
+    from rl_api_helpers import rl_cfg
+
+    from smgrl.fake import fake_fleet
+    from smgrl.fake.checkpoint import make_checkpoint
+    from smgrl.testing import gateway_in_process
+
+    ckpt = str(make_checkpoint(tmp_path / "step-7", "fake/model", seed=7))
+    body = {"selector": "engine=sglang", "source": {"disk": {"model_path": ckpt}}, "weight_version": "7"}
+    path = str(tmp_path / "j.db")
+    with SqliteStore.open(path) as store_a, SqliteStore.open(path) as store_b:
+        async with (
+            fake_fleet("sglang", 2) as engines,
+            gateway_in_process(rl_cfg(), store=store_a, worker_urls=engines.urls, shared=True) as a,
+            gateway_in_process(rl_cfg(), store=store_b, shared=True) as b,
+        ):
+            await b.writer.catch_up()  # B sees the engines A registered and discovered
+            assert len(b.gateway.fleet.registry) == 2
+            for engine in engines:
+                engine.set_knobs(hang=True)  # A's saga stays open (its pause never answers)
+            r = await a.client.post("/v1/rl/refits", json=body)
+            assert r.status_code == 202, r.text
+            assert not b.gateway.fleet.sagas.open  # B has not seen it
+            r = await b.client.post("/v1/rl/refits", json=body)
+            assert r.status_code == 409, r.text
+            assert "refit_in_progress" in r.text, r.text
+            for engine in engines:
+                engine.set_knobs(hang=False)
+    with SqliteStore.open(path, readonly=True) as store:
+        assert len(list(store.read(types=["refit.started"]))) == 1
