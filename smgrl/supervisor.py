@@ -10,7 +10,8 @@ worker writes one JSON line once it listens: its pid and private metrics URL) an
 * Metrics: the supervisor serves ``--prometheus-port``; a scrape fetches every worker's metrics
   (each worker listens on a free loopback port) and answers them as one exposition, every sample
   labelled ``gateway_worker="<index>"`` (sum over it for fleet totals).
-* A worker that exits while the supervisor runs is restarted (after 1 s); more than
+* A worker that exits while the supervisor runs is restarted (after 1 s, or
+  ``SMGRL_WORKER_RESTART_DELAY_SECS``); more than
   ``MAX_RESTARTS`` restarts within ``RESTART_WINDOW_SECS`` and the supervisor stops every worker
   and exits 1 (a worker that cannot start would otherwise restart forever).
 * SIGINT/SIGTERM: forwarded to every worker (a second signal is forwarded too: the workers then
@@ -43,6 +44,16 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_SECS = 60.0
 RESTART_DELAY_SECS = 1.0
 READY_TIMEOUT_SECS = 120.0
+
+
+def restart_delay() -> float:
+    """``SMGRL_WORKER_RESTART_DELAY_SECS`` (default 1): how long a dead worker stays down."""
+    try:
+        return max(0.0, float(os.environ.get("SMGRL_WORKER_RESTART_DELAY_SECS", RESTART_DELAY_SECS)))
+    except ValueError:
+        return RESTART_DELAY_SECS
+
+
 SCRAPE_TIMEOUT_SECS = 5.0
 
 
@@ -199,7 +210,7 @@ class Supervisor:
                 exit_code=code,
             )
             self._close_lifeline(worker)
-            await trio.sleep(RESTART_DELAY_SECS)
+            await trio.sleep(restart_delay())
             await self._start(worker)
             if worker.metrics_url is None:
                 continue  # it exited before listening: counted as a restart on the next round

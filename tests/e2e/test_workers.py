@@ -73,12 +73,15 @@ def ready_per_worker(text: str) -> dict[str, float]:
     return out
 
 
-def start_supervisor(children, tmp_path, journal: str, *args):
+def start_supervisor(children, tmp_path, journal: str, *args, env=None):
     port, mport = free_port(), free_port()
     log_path = tmp_path / f"supervisor-{port}.log"
     log = open(log_path, "w")  # noqa: SIM115 - held by the child for its lifetime
     child = start_gateway(
-        ["--workers", "2", "--journal", journal, "--prometheus-port", str(mport), *args], port=port, log=log
+        ["--workers", "2", "--journal", journal, "--prometheus-port", str(mport), *args],
+        port=port,
+        log=log,
+        env=env,
     )
     children.append(child)
     base = f"http://127.0.0.1:{port}"
@@ -202,7 +205,10 @@ def test_sigkill_mid_fanout_other_worker_records_it_interrupted(fakes, children,
 def test_sigkill_discovery_lease_holder_lease_taken_over(fakes, children, tmp_path):
     urls = fakes("sglang", 2)
     journal = str(tmp_path / "j.db")
-    _, base, murl, pids, _ = start_supervisor(children, tmp_path, journal)
+    # The killed worker stays down: the survivor must take the lease over.
+    _, base, murl, pids, _ = start_supervisor(
+        children, tmp_path, journal, env={"SMGRL_WORKER_RESTART_DELAY_SECS": "120"}
+    )
     st, _, _ = request(base, "POST", "/workers", {"url": urls[0]})
     assert st == 202
     wait_until("the first engine discovered", lambda: ready_per_worker(metrics(murl)) == {"0": 1.0, "1": 1.0})
@@ -215,10 +221,11 @@ def test_sigkill_discovery_lease_holder_lease_taken_over(fakes, children, tmp_pa
     assert st == 202, body
     wait_until(
         "the second engine discovered after the takeover",
-        lambda: any(v == 2.0 for v in ready_per_worker(metrics(murl)).values()),
+        lambda: ready_per_worker(metrics(murl)) == {"0" if holder_pid == pids[1] else "1": 2.0},
     )
     after = lease(journal, "discovery")
-    assert after.holder != before.holder and after.epoch > before.epoch
+    survivor = next(p for p in pids if p != holder_pid)
+    assert int(after.holder.split(":")[1]) == survivor and after.epoch > before.epoch
 
 
 def _retry_post(base: str, url: str):
