@@ -92,3 +92,28 @@ async def test_one_refit_at_a_time_across_gateways_whose_views_lag(tmp_path):
                 engine.set_knobs(hang=False)
     with SqliteStore.open(path, readonly=True) as store:
         assert len(list(store.read(types=["refit.started"]))) == 1
+
+
+async def test_the_journal_tail_of_one_gateway_carries_the_others_events(rl_config, tmp_path):
+    """What the SSE stream and the fleet page read (``gateway.tail``): B, following the journal,
+    publishes A's registration, in order, after its projection applied it."""
+    from journal import ChangeWatcher
+
+    path = str(tmp_path / "j.db")
+    async with (
+        trio.open_nursery() as nursery,
+        shared_gateway(path, rl_config, nursery) as a,
+        shared_gateway(path, rl_config, nursery) as b,
+    ):
+        nursery.start_soon(b.journal.follow, ChangeWatcher(b.store))
+        sub = b.tail.subscribe()
+        first = await a.registry.register(Registration(url="http://127.0.0.1:9"), "api")
+        with trio.fail_after(10):
+            while True:
+                batch = await sub.next_batch()
+                hit = [r for r in batch if getattr(r.event, "worker_id", None) == first.id]
+                if hit:
+                    break
+        assert hit[0].event.TYPE == "worker.registered"
+        assert b.fleet.registry.get(first.id) is not None
+        nursery.cancel_scope.cancel()
