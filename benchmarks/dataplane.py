@@ -33,6 +33,7 @@ is bounded (a request count or a deadline).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -361,11 +362,13 @@ def process_tree(pid: int) -> list[int]:
     while todo and len(out) < 256:
         p = todo.pop()
         out.append(p)
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
+        # Every thread's list: a child started from a worker thread is listed under that thread.
+        for path in glob.glob(f"/proc/{p}/task/*/children"):
+            try:
+                with open(path) as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
     return out
 
 
