@@ -134,7 +134,11 @@ async def serve(
             group = sharing.group if sharing is not None else None
             lock = resources.enter_context(own_journal(cfg.journal, group=group))
         hc = hypercorn_config(cfg)
-        sockets = inherited_http(sharing.fd) if sharing is not None and sharing.fd is not None else bind_http(hc, cfg)
+        sockets = (
+            inherited_http(sharing.fd)
+            if sharing is not None and sharing.fd is not None
+            else bind_http(hc, cfg)
+        )
         resources.callback(_close_sockets, sockets)
         metrics_listeners = await bind_metrics(cfg)
         for listener in metrics_listeners or ():
@@ -151,7 +155,17 @@ async def serve(
         # purpose: nothing runs before it.
         fleet, restored = restore_verified(store)
         await _run(
-            cfg, store, fleet, restored, hc, sockets, metrics_listeners, shutdown, stop_now, task_status, sharing
+            cfg,
+            store,
+            fleet,
+            restored,
+            hc,
+            sockets,
+            metrics_listeners,
+            shutdown,
+            stop_now,
+            task_status,
+            sharing,
         )
 
 
@@ -222,27 +236,22 @@ async def _run(
                             keys=keys,
                             cfg=cfg.health,
                         )
-                    duties = {
-                        "discovery": gateway.registry.run,
-                        "refits": gateway.refits.run,  # resumes sagas the journal left open
-                        "snapshots": snapshots.run,
-                        "health": checker.run if checker is not None else None,
-                    }
-                    if sharing is not None:
-                        # Every process runs refits it is asked for (one at a time fleet-wide:
-                        # the saga projection, followed); none resumes an open saga, which may
-                        # be another live process's (docs/scale-out.md).
-                        del duties["refits"]
-                        await inner.start(partial(gateway.refits.run, resume=False))
                     if sharing is None:
-                        for duty in duties.values():
-                            if duty is not None:
-                                await inner.start(duty)
+                        await inner.start(gateway.registry.run)
+                        await inner.start(gateway.refits.run)  # resumes sagas the journal left open
+                        await inner.start(snapshots.run)
                     else:
-                        # Duties that must run once run where their lease is (smgrl/sharing.py).
-                        duties["recovery"] = lambda task_status=trio.TASK_STATUS_IGNORED: (
-                            _started(task_status, recovery_duty(store, writer, fleet, sharing))
-                        )
+                        # Every process runs the refits it is asked for (one at a time fleet-wide:
+                        # a conditional append); none resumes an open saga, which may be another
+                        # live process's (docs/scale-out.md). Duties that must run once run where
+                        # their lease is (smgrl/sharing.py).
+                        await inner.start(partial(gateway.refits.run, resume=False))
+                        duties = {
+                            "discovery": gateway.registry.run,
+                            "snapshots": snapshots.run,
+                            "health": checker.run if checker is not None else None,
+                            "recovery": partial(recovery_duty, store, writer, fleet, sharing),
+                        }
                         for name, duty in duties.items():
                             if duty is not None:
                                 await inner.start(run_leased, store, sharing, name, _as_duty(duty))
@@ -251,11 +260,15 @@ async def _run(
                     for url in cfg.worker_urls:
                         if fleet.registry.conflict_for(url) is None:
                             try:
-                                await gateway.registry.register(Registration(url=url, api_key=cfg.api_key), "cli")
+                                await gateway.registry.register(
+                                    Registration(url=url, api_key=cfg.api_key), "cli"
+                                )
                             except WorkerApiError:
                                 # Several processes: another one registered it first (409).
                                 if sharing is None:
                                     raise
+                    if checker is not None and sharing is None:
+                        await inner.start(checker.run)
                     metrics_url = None
                     if metrics_listeners is not None:
                         await inner.start(
@@ -369,11 +382,6 @@ async def _in_scope(scopes: list, fn, *args, task_status=trio.TASK_STATUS_IGNORE
     with trio.CancelScope() as scope:
         scopes.append(scope)
         await fn(*args, task_status=task_status)
-
-
-async def _started(task_status, coro) -> None:
-    task_status.started()
-    await coro
 
 
 def _as_duty(start):

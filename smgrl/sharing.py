@@ -260,9 +260,12 @@ async def _gone(store, sharing: Sharing, owner: str) -> bool:
     return True
 
 
-async def recovery_duty(store, writer, fleet, sharing: Sharing) -> None:
+async def recovery_duty(
+    store, writer, fleet, sharing: Sharing, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     """The ``recovery`` lease's duty: a round every ttl/3 (an operation of a SIGKILLed process is
     recorded within about ttl of its death, plus a round)."""
+    task_status.started()
     while True:
         await recover_dead(store, writer, fleet, sharing)
         await trio.sleep(sharing.ttl / 3)
