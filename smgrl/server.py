@@ -250,7 +250,7 @@ async def _run(
                             "discovery": gateway.registry.run,
                             "snapshots": snapshots.run,
                             "health": checker.run if checker is not None else None,
-                            "recovery": partial(recovery_duty, store, writer, fleet, sharing),
+                            "recovery": partial(recovery_duty, store, writer, fleet, sharing, gateway.refits),
                         }
                         for name, duty in duties.items():
                             if duty is not None:

@@ -43,7 +43,6 @@ LEASE_TTL_SECS = 5.0
 # JournalError, scrubbed of the URL's password).
 _STORE_ERRORS = (JournalError, sqlite3.Error, OSError)
 PRESENCE = "gateway:"  # + identity
-DUTIES = ("discovery", "health", "snapshots", "refits", "recovery")
 ENV_GROUP = "SMGRL_WORKER_GROUP"  # the supervisor's group token (shared SQLite lock)
 ENV_FD = "SMGRL_WORKER_FD"  # the listening socket the supervisor bound
 ENV_INDEX = "SMGRL_WORKER_INDEX"  # 0..N-1
@@ -202,9 +201,10 @@ async def _hold(store, sharing: Sharing, name: str, duty, period: float) -> None
         nursery.start_soon(run_duty)
 
 
-async def recover_dead(store, writer, fleet, sharing: Sharing) -> list[str]:
+async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> list[str]:
     """One round of the ``recovery`` duty: ``control.interrupted`` for the open operations whose
-    process is gone (its presence lease can be taken: expired or released)."""
+    process is gone (its presence lease can be taken: expired or released), then (``refits``, the
+    RefitService) the open refit sagas of gone processes are resumed here, as a restart would."""
     dead: dict[str, bool] = {}
     items = []
     for op_id, op in list(fleet.operations.open.items()):
@@ -238,11 +238,24 @@ async def recover_dead(store, writer, fleet, sharing: Sharing) -> list[str]:
             logging.WARNING,
             operations=",".join(event.op_id for _, event in items),
         )
+    if refits is not None:
+        for refit_id in list(fleet.sagas.open):
+            owner = await _store_call(store, _owner_from_journal, store, refit_id, "refit")
+            if owner == sharing.identity:
+                continue
+            if owner not in dead:
+                dead[owner] = await _gone(store, sharing, owner)
+            if dead[owner] and refits.resume(refit_id):
+                log_event(
+                    log, "resuming the refit of a stopped gateway process", logging.WARNING, refit_id=refit_id
+                )
     return [event.op_id for _, event in items]
 
 
-def _owner_from_journal(store, op_id: str) -> str:
-    for rec in store.read(stream=f"op:{op_id}", types=["control.started"], limit=1):
+def _owner_from_journal(store, ident: str, kind: str = "op") -> str:
+    """The process recorded in an operation's ``control.started`` (or a saga's ``refit.started``)."""
+    first = "control.started" if kind == "op" else "refit.started"
+    for rec in store.read(stream=f"{kind}:{ident}", types=[first], limit=1):
         return getattr(rec.event, "gateway", None) or ""
     return ""
 
@@ -261,11 +274,11 @@ async def _gone(store, sharing: Sharing, owner: str) -> bool:
 
 
 async def recovery_duty(
-    store, writer, fleet, sharing: Sharing, *, task_status=trio.TASK_STATUS_IGNORED
+    store, writer, fleet, sharing: Sharing, refits=None, *, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
     """The ``recovery`` lease's duty: a round every ttl/3 (an operation of a SIGKILLed process is
     recorded within about ttl of its death, plus a round)."""
     task_status.started()
     while True:
-        await recover_dead(store, writer, fleet, sharing)
+        await recover_dead(store, writer, fleet, sharing, refits)
         await trio.sleep(sharing.ttl / 3)

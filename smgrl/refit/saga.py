@@ -98,6 +98,15 @@ class RefitService:
             task_status.started()
             await trio.sleep_forever()
 
+    def resume(self, refit_id: str) -> bool:
+        """Several processes: drive an open saga whose process is gone (the recovery duty, after
+        it recorded that process's operations interrupted), as a restart would. False when it
+        already runs here or the service is not running."""
+        if refit_id in self._running or self._nursery is None:
+            return False
+        self._spawn(refit_id, recovering=True)
+        return True
+
     def _spawn(self, refit_id: str, recovering: bool = False) -> None:
         if self._nursery is None:
             raise RuntimeError("the refit service is not running")
@@ -198,6 +207,7 @@ class RefitService:
             engines=engines,
             principal=principal,
             request_id=request_id,
+            gateway=self.control.identity,
         )
         # Shielded from the request's cancellation (the client leaving): once refit.started is
         # queued it WILL be written (journal/writer.py), and a saga written but never spawned

@@ -117,3 +117,59 @@ async def test_the_journal_tail_of_one_gateway_carries_the_others_events(rl_conf
         assert hit[0].event.TYPE == "worker.registered"
         assert b.fleet.registry.get(first.id) is not None
         nursery.cancel_scope.cancel()
+
+
+async def test_a_saga_of_a_gone_process_is_resumed_by_the_recovery_holder(tmp_path):
+    """A starts a refit and stops mid-saga (its engines hang; its task is cancelled, nothing is
+    recorded, as after a SIGKILL). While A's presence lease is held, B leaves the saga alone; once
+    A is gone, B's recovery round records A's operation interrupted and drives the saga to its end."""
+    from rl_api_helpers import rl_cfg
+
+    from smgrl.fake import fake_fleet
+    from smgrl.fake.checkpoint import make_checkpoint
+    from smgrl.sharing import PRESENCE, Sharing, recover_dead
+    from smgrl.testing import gateway_in_process
+
+    ckpt = str(make_checkpoint(tmp_path / "step-7", "fake/model", seed=7))
+    body = {"selector": "engine=sglang", "source": {"disk": {"model_path": ckpt}}, "weight_version": "7"}
+    path = str(tmp_path / "j.db")
+    a_id = "host-a:1:aaaa"
+    with SqliteStore.open(path) as store_a, SqliteStore.open(path) as store_b:
+        async with (
+            fake_fleet("sglang", 2) as engines,
+            gateway_in_process(rl_cfg(), store=store_b, shared=True) as b,
+        ):
+            async with gateway_in_process(
+                rl_cfg(), store=store_a, worker_urls=engines.urls, shared=True
+            ) as a:
+                a.gateway.control.identity = a_id
+                store_a.take_lease(PRESENCE + a_id, a_id, 60)  # A is alive
+                for engine in engines:
+                    engine.set_knobs(hang=True)
+                r = await a.client.post("/v1/rl/refits", json=body)
+                assert r.status_code == 202, r.text
+                refit_id = r.json()["refit_id"]
+                with trio.fail_after(10):
+                    while not a.gateway.fleet.operations.open:
+                        await trio.sleep(0.01)
+            # A is gone: its saga task was cancelled mid-step, its operation left open.
+            for engine in engines:
+                engine.set_knobs(hang=False)
+            await b.writer.catch_up()
+            saga = b.gateway.fleet.sagas.get(refit_id)
+            assert saga is not None and saga.is_open
+            sharing = Sharing(identity="host-b:2:bbbb")
+            # A's presence lease still held (not expired): nothing is recovered.
+            assert await recover_dead(store_b, b.writer, b.gateway.fleet, sharing, b.gateway.refits) == []
+            assert b.gateway.fleet.sagas.get(refit_id).is_open
+            store_a.release_lease(PRESENCE + a_id, a_id)  # (expired or released: gone)
+            interrupted = await recover_dead(store_b, b.writer, b.gateway.fleet, sharing, b.gateway.refits)
+            assert len(interrupted) == 1
+            with trio.fail_after(30):
+                while b.gateway.fleet.sagas.get(refit_id).is_open:
+                    await b.gateway.refits.change_event().wait()
+            assert b.gateway.fleet.sagas.get(refit_id).result == "succeeded"
+    with SqliteStore.open(path, readonly=True) as store:
+        (started,) = store.read(types=["refit.started"])
+        assert started.event.gateway == a_id
+        assert store.verify().ok

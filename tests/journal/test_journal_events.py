@@ -83,8 +83,8 @@ any_event = st.sampled_from(sorted(CATALOGUE.values(), key=lambda c: c.TYPE)).fl
 def test_catalogue_is_registered():
     for name, cls in CATALOGUE.items():
         assert cls.TYPE == name
-        # control.started gained ``gateway`` (several processes on one journal): schema 2.
-        assert cls.SCHEMA == (2 if name == "control.started" else 1)
+        # control.started and refit.started gained ``gateway`` (several processes): schema 2.
+        assert cls.SCHEMA == (2 if name in ("control.started", "refit.started") else 1)
         assert event_class(name) is cls
         assert attrs.has(cls)
         assert issubclass(cls, Event)
