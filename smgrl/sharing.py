@@ -7,7 +7,7 @@ the journal is PostgreSQL (several hosts). Then:
 
 * every process has an identity, ``host:pid:tag``, and proves it is alive by renewing the lease
   ``gateway:<identity>`` (``presence``): a SIGKILLed process stops renewing, its lease expires;
-* a duty that must run once (discovery jobs, health checks, snapshots, refit sagas, recovery) runs
+* a duty that must run once (discovery jobs, health checks, snapshots, recovery) runs
   in :func:`run_leased`: only while this process holds the duty's lease, cancelled as soon as a
   renewal fails or the ttl passed since the last good one, taken over by another process within
   about ``ttl`` (+ one retry period) of the holder's death;
@@ -15,6 +15,7 @@ the journal is PostgreSQL (several hosts). Then:
   recovery does for a lone gateway) for every open operation whose process is gone: the
   operation's ``control.started`` names its process (``gateway``); "gone" is decided by the store's
   clock: the recovery holder *can take* that process's presence lease (expired or released).
+  Then it resumes the open refit sagas of gone processes (``refit.started`` names the process).
 
 Leases are journal store calls (a write transaction each), run in a thread.
 """
@@ -22,6 +23,7 @@ Leases are journal store calls (a write transaction each), run in a thread.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -103,8 +105,6 @@ class Sharing:
         """Tell the supervisor this process listens (one JSON line on its pipe), then close it."""
         if self.ready_fd is None:
             return
-        import json
-
         try:
             os.write(self.ready_fd, (json.dumps(info) + "\n").encode())
         except OSError:
