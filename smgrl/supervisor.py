@@ -175,7 +175,9 @@ class Supervisor:
         try:
             info = json.loads(line)
         except ValueError:
-            code = worker.proc.poll()
+            code = None
+            with trio.move_on_after(10):  # it closed its end: it is exiting (or hung: no code)
+                code = await worker.proc.wait()
             self.failed = self.failed or (
                 f"gateway worker {worker.index} did not start"
                 + (f" (exit code {code})" if code is not None else "")

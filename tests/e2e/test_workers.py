@@ -240,3 +240,28 @@ def _ignore_errors(fn, *args):
         fn(*args)
     except OSError:
         pass  # the process serving it was killed
+
+
+def test_workers_refused_in_one_line_while_a_lone_gateway_owns_the_journal(gateway, tmp_path):
+    """A lone gateway holds the journal exclusively: the first worker is refused (its own line),
+    the supervisor says which worker did not start and exits 1; nothing else starts."""
+    import subprocess
+    import sys
+
+    journal = str(tmp_path / "j.db")
+    gateway(journal=journal)
+    argv = ["--workers", "2", "--journal", journal, "--port", str(free_port()), "--log-level", "warn"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "smgrl", "launch", *argv, "--prometheus-port", str(free_port())],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors[-1] == "error: gateway worker 0 did not start (exit code 1): its error is above", (
+        proc.stderr
+    )
+    assert "is in use by another smgrl gateway" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
