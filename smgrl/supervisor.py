@@ -141,7 +141,8 @@ class Supervisor:
         if self.failed:
             raise StartupError(self.failed)
 
-    async def _start(self, worker: _Worker) -> None:
+    async def _start(self, worker: _Worker, *, restarting: bool = False) -> None:
+        worker.metrics_url = None
         ready_r, ready_w = os.pipe()
         life_r, life_w = os.pipe()
         env = dict(os.environ)
@@ -178,11 +179,15 @@ class Supervisor:
             code = None
             with trio.move_on_after(10):  # it closed its end: it is exiting (or hung: no code)
                 code = await worker.proc.wait()
-            self.failed = self.failed or (
+            why = (
                 f"gateway worker {worker.index} did not start"
                 + (f" (exit code {code})" if code is not None else "")
                 + ": its error is above"
             )
+            if restarting:  # counted by _watch, which gives up past MAX_RESTARTS
+                log_event(log, why, logging.ERROR)
+            else:
+                self.failed = self.failed or why
             return
         worker.metrics_url = info.get("metrics_url")
 
@@ -213,9 +218,8 @@ class Supervisor:
             )
             self._close_lifeline(worker)
             await trio.sleep(restart_delay())
-            await self._start(worker)
-            if worker.metrics_url is None:
-                continue  # it exited before listening: counted as a restart on the next round
+            await self._start(worker, restarting=True)
+            # One that exited before listening is counted as a restart on the next round.
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
