@@ -33,6 +33,7 @@ is bounded (a request count or a deadline).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -188,6 +189,43 @@ def start_smgrl(
     return Child(proc, f"smgrl-{front}")
 
 
+def start_workers(urls: list[str], port: int, workers: int, workdir: str, policy: str) -> tuple[Child, str]:
+    """``smgrl launch --workers N`` on an SQLite journal (N=1: a lone gateway on the same kind of
+    journal, for the comparison); returns the child and its metrics URL."""
+    import subprocess
+
+    mport = free_port()
+    journal = os.path.join(workdir, f"workers-{workers}.db")
+    args = [
+        "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+        "--journal", journal, "--prometheus-port", str(mport), "--policy", policy,
+        "--disable-health-check", "--log-level", "warn", "--workers", str(workers),
+    ]  # fmt: skip
+    log = open(os.path.join(workdir, f"smgrl-workers-{workers}.log"), "w")  # noqa: SIM115 - the child holds it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smgrl", "launch", *args], stdout=log, stderr=subprocess.STDOUT
+    )
+    return Child(proc, f"smgrl-workers-{workers}"), f"http://127.0.0.1:{mport}/metrics"
+
+
+def wait_workers(metrics_url: str, workers: int, deadline_s: float = 120.0) -> None:
+    """Until every worker of a supervisor listens (its metrics appear in the merged exposition)."""
+    if workers < 2:
+        return
+    import urllib.request
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=5) as r:
+                if f'gateway_worker="{workers - 1}"'.encode() in r.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"not every worker listens after {deadline_s:g}s")
+
+
 def start_smg(smg: str, urls: list[str], port: int, workdir: str, policy: str) -> Child:
     import subprocess
 
@@ -318,8 +356,26 @@ def _quart_front(app) -> None:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU of a process so far (Linux /proc), 0.0 when unknown."""
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc): a --workers supervisor and its workers."""
+    out, todo = [], [pid]
+    while todo and len(out) < 256:
+        p = todo.pop()
+        out.append(p)
+        # Every thread's list: a child started from a worker thread is listed under that thread.
+        for path in glob.glob(f"/proc/{p}/task/*/children"):
+            try:
+                with open(path) as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+    return out
+
+
+def cpu_seconds(pid: int | list[int] | None) -> float:
+    """User + system CPU of a process (or the sum over several) so far (Linux /proc), 0.0 when unknown."""
+    if isinstance(pid, list):
+        return sum(cpu_seconds(p) for p in pid)
     if pid is None:
         return 0.0
     try:
@@ -330,7 +386,7 @@ def cpu_seconds(pid: int | None) -> float:
         return 0.0
 
 
-def measure(name: str, origins: list[str], args, results: dict, pid: int | None = None) -> None:
+def measure(name: str, origins: list[str], args, results: dict, pid: int | list[int] | None = None) -> None:
     for c in args.concurrency:
         total = max(args.requests, c * 8) if c > 1 else max(args.requests // 4, 200)
         cpu0 = cpu_seconds(pid)
@@ -437,6 +493,12 @@ def main() -> None:
         default=None,
         help="also measure the smgrl of this checkout (e.g. `git worktree add /tmp/base main`) as smgrl-baseline",
     )
+    ap.add_argument(
+        "--workers",
+        default="",
+        help="also measure `smgrl launch --workers N` on an SQLite journal for each N listed (e.g. 1,2):"
+        " CPU per request summed over the supervisor and its workers",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -467,11 +529,17 @@ def main() -> None:
                 gateways.append(("hypercorn-bare-proxy", "bare-proxy"))
             if args.fronts:
                 gateways.append(("smgrl-quart", "quart"))
+            for n in [int(w) for w in args.workers.split(",") if w]:
+                gateways.append((f"smgrl --workers {n}", f"workers:{n}"))
             if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
                 gateways.append(("SMG 1.13.0", "smg"))
             for name, front in gateways:
                 phases = [(urls, plain)]
-                if args.streams and front not in ("quart", "bare", "bare-proxy", "baseline"):
+                if (
+                    args.streams
+                    and front not in ("quart", "bare", "bare-proxy", "baseline")
+                    and not front.startswith("workers")
+                ):
                     phases.append((slow_urls, only_streams))
                 for engine_urls, phase_args in phases:
                     port = free_port()
@@ -483,14 +551,21 @@ def main() -> None:
                     elif front == "baseline":
                         src = os.path.abspath(args.baseline_src)
                         child = start_smgrl(engine_urls, port, "asgi", workdir, args.policy, src=src)
+                    elif front.startswith("workers:"):
+                        n = int(front.split(":")[1])
+                        child, metrics_url = start_workers(engine_urls, port, n, workdir, args.policy)
                     else:
                         child = start_smgrl(engine_urls, port, front, workdir, args.policy)
                     children.append(child)
                     base = f"http://127.0.0.1:{port}"
                     if not front.startswith("bare"):  # the bare apps have no /liveness
                         wait_listening(base, child=child)
+                    pids: int | list[int] = child.pid
+                    if front.startswith("workers:"):
+                        wait_workers(metrics_url, n)
+                        pids = process_tree(child.pid)  # the supervisor and every worker
                     wait_routable(base)
-                    measure(name, [base], phase_args, results, child.pid)
+                    measure(name, [base], phase_args, results, pids)
                     child.stop()
         finally:
             for child in reversed(children):

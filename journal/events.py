@@ -295,7 +295,7 @@ class WorkerRemoved(Event):
 BODY_LIMIT = 64 * 1024  # request bodies up to this size are kept in control.started
 
 
-@event_type("control.started", schema=1)
+@event_type("control.started", schema=2)
 @attrs.frozen(slots=True, kw_only=True)
 class ControlStarted(Event):
     """A control call or fan-out was accepted, before any engine was contacted.
@@ -325,6 +325,9 @@ class ControlStarted(Event):
     # What a 2xx answer would confirm ({"version", "control", "phase"}; see smgrl.core.observe),
     # computed from the body when the call was made, so replay never needs a compacted body.
     intent: dict[str, str | None] | None = None
+    # Several gateway processes on one journal (schema 2): the process that runs the operation
+    # (smgrl/sharing.py); when it dies, the lease holder records the operation interrupted.
+    gateway: str | None = None
 
     @staticmethod
     def body_fields(raw: bytes, *, limit: int = BODY_LIMIT) -> dict[str, Any]:

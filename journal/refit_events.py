@@ -29,7 +29,7 @@ __all__ = [
 OnFailure = Literal["quarantine", "rollback", "abort"]
 
 
-@event_type("refit.started", schema=1)
+@event_type("refit.started", schema=2)
 @attrs.frozen(slots=True, kw_only=True)
 class RefitStarted(Event):
     """A refit was accepted: its request and its per-engine plan.
@@ -54,6 +54,9 @@ class RefitStarted(Event):
     engines: tuple[dict[str, Any], ...] = _tuple_field()
     principal: str | None = None
     request_id: str | None = None
+    # Several gateway processes on one journal (schema 2): the process driving the saga; when it
+    # dies, the recovery lease's holder resumes the saga (smgrl/sharing.py).
+    gateway: str | None = None
 
 
 @event_type("refit.step", schema=1)

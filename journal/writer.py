@@ -257,7 +257,8 @@ class JournalWriter:
         group fails on a conflict: it is never batched with other appends. Cancellation as for
         ``append``.
         """
-        appends = [Append(stream, event) for stream, event in items]
+        # An item may carry a third element, its secrets (as ``append(..., secrets=)``).
+        appends = [Append(*item) for item in items]
         if not appends:
             raise ValueError("append_if needs at least one event")
         await self._wait_for_room()

@@ -333,10 +333,31 @@ def main(argv: list[str] | None = None) -> None:
     is_flag=True,
     help="Validate every reused prefix against a full re-tokenization (CPU-heavy; mismatch_report).",
 )
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Gateway processes serving one port and one journal (docs/scale-out.md).",
+)
 def launch(**opts) -> None:
     """Run the gateway."""
+    workers = opts.pop("workers")
     cfg = config_from_options(opts)
+    if workers > 1:
+        if cfg.journal == ":memory:":
+            raise click.UsageError("--workers needs a journal file or a postgresql:// URL, not :memory:")
+        from smgrl.supervisor import run_supervisor
+
+        run_supervisor(cfg, _launch_args(), workers)
+        return
     run_gateway(cfg)
+
+
+def _launch_args() -> list[str]:
+    """The flags given to ``launch`` (for the --workers supervisor's workers)."""
+    argv = sys.argv[1:]
+    return argv[argv.index("launch") + 1 :] if "launch" in argv else argv
 
 
 def config_from_options(o: dict) -> Config:
@@ -438,13 +459,20 @@ def run_gateway(cfg: Config) -> None:
     hypercorn_patches.require()
     logs.configure(cfg.log_level, cfg.log_json)
 
+    from smgrl.sharing import Sharing
+
+    # A --workers N worker (smgrl/supervisor.py started it): its group, socket and pipes.
+    sharing = Sharing.from_env()
+
     async def main_task() -> None:
         shutdown, stop_now = trio.Event(), trio.Event()
         async with trio.open_nursery() as nursery:
             # The signal watcher sets ``shutdown`` (drain gracefully), then ``stop_now`` (stop
             # waiting); serve() returns once the journal is closed.
             nursery.start_soon(_watch_signals, shutdown, stop_now)
-            await serve(cfg, shutdown=shutdown, stop_now=stop_now)
+            if sharing is not None and sharing.lifeline_fd is not None:
+                nursery.start_soon(_watch_lifeline, sharing.lifeline_fd, shutdown)
+            await serve(cfg, shutdown=shutdown, stop_now=stop_now, sharing=sharing)
             nursery.cancel_scope.cancel()
 
     try:
@@ -484,6 +512,16 @@ def _leaves(exc: BaseException):
             yield from _leaves(inner)
     else:
         yield exc
+
+
+async def _watch_lifeline(fd: int, shutdown: trio.Event) -> None:
+    """A --workers N worker stops gracefully when its supervisor is gone (SIGKILL included): the
+    lifeline pipe, whose write end only the supervisor holds, then reads end-of-file."""
+    async with trio.lowlevel.FdStream(fd) as stream:
+        while await stream.receive_some(64):
+            pass
+    os.write(2, b"the --workers supervisor is gone: stopping\n")
+    shutdown.set()
 
 
 async def _watch_signals(shutdown: trio.Event, stop_now: trio.Event) -> None:

@@ -47,6 +47,8 @@ class Gateway:
     instance_id: str = ""
     refits: RefitService | None = None
     tail: JournalTail = attrs.Factory(JournalTail)  # GET /v1/rl/journal/stream, the fleet page
+    # Several processes on one journal (smgrl/sharing.py); None for a lone gateway.
+    sharing: object | None = None
 
     @classmethod
     def build(

@@ -37,10 +37,13 @@ class Appender(Protocol):
     def append_nowait(self, stream: str, event, *, secrets=None): ...
 
 
-async def record_interrupted(journal, fleet: FleetState, reason: str) -> list[str]:
-    """Journal ``control.interrupted`` for every open operation, in one transaction."""
+async def record_interrupted(journal, fleet: FleetState, reason: str, *, only=None) -> list[str]:
+    """Journal ``control.interrupted`` for every open operation (``only(op_id)`` true, when given:
+    several processes record only their own), in one transaction."""
     items = []
     for op_id, op in list(fleet.operations.open.items()):
+        if only is not None and not only(op_id):
+            continue
         targets = [t["worker_id"] for t in op.targets]
         recorded = [t for t in targets if t in op.outcomes]
         missing = [t for t in targets if t not in op.outcomes]

@@ -32,7 +32,9 @@ import contextlib
 import errno
 import logging
 import os
+import socket
 import sqlite3
+from functools import partial
 
 import attrs
 import trio
@@ -42,6 +44,7 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from journal import (
+    ChangeWatcher,
     JournalError,
     JournalLock,
     JournalWriter,
@@ -55,13 +58,14 @@ from smgrl import __version__, hypercorn_patches
 from smgrl.api.metrics_server import serve_metrics
 from smgrl.app import create_app
 from smgrl.config import Config
-from smgrl.errors import StartupError
+from smgrl.errors import StartupError, WorkerApiError
 from smgrl.gateway import Gateway
 from smgrl.journaling import ev, record_interrupted
 from smgrl.logs import event as log_event
 from smgrl.registry.health import HealthChecker
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import Registration
+from smgrl.sharing import Sharing, presence, recovery_duty, run_leased
 from smgrl.snapshots import Snapshotter, snapshot_every
 from smgrl.state.replay import restore_verified
 
@@ -109,22 +113,32 @@ async def serve(
     shutdown: trio.Event | None = None,
     stop_now: trio.Event | None = None,
     store=None,
+    sharing: Sharing | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until ``shutdown`` (graceful) and, if it is set too, ``stop_now``.
 
     ``store``: an already open journal (tests); the gateway then neither locks nor closes it.
+    ``sharing``: this process's part in a group sharing the journal (``smgrl/sharing.py``; set
+    for a ``--workers N`` worker, and always made for a PostgreSQL journal, shared by design).
     """
     shutdown = shutdown if shutdown is not None else trio.Event()
     stop_now = stop_now if stop_now is not None else trio.Event()
+    if sharing is None and is_postgres_url(cfg.journal):
+        sharing = Sharing()
     with contextlib.ExitStack() as resources:
         own_store = store is None
         lock = None
         # A PostgreSQL journal has no lock file (its writers share it: docs/journal.md).
         if own_store and cfg.journal != ":memory:" and not is_postgres_url(cfg.journal):
-            lock = resources.enter_context(own_journal(cfg.journal))
+            group = sharing.group if sharing is not None else None
+            lock = resources.enter_context(own_journal(cfg.journal, group=group))
         hc = hypercorn_config(cfg)
-        sockets = bind_http(hc, cfg)
+        sockets = (
+            inherited_http(sharing.fd)
+            if sharing is not None and sharing.fd is not None
+            else bind_http(hc, cfg)
+        )
         resources.callback(_close_sockets, sockets)
         metrics_listeners = await bind_metrics(cfg)
         for listener in metrics_listeners or ():
@@ -141,23 +155,60 @@ async def serve(
         # purpose: nothing runs before it.
         fleet, restored = restore_verified(store)
         await _run(
-            cfg, store, fleet, restored, hc, sockets, metrics_listeners, shutdown, stop_now, task_status
+            cfg,
+            store,
+            fleet,
+            restored,
+            hc,
+            sockets,
+            metrics_listeners,
+            shutdown,
+            stop_now,
+            task_status,
+            sharing,
         )
 
 
-async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shutdown, stop_now, task_status):
+async def _run(
+    cfg, store, fleet, restored, hc, sockets, metrics_listeners, shutdown, stop_now, task_status, sharing=None
+):
     keys = KeyRing(store.secrets())
     writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
+    if sharing is not None:
+        # Several writers: on_commit gets every process's events, in seq order, from the seq the
+        # projections were restored to (docs/journal.md, "Several writers").
+        writer.position = restored.head
     # Gateway.build wires the writer's commit hooks (projections, key ring, registry jobs, metrics).
     gateway = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)
+    if sharing is not None:
+        gateway.control.identity = sharing.identity
+        gateway.sharing = sharing
+        committed = writer.on_commit
+
+        def on_commit(records) -> None:
+            sharing.committed(records)
+            committed(records)
+
+        writer.on_commit = on_commit
     app = create_app(gateway)
     clean = False
+    # The tail and the presence lease run beside the writer until it closed; then cancelled.
+    side: list[trio.CancelScope] = []
     try:
         async with trio.open_nursery() as outer:
             await outer.start(writer.run)
-            interrupted = await record_interrupted(writer, fleet, "gateway_restart")
+            if sharing is None:
+                interrupted = await record_interrupted(writer, fleet, "gateway_restart")
+            else:
+                # The tail: the other processes' events reach the projections within the
+                # watcher's interval (woken at once by a local append). Then this process's
+                # presence; what a dead process left open is the recovery lease's duty.
+                watcher = ChangeWatcher(store)
+                await outer.start(_in_scope, side, writer.follow, watcher)
+                await outer.start(_in_scope, side, presence, store, sharing)
+                interrupted = []
             await writer.append("gateway", _started_event(cfg))
-            if app.sessions is not None:
+            if app.sessions is not None and sharing is None:
                 # Sessions live in memory: those an earlier process left open are ended, in the
                 # journal, before this one serves (their ids answer 410 session_gone).
                 await app.sessions.end_previous(store)
@@ -173,8 +224,6 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
             )
             try:
                 async with trio.open_nursery() as inner:
-                    await inner.start(gateway.registry.run)
-                    await inner.start(gateway.refits.run)  # resumes sagas the journal left open
                     snapshots = Snapshotter(
                         fleet, writer, every=snapshot_every(), last_seq=restored.snapshot_seq
                     )
@@ -184,12 +233,7 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                         # before serving, so the next start restores it and checks only the rows
                         # after it. The long check is paid once (docs/journal.md#startup-trust).
                         await snapshots.take()
-                    await inner.start(snapshots.run)
-                    if cfg.audit:
-                        await inner.start(gateway.audit.run, writer)
-                    for url in cfg.worker_urls:
-                        if fleet.registry.conflict_for(url) is None:
-                            await gateway.registry.register(Registration(url=url, api_key=cfg.api_key), "cli")
+                    checker = None
                     if cfg.health.enabled:
                         checker = HealthChecker(
                             fleet=fleet,
@@ -198,6 +242,38 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                             keys=keys,
                             cfg=cfg.health,
                         )
+                    if sharing is None:
+                        await inner.start(gateway.registry.run)
+                        await inner.start(gateway.refits.run)  # resumes sagas the journal left open
+                        await inner.start(snapshots.run)
+                    else:
+                        # Every process runs the refits it is asked for (one at a time fleet-wide:
+                        # a conditional append); none resumes an open saga, which may be another
+                        # live process's (docs/scale-out.md). Duties that must run once run where
+                        # their lease is (smgrl/sharing.py).
+                        await inner.start(partial(gateway.refits.run, resume=False))
+                        duties = {
+                            "discovery": gateway.registry.run,
+                            "snapshots": snapshots.run,
+                            "health": checker.run if checker is not None else None,
+                            "recovery": partial(recovery_duty, store, writer, fleet, sharing, gateway.refits),
+                        }
+                        for name, duty in duties.items():
+                            if duty is not None:
+                                await inner.start(run_leased, store, sharing, name, _as_duty(duty))
+                    if cfg.audit:
+                        await inner.start(gateway.audit.run, writer)
+                    for url in cfg.worker_urls:
+                        if fleet.registry.conflict_for(url) is None:
+                            try:
+                                await gateway.registry.register(
+                                    Registration(url=url, api_key=cfg.api_key), "cli"
+                                )
+                            except WorkerApiError:
+                                # Several processes: another one registered it first (409).
+                                if sharing is None:
+                                    raise
+                    if checker is not None and sharing is None:
                         await inner.start(checker.run)
                     metrics_url = None
                     if metrics_listeners is not None:
@@ -225,6 +301,8 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                     urls = await inner.start(run_http)
                     inner.start_soon(_stop_watch, gateway, shutdown, stop_now, inner.cancel_scope)
                     task_status.started(Running(gateway, urls, metrics_url))
+                    if sharing is not None:
+                        sharing.report_ready({"pid": os.getpid(), "metrics_url": metrics_url, "urls": urls})
                     log_event(
                         log,
                         "listening",
@@ -247,11 +325,15 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                     # and nothing more is written; the writer's ProjectionError ends serve().
                     if not writer.failed:
                         await gateway.audit.flush(writer)
-                        await record_interrupted(writer, fleet, "shutdown")
+                        # Several processes: only this one's operations; the others still run.
+                        mine = sharing.mine if sharing is not None else None
+                        await record_interrupted(writer, fleet, "shutdown", only=mine)
                         await writer.append("gateway", _stopped_event(clean=True, reason="shutdown"))
                         await writer.aclose()
                     await gateway.pools.aclose()
                     clean = not writer.failed
+                for scope in side:
+                    scope.cancel()
     finally:
         log_event(log, "stopped", clean=clean)
 
@@ -301,11 +383,32 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+async def _in_scope(scopes: list, fn, *args, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``fn`` in a cancel scope appended to ``scopes`` (the caller cancels them all)."""
+    with trio.CancelScope() as scope:
+        scopes.append(scope)
+        await fn(*args, task_status=task_status)
+
+
+def _as_duty(start):
+    """A duty for ``run_leased``: the service's ``run`` (a trio task taking ``task_status``)."""
+
+    async def duty() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(start)
+
+    return duty
+
+
 @contextlib.contextmanager
-def own_journal(path: str):
-    """The journal's ownership lock for this process (``journal/lock.py``), as a StartupError."""
+def own_journal(path: str, *, group: str | None = None):
+    """The journal's ownership lock for this process (``journal/lock.py``), as a StartupError:
+    exclusive for a lone gateway, shared with ``group`` for a ``--workers N`` worker."""
     try:
-        lock = JournalLock.acquire(path, version=__version__)
+        if group:
+            lock = JournalLock.acquire(path, mode="shared", group=group, version=__version__)
+        else:
+            lock = JournalLock.acquire(path, version=__version__)
     except JournalError as exc:  # JournalLocked: names the owner
         raise StartupError(str(exc)) from None
     except OSError as exc:
@@ -350,6 +453,14 @@ def _journal_os_error(path: str, exc: OSError) -> str:
     if exc.errno == errno.ENOENT and not os.path.isdir(parent):
         return f"cannot create the journal {path}: the directory {parent} does not exist"
     return f"cannot open the journal {path}: {exc.strerror or exc}"
+
+
+def inherited_http(fd: int) -> Sockets:
+    """The listening socket a ``--workers N`` supervisor bound and handed down (``smgrl/supervisor.py``):
+    every worker accepts from the same socket, the kernel hands each connection to one of them."""
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    return Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
 
 
 def bind_http(hc: HyperConfig, cfg: Config) -> Sockets:

@@ -68,19 +68,30 @@ class InProcess:
 
 @contextlib.asynccontextmanager
 async def gateway_in_process(
-    cfg: Config, *, store=None, worker_urls: Sequence[str] = (), api_key: str | None = None
+    cfg: Config,
+    *,
+    store=None,
+    worker_urls: Sequence[str] = (),
+    api_key: str | None = None,
+    shared: bool = False,
 ) -> AsyncIterator[InProcess]:
+    """``shared``: one of several gateways on ``store`` (a file others append to): its writer
+    feeds every process's events in order from where replay stopped, but nothing follows the
+    journal (``writer.catch_up()`` by hand), and startup recovery is left to the caller."""
     store = store if store is not None else MemoryStore()
     fleet = FleetState()
     replay(store, fleet)
     keys = KeyRing(store.secrets())
     writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
+    if shared:
+        writer.position = fleet.last_seq
     gateway = Gateway.build(cfg, fleet=fleet, journal=writer, store=store, keys=keys)  # wires the hooks
     app = create_app(gateway)
     # One nursery owns the writer and the registry jobs for the life of the test's gateway.
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
-        await record_interrupted(writer, fleet, "gateway_restart")
+        if not shared:
+            await record_interrupted(writer, fleet, "gateway_restart")
         await nursery.start(gateway.registry.run)
         await nursery.start(gateway.refits.run)  # resumes sagas the journal left open
         transport = httpx.ASGITransport(app=app)

@@ -7,6 +7,7 @@ hypercorn's dispatcher middleware is asyncio-only and silently breaks lifespan u
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 
 import h11
@@ -33,6 +34,8 @@ async def _handle(render, stream: trio.SocketStream) -> None:
                 if isinstance(event, h11.Request):
                     if event.target.split(b"?")[0] == b"/metrics" and event.method in (b"GET", b"HEAD"):
                         body, status, ctype = render(), 200, CONTENT_TYPE_LATEST.encode()
+                        if inspect.isawaitable(body):  # the --workers supervisor scrapes its workers
+                            body = await body
                     else:
                         body, status, ctype = b"not found\n", 404, b"text/plain; charset=utf-8"
                     headers = [

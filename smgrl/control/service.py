@@ -87,6 +87,10 @@ class ControlService:
         # Set by the server when the gateway starts stopping: an operation cut short from then on
         # is the gateway's doing, and the server records it interrupted (reason shutdown).
         self.stopping = False
+        # Several gateway processes on one journal (smgrl/sharing.py): this process's identity,
+        # recorded in control.started so that another process can record the operation
+        # interrupted if this one dies. None for a lone gateway.
+        self.identity: str | None = None
 
     # -- targets -------------------------------------------------------------------------------
 
@@ -288,6 +292,7 @@ class ControlService:
             principal=ctx.principal,
             request_id=ctx.request_id,
             intent=intent_of(req.method, req.path, req.body).to_json(),
+            gateway=self.identity,
         )
         try:
             pending = await self.journal.enqueue(f"op:{op_id}", event)

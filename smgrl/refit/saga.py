@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 import trio
 
-from journal import JournalWriteError
+from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
 from smgrl.core.ids import new_operation_id
@@ -52,6 +52,9 @@ log = logging.getLogger("smgrl.refit")
 MAY_HAVE_ACTED = frozenset({"send", "head", "body"})
 # Phases safe to run again after a crash cut them short (idempotent on every kind).
 REPEATABLE = frozenset({"pause", "version", "flush", "verify", "checksum", "resume", "destroy"})
+# What deciding to start a refit depends on (several processes: another process's saga).
+_SAGA_DECISIONS = ("refit.started", "refit.finished")
+DECIDE_ROUNDS = 8
 
 
 @attrs.frozen
@@ -84,15 +87,25 @@ class RefitService:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, resume: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Own the sagas' nursery; first resume every saga the journal left open (a crash or a
-        shutdown mid-refit)."""
+        shutdown mid-refit). ``resume=False``: several processes share the journal, and an open
+        saga may be another live process's (docs/scale-out.md)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for saga in list(self.fleet.sagas.open.values()):
+            for saga in list(self.fleet.sagas.open.values()) if resume else ():
                 self._spawn(saga.refit_id, recovering=True)
             task_status.started()
             await trio.sleep_forever()
+
+    def resume(self, refit_id: str) -> bool:
+        """Several processes: drive an open saga whose process is gone (the recovery duty, after
+        it recorded that process's operations interrupted), as a restart would. False when it
+        already runs here or the service is not running."""
+        if refit_id in self._running or self._nursery is None:
+            return False
+        self._spawn(refit_id, recovering=True)
+        return True
 
     def _spawn(self, refit_id: str, recovering: bool = False) -> None:
         if self._nursery is None:
@@ -126,6 +139,18 @@ class RefitService:
         return body
 
     async def start(self, req: RefitRequest, principal: str | None, request_id: str | None) -> str:
+        # Several processes on one journal: decided on the saga projection's position and
+        # appended only if no refit started or finished since, in any process; on a conflict,
+        # catch up and decide again (docs/scale-out.md).
+        for _ in range(DECIDE_ROUNDS):
+            position = getattr(self.journal, "position", None)
+            try:
+                return await self._start_once(req, principal, request_id, position)
+            except JournalConflict:
+                await self.journal.catch_up()
+        raise JournalUnavailable("refits kept starting elsewhere while deciding; retry")
+
+    async def _start_once(self, req: RefitRequest, principal, request_id, position: int | None) -> str:
         targets = self.control.targets(req.selector)
         if not targets:
             raise NoWorkersMatch(req.selector.source)
@@ -158,11 +183,11 @@ class RefitService:
         # this one awaits its append must not pass the check above.
         self._starting |= bases
         try:
-            return await self._start(req, targets, principal, request_id)
+            return await self._start(req, targets, principal, request_id, position)
         finally:
             self._starting -= bases
 
-    async def _start(self, req: RefitRequest, targets, principal, request_id) -> str:
+    async def _start(self, req: RefitRequest, targets, principal, request_id, position=None) -> str:
         refit_id = new_operation_id()
         engines, world = self._plans(refit_id, req, targets)
         event = ev(
@@ -182,13 +207,25 @@ class RefitService:
             engines=engines,
             principal=principal,
             request_id=request_id,
+            gateway=self.control.identity,
         )
         # Shielded from the request's cancellation (the client leaving): once refit.started is
         # queued it WILL be written (journal/writer.py), and a saga written but never spawned
         # stays open for ever, holding its engines (refit_in_progress) until a restart. The wait
         # is bounded by --journal-lock-wait-secs; a client that leaves still started its refit.
+        # Several processes (``position``): appended only if no refit started or finished since
+        # the decision (JournalConflict otherwise: nothing written, nothing to spawn).
         with trio.CancelScope(shield=True):
-            await self._append(refit_id, [event])
+            if position is None:
+                await self._append(refit_id, [event])
+            else:
+                try:
+                    await self.journal.append_if(
+                        Expect(after=position, types=_SAGA_DECISIONS), [(f"refit:{refit_id}", event)]
+                    )
+                except JournalWriteError as exc:
+                    raise JournalUnavailable(f"the journal cannot record this refit: {exc}") from exc
+                self.changed()
             self._spawn(refit_id)
         log_event(log, "refit.started", refit_id=refit_id, engines=len(engines), version=req.weight_version)
         return refit_id

@@ -18,7 +18,7 @@ import logging
 import attrs
 import trio
 
-from journal import JournalWriteError
+from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.config import Config
 from smgrl.core.ids import new_worker_id
 from smgrl.core.origin import origin_key
@@ -34,6 +34,9 @@ from smgrl.upstream import PoolSet
 log = logging.getLogger("smgrl.registry")
 
 PROBE_TIMEOUT_SECS = 5.0
+# What a registration's URL check depends on (another process's registration or removal).
+_REGISTRY_TYPES = ("worker.registered", "worker.removed", "worker.discovered")
+_DECIDE_ROUNDS = 8
 
 
 @attrs.frozen
@@ -65,46 +68,71 @@ class RegistryService:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # This nursery owns every discovery job; it lives as long as the gateway's root nursery.
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            for w in list(self.fleet.registry):
-                if w.status == "pending" and w.group == w.id:
-                    self._start_job(w.id)
-            task_status.started()
-            await trio.sleep_forever()
+        # Several processes (smgrl/sharing.py): this runs only while the process holds the
+        # discovery lease; once cancelled no job starts here until it runs again.
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for w in list(self.fleet.registry):
+                    if w.status == "pending" and w.group == w.id:
+                        self._start_job(w.id)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._jobs.clear()
 
     # -- writes --------------------------------------------------------------------------------
 
     async def register(self, reg: Registration, source: str) -> Worker:
         async with self._lock:
-            existing = self.fleet.registry.conflict_for(reg.url)
-            if existing is not None:
-                raise WorkerApiError(
-                    409,
-                    "WORKER_ALREADY_EXISTS",
-                    f"Worker already exists at URL '{reg.url}' with ID {existing.id}. Use PUT "
-                    f"/workers/{existing.id} to replace or PATCH /workers/{existing.id} to update.",
-                )
-            worker_id = new_worker_id()
-            event = ev(
-                "worker.registered",
-                worker_id=worker_id,
-                url=reg.url,
-                base_url=strip_rank(reg.url),
-                source=source,
-                worker_type=reg.worker_type,
-                connection_mode=connection_mode_for(reg.url),
-                labels=dict(reg.labels),
-                model_id=reg.model_id,
-                runtime=reg.runtime,
-                has_api_key=bool(reg.api_key),
-                bootstrap_port=reg.bootstrap_port,
-                dp_aware=self.cfg.dp_aware,
+            # Several processes on one journal: the URL check is decided on the projection's
+            # position and appended only if no registry event came since (any process); on a
+            # conflict, catch up and decide again (bounded: each round another process won).
+            for _ in range(_DECIDE_ROUNDS):
+                position = getattr(self.journal, "position", None)
+                try:
+                    return await self._register(reg, source, position)
+                except JournalConflict:
+                    await self.journal.catch_up()
+            raise WorkerApiError(
+                503, "JOURNAL_UNAVAILABLE", "the worker registry kept changing while deciding; retry"
             )
-            secrets = {worker_id: reg.api_key} if reg.api_key else None
-            # The key ring and the discovery job follow from the commit itself (``committed``):
-            # a caller cancelled while this waits still gets both once the event is written.
-            recorded = await self.journal.append(f"worker:{worker_id}", event, secrets=secrets)
+
+    async def _register(self, reg: Registration, source: str, position: int | None) -> Worker:
+        existing = self.fleet.registry.conflict_for(reg.url)
+        if existing is not None:
+            raise WorkerApiError(
+                409,
+                "WORKER_ALREADY_EXISTS",
+                f"Worker already exists at URL '{reg.url}' with ID {existing.id}. Use PUT "
+                f"/workers/{existing.id} to replace or PATCH /workers/{existing.id} to update.",
+            )
+        worker_id = new_worker_id()
+        event = ev(
+            "worker.registered",
+            worker_id=worker_id,
+            url=reg.url,
+            base_url=strip_rank(reg.url),
+            source=source,
+            worker_type=reg.worker_type,
+            connection_mode=connection_mode_for(reg.url),
+            labels=dict(reg.labels),
+            model_id=reg.model_id,
+            runtime=reg.runtime,
+            has_api_key=bool(reg.api_key),
+            bootstrap_port=reg.bootstrap_port,
+            dp_aware=self.cfg.dp_aware,
+        )
+        secrets = {worker_id: reg.api_key} if reg.api_key else None
+        # The key ring and the discovery job follow from the commit itself (``committed``):
+        # a caller cancelled while this waits still gets both once the event is written.
+        stream = f"worker:{worker_id}"
+        if position is None:  # a lone gateway: the lock above decides
+            recorded = await self.journal.append(stream, event, secrets=secrets)
+        else:
+            expect = Expect(after=position, types=_REGISTRY_TYPES)
+            (recorded,) = await self.journal.append_if(expect, [(stream, event, secrets)])
         return self.fleet.registry.get(recorded.event.worker_id)
 
     def committed(self, records) -> None:

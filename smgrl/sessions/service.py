@@ -146,7 +146,9 @@ class SessionService:
         owner = owner_of(sid)
         if owner is not None and owner != self.owner:
             raise errors.SessionGone(
-                f"session {sid} belonged to another gateway process (a restart ends sessions); start a new one"
+                f"session {sid} belongs to another gateway process (sessions live in the process that"
+                " created them: a restart ends them, and with several processes each serves its own;"
+                " docs/scale-out.md); start a new one"
             )
         raise errors.SessionNotFound(f"session {sid} not found")
 
