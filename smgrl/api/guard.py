@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import attrs
 from quart import Response, g, request
@@ -38,6 +39,25 @@ def short_path(path: str) -> str:
     if len(path) <= LOG_PATH_CAP:
         return path
     return f"{path[:LOG_PATH_CAP]}...({len(path)} chars)"
+
+
+@attrs.frozen
+class Envelope:
+    """How a route family answers: which exceptions are answers (``errors``), how one of them
+    renders (``render``), and the answer to a chunked body that outgrew --max-payload-size
+    (``too_large``; a declared Content-Length over it is refused before routing, in app.py)."""
+
+    errors: tuple[type[BaseException], ...]
+    render: Callable[[BaseException], Response]
+    too_large: Callable[[], Response]
+
+
+# SMG's RL envelope (the /v1/rl routes, the refit and routing-loop routes); axum's text 413.
+RL_ENVELOPE = Envelope(
+    errors=(RlError,),
+    render=lambda exc: env.json_response(exc.status, exc.body()),
+    too_large=lambda: env.text_response(413, env.BODY_BUFFER_TOO_LARGE),
+)
 
 
 @attrs.define
@@ -72,21 +92,22 @@ class Guard:
         finally:
             self._audit(action, path, check)
 
-    async def answer(self, action: str, path: str, call) -> Response:
-        """The guarded-request path the RL route families share (rl_routes.py, rl_writes.py,
-        refits.py): auth and audit through ``check``, then ``await call(check)``; an ``RlError``
-        becomes its envelope, a chunked body that outgrew --max-payload-size the 413 text (a
-        declared Content-Length over it is refused before routing, in app.py), and the answer's
-        status is recorded for the audit."""
+    async def answer(self, action: str, path: str, call, envelope: Envelope = RL_ENVELOPE) -> Response:
+        """The guarded-request path every Quart control-plane route shares (rl_routes.py,
+        rl_writes.py, refits.py, routing_loop.py, stream.py, workers.py): auth and audit through
+        ``check``, then ``await call(check)``; an error of the route family becomes its answer in
+        the family's ``envelope`` (a too-large chunked body included), and the answer's status is
+        recorded for the audit. (The raw-ASGI engine front, rl_front.py, answers bytes outside
+        Quart's request context: it uses ``begin``/``end``.)"""
         async with self.check(action, path) as check:
             if check.denied is not None:
                 return check.denied
             try:
                 response = await call(check)
             except RequestEntityTooLarge:
-                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
-            except RlError as exc:
-                response = env.json_response(exc.status, exc.body())
+                response = envelope.too_large()
+            except envelope.errors as exc:
+                response = envelope.render(exc)
             check.status = response.status_code
             return response
 

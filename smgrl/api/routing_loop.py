@@ -35,7 +35,7 @@ from smgrl.api.guard import Guard
 from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ, WRITE
 from smgrl.core.version import MalformedVersion, validate_version
-from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout, RlError
+from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
 from smgrl.journaling import ev
 from smgrl.routing.metadata import FALSE, TRUE
 from smgrl.routing.staged import identity, matches
@@ -72,15 +72,8 @@ class RoutingLoopRoutes:
     def _route(self, method: str, handler):
         async def route() -> Response:
             shown = (request.scope.get("raw_path") or request.path.encode()).decode("latin-1")
-            async with self.guard.check(READ if method == "GET" else WRITE, shown) as check:
-                if check.denied is not None:
-                    return check.denied
-                try:
-                    response = await handler(check.principal)
-                except RlError as exc:
-                    response = env.json_response(exc.status, exc.body())
-                check.status = response.status_code
-                return response
+            action = READ if method == "GET" else WRITE
+            return await self.guard.answer(action, shown, lambda check: handler(check.principal))
 
         return route
 

@@ -12,12 +12,11 @@ import json
 from typing import Any, Literal
 
 from quart import Response, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import STRING, Body, Resp, Route, as_json, field, model, path_param
-from smgrl.api.guard import Guard
+from smgrl.api.guard import Envelope, Guard
 from smgrl.api.schemas import PAYLOAD_TOO_LARGE as PAYLOAD_TOO_LARGE_RESP
 from smgrl.api.schemas import WorkerApiErrorModel
 from smgrl.api.workers_body import (
@@ -79,12 +78,20 @@ def model_cards(w) -> list[dict]:
     return [card]
 
 
-async def read_body() -> bytes:
-    try:
-        return await request.get_data(cache=False)
-    except RequestEntityTooLarge:
-        # A chunked body outgrew --max-payload-size (a declared length was refused earlier).
-        raise PAYLOAD_TOO_LARGE from None
+def worker_error(exc: BaseException) -> Response:
+    """A /workers error in SMG's ``{"error": text, "code": CODE}`` envelope."""
+    if isinstance(exc, JournalWriteError):
+        # The registry changes only through a durable event: no event, no change, and the caller
+        # is told so (retryable), never a 500.
+        exc = WorkerApiError(503, "JOURNAL_UNAVAILABLE", f"the journal cannot record this change: {exc}")
+    return env.json_response(exc.status, exc.body())
+
+
+WORKERS_ENVELOPE = Envelope(
+    errors=(WorkerApiError, JournalWriteError),
+    render=worker_error,
+    too_large=lambda: worker_error(PAYLOAD_TOO_LARGE),
+)
 
 
 class WorkersApi:
@@ -93,22 +100,7 @@ class WorkersApi:
         self.guard = Guard(gateway)
 
     async def _guarded(self, action: str, handler, *args) -> Response:
-        async with self.guard.check(action, request.path) as check:
-            if check.denied is not None:
-                return check.denied
-            try:
-                response = await handler(*args)
-            except WorkerApiError as exc:
-                response = env.json_response(exc.status, exc.body())
-            except JournalWriteError as exc:
-                # The registry changes only through a durable event: no event, no change, and
-                # the caller is told so (retryable), never a 500.
-                err = WorkerApiError(
-                    503, "JOURNAL_UNAVAILABLE", f"the journal cannot record this change: {exc}"
-                )
-                response = env.json_response(err.status, err.body())
-            check.status = response.status_code
-            return response
+        return await self.guard.answer(action, request.path, lambda check: handler(*args), WORKERS_ENVELOPE)
 
     async def list(self) -> Response:
         return await self._guarded(READ, self._list)
@@ -141,7 +133,7 @@ class WorkersApi:
         # SMG's JSON extractor runs before the handler: content type, then the body, then the
         # handler's own checks (the worker id included).
         check_content_type(request.headers.get("content-type"))
-        return parse(await read_body())
+        return parse(await request.get_data(cache=False))
 
     async def _create(self) -> Response:
         spec = await self._body(parse_worker_spec)
