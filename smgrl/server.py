@@ -157,10 +157,10 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
             await outer.start(writer.run)
             interrupted = await record_interrupted(writer, fleet, "gateway_restart")
             await writer.append("gateway", _started_event(cfg))
-            if app.sessions is not None:
+            if gateway.sessions is not None:
                 # Sessions live in memory: those an earlier process left open are ended, in the
                 # journal, before this one serves (their ids answer 410 session_gone).
-                await app.sessions.end_previous(store)
+                await gateway.sessions.end_previous(store)
             log_event(
                 log,
                 "journal replayed",
