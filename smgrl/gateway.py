@@ -16,6 +16,7 @@ from smgrl.audit import AuditCounts
 from smgrl.auth import AuthPolicy
 from smgrl.config import Config
 from smgrl.control.service import ControlService
+from smgrl.control.writes import ControlWrites
 from smgrl.dataplane.service import DataPlane
 from smgrl.metrics import Metrics
 from smgrl.refit.saga import RefitService
@@ -47,6 +48,7 @@ class Gateway:
     # journal shares it; a random one for a journal without an id (``:memory:``).
     instance_id: str = ""
     refits: RefitService | None = None
+    writes: ControlWrites | None = None  # journal-only version/state/dispatch writes
     # Agent sessions (docs/sessions.md): None without --tokenizer-path (their routes answer 503).
     sessions: object | None = None  # smgrl.sessions.service.SessionService
     tail: JournalTail = attrs.Factory(JournalTail)  # GET /v1/rl/journal/stream, the fleet page
@@ -83,6 +85,7 @@ class Gateway:
             instance_id,
         )
         gateway.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
+        gateway.writes = ControlWrites(fleet=fleet, journal=journal, control=control)
         gateway.sessions = build_sessions(gateway, dataplane)
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.

@@ -167,6 +167,11 @@ class Guard:
         log_event(log, "control_plane_audit", logging.DEBUG if quiet else logging.INFO, **fields)
 
 
+def who(principal: Principal | None) -> tuple[str | None, str | None]:
+    """(principal label, request id) that a journaled write records (smgrl/control/writes.py)."""
+    return (principal.label if principal else None, getattr(g, "request_id", None))
+
+
 def _fields(principal: Principal, method: str, path: str, request_id: str | None, reason: str | None) -> dict:
     shown = short_path(path)
     return {

@@ -46,7 +46,7 @@ from smgrl.auth import ENGINE, READ
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext, OpResult
 from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
-from smgrl.core.selector import SelectorError, parse_selector, rust_trim
+from smgrl.core.selector import Selector, SelectorError, parse_selector, rust_trim
 from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
 from smgrl.errors import (
     InvalidEnginePath,
@@ -198,25 +198,19 @@ class RlApi:
         body = await request.get_data(cache=False)
         path = _engine_path(params["path"])
         worker = self._visible(params["id"])
-        req = self._control_request(path, passthrough_query(_raw_query()), body)
+        req = self._control_request(path, passthrough_query(raw_query()), body)
         result = await self.gw.control.call(worker, req, self._context(principal))
         return _op_response(result)
 
     async def _fanout(self, params, principal) -> Response:
-        raw_query = _raw_query()
-        selectors = [v for k, v in query_pairs(raw_query) if k == "selector"]
+        query = raw_query()
+        selectors = [v for k, v in query_pairs(query) if k == "selector"]
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         body = await request.get_data(cache=False)  # after the query, before the handler's checks
-        source = rust_trim(selectors[0]) if selectors else ""
-        if not source:
-            raise SelectorRequired()
-        try:
-            selector = parse_selector(source)
-        except SelectorError as exc:
-            raise InvalidSelector(str(exc), offset=exc.offset) from None
+        selector = selector_param(selectors)
         path = _engine_path(params["path"])
-        req = self._control_request(path, passthrough_query(raw_query), body)
+        req = self._control_request(path, passthrough_query(query), body)
         targets = self.gw.control.targets(selector)
         ctx = self._context(principal)
         if not targets:
@@ -265,9 +259,22 @@ def control_request(
     return ControlRequest(method, path, query, body, ctype, tuple(forward))
 
 
-def _raw_query() -> str | None:
+def raw_query() -> str | None:
+    """The request's query string as sent (latin-1), or None."""
     raw = request.scope.get("query_string", b"")
     return raw.decode("latin-1") if raw else None
+
+
+def selector_param(selectors: list[str]) -> Selector:
+    """The one ``selector`` query value, trimmed and parsed (400 ``selector_required`` when absent
+    or blank, ``invalid_selector`` with its offset); a repeated one was refused before."""
+    source = rust_trim(selectors[0]) if selectors else ""
+    if not source:
+        raise SelectorRequired()
+    try:
+        return parse_selector(source)
+    except SelectorError as exc:
+        raise InvalidSelector(str(exc), offset=exc.offset) from None
 
 
 def query_pairs(raw: str | None):

@@ -22,21 +22,18 @@ need ``read``.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from typing import Any, Literal
 
 import trio
-from quart import Response, g, request
+from quart import Response, request
 
-from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import Body, Param, Resp, Route, as_json, field, model
-from smgrl.api.guard import Guard
+from smgrl.api.guard import Guard, who
 from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ, WRITE
 from smgrl.core.version import MalformedVersion, validate_version
 from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
-from smgrl.journaling import ev
 from smgrl.routing.metadata import FALSE, TRUE
 from smgrl.routing.staged import identity, matches
 from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor, parse_version
@@ -77,27 +74,9 @@ class RoutingLoopRoutes:
 
         return route
 
-    async def _append(self, stream: str, event) -> None:
-        try:
-            await self.gw.journal.append(stream, event)
-        except JournalWriteError as exc:
-            raise JournalUnavailable(f"the journal cannot record this change: {exc}") from exc
-
-    def _who(self, principal) -> dict[str, Any]:
-        return {
-            "principal": principal.label if principal else None,
-            "request_id": getattr(g, "request_id", None),
-        }
-
     async def _set(self, paused: bool, principal) -> bool:
         """Switch dispatch; True when it changed (journaled)."""
-        loop = self.gw.fleet.routing
-        changed = loop.paused != paused
-        if changed:
-            await self._append(
-                "dataplane", ev("dataplane.dispatch_set", paused=paused, **self._who(principal))
-            )
-        return changed
+        return await self.gw.writes.set_dispatch(paused, *who(principal))
 
     def _switched(self, paused: bool, changed: bool, **extra) -> Response:
         body = {"action": "pause" if paused else "resume", "changed": changed, **extra, **self._status_body()}
@@ -200,57 +179,9 @@ class RoutingLoopRoutes:
 
     async def _hold(self, paused: bool, principal) -> Response:
         """PSRL's /workers/pause|resume: hold instances out of routing (or back in), as the
-        state write ``POST /v1/rl/workers/{id}/state`` does (``engine.state_set``): no engine is
-        called. smgrl holds out whole engines: an item set naming some DP ranks of a replica
-        but not all is rejected with the reason."""
+        state write ``POST /v1/rl/workers/{id}/state`` does (``ControlWrites.set_held``)."""
         items = _hold_items(await request.get_data(cache=False))
-        registry = self.gw.fleet.registry
-        results: list[dict[str, Any]] = []
-        by_engine: dict[str, list[int]] = defaultdict(list)
-        ranks: dict[str, set | None] = {}
-        engines: dict[str, Any] = {}
-        for i, (wid, item_ranks) in enumerate(items):
-            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
-            result: dict[str, Any] = {
-                "status": "paused" if paused else "resumed",
-                "worker_id": wid,
-                "url": None,
-            }
-            if item_ranks is not None:
-                result["dp_rank"] = sorted(item_ranks)
-            results.append(result)
-            if worker is None or not worker.is_visible:
-                result.update(status="rejected", reason="worker not found")
-                continue
-            result["url"] = worker.base_url
-            engines[worker.base_url] = worker
-            by_engine[worker.base_url].append(i)
-            seen = ranks.get(worker.base_url, set())
-            ranks[worker.base_url] = None if item_ranks is None or seen is None else seen | item_ranks
-        targets = []
-        for base, indexes in by_engine.items():
-            size = _dp_size(registry, base)
-            named = ranks[base]
-            if named is not None and named != set(range(size)):
-                for i in indexes:
-                    results[i].update(
-                        status="rejected",
-                        reason=f"smgrl holds out whole engines: name all {size} DP ranks of the replica, or none",
-                    )
-                continue
-            w = engines[base]
-            targets.append({"worker_id": w.id, "url": w.url, "base_url": w.base_url})
-        if targets:
-            await self._append(
-                "engine",
-                ev(
-                    "engine.state_set",
-                    control="paused" if paused else "active",
-                    targets=tuple(targets),
-                    selector=None,
-                    **self._who(principal),
-                ),
-            )
+        results = await self.gw.writes.set_held(items, paused, *who(principal))
         updated = sum(r["status"] != "rejected" for r in results)
         body = {
             "action": "pause" if paused else "resume",
@@ -263,51 +194,7 @@ class RoutingLoopRoutes:
 
     async def _versions(self, principal) -> Response:
         items = _items(await request.get_data(cache=False))
-        registry = self.gw.fleet.registry
-        # Resolve each item to its engine (DP ranks share one version: smgrl's table is per engine).
-        by_engine: dict[str, list[int]] = defaultdict(list)
-        results: list[dict[str, Any]] = []
-        engines: dict[str, Any] = {}
-        for i, item in enumerate(items):
-            wid, rank, version = item["worker_id"], item.get("dp_rank"), item["weight_version"]
-            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
-            result = {"status": "updated", "worker_id": wid, "url": None, "weight_version": version}
-            if rank is not None:
-                result["dp_rank"] = rank
-            results.append(result)
-            if worker is None or not worker.is_visible:
-                result.update(status="rejected", reason="worker not found")
-                continue
-            result["url"] = worker.base_url
-            engines[worker.base_url] = worker
-            by_engine[worker.base_url].append(i)
-        writes: dict[str, list] = defaultdict(list)
-        for base, indexes in by_engine.items():
-            versions = {results[i]["weight_version"] for i in indexes}
-            ranks = {items[i].get("dp_rank") for i in indexes}
-            size = _dp_size(registry, base)
-            reason = None
-            if len(versions) > 1:
-                reason = "all DP ranks of a replica must get one version"
-            elif None not in ranks and ranks != set(range(size)):
-                reason = f"an update must cover all {size} DP ranks of the replica"
-            if reason is not None:
-                for i in indexes:
-                    results[i].update(status="rejected", reason=reason)
-                continue
-            writes[versions.pop()].append(engines[base])
-        for version, workers in writes.items():
-            targets = tuple({"worker_id": w.id, "url": w.url, "base_url": w.base_url} for w in workers)
-            await self._append(
-                "engine",
-                ev(
-                    "engine.version_set",
-                    weight_version=version,
-                    targets=targets,
-                    selector=None,
-                    **self._who(principal),
-                ),
-            )
+        results = await self.gw.writes.set_versions(items, *who(principal))
         updated = sum(r["status"] == "updated" for r in results)
         body = {
             "total": len(results),
@@ -316,11 +203,6 @@ class RoutingLoopRoutes:
             "results": results,
         }
         return env.json_response(200, body)
-
-
-def _dp_size(registry, base_url: str) -> int:
-    ranks = {w.dp_rank for w in registry if w.base_url == base_url and w.dp_rank is not None}
-    return max(len(ranks), 1)
 
 
 def _items(data: bytes) -> list[dict[str, Any]]:
