@@ -78,11 +78,11 @@ class Check:
 
 class Guard:
     def __init__(self, gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
 
     @contextlib.asynccontextmanager
     async def check(self, action: str, path: str):
-        decision = self.gw.auth.check(request.headers.get("authorization"), action)
+        decision = self.gateway.auth.check(request.headers.get("authorization"), action)
         check = self.begin(decision, action, request.method, path, getattr(g, "request_id", None))
         # Services that journal their own records take the audit event from here (rl_routes.py
         # passes it on in the CallContext).
@@ -118,7 +118,7 @@ class Guard:
         reason = None
         if isinstance(decision, Denied):
             reason = decision.reason
-            self.gw.metrics.auth_denied.labels(status=str(decision.status)).inc()
+            self.gateway.metrics.auth_denied.labels(status=str(decision.status)).inc()
             if decision.json:
                 check.denied = env.api_key_error(decision.status, decision.message, decision.www_authenticate)
             else:
@@ -136,7 +136,7 @@ class Guard:
     def audit_check(self, check: Check, action: str) -> Check | None:
         """The check whose audit event the operation commits itself, or None (reads, denials,
         audit off)."""
-        return check if self.gw.cfg.audit and check.denied is None and action != READ else None
+        return check if self.gateway.cfg.audit and check.denied is None and action != READ else None
 
     def end(self, action: str, path: str, check: Check) -> None:
         """The audit (count, event, log line) of a request checked with ``begin``."""
@@ -151,19 +151,19 @@ class Guard:
         self._audit(READ, path, check)
 
     def _audit(self, action: str, path: str, check: Check) -> None:
-        if not self.gw.cfg.audit:
+        if not self.gateway.cfg.audit:
             return
         denied = check.denied is not None
         outcome = "denied" if denied else "success"
         fields = {**check.fields, "outcome": outcome, "status": check.status}
         if denied or action == READ:
-            self.gw.audit.add(fields["principal"], route_family(path), outcome, fields["reason"])
+            self.gateway.audit.add(fields["principal"], route_family(path), outcome, fields["reason"])
         elif not check.journaled:
             try:
-                self.gw.journal.append_nowait("audit", ev("audit.control_plane", **fields))
+                self.gateway.journal.append_nowait("audit", ev("audit.control_plane", **fields))
             except JournalWriteError as exc:  # queue full or writer closing: the log line remains
                 log.warning("audit event not journaled: %s", exc)
-        quiet = not denied and action == READ and not self.gw.auth.configured
+        quiet = not denied and action == READ and not self.gateway.auth.configured
         log_event(log, "control_plane_audit", logging.DEBUG if quiet else logging.INFO, **fields)
 
 

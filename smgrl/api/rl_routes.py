@@ -123,7 +123,7 @@ ACTION = {
 
 class RlApi:
     def __init__(self, gateway, journal_routes=None) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.guard = Guard(gateway)
         self.journal_routes = journal_routes
         self._rows_cache: tuple[object, bytes] | None = None
@@ -162,7 +162,7 @@ class RlApi:
     def workers_body(self) -> bytes:
         """The discovery answer, rendered once per projection revision (also served by the raw
         front, smgrl/api/rl_front.py)."""
-        fleet = self.gw.fleet
+        fleet = self.gateway.fleet
         cached = self._rows_cache
         if cached is not None and cached[0] == fleet.revision:
             return cached[1]
@@ -180,12 +180,12 @@ class RlApi:
 
     async def _worker(self, params, principal) -> Response:
         worker = self._visible(params["id"])
-        fleet = self.gw.fleet
+        fleet = self.gateway.fleet
         entry = row(worker, dp_ranks_for(worker, fleet.registry), facts_for(worker, fleet.facts()))
         return env.json_response(200, entry)
 
     def _visible(self, worker_id: str):
-        worker = self.gw.fleet.registry.get(worker_id)
+        worker = self.gateway.fleet.registry.get(worker_id)
         if worker is None or not worker.is_visible:
             raise WorkerNotFound(worker_id)
         return worker
@@ -199,7 +199,7 @@ class RlApi:
         path = _engine_path(params["path"])
         worker = self._visible(params["id"])
         req = self._control_request(path, passthrough_query(raw_query()), body)
-        result = await self.gw.control.call(worker, req, self._context(principal))
+        result = await self.gateway.control.call(worker, req, self._context(principal))
         return _op_response(result)
 
     async def _fanout(self, params, principal) -> Response:
@@ -211,13 +211,13 @@ class RlApi:
         selector = selector_param(selectors)
         path = _engine_path(params["path"])
         req = self._control_request(path, passthrough_query(query), body)
-        targets = self.gw.control.targets(selector)
+        targets = self.gateway.control.targets(selector)
         ctx = self._context(principal)
         if not targets:
-            result = await self.gw.control.no_match(selector, req, ctx)
+            result = await self.gateway.control.no_match(selector, req, ctx)
             err = NoWorkersMatch(selector.source)
             return env.json_response(err.status, err.body(), _op_headers(result))
-        result = await self.gw.control.fanout(selector, targets, req, ctx)
+        result = await self.gateway.control.fanout(selector, targets, req, ctx)
         return _op_response(result)
 
     def _control_request(self, path: str, query: str | None, body: bytes) -> ControlRequest:

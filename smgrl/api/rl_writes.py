@@ -65,7 +65,7 @@ def parse_write(kind: str, data: bytes) -> str:
 
 class RlWrites:
     def __init__(self, gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.guard = Guard(gateway)
 
     def register(self, app) -> None:
@@ -107,8 +107,8 @@ class RlWrites:
 
     async def _worker(self, kind: str, worker_id: str, principal) -> Response:
         value = parse_write(kind, await request.get_data(cache=False))
-        worker = await self.gw.writes.set_worker(kind, value, worker_id, *who(principal))
-        fleet = self.gw.fleet
+        worker = await self.gateway.writes.set_worker(kind, value, worker_id, *who(principal))
+        fleet = self.gateway.fleet
         return env.json_response(
             200, row(worker, dp_ranks_for(worker, fleet.registry), facts_for(worker, fleet.facts()))
         )
@@ -119,8 +119,8 @@ class RlWrites:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         value = parse_write(kind, await request.get_data(cache=False))
         selector = selector_param(selectors)
-        targets = await self.gw.writes.set_fleet(kind, value, selector, *who(principal))
-        fleet = self.gw.fleet
+        targets = await self.gateway.writes.set_fleet(kind, value, selector, *who(principal))
+        fleet = self.gateway.fleet
         wanted = {w.id for w in targets}
         facts = fleet.facts()
         rows = [

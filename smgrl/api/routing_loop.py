@@ -45,8 +45,8 @@ MAX_WAIT_SECS = 3600.0
 
 class RoutingLoopRoutes:
     def __init__(self, gateway, dataplane) -> None:
-        self.gw = gateway
-        self.dp = dataplane
+        self.gateway = gateway
+        self.dataplane = dataplane
         self.guard = Guard(gateway)
 
     def register(self, app) -> None:
@@ -76,7 +76,7 @@ class RoutingLoopRoutes:
 
     async def _set(self, paused: bool, principal) -> bool:
         """Switch dispatch; True when it changed (journaled)."""
-        return await self.gw.writes.set_dispatch(paused, *who(principal))
+        return await self.gateway.writes.set_dispatch(paused, *who(principal))
 
     def _switched(self, paused: bool, changed: bool, **extra) -> Response:
         body = {"action": "pause" if paused else "resume", "changed": changed, **extra, **self._status_body()}
@@ -93,11 +93,11 @@ class RoutingLoopRoutes:
         # In-flight requests finish on their own (a pause never aborts anything); the answer
         # says they have, or, past ``timeout``, how many are still running (dispatch stays
         # paused either way: the journal has it).
-        if not await self.dp.wait_idle(trio.current_time() + timeout):
+        if not await self.dataplane.wait_idle(trio.current_time() + timeout):
             raise PauseWaitTimeout(
-                f"dispatch is paused, but {self.dp.in_flight} requests were still in flight after "
+                f"dispatch is paused, but {self.dataplane.in_flight} requests were still in flight after "
                 f"{timeout:g}s (wait again, or resume)",
-                running_request_num=self.dp.in_flight,
+                running_request_num=self.dataplane.in_flight,
             )
         return self._switched(True, changed, drained=True)
 
@@ -105,27 +105,29 @@ class RoutingLoopRoutes:
         return self._switched(False, await self._set(False, principal))
 
     def _status_body(self) -> dict[str, Any]:
-        dp = self.dp
-        loop = self.gw.fleet.routing
-        running = sum(dp.loads.values())
+        dataplane = self.dataplane
+        loop = self.gateway.fleet.routing
+        running = sum(dataplane.loads.values())
         return {
             "enabled": True,
             "paused": loop.paused,
             "routing_epoch": loop.revision,
-            "queue_len": dp.waiting,
-            "pending_request_num": dp.waiting,
+            "queue_len": dataplane.waiting,
+            "pending_request_num": dataplane.waiting,
             "running_request_num": running,
-            "prompt_groups": len(dp.groups),
+            "prompt_groups": len(dataplane.groups),
         }
 
     async def _status(self, principal) -> Response:
         return env.json_response(200, self._status_body())
 
     async def _stats(self, principal) -> Response:
-        dp = self.dp
+        dataplane = self.dataplane
         rows = []
-        hints = [(hint, n) for hint, n in dp.queued.items() if n]  # few: one per waiting pinned request
-        for model_id, slot in sorted(dp.table().models.items()):
+        hints = [
+            (hint, n) for hint, n in dataplane.queued.items() if n
+        ]  # few: one per waiting pinned request
+        for model_id, slot in sorted(dataplane.table().models.items()):
             for entry in slot.entries:
                 inst = entry.instance
                 base, rank = identity(inst)
@@ -139,13 +141,13 @@ class RoutingLoopRoutes:
                         "weight_version": entry.version,
                         "control": entry.control,
                         "held": entry.hold,
-                        "in_flight": dp.loads.get(inst.worker_id, 0),
+                        "in_flight": dataplane.loads.get(inst.worker_id, 0),
                         "queued": sum(n for hint, n in hints if matches(inst, hint)),
-                        "dispatched": dp.dispatched.get(inst.worker_id, 0),
-                        "tokens": dp.tokens.get(inst.worker_id, 0),
+                        "dispatched": dataplane.dispatched.get(inst.worker_id, 0),
+                        "tokens": dataplane.tokens.get(inst.worker_id, 0),
                     }
                 )
-        return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dp.waiting})
+        return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dataplane.waiting})
 
     async def _filter(self, principal) -> Response:
         raw = request.args.get("version_tag")
@@ -157,7 +159,7 @@ class RoutingLoopRoutes:
             raise InvalidQuery(str(exc)) from None
         rows = []
         now = trio.current_time()
-        for facts in list(self.dp.waiting_requests.values()):
+        for facts in list(self.dataplane.waiting_requests.values()):
             tag = facts["version_tag"]
             # Unversioned requests (-1) are below every bound; -1 as the bound keeps only them.
             if tag is None or (bound is not None and parse_version(tag) <= bound):
@@ -181,7 +183,7 @@ class RoutingLoopRoutes:
         """PSRL's /workers/pause|resume: hold instances out of routing (or back in), as the
         state write ``POST /v1/rl/workers/{id}/state`` does (``ControlWrites.set_held``)."""
         items = _hold_items(await request.get_data(cache=False))
-        results = await self.gw.writes.set_held(items, paused, *who(principal))
+        results = await self.gateway.writes.set_held(items, paused, *who(principal))
         updated = sum(r["status"] != "rejected" for r in results)
         body = {
             "action": "pause" if paused else "resume",
@@ -194,7 +196,7 @@ class RoutingLoopRoutes:
 
     async def _versions(self, principal) -> Response:
         items = _items(await request.get_data(cache=False))
-        results = await self.gw.writes.set_versions(items, *who(principal))
+        results = await self.gateway.writes.set_versions(items, *who(principal))
         updated = sum(r["status"] == "updated" for r in results)
         body = {
             "total": len(results),

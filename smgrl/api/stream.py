@@ -41,7 +41,7 @@ def sse(event: str, data: dict, event_id: int | None = None) -> bytes:
 
 class JournalStream:
     def __init__(self, gateway, streams: EventStreams) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.streams = streams
         self.guard = Guard(gateway)
         self.reader = JournalRoutes(gateway)
@@ -86,7 +86,7 @@ class JournalStream:
             if tail is None:
                 raise InvalidQuery("`tail` must be a non-negative integer", param="tail")
             # The last N records, then live (the fleet page's start: recent refits first).
-            after = max(0, self.gw.fleet.last_seq - min(tail, BACKFILL_MAX))
+            after = max(0, self.gateway.fleet.last_seq - min(tail, BACKFILL_MAX))
         self.streams.admit()  # TooManyStreams (429) past --max-event-streams
         return Response(
             self.streams.counted(self._events(after)),
@@ -96,18 +96,18 @@ class JournalStream:
         )
 
     async def _events(self, after: int | None):
-        tail = self.gw.tail
+        tail = self.gateway.tail
         # Subscribed here, when the body starts, never in the handler: a response whose body is
         # never iterated (the client left first) would leave a subscriber nobody unsubscribes.
         # And BEFORE reading the backfill: every record is then either in the backfill or in the
         # subscription (duplicates are skipped by seq).
         sub = tail.subscribe()
         try:
-            last = self.gw.fleet.last_seq if after is None else after
-            yield sse("hello", {"last_seq": self.gw.fleet.last_seq})
+            last = self.gateway.fleet.last_seq if after is None else after
+            yield sse("hello", {"last_seq": self.gateway.fleet.last_seq})
             if after is not None:
                 store = self.reader._store()
-                upto = self.gw.fleet.last_seq
+                upto = self.gateway.fleet.last_seq
                 left = BACKFILL_MAX
                 while left > 0:
                     # Page by page: a reader that does not read holds one page in memory, never

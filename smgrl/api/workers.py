@@ -96,7 +96,7 @@ WORKERS_ENVELOPE = Envelope(
 
 class WorkersApi:
     def __init__(self, gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.guard = Guard(gateway)
 
     async def _guarded(self, action: str, handler, *args) -> Response:
@@ -122,9 +122,9 @@ class WorkersApi:
     # -- handlers ------------------------------------------------------------------------------
 
     async def _list(self) -> Response:
-        workers = [worker_json(w) for w in self.gw.fleet.registry]
+        workers = [worker_json(w) for w in self.gateway.fleet.registry]
         stats = {
-            f"{t}_count": sum(1 for w in self.gw.fleet.registry if w.worker_type == t)
+            f"{t}_count": sum(1 for w in self.gateway.fleet.registry if w.worker_type == t)
             for t in ("prefill", "decode", "regular")
         }
         return env.json_response(200, {"workers": workers, "total": len(workers), "stats": stats})
@@ -143,7 +143,7 @@ class WorkersApi:
         host, port = request.scope.get("server") or (None, None)
         if reaches_listener(spec["url"], host, port):
             raise bad_request(self_registration(spec["url"]))
-        worker = await self.gw.registry.register(Registration(**spec), source="api")
+        worker = await self.gateway.registry.register(Registration(**spec), source="api")
         location = f"/workers/{worker.id}"
         return env.json_response(
             202,
@@ -161,7 +161,7 @@ class WorkersApi:
         problem = uuid_error(worker_id)
         if problem is not None:
             raise bad_request(f"Invalid worker_id '{worker_id}' (expected UUID). Error: {problem}")
-        worker = self.gw.fleet.registry.get(worker_id)
+        worker = self.gateway.fleet.registry.get(worker_id)
         if worker is None:
             raise WorkerApiError(404, "WORKER_NOT_FOUND", f"Worker {worker_id} not found")
         return worker
@@ -173,7 +173,7 @@ class WorkersApi:
         body = await self._body(parse_worker_update)
         worker = self._lookup(worker_id)
         if body.get("labels") is not None:
-            await self.gw.registry.set_labels(worker.id, body["labels"], "merge")
+            await self.gateway.registry.set_labels(worker.id, body["labels"], "merge")
         return _accepted(worker.id, "Worker update queued for background processing")
 
     async def _put(self, worker_id: str) -> Response:
@@ -184,12 +184,12 @@ class WorkersApi:
                 f"Worker '{worker.url}' belongs to a data-parallel group. PUT is not supported for "
                 "data-parallel workers. Use DELETE + POST instead."
             )
-        await self.gw.registry.set_labels(worker.id, spec["labels"], "replace")
+        await self.gateway.registry.set_labels(worker.id, spec["labels"], "replace")
         return _accepted(worker.id, "Worker update queued for background processing")
 
     async def _delete(self, worker_id: str) -> Response:
         worker = self._lookup(worker_id)
-        await self.gw.registry.remove(worker.id, "removed through DELETE /workers")
+        await self.gateway.registry.remove(worker.id, "removed through DELETE /workers")
         return _accepted(worker.id, "Worker removal queued for background processing")
 
 

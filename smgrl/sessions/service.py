@@ -26,8 +26,8 @@ from journal.events import (
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import loopback
-from smgrl.dataplane import request as rq
 from smgrl.dataplane.affinity import Routed
+from smgrl.dataplane.request import GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest
 from smgrl.dataplane.service import DataPlane
 from smgrl.routing import metadata
 from smgrl.routing.metadata import InstanceId
@@ -109,7 +109,7 @@ class SessionService:
         self.chat = chat
         self.boundary = Boundary.derive(chat)
         self.parser = parser_for(tool_parser)
-        self.dp = dataplane
+        self.dataplane = dataplane
         self.fleet = fleet
         self.journal = journal
         self.max_sessions = max_sessions
@@ -298,7 +298,9 @@ class SessionService:
         if body.get("reasoning_effort") is not None:
             kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
         requested = self._trajectory(headers)
-        model = self.dp.resolve_model(body.get("model") if isinstance(body.get("model"), str) else None)
+        model = self.dataplane.resolve_model(
+            body.get("model") if isinstance(body.get("model"), str) else None
+        )
         pin = await self._gate(s)
         try:
             return await self._turn(s, body, messages, tools, kwargs or None, requested, model, pin, rid)
@@ -429,7 +431,7 @@ class SessionService:
         turn is captured whole with the version span of every segment."""
         routed = self._routed(s, pin, rid)
         registry = self.fleet.registry
-        max_loopbacks = self.dp.cfg.dataplane.max_loopbacks
+        max_loopbacks = self.dataplane.cfg.dataplane.max_loopbacks
         cap = eng.max_tokens(body)
         rollout = loopback.Rollout(
             obj={},
@@ -437,8 +439,8 @@ class SessionService:
             cap=DEFAULT_MAX_TOKENS if cap is None else cap,
             max_loopbacks=max_loopbacks,
         )
-        req = rq.RolloutRequest(
-            route=rq.GENERATE, model=model, stream=False, prefix=tuple(prompt_ids[: rq.ROUTING_TEXT_LIMIT])
+        req = RolloutRequest(
+            route=GENERATE, model=model, stream=False, prefix=tuple(prompt_ids[:ROUTING_TEXT_LIMIT])
         )
         headers = [
             (b"content-type", b"application/json"),
@@ -454,7 +456,7 @@ class SessionService:
         outcome = "cancelled"
         try:
             while True:
-                async with self.dp.dispatch(
+                async with self.dataplane.dispatch(
                     req,
                     b"",
                     headers,
@@ -480,17 +482,19 @@ class SessionService:
                     raise errors.EngineAnswerInvalid(str(e)) from None
                 instance = entry.instance
                 ops = (
-                    self.dp.fleet.aborts.since(instance.base_url, seq) if gen.finish_reason == "abort" else []
+                    self.dataplane.fleet.aborts.since(instance.base_url, seq)
+                    if gen.finish_reason == "abort"
+                    else []
                 )
                 leg = _leg(gen, entry.version)
                 rollout.add(leg, instance, ops[0] if ops else None)
                 if not ops:  # done, or a deliberate abort (answered 503 turn_aborted by the caller)
                     outcome = "aborted" if gen.finish_reason == "abort" else "completed"
-                    self.dp.count_tokens(instance.worker_id, len(leg.ids))
+                    self.dataplane.count_tokens(instance.worker_id, len(leg.ids))
                     break
                 if rollout.remaining() == 0:
                     outcome = "completed"
-                    self.dp.count_tokens(instance.worker_id, len(leg.ids))
+                    self.dataplane.count_tokens(instance.worker_id, len(leg.ids))
                     leg.finish = "length"
                     break
                 if rollout.loopbacks >= max_loopbacks:
@@ -498,11 +502,11 @@ class SessionService:
                     raise rollout.limit_exceeded()
                 # Back to the instance that aborted (eligible again once its sync completes),
                 # or any at the pinned floor: never older weights (loopback.prepare).
-                loopback.prepare(self.dp, routed, rollout, instance, leg, ops)
+                loopback.prepare(self.dataplane, routed, rollout, instance, leg, ops)
         finally:
             if rollout.loopbacks or outcome == "limit_exceeded":
                 await loopback.record(self.journal, rollout, routed, req, model, outcome)
-            await self.dp.finish(routed)
+            await self.dataplane.finish(routed)
         t2 = trio.current_time()
         spans = tuple({"version": v, "start": a, "end": b} for v, a, b in rollout.spans)
         merged = eng.Generated(
