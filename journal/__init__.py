@@ -86,6 +86,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# The package's face in one list (names from several modules; journal/events.py lists its own).
 __all__ = [
     "Append",
     "AuditControlPlane",

@@ -580,6 +580,8 @@ def _engine_reason(body: Any) -> str | None:
     return None if body is None else json.dumps(body)
 
 
+# Not smgrl.core.printable.escape: this client module imports only the standard library (the
+# drop-in contract: a trainer copies or imports it without smgrl's dependencies).
 def _printable(text: str) -> str:
     """One line, at most _REASON_CHARS, control characters escaped (an engine wrote it)."""
     clipped = text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS] + "..."

@@ -161,6 +161,7 @@ async def _run(cfg, store, fleet, restored, hc, sockets, metrics_listeners, shut
                 # Sessions live in memory: those an earlier process left open are ended, in the
                 # journal, before this one serves (their ids answer 410 session_gone).
                 await gateway.sessions.end_previous(store)
+            # A log line's fields (shaped like other log_event calls; each line its own facts).
             log_event(
                 log,
                 "journal replayed",

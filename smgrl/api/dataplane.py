@@ -483,6 +483,7 @@ class _Relay:
     __slots__ = ("api", "hold", "rid", "routed", "send", "started")
 
     def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes, hold, routed: Routed) -> None:
+        # Attribute assignments, shaped like the services' constructors: nothing to share.
         self.api = api
         self.send = send
         self.rid = rid

@@ -77,6 +77,7 @@ class OpResult:
 
 
 class ControlService:
+    # Attribute assignments, shaped like the other services' constructors: nothing to share.
     def __init__(self, *, fleet, journal, pools, keys, rl: RlConfig, metrics) -> None:
         self.fleet = fleet
         self.journal = journal
@@ -229,6 +230,8 @@ class ControlService:
         if result is not None and self.metrics.rl_enabled:
             self.metrics.control_call(metric_op(req.path), result, outcome.latency_ms / 1000)
         if outcome.answered:
+            # The operator's log line; the journal's control.outcome below carries its own fields (op_id,
+            # error, excerpt): two readers, two records.
             log_event(
                 log,
                 "rl.proxy",

@@ -51,6 +51,7 @@ class RegistryService:
     def __init__(
         self, *, fleet, journal, keys: KeyRing, pools: PoolSet, cfg: Config, instance_id: str | None = None
     ) -> None:
+        # Attribute assignments, shaped like the other services' constructors: nothing to share.
         self.fleet = fleet
         self.instance_id = instance_id
         self.journal = journal

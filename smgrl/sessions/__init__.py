@@ -22,6 +22,7 @@ def build(gateway, dataplane):
         return None
     from smgrl.sessions.service import SessionService
 
+    # Keyword arguments, shaped like other services' construction: configuration, not logic.
     return SessionService(
         chat=load_tokenizer(cfg.tokenizer_path),
         dataplane=dataplane,

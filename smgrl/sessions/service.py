@@ -109,6 +109,7 @@ class SessionService:
         self.chat = chat
         self.boundary = Boundary.derive(chat)
         self.parser = parser_for(tool_parser)
+        # Attribute assignments, shaped like the other services' constructors: nothing to share.
         self.dataplane = dataplane
         self.fleet = fleet
         self.journal = journal

@@ -137,6 +137,7 @@ class RegistryState:
 
 def _registered(state: RegistryState, seq: int, ev) -> None:
     state._put(
+        # The event's fields copied into the worker (shaped like other folds' copies; each its own fields).
         Worker(
             id=ev.worker_id,
             url=ev.url,

@@ -248,6 +248,7 @@ def _saga(seq: int, ts: float | None, ev) -> Saga:
             previous_model_path=e.get("previous_model_path"),
             checksums="pending" if plan.get("checksums") == "checked" else plan.get("checksums"),
         )
+    # The event's fields copied into the saga (shaped like other folds' copies; each its own fields).
     return Saga(
         refit_id=ev.refit_id,
         started_seq=seq,
