@@ -303,6 +303,7 @@ class RL:
         serves (SMG M2, gateway-local: no engine call). Returns the updated row, or the rows."""
         return self._write("version", {"weight_version": weight_version}, worker_id, selector, timeout)
 
+    # The same keywords as set_version: two public methods of the drop-in client, each its own body field.
     def set_state(
         self,
         control: str,

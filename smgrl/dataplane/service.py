@@ -241,6 +241,7 @@ class DataPlane:
                 held[reason] += 1
         return kept, held
 
+    # Keyword parameters, shaped like other signatures (registry/probe.py): each function its own.
     async def pick(
         self,
         req: RolloutRequest,

@@ -97,6 +97,7 @@ class _Scan:
 @click.option("--until", default=None, metavar="TIME", help="Only events before TIME.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N", help="Stop after N events.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events (polling) until interrupted.")
+# Option declarations shaped like the other commands' (each command its own flag and help).
 @click.option(
     "--follow-seconds",
     type=click.FloatRange(min=0),

@@ -88,6 +88,7 @@ async def _get_json(pools, base, paths, api_key, timeout) -> Mapping | None:
     return None
 
 
+# Keyword parameters, shaped like other signatures (dataplane/service.py): each function its own.
 async def probe_http(
     pools: PoolSet,
     base_url: str,

@@ -264,6 +264,7 @@ class Cycle:
                     out.setdefault(engine, []).append("resume: never resumed")
         return out
 
+    # A to_json of its own fields (shaped like every record's to_json; nothing to share).
     def to_json(self) -> dict[str, Any]:
         return {
             "cycle": self.index,

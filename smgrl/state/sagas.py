@@ -55,6 +55,7 @@ class EngineRun:
     verified: str | None = None  # verified | unverified | mismatch
     checksums: str | None = None  # trainer checksums: pending | verified | unverified | mismatch
 
+    # A to_json of its own fields (shaped like every record's to_json; nothing to share).
     def to_json(self) -> dict[str, Any]:
         return {
             "worker_id": self.worker_id,

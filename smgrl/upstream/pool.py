@@ -279,6 +279,7 @@ class _Exchange(contextlib.AbstractAsyncContextManager["Response"]):
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes | None,
     ) -> None:
+        # Attribute assignments, shaped like other constructors: nothing to share.
         self._pool = pool
         self._method = method
         self._target = target
