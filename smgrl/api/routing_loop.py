@@ -30,7 +30,7 @@ from quart import Response, request
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import Body, Param, Resp, Route, as_json, field, model
 from smgrl.api.guard import Guard, who
-from smgrl.api.schemas import rl_error_resp
+from smgrl.api.schemas import PAYLOAD_TOO_LARGE, rl_error_resp
 from smgrl.auth import READ, WRITE
 from smgrl.core.version import MalformedVersion, validate_version
 from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
@@ -501,6 +501,7 @@ OPENAPI_ROUTES = (
                 as_json(_VersionResults),
             ),
             "400": rl_error_resp("Bad body (invalid_body).", InvalidBody),
+            "413": PAYLOAD_TOO_LARGE,
             "503": _JOURNAL_DOWN,
         },
         role="admin",
