@@ -14,6 +14,7 @@ The HTTP side is ``smgrl.api.dataplane`` (raw ASGI in front of Quart); the routi
 ``smgrl.routing``.
 """
 
+# The face: its users' import lists name the same things (`duplicates` pairs them), nothing to share.
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.hook import HookError, resolve
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest, from_obj
