@@ -31,7 +31,7 @@ from smgrl.config import (
     validate,
 )
 from smgrl.errors import ConfigError, StartupError
-from smgrl.routing.policy import POLICIES
+from smgrl.routing import POLICIES
 
 # Flags that take several values after one occurrence, argparse-style (nargs="*"/"+").
 MULTI_VALUE = ("--worker-urls", "--control-plane-api-keys", "--tenant-api-key")

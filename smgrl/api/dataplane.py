@@ -86,8 +86,7 @@ from smgrl.errors import (
     openai_headers,
 )
 from smgrl.hypercorn_patches import DISCONNECT_EXTENSION
-from smgrl.routing import metadata
-from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy
+from smgrl.routing import InvalidVersionPolicy, VersionPolicy, metadata
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
     InvalidTurn,

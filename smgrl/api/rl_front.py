@@ -24,8 +24,14 @@ from smgrl.api.rl_routes import PREFIX, BadUtf8, control_request, decode_params,
 from smgrl.api.scope import header_text
 from smgrl.auth import ENGINE, READ, Denied
 from smgrl.control.service import CallContext
-from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
-from smgrl.core.selector import SelectorError, parse_selector, rust_trim
+from smgrl.core import (
+    EnginePathError,
+    SelectorError,
+    parse_selector,
+    passthrough_query,
+    rust_trim,
+    validate_engine_path,
+)
 from smgrl.errors import RlError
 
 log = logging.getLogger("smgrl.http")

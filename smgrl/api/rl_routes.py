@@ -45,9 +45,20 @@ from smgrl.api.schemas import (
 from smgrl.auth import ENGINE, READ
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext, OpResult
-from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
-from smgrl.core.selector import Selector, SelectorError, parse_selector, rust_trim
-from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
+from smgrl.core import (
+    EnginePathError,
+    Selector,
+    SelectorError,
+    collapse,
+    dp_ranks_for,
+    facts_for,
+    parse_selector,
+    passthrough_query,
+    row,
+    rust_trim,
+    validate_engine_path,
+    workers_response,
+)
 from smgrl.errors import (
     InvalidEnginePath,
     InvalidQuery,

@@ -26,8 +26,15 @@ from smgrl.api.rl_routes import SELECTOR, query_pairs, raw_query, selector_param
 from smgrl.api.schemas import PAYLOAD_TOO_LARGE, RlWorkerEntry, RlWorkersResponse, rl_error_resp
 from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.auth import WRITE
-from smgrl.core.version import MalformedVersion, validate_version
-from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
+from smgrl.core import (
+    MalformedVersion,
+    collapse,
+    dp_ranks_for,
+    facts_for,
+    row,
+    validate_version,
+    workers_response,
+)
 from smgrl.errors import (
     InvalidBody,
     InvalidSelector,

@@ -32,10 +32,10 @@ from smgrl.api.apidoc import Body, Param, Resp, Route, as_json, field, model
 from smgrl.api.guard import Guard, who
 from smgrl.api.schemas import PAYLOAD_TOO_LARGE, rl_error_resp
 from smgrl.auth import READ, WRITE
-from smgrl.core.version import MalformedVersion, validate_version
+from smgrl.core import MalformedVersion, validate_version
 from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
+from smgrl.routing import identity, matches
 from smgrl.routing.metadata import FALSE, TRUE
-from smgrl.routing.staged import identity, matches
 from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor, parse_version
 
 MAX_ITEMS = 4096

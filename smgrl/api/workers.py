@@ -27,7 +27,7 @@ from smgrl.api.workers_body import (
     uuid_error,
 )
 from smgrl.auth import READ, WRITE
-from smgrl.core.worker import parse_size, reaches_listener, self_registration
+from smgrl.core import parse_size, reaches_listener, self_registration
 from smgrl.errors import WorkerApiError, bad_request
 from smgrl.registry.service import Registration
 

@@ -32,12 +32,16 @@ from smgrl.config import RlConfig
 from smgrl.control.call import ControlRequest, call_worker
 from smgrl.control.fanout import run_fanout
 from smgrl.control.outcome import Outcome, fanout_body
-from smgrl.core.ids import new_operation_id
-from smgrl.core.observe import intent_of
-from smgrl.core.path import metric_op
-from smgrl.core.selector import Selector
-from smgrl.core.view import collapse, control_url, selector_view
-from smgrl.core.worker import Worker
+from smgrl.core import (
+    Selector,
+    Worker,
+    collapse,
+    control_url,
+    intent_of,
+    metric_op,
+    new_operation_id,
+    selector_view,
+)
 from smgrl.errors import JournalUnavailable
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event

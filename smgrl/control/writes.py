@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from journal import JournalWriteError
-from smgrl.core.selector import Selector
-from smgrl.core.worker import Worker
+from smgrl.core import Selector, Worker
 from smgrl.errors import JournalUnavailable, NoWorkersMatch, WorkerNotFound
 from smgrl.journaling import ev
 

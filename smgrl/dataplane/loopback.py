@@ -35,10 +35,10 @@ import attrs
 import trio
 
 from journal.events import RequestLoopedBack
-from smgrl.core.version import Version
+from smgrl.core import Version
 from smgrl.dataplane.stamp import Stamp, TokenTail, first_event_version, stream_version
 from smgrl.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
-from smgrl.routing.metadata import InstanceId
+from smgrl.routing import InstanceId
 
 log = logging.getLogger("smgrl.dataplane")
 

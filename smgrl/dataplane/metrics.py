@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from smgrl.core.version import parse_u64
+from smgrl.core import parse_u64
 from smgrl.metrics import DURATION_BUCKETS, Children
 
 CONTROL_CODES = {"active": 0, "paused": 1, "asleep": 2, "unknown": 3}

@@ -25,7 +25,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from smgrl.config import Config
-from smgrl.core.version import Version
+from smgrl.core import Version
 from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
@@ -43,10 +43,16 @@ from smgrl.errors import (
     UpstreamUnreachable,
 )
 from smgrl.registry.keys import KeyRing
-from smgrl.routing import staged
-from smgrl.routing.metadata import InstanceId
-from smgrl.routing.policy import CacheAwareConfig, make_policy, sticky
-from smgrl.routing.version_policy import ANY, VersionPolicy, floor_reason
+from smgrl.routing import (
+    ANY,
+    CacheAwareConfig,
+    InstanceId,
+    VersionPolicy,
+    floor_reason,
+    make_policy,
+    staged,
+    sticky,
+)
 from smgrl.state.fleet import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
 

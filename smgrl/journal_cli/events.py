@@ -10,7 +10,7 @@ import click
 
 from journal import SqliteStore
 from journal.events import Recorded, UnknownEvent
-from smgrl.core.printable import escape_for_json
+from smgrl.core import escape_for_json
 from smgrl.journal_cli.filters import WorkerFilter, catalogue, expand_types, payload_dict
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.reading import read_events, resolve_worker, worker_filter

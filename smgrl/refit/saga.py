@@ -35,9 +35,7 @@ import trio
 from journal import JournalWriteError
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
-from smgrl.core.ids import new_operation_id
-from smgrl.core.view import facts_for
-from smgrl.core.worker import Worker, parse_size
+from smgrl.core import Worker, facts_for, new_operation_id, parse_size
 from smgrl.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event

@@ -21,9 +21,7 @@ from collections.abc import Mapping
 import attrs
 import trio
 
-from smgrl.core.control_url import control_url_for
-from smgrl.core.discovery import Discovery, grpc_labels, is_vllm, sglang_labels, vllm_labels
-from smgrl.core.origin import origin_of
+from smgrl.core import Discovery, control_url_for, grpc_labels, is_vllm, origin_of, sglang_labels, vllm_labels
 from smgrl.upstream import PoolSet, UpstreamError
 
 PROBE_BODY_CAP = 4 * 1024 * 1024

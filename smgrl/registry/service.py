@@ -20,10 +20,15 @@ import trio
 
 from journal import JournalWriteError
 from smgrl.config import Config
-from smgrl.core.ids import new_worker_id
-from smgrl.core.origin import origin_key
-from smgrl.core.view import control_url
-from smgrl.core.worker import Worker, connection_mode_for, redact_url, strip_rank
+from smgrl.core import (
+    Worker,
+    connection_mode_for,
+    control_url,
+    new_worker_id,
+    origin_key,
+    redact_url,
+    strip_rank,
+)
 from smgrl.errors import WorkerApiError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event

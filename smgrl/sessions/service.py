@@ -29,9 +29,7 @@ from smgrl.dataplane import loopback
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.request import GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest
 from smgrl.dataplane.service import DataPlane
-from smgrl.routing import metadata
-from smgrl.routing.metadata import InstanceId
-from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor
+from smgrl.routing import InstanceId, InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
 from smgrl.sessions import errors
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy

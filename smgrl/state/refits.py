@@ -30,8 +30,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.observe import PHASES
-from smgrl.core.worker import strip_rank
+from smgrl.core import PHASES, strip_rank
 
 __all__ = ["PHASE_ORDER", "Cycle", "Op", "OpsFold", "Span", "group_cycles", "iter_cycles", "phase_of"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.worker import Worker, strip_rank
+from smgrl.core import Worker, strip_rank
 from smgrl.state.records import SnapshotError, exact_record
 
 TYPES = frozenset(
