@@ -10,7 +10,8 @@ Check order (A.1): (duplicate ``selector`` query) -> body (a JSON rejection or a
 (``invalid_version``) -> worker lookup (404) / selector (``selector_required``,
 ``invalid_selector``, ``no_workers_match``). Then the service (smgrl/control/writes.py) appends
 one ``engine.version_set`` / ``engine.state_set`` event and awaits it, so the answer's rows,
-discovery and routing already reflect the write. Writes need the ``admin`` role (any control-plane write does).
+discovery and routing already reflect the write. Writes need the ``admin`` role (any
+control-plane write does).
 """
 
 from __future__ import annotations
