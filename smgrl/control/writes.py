@@ -102,7 +102,6 @@ class ControlWrites:
         ranks: dict[str, set | None] = {}
         engines: dict[str, Worker] = {}
         for index, (wid, item_ranks) in enumerate(items):
-            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
             result: dict[str, Any] = {
                 "status": "paused" if paused else "resumed",
                 "worker_id": wid,
@@ -111,10 +110,9 @@ class ControlWrites:
             if item_ranks is not None:
                 result["dp_rank"] = sorted(item_ranks)
             results.append(result)
-            if worker is None or not worker.is_visible:
-                result.update(status="rejected", reason="worker not found")
+            worker = self._item_worker(wid, result)
+            if worker is None:
                 continue
-            result["url"] = worker.base_url
             engines[worker.base_url] = worker
             by_engine[worker.base_url].append(index)
             seen = ranks.get(worker.base_url, set())
@@ -149,15 +147,13 @@ class ControlWrites:
         engines: dict[str, Worker] = {}
         for index, item in enumerate(items):
             wid, rank, version = item["worker_id"], item.get("dp_rank"), item["weight_version"]
-            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
             result = {"status": "updated", "worker_id": wid, "url": None, "weight_version": version}
             if rank is not None:
                 result["dp_rank"] = rank
             results.append(result)
-            if worker is None or not worker.is_visible:
-                result.update(status="rejected", reason="worker not found")
+            worker = self._item_worker(wid, result)
+            if worker is None:
                 continue
-            result["url"] = worker.base_url
             engines[worker.base_url] = worker
             by_engine[worker.base_url].append(index)
         writes: dict[str, list[Worker]] = defaultdict(list)
@@ -178,6 +174,17 @@ class ControlWrites:
         for version, workers in writes.items():
             await self.set_engine("version", version, workers, None, principal, request_id)
         return results
+
+    def _item_worker(self, wid: str, result: dict[str, Any]) -> Worker | None:
+        """The visible worker a PSRL item names (by id or URL), its engine URL set in ``result``;
+        None with ``result`` rejected when there is none."""
+        registry = self.fleet.registry
+        worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
+        if worker is None or not worker.is_visible:
+            result.update(status="rejected", reason="worker not found")
+            return None
+        result["url"] = worker.base_url
+        return worker
 
     async def _append(self, stream: str, event) -> None:
         try:
