@@ -98,10 +98,7 @@ class ControlWrites:
         engines: an item set naming some DP ranks of a replica but not all is rejected."""
         registry = self.fleet.registry
         results: list[dict[str, Any]] = []
-        by_engine: dict[str, list[int]] = defaultdict(list)
-        ranks: dict[str, set | None] = {}
-        engines: dict[str, Worker] = {}
-        for index, (wid, item_ranks) in enumerate(items):
+        for wid, item_ranks in items:
             result: dict[str, Any] = {
                 "status": "paused" if paused else "resumed",
                 "worker_id": wid,
@@ -110,17 +107,12 @@ class ControlWrites:
             if item_ranks is not None:
                 result["dp_rank"] = sorted(item_ranks)
             results.append(result)
-            worker = self._item_worker(wid, result)
-            if worker is None:
-                continue
-            engines[worker.base_url] = worker
-            by_engine[worker.base_url].append(index)
-            seen = ranks.get(worker.base_url, set())
-            ranks[worker.base_url] = None if item_ranks is None or seen is None else seen | item_ranks
+        engines, by_engine = self._by_engine([wid for wid, _ in items], results)
         targets = []
         for base, indexes in by_engine.items():
             size = _dp_size(registry, base)
-            named = ranks[base]
+            named_ranks = [items[i][1] for i in indexes]
+            named = None if None in named_ranks else set().union(*named_ranks)
             if named is not None and named != set(range(size)):
                 for i in indexes:
                     results[i].update(
@@ -142,20 +134,14 @@ class ControlWrites:
         ``engine.version_set`` per version for the engines updated. DP ranks share one version
         (smgrl's table is per engine), so an engine's items must agree and cover all its ranks."""
         registry = self.fleet.registry
-        by_engine: dict[str, list[int]] = defaultdict(list)
         results: list[dict[str, Any]] = []
-        engines: dict[str, Worker] = {}
-        for index, item in enumerate(items):
-            wid, rank, version = item["worker_id"], item.get("dp_rank"), item["weight_version"]
-            result = {"status": "updated", "worker_id": wid, "url": None, "weight_version": version}
-            if rank is not None:
-                result["dp_rank"] = rank
+        for item in items:
+            result = {"status": "updated", "worker_id": item["worker_id"], "url": None}
+            result["weight_version"] = item["weight_version"]
+            if item.get("dp_rank") is not None:
+                result["dp_rank"] = item["dp_rank"]
             results.append(result)
-            worker = self._item_worker(wid, result)
-            if worker is None:
-                continue
-            engines[worker.base_url] = worker
-            by_engine[worker.base_url].append(index)
+        engines, by_engine = self._by_engine([item["worker_id"] for item in items], results)
         writes: dict[str, list[Worker]] = defaultdict(list)
         for base, indexes in by_engine.items():
             versions = {results[i]["weight_version"] for i in indexes}
@@ -175,16 +161,24 @@ class ControlWrites:
             await self.set_engine("version", version, workers, None, principal, request_id)
         return results
 
-    def _item_worker(self, wid: str, result: dict[str, Any]) -> Worker | None:
-        """The visible worker a PSRL item names (by id or URL), its engine URL set in ``result``;
-        None with ``result`` rejected when there is none."""
+    def _by_engine(
+        self, worker_ids: Sequence[str], results: list[dict[str, Any]]
+    ) -> tuple[dict[str, Worker], dict[str, list[int]]]:
+        """Each PSRL item's worker (named by id or URL): an item without a visible one is
+        rejected in ``results``; the others get their engine's URL and are grouped by engine
+        (engine URL -> a worker of it, and -> the items' indexes)."""
         registry = self.fleet.registry
-        worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
-        if worker is None or not worker.is_visible:
-            result.update(status="rejected", reason="worker not found")
-            return None
-        result["url"] = worker.base_url
-        return worker
+        engines: dict[str, Worker] = {}
+        by_engine: dict[str, list[int]] = defaultdict(list)
+        for index, (wid, result) in enumerate(zip(worker_ids, results, strict=True)):
+            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
+            if worker is None or not worker.is_visible:
+                result.update(status="rejected", reason="worker not found")
+                continue
+            result["url"] = worker.base_url
+            engines[worker.base_url] = worker
+            by_engine[worker.base_url].append(index)
+        return engines, by_engine
 
     async def _append(self, stream: str, event) -> None:
         try:
