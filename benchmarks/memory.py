@@ -143,6 +143,7 @@ async def load(base: str, clients: int, body: bytes, pid: int, seconds: float) -
     return {"statuses": statuses, "peak_rss_sampled": peak_sampled}
 
 
+# argparse flags shaped like the other benchmarks' (each benchmark its own knobs).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget-mib", type=int, default=512)

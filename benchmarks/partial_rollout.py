@@ -175,6 +175,7 @@ async def main_async(args) -> None:
     print(f"gain: {gain:.2f}x useful tokens per second with loopback")
 
 
+# argparse flags shaped like the other benchmarks' (each benchmark its own knobs).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", type=int, default=2)

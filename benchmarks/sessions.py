@@ -127,31 +127,25 @@ async def concurrency(model_dir, sessions: int, rounds: int) -> dict:
             def body(i: int, n: int, msgs):
                 return {"model": name, "messages": msgs, "max_tokens": 64}
 
-            async def one_session(i: int, sids: list, lat: list):
-                sid = (await c.post("/sessions")).json()["session_id"]
-                sids.append(sid)
+            async def converse(i: int, path: str, lat: list, arm: str):
                 msgs = [{"role": "user", "content": f"task {i} " + _say(1, _text(i, 12))}]
                 for n in range(rounds):
                     t0 = trio.current_time()
-                    r = await c.post(f"/sessions/{sid}/v1/chat/completions", json=body(i, n, msgs))
+                    r = await c.post(path, json=body(i, n, msgs))
                     lat.append(trio.current_time() - t0)
                     if r.status_code != 200:
-                        errors["session"] += 1
+                        errors[arm] += 1
                         return
                     msg = r.json()["choices"][0]["message"]
                     msgs = [*msgs, msg, {"role": "user", "content": "go on " + _say(n + 2, _text(i + n, 12))}]
 
+            async def one_session(i: int, sids: list, lat: list):
+                sid = (await c.post("/sessions")).json()["session_id"]
+                sids.append(sid)
+                await converse(i, f"/sessions/{sid}/v1/chat/completions", lat, "session")
+
             async def one_plain(i: int):
-                msgs = [{"role": "user", "content": f"task {i} " + _say(1, _text(i, 12))}]
-                for n in range(rounds):
-                    t0 = trio.current_time()
-                    r = await c.post("/v1/chat/completions", json=body(i, n, msgs))
-                    plain_lat.append(trio.current_time() - t0)
-                    if r.status_code != 200:
-                        errors["plain"] += 1
-                        return
-                    msg = r.json()["choices"][0]["message"]
-                    msgs = [*msgs, msg, {"role": "user", "content": "go on " + _say(n + 2, _text(i + n, 12))}]
+                await converse(i, "/v1/chat/completions", plain_lat, "plain")
 
             async with trio.open_nursery() as n:
                 for i in range(sessions):
@@ -190,6 +184,7 @@ def _say(n: int, text: str) -> str:
     return f"[[fake-say:{n}:{json.dumps(text)}]]"
 
 
+# argparse flags shaped like the other benchmarks' (each benchmark its own knobs).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=30)

@@ -223,6 +223,7 @@ def check_partial(samples: list[Sample], refits: list[Refit], initial: str | Non
             continue
         segments = meta.get("segments") or [{"start": 0, "end": len(ids)}]
         looped += len(segments) > 1
+        # Checked like the version spans below (a run of ranges that must tile the tokens): two facts, two messages.
         bounds = [(g["start"], g["end"]) for g in segments]
         if (
             bounds[0][0] != 0

@@ -292,15 +292,8 @@ def refit(rl: RL, rows: list[Worker], args, torch) -> tuple[list[Worker], dict[s
                 if last:
                     body["weight_version"] = args.weight_version
 
-                def broadcast(chunk=chunk) -> None:
-                    import torch.distributed as dist
-
-                    for n in chunk:
-                        tensor = tensors[n].cuda() if args.backend == "nccl" else tensors[n]
-                        dist.broadcast(tensor, src=0, group=pg)
-
                 result, _ = alongside(
-                    broadcast if pg is not None else None,
+                    broadcaster(tensors, chunk, args.backend, pg),
                     lambda body=body: rl.fanout(
                         "update_weights_from_distributed", body, selector=selector, timeout=args.dist_timeout
                     ),
@@ -331,6 +324,21 @@ def refit(rl: RL, rows: list[Worker], args, torch) -> tuple[list[Worker], dict[s
                     dist.destroy_process_group(pg)
     sent = {n: checksum(t) for n, t in tensors.items()} if pg is not None else {}
     return workers, sent
+
+
+def broadcaster(tensors, chunk, backend: str, pg):
+    """Rank 0's half of one chunk: broadcast its tensors to the group (None without a group)."""
+    if pg is None:
+        return None
+
+    def broadcast() -> None:
+        import torch.distributed as dist
+
+        for n in chunk:
+            tensor = tensors[n].cuda() if backend == "nccl" else tensors[n]
+            dist.broadcast(tensor, src=0, group=pg)
+
+    return broadcast
 
 
 def refit_saga(rl: RL, args, torch) -> tuple[list[Worker], dict[str, str]]:
@@ -373,16 +381,8 @@ def refit_saga(rl: RL, args, torch) -> tuple[list[Worker], dict[str, str]]:
         time.sleep(0.05)
     try:
         for i, chunk in enumerate(chunks):
-
-            def broadcast(chunk=chunk) -> None:
-                import torch.distributed as dist
-
-                for n in chunk:
-                    tensor = tensors[n].cuda() if args.backend == "nccl" else tensors[n]
-                    dist.broadcast(tensor, src=0, group=pg)
-
             result, _ = alongside(
-                broadcast if pg is not None else None,
+                broadcaster(tensors, chunk, args.backend, pg),
                 lambda chunk=chunk: rl.refit_transfer(
                     refit_id, chunk, [meta[n][0] for n in chunk], [meta[n][1] for n in chunk]
                 ),

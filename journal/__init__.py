@@ -15,8 +15,10 @@ here explicitly (the submodules are the implementation):
   :class:`Lease` and :class:`LeaseLost` (duties run once), :class:`ChangeWatcher` (tail wake-up),
   :class:`PgStore` (PostgreSQL) and :func:`open_store` (a ``--journal`` value to its store);
   docs/journal.md, "Several writers"
+* the hash of a stored snapshot: :func:`snapshot_hash` (``smgrl journal`` checks snapshots with it)
 """
 
+from ._chain import snapshot_hash
 from .base import Append, EventStore, Expect, Lease, RawRow, VerifyReport
 from .errors import (
     JournalBusyError,
@@ -51,9 +53,11 @@ from .events import (
     WorkerRegistered,
     WorkerRemoved,
     decode,
+    decode_parsed,
     encode,
     event_class,
     event_type,
+    event_types,
 )
 from .lock import JournalLock, JournalLocked
 from .memory import MemoryStore
@@ -86,6 +90,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# The package's face in one list (names from several modules; journal/events.py lists its own).
 __all__ = [
     "Append",
     "AuditControlPlane",
@@ -139,10 +144,13 @@ __all__ = [
     "WorkerReleased",
     "WorkerRemoved",
     "decode",
+    "decode_parsed",
     "describe",
     "encode",
     "event_class",
     "event_type",
+    "event_types",
     "is_postgres_url",
     "open_store",
+    "snapshot_hash",
 ]

@@ -228,6 +228,7 @@ def _tuple_field(**kwargs: Any) -> Any:
 Source = Literal["cli", "api"]
 
 
+# Event classes share a shape (type, schema, fields), not logic: each is a contract of its own (journal.md).
 @event_type("worker.registered", schema=1)
 @attrs.frozen(slots=True, kw_only=True)
 class WorkerRegistered(Event):

@@ -133,6 +133,7 @@ class Owner:
             return None
 
 
+# Not smgrl.core.printable.escape: the journal package sits below smgrl and imports nothing of it.
 def _printable(value: object, limit: int = 200) -> str:
     """Anyone who can write the lock file chooses these strings, and they reach a terminal:
     control characters are escaped, length bounded."""

@@ -237,6 +237,7 @@ class MemoryStore:
             entry = self._secrets.get(worker_id)
         return entry[0] if entry else None
 
+    # EventStore.read's signature (journal/base.py), spelled out by each store that implements it.
     def read(
         self,
         after_seq: int = 0,

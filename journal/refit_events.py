@@ -29,6 +29,7 @@ __all__ = [
 OnFailure = Literal["quarantine", "rollback", "abort"]
 
 
+# Shaped like journal/events.py's classes: each is a contract of its own; nothing to share but the decorator.
 @event_type("refit.started", schema=2)
 @attrs.frozen(slots=True, kw_only=True)
 class RefitStarted(Event):

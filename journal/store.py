@@ -598,6 +598,7 @@ class SqliteStore:
             until = rows[0][0]
         return after, until
 
+    # EventStore.read's signature (journal/base.py), spelled out by each store that implements it.
     def read(
         self,
         after_seq: int = 0,

@@ -26,7 +26,6 @@ from smgrl.api.routing_loop import RoutingLoopRoutes
 from smgrl.api.stream import JournalStream
 from smgrl.api.workers import WorkersApi
 from smgrl.registry.probe import GATEWAY_ID_HEADER
-from smgrl.sessions import build as build_sessions
 
 log = logging.getLogger("smgrl.http")
 
@@ -270,7 +269,6 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
         control = DiscoveryFront(control, gateway, rl)
         # So do plain fan-outs and per-worker engine calls (same bytes, journal and cancellation).
         control = EngineFront(control, gateway, rl)
-    # Agent sessions (docs/sessions.md): None without --tokenizer-path (their routes answer 503).
-    app.sessions = sessions_service = build_sessions(gateway, dataplane)  # type: ignore[attr-defined]
-    app.asgi_app = DataPlaneASGI(control, gateway, dataplane, sessions_service)  # type: ignore[method-assign]
+    app.sessions = gateway.sessions  # type: ignore[attr-defined]  (tests read it)
+    app.asgi_app = DataPlaneASGI(control, gateway, dataplane, gateway.sessions)  # type: ignore[method-assign]
     return app

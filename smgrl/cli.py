@@ -31,7 +31,7 @@ from smgrl.config import (
     validate,
 )
 from smgrl.errors import ConfigError, StartupError
-from smgrl.routing.policy import POLICIES
+from smgrl.routing import POLICIES
 
 # Flags that take several values after one occurrence, argparse-style (nargs="*"/"+").
 MULTI_VALUE = ("--worker-urls", "--control-plane-api-keys", "--tenant-api-key")
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     type=click.FloatRange(min=1.0),
     help="cache_aware: ... and max > this x min.",
 )
+# Flags are declarations of one shape (`duplicates` pairs them): each is its own flag, nothing to share.
 @click.option(
     "--max-tree-size",
     default=67_108_864,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 
 from journal.postgres import redact_url
-from smgrl.core.worker import reaches_listener, self_registration, worker_url_problem
+from smgrl.core import reaches_listener, self_registration, worker_url_problem
 from smgrl.errors import ConfigError
 
 DEFAULT_JOURNAL = "./smgrl-journal.db"
@@ -257,7 +257,7 @@ def validate(cfg: Config) -> Config:
 
 
 def _validate_dataplane(cfg: Config) -> None:
-    from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy
+    from smgrl.routing import InvalidVersionPolicy, VersionPolicy
 
     try:
         VersionPolicy.parse(cfg.rl.version_policy)

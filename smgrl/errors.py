@@ -135,6 +135,8 @@ class RlError(ApiError):
         return rl_body(self)
 
 
+# One class per code, all of one shape (also smgrl/refit/errors.py, smgrl/sessions/errors.py): the code
+# and status are each class's contract; the behaviour is shared through ApiError.
 class InvalidEnginePath(RlError):
     code, status = "invalid_engine_path", 400
 

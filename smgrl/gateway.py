@@ -1,9 +1,9 @@
 """The gateway's parts, wired together once (by ``smgrl.server`` or by a test).
 
-Every service is built here, in one place (the data plane too: ``smgrl.app`` only mounts its ASGI
-front). Nothing here starts a task: ``Gateway`` only holds references. ``smgrl.server.serve`` owns the
-root nursery and starts the journal writer, the registry jobs, the health checker and the HTTP
-listeners inside it.
+Every service is built here, in one place (the data plane and the sessions too: ``smgrl.app`` only
+mounts their ASGI fronts). Nothing here starts a task: ``Gateway`` only holds references.
+``smgrl.server.serve`` owns the root nursery and starts the journal writer, the registry jobs, the
+health checker and the HTTP listeners inside it.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from smgrl.audit import AuditCounts
 from smgrl.auth import AuthPolicy
 from smgrl.config import Config
 from smgrl.control.service import ControlService
+from smgrl.control.writes import ControlWrites
 from smgrl.dataplane.service import DataPlane
 from smgrl.metrics import Metrics
 from smgrl.refit.saga import RefitService
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import RegistryService
+from smgrl.sessions import build as build_sessions
 from smgrl.state.fleet import FleetState
 from smgrl.tail import JournalTail
 from smgrl.upstream import PoolSet
@@ -46,6 +48,9 @@ class Gateway:
     # journal shares it; a random one for a journal without an id (``:memory:``).
     instance_id: str = ""
     refits: RefitService | None = None
+    writes: ControlWrites | None = None  # journal-only version/state/dispatch writes
+    # Agent sessions (docs/sessions.md): None without --tokenizer-path (their routes answer 503).
+    sessions: object | None = None  # smgrl.sessions.service.SessionService
     tail: JournalTail = attrs.Factory(JournalTail)  # GET /v1/rl/journal/stream, the fleet page
     # Several processes on one journal (smgrl/sharing.py); None for a lone gateway.
     sharing: object | None = None
@@ -82,6 +87,8 @@ class Gateway:
             instance_id,
         )
         gateway.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
+        gateway.writes = ControlWrites(fleet=fleet, journal=journal, control=control)
+        gateway.sessions = build_sessions(gateway, dataplane)
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply

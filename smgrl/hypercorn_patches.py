@@ -154,16 +154,11 @@ async def _coalescing_stream_send(self, event) -> None:
             if self.connection.their_state != h11.ERROR:
                 raise
         return
-    if isinstance(event, Body):
-        data = self.connection.send(h11.Data(data=event.data))
-        if pending is not None:
-            self._smgrl_head = None
-            data = pending + data
-        if data:
-            await self.send(h11_protocol.RawData(data=data))
-        return
-    if isinstance(event, EndBody):
-        data = self.connection.send(h11.EndOfMessage())
+    if isinstance(event, (Body, EndBody)):
+        if isinstance(event, Body):
+            data = self.connection.send(h11.Data(data=event.data))
+        else:
+            data = self.connection.send(h11.EndOfMessage())
         if pending is not None:
             self._smgrl_head = None
             data = pending + data

@@ -21,7 +21,7 @@ import queue
 import sys
 import time
 
-from smgrl.core.printable import escape, escape_for_json
+from smgrl.core import escape, escape_for_json
 
 LEVELS = {
     "debug": logging.DEBUG,

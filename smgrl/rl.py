@@ -303,6 +303,7 @@ class RL:
         serves (SMG M2, gateway-local: no engine call). Returns the updated row, or the rows."""
         return self._write("version", {"weight_version": weight_version}, worker_id, selector, timeout)
 
+    # The same keywords as set_version: two public methods of the drop-in client, each its own body field.
     def set_state(
         self,
         control: str,
@@ -580,6 +581,8 @@ def _engine_reason(body: Any) -> str | None:
     return None if body is None else json.dumps(body)
 
 
+# Not smgrl.core.printable.escape: this client module imports only the standard library (the
+# drop-in contract: a trainer copies or imports it without smgrl's dependencies).
 def _printable(text: str) -> str:
     """One line, at most _REASON_CHARS, control characters escaped (an engine wrote it)."""
     clipped = text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS] + "..."

@@ -208,10 +208,11 @@ async def _run(
                 await outer.start(_in_scope, side, presence, store, sharing)
                 interrupted = []
             await writer.append("gateway", _started_event(cfg))
-            if app.sessions is not None and sharing is None:
+            if gateway.sessions is not None and sharing is None:
                 # Sessions live in memory: those an earlier process left open are ended, in the
                 # journal, before this one serves (their ids answer 410 session_gone).
-                await app.sessions.end_previous(store)
+                await gateway.sessions.end_previous(store)
+            # A log line's fields (shaped like other log_event calls; each line its own facts).
             log_event(
                 log,
                 "journal replayed",

@@ -86,8 +86,7 @@ from smgrl.errors import (
     openai_headers,
 )
 from smgrl.hypercorn_patches import DISCONNECT_EXTENSION
-from smgrl.routing import metadata
-from smgrl.routing.version_policy import InvalidVersionPolicy, VersionPolicy
+from smgrl.routing import InvalidVersionPolicy, VersionPolicy, metadata
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
     InvalidTurn,
@@ -134,8 +133,8 @@ class DataPlaneASGI:
 
     def __init__(self, inner: Callable, gateway, service: DataPlane, sessions=None) -> None:
         self.inner = inner
-        self.gw = gateway
-        self.dp = service
+        self.gateway = gateway
+        self.dataplane = service
         self.max_body = service.max_body
         self.body_timeout = gateway.cfg.dataplane.body_timeout_secs
         self.stall_timeout = gateway.cfg.dataplane.stall_timeout_secs
@@ -244,7 +243,7 @@ class DataPlaneASGI:
         """The request's version policy (``x-smg-version-policy``, with --enable-rl only) and
         PSRL routing metadata (``x-version-tag`` floor, prompt group, instance hint...)."""
         policy = None
-        if self.gw.cfg.rl.enabled:
+        if self.gateway.cfg.rl.enabled:
             header = found.get(b"x-smg-version-policy")
             if header is not None:
                 policy = VersionPolicy.parse(header.decode("latin-1"))
@@ -313,7 +312,7 @@ class DataPlaneASGI:
             return
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "self_hosted"}
-            for name in self.dp.served_models()
+            for name in self.dataplane.served_models()
         ]
         body = _json({"object": "list", "data": data})
         if scope["method"] == "HEAD":
@@ -337,12 +336,12 @@ class DataPlaneASGI:
                 status = message["status"]
             await send(message)
 
-        hold = self.dp.budget.hold()
+        hold = self.dataplane.budget.hold()
         try:
             await self._serve_rollout(scope, receive, counted, hold)
         finally:
             hold.release()
-            self.dp.metrics.answered(scope["path"], status, trio.current_time() - started)
+            self.dataplane.metrics.answered(scope["path"], status, trio.current_time() - started)
 
     async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send, hold) -> None:
         # Every header this path reads, in one pass over the request's headers.
@@ -371,7 +370,7 @@ class DataPlaneASGI:
             return
         try:
             req = dataplane_body.parse(scope["path"], body, found.get(b"content-type"))
-            model = self.dp.resolve_model(req.model)
+            model = self.dataplane.resolve_model(req.model)
         except DataPlaneError as exc:
             await self._error(send, rid, exc)
             return
@@ -402,13 +401,13 @@ class DataPlaneASGI:
     async def _admitted(self, send: Send, rid: bytes, relay: _Relay, args) -> None:
         try:
             # The admission slot is held for the whole answer, streamed bodies included.
-            async with self.dp.admission.slot():
+            async with self.dataplane.admission.slot():
                 await relay.run(*args)
         except DataPlaneError as exc:  # queue full / queue timeout: nothing was sent yet
             await self._error(send, rid, exc)
         finally:
             # The request ended: leave its prompt group, give the admission hook its reservation.
-            await self.dp.finish(relay.routed)
+            await self.dataplane.finish(relay.routed)
 
 
 def _headers_of(scope: Scope, wanted: frozenset[bytes]) -> dict[bytes, bytes]:
@@ -483,6 +482,7 @@ class _Relay:
     __slots__ = ("api", "hold", "rid", "routed", "send", "started")
 
     def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes, hold, routed: Routed) -> None:
+        # Attribute assignments, shaped like the services' constructors: nothing to share.
         self.api = api
         self.send = send
         self.rid = rid
@@ -515,7 +515,7 @@ class _Relay:
     async def run(
         self, req: RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
     ) -> None:
-        dp = self.api.dp
+        dataplane = self.api.dataplane
         bounds = {
             "routing_key": routing_key,
             "policy": policy,
@@ -525,39 +525,50 @@ class _Relay:
         }
         try:
             tokenizer = self.api.tokenizer
-            if req.stream and loopback.streamable(req, dp.cfg.dataplane.max_loopbacks, tokenizer):
+            if req.stream and loopback.streamable(req, dataplane.cfg.dataplane.max_loopbacks, tokenizer):
                 # A rollout stream that a sync may abort: continued without a seam.
                 await loopback.run_stream(
-                    self, dp, req, body, headers, model, bounds, self.api.gw.journal, tokenizer
+                    self, dataplane, req, body, headers, model, bounds, self.api.gateway.journal, tokenizer
                 )
                 return
             if (
                 req.stream
                 and req.openai
-                and loopback.loopable(req, dp.cfg.dataplane.max_loopbacks, tokenizer)
+                and loopback.loopable(req, dataplane.cfg.dataplane.max_loopbacks, tokenizer)
             ):
                 # With the tokenizer an OpenAI stream a sync aborts continues too.
                 await loopback_openai_stream.run(
-                    self, dp, req, body, headers, model, bounds, self.api.gw.journal, tokenizer
+                    self, dataplane, req, body, headers, model, bounds, self.api.gateway.journal, tokenizer
                 )
                 return
             if req.stream:
-                async with dp.dispatch(
+                async with dataplane.dispatch(
                     req, body, headers, model=model, buffered=False, **bounds
                 ) as dispatched:
                     await self._stream(req, dispatched)
                 return
-            async with dp.dispatch(req, body, headers, model=model, buffered=True, **bounds) as dispatched:
+            async with dataplane.dispatch(
+                req, body, headers, model=model, buffered=True, **bounds
+            ) as dispatched:
                 status = dispatched.response.status
                 head = self._head(dispatched)
                 data = dispatched.body or b""
                 table_version = dispatched.entry.version
             served = dispatched.instance.worker_id
-            if loopback.worth_a_look(req, status, data, dp.cfg.dataplane.max_loopbacks, tokenizer):
+            if loopback.worth_a_look(req, status, data, dataplane.cfg.dataplane.max_loopbacks, tokenizer):
                 # Maybe a rollout a weight sync aborted: continue it (smgrl/dataplane/loopback.py).
                 first = loopback.Answer(status, dispatched, head, data)
                 answer = await loopback.run_buffered(
-                    dp, req, body, headers, model, bounds, self._head, self.api.gw.journal, first, tokenizer
+                    dataplane,
+                    req,
+                    body,
+                    headers,
+                    model,
+                    bounds,
+                    self._head,
+                    self.api.gateway.journal,
+                    first,
+                    tokenizer,
                 )
                 status, head, data = answer.status, answer.head, answer.data
                 table_version = answer.dispatched.entry.version
@@ -570,9 +581,9 @@ class _Relay:
                 data = stamp.body
                 # A looped-back answer reports every leg's tokens; the aborted legs' were counted.
                 tokens = stamp.tokens
-                dp.count_tokens(served, tokens and max(0, tokens - self.routed.kept))
+                dataplane.count_tokens(served, tokens and max(0, tokens - self.routed.kept))
                 if stamp.mixed:
-                    dp.metrics.mixed_answer()
+                    dataplane.metrics.mixed_answer()
             else:
                 stamp = Stamp(stream_version(table_version), False, data)
             head += self._stamped(stamp)
@@ -612,7 +623,7 @@ class _Relay:
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             await send({"type": "http.response.body", "body": events.flush(), "more_body": False})
-            self.api.dp.count_tokens(dispatched.instance.worker_id, tail.tokens)
+            self.api.dataplane.count_tokens(dispatched.instance.worker_id, tail.tokens)
             return
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -621,7 +632,7 @@ class _Relay:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if ok:
-            self.api.dp.count_tokens(dispatched.instance.worker_id, tail.tokens)
+            self.api.dataplane.count_tokens(dispatched.instance.worker_id, tail.tokens)
 
     async def _abort_stream(self, exc: DataPlaneError) -> None:
         # The head is out: the status cannot change. Say what happened in the stream's own

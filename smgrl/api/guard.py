@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import attrs
 from quart import Response, g, request
@@ -40,6 +41,25 @@ def short_path(path: str) -> str:
     return f"{path[:LOG_PATH_CAP]}...({len(path)} chars)"
 
 
+@attrs.frozen
+class Envelope:
+    """How a route family answers: which exceptions are answers (``errors``), how one of them
+    renders (``render``), and the answer to a chunked body that outgrew --max-payload-size
+    (``too_large``; a declared Content-Length over it is refused before routing, in app.py)."""
+
+    errors: tuple[type[BaseException], ...]
+    render: Callable[[BaseException], Response]
+    too_large: Callable[[], Response]
+
+
+# SMG's RL envelope (the /v1/rl routes, the refit and routing-loop routes); axum's text 413.
+RL_ENVELOPE = Envelope(
+    errors=(RlError,),
+    render=lambda exc: env.json_response(exc.status, exc.body()),
+    too_large=lambda: env.text_response(413, env.BODY_BUFFER_TOO_LARGE),
+)
+
+
 @attrs.define
 class Check:
     principal: Principal | None = None
@@ -58,11 +78,11 @@ class Check:
 
 class Guard:
     def __init__(self, gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
 
     @contextlib.asynccontextmanager
     async def check(self, action: str, path: str):
-        decision = self.gw.auth.check(request.headers.get("authorization"), action)
+        decision = self.gateway.auth.check(request.headers.get("authorization"), action)
         check = self.begin(decision, action, request.method, path, getattr(g, "request_id", None))
         # Services that journal their own records take the audit event from here (rl_routes.py
         # passes it on in the CallContext).
@@ -72,21 +92,22 @@ class Guard:
         finally:
             self._audit(action, path, check)
 
-    async def answer(self, action: str, path: str, call) -> Response:
-        """The guarded-request path the RL route families share (rl_routes.py, rl_writes.py,
-        refits.py): auth and audit through ``check``, then ``await call(check)``; an ``RlError``
-        becomes its envelope, a chunked body that outgrew --max-payload-size the 413 text (a
-        declared Content-Length over it is refused before routing, in app.py), and the answer's
-        status is recorded for the audit."""
+    async def answer(self, action: str, path: str, call, envelope: Envelope = RL_ENVELOPE) -> Response:
+        """The guarded-request path every Quart control-plane route shares (rl_routes.py,
+        rl_writes.py, refits.py, routing_loop.py, stream.py, workers.py): auth and audit through
+        ``check``, then ``await call(check)``; an error of the route family becomes its answer in
+        the family's ``envelope`` (a too-large chunked body included), and the answer's status is
+        recorded for the audit. (The raw-ASGI engine front, rl_front.py, answers bytes outside
+        Quart's request context: it uses ``begin``/``end``.)"""
         async with self.check(action, path) as check:
             if check.denied is not None:
                 return check.denied
             try:
                 response = await call(check)
             except RequestEntityTooLarge:
-                response = env.text_response(413, env.BODY_BUFFER_TOO_LARGE)
-            except RlError as exc:
-                response = env.json_response(exc.status, exc.body())
+                response = envelope.too_large()
+            except envelope.errors as exc:
+                response = envelope.render(exc)
             check.status = response.status_code
             return response
 
@@ -97,7 +118,7 @@ class Guard:
         reason = None
         if isinstance(decision, Denied):
             reason = decision.reason
-            self.gw.metrics.auth_denied.labels(status=str(decision.status)).inc()
+            self.gateway.metrics.auth_denied.labels(status=str(decision.status)).inc()
             if decision.json:
                 check.denied = env.api_key_error(decision.status, decision.message, decision.www_authenticate)
             else:
@@ -115,7 +136,7 @@ class Guard:
     def audit_check(self, check: Check, action: str) -> Check | None:
         """The check whose audit event the operation commits itself, or None (reads, denials,
         audit off)."""
-        return check if self.gw.cfg.audit and check.denied is None and action != READ else None
+        return check if self.gateway.cfg.audit and check.denied is None and action != READ else None
 
     def end(self, action: str, path: str, check: Check) -> None:
         """The audit (count, event, log line) of a request checked with ``begin``."""
@@ -130,20 +151,25 @@ class Guard:
         self._audit(READ, path, check)
 
     def _audit(self, action: str, path: str, check: Check) -> None:
-        if not self.gw.cfg.audit:
+        if not self.gateway.cfg.audit:
             return
         denied = check.denied is not None
         outcome = "denied" if denied else "success"
         fields = {**check.fields, "outcome": outcome, "status": check.status}
         if denied or action == READ:
-            self.gw.audit.add(fields["principal"], route_family(path), outcome, fields["reason"])
+            self.gateway.audit.add(fields["principal"], route_family(path), outcome, fields["reason"])
         elif not check.journaled:
             try:
-                self.gw.journal.append_nowait("audit", ev("audit.control_plane", **fields))
+                self.gateway.journal.append_nowait("audit", ev("audit.control_plane", **fields))
             except JournalWriteError as exc:  # queue full or writer closing: the log line remains
                 log.warning("audit event not journaled: %s", exc)
-        quiet = not denied and action == READ and not self.gw.auth.configured
+        quiet = not denied and action == READ and not self.gateway.auth.configured
         log_event(log, "control_plane_audit", logging.DEBUG if quiet else logging.INFO, **fields)
+
+
+def who(principal: Principal | None) -> tuple[str | None, str | None]:
+    """(principal label, request id) that a journaled write records (smgrl/control/writes.py)."""
+    return (principal.label if principal else None, getattr(g, "request_id", None))
 
 
 def _fields(principal: Principal, method: str, path: str, request_id: str | None, reason: str | None) -> dict:

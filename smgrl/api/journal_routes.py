@@ -34,13 +34,13 @@ SQLITE_MAX_INT = 2**63 - 1
 
 class JournalRoutes:
     def __init__(self, gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self._reader = None
         # One reader thread at a time: the read-only connection is not shared across threads.
         self._limiter = trio.CapacityLimiter(1)
 
     def _store(self):
-        store = self.gw.store
+        store = self.gateway.store
         if isinstance(store, SqliteStore):
             if self._reader is None:
                 self._reader = SqliteStore.open(store.path, readonly=True)
@@ -51,7 +51,7 @@ class JournalRoutes:
         return await trio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def operation(self, op_id: str) -> Response:
-        record = self.gw.fleet.operations.get(op_id)
+        record = self.gateway.fleet.operations.get(op_id)
         if record is None:
             store = self._store()
 

@@ -62,14 +62,14 @@ def _small_json(data: bytes, fields: dict[str, type]) -> dict:
 
 class RefitsApi:
     def __init__(self, gateway, streams: EventStreams) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.guard = Guard(gateway)
         self.streams = streams
         self._plans: OrderedDict[str, bytes] = OrderedDict()  # refit id -> its plan as JSON
 
     @property
     def service(self):
-        return self.gw.refits
+        return self.gateway.refits
 
     def register(self, app) -> None:
         # Every method is routed here so that the others answer 405 (with ``allow``), not 404.
@@ -198,7 +198,7 @@ class RefitsApi:
         async def run(principal):
             data = await request.get_data(cache=False)
             body = _small_json(data, {"reason": str})
-            worker = self.gw.fleet.registry.get(worker_id)
+            worker = self.gateway.fleet.registry.get(worker_id)
             if worker is None or not worker.is_visible:
                 raise WorkerNotFound(worker_id)
             reason = (
@@ -209,7 +209,7 @@ class RefitsApi:
                 await self.service.quarantine(worker, reason, principal)
             else:
                 await self.service.release(worker, reason, principal)
-            facts = self.gw.fleet.engines.get(worker.base_url)
+            facts = self.gateway.fleet.engines.get(worker.base_url)
             return env.json_response(
                 200,
                 {

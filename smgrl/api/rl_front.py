@@ -24,8 +24,14 @@ from smgrl.api.rl_routes import PREFIX, BadUtf8, control_request, decode_params,
 from smgrl.api.scope import header_text
 from smgrl.auth import ENGINE, READ, Denied
 from smgrl.control.service import CallContext
-from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
-from smgrl.core.selector import SelectorError, parse_selector, rust_trim
+from smgrl.core import (
+    EnginePathError,
+    SelectorError,
+    parse_selector,
+    passthrough_query,
+    rust_trim,
+    validate_engine_path,
+)
 from smgrl.errors import RlError
 
 log = logging.getLogger("smgrl.http")
@@ -38,7 +44,7 @@ JSON_CT = env.JSON.encode()
 class DiscoveryFront:
     def __init__(self, inner: Callable[..., Awaitable[None]], gateway, rl_api) -> None:
         self.inner = inner
-        self.gw = gateway
+        self.gateway = gateway
         self.rl = rl_api
 
     async def __call__(self, scope, receive, send) -> None:
@@ -51,7 +57,7 @@ class DiscoveryFront:
         ):
             await self.inner(scope, receive, send)
             return
-        decision = self.gw.auth.check(header_text(scope, b"authorization"), READ)
+        decision = self.gateway.auth.check(header_text(scope, b"authorization"), READ)
         if isinstance(decision, Denied):
             await self.inner(scope, receive, send)  # Quart answers (and counts) every refusal
             return
@@ -86,7 +92,7 @@ class EngineFront:
 
     def __init__(self, inner: Callable[..., Awaitable[None]], gateway, rl_api) -> None:
         self.inner = inner
-        self.gw = gateway
+        self.gateway = gateway
         self.rl = rl_api
         self.max_body = min(LARGE, gateway.cfg.max_payload_size)
         self.body_timeout = body_timeout(gateway.cfg)
@@ -111,9 +117,9 @@ class EngineFront:
             return
         body = b"".join(m.get("body", b"") for m in received)
         if route == "fanout":
-            targets = self.gw.control.targets(selector)
+            targets = self.gateway.control.targets(selector)
         else:
-            worker = self.gw.fleet.registry.get(params["id"])
+            worker = self.gateway.fleet.registry.get(params["id"])
             targets = [worker] if worker is not None and worker.is_visible else []
         if not targets:  # no match / unknown worker: Quart's answers
             await self.inner(scope, _replay(received, receive), send)
@@ -138,7 +144,7 @@ class EngineFront:
                 length = value
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return None  # large bodies wait for a slot (control_bodies.py); over-limit ones get 413
-        decision = self.gw.auth.check(header_text(scope, b"authorization"), ENGINE)
+        decision = self.gateway.auth.check(header_text(scope, b"authorization"), ENGINE)
         if isinstance(decision, Denied):
             return None  # Quart answers (and counts) every refusal
         route, raw_params = found
@@ -167,6 +173,8 @@ class EngineFront:
         caller = env.caller_request_id(lambda name: header_text(scope, name.encode()))
         request_id, _ = env.request_id_for(caller, scope["path"])
         guard = self.rl.guard
+        # Guard.answer's block, kept apart: no Quart request context here, the answer is raw
+        # bytes, and a bug is answered here (app.py's handler is not on this path).
         check = guard.begin(principal, ENGINE, method, shown_path, request_id)
         audited = guard.audit_check(check, ENGINE)
         ctx = CallContext(
@@ -218,7 +226,7 @@ class EngineFront:
         """The service call, cancelled when the client leaves (then None), as quart-trio cancels
         its handler: the engine calls in flight stop and the service's shielded step records the
         operation ``cancelled``."""
-        control = self.gw.control
+        control = self.gateway.control
         if route == "fanout":
             return await until_disconnect(scope, receive, control.fanout, selector, targets, req, ctx)
         return await until_disconnect(scope, receive, control.call, targets[0], req, ctx)

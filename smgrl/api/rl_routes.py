@@ -45,9 +45,20 @@ from smgrl.api.schemas import (
 from smgrl.auth import ENGINE, READ
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext, OpResult
-from smgrl.core.path import EnginePathError, passthrough_query, validate_engine_path
-from smgrl.core.selector import SelectorError, parse_selector, rust_trim
-from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
+from smgrl.core import (
+    EnginePathError,
+    Selector,
+    SelectorError,
+    collapse,
+    dp_ranks_for,
+    facts_for,
+    parse_selector,
+    passthrough_query,
+    row,
+    rust_trim,
+    validate_engine_path,
+    workers_response,
+)
 from smgrl.errors import (
     InvalidEnginePath,
     InvalidQuery,
@@ -123,7 +134,7 @@ ACTION = {
 
 class RlApi:
     def __init__(self, gateway, journal_routes=None) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.guard = Guard(gateway)
         self.journal_routes = journal_routes
         self._rows_cache: tuple[object, bytes] | None = None
@@ -162,7 +173,7 @@ class RlApi:
     def workers_body(self) -> bytes:
         """The discovery answer, rendered once per projection revision (also served by the raw
         front, smgrl/api/rl_front.py)."""
-        fleet = self.gw.fleet
+        fleet = self.gateway.fleet
         cached = self._rows_cache
         if cached is not None and cached[0] == fleet.revision:
             return cached[1]
@@ -180,12 +191,12 @@ class RlApi:
 
     async def _worker(self, params, principal) -> Response:
         worker = self._visible(params["id"])
-        fleet = self.gw.fleet
+        fleet = self.gateway.fleet
         entry = row(worker, dp_ranks_for(worker, fleet.registry), facts_for(worker, fleet.facts()))
         return env.json_response(200, entry)
 
     def _visible(self, worker_id: str):
-        worker = self.gw.fleet.registry.get(worker_id)
+        worker = self.gateway.fleet.registry.get(worker_id)
         if worker is None or not worker.is_visible:
             raise WorkerNotFound(worker_id)
         return worker
@@ -198,32 +209,26 @@ class RlApi:
         body = await request.get_data(cache=False)
         path = _engine_path(params["path"])
         worker = self._visible(params["id"])
-        req = self._control_request(path, passthrough_query(_raw_query()), body)
-        result = await self.gw.control.call(worker, req, self._context(principal))
+        req = self._control_request(path, passthrough_query(raw_query()), body)
+        result = await self.gateway.control.call(worker, req, self._context(principal))
         return _op_response(result)
 
     async def _fanout(self, params, principal) -> Response:
-        raw_query = _raw_query()
-        selectors = [v for k, v in query_pairs(raw_query) if k == "selector"]
+        query = raw_query()
+        selectors = [v for k, v in query_pairs(query) if k == "selector"]
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         body = await request.get_data(cache=False)  # after the query, before the handler's checks
-        source = rust_trim(selectors[0]) if selectors else ""
-        if not source:
-            raise SelectorRequired()
-        try:
-            selector = parse_selector(source)
-        except SelectorError as exc:
-            raise InvalidSelector(str(exc), offset=exc.offset) from None
+        selector = selector_param(selectors)
         path = _engine_path(params["path"])
-        req = self._control_request(path, passthrough_query(raw_query), body)
-        targets = self.gw.control.targets(selector)
+        req = self._control_request(path, passthrough_query(query), body)
+        targets = self.gateway.control.targets(selector)
         ctx = self._context(principal)
         if not targets:
-            result = await self.gw.control.no_match(selector, req, ctx)
+            result = await self.gateway.control.no_match(selector, req, ctx)
             err = NoWorkersMatch(selector.source)
             return env.json_response(err.status, err.body(), _op_headers(result))
-        result = await self.gw.control.fanout(selector, targets, req, ctx)
+        result = await self.gateway.control.fanout(selector, targets, req, ctx)
         return _op_response(result)
 
     def _control_request(self, path: str, query: str | None, body: bytes) -> ControlRequest:
@@ -265,9 +270,22 @@ def control_request(
     return ControlRequest(method, path, query, body, ctype, tuple(forward))
 
 
-def _raw_query() -> str | None:
+def raw_query() -> str | None:
+    """The request's query string as sent (latin-1), or None."""
     raw = request.scope.get("query_string", b"")
     return raw.decode("latin-1") if raw else None
+
+
+def selector_param(selectors: list[str]) -> Selector:
+    """The one ``selector`` query value, trimmed and parsed (400 ``selector_required`` when absent
+    or blank, ``invalid_selector`` with its offset); a repeated one was refused before."""
+    source = rust_trim(selectors[0]) if selectors else ""
+    if not source:
+        raise SelectorRequired()
+    try:
+        return parse_selector(source)
+    except SelectorError as exc:
+        raise InvalidSelector(str(exc), offset=exc.offset) from None
 
 
 def query_pairs(raw: str | None):

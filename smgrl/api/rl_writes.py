@@ -8,29 +8,34 @@
 Check order (A.1): (duplicate ``selector`` query) -> body (a JSON rejection or a bad enum such as
 ``"napping"`` is 400 ``invalid_body`` with the framework's text) -> version validation
 (``invalid_version``) -> worker lookup (404) / selector (``selector_required``,
-``invalid_selector``, ``no_workers_match``). Then one ``engine.version_set`` /
-``engine.state_set`` event is appended and awaited, so the answer's rows, discovery and routing
-already reflect the write. Writes need the ``admin`` role (any control-plane write does).
+``invalid_selector``, ``no_workers_match``). Then the service (smgrl/control/writes.py) appends
+one ``engine.version_set`` / ``engine.state_set`` event and awaits it, so the answer's rows,
+discovery and routing already reflect the write. Writes need the ``admin`` role (any
+control-plane write does).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from quart import Response, g, request
+from quart import Response, request
 
-from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import Body, Resp, Route, as_json, field, model, path_param
-from smgrl.api.guard import Guard
-from smgrl.api.rl_routes import SELECTOR, _raw_query, query_pairs
+from smgrl.api.guard import Guard, who
+from smgrl.api.rl_routes import SELECTOR, query_pairs, raw_query, selector_param
 from smgrl.api.schemas import PAYLOAD_TOO_LARGE, RlWorkerEntry, RlWorkersResponse, rl_error_resp
 from smgrl.api.serde_body import SerdeError, parse_struct
 from smgrl.auth import WRITE
-from smgrl.core.selector import SelectorError, parse_selector, rust_trim
-from smgrl.core.version import MalformedVersion, validate_version
-from smgrl.core.view import collapse, dp_ranks_for, facts_for, row, workers_response
-from smgrl.core.worker import Worker
+from smgrl.core import (
+    MalformedVersion,
+    collapse,
+    dp_ranks_for,
+    facts_for,
+    row,
+    validate_version,
+    workers_response,
+)
 from smgrl.errors import (
     InvalidBody,
     InvalidSelector,
@@ -40,7 +45,6 @@ from smgrl.errors import (
     SelectorRequired,
     WorkerNotFound,
 )
-from smgrl.journaling import ev
 
 CONTROL_STATES = ("active", "paused", "asleep")
 SCHEMAS = {
@@ -69,7 +73,7 @@ def parse_write(kind: str, data: bytes) -> str:
 
 class RlWrites:
     def __init__(self, gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.guard = Guard(gateway)
 
     def register(self, app) -> None:
@@ -111,57 +115,28 @@ class RlWrites:
 
     async def _worker(self, kind: str, worker_id: str, principal) -> Response:
         value = parse_write(kind, await request.get_data(cache=False))
-        worker = self.gw.fleet.registry.get(worker_id)
-        if worker is None or not worker.is_visible:
-            raise WorkerNotFound(worker_id)
-        await self._record(kind, value, [worker], None, principal)
-        fleet = self.gw.fleet
+        worker = await self.gateway.writes.set_worker(kind, value, worker_id, *who(principal))
+        fleet = self.gateway.fleet
         return env.json_response(
             200, row(worker, dp_ranks_for(worker, fleet.registry), facts_for(worker, fleet.facts()))
         )
 
     async def _fleet(self, kind: str, principal) -> Response:
-        selectors = [v for k, v in query_pairs(_raw_query()) if k == "selector"]
+        selectors = [v for k, v in query_pairs(raw_query()) if k == "selector"]
         if len(selectors) > 1:
             return env.text_response(400, "Failed to deserialize query string: duplicate field `selector`")
         value = parse_write(kind, await request.get_data(cache=False))
-        source = rust_trim(selectors[0]) if selectors else ""
-        if not source:
-            raise SelectorRequired()
-        try:
-            selector = parse_selector(source)
-        except SelectorError as exc:
-            raise InvalidSelector(str(exc), offset=exc.offset) from None
-        targets = self.gw.control.targets(selector)
-        if not targets:
-            raise NoWorkersMatch(selector.source)
-        await self._record(kind, value, targets, selector.source, principal)
-        fleet = self.gw.fleet
+        selector = selector_param(selectors)
+        targets = await self.gateway.writes.set_fleet(kind, value, selector, *who(principal))
+        fleet = self.gateway.fleet
         wanted = {w.id for w in targets}
         facts = fleet.facts()
         rows = [
-            row(grp.representative, grp.ranks, facts_for(grp.representative, facts))
-            for grp in collapse(fleet.registry)
-            if grp.representative.id in wanted
+            row(group.representative, group.ranks, facts_for(group.representative, facts))
+            for group in collapse(fleet.registry)
+            if group.representative.id in wanted
         ]
         return env.json_response(200, workers_response(rows))
-
-    async def _record(self, kind: str, value: str, targets: list[Worker], selector, principal) -> None:
-        listed = tuple({"worker_id": w.id, "url": w.url, "base_url": w.base_url} for w in targets)
-        common = {
-            "targets": listed,
-            "selector": selector,
-            "principal": principal.label if principal else None,
-            "request_id": getattr(g, "request_id", None),
-        }
-        if kind == "version":
-            event = ev("engine.version_set", weight_version=value, **common)
-        else:
-            event = ev("engine.state_set", control=value, **common)
-        try:
-            await self.gw.journal.append("engine", event)
-        except JournalWriteError as exc:
-            raise JournalUnavailable(f"the journal cannot record this write: {exc}") from exc
 
 
 # -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------

@@ -22,23 +22,20 @@ need ``read``.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from typing import Any, Literal
 
 import trio
-from quart import Response, g, request
+from quart import Response, request
 
-from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import Body, Param, Resp, Route, as_json, field, model
-from smgrl.api.guard import Guard
-from smgrl.api.schemas import rl_error_resp
+from smgrl.api.guard import Guard, who
+from smgrl.api.schemas import PAYLOAD_TOO_LARGE, rl_error_resp
 from smgrl.auth import READ, WRITE
-from smgrl.core.version import MalformedVersion, validate_version
-from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout, RlError
-from smgrl.journaling import ev
+from smgrl.core import MalformedVersion, validate_version
+from smgrl.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
+from smgrl.routing import identity, matches
 from smgrl.routing.metadata import FALSE, TRUE
-from smgrl.routing.staged import identity, matches
 from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor, parse_version
 
 MAX_ITEMS = 4096
@@ -48,8 +45,8 @@ MAX_WAIT_SECS = 3600.0
 
 class RoutingLoopRoutes:
     def __init__(self, gateway, dataplane) -> None:
-        self.gw = gateway
-        self.dp = dataplane
+        self.gateway = gateway
+        self.dataplane = dataplane
         self.guard = Guard(gateway)
 
     def register(self, app) -> None:
@@ -72,39 +69,14 @@ class RoutingLoopRoutes:
     def _route(self, method: str, handler):
         async def route() -> Response:
             shown = (request.scope.get("raw_path") or request.path.encode()).decode("latin-1")
-            async with self.guard.check(READ if method == "GET" else WRITE, shown) as check:
-                if check.denied is not None:
-                    return check.denied
-                try:
-                    response = await handler(check.principal)
-                except RlError as exc:
-                    response = env.json_response(exc.status, exc.body())
-                check.status = response.status_code
-                return response
+            action = READ if method == "GET" else WRITE
+            return await self.guard.answer(action, shown, lambda check: handler(check.principal))
 
         return route
 
-    async def _append(self, stream: str, event) -> None:
-        try:
-            await self.gw.journal.append(stream, event)
-        except JournalWriteError as exc:
-            raise JournalUnavailable(f"the journal cannot record this change: {exc}") from exc
-
-    def _who(self, principal) -> dict[str, Any]:
-        return {
-            "principal": principal.label if principal else None,
-            "request_id": getattr(g, "request_id", None),
-        }
-
     async def _set(self, paused: bool, principal) -> bool:
         """Switch dispatch; True when it changed (journaled)."""
-        loop = self.gw.fleet.routing
-        changed = loop.paused != paused
-        if changed:
-            await self._append(
-                "dataplane", ev("dataplane.dispatch_set", paused=paused, **self._who(principal))
-            )
-        return changed
+        return await self.gateway.writes.set_dispatch(paused, *who(principal))
 
     def _switched(self, paused: bool, changed: bool, **extra) -> Response:
         body = {"action": "pause" if paused else "resume", "changed": changed, **extra, **self._status_body()}
@@ -121,11 +93,11 @@ class RoutingLoopRoutes:
         # In-flight requests finish on their own (a pause never aborts anything); the answer
         # says they have, or, past ``timeout``, how many are still running (dispatch stays
         # paused either way: the journal has it).
-        if not await self.dp.wait_idle(trio.current_time() + timeout):
+        if not await self.dataplane.wait_idle(trio.current_time() + timeout):
             raise PauseWaitTimeout(
-                f"dispatch is paused, but {self.dp.in_flight} requests were still in flight after "
+                f"dispatch is paused, but {self.dataplane.in_flight} requests were still in flight after "
                 f"{timeout:g}s (wait again, or resume)",
-                running_request_num=self.dp.in_flight,
+                running_request_num=self.dataplane.in_flight,
             )
         return self._switched(True, changed, drained=True)
 
@@ -133,27 +105,29 @@ class RoutingLoopRoutes:
         return self._switched(False, await self._set(False, principal))
 
     def _status_body(self) -> dict[str, Any]:
-        dp = self.dp
-        loop = self.gw.fleet.routing
-        running = sum(dp.loads.values())
+        dataplane = self.dataplane
+        loop = self.gateway.fleet.routing
+        running = sum(dataplane.loads.values())
         return {
             "enabled": True,
             "paused": loop.paused,
             "routing_epoch": loop.revision,
-            "queue_len": dp.waiting,
-            "pending_request_num": dp.waiting,
+            "queue_len": dataplane.waiting,
+            "pending_request_num": dataplane.waiting,
             "running_request_num": running,
-            "prompt_groups": len(dp.groups),
+            "prompt_groups": len(dataplane.groups),
         }
 
     async def _status(self, principal) -> Response:
         return env.json_response(200, self._status_body())
 
     async def _stats(self, principal) -> Response:
-        dp = self.dp
+        dataplane = self.dataplane
         rows = []
-        hints = [(hint, n) for hint, n in dp.queued.items() if n]  # few: one per waiting pinned request
-        for model_id, slot in sorted(dp.table().models.items()):
+        hints = [
+            (hint, n) for hint, n in dataplane.queued.items() if n
+        ]  # few: one per waiting pinned request
+        for model_id, slot in sorted(dataplane.table().models.items()):
             for entry in slot.entries:
                 inst = entry.instance
                 base, rank = identity(inst)
@@ -167,13 +141,13 @@ class RoutingLoopRoutes:
                         "weight_version": entry.version,
                         "control": entry.control,
                         "held": entry.hold,
-                        "in_flight": dp.loads.get(inst.worker_id, 0),
+                        "in_flight": dataplane.loads.get(inst.worker_id, 0),
                         "queued": sum(n for hint, n in hints if matches(inst, hint)),
-                        "dispatched": dp.dispatched.get(inst.worker_id, 0),
-                        "tokens": dp.tokens.get(inst.worker_id, 0),
+                        "dispatched": dataplane.dispatched.get(inst.worker_id, 0),
+                        "tokens": dataplane.tokens.get(inst.worker_id, 0),
                     }
                 )
-        return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dp.waiting})
+        return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dataplane.waiting})
 
     async def _filter(self, principal) -> Response:
         raw = request.args.get("version_tag")
@@ -185,7 +159,7 @@ class RoutingLoopRoutes:
             raise InvalidQuery(str(exc)) from None
         rows = []
         now = trio.current_time()
-        for facts in list(self.dp.waiting_requests.values()):
+        for facts in list(self.dataplane.waiting_requests.values()):
             tag = facts["version_tag"]
             # Unversioned requests (-1) are below every bound; -1 as the bound keeps only them.
             if tag is None or (bound is not None and parse_version(tag) <= bound):
@@ -207,57 +181,9 @@ class RoutingLoopRoutes:
 
     async def _hold(self, paused: bool, principal) -> Response:
         """PSRL's /workers/pause|resume: hold instances out of routing (or back in), as the
-        state write ``POST /v1/rl/workers/{id}/state`` does (``engine.state_set``): no engine is
-        called. smgrl holds out whole engines: an item set naming some DP ranks of a replica
-        but not all is rejected with the reason."""
+        state write ``POST /v1/rl/workers/{id}/state`` does (``ControlWrites.set_held``)."""
         items = _hold_items(await request.get_data(cache=False))
-        registry = self.gw.fleet.registry
-        results: list[dict[str, Any]] = []
-        by_engine: dict[str, list[int]] = defaultdict(list)
-        ranks: dict[str, set | None] = {}
-        engines: dict[str, Any] = {}
-        for i, (wid, item_ranks) in enumerate(items):
-            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
-            result: dict[str, Any] = {
-                "status": "paused" if paused else "resumed",
-                "worker_id": wid,
-                "url": None,
-            }
-            if item_ranks is not None:
-                result["dp_rank"] = sorted(item_ranks)
-            results.append(result)
-            if worker is None or not worker.is_visible:
-                result.update(status="rejected", reason="worker not found")
-                continue
-            result["url"] = worker.base_url
-            engines[worker.base_url] = worker
-            by_engine[worker.base_url].append(i)
-            seen = ranks.get(worker.base_url, set())
-            ranks[worker.base_url] = None if item_ranks is None or seen is None else seen | item_ranks
-        targets = []
-        for base, indexes in by_engine.items():
-            size = _dp_size(registry, base)
-            named = ranks[base]
-            if named is not None and named != set(range(size)):
-                for i in indexes:
-                    results[i].update(
-                        status="rejected",
-                        reason=f"smgrl holds out whole engines: name all {size} DP ranks of the replica, or none",
-                    )
-                continue
-            w = engines[base]
-            targets.append({"worker_id": w.id, "url": w.url, "base_url": w.base_url})
-        if targets:
-            await self._append(
-                "engine",
-                ev(
-                    "engine.state_set",
-                    control="paused" if paused else "active",
-                    targets=tuple(targets),
-                    selector=None,
-                    **self._who(principal),
-                ),
-            )
+        results = await self.gateway.writes.set_held(items, paused, *who(principal))
         updated = sum(r["status"] != "rejected" for r in results)
         body = {
             "action": "pause" if paused else "resume",
@@ -270,51 +196,7 @@ class RoutingLoopRoutes:
 
     async def _versions(self, principal) -> Response:
         items = _items(await request.get_data(cache=False))
-        registry = self.gw.fleet.registry
-        # Resolve each item to its engine (DP ranks share one version: smgrl's table is per engine).
-        by_engine: dict[str, list[int]] = defaultdict(list)
-        results: list[dict[str, Any]] = []
-        engines: dict[str, Any] = {}
-        for i, item in enumerate(items):
-            wid, rank, version = item["worker_id"], item.get("dp_rank"), item["weight_version"]
-            worker = registry.get(wid) or registry.get(registry.id_for_url(wid) or "")
-            result = {"status": "updated", "worker_id": wid, "url": None, "weight_version": version}
-            if rank is not None:
-                result["dp_rank"] = rank
-            results.append(result)
-            if worker is None or not worker.is_visible:
-                result.update(status="rejected", reason="worker not found")
-                continue
-            result["url"] = worker.base_url
-            engines[worker.base_url] = worker
-            by_engine[worker.base_url].append(i)
-        writes: dict[str, list] = defaultdict(list)
-        for base, indexes in by_engine.items():
-            versions = {results[i]["weight_version"] for i in indexes}
-            ranks = {items[i].get("dp_rank") for i in indexes}
-            size = _dp_size(registry, base)
-            reason = None
-            if len(versions) > 1:
-                reason = "all DP ranks of a replica must get one version"
-            elif None not in ranks and ranks != set(range(size)):
-                reason = f"an update must cover all {size} DP ranks of the replica"
-            if reason is not None:
-                for i in indexes:
-                    results[i].update(status="rejected", reason=reason)
-                continue
-            writes[versions.pop()].append(engines[base])
-        for version, workers in writes.items():
-            targets = tuple({"worker_id": w.id, "url": w.url, "base_url": w.base_url} for w in workers)
-            await self._append(
-                "engine",
-                ev(
-                    "engine.version_set",
-                    weight_version=version,
-                    targets=targets,
-                    selector=None,
-                    **self._who(principal),
-                ),
-            )
+        results = await self.gateway.writes.set_versions(items, *who(principal))
         updated = sum(r["status"] == "updated" for r in results)
         body = {
             "total": len(results),
@@ -323,11 +205,6 @@ class RoutingLoopRoutes:
             "results": results,
         }
         return env.json_response(200, body)
-
-
-def _dp_size(registry, base_url: str) -> int:
-    ranks = {w.dp_rank for w in registry if w.base_url == base_url and w.dp_rank is not None}
-    return max(len(ranks), 1)
 
 
 def _items(data: bytes) -> list[dict[str, Any]]:
@@ -624,6 +501,7 @@ OPENAPI_ROUTES = (
                 as_json(_VersionResults),
             ),
             "400": rl_error_resp("Bad body (invalid_body).", InvalidBody),
+            "413": PAYLOAD_TOO_LARGE,
             "503": _JOURNAL_DOWN,
         },
         role="admin",

@@ -198,25 +198,13 @@ class _Parser:
         if self.i < len(d) and d[self.i] == 0x2E:
             is_float = True
             self.i += 1
-            if self.i >= len(d):
-                raise self.err("EOF while parsing a value")
-            if not 0x30 <= d[self.i] <= 0x39:
-                self.i += 1
-                raise self.err("invalid number")
-            while self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
-                self.i += 1
+            self._digits(d)
         if self.i < len(d) and d[self.i] in b"eE":
             is_float = True
             self.i += 1
             if self.i < len(d) and d[self.i] in b"+-":
                 self.i += 1
-            if self.i >= len(d):
-                raise self.err("EOF while parsing a value")
-            if not 0x30 <= d[self.i] <= 0x39:
-                self.i += 1
-                raise self.err("invalid number")
-            while self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
-                self.i += 1
+            self._digits(d)
         text = d[start : self.i].decode("ascii")
         # More than 20 digits is beyond u64 anyway: serde reads it as f64, and int() would
         # raise ValueError past Python's 4300-digit limit (a 500, not serde's error).
@@ -230,6 +218,16 @@ class _Parser:
         if value in (float("inf"), float("-inf")):
             raise self.err("number out of range")
         return value
+
+    def _digits(self, d: bytes) -> None:
+        """One or more digits (a fraction's or an exponent's), with serde's errors."""
+        if self.i >= len(d):
+            raise self.err("EOF while parsing a value")
+        if not 0x30 <= d[self.i] <= 0x39:
+            self.i += 1
+            raise self.err("invalid number")
+        while self.i < len(d) and 0x30 <= d[self.i] <= 0x39:
+            self.i += 1
 
     def ident(self, rest: bytes, value: Any) -> Any:
         self.i += 1

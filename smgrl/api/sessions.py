@@ -140,7 +140,7 @@ class SessionsASGI:
 
     def _control_denied(self, scope) -> Denied | None:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        decision = self.api.gw.auth.check(header.decode("latin-1") if header else None, ENGINE)
+        decision = self.api.gateway.auth.check(header.decode("latin-1") if header else None, ENGINE)
         return decision if isinstance(decision, Denied) else None
 
     async def _denied(self, send, rid: bytes, denied: Denied) -> None:

@@ -41,7 +41,7 @@ def sse(event: str, data: dict, event_id: int | None = None) -> bytes:
 
 class JournalStream:
     def __init__(self, gateway, streams: EventStreams) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.streams = streams
         self.guard = Guard(gateway)
         self.reader = JournalRoutes(gateway)
@@ -71,52 +71,43 @@ class JournalStream:
         raw = (request.scope.get("raw_path") or request.path.encode()).decode("latin-1")
         if request.method != "GET":
             return env.method_not_allowed(request.method, raw, ALLOW["journal_stream"])
-        async with self.guard.check(READ, raw) as check:
-            if check.denied is not None:
-                return check.denied
-            after_arg = request.args.get("after")
-            after = None
-            if after_arg is not None:
-                after = parse_uint(after_arg)
-                if after is None:
-                    check.status = 400
-                    exc = InvalidQuery("`after` must be a non-negative integer", param="after")
-                    return env.json_response(exc.status, exc.body())
-            tail_arg = request.args.get("tail")
-            if tail_arg is not None and after is None:
-                tail = parse_uint(tail_arg)
-                if tail is None:
-                    check.status = 400
-                    exc = InvalidQuery("`tail` must be a non-negative integer", param="tail")
-                    return env.json_response(exc.status, exc.body())
-                # The last N records, then live (the fleet page's start: recent refits first).
-                after = max(0, self.gw.fleet.last_seq - min(tail, BACKFILL_MAX))
-            try:
-                self.streams.admit()
-            except TooManyStreams as exc:
-                check.status = exc.status
-                return env.json_response(exc.status, exc.body())
-            check.status = 200
-            return Response(
-                self.streams.counted(self._events(after)),
-                status=200,
-                content_type="text/event-stream",
-                headers={"cache-control": "no-store", "x-accel-buffering": "no"},
-            )
+        return await self.guard.answer(READ, raw, self._subscribe)
+
+    async def _subscribe(self, check) -> Response:
+        after_arg = request.args.get("after")
+        after = None
+        if after_arg is not None:
+            after = parse_uint(after_arg)
+            if after is None:
+                raise InvalidQuery("`after` must be a non-negative integer", param="after")
+        tail_arg = request.args.get("tail")
+        if tail_arg is not None and after is None:
+            tail = parse_uint(tail_arg)
+            if tail is None:
+                raise InvalidQuery("`tail` must be a non-negative integer", param="tail")
+            # The last N records, then live (the fleet page's start: recent refits first).
+            after = max(0, self.gateway.fleet.last_seq - min(tail, BACKFILL_MAX))
+        self.streams.admit()  # TooManyStreams (429) past --max-event-streams
+        return Response(
+            self.streams.counted(self._events(after)),
+            status=200,
+            content_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
 
     async def _events(self, after: int | None):
-        tail = self.gw.tail
+        tail = self.gateway.tail
         # Subscribed here, when the body starts, never in the handler: a response whose body is
         # never iterated (the client left first) would leave a subscriber nobody unsubscribes.
         # And BEFORE reading the backfill: every record is then either in the backfill or in the
         # subscription (duplicates are skipped by seq).
         sub = tail.subscribe()
         try:
-            last = self.gw.fleet.last_seq if after is None else after
-            yield sse("hello", {"last_seq": self.gw.fleet.last_seq})
+            last = self.gateway.fleet.last_seq if after is None else after
+            yield sse("hello", {"last_seq": self.gateway.fleet.last_seq})
             if after is not None:
                 store = self.reader._store()
-                upto = self.gw.fleet.last_seq
+                upto = self.gateway.fleet.last_seq
                 left = BACKFILL_MAX
                 while left > 0:
                     # Page by page: a reader that does not read holds one page in memory, never

@@ -12,12 +12,11 @@ import json
 from typing import Any, Literal
 
 from quart import Response, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from journal import JournalWriteError
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import STRING, Body, Resp, Route, as_json, field, model, path_param
-from smgrl.api.guard import Guard
+from smgrl.api.guard import Envelope, Guard
 from smgrl.api.schemas import PAYLOAD_TOO_LARGE as PAYLOAD_TOO_LARGE_RESP
 from smgrl.api.schemas import WorkerApiErrorModel
 from smgrl.api.workers_body import (
@@ -28,7 +27,7 @@ from smgrl.api.workers_body import (
     uuid_error,
 )
 from smgrl.auth import READ, WRITE
-from smgrl.core.worker import parse_size, reaches_listener, self_registration
+from smgrl.core import parse_size, reaches_listener, self_registration
 from smgrl.errors import WorkerApiError, bad_request
 from smgrl.registry.service import Registration
 
@@ -79,36 +78,29 @@ def model_cards(w) -> list[dict]:
     return [card]
 
 
-async def read_body() -> bytes:
-    try:
-        return await request.get_data(cache=False)
-    except RequestEntityTooLarge:
-        # A chunked body outgrew --max-payload-size (a declared length was refused earlier).
-        raise PAYLOAD_TOO_LARGE from None
+def worker_error(exc: BaseException) -> Response:
+    """A /workers error in SMG's ``{"error": text, "code": CODE}`` envelope."""
+    if isinstance(exc, JournalWriteError):
+        # The registry changes only through a durable event: no event, no change, and the caller
+        # is told so (retryable), never a 500.
+        exc = WorkerApiError(503, "JOURNAL_UNAVAILABLE", f"the journal cannot record this change: {exc}")
+    return env.json_response(exc.status, exc.body())
+
+
+WORKERS_ENVELOPE = Envelope(
+    errors=(WorkerApiError, JournalWriteError),
+    render=worker_error,
+    too_large=lambda: worker_error(PAYLOAD_TOO_LARGE),
+)
 
 
 class WorkersApi:
     def __init__(self, gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.guard = Guard(gateway)
 
     async def _guarded(self, action: str, handler, *args) -> Response:
-        async with self.guard.check(action, request.path) as check:
-            if check.denied is not None:
-                return check.denied
-            try:
-                response = await handler(*args)
-            except WorkerApiError as exc:
-                response = env.json_response(exc.status, exc.body())
-            except JournalWriteError as exc:
-                # The registry changes only through a durable event: no event, no change, and
-                # the caller is told so (retryable), never a 500.
-                err = WorkerApiError(
-                    503, "JOURNAL_UNAVAILABLE", f"the journal cannot record this change: {exc}"
-                )
-                response = env.json_response(err.status, err.body())
-            check.status = response.status_code
-            return response
+        return await self.guard.answer(action, request.path, lambda check: handler(*args), WORKERS_ENVELOPE)
 
     async def list(self) -> Response:
         return await self._guarded(READ, self._list)
@@ -130,9 +122,9 @@ class WorkersApi:
     # -- handlers ------------------------------------------------------------------------------
 
     async def _list(self) -> Response:
-        workers = [worker_json(w) for w in self.gw.fleet.registry]
+        workers = [worker_json(w) for w in self.gateway.fleet.registry]
         stats = {
-            f"{t}_count": sum(1 for w in self.gw.fleet.registry if w.worker_type == t)
+            f"{t}_count": sum(1 for w in self.gateway.fleet.registry if w.worker_type == t)
             for t in ("prefill", "decode", "regular")
         }
         return env.json_response(200, {"workers": workers, "total": len(workers), "stats": stats})
@@ -141,7 +133,7 @@ class WorkersApi:
         # SMG's JSON extractor runs before the handler: content type, then the body, then the
         # handler's own checks (the worker id included).
         check_content_type(request.headers.get("content-type"))
-        return parse(await read_body())
+        return parse(await request.get_data(cache=False))
 
     async def _create(self) -> Response:
         spec = await self._body(parse_worker_spec)
@@ -151,7 +143,7 @@ class WorkersApi:
         host, port = request.scope.get("server") or (None, None)
         if reaches_listener(spec["url"], host, port):
             raise bad_request(self_registration(spec["url"]))
-        worker = await self.gw.registry.register(Registration(**spec), source="api")
+        worker = await self.gateway.registry.register(Registration(**spec), source="api")
         location = f"/workers/{worker.id}"
         return env.json_response(
             202,
@@ -169,7 +161,7 @@ class WorkersApi:
         problem = uuid_error(worker_id)
         if problem is not None:
             raise bad_request(f"Invalid worker_id '{worker_id}' (expected UUID). Error: {problem}")
-        worker = self.gw.fleet.registry.get(worker_id)
+        worker = self.gateway.fleet.registry.get(worker_id)
         if worker is None:
             raise WorkerApiError(404, "WORKER_NOT_FOUND", f"Worker {worker_id} not found")
         return worker
@@ -181,7 +173,7 @@ class WorkersApi:
         body = await self._body(parse_worker_update)
         worker = self._lookup(worker_id)
         if body.get("labels") is not None:
-            await self.gw.registry.set_labels(worker.id, body["labels"], "merge")
+            await self.gateway.registry.set_labels(worker.id, body["labels"], "merge")
         return _accepted(worker.id, "Worker update queued for background processing")
 
     async def _put(self, worker_id: str) -> Response:
@@ -192,12 +184,12 @@ class WorkersApi:
                 f"Worker '{worker.url}' belongs to a data-parallel group. PUT is not supported for "
                 "data-parallel workers. Use DELETE + POST instead."
             )
-        await self.gw.registry.set_labels(worker.id, spec["labels"], "replace")
+        await self.gateway.registry.set_labels(worker.id, spec["labels"], "replace")
         return _accepted(worker.id, "Worker update queued for background processing")
 
     async def _delete(self, worker_id: str) -> Response:
         worker = self._lookup(worker_id)
-        await self.gw.registry.remove(worker.id, "removed through DELETE /workers")
+        await self.gateway.registry.remove(worker.id, "removed through DELETE /workers")
         return _accepted(worker.id, "Worker removal queued for background processing")
 
 

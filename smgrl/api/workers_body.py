@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from smgrl.api.serde_body import SerdeError, parse_struct
-from smgrl.core.worker import WORKER_TYPES, worker_url_problem
+from smgrl.core import WORKER_TYPES, worker_url_problem
 from smgrl.errors import WorkerApiError, bad_request
 
 DESERIALIZE = "Invalid JSON data: Failed to deserialize the JSON body into the target type: "

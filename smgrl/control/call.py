@@ -11,9 +11,8 @@ import attrs
 import trio
 
 from smgrl.control.outcome import BODY_CAP, Outcome, decode_engine_body
-from smgrl.core.origin import origin_of
-from smgrl.core.view import control_url as control_url_of
-from smgrl.core.worker import Worker
+from smgrl.core import Worker, origin_of
+from smgrl.core import control_url as control_url_of
 from smgrl.errors import NoControlEndpoint, UpstreamTimeout, UpstreamUnreachable
 from smgrl.upstream import ConnectError, PoolSet, UpstreamError
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 from smgrl.control.outcome import Outcome
-from smgrl.core.worker import Worker
+from smgrl.core import Worker
 
 
 async def run_fanout(

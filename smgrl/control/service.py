@@ -32,12 +32,16 @@ from smgrl.config import RlConfig
 from smgrl.control.call import ControlRequest, call_worker
 from smgrl.control.fanout import run_fanout
 from smgrl.control.outcome import Outcome, fanout_body
-from smgrl.core.ids import new_operation_id
-from smgrl.core.observe import intent_of
-from smgrl.core.path import metric_op
-from smgrl.core.selector import Selector
-from smgrl.core.view import collapse, control_url, selector_view
-from smgrl.core.worker import Worker
+from smgrl.core import (
+    Selector,
+    Worker,
+    collapse,
+    control_url,
+    intent_of,
+    metric_op,
+    new_operation_id,
+    selector_view,
+)
 from smgrl.errors import JournalUnavailable
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
@@ -77,6 +81,7 @@ class OpResult:
 
 
 class ControlService:
+    # Attribute assignments, shaped like the other services' constructors: nothing to share.
     def __init__(self, *, fleet, journal, pools, keys, rl: RlConfig, metrics) -> None:
         self.fleet = fleet
         self.journal = journal
@@ -233,6 +238,8 @@ class ControlService:
         if result is not None and self.metrics.rl_enabled:
             self.metrics.control_call(metric_op(req.path), result, outcome.latency_ms / 1000)
         if outcome.answered:
+            # The operator's log line; the journal's control.outcome below carries its own fields (op_id,
+            # error, excerpt): two readers, two records.
             log_event(
                 log,
                 "rl.proxy",

@@ -13,3 +13,42 @@
 The HTTP side is ``smgrl.api.dataplane`` (raw ASGI in front of Quart); the routing rules are
 ``smgrl.routing``.
 """
+
+# The face: its users' import lists name the same things (`duplicates` pairs them), nothing to share.
+from smgrl.dataplane.affinity import Routed
+from smgrl.dataplane.hook import HookError, resolve
+from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest, from_obj
+from smgrl.dataplane.service import DataPlane
+from smgrl.dataplane.stamp import (
+    FingerprintEvents,
+    Stamp,
+    TokenTail,
+    first_event_version,
+    stamp_generate,
+    stamp_openai,
+    stream_version,
+    version_tag,
+)
+from smgrl.dataplane.table import Entry
+
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "GENERATE",
+    "ROUTING_TEXT_LIMIT",
+    "DataPlane",
+    "Entry",
+    "FingerprintEvents",
+    "HookError",
+    "RolloutRequest",
+    "Routed",
+    "Stamp",
+    "TokenTail",
+    "first_event_version",
+    "from_obj",
+    "resolve",
+    "stamp_generate",
+    "stamp_openai",
+    "stream_version",
+    "version_tag",
+]

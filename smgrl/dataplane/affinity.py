@@ -13,8 +13,8 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.version import Version
-from smgrl.routing.metadata import InstanceId, RoutingMeta
+from smgrl.core import Version
+from smgrl.routing import InstanceId, RoutingMeta
 
 
 class GroupPins:

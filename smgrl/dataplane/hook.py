@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from smgrl.routing.metadata import InstanceId
+from smgrl.routing import InstanceId
 
 log = logging.getLogger("smgrl.dataplane")
 

@@ -35,10 +35,10 @@ import attrs
 import trio
 
 from journal.events import RequestLoopedBack
-from smgrl.core.version import Version
+from smgrl.core import Version
 from smgrl.dataplane.stamp import Stamp, TokenTail, first_event_version, stream_version
 from smgrl.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
-from smgrl.routing.metadata import InstanceId
+from smgrl.routing import InstanceId
 
 log = logging.getLogger("smgrl.dataplane")
 
@@ -306,7 +306,16 @@ def begin(req, body: bytes, max_loopbacks: int, tokenizer) -> Rollout | None:
 
 
 async def run_buffered(
-    dp, req, body: bytes, headers, model: str, bounds: dict, make_head, journal, first: Answer, tokenizer=None
+    dataplane,
+    req,
+    body: bytes,
+    headers,
+    model: str,
+    bounds: dict,
+    make_head,
+    journal,
+    first: Answer,
+    tokenizer=None,
 ) -> Answer:
     """Continue a buffered rollout whose first answer is ``first`` while its legs end in a
     sync's abort; answer the stitched rollout. ``make_head(dispatched)`` builds the head."""
@@ -326,12 +335,16 @@ async def run_buffered(
                 return answer
             dispatched = answer.dispatched
             instance = dispatched.instance
-            leg = versioned(leg, current_version(dp, dispatched))
-            ops = dp.fleet.aborts.since(instance.base_url, dispatched.seq) if leg.finish == "abort" else []
+            leg = versioned(leg, current_version(dataplane, dispatched))
+            ops = (
+                dataplane.fleet.aborts.since(instance.base_url, dispatched.seq)
+                if leg.finish == "abort"
+                else []
+            )
             if rollout is None:
                 if not ops:
                     return answer  # not a sync's abort: answered as the engine gave it
-                rollout = begin(req, body, dp.cfg.dataplane.max_loopbacks, tokenizer)
+                rollout = begin(req, body, dataplane.cfg.dataplane.max_loopbacks, tokenizer)
                 if rollout is None:
                     return answer
                 read = rollout.read  # a chat rollout's continuations answer as completions
@@ -347,8 +360,8 @@ async def run_buffered(
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
                 raise rollout.limit_exceeded()
-            prepare(dp, routed, rollout, instance, leg, ops)
-            async with dp.dispatch(
+            prepare(dataplane, routed, rollout, instance, leg, ops)
+            async with dataplane.dispatch(
                 req,
                 rollout.continuation(),
                 headers,
@@ -369,13 +382,13 @@ async def run_buffered(
             await record(journal, rollout, routed, req, model, outcome)
 
 
-def current_version(dp, dispatched) -> str | None:
+def current_version(dataplane, dispatched) -> str | None:
     """The routing table's version NOW for the instance that served ``dispatched``: for an
     answer that names no version. A continuation sent while its engine's pause was not yet
     confirmed waited at the engine and ran on the weights the table shows after the sync, not
     those it showed at dispatch."""
     instance = dispatched.instance
-    slot = dp.table().models.get(instance.model)
+    slot = dataplane.table().models.get(instance.model)
     for entry in slot.entries if slot is not None else ():
         if entry.instance.worker_id == instance.worker_id:
             return entry.version
@@ -391,16 +404,16 @@ def versioned(leg: Leg, version: str | None) -> Leg:
     )
 
 
-def prepare(dp, routed, rollout: Rollout, instance, leg: Leg, ops=()) -> None:
+def prepare(dataplane, routed, rollout: Rollout, instance, leg: Leg, ops=()) -> None:
     """Route the next leg: once the syncs that aborted it (``ops``) have finished, back to the
     instance that aborted (eligible again once its sync completes), or any instance at the
     pinned version floor: never older weights."""
     routed.after_ops = tuple(ops)
-    dp.metrics.loopbacks.inc()
-    dp.metrics.tokens_kept.inc(leg.tokens)
+    dataplane.metrics.loopbacks.inc()
+    dataplane.metrics.tokens_kept.inc(leg.tokens)
     # Per-instance tokens: the aborted leg's go to the instance that decoded them; the stitched
     # answer then reports the total, of which only the part after ``routed.kept`` is new.
-    dp.count_tokens(instance.worker_id, leg.tokens)
+    dataplane.count_tokens(instance.worker_id, leg.tokens)
     routed.kept += leg.tokens
     routed.loop_hint = InstanceId(instance.group, instance.dp_rank or 0)
     routed.loopbacks += 1
@@ -506,8 +519,8 @@ class _Seam:
     shared across legs; an incremental leg is parsed event by event (its ids are needed to
     continue it)."""
 
-    def __init__(self, dp, rollout_ref: list, dispatched, body: bytes, tokenizer=None) -> None:
-        self.dp = dp
+    def __init__(self, dataplane, rollout_ref: list, dispatched, body: bytes, tokenizer=None) -> None:
+        self.dataplane = dataplane
         self.tokenizer = tokenizer
         self.ref = rollout_ref  # [Rollout | None, mode | None]: shared across legs
         self.dispatched = dispatched
@@ -571,11 +584,14 @@ class _Seam:
         whole = self.acc if incremental else leg  # this leg so far
         if leg.finish == "abort":
             instance = self.dispatched.instance
-            ops = self.dp.fleet.aborts.since(instance.base_url, self.dispatched.seq)
+            ops = self.dataplane.fleet.aborts.since(instance.base_url, self.dispatched.seq)
             if ops:
                 if rollout is None:
                     rollout = self.ref[0] = start(
-                        json.loads(self.body), True, self.dp.cfg.dataplane.max_loopbacks, self.tokenizer
+                        json.loads(self.body),
+                        True,
+                        self.dataplane.cfg.dataplane.max_loopbacks,
+                        self.tokenizer,
                     )
                 if rollout is not None:
                     self.held = (whole if whole is not None else leg, ops)
@@ -611,7 +627,7 @@ class _Seam:
 
 
 async def run_stream(
-    relay, dp, req, body: bytes, headers, model: str, bounds: dict, journal, tokenizer=None
+    relay, dataplane, req, body: bytes, headers, model: str, bounds: dict, journal, tokenizer=None
 ) -> None:
     """A streamed ``/generate`` across its legs: the head goes once (the first leg's), each
     leg's events are relayed as they come (rewritten after a loopback), a sync's abort starts
@@ -623,7 +639,7 @@ async def run_stream(
     leg_body = body
     try:
         while True:
-            async with dp.dispatch(
+            async with dataplane.dispatch(
                 req, leg_body, headers, model=model, buffered=False, **bounds
             ) as dispatched:
                 response = dispatched.response
@@ -648,7 +664,7 @@ async def run_stream(
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
-                seam = _Seam(dp, ref, dispatched, body, tokenizer)
+                seam = _Seam(dataplane, ref, dispatched, body, tokenizer)
                 tail = TokenTail()  # what the relayed events say was generated (stitched: in all)
                 for chunk in (first,) if first else ():
                     out = seam.feed(chunk)
@@ -669,7 +685,7 @@ async def run_stream(
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 outcome = "completed"
                 tokens = tail.tokens
-                dp.count_tokens(dispatched.instance.worker_id, tokens and max(0, tokens - routed.kept))
+                dataplane.count_tokens(dispatched.instance.worker_id, tokens and max(0, tokens - routed.kept))
                 if rollout is not None and seam.last is not None:
                     rollout.add(seam.last, dispatched.instance, None)  # the final segment
                 return
@@ -683,7 +699,7 @@ async def run_stream(
                         if key in meta:
                             meta[key] = []
                     final = {**final, "output_ids": [], "text": ""}
-                dp.count_tokens(dispatched.instance.worker_id, len(leg.ids))
+                dataplane.count_tokens(dispatched.instance.worker_id, len(leg.ids))
                 out = b"data: " + _dumps(final) + b"\n\ndata: [DONE]\n\n"
                 await send({"type": "http.response.body", "body": out, "more_body": False})
                 outcome = "completed"
@@ -691,7 +707,7 @@ async def run_stream(
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
                 raise rollout.limit_exceeded()
-            prepare(dp, routed, rollout, dispatched.instance, leg, ops)
+            prepare(dataplane, routed, rollout, dispatched.instance, leg, ops)
             leg_body = rollout.continuation()
     except DataPlaneError:
         if outcome == "cancelled":

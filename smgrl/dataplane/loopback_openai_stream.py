@@ -35,8 +35,8 @@ class _StreamLeg:
 
 
 class _ChunkSeam:
-    def __init__(self, dp, state: dict, dispatched, version: str) -> None:
-        self.dp = dp
+    def __init__(self, dataplane, state: dict, dispatched, version: str) -> None:
+        self.dataplane = dataplane
         self.state = state  # shared across legs: rollout, first event's shape, usage wanted
         self.dispatched = dispatched
         self.version = version
@@ -75,7 +75,7 @@ class _ChunkSeam:
             # (a continuation sent while its engine's pause was not yet confirmed waited at
             # the engine and runs on the weights the table shows now, not at dispatch).
             self.versioned = True
-            self.version = stream_version(current_version(self.dp, self.dispatched) or self.version)
+            self.version = stream_version(current_version(self.dataplane, self.dispatched) or self.version)
         usage = obj.get("usage")
         choices = obj.get("choices") or []
         if not choices and isinstance(usage, dict):
@@ -95,7 +95,7 @@ class _ChunkSeam:
             self.state["first"] = obj  # the shape every later event takes
         if finish == "abort" and not leg.held:
             instance = self.dispatched.instance
-            ops = self.dp.fleet.aborts.since(instance.base_url, self.dispatched.seq)
+            ops = self.dataplane.fleet.aborts.since(instance.base_url, self.dispatched.seq)
             if ops and self.state["rollout"] is None:
                 self.state["rollout"] = self.state["start"]()
             if ops and self.state["rollout"] is not None:
@@ -168,7 +168,9 @@ def _usage_event(state: dict, rollout) -> bytes:
     return b"data: " + _dumps(out) + b"\n\n"
 
 
-async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, journal, tokenizer) -> None:
+async def run(
+    relay, dataplane, req, body: bytes, headers, model: str, bounds: dict, journal, tokenizer
+) -> None:
     """A streamed OpenAI request that may loop back: relayed leg by leg, one stream for the
     client."""
     routed = bounds["routed"]
@@ -183,13 +185,13 @@ async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, jo
         "first": None,
         "tokenizer": tokenizer,
         "usage": isinstance(options, dict) and options.get("include_usage") is True,
-        "start": lambda: start_openai(req.route, obj, dp.cfg.dataplane.max_loopbacks, tokenizer),
+        "start": lambda: start_openai(req.route, obj, dataplane.cfg.dataplane.max_loopbacks, tokenizer),
     }
     leg_body, adapt = body, None
     outcome = "cancelled"
     try:
         while True:
-            async with dp.dispatch(
+            async with dataplane.dispatch(
                 req, leg_body, headers, model=model, buffered=False, adapt=adapt, **bounds
             ) as dispatched:
                 response = dispatched.response
@@ -208,7 +210,7 @@ async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, jo
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
-                seam = _ChunkSeam(dp, state, dispatched, version)
+                seam = _ChunkSeam(dataplane, state, dispatched, version)
                 async for chunk in response.aiter_chunks():
                     out = seam.feed(chunk)
                     if out:
@@ -217,7 +219,7 @@ async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, jo
             rollout = state["rollout"]
             leg = seam.as_leg()
             if not seam.leg.held:
-                dp.count_tokens(dispatched.instance.worker_id, leg.tokens)
+                dataplane.count_tokens(dispatched.instance.worker_id, leg.tokens)
                 tail = rest
                 if rollout is not None:
                     rollout.add(leg, dispatched.instance, None)  # the final segment
@@ -231,7 +233,7 @@ async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, jo
                 return
             rollout.add(leg, dispatched.instance, seam.leg.ops[0])
             if rollout.remaining() == 0:
-                dp.count_tokens(dispatched.instance.worker_id, leg.tokens)
+                dataplane.count_tokens(dispatched.instance.worker_id, leg.tokens)
                 final = seam._out("", "length", done=rollout)
                 if state["usage"]:
                     final += _usage_event(state, rollout)
@@ -243,7 +245,7 @@ async def run(relay, dp, req, body: bytes, headers, model: str, bounds: dict, jo
             if rollout.loopbacks >= rollout.max_loopbacks:
                 outcome = "limit_exceeded"
                 raise rollout.limit_exceeded()
-            prepare(dp, routed, rollout, dispatched.instance, leg, seam.leg.ops)  # counts its tokens
+            prepare(dataplane, routed, rollout, dispatched.instance, leg, seam.leg.ops)  # counts its tokens
             leg_body = rollout.continuation(stream=True)
             adapt = rollout.adapt(leg_body)
     except DataPlaneError:

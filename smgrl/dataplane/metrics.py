@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from smgrl.core.version import parse_u64
+from smgrl.core import parse_u64
 from smgrl.metrics import DURATION_BUCKETS, Children
 
 CONTROL_CODES = {"active": 0, "paused": 1, "asleep": 2, "unknown": 3}
@@ -32,19 +32,19 @@ class _TableCollector:
     """Scrape-time gauges from the data plane's routing table and counters."""
 
     def __init__(self, dataplane, rl_enabled: bool) -> None:
-        self.dp = dataplane
+        self.dataplane = dataplane
         self.rl_enabled = rl_enabled
 
     def describe(self):
         return []
 
     def collect(self):
-        dp = self.dp
+        dataplane = self.dataplane
         waiting = GaugeMetricFamily(
             "smgrl_dataplane_waiting_requests",
             "Rollout requests waiting in the gateway for an eligible engine",
         )
-        waiting.add_metric([], dp.waiting)
+        waiting.add_metric([], dataplane.waiting)
         yield waiting
         by_reason = GaugeMetricFamily(
             "smgrl_dataplane_waiting_requests_by_reason",
@@ -52,7 +52,7 @@ class _TableCollector:
             "out most candidates (stale, unversioned: an x-version-tag floor; paused, asleep, ...)",
             labels=["reason"],
         )
-        for reason, n in sorted(dp.waiting_by_reason.items()):
+        for reason, n in sorted(dataplane.waiting_by_reason.items()):
             if n:
                 by_reason.add_metric([reason], n)
         yield by_reason
@@ -60,15 +60,15 @@ class _TableCollector:
             "smgrl_dataplane_memory_held_bytes",
             "Bytes of rollout request bodies and buffered answers held (--dataplane-memory-budget)",
         )
-        held.add_metric([], dp.budget.used)
+        held.add_metric([], dataplane.budget.used)
         yield held
-        table = dp.table()
+        table = dataplane.table()
         entries = [e for slot in table.models.values() for e in slot.entries]
         inflight = GaugeMetricFamily(
             "smgrl_dataplane_inflight_requests", "Rollout requests in flight, by worker", labels=["worker"]
         )
         for e in entries:
-            inflight.add_metric([e.instance.url], dp.loads.get(e.instance.worker_id, 0))
+            inflight.add_metric([e.instance.url], dataplane.loads.get(e.instance.worker_id, 0))
         yield inflight
         if not self.rl_enabled:
             return

@@ -25,7 +25,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from smgrl.config import Config
-from smgrl.core.version import Version
+from smgrl.core import Version
 from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
@@ -43,10 +43,16 @@ from smgrl.errors import (
     UpstreamUnreachable,
 )
 from smgrl.registry.keys import KeyRing
-from smgrl.routing import staged
-from smgrl.routing.metadata import InstanceId
-from smgrl.routing.policy import CacheAwareConfig, make_policy, sticky
-from smgrl.routing.version_policy import ANY, VersionPolicy, floor_reason
+from smgrl.routing import (
+    ANY,
+    CacheAwareConfig,
+    InstanceId,
+    VersionPolicy,
+    floor_reason,
+    make_policy,
+    staged,
+    sticky,
+)
 from smgrl.state.fleet import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
 
@@ -91,27 +97,29 @@ class DataPlane:
         self.pools = pools
         self.keys = keys
         self.rng = rng or random.Random()
-        dp = cfg.dataplane
+        dataplane_cfg = cfg.dataplane
         self.policy = make_policy(
             cfg.policy,
             self.rng,
             CacheAwareConfig(
-                cache_threshold=dp.cache_threshold,
-                balance_abs_threshold=dp.balance_abs_threshold,
-                balance_rel_threshold=dp.balance_rel_threshold,
-                max_tree_size=dp.max_tree_size,
+                cache_threshold=dataplane_cfg.cache_threshold,
+                balance_abs_threshold=dataplane_cfg.balance_abs_threshold,
+                balance_rel_threshold=dataplane_cfg.balance_rel_threshold,
+                max_tree_size=dataplane_cfg.max_tree_size,
             ),
         )
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
-        self.breakers = Breakers(dp.breaker, enabled=not cfg.disable_circuit_breaker)
+        self.breakers = Breakers(dataplane_cfg.breaker, enabled=not cfg.disable_circuit_breaker)
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
         self.waiting_by_reason: Counter = Counter()  # the same, by wait_reason()
         self.wait_passes = 0  # how many times a waiting request went to sleep (a spin shows here)
-        self.admission = Admission(dp.max_concurrent_requests, dp.queue_size, dp.queue_timeout_secs)
-        self.budget = ByteBudget(dp.memory_budget)  # rollout bodies and buffered answers held
-        self.max_body = min(cfg.max_payload_size, dp.max_body_size)
+        self.admission = Admission(
+            dataplane_cfg.max_concurrent_requests, dataplane_cfg.queue_size, dataplane_cfg.queue_timeout_secs
+        )
+        self.budget = ByteBudget(dataplane_cfg.memory_budget)  # rollout bodies and buffered answers held
+        self.max_body = min(cfg.max_payload_size, dataplane_cfg.max_body_size)
         self._table: Table | None = None
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
@@ -128,7 +136,9 @@ class DataPlane:
         self.in_flight = 0
         self._idle: trio.Event | None = None
         # --admission-hook: None admits everything without a call.
-        self.hook = admission_hook.resolve(dp.admission_hook) if dp.admission_hook else None
+        self.hook = (
+            admission_hook.resolve(dataplane_cfg.admission_hook) if dataplane_cfg.admission_hook else None
+        )
         # The gateway's metrics registry (``--prometheus-port``); a private one when none is given.
         self.metrics = DataPlaneMetrics(
             registry if registry is not None else CollectorRegistry(auto_describe=False),
@@ -237,6 +247,7 @@ class DataPlane:
                 held[reason] += 1
         return kept, held
 
+    # Keyword parameters, shaped like other signatures (registry/probe.py): each function its own.
     async def pick(
         self,
         req: RolloutRequest,

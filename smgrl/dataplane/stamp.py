@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.version import MalformedVersion, Version, validate_version
+from smgrl.core import MalformedVersion, Version, validate_version
 
 DEFAULT_VERSION = "default"
 UNVERSIONED_TAG = "-1"  # PSRL's x-version-tag for "no version"

@@ -11,11 +11,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from smgrl.core.version import fleet_max
-from smgrl.core.view import EngineFacts
-from smgrl.core.worker import Worker
-from smgrl.routing.eligibility import effective_version, hold_reason
-from smgrl.routing.instance import Instance, from_worker, routable
+from smgrl.core import EngineFacts, Worker, fleet_max
+from smgrl.routing import Instance, effective_version, from_worker, hold_reason, routable
 
 
 @attrs.frozen(slots=True)

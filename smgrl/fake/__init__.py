@@ -15,6 +15,7 @@ from smgrl.fake.base import BaseEngine, EngineConfig
 from smgrl.fake.checkpoint import DEFAULT_MODEL_NAME, checkpoint_digest, make_checkpoint
 from smgrl.fake.fleet import ENGINE_KINDS, Fleet, fake_fleet, make_engine, start_engine
 from smgrl.fake.knobs import Knobs, RecordedCall
+from smgrl.fake.scripted import read_requests
 from smgrl.fake.sglang import SGLangEngine
 from smgrl.fake.tokenspeed import TokenSpeedEngine
 from smgrl.fake.vllm import VLLMEngine
@@ -34,5 +35,6 @@ __all__ = [
     "fake_fleet",
     "make_checkpoint",
     "make_engine",
+    "read_requests",
     "start_engine",
 ]

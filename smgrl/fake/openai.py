@@ -148,6 +148,7 @@ async def completions(engine: BaseEngine, req: Request) -> Response:
     jobs = _jobs(engine, obj, _prompts(engine, obj.get("prompt")), rid, 16)
     logprobs = obj.get("logprobs")
     engine.precheck_admission()
+    # Shaped like the chat head below; the object name and the answer built from it differ.
     head = {
         "id": rid,
         "object": "text_completion",

@@ -154,6 +154,7 @@ class SGLangEngine(SGLangWeights, BaseEngine):
             ("/v1/chat/completions", "POST", self.chat),
             ("/pause_generation", "POST", self.pause_generation),
             ("/continue_generation", "POST", self.continue_generation),
+            # A route table shaped like the other fakes': each engine's own routes and methods.
             ("/update_weights_from_disk", "POST", self.update_weights_from_disk),
             ("/update_weights_from_tensor", "POST", self.update_weights_from_tensor),
             ("/update_weights_from_distributed", "POST", self.update_weights_from_distributed),

@@ -115,6 +115,7 @@ def server_info(engine: SGLangEngine) -> dict[str, Any]:
     }
 
 
+# Shaped like fake/tokenspeed_info.py's model_info_full: each engine's own field list, as that engine answers.
 def model_info(engine: SGLangEngine) -> dict[str, Any]:
     return {
         "model_path": engine.model_path,

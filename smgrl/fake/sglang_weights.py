@@ -118,6 +118,7 @@ class SGLangWeights:
         ok, message = await self._weights_op(args["abort_all_requests"], load)
         return self._weights_answer(ok, message, args["weight_version"])
 
+    # Shaped like update_weights_from_tensor above: each route's own arguments and success text (SGLang's).
     async def update_weights_from_distributed(self, req: Request) -> Response:
         args = self.struct(req, {
             "names": (b.LIST, b.REQUIRED), "dtypes": (b.LIST, b.REQUIRED), "shapes": (b.LIST, b.REQUIRED),

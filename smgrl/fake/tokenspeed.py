@@ -89,6 +89,7 @@ class TokenSpeedEngine(BaseEngine):
         return routes(
             ("/pause_generation", "POST", self.pause_generation),
             ("/continue_generation", "POST", self.continue_generation),
+            # A route table shaped like the other fakes': each engine's own routes and methods.
             ("/update_weights_from_disk", "POST", self.not_implemented),
             ("/update_weights_from_tensor", "POST", self.not_implemented),
             ("/update_weights_from_mooncake", "POST", self.not_implemented),

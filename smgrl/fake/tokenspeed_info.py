@@ -72,6 +72,7 @@ def server_info(engine: TokenSpeedEngine) -> dict[str, Any]:
     }
 
 
+# Shaped like fake/sglang_info.py's model_info: each engine's own field list, as that engine answers.
 def model_info_full(engine: TokenSpeedEngine) -> dict[str, Any]:
     return {
         "model_path": engine.model_path,

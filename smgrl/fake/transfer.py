@@ -84,6 +84,7 @@ class WeightTransfers:
         for name in list(self._receivers):
             await self.destroy_group(name)
 
+    # A to_json of its own fields (shaped like every record's to_json; nothing to share).
     def to_json(self) -> dict[str, Any]:
         return {
             "real": self.receiving,

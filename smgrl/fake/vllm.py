@@ -98,6 +98,7 @@ class VLLMEngine(BaseEngine):
 
     # -- routes --------------------------------------------------------------------------------
     def build_routes(self) -> Routes:
+        # Route tables (here and in the other fakes) share a shape, not content: each engine's own routes.
         always = [
             ("/health", "GET", self.health),
             ("/load", "GET", self.load),

@@ -5,6 +5,17 @@ the group to the ``smgrl`` command.
 """
 
 from smgrl.journal_cli import admin, events, fleet, loopbacks, ops, refits, sessions  # noqa: F401 - they register commands
+from smgrl.journal_cli.filters import catalogue, expand_types
 from smgrl.journal_cli.group import journal_group
+from smgrl.journal_cli.reading import load_ops, read_events
+from smgrl.journal_cli.values import BadValue, parse_time
 
-__all__ = ["journal_group"]
+__all__ = [
+    "BadValue",
+    "catalogue",
+    "expand_types",
+    "journal_group",
+    "load_ops",
+    "parse_time",
+    "read_events",
+]

@@ -10,8 +10,7 @@ from typing import Any
 
 import click
 
-from journal import JournalError, JournalLock, JournalLocked, SqliteStore
-from journal._chain import snapshot_hash  # the one formula that binds a snapshot to the chain
+from journal import JournalError, JournalLock, JournalLocked, SqliteStore, snapshot_hash
 from journal.retention import DEFAULT as DEFAULT_RETENTION
 from smgrl.journal_cli import sqlview
 from smgrl.journal_cli.checks import diff_paths, payload_problem

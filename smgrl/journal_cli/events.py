@@ -10,7 +10,7 @@ import click
 
 from journal import SqliteStore
 from journal.events import Recorded, UnknownEvent
-from smgrl.core.printable import escape_for_json
+from smgrl.core import escape_for_json
 from smgrl.journal_cli.filters import WorkerFilter, catalogue, expand_types, payload_dict
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
 from smgrl.journal_cli.reading import read_events, resolve_worker, worker_filter
@@ -97,6 +97,7 @@ class _Scan:
 @click.option("--until", default=None, metavar="TIME", help="Only events before TIME.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N", help="Stop after N events.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events (polling) until interrupted.")
+# Option declarations shaped like the other commands' (each command its own flag and help).
 @click.option(
     "--follow-seconds",
     type=click.FloatRange(min=0),

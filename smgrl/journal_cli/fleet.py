@@ -6,8 +6,7 @@ from typing import Any
 
 import click
 
-from smgrl.core.view import EngineFacts, facts_for
-from smgrl.core.worker import Worker
+from smgrl.core import EngineFacts, Worker, facts_for
 from smgrl.journal_cli import sqlview
 from smgrl.journal_cli.group import Ctx, command
 from smgrl.journal_cli.history import add_times, fleet_at, grouped, version_changes

@@ -40,6 +40,8 @@ __all__ = [
     "Ctx",
     "command",
     "journal_group",
+    "last_or_all",
+    "refuse_last_with_all",
 ]
 
 EXIT_CHECK, EXIT_BAD_VALUE, EXIT_MISSING, EXIT_NOT_JOURNAL = 1, 2, 3, 4
@@ -51,6 +53,23 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_CHECK) -> None:
         super().__init__(message)
         self.code = code
+
+
+def last_or_all(last_help: str, all_help: str) -> Callable:
+    """``--last N`` and ``--all`` of a listing command (ops, refits, loopbacks), in that order."""
+
+    def decorate(command: Callable) -> Callable:
+        command = click.option("--all", "everything", is_flag=True, help=all_help)(command)
+        return click.option("--last", type=click.IntRange(min=1), default=None, metavar="N", help=last_help)(
+            command
+        )
+
+    return decorate
+
+
+def refuse_last_with_all(last: int | None, everything: bool) -> None:
+    if last is not None and everything:
+        raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
 
 
 @attrs.define
@@ -236,6 +255,7 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
     "--json", "as_json", is_flag=True, help="Machine-readable output (JSON; JSON Lines for events)."
 )
 @click.option("--wide", is_flag=True, help="Tables in full: whole ids, no cut cells, any width.")
+# Option declarations shaped like the commands' (each its own flag and help).
 @click.option(
     "--width",
     type=click.IntRange(min=60),

@@ -22,7 +22,7 @@ import attrs
 import click
 
 from smgrl.journal_cli import sqlview
-from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
+from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command, last_or_all, refuse_last_with_all
 from smgrl.journal_cli.reading import load_ops
 from smgrl.journal_cli.render import table
 from smgrl.journal_cli.values import fmt_ts
@@ -55,6 +55,7 @@ class LoopbackRecord:
     outcome: str
     kept_by_op: dict[str, int]  # op_id -> tokens of the segments its abort ended
 
+    # A to_json of its own fields (shaped like every record's to_json; nothing to share).
     def to_json(self) -> dict[str, Any]:
         return {
             "seq": self.seq,
@@ -157,18 +158,11 @@ def _cycle(store, index: int) -> Cycle:
     metavar="N",
     help="Only the requests looped back by refit cycle N (its 'cycle' in 'refits').",
 )
-@click.option(
-    "--last",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help=f"The N most recent requests (default {LAST_DEFAULT}).",
-)
-@click.option("--all", "everything", is_flag=True, help="Every looped-back request.")
+# Option declarations shaped like the other commands' (each command its own flag and help).
+@last_or_all(f"The N most recent requests (default {LAST_DEFAULT}).", "Every looped-back request.")
 def loopbacks(ctx: Ctx, refit, last, everything) -> None:
     """Requests continued after a sync's abort (partial-rollout loopback): tokens kept, by refit."""
-    if last is not None and everything:
-        raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
+    refuse_last_with_all(last, everything)
     with ctx.reader() as store:
         if refit is not None:
             cycle = _cycle(store, refit)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from journal.events import ControlStarted
-from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
+from smgrl.journal_cli.group import Ctx, command, last_or_all, refuse_last_with_all
 from smgrl.journal_cli.reading import find_op, recent, stream_ops
 from smgrl.journal_cli.render import ChunkedTable, chunks, json_text, table
 from smgrl.journal_cli.values import fmt_ms, fmt_ts, parse_time, time_window
@@ -75,14 +75,7 @@ def keep(op: Op, *, path: str | None, result: str | None, worker: str | None, si
 @click.option("--worker", default=None, metavar="ID", help="Only operations that targeted this worker.")
 @click.option("--since", default=None, metavar="TIME", help="Only operations started at or after TIME.")
 @click.option("--until", default=None, metavar="TIME", help="Only operations started before TIME.")
-@click.option(
-    "--last",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help=f"The N most recent (default {LAST_DEFAULT}).",
-)
-@click.option("--all", "everything", is_flag=True, help="Every matching operation.")
+@last_or_all(f"The N most recent (default {LAST_DEFAULT}).", "Every matching operation.")
 def ops(ctx: Ctx, path, result, worker, since, until, last, everything) -> None:
     """Per-worker calls and fan-outs: path, selector, totals, result, latency (``ops show ID``: one)."""
     click_ctx = click.get_current_context()
@@ -91,8 +84,7 @@ def ops(ctx: Ctx, path, result, worker, since, until, last, everything) -> None:
     since_ts = parse_time(since, ctx.now) if since else None
     until_ts = parse_time(until, ctx.now) if until else None
     time_window(since_ts, until_ts)
-    if last is not None and everything:
-        raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
+    refuse_last_with_all(last, everything)
 
     def matching(fold: OpsFold) -> list[Op]:
         return [

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from smgrl.journal_cli import sagas as sv
-from smgrl.journal_cli.group import EXIT_BAD_VALUE, CliError, Ctx, command
+from smgrl.journal_cli.group import Ctx, command, last_or_all, refuse_last_with_all
 from smgrl.journal_cli.loopbacks import per_cycle, read_loopbacks
 from smgrl.journal_cli.reading import add_outcomes, recent, seq_at, stream_ops
 from smgrl.journal_cli.render import ChunkedTable, chunks, json_text, table
@@ -47,14 +47,7 @@ def cycle_row(c: Cycle, phases: list[str], looped: tuple[int, int] | None = None
 @command("refits")
 @click.option("--since", default=None, metavar="TIME", help="Only cycles started at or after TIME.")
 @click.option("--until", default=None, metavar="TIME", help="Only cycles started before TIME.")
-@click.option(
-    "--last",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help=f"The N most recent cycles (default {LAST_DEFAULT}).",
-)
-@click.option("--all", "everything", is_flag=True, help="Every cycle in the journal.")
+@last_or_all(f"The N most recent cycles (default {LAST_DEFAULT}).", "Every cycle in the journal.")
 @click.option(
     "--html", "html_path", type=click.Path(dir_okay=False), default=None, help="Write an HTML report."
 )
@@ -67,8 +60,7 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
     until_ts = parse_time(until, ctx.now) if until else None
     time_window(since_ts, until_ts)
     ranged = since_ts is not None or until_ts is not None
-    if last is not None and everything:
-        raise CliError("--last and --all contradict each other", EXIT_BAD_VALUE)
+    refuse_last_with_all(last, everything)
     picture = bool(html_path or svg_path)
     with ctx.reader() as store:
         if not (ranged or everything):

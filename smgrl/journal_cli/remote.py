@@ -17,7 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from smgrl.core.worker import redact_url
+from smgrl.core import redact_url
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, EXIT_MISSING, EXIT_NOT_JOURNAL, CliError
 
 READ_TIMEOUT_SECS = 45.0

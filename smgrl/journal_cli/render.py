@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.printable import escape, escape_for_json, escape_lines
+from smgrl.core import escape, escape_for_json, escape_lines
 
 __all__ = [
     "Abbrev",

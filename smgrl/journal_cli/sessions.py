@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from journal.events import decode
-from smgrl.core.worker import strip_rank
+from smgrl.core import strip_rank
 from smgrl.journal_cli.group import Ctx, command
 from smgrl.journal_cli.history import version_changes
 from smgrl.journal_cli.render import table

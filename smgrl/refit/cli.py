@@ -12,7 +12,7 @@ import urllib.error
 
 import click
 
-from smgrl.core.printable import escape as safe
+from smgrl.core import escape as safe
 from smgrl.rl import RL, RefitError, RlError
 
 BAR = 20

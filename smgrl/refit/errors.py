@@ -5,6 +5,7 @@ from __future__ import annotations
 from smgrl.errors import RlError
 
 
+# Shaped like smgrl/errors.py's classes (one per code); the behaviour is ApiError's.
 class RefitUnsupported(RlError):
     """Some selected engines cannot take this refit (their kind, source or pause mode)."""
 

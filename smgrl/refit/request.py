@@ -9,9 +9,8 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.selector import Selector, SelectorError, parse_selector
-from smgrl.core.version import MalformedVersion as BadVersion
-from smgrl.core.version import validate_version
+from smgrl.core import MalformedVersion as BadVersion
+from smgrl.core import Selector, SelectorError, parse_selector, validate_version
 from smgrl.errors import InvalidBody, InvalidSelector, InvalidVersion
 from smgrl.refit.plan import DEFAULT_GROUP, DistributedSource
 

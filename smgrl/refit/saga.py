@@ -35,9 +35,7 @@ import trio
 from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
-from smgrl.core.ids import new_operation_id
-from smgrl.core.view import facts_for
-from smgrl.core.worker import Worker, parse_size
+from smgrl.core import Worker, facts_for, new_operation_id, parse_size
 from smgrl.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
@@ -663,28 +661,17 @@ class RefitService:
     # -- quarantine by hand ------------------------------------------------------------------------
 
     async def quarantine(self, worker: Worker, reason: str, principal: str | None) -> None:
-        await self._append_plain(
-            ev(
-                "worker.quarantined",
-                worker_id=worker.id,
-                base_url=worker.base_url,
-                reason=reason,
-                principal=principal,
-            )
-        )
+        await self._hand_quarantine("worker.quarantined", worker, reason, principal)
 
     async def release(self, worker: Worker, reason: str, principal: str | None) -> None:
-        await self._append_plain(
-            ev(
-                "worker.released",
-                worker_id=worker.id,
-                base_url=worker.base_url,
-                reason=reason,
-                principal=principal,
-            )
-        )
+        await self._hand_quarantine("worker.released", worker, reason, principal)
 
-    async def _append_plain(self, event) -> None:
+    async def _hand_quarantine(
+        self, type_name: str, worker: Worker, reason: str, principal: str | None
+    ) -> None:
+        event = ev(
+            type_name, worker_id=worker.id, base_url=worker.base_url, reason=reason, principal=principal
+        )
         try:
             await self.journal.append("quarantine", event)
         except JournalWriteError as exc:

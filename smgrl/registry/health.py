@@ -24,8 +24,8 @@ import trio
 
 from journal import JournalWriteError
 from smgrl.config import HealthConfig
+from smgrl.core import collapse, control_url
 from smgrl.core.identity import identity_route
-from smgrl.core.view import collapse, control_url
 from smgrl.logs import event as log_event
 from smgrl.refit.recovered import STREAM, hold_recovered, identity_events
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, _get, _get_json

@@ -21,8 +21,7 @@ from collections.abc import Mapping
 import attrs
 import trio
 
-from smgrl.core.control_url import control_url_for
-from smgrl.core.discovery import Discovery, grpc_labels, is_vllm, sglang_labels, vllm_labels
+from smgrl.core import Discovery, control_url_for, grpc_labels, is_vllm, origin_of, sglang_labels, vllm_labels
 from smgrl.upstream import PoolSet, UpstreamError
 
 PROBE_BODY_CAP = 4 * 1024 * 1024
@@ -44,13 +43,14 @@ async def _get(
     headers = [(b"accept", b"*/*")]
     if api_key:
         headers.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
-    scheme, _, rest = base.partition("://")
-    authority, slash, prefix = rest.partition("/")
-    target = ("/" + prefix.rstrip("/") if slash and prefix.strip("/") else "") + path
     try:
+        origin = origin_of(base)
+        prefix = base[len(origin) :].rstrip("/")  # a path prefix the engine is served under
+        if prefix and not prefix.startswith("/"):
+            raise ValueError(f"URL `{base}` has a query or fragment")
         with trio.fail_after(timeout):
-            response, data, _ = await pools.get(f"{scheme}://{authority}").request(
-                "GET", target, headers=headers, limit=PROBE_BODY_CAP
+            response, data, _ = await pools.get(origin).request(
+                "GET", prefix + path, headers=headers, limit=PROBE_BODY_CAP
             )
     except trio.TooSlowError:
         raise ProbeFailed(f"GET {path}: timed out after {timeout:g}s") from None
@@ -86,6 +86,7 @@ async def _get_json(pools, base, paths, api_key, timeout) -> Mapping | None:
     return None
 
 
+# Keyword parameters, shaped like other signatures (dataplane/service.py): each function its own.
 async def probe_http(
     pools: PoolSet,
     base_url: str,

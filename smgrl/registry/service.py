@@ -20,10 +20,15 @@ import trio
 
 from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.config import Config
-from smgrl.core.ids import new_worker_id
-from smgrl.core.origin import origin_key
-from smgrl.core.view import control_url
-from smgrl.core.worker import Worker, connection_mode_for, redact_url, strip_rank
+from smgrl.core import (
+    Worker,
+    connection_mode_for,
+    control_url,
+    new_worker_id,
+    origin_key,
+    redact_url,
+    strip_rank,
+)
 from smgrl.errors import WorkerApiError
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
@@ -54,6 +59,7 @@ class RegistryService:
     def __init__(
         self, *, fleet, journal, keys: KeyRing, pools: PoolSet, cfg: Config, instance_id: str | None = None
     ) -> None:
+        # Attribute assignments, shaped like the other services' constructors: nothing to share.
         self.fleet = fleet
         self.instance_id = instance_id
         self.journal = journal

@@ -13,3 +13,31 @@
 No I/O and no clock here: randomness and time come in as arguments, so every rule is
 table-tested (``tests/unit/test_routing*.py``). ``smgrl.dataplane`` is the I/O shell.
 """
+
+from smgrl.routing.eligibility import effective_version, hold_reason
+from smgrl.routing.instance import Instance, from_worker, routable
+from smgrl.routing.metadata import InstanceId, RoutingMeta
+from smgrl.routing.policy import POLICIES, CacheAwareConfig, make_policy, sticky
+from smgrl.routing.staged import identity, matches
+from smgrl.routing.version_policy import ANY, InvalidVersionPolicy, VersionPolicy, floor_reason, parse_floor
+
+__all__ = [
+    "ANY",
+    "POLICIES",
+    "CacheAwareConfig",
+    "Instance",
+    "InstanceId",
+    "InvalidVersionPolicy",
+    "RoutingMeta",
+    "VersionPolicy",
+    "effective_version",
+    "floor_reason",
+    "from_worker",
+    "hold_reason",
+    "identity",
+    "make_policy",
+    "matches",
+    "parse_floor",
+    "routable",
+    "sticky",
+]

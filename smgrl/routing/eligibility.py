@@ -17,7 +17,7 @@ policies (``smgrl.routing.version_policy``) then narrow what is left (``stale``,
 
 from __future__ import annotations
 
-from smgrl.core.view import EngineFacts
+from smgrl.core import EngineFacts
 
 HOLD_REASONS = ("unhealthy", "paused", "asleep", "unknown", "mixed", "unconfirmed", "quarantined")
 

@@ -12,8 +12,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from smgrl.core.version import label_version
-from smgrl.core.worker import Worker
+from smgrl.core import Worker, label_version
 
 # Only HTTP engines carry rollout traffic: smgrl has no gRPC client (see docs/deviations.md).
 ROUTABLE_MODES = ("http",)

@@ -32,8 +32,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.selector import rust_trim
-from smgrl.core.version import Version
+from smgrl.core import Version, rust_trim
 from smgrl.routing.version_policy import parse_floor
 
 HEADERS = (

@@ -100,6 +100,7 @@ class Random:
         pass
 
 
+# Policies share an interface (select, forget), so their skeletons look alike; each selects its own way.
 class PowerOfTwo:
     name = "power_of_two"
 

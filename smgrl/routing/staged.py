@@ -30,7 +30,7 @@ from typing import Protocol
 
 import attrs
 
-from smgrl.core.version import Version
+from smgrl.core import Version
 from smgrl.routing.instance import Instance
 from smgrl.routing.metadata import InstanceId
 from smgrl.routing.version_policy import floor_reason, parse_version

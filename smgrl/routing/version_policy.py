@@ -25,8 +25,7 @@ from typing import Literal
 
 import attrs
 
-from smgrl.core.selector import rust_trim
-from smgrl.core.version import MalformedVersion, Version, parse_u64, validate_version
+from smgrl.core import MalformedVersion, Version, parse_u64, rust_trim, validate_version
 
 Kind = Literal["any", "latest-only", "min-version", "max-staleness"]
 UNVERSIONED_TAG = "-1"

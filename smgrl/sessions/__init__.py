@@ -2,7 +2,33 @@
 
 from __future__ import annotations
 
+# The face: its users' import lists name the same things (`duplicates` pairs them), nothing to share.
 from smgrl.errors import ConfigError
+from smgrl.sessions.errors import (
+    EngineAnswerInvalid,
+    InvalidTurn,
+    SessionClosing,
+    SessionGone,
+    SessionNotFound,
+    SessionsDisabled,
+    TemplateRefused,
+    TooManySessions,
+    TurnAborted,
+)
+
+__all__ = [
+    "EngineAnswerInvalid",
+    "InvalidTurn",
+    "SessionClosing",
+    "SessionGone",
+    "SessionNotFound",
+    "SessionsDisabled",
+    "TemplateRefused",
+    "TooManySessions",
+    "TurnAborted",
+    "build",
+    "load_tokenizer",
+]
 
 
 def load_tokenizer(path: str):
@@ -16,12 +42,14 @@ def load_tokenizer(path: str):
 
 
 def build(gateway, dataplane):
-    """The session service of a gateway, or None when no tokenizer is configured."""
+    """The session service of a gateway, or None when no tokenizer is configured. (The service
+    module is imported here, not by this face: only a gateway with --tokenizer-path loads it.)"""
     cfg = gateway.cfg.sessions
     if not cfg.tokenizer_path:
         return None
     from smgrl.sessions.service import SessionService
 
+    # Keyword arguments, shaped like other services' construction: configuration, not logic.
     return SessionService(
         chat=load_tokenizer(cfg.tokenizer_path),
         dataplane=dataplane,

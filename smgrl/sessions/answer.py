@@ -61,6 +61,7 @@ def _event(obj) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
+# The same keyword arguments as ``completion``: the streamed form of the same answer, built differently.
 def chunks(
     *,
     rid: str,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from smgrl.errors import DataPlaneError
 
 
+# Shaped like smgrl/errors.py's classes (one per code); the behaviour is ApiError's.
 class SessionNotFound(DataPlaneError):
     code = "session_not_found"
     status = 404

@@ -26,12 +26,10 @@ from journal.events import (
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import loopback
-from smgrl.dataplane import request as rq
 from smgrl.dataplane.affinity import Routed
+from smgrl.dataplane.request import GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest
 from smgrl.dataplane.service import DataPlane
-from smgrl.routing import metadata
-from smgrl.routing.metadata import InstanceId
-from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor
+from smgrl.routing import InstanceId, InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
 from smgrl.sessions import errors
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
@@ -109,7 +107,8 @@ class SessionService:
         self.chat = chat
         self.boundary = Boundary.derive(chat)
         self.parser = parser_for(tool_parser)
-        self.dp = dataplane
+        # Attribute assignments, shaped like the other services' constructors: nothing to share.
+        self.dataplane = dataplane
         self.fleet = fleet
         self.journal = journal
         self.max_sessions = max_sessions
@@ -300,7 +299,9 @@ class SessionService:
         if body.get("reasoning_effort") is not None:
             kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
         requested = self._trajectory(headers)
-        model = self.dp.resolve_model(body.get("model") if isinstance(body.get("model"), str) else None)
+        model = self.dataplane.resolve_model(
+            body.get("model") if isinstance(body.get("model"), str) else None
+        )
         pin = await self._gate(s)
         try:
             return await self._turn(s, body, messages, tools, kwargs or None, requested, model, pin, rid)
@@ -431,7 +432,7 @@ class SessionService:
         turn is captured whole with the version span of every segment."""
         routed = self._routed(s, pin, rid)
         registry = self.fleet.registry
-        max_loopbacks = self.dp.cfg.dataplane.max_loopbacks
+        max_loopbacks = self.dataplane.cfg.dataplane.max_loopbacks
         cap = eng.max_tokens(body)
         rollout = loopback.Rollout(
             obj={},
@@ -439,8 +440,8 @@ class SessionService:
             cap=DEFAULT_MAX_TOKENS if cap is None else cap,
             max_loopbacks=max_loopbacks,
         )
-        req = rq.RolloutRequest(
-            route=rq.GENERATE, model=model, stream=False, prefix=tuple(prompt_ids[: rq.ROUTING_TEXT_LIMIT])
+        req = RolloutRequest(
+            route=GENERATE, model=model, stream=False, prefix=tuple(prompt_ids[:ROUTING_TEXT_LIMIT])
         )
         headers = [
             (b"content-type", b"application/json"),
@@ -456,7 +457,7 @@ class SessionService:
         outcome = "cancelled"
         try:
             while True:
-                async with self.dp.dispatch(
+                async with self.dataplane.dispatch(
                     req,
                     b"",
                     headers,
@@ -482,17 +483,19 @@ class SessionService:
                     raise errors.EngineAnswerInvalid(str(e)) from None
                 instance = entry.instance
                 ops = (
-                    self.dp.fleet.aborts.since(instance.base_url, seq) if gen.finish_reason == "abort" else []
+                    self.dataplane.fleet.aborts.since(instance.base_url, seq)
+                    if gen.finish_reason == "abort"
+                    else []
                 )
                 leg = _leg(gen, entry.version)
                 rollout.add(leg, instance, ops[0] if ops else None)
                 if not ops:  # done, or a deliberate abort (answered 503 turn_aborted by the caller)
                     outcome = "aborted" if gen.finish_reason == "abort" else "completed"
-                    self.dp.count_tokens(instance.worker_id, len(leg.ids))
+                    self.dataplane.count_tokens(instance.worker_id, len(leg.ids))
                     break
                 if rollout.remaining() == 0:
                     outcome = "completed"
-                    self.dp.count_tokens(instance.worker_id, len(leg.ids))
+                    self.dataplane.count_tokens(instance.worker_id, len(leg.ids))
                     leg.finish = "length"
                     break
                 if rollout.loopbacks >= max_loopbacks:
@@ -500,11 +503,11 @@ class SessionService:
                     raise rollout.limit_exceeded()
                 # Back to the instance that aborted (eligible again once its sync completes),
                 # or any at the pinned floor: never older weights (loopback.prepare).
-                loopback.prepare(self.dp, routed, rollout, instance, leg, ops)
+                loopback.prepare(self.dataplane, routed, rollout, instance, leg, ops)
         finally:
             if rollout.loopbacks or outcome == "limit_exceeded":
                 await loopback.record(self.journal, rollout, routed, req, model, outcome)
-            await self.dp.finish(routed)
+            await self.dataplane.finish(routed)
         t2 = trio.current_time()
         spans = tuple({"version": v, "start": a, "end": b} for v, a, b in rollout.spans)
         merged = eng.Generated(

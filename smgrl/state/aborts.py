@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from smgrl.core.aborts import aborts_inflight
-from smgrl.core.worker import strip_rank
+from smgrl.core import aborts_inflight, strip_rank
 
 WINDOW = 64
 

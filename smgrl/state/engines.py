@@ -16,9 +16,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.observe import Intent
-from smgrl.core.view import EngineFacts
-from smgrl.core.worker import strip_rank
+from smgrl.core import EngineFacts, Intent, strip_rank
 from smgrl.state.records import exact_record
 
 TYPES = frozenset(

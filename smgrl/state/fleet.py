@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from smgrl.core.view import EngineFacts
+from smgrl.core import EngineFacts
 from smgrl.state.aborts import AbortingOps
 from smgrl.state.engines import EngineStates
 from smgrl.state.operations import Operations

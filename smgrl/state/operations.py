@@ -120,6 +120,7 @@ class Operations:
     def apply(self, seq: int, ev) -> None:
         kind = getattr(ev, "TYPE", None)
         if kind == "control.started":
+            # The event's fields copied into the record (shaped like other folds' copies; each its own fields).
             self.open[ev.op_id] = OpRecord(
                 op_id=ev.op_id,
                 kind=ev.kind,

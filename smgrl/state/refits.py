@@ -30,8 +30,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.observe import PHASES
-from smgrl.core.worker import strip_rank
+from smgrl.core import PHASES, strip_rank
 
 __all__ = ["PHASE_ORDER", "Cycle", "Op", "OpsFold", "Span", "group_cycles", "iter_cycles", "phase_of"]
 
@@ -264,6 +263,7 @@ class Cycle:
                     out.setdefault(engine, []).append("resume: never resumed")
         return out
 
+    # A to_json of its own fields (shaped like every record's to_json; nothing to share).
     def to_json(self) -> dict[str, Any]:
         return {
             "cycle": self.index,

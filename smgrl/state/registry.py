@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.core.worker import Worker, strip_rank
+from smgrl.core import Worker, strip_rank
 from smgrl.state.records import SnapshotError, exact_record
 
 TYPES = frozenset(
@@ -137,6 +137,7 @@ class RegistryState:
 
 def _registered(state: RegistryState, seq: int, ev) -> None:
     state._put(
+        # The event's fields copied into the worker (shaped like other folds' copies; each its own fields).
         Worker(
             id=ev.worker_id,
             url=ev.url,

@@ -55,6 +55,7 @@ class EngineRun:
     verified: str | None = None  # verified | unverified | mismatch
     checksums: str | None = None  # trainer checksums: pending | verified | unverified | mismatch
 
+    # A to_json of its own fields (shaped like every record's to_json; nothing to share).
     def to_json(self) -> dict[str, Any]:
         return {
             "worker_id": self.worker_id,
@@ -248,6 +249,7 @@ def _saga(seq: int, ts: float | None, ev) -> Saga:
             previous_model_path=e.get("previous_model_path"),
             checksums="pending" if plan.get("checksums") == "checked" else plan.get("checksums"),
         )
+    # The event's fields copied into the saga (shaped like other folds' copies; each its own fields).
     return Saga(
         refit_id=ev.refit_id,
         started_seq=seq,

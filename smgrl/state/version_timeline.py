@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from smgrl.core.worker import strip_rank
+from smgrl.core import strip_rank
 from smgrl.state.registry import TYPES as registry_types
 from smgrl.state.registry import RegistryState
 

@@ -3,7 +3,25 @@
 See docs/sessions.md. Nothing here does I/O beyond loading a model directory.
 """
 
+from smgrl.tito.capture import assistant_message, captured, validate
 from smgrl.tito.chat import ChatTokenizer, TemplateError, TitoError
+from smgrl.tito.merge import Boundary, prepare_turn
+from smgrl.tito.store import CaptureTree, PrefixMismatch
+from smgrl.tito.toolcalls import parser_for
 from smgrl.tito.training import build_training_data, training_data
 
-__all__ = ["ChatTokenizer", "TemplateError", "TitoError", "build_training_data", "training_data"]
+__all__ = [
+    "Boundary",
+    "CaptureTree",
+    "ChatTokenizer",
+    "PrefixMismatch",
+    "TemplateError",
+    "TitoError",
+    "assistant_message",
+    "build_training_data",
+    "captured",
+    "parser_for",
+    "prepare_turn",
+    "training_data",
+    "validate",
+]

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import trio
 
-from smgrl.core.origin import origin_key
+from smgrl.core import origin_key
 from smgrl.upstream.connection import RECEIVE_SIZE, STREAM_ERRORS, Connection, open_connection
 from smgrl.upstream.errors import ConnectError, ReadError
 from smgrl.upstream.http11 import NEED_DATA, Head, ResponseParser, request_wants_close, serialize_request
@@ -279,6 +279,7 @@ class _Exchange(contextlib.AbstractAsyncContextManager["Response"]):
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes | None,
     ) -> None:
+        # Attribute assignments, shaped like other constructors: nothing to share.
         self._pool = pool
         self._method = method
         self._target = target

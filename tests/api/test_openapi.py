@@ -36,8 +36,10 @@ from smgrl.errors import (
     INVALID_REQUEST_CODES,
     DataPlaneError,
     InvalidRequest,
+    InvalidSelector,
     InvalidVersionPolicyHeader,
     RlError,
+    SelectorRequired,
 )
 from smgrl.testing import gateway_in_process
 
@@ -247,12 +249,9 @@ def test_every_dataplane_and_write_error_code_is_documented_on_its_routes():
     assert "invalid_version_policy" not in _reachable_codes(plain, plain["paths"]["/generate"]["post"])
     assert "invalid_api_key" in _reachable_codes(doc, doc["paths"]["/v1/models"]["get"])
 
-    # The explicit writes: every RlError the module raises is documented on the routes that raise it.
-    raised = {
-        obj.code
-        for obj in vars(rl_writes).values()
-        if isinstance(obj, type) and issubclass(obj, RlError) and obj is not RlError
-    }
+    # The explicit writes: every RlError their routes and their service (smgrl/control/writes.py)
+    # name, and the selector's (rl_routes.selector_param), is documented on the routes.
+    raised = _raised_in(FAMILIES["rl_writes"][1]) | {SelectorRequired.code, InvalidSelector.code}
     listed = set().union(*(route.codes() for route in rl_writes.OPENAPI_ROUTES))
     assert raised == listed - {"request_body_too_large", "PAYLOAD_TOO_LARGE"}  # the shared 413
     selector_codes = {"selector_required", "invalid_selector", "no_workers_match"}
@@ -360,7 +359,7 @@ FAMILIES = {
         rl_routes,
         ["smgrl/api/rl_routes.py", "smgrl/api/rl_front.py", "smgrl/api/journal_routes.py", "smgrl/control"],
     ),
-    "rl_writes": (rl_writes, ["smgrl/api/rl_writes.py"]),
+    "rl_writes": (rl_writes, ["smgrl/api/rl_writes.py", "smgrl/control/writes.py"]),
     "refits": (refits, ["smgrl/api/refits.py", "smgrl/refit"]),
     "stream": (stream, ["smgrl/api/stream.py"]),
     "routing_loop": (routing_loop, ["smgrl/api/routing_loop.py"]),

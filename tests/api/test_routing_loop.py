@@ -283,3 +283,18 @@ async def test_filter_lists_the_waiting_requests_at_or_below_a_version():
                 assert r.status_code == 400 and r.json()["error"] == "invalid_query"
             assert (await gw.client.get("/routing_loop/filter")).status_code == 400
             await gw.client.post("/routing_loop/resume")
+
+
+async def test_a_chunked_version_write_over_the_limit_is_refused_and_audited_with_its_413():
+    async def chunks():
+        for _ in range(3):
+            yield b"x" * 50
+
+    config = Config(rl=RlConfig(enabled=True), max_payload_size=100)
+    async with gateway_in_process(config) as gw:
+        r = await gw.client.post("/workers/update_weight_version", content=chunks())
+        assert r.status_code == 413
+        assert r.text == "Failed to buffer the request body: length limit exceeded"
+        await gw.writer.flush()  # the guard queues the audit event
+        audits = [e for e in events(gw, "audit.control_plane") if e.path == "/workers/update_weight_version"]
+        assert [e.status for e in audits] == [413]

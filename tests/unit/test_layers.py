@@ -1,4 +1,5 @@
-"""The layers hold: the pure packages import no I/O, and no class name is defined twice in smgrl/.
+"""The layers hold: the pure packages import no I/O (their packages' faces included), no class name
+is defined twice in smgrl/, and no module takes a private name from another package.
 
 An import-linter-like check over the source (``ast``, nothing is imported): every module under
 the pure packages, and every first-party module they reach through their import statements
@@ -49,6 +50,15 @@ def _imports(path: Path) -> set[str]:
                 base = node.module or ""
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
+    # Importing smgrl.a.b runs smgrl/a/__init__ first: a package's face is reached too (a face that
+    # loaded an I/O shell would make every module of its package impure). journal's face is not
+    # followed: it loads its stores by design, and the pure folds use only journal.events.
+    found.update(
+        ".".join(name.split(".")[:n])
+        for name in list(found)
+        if name.startswith("smgrl.")
+        for n in range(2, name.count(".") + 1)
+    )
     return found
 
 
@@ -112,3 +122,88 @@ def test_no_class_is_defined_twice():
     twice = {name: files for name, files in where.items() if len(files) > 1 and name not in SAME_NAME_ALLOWED}
     assert not twice, f"classes defined more than once: {twice}"
     assert all(len(where[name]) == 2 for name in SAME_NAME_ALLOWED), "an allowed pair is gone: drop it"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _package_of(module: str, is_package: bool) -> str:
+    return module if is_package else module.rpartition(".")[0]
+
+
+def _private_uses(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Private names (``_x``, or a name inside a ``_x`` module) that ``module`` takes from a
+    first-party module of another package: ``from p.m import _x``, ``from p._m import x``, and
+    ``m._x`` where ``m`` was imported as a module."""
+    package = _package_of(module, is_package)
+    found: list[str] = []
+    modules: dict[str, str] = {}  # local name -> first-party module it names
+    tree = ast.parse(source)
+
+    def foreign(target: str) -> bool:
+        return (
+            _package_of(
+                target, _module_file(target) is not None and _module_file(target).name == "__init__.py"
+            )
+            != package
+        )
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in FIRST_PARTY:
+                    modules[alias.asname or alias.name] = alias.name
+                    if foreign(alias.name) and any(_private(p) for p in alias.name.split(".")):
+                        found.append(f"{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module.split(".")[0] not in FIRST_PARTY:
+                continue
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if _module_file(full) is not None:  # a module imported by name
+                    modules[alias.asname or alias.name] = full
+                    target = full
+                else:
+                    target = node.module
+                parts = [*node.module.split("."), alias.name]
+                if foreign(target) and any(_private(p) for p in parts):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+            target = modules.get(node.value.id)
+            if target is not None and foreign(target):
+                found.append(f"{node.lineno}: {target}.{node.attr}")
+    return found
+
+
+def test_the_private_name_check_finds_a_planted_violation():
+    planted = (
+        "from journal._chain import snapshot_hash\n"
+        "from smgrl.api.rl_routes import _engine_path\n"
+        "from smgrl.core import printable\n"
+        "import smgrl.api.rl_routes as routes\n"
+        "printable._code\n"
+        "routes._engine_path\n"
+    )
+    assert _private_uses(planted, "smgrl.control.writes") == [
+        "1: from journal._chain import snapshot_hash",
+        "2: from smgrl.api.rl_routes import _engine_path",
+        "5: smgrl.core.printable._code",
+        "6: smgrl.api.rl_routes._engine_path",
+    ]
+    # Inside one package a module may use its neighbours' private names.
+    assert _private_uses("from smgrl.core.printable import _code\n", "smgrl.core.view") == []
+    assert _private_uses("from journal._chain import chain_hash\n", "journal.store") == []
+
+
+def test_no_module_imports_a_private_name_from_another_package():
+    """Packages meet through their public names (each package's ``__init__`` lists them in
+    ``__all__``); a private name stays inside its package."""
+    found = [
+        f"{path.relative_to(ROOT)}:{use}"
+        for top in FIRST_PARTY
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for use in _private_uses(path.read_text(), _module_name(path), path.name == "__init__.py")
+    ]
+    assert not found, found
