@@ -493,14 +493,16 @@ def _parse_fields(lines: list[bytes], start: int) -> tuple[list[tuple[bytes, byt
             name = name.lower()
             if name in _FRAMING_FIELDS:
                 framing.append(len(fields))
+            unstripped = value  # kept for an obs-fold: the whitespace before a fold is the value's
             fields.append((name, value.strip(b" \t")))
         elif line.startswith((b" ", b"\t")):
-            # obs-fold: a user agent MUST replace it with SP and carry on (RFC 9112 §5.2).
+            # obs-fold: a user agent MUST replace it with SP and carry on (RFC 9112 §5.2): the
+            # fold (line end and the next line's leading whitespace) becomes one SP; whitespace
+            # inside the joined value stays, only its two ends are trimmed (as h11 does).
             if not fields:
                 raise ProtocolError("header continuation line before the first header")
-            name, value = fields[-1]
-            more = line.strip(b" \t")
-            fields[-1] = (name, value + b" " + more if value and more else value + more)
+            unstripped = unstripped + b" " + line.lstrip(b" \t")
+            fields[-1] = (fields[-1][0], unstripped.strip(b" \t"))
         else:
             raise ProtocolError(f"malformed header line {line[:80]!r}")
     return fields, framing

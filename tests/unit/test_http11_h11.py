@@ -370,3 +370,15 @@ def test_spoiled_framing_is_refused(response, cuts):
 @pytest.mark.parametrize("raw", MUTANTS)
 def test_mutant_seeds_are_valid_for_both(raw):
     assert _normalised(run_smgrl(raw, [])) == _normalised(run_h11(raw, [])) != ("error",)
+
+
+def test_an_obs_fold_keeps_the_whitespace_inside_the_joined_value():
+    # Found by the differential run: trailer lines folded after a line ending in spaces. The fold
+    # becomes one SP; the whitespace before it is part of the value (h11 keeps it; smgrl dropped it).
+    raw = (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-a: b  \r\n c \n d\r\n\r\n"
+        b"1\r\nz\r\n0\r\nx-t: !!! \r\n ! \n !\r\n !\r\n\r\n"
+    )
+    ours, theirs = run_smgrl(raw, [], "GET"), run_h11(raw, [], "GET")
+    assert ours[0] == theirs[0] == "ok"
+    assert _normalised(ours, True) == _normalised(theirs, True)
