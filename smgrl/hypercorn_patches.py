@@ -6,9 +6,9 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
 1. **One idle watcher per connection.** Stock hypercorn, on every request, takes a lock, cancels
    the connection's keep-alive task and ``nursery.start``s a new one (``TrioSingleTask``): 15-20%
    of its CPU. ``IdleWatch`` keeps ONE watcher task per connection and only moves its cancel
-   scope's deadline (``restart`` = idle from now, ``stop`` = busy, no deadline). Semantics are
-   unchanged (but for the two bounds ``IdleWatch`` documents, SMG's): an idle connection closes after its bound or at shutdown; a busy one
-   closes after its response (hypercorn's ``_maybe_recycle``).
+   scope's deadline (``restart`` = idle from now, ``stop`` = busy, no deadline). An idle
+   connection closes after its bound (SMG's two bounds, see ``IdleWatch``) or at shutdown; a
+   busy one closes after its response (hypercorn's ``_maybe_recycle``).
 2. **Response head sent with the first body chunk.** Stock hypercorn writes the head, the body
    and an empty end-of-message separately (three locked, shielded sends, two ``sendto``); ASGI
    lets a server hold the head until the first body message, so the patched ``stream_send`` sends
