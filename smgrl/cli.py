@@ -273,6 +273,22 @@ def main(argv: list[str] | None = None) -> None:
 @click.option("--prometheus-port", default=29000, show_default=True, type=int)
 @click.option("--shutdown-grace-period-secs", default=180.0, show_default=True, type=float)
 @click.option(
+    "--header-read-timeout-secs",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Close a connection that has not sent a complete request head this many seconds after it "
+    "was accepted (or after the first byte of its next head on keep-alive). 0 disables.",
+)
+@click.option(
+    "--idle-connection-timeout-secs",
+    default=90.0,
+    show_default=True,
+    type=float,
+    help="Close a keep-alive connection with no request in flight for this many seconds (an open "
+    "stream counts as in flight). 0 keeps idle connections open.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -402,6 +418,8 @@ def config_from_options(o: dict) -> Config:
         prometheus_host=o["prometheus_host"],
         prometheus_port=o["prometheus_port"],
         shutdown_grace_period_secs=o["shutdown_grace_period_secs"],
+        header_read_timeout_secs=o["header_read_timeout_secs"],
+        idle_connection_timeout_secs=o["idle_connection_timeout_secs"],
         log_level=o["log_level"],
         log_json=o["log_json"],
         disable_load_monitoring=o["disable_load_monitoring"],

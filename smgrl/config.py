@@ -166,6 +166,12 @@ class Config:
         29000  # 0: a free port (logged); None: no metrics listener (in-process gateways)
     )
     shutdown_grace_period_secs: float = 180.0
+    # HTTP connection bounds, as SMG's (smgrl/hypercorn_patches.py ``IdleWatch``): a connection
+    # must send a complete request head this soon after it is accepted (or after the first byte
+    # of a keep-alive connection's next head), and a keep-alive connection with no request in
+    # flight closes after the idle bound. 0 disables either.
+    header_read_timeout_secs: float = 30.0
+    idle_connection_timeout_secs: float = 90.0
     log_level: str = "info"
     log_json: bool = False
     disable_load_monitoring: bool = False
@@ -249,6 +255,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("Duplicate id in --control-plane-api-keys")
     if cfg.shutdown_grace_period_secs < 0:
         raise ConfigError("Invalid --shutdown-grace-period-secs (expected >= 0)")
+    if not cfg.header_read_timeout_secs >= 0:
+        raise ConfigError("Invalid --header-read-timeout-secs (expected >= 0)")
+    if not cfg.idle_connection_timeout_secs >= 0:
+        raise ConfigError("Invalid --idle-connection-timeout-secs (expected >= 0)")
     if cfg.journal_lock_wait_secs < 0:
         raise ConfigError("Invalid --journal-lock-wait-secs (expected >= 0)")
     if cfg.audit_interval_secs <= 0:

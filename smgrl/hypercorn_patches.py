@@ -6,9 +6,9 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
 1. **One idle watcher per connection.** Stock hypercorn, on every request, takes a lock, cancels
    the connection's keep-alive task and ``nursery.start``s a new one (``TrioSingleTask``): 15-20%
    of its CPU. ``IdleWatch`` keeps ONE watcher task per connection and only moves its cancel
-   scope's deadline (``restart`` = idle from now, ``stop`` = busy, no deadline). Semantics are
-   unchanged: an idle connection closes after ``keep_alive_timeout`` or at shutdown; a busy one
-   closes after its response (hypercorn's ``_maybe_recycle``).
+   scope's deadline (``restart`` = idle from now, ``stop`` = busy, no deadline). An idle
+   connection closes after its bound (SMG's two bounds, see ``IdleWatch``) or at shutdown; a
+   busy one closes after its response (hypercorn's ``_maybe_recycle``).
 2. **Response head sent with the first body chunk.** Stock hypercorn writes the head, the body
    and an empty end-of-message separately (three locked, shielded sends, two ``sendto``); ASGI
    lets a server hold the head until the first body message, so the patched ``stream_send`` sends
@@ -78,24 +78,51 @@ STOCK_SOURCES = {
 # and LAN speeds; past either bound the client may see a reset, as before.
 DRAIN_BYTES = 16 * 1024 * 1024
 DRAIN_SECS = 5.0
+# The attribute of hypercorn's Config holding the header-read bound (smgrl.server sets it).
+HEADER_READ_TIMEOUT = "smgrl_header_read_timeout"
 _applied = False
 
 
-class IdleWatch:
-    """Drop-in for ``TrioSingleTask`` as ``TCPServer.idle_task``."""
+def _header_read_timeout(config) -> float:
+    return getattr(config, HEADER_READ_TIMEOUT, None) or config.keep_alive_timeout
 
-    __slots__ = ("_done", "_idle", "_scope", "_server")
+
+class IdleWatch:
+    """Drop-in for ``TrioSingleTask`` as ``TCPServer.idle_task``, enforcing SMG's two connection
+    bounds (``--header-read-timeout-secs``, ``--idle-connection-timeout-secs``, measured on SMG
+    1.13.0: docs/cli.md):
+
+    * before its first request a connection must send a complete head within the header-read
+      bound of being accepted, however slowly bytes trickle in (an idle or slowloris socket
+      cannot hold a connection slot);
+    * between requests a keep-alive connection may stay idle for the idle bound
+      (``keep_alive_timeout``); once the first byte of its next head arrives, that head must be
+      complete within the header-read bound;
+    * a request in flight (its body still arriving, a long answer, an open SSE stream) is never
+      cut by either: its body has its own deadline (the data plane's stall/body timeouts).
+
+    Either bound closes the socket without an answer, as SMG does. ``HEADER_READ_TIMEOUT`` on
+    hypercorn's config holds the header-read bound (absent: the idle bound governs throughout,
+    as in stock hypercorn)."""
+
+    __slots__ = ("_done", "_head_started", "_idle", "_scope", "_served", "_server")
 
     def __init__(self) -> None:
         self._scope: trio.CancelScope | None = None
         self._idle = False
         self._done = False
+        self._served = False  # a request head has been complete on this connection
+        self._head_started = False  # bytes of the next head arrived while idle
         self._server = None
 
     async def restart(self, task_group, action) -> None:
         server = action.__self__  # TCPServer._idle_timeout, bound: the connection's server
         self._idle = True
-        deadline = trio.current_time() + server.config.keep_alive_timeout
+        self._head_started = False
+        if self._served:
+            deadline = trio.current_time() + server.config.keep_alive_timeout
+        else:  # just accepted: the first head is bounded from now on, bytes or not
+            deadline = trio.current_time() + _header_read_timeout(server.config)
         if self._scope is None:
             self._server = server
             # Started once, in the connection's own nursery (hypercorn's TaskGroup): it ends
@@ -106,8 +133,18 @@ class IdleWatch:
 
     async def stop(self) -> None:
         self._idle = False
+        self._served = True
         if self._scope is not None:
             self._scope.deadline = math.inf
+
+    def data_arrived(self) -> None:
+        """Bytes came in (called by the reader before the protocol sees them). On an idle
+        keep-alive connection the first byte starts the next head: from now on the header-read
+        bound applies instead of the idle one. Before the first request the bound already runs
+        from the accept, and a busy connection has no deadline: nothing to do."""
+        if self._idle and self._served and not self._head_started and self._scope is not None:
+            self._head_started = True
+            self._scope.deadline = trio.current_time() + _header_read_timeout(self._server.config)
 
     def finish(self) -> None:
         """The connection stopped reading (client gone, closed, drained): end the watcher, or it
@@ -317,6 +354,7 @@ async def _draining_read_data(self) -> None:
     self._smgrl_drain = None
     self._smgrl_reading = True
     read_timeout = self.config.read_timeout
+    idle_watch = self.idle_task if isinstance(self.idle_task, IdleWatch) else None
     try:
         # One scope for the connection's whole read loop (not one per read, as stock): the
         # drain's time bound moves its deadline; cancelled_caught then just ends the loop.
@@ -330,6 +368,8 @@ async def _draining_read_data(self) -> None:
                         data = await self.stream.receive_some(tcp_server.MAX_RECV)
                 except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
+                if data and idle_watch is not None:
+                    idle_watch.data_arrived()
                 drain = self._smgrl_drain
                 if drain is not None:
                     if not data or drain <= len(data):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -98,7 +99,10 @@ def hypercorn_config(cfg: Config) -> HyperConfig:
     hc.include_date_header = False
     hc.include_server_header = False
     hc.keep_alive_max_requests = 1_000_000_000
-    hc.keep_alive_timeout = 75
+    # SMG's two connection bounds (--header-read-timeout-secs, --idle-connection-timeout-secs),
+    # enforced by the patched idle watcher (hypercorn_patches.IdleWatch); 0 disables (inf).
+    hc.keep_alive_timeout = cfg.idle_connection_timeout_secs or math.inf
+    setattr(hc, hypercorn_patches.HEADER_READ_TIMEOUT, cfg.header_read_timeout_secs or math.inf)
     # Rollout fleets open hundreds of connections at once; hypercorn's default accept backlog
     # (100) made the kernel drop the rest of the SYNs, and each dropped one waited a 1 s, 2 s,
     # 4 s... retransmit (measured: 1,000 concurrent streams took 16 s instead of 1 s). The

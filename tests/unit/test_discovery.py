@@ -1,5 +1,7 @@
 """Registration labels from what engines report (Appendix C "Discovery rows", §5.2 gRPC rules)."""
 
+import json
+
 import pytest
 
 from smgrl.core.discovery import grpc_labels, is_vllm, label_value, sglang_labels, vllm_labels
@@ -132,3 +134,21 @@ def test_a_dp_size_that_is_not_a_plain_number_is_not_a_size(dp):
     assert sglang_labels({**SERVER_INFO, "dp_size": dp}, MODEL_INFO, MODELS).dp_size is None
     assert sglang_labels({**SERVER_INFO, "dp_size": 2, "attn_dp_size": dp}, MODEL_INFO, MODELS).dp_size == 2
     assert grpc_labels({**SERVER_INFO, "dp_size": dp}, "sglang").dp_size is None
+
+
+async def test_a_vllm_engine_started_with_a_version_registers_without_one_as_in_smg():
+    """SMG 1.13.0 (checked side by side against the same fake) shows ``weight_version: null`` for a
+    vLLM row: its static table says vLLM reports no version, so registration never reads vLLM's
+    dev-mode ``GET /weight_info``. smgrl matches it (docs/rl-control-plane.md); the row gets a
+    version from the first confirmed refit or version write."""
+    from smgrl.fake import fake_fleet
+    from smgrl.registry.probe import _get, probe_http
+    from smgrl.upstream import PoolSet
+
+    pools = PoolSet(max_idle=2)
+    async with fake_fleet("vllm", 1, weight_version="v7") as fleet:
+        found = await probe_http(pools, fleet.urls[0], None, 5.0)
+        status, engine_says = await _get(pools, fleet.urls[0], "/weight_info", None, 5.0)
+    await pools.aclose()
+    assert (status, json.loads(engine_says)) == (200, {"weight_version": "v7"})  # engines.md 2.4
+    assert found.runtime == "vllm" and "weight_version" not in found.labels
