@@ -467,6 +467,10 @@ class JournalWriter:
         try:
             if self.on_secrets is not None:
                 own = {wid: key for item in batch.items for wid, key in item.secrets.items()}
+                if gap and self.position is not None and self.position >= gap[-1].seq:
+                    # A catch_up() applied the gap while it was read in the thread; its keys were
+                    # read later (or are the same): ours may be older than what it applied.
+                    gap_secrets = None
                 changes = {**(gap_secrets or {}), **own}  # the batch comes after the gap
                 if changes:
                     self.on_secrets(changes)
@@ -515,8 +519,10 @@ class JournalWriter:
             )
         if records:
             try:
-                if secrets and self.on_secrets is not None:
-                    self.on_secrets(secrets)  # idempotent: a key may arrive twice
+                if secrets and self.on_secrets is not None and self.position < records[-1].seq:
+                    # Idempotent: a key may arrive twice. Skipped when a commit applied this whole
+                    # range meanwhile (its keys, read later, may be newer than these).
+                    self.on_secrets(secrets)
                 records = self._in_order(records)
                 if records and self.on_commit is not None:
                     self.on_commit(records)
