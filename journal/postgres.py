@@ -203,7 +203,10 @@ class PgStore:
         """
         import psycopg
 
-        libpq, schema, password = _split_url(url)
+        try:
+            libpq, schema, password = _split_url(url)
+        except ValueError as exc:  # a bad schema= or port, an unclosed [: the CLI's one-line error
+            raise JournalError(f"bad journal URL {redact_url(url)}: {exc}") from None
         try:
             conn = psycopg.connect(libpq, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
         except psycopg.Error as exc:
