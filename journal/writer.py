@@ -477,19 +477,22 @@ class JournalWriter:
             records = self._in_order([*gap, *recorded])
             if self.on_commit is not None and records:
                 self.on_commit(records)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback by _fail_stop
             # The events ARE committed but memory missed (part of) them: serving on would answer
             # from state the journal contradicts. Stop: appenders get an error, run() raises.
-            logger.critical(
-                "applying journal events %d-%d to memory failed; stopping (a restart replays the journal)",
-                recorded[0].seq,
-                recorded[-1].seq,
-                exc_info=True,
-            )
-            self._failed = ProjectionError(
-                f"applying journal events {recorded[0].seq}-{recorded[-1].seq} to memory failed: {exc!r}"
-            )
-            batch.error = self._failed
+            batch.error = self._fail_stop(recorded, exc)
+
+    def _fail_stop(self, records: Sequence[Recorded], exc: Exception) -> ProjectionError:
+        """Applying ``records`` to memory failed: the writer stops (logged once, here)."""
+        first, last = records[0].seq, records[-1].seq
+        logger.critical(
+            "applying journal events %d-%d to memory failed; stopping (a restart replays the journal)",
+            first,
+            last,
+            exc_info=exc,
+        )
+        self._failed = ProjectionError(f"applying journal events {first}-{last} to memory failed: {exc!r}")
+        return self._failed
 
     # -- several writers: following the others -----------------------------------------------------
 
@@ -527,17 +530,9 @@ class JournalWriter:
                 if records and self.on_commit is not None:
                     self.on_commit(records)
             except Exception as exc:
-                logger.critical(
-                    "applying journal events %d-%d to memory failed; stopping",
-                    records[0].seq,
-                    records[-1].seq,
-                    exc_info=True,
-                )
-                self._failed = ProjectionError(
-                    f"applying journal events {records[0].seq}-{records[-1].seq} to memory failed: {exc!r}"
-                )
+                failed = self._fail_stop(records, exc)
                 self._wakeup.unpark_all()  # run() raises it (the gateway stops)
-                raise self._failed from exc
+                raise failed from exc
         return len(records)
 
     async def follow(self, watcher, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
