@@ -163,14 +163,19 @@ class Rollout:
             self.top = self.top + leg.top if leg.top is not None else None
         if self.text is not None:
             self.text = self.text + [leg.text] if leg.text is not None else None
+        if self.first:
+            self.input_logprobs = leg.obj.get("meta_info", {}).get("input_token_logprobs")
+        self._segment(leg, instance, op_id, start, len(self.ids))
+
+    def _segment(self, leg: Leg, instance, op_id: str | None, start: int, end: int) -> None:
+        """The leg's version spans (merged with the last when contiguous) and its segment,
+        tokens ``start``-``end`` of the rollout (every rollout kind's ``add`` ends here)."""
         for version, s, e in leg.spans:
             if self.spans and self.spans[-1][0] == version and self.spans[-1][2] == start + s:
                 self.spans[-1][2] = start + e
             else:
                 self.spans.append([version, start + s, start + e])
-        if self.first:
-            self.input_logprobs = leg.obj.get("meta_info", {}).get("input_token_logprobs")
-            self.first = False
+        self.first = False
         self.segments.append(
             {
                 "iteration": len(self.segments),
@@ -179,7 +184,7 @@ class Rollout:
                 "dp_rank": instance.dp_rank or 0,
                 "version": leg.version,
                 "start": start,
-                "end": len(self.ids),
+                "end": end,
                 "finish_reason": leg.finish,
                 "op_id": op_id,
             }
