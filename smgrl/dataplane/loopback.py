@@ -615,6 +615,13 @@ class _Seam:
         return b"data: " + _dumps(out) + b"\n\n"
 
 
+async def relay_as_is(send, chunks) -> None:
+    """The first leg's error answer, relayed as it is (its head already sent); the stream ends."""
+    async for chunk in chunks:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 async def run_stream(
     relay, dp, req, body: bytes, headers, model: str, bounds: dict, journal, tokenizer=None
 ) -> None:
@@ -647,11 +654,9 @@ async def run_stream(
                 elif not ok:
                     outcome = "failed"
                     raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
-                if not ok:  # the first leg's error answer, relayed as it is
+                if not ok:
                     outcome = "failed"
-                    async for chunk in chunks:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await relay_as_is(send, chunks)
                     return
                 seam = _Seam(dp, ref, dispatched, body, tokenizer)
                 tail = TokenTail()  # what the relayed events say was generated (stitched: in all)
