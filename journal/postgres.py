@@ -41,7 +41,6 @@ import re
 import threading
 import time
 import urllib.parse
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Self
@@ -59,7 +58,7 @@ from ._chain import (
     snapshot_hash,
     verify_journal,
 )
-from ._schema import FORMAT_VERSION
+from ._schema import FORMAT_VERSION, initial_meta
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
 from .errors import (
     JournalBusyError,
@@ -203,7 +202,10 @@ class PgStore:
         """
         import psycopg
 
-        libpq, schema, password = _split_url(url)
+        try:
+            libpq, schema, password = _split_url(url)
+        except ValueError as exc:  # a bad schema= or port, an unclosed [: the CLI's one-line error
+            raise JournalError(f"bad journal URL {redact_url(url)}: {exc}") from None
         try:
             conn = psycopg.connect(libpq, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
         except psycopg.Error as exc:
@@ -297,15 +299,7 @@ class PgStore:
                         self._conn.execute(statement)
                     if name == "0001_create_journal":
                         self._conn.cursor().executemany(
-                            f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)",
-                            [
-                                ("journal_id", uuid.uuid4().hex),
-                                ("created_at", now),
-                                ("format_version", str(FORMAT_VERSION)),
-                                ("high_water_seq", "0"),
-                                ("high_water_hash", GENESIS),
-                                ("bodies_compacted_before", "0"),
-                            ],
+                            f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)", initial_meta(now)
                         )
                     self._conn.execute(f"INSERT INTO {s}.migrations VALUES (%s, %s)", (name, now))
 
@@ -659,6 +653,7 @@ class PgStore:
             until = rows[0][0]
         return after, until
 
+    # The signature is EventStore.read's (journal/base.py), spelled out by every store for its types.
     def read(
         self,
         after_seq: int = 0,

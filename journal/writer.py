@@ -467,25 +467,32 @@ class JournalWriter:
         try:
             if self.on_secrets is not None:
                 own = {wid: key for item in batch.items for wid, key in item.secrets.items()}
+                if gap and self.position is not None and self.position >= gap[-1].seq:
+                    # A catch_up() applied the gap while it was read in the thread; its keys were
+                    # read later (or are the same): ours may be older than what it applied.
+                    gap_secrets = None
                 changes = {**(gap_secrets or {}), **own}  # the batch comes after the gap
                 if changes:
                     self.on_secrets(changes)
             records = self._in_order([*gap, *recorded])
             if self.on_commit is not None and records:
                 self.on_commit(records)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback by _fail_stop
             # The events ARE committed but memory missed (part of) them: serving on would answer
             # from state the journal contradicts. Stop: appenders get an error, run() raises.
-            logger.critical(
-                "applying journal events %d-%d to memory failed; stopping (a restart replays the journal)",
-                recorded[0].seq,
-                recorded[-1].seq,
-                exc_info=True,
-            )
-            self._failed = ProjectionError(
-                f"applying journal events {recorded[0].seq}-{recorded[-1].seq} to memory failed: {exc!r}"
-            )
-            batch.error = self._failed
+            batch.error = self._fail_stop(recorded, exc)
+
+    def _fail_stop(self, records: Sequence[Recorded], exc: Exception) -> ProjectionError:
+        """Applying ``records`` to memory failed: the writer stops (logged once, here)."""
+        first, last = records[0].seq, records[-1].seq
+        logger.critical(
+            "applying journal events %d-%d to memory failed; stopping (a restart replays the journal)",
+            first,
+            last,
+            exc_info=exc,
+        )
+        self._failed = ProjectionError(f"applying journal events {first}-{last} to memory failed: {exc!r}")
+        return self._failed
 
     # -- several writers: following the others -----------------------------------------------------
 
@@ -515,23 +522,17 @@ class JournalWriter:
             )
         if records:
             try:
-                if secrets and self.on_secrets is not None:
-                    self.on_secrets(secrets)  # idempotent: a key may arrive twice
+                if secrets and self.on_secrets is not None and self.position < records[-1].seq:
+                    # Idempotent: a key may arrive twice. Skipped when a commit applied this whole
+                    # range meanwhile (its keys, read later, may be newer than these).
+                    self.on_secrets(secrets)
                 records = self._in_order(records)
                 if records and self.on_commit is not None:
                     self.on_commit(records)
             except Exception as exc:
-                logger.critical(
-                    "applying journal events %d-%d to memory failed; stopping",
-                    records[0].seq,
-                    records[-1].seq,
-                    exc_info=True,
-                )
-                self._failed = ProjectionError(
-                    f"applying journal events {records[0].seq}-{records[-1].seq} to memory failed: {exc!r}"
-                )
+                failed = self._fail_stop(records, exc)
                 self._wakeup.unpark_all()  # run() raises it (the gateway stops)
-                raise self._failed from exc
+                raise failed from exc
         return len(records)
 
     async def follow(self, watcher, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -163,14 +163,19 @@ class Rollout:
             self.top = self.top + leg.top if leg.top is not None else None
         if self.text is not None:
             self.text = self.text + [leg.text] if leg.text is not None else None
+        if self.first:
+            self.input_logprobs = leg.obj.get("meta_info", {}).get("input_token_logprobs")
+        self._segment(leg, instance, op_id, start, len(self.ids))
+
+    def _segment(self, leg: Leg, instance, op_id: str | None, start: int, end: int) -> None:
+        """The leg's version spans (merged with the last when contiguous) and its segment,
+        tokens ``start``-``end`` of the rollout (every rollout kind's ``add`` ends here)."""
         for version, s, e in leg.spans:
             if self.spans and self.spans[-1][0] == version and self.spans[-1][2] == start + s:
                 self.spans[-1][2] = start + e
             else:
                 self.spans.append([version, start + s, start + e])
-        if self.first:
-            self.input_logprobs = leg.obj.get("meta_info", {}).get("input_token_logprobs")
-            self.first = False
+        self.first = False
         self.segments.append(
             {
                 "iteration": len(self.segments),
@@ -179,7 +184,7 @@ class Rollout:
                 "dp_rank": instance.dp_rank or 0,
                 "version": leg.version,
                 "start": start,
-                "end": len(self.ids),
+                "end": end,
                 "finish_reason": leg.finish,
                 "op_id": op_id,
             }
@@ -626,6 +631,13 @@ class _Seam:
         return b"data: " + _dumps(out) + b"\n\n"
 
 
+async def relay_as_is(send, chunks) -> None:
+    """The first leg's error answer, relayed as it is (its head already sent); the stream ends."""
+    async for chunk in chunks:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 async def run_stream(
     relay, dataplane, req, body: bytes, headers, model: str, bounds: dict, journal, tokenizer=None
 ) -> None:
@@ -658,11 +670,9 @@ async def run_stream(
                 elif not ok:
                     outcome = "failed"
                     raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
-                if not ok:  # the first leg's error answer, relayed as it is
+                if not ok:
                     outcome = "failed"
-                    async for chunk in chunks:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await relay_as_is(send, chunks)
                     return
                 seam = _Seam(dataplane, ref, dispatched, body, tokenizer)
                 tail = TokenTail()  # what the relayed events say was generated (stitched: in all)

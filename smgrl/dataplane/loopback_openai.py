@@ -103,25 +103,7 @@ class TextRollout(Rollout):
         start = self.count
         self.count += leg.tokens
         self.text = (self.text or []) + [leg.text or ""]
-        for version, s, e in leg.spans:
-            if self.spans and self.spans[-1][0] == version and self.spans[-1][2] == start + s:
-                self.spans[-1][2] = start + e
-            else:
-                self.spans.append([version, start + s, start + e])
-        self.first = False
-        self.segments.append(
-            {
-                "iteration": len(self.segments),
-                "worker_id": instance.worker_id,
-                "url": instance.url,
-                "dp_rank": instance.dp_rank or 0,
-                "version": leg.version,
-                "start": start,
-                "end": self.count,
-                "finish_reason": leg.finish,
-                "op_id": op_id,
-            }
-        )
+        self._segment(leg, instance, op_id, start, self.count)
 
     def continuation(self, stream: bool = False) -> bytes:
         obj: dict[str, Any] = {k: self.obj[k] for k in SAMPLING if self.obj.get(k) is not None}

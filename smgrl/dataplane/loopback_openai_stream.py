@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from smgrl.dataplane.loopback import Leg, _dumps, current_version, prepare, preview, record
+from smgrl.dataplane.loopback import Leg, _dumps, current_version, prepare, preview, record, relay_as_is
 from smgrl.dataplane.loopback_openai import start as start_openai
 from smgrl.dataplane.stamp import Stamp, stream_version
 from smgrl.errors import DataPlaneError, UpstreamUnreachable
@@ -204,11 +204,9 @@ async def run(
                 elif not ok:
                     outcome = "failed"
                     raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
-                if not ok:  # the first leg's error answer, relayed as it is
+                if not ok:
                     outcome = "failed"
-                    async for chunk in response.aiter_chunks():
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await relay_as_is(send, response.aiter_chunks())
                     return
                 seam = _ChunkSeam(dataplane, state, dispatched, version)
                 async for chunk in response.aiter_chunks():

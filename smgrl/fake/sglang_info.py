@@ -10,6 +10,7 @@ import datetime
 import time
 from typing import TYPE_CHECKING, Any
 
+from smgrl.core.numbers import parse_uint
 from smgrl.fake.http import Request, Response, json_response, text_response
 
 if TYPE_CHECKING:
@@ -210,8 +211,9 @@ def loads(engine: SGLangEngine, req: Request) -> Response:
                              "retracted": waiting}  # fmt: skip
         rows.append(row)
     wanted = req.arg("dp_rank")
-    if wanted is not None and wanted.isdigit():
-        rows = [r for r in rows if r["dp_rank"] == int(wanted)]
+    rank = parse_uint(wanted)
+    if rank is not None:
+        rows = [r for r in rows if r["dp_rank"] == rank]
     if fmt == "prometheus":
         lines = []
         for row in rows:

@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from smgrl.core.numbers import parse_uint
 from smgrl.fake import body as b
 from smgrl.fake import openai
 from smgrl.fake.base import BaseEngine, Reply, Routes, bearer, routes
@@ -214,13 +215,12 @@ class VLLMEngine(BaseEngine):
     async def sleep(self, req: Request) -> Response:
         raw = req.arg("level", "1")
         mode = req.arg("mode", "abort")
-        if not (raw.isdigit() and 0 <= int(raw) <= 2):
+        if (level := parse_uint(raw)) is None or level > 2:
             error = {"type": "less_than_equal", "loc": ["query", "level"],
                      "msg": "Input should be a valid integer between 0 and 2", "input": raw}  # fmt: skip
             raise self.validation([error])
         if mode not in PAUSE_MODES:
             raise self.validation([{**b.literal_error("mode", mode, PAUSE_MODES), "loc": ["query", "mode"]}])
-        level = int(raw)
         if self.sleep_level is None:  # a repeated sleep is a logged no-op
             await self._pause(mode, True)
             self.sleep_level = level

@@ -17,7 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from smgrl.core import redact_url
+from smgrl.core import escape, redact_url
 from smgrl.journal_cli.group import EXIT_BAD_VALUE, EXIT_MISSING, EXIT_NOT_JOURNAL, CliError
 
 READ_TIMEOUT_SECS = 45.0
@@ -69,7 +69,8 @@ def follow_gateway(
                         hello = True
                     if last is None:
                         last = int(data.get("last_seq") or 0)
-                    failures = 0
+                    # Not a record: failures are not reset here (a gateway whose stream breaks
+                    # right after every hello would be retried for ever; see the docstring).
                 elif kind == "journal":
                     failures = 0
                     seq = int(data["seq"])
@@ -105,6 +106,9 @@ def _events(target, api_key, after, deadline):
     try:
         try:
             conn.request("GET", prefix + STREAM_PATH + query, headers=headers)
+            # Kept: http.client drops conn.sock at getresponse() when the answer closes the
+            # connection (HTTP/1.0, ``Connection: close``), while the response still reads it.
+            sock = conn.sock
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise _Dropped(f"cannot connect: {exc}") from None
@@ -113,7 +117,7 @@ def _events(target, api_key, after, deadline):
         while True:
             if deadline is not None and time.monotonic() >= deadline:
                 return
-            conn.sock.settimeout(_timeout(deadline))
+            sock.settimeout(_timeout(deadline))
             try:
                 raw = resp.readline(MAX_LINE)
             except TimeoutError:
@@ -128,9 +132,13 @@ def _events(target, api_key, after, deadline):
             if line == "":
                 if data:
                     try:
-                        yield event, json.loads("\n".join(data))
+                        obj = json.loads("\n".join(data))
                     except ValueError:
                         raise _Dropped("the stream sent an event that is not JSON") from None
+                    key = {"journal": "seq", "hello": "last_seq"}.get(event)
+                    if not isinstance(obj, dict) or (key is not None and type(obj.get(key)) is not int):
+                        raise _Dropped(f"the stream sent a malformed {escape(event[:40])} event")
+                    yield event, obj
                 event, data = "message", []
             elif line.startswith("event:"):
                 event = line[6:].strip()
@@ -155,7 +163,7 @@ def _check_status(resp) -> None:
     except (ValueError, OSError, http.client.HTTPException):
         body = {}
     said = body.get("message") if isinstance(body, dict) else None
-    said = f": {said}" if said else ""
+    said = f": {escape(str(said)[:500])}" if said else ""  # the server's text, on a terminal
     if resp.status in (401, 403):
         raise CliError(
             f"the gateway refused to stream its journal ({resp.status}){said}; pass a key with --api-key "
