@@ -257,9 +257,16 @@ def _hold_items(data: bytes) -> list[tuple[str, set[int] | None]]:
         raise InvalidBody(f"expected a list of 1-{MAX_ITEMS} {{worker_id, dp_rank?}} objects")
     out = []
     for n, item in enumerate(items):
-        wid = item.get("worker_id", item.get("base_worker_id")) if isinstance(item, dict) else None
-        if not isinstance(wid, str) or not wid:
+        if not isinstance(item, dict):
             raise InvalidBody(f"item {n}: expected an object with a string `worker_id` (or `base_worker_id`)")
+        # Each name that is present must be a non-empty string (null included: the schema says
+        # string), and the two must agree when both are sent.
+        named = [item[key] for key in ("worker_id", "base_worker_id") if key in item]
+        if not named or not all(isinstance(w, str) and w for w in named) or len(set(named)) > 1:
+            raise InvalidBody(f"item {n}: expected an object with a string `worker_id` (or `base_worker_id`)")
+        wid = named[0]
+        if "dp_rank" in item and item["dp_rank"] is None:
+            raise InvalidBody(f"item {n}: `dp_rank` must be a non-negative integer or a list of them")
         rank = item.get("dp_rank")
         ranks = [rank] if type(rank) is int else rank
         if rank is not None and (

@@ -250,7 +250,16 @@ async def test_workers_pause_and_resume_hold_instances_out_of_routing():
         rows = (await gw.client.get("/workers/stats")).json()["workers"]
         assert all(row["held"] is None for row in rows)
         assert [e.control for e in events(gw, "engine.state_set")] == ["paused", "active"]
-        for bad in (b"{}", b"[]", b'[{"dp_rank": 0}]', b'[{"worker_id": "x", "dp_rank": -1}]'):
+        for bad in (
+            b"{}",
+            b"[]",
+            b'[{"dp_rank": 0}]',
+            b'[{"worker_id": "x", "dp_rank": -1}]',
+            # Found by schemathesis: a null where the schema says string (or int) was served.
+            b'[{"worker_id": "x", "base_worker_id": null}]',
+            b'[{"worker_id": "x", "base_worker_id": "y"}]',
+            b'[{"worker_id": "x", "dp_rank": null}]',
+        ):
             r = await gw.client.post("/workers/pause", data=bad)
             assert r.status_code == 400 and r.json()["error"] == "invalid_body", bad
 
