@@ -16,7 +16,6 @@ import sqlite_utils
 
 from . import opindex
 from ._chain import GENESIS
-
 from ._schema_names import FORMAT_VERSION, MIGRATION_NAMES, MIGRATION_SET
 
 __all__ = ["FORMAT_VERSION", "MIGRATIONS", "MIGRATION_NAMES"]

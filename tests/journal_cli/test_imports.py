@@ -31,7 +31,11 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stder
 
 def _loaded(*args: str) -> set[str]:
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, "journal", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _PROBE, "journal", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     report = json.loads(proc.stderr.strip().splitlines()[-1])
     assert report["code"] in (0, None), proc.stderr
