@@ -104,11 +104,13 @@ def ops(ctx: Ctx, path, result, worker, since, until, last, everything) -> None:
     with ctx.reader() as store:
         if everything:
             # Streamed in start order, printed per chunk: memory holds the open operations only.
-            chosen = (
-                op
-                for op in stream_ops(store)
-                if keep(op, path=path, result=result, worker=worker, since=since_ts, until=until_ts)
-            )
+            chosen = stream_ops(store)
+            if any(f is not None for f in (path, result, worker, since_ts, until_ts)):
+                chosen = (
+                    op
+                    for op in chosen
+                    if keep(op, path=path, result=result, worker=worker, since=since_ts, until=until_ts)
+                )
             _print_streamed(ctx, (op_row(op) for op in chosen))
             return
         # Windowed from the end: the last N matching operations cost what they are, not the journal.

@@ -62,18 +62,20 @@ def _parse_targets(text: str) -> list[dict[str, Any]]:
 def _ops(conn: sqlite3.Connection, fold: OpsFold, after_seq: int, until_seq: int | None) -> Iterator[Op]:
     """The operations started in ``(after_seq, until_seq]`` in start order, as of ``until_seq``."""
     limit = until_seq if until_seq is not None else (1 << 62)
-    parsed_of: dict[str, list] = {}
+    parsed_of: dict[str, tuple] = {}
     phases: dict[tuple, str | None] = {}
     targets_of = fold._targets
     for row in conn.execute(_QUERY, (after_seq, limit)):
         (seq, op_id, ts, kind, method, path, selector, phase, version, targets, closed, end_ts, result,
          total, succeeded, failed, latency_ms) = row  # fmt: skip
-        parsed = parsed_of.get(targets)
-        if parsed is None:
+        converted = parsed_of.get(targets)
+        if converted is None:
             if len(parsed_of) > 1024:
                 parsed_of.clear()  # bounded: a fleet that keeps changing
-            parsed = parsed_of[targets] = _parse_targets(targets)
-        tmap, engines = targets_of(parsed)
+            # OpsFold._targets hands out one map per parsed list: ops with identical targets
+            # share it (as they did when each row asked the fold), converted once per text here.
+            converted = parsed_of[targets] = targets_of(_parse_targets(targets))
+        tmap, engines = converted
         method = method if isinstance(method, str) else ""
         path = path if isinstance(path, str) else ""
         key = (path, phase, method)

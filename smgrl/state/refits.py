@@ -213,8 +213,8 @@ class Cycle:
     def add(self, op: Op) -> None:
         self._phases = None
         self.ops.append(op)
-        for engine in op.targets.values():
-            self.engines.setdefault(engine)
+        # In C: an engine already in the set keeps its place (as setdefault would).
+        self.engines.update(dict.fromkeys(op.targets.values()))
 
     @property
     def start(self) -> float:
