@@ -24,7 +24,7 @@ from typing import Any
 from smgrl.journal_cli import sqlview
 from smgrl.state.refits import Op, OpsFold, phase_of
 
-__all__ = ["scan_ops", "stream_ops"]
+__all__ = ["gc_paused", "scan_ops", "stream_ops"]
 
 _QUERY = (
     "SELECT seq, op_id, ts, kind, method, path, selector, phase, version, targets, closed_seq,"
@@ -38,7 +38,7 @@ _QUERY = (
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     # A CLI process builds many small objects and no cycles: the collector would only cost time.
     was = gc.isenabled()
     gc.disable()
@@ -101,7 +101,7 @@ def scan_ops(path: str, after_seq: int = 0, until_seq: int | None = None) -> Ops
     """An OpsFold of the operations started in ``(after_seq, until_seq]`` (no outcomes: add them
     per op), each as of ``until_seq``."""
     fold = OpsFold()
-    with sqlview.view(path) as conn, _gc_paused():
+    with sqlview.view(path) as conn, gc_paused():
         fold.ops = {op.op_id: op for op in _ops(conn, fold, after_seq, until_seq)}
     return fold
 
@@ -116,7 +116,7 @@ def stream_ops(
     """The operations of ``scan_ops`` one by one, in start order, each final when yielded.
     ``complete(fold, op)`` runs just before an op is yielded (to read its outcomes)."""
     fold = OpsFold()
-    with sqlview.view(path) as conn, _gc_paused():
+    with sqlview.view(path) as conn, gc_paused():
         for op in _ops(conn, fold, after_seq, until_seq):
             if complete is not None:
                 complete(fold, op)
