@@ -335,7 +335,7 @@ class ChunkedTable:
         if not wide:
             self.abbrev.add(_ids_in_columns(values))
         layout = self.layout
-        if layout is not None and tuple(layout.columns) == columns and rows:
+        if layout is not None and tuple(layout.columns) == columns:
             cols = self._columns(values, columns, layout.compact)
             widths, capped = layout.widths, self.capped
             # Column by column in C (map, max): a million cells at --all.
