@@ -2,7 +2,8 @@
 
 Explicit DDL rather than ``table.create()``: exact column types (REAL, not FLOAT) and comments that
 show up in ``sqlite-utils schema`` and datasette. The schema is described in ``journal/store.py``.
-Add a migration by appending a function here AND its name to ``MIGRATION_NAMES``; never edit an
+Add a migration by appending a function here AND its name to ``MIGRATION_NAMES``
+(``journal/_schema_names.py``); never edit an
 applied one.
 """
 
@@ -15,14 +16,11 @@ import sqlite_utils
 
 from . import opindex
 from ._chain import GENESIS
+from ._schema_names import FORMAT_VERSION, MIGRATION_NAMES, MIGRATION_SET
 
-FORMAT_VERSION = 1
+__all__ = ["FORMAT_VERSION", "MIGRATIONS", "MIGRATION_NAMES"]
 
-MIGRATIONS = sqlite_utils.Migrations("smgrl.journal")
-# Every migration name, in order: Migrations has no public list of what is registered, and the store
-# must tell "a newer smgrl wrote this file" (applied names we do not know) from "needs migrating".
-# A test checks this against the set.
-MIGRATION_NAMES = ("0001_create_journal", "0002_leases", "0003_op_index")
+MIGRATIONS = sqlite_utils.Migrations(MIGRATION_SET)
 
 
 @MIGRATIONS(name="0001_create_journal")

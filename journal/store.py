@@ -93,9 +93,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Self
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any, Self
 
 from . import lease as leases
 from . import opindex
@@ -111,7 +109,7 @@ from ._chain import (
     snapshot_hash,
     verify_journal,
 )
-from ._schema import FORMAT_VERSION, MIGRATION_NAMES, MIGRATIONS
+from ._schema_names import FORMAT_VERSION, MIGRATION_NAMES, MIGRATION_SET
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
 from .errors import (
     JournalBusyError,
@@ -124,6 +122,9 @@ from .errors import (
 from .events import ControlStarted, Event, Recorded, decode
 from .retention import DEFAULT as DEFAULT_RETENTION
 from .retention import Retention
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 __all__ = ["FORMAT_VERSION", "SqliteStore"]
 
@@ -166,7 +167,7 @@ class SqliteStore:
     def __init__(
         self,
         conn: sqlite3.Connection,
-        db: sqlite_utils.Database,
+        db: sqlite_utils.Database | None,
         *,
         readonly: bool,
         path: str,
@@ -218,14 +219,21 @@ class SqliteStore:
             conn = sqlite3.connect(path, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            db = sqlite_utils.Database(conn, execute_plugins=False)
             # Before anything that writes (WAL mode changes the file header, migrations add
             # tables): a file that is not ours is refused untouched.
-            _check_identity(conn, db, path, readonly=readonly)
+            _check_identity(conn, path, readonly=readonly)
+            db = None
             if readonly:
                 # Belt and braces on top of mode=ro: the connection refuses any write statement.
                 conn.execute("PRAGMA query_only = ON")
             else:
+                # Imported here: a read-only open (every `smgrl journal` reader) never migrates,
+                # and sqlite_utils with its dependencies costs about 0.08 s of CPU to import.
+                import sqlite_utils
+
+                from ._schema import MIGRATIONS
+
+                db = sqlite_utils.Database(conn, execute_plugins=False)
                 db.enable_wal()
                 conn.execute(f"PRAGMA synchronous = {sync}")
                 conn.execute(f"PRAGMA journal_size_limit = {int(wal_limit)}")
@@ -733,9 +741,7 @@ class SqliteStore:
 _JOURNAL_ID = re.compile(r"[0-9a-f]{32}")
 
 
-def _check_identity(
-    conn: sqlite3.Connection, db: sqlite_utils.Database, path: str, *, readonly: bool
-) -> None:
+def _check_identity(conn: sqlite3.Connection, path: str, *, readonly: bool) -> None:
     """Refuse a file this code must not read or write, without writing anything to it.
 
     * not an SQLite database (or an unreadable one): :class:`JournalForeignError`;
@@ -762,7 +768,18 @@ def _check_identity(
         if readonly:
             raise JournalForeignError(f"{path} is an empty SQLite database, not an smgrl journal")
         return  # a new journal: the migrations create it
-    applied = [m.name for m in MIGRATIONS.applied(db)] if "_sqlite_migrations" in names else []
+    applied = (
+        # What sqlite_utils' ``Migrations.applied`` reads, without importing it (see open()).
+        [
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM _sqlite_migrations WHERE migration_set = ? ORDER BY rowid",
+                (MIGRATION_SET,),
+            )
+        ]
+        if "_sqlite_migrations" in names
+        else []
+    )
     if not applied or "meta" not in names or "events" not in names:
         shown = ", ".join(sorted(names)[:6]) + (", ..." if len(names) > 6 else "")
         raise JournalForeignError(
@@ -799,8 +816,9 @@ def _check_identity(
             f"{path} was migrated by a newer smgrl (migrations this smgrl does not know:"
             f" {', '.join(unknown)}); not writing it: upgrade smgrl"
         )
-    if readonly and MIGRATIONS.pending(db):
-        pending = ", ".join(m.name for m in MIGRATIONS.pending(db))
+    missing = [name for name in MIGRATION_NAMES if name not in applied]
+    if readonly and missing:
+        pending = ", ".join(missing)
         raise JournalError(
             f"{path} is an smgrl journal written by an older smgrl (migrations {pending} not applied):"
             " start the gateway on it once, or run `smgrl journal reindex`, to upgrade it"

@@ -24,7 +24,7 @@ from typing import Any
 from smgrl.journal_cli import sqlview
 from smgrl.state.refits import Op, OpsFold, phase_of
 
-__all__ = ["scan_ops", "stream_ops"]
+__all__ = ["gc_paused", "scan_ops", "stream_ops"]
 
 _QUERY = (
     "SELECT seq, op_id, ts, kind, method, path, selector, phase, version, targets, closed_seq,"
@@ -38,7 +38,7 @@ _QUERY = (
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     # A CLI process builds many small objects and no cycles: the collector would only cost time.
     was = gc.isenabled()
     gc.disable()
@@ -62,18 +62,20 @@ def _parse_targets(text: str) -> list[dict[str, Any]]:
 def _ops(conn: sqlite3.Connection, fold: OpsFold, after_seq: int, until_seq: int | None) -> Iterator[Op]:
     """The operations started in ``(after_seq, until_seq]`` in start order, as of ``until_seq``."""
     limit = until_seq if until_seq is not None else (1 << 62)
-    parsed_of: dict[str, list] = {}
+    parsed_of: dict[str, tuple] = {}
     phases: dict[tuple, str | None] = {}
     targets_of = fold._targets
     for row in conn.execute(_QUERY, (after_seq, limit)):
         (seq, op_id, ts, kind, method, path, selector, phase, version, targets, closed, end_ts, result,
          total, succeeded, failed, latency_ms) = row  # fmt: skip
-        parsed = parsed_of.get(targets)
-        if parsed is None:
+        converted = parsed_of.get(targets)
+        if converted is None:
             if len(parsed_of) > 1024:
                 parsed_of.clear()  # bounded: a fleet that keeps changing
-            parsed = parsed_of[targets] = _parse_targets(targets)
-        tmap, engines = targets_of(parsed)
+            # OpsFold._targets hands out one map per parsed list: ops with identical targets
+            # share it (as they did when each row asked the fold), converted once per text here.
+            converted = parsed_of[targets] = targets_of(_parse_targets(targets))
+        tmap, engines = converted
         method = method if isinstance(method, str) else ""
         path = path if isinstance(path, str) else ""
         key = (path, phase, method)
@@ -99,7 +101,7 @@ def scan_ops(path: str, after_seq: int = 0, until_seq: int | None = None) -> Ops
     """An OpsFold of the operations started in ``(after_seq, until_seq]`` (no outcomes: add them
     per op), each as of ``until_seq``."""
     fold = OpsFold()
-    with sqlview.view(path) as conn, _gc_paused():
+    with sqlview.view(path) as conn, gc_paused():
         fold.ops = {op.op_id: op for op in _ops(conn, fold, after_seq, until_seq)}
     return fold
 
@@ -114,7 +116,7 @@ def stream_ops(
     """The operations of ``scan_ops`` one by one, in start order, each final when yielded.
     ``complete(fold, op)`` runs just before an op is yielded (to read its outcomes)."""
     fold = OpsFold()
-    with sqlview.view(path) as conn, _gc_paused():
+    with sqlview.view(path) as conn, gc_paused():
         for op in _ops(conn, fold, after_seq, until_seq):
             if complete is not None:
                 complete(fold, op)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import io
+import itertools
 import json
+import operator
 import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -126,15 +128,35 @@ def _common(a: str, b: str) -> int:
     return n
 
 
+_TEXT_ONLY = frozenset({str, type(None)})
+
+
 def ids_in(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
-    # A UUID is 36 long: shorter strings are skipped without a regex (and without str() of them).
-    texts = (
-        t
-        for r in rows
-        for v in map(r.get, columns)
-        if v and (len(t := v if type(v) is str else str(v)) >= 36)
-    )
-    return [m.group() for t in texts for m in UUID.finditer(t)]
+    """Every UUID in these cells (in no particular order: ``Abbrev.add`` takes them as a set)."""
+    return _ids_in_columns([_values(rows, c) for c in columns])
+
+
+def _values(rows: Sequence[Mapping[str, Any]], column: str) -> list[Any]:
+    """``row.get(column)`` of every row (in C when every row has it)."""
+    try:
+        return list(map(operator.itemgetter(column), rows))
+    except KeyError:
+        return [r.get(column) for r in rows]
+
+
+def _ids_in_columns(columns: Iterable[list[Any]]) -> list[str]:
+    found: list[str] = []
+    for values in columns:
+        if _TEXT_ONLY.issuperset(map(type, values)):
+            # A UUID is 36 long: a column of shorter text holds none. Else one regex pass over its
+            # cells joined by a newline, which no UUID can span (a million cells at --all).
+            if max(map(len, filter(None, values)), default=0) >= 36:
+                found += UUID.findall("\n".join(filter(None, values)))
+            continue
+        # A UUID is 36 long: shorter strings are skipped without a regex (and without str() of them).
+        texts = (t for v in values if v and (len(t := v if type(v) is str else str(v)) >= 36))
+        found += [m.group() for t in texts for m in UUID.finditer(t)]
+    return found
 
 
 def _cell(value: Any, limit: int | None = None) -> str:
@@ -250,6 +272,16 @@ class FixedTable:
         parts = [(_cut(v, w).ljust(w) if w else v) for v, w in zip(values, self.widths, strict=True)]
         return (" " * self.gap).join(parts).rstrip()
 
+    def render_fitting(self, cells: Iterable[Sequence[str]], *, header: bool) -> str:
+        """``render`` of rows whose every cell fits its column (the caller checked): one format
+        string per line, the same text as ``line`` (each cell padded to its width, the last one
+        unbounded before the line's rstrip)."""
+        lines = [self.line(self.columns)] if header else []
+        widths = self.widths
+        fmt = (" " * self.gap).join([f"{{:<{w}}}" if w else "{}" for w in widths[:-1]] + ["{}"]).format
+        lines += [line.rstrip() for line in itertools.starmap(fmt, cells)]
+        return "\n".join(lines)
+
     def render(self, cells: Sequence[Sequence[str]], *, header: bool) -> str:
         lines = [self.line(self.columns)] if header else []
         # ``line`` per row, inlined (a million cells at --all): a cell that fits is only padded.
@@ -299,18 +331,19 @@ class ChunkedTable:
     def render(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
         columns = tuple(columns)
         wide = _settings.wide
+        values = [_values(rows, c) for c in columns]
         if not wide:
-            self.abbrev.add(ids_in(rows, columns))
+            self.abbrev.add(_ids_in_columns(values))
         layout = self.layout
         if layout is not None and tuple(layout.columns) == columns:
-            cells = self._cells(rows, columns, layout.compact)
+            cols = self._columns(values, columns, layout.compact)
             widths, capped = layout.widths, self.capped
-            # Column by column in C (zip, map, max): a million cells at --all.
-            if all(
-                capped[i] or not widths[i] or max(map(len, column), default=0) <= widths[i]
-                for i, column in enumerate(zip(*cells))
-            ):
-                return layout.render(cells, header=False)
+            # Column by column in C (map, max): a million cells at --all.
+            longest = [max(map(len, column), default=0) for column in cols]
+            if all(not w or most <= w for w, most in zip(widths, longest, strict=True)):
+                return layout.render_fitting(zip(*cols), header=False)
+            if all(capped[i] or not widths[i] or most <= widths[i] for i, most in enumerate(longest)):
+                return layout.render([list(row) for row in zip(*cols)], header=False)
         sample = [self.widest[c] for c in columns if c in self.widest]
         layout, cells = fit([*sample, *rows], columns, limits=self.limits, abbrev=self.abbrev)
         self.layout = layout
@@ -321,42 +354,50 @@ class ChunkedTable:
             self.widest[c] = ([*sample, *rows])[longest]
         return layout.render(cells[len(sample) :], header=True)
 
-    def _cells(
-        self, rows: Sequence[Mapping[str, Any]], columns: tuple[str, ...], compact: bool
-    ) -> list[list[str]]:
-        """Cells as ``fit`` makes them (escaped, ids shortened, cut to their limits)."""
-        # _cell, inlined: most values are short printable strings or numbers.
-        cells = [
-            [
-                "-"
-                if v is None or v == ""
-                else (t if (t := v if type(v) is str else str(v)).isprintable() else escape(t))
-                for v in map(r.get, columns)
-            ]
-            for r in rows
-        ]
-        if _settings.wide:
-            return cells
-        limits = self.limits or {}
-        caps = [limits.get(c, _MAX_CELL) for c in columns]
-        text = self.abbrev.text
-        # Per cell (a million at --all): only a cell as long as a UUID can hold one, and only a
-        # cell longer than its cap is cut.
-        # Per cell only in the columns that need it (a million cells at --all): a cell as long as
-        # a UUID may hold one, a cell longer than its cap is cut.
-        longest = [max(map(len, column), default=0) for column in zip(*cells)]
-        for i, most in enumerate(longest):
-            if most < 36 and most <= caps[i]:
-                continue
-            cap = caps[i]
-            for row in cells:
-                v = row[i]
-                if len(v) >= 36:
-                    v = _cut(text(v), cap) if len(v) > cap else text(v)
-                row[i] = v if len(v) <= cap else _cut(v, cap)
-        if compact:
-            cells = [[_compact_time(v) for v in row] for row in cells]
-        return cells
+    def _columns(self, values: list[list[Any]], columns: tuple[str, ...], compact: bool) -> list[list[str]]:
+        """The cells of each column as ``fit`` makes them (escaped, ids shortened, cut to their
+        limits), from each column's values."""
+        # Column by column (a million cells at --all): a column of printable non-empty text, or of
+        # integers, is its own cells; anything else goes through _cell's rules per cell, inlined.
+        cols = list(map(_column_cells, values))
+        if not _settings.wide:
+            limits = self.limits or {}
+            text = self.abbrev.text
+            for i, column in enumerate(cols):
+                cap = limits.get(columns[i], _MAX_CELL)
+                most = max(map(len, column), default=0)
+                if most < 36 and most <= cap:
+                    continue
+                # Per cell only in the columns that need it: a cell as long as a UUID may hold
+                # one, a cell longer than its cap is cut.
+                out = []
+                for v in column:
+                    if len(v) >= 36:
+                        v = _cut(text(v), cap) if len(v) > cap else text(v)
+                    out.append(v if len(v) <= cap else _cut(v, cap))
+                cols[i] = out
+            if compact:
+                # Only a cell of an ISO time's length (24) can be one.
+                cols = [
+                    [_compact_time(v) for v in column] if 24 in set(map(len, column)) else column
+                    for column in cols
+                ]
+        return cols
+
+
+def _column_cells(values: list[Any]) -> list[str]:
+    """``_cell`` of each value of one column (escaped; None and "" shown as "-")."""
+    kinds = set(map(type, values))
+    if kinds == {str} and "" not in values and "".join(values).isprintable():
+        return values
+    if kinds == {int}:
+        return list(map(str, values))
+    return [
+        "-"
+        if v is None or v == ""
+        else (t if (t := v if type(v) is str else str(v)).isprintable() else escape(t))
+        for v in values
+    ]
 
 
 class EventsLayout:

@@ -19,7 +19,7 @@ from test_history import build, register, step
 from journal import SqliteStore
 from smgrl.journal_cli import journal_group
 from smgrl.journal_cli.reading import load_ops, stream_ops
-from smgrl.journal_cli.render import ChunkedTable, output
+from smgrl.journal_cli.render import ChunkedTable, FixedTable, output
 from smgrl.state.refits import group_cycles, iter_cycles
 
 
@@ -133,3 +133,24 @@ def test_streamed_picture_with_json_lists_every_cycle(tmp_path):
     pictured = run("--since", "0", "--svg", str(svg))
     assert pictured == run("--last", "1000") and len(pictured["cycles"]) == 10
     assert svg.read_text().startswith("<svg")
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=5).flatmap(
+        lambda widths: st.tuples(
+            st.just(widths),
+            st.lists(
+                st.tuples(*(st.text(" ab-\u00e9", max_size=w or 20) for w in widths)), min_size=1, max_size=6
+            ),
+        )
+    ),
+    st.integers(min_value=1, max_value=3),
+)
+def test_fitting_rows_render_as_the_generic_table_does(case, gap):
+    """The one-format-string rendering of rows that fit (``ChunkedTable``'s fast path) is the
+    same text as ``FixedTable.render``: padding, an unbounded last column, trailing spaces
+    stripped (even a last cell of spaces)."""
+    widths, rows = case
+    layout = FixedTable(tuple(f"c{i}" for i in range(len(widths))), widths, gap)
+    for header in (True, False):
+        assert layout.render_fitting(rows, header=header) == layout.render(rows, header=header)
