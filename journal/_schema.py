@@ -9,14 +9,10 @@ applied one.
 
 from __future__ import annotations
 
-import datetime
-import uuid
-
 import sqlite_utils
 
 from . import opindex
-from ._chain import GENESIS
-from ._schema_names import FORMAT_VERSION, MIGRATION_NAMES, MIGRATION_SET
+from ._schema_names import FORMAT_VERSION, MIGRATION_NAMES, MIGRATION_SET, initial_meta
 
 __all__ = ["FORMAT_VERSION", "MIGRATIONS", "MIGRATION_NAMES"]
 
@@ -60,18 +56,6 @@ def _create_journal(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX idx_snapshots_kind_upto_seq ON snapshots (kind, upto_seq)")
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
     db.conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", initial_meta())
-
-
-def initial_meta(now: str | None = None) -> list[tuple[str, str]]:
-    """The ``meta`` rows of a new journal (SQLite's migration and journal/postgres.py's)."""
-    return [
-        ("journal_id", uuid.uuid4().hex),
-        ("created_at", now or datetime.datetime.now(datetime.UTC).isoformat()),
-        ("format_version", str(FORMAT_VERSION)),
-        ("high_water_seq", "0"),
-        ("high_water_hash", GENESIS),
-        ("bodies_compacted_before", "0"),
-    ]
 
 
 @MIGRATIONS(name="0002_leases")

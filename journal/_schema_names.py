@@ -7,6 +7,11 @@ to check a file against (``journal/store.py``), so every ``smgrl journal`` reade
 
 from __future__ import annotations
 
+import datetime
+import uuid
+
+from ._chain import GENESIS
+
 FORMAT_VERSION = 1
 
 MIGRATION_SET = "smgrl.journal"  # the ``migration_set`` of our rows in ``_sqlite_migrations``
@@ -14,3 +19,15 @@ MIGRATION_SET = "smgrl.journal"  # the ``migration_set`` of our rows in ``_sqlit
 # must tell "a newer smgrl wrote this file" (applied names we do not know) from "needs migrating".
 # A test checks this against the set.
 MIGRATION_NAMES = ("0001_create_journal", "0002_leases", "0003_op_index")
+
+
+def initial_meta(now: str | None = None) -> list[tuple[str, str]]:
+    """The ``meta`` rows of a new journal (SQLite's migration and journal/postgres.py's)."""
+    return [
+        ("journal_id", uuid.uuid4().hex),
+        ("created_at", now or datetime.datetime.now(datetime.UTC).isoformat()),
+        ("format_version", str(FORMAT_VERSION)),
+        ("high_water_seq", "0"),
+        ("high_water_hash", GENESIS),
+        ("bodies_compacted_before", "0"),
+    ]

@@ -58,8 +58,7 @@ from ._chain import (
     snapshot_hash,
     verify_journal,
 )
-from ._schema import initial_meta
-from ._schema_names import FORMAT_VERSION
+from ._schema_names import FORMAT_VERSION, initial_meta
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
 from .errors import (
     JournalBusyError,
