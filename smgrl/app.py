@@ -64,6 +64,7 @@ _SERVING = Resp(
         }
     },
 )
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     Route(
         "GET",

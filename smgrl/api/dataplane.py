@@ -490,6 +490,15 @@ class _Relay:
         self.routed = routed
         self.started = False
 
+    async def start_stream(self, dispatched, version: str | None) -> None:
+        """Send a streamed answer's head (the engine's status, stamped with ``version``) once:
+        the plain relay and every loopback's first leg start their streams here."""
+        head = self._head(dispatched) + self._stamped(Stamp(version, False, b""))
+        await self.send(
+            {"type": "http.response.start", "status": dispatched.response.status, "headers": head}
+        )
+        self.started = True
+
     def _head(self, dispatched) -> list[tuple[bytes, bytes]]:
         response = dispatched.response
         out = [(k, v) for k, v in response.headers if k in RELAYED]
@@ -612,9 +621,7 @@ class _Relay:
             version = first_event_version(first) or version
         tail = TokenTail()  # the tokens the stream reports, read without parsing it
         tail.see(first)
-        head = self._head(dispatched) + self._stamped(Stamp(version, False, b""))
-        await send({"type": "http.response.start", "status": response.status, "headers": head})
-        self.started = True
+        await self.start_stream(dispatched, version)
         if req.openai and ok:
             events = FingerprintEvents(version)
             async for chunk in chunks:
@@ -865,6 +872,7 @@ def _rollout(path: str, op_id: str, summary: str, body: type, extra: tuple = ())
     )
 
 
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     _rollout(GENERATE, "postGenerate", "SGLang native generation", GenerateRequest),
     _rollout(COMPLETIONS, "postCompletions", "OpenAI completions", CompletionRequest),

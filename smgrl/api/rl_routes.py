@@ -528,6 +528,7 @@ def _journal_param(name: str, description: str, schema: dict) -> Param:
     return Param(name, "query", description, schema, allow_empty=True)
 
 
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     Route(
         "GET",

@@ -455,6 +455,7 @@ class _Filter:
     total: int
 
 
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     _switch(
         "/routing_loop/pause",

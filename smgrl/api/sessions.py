@@ -418,6 +418,7 @@ def _route(method: str, path: str, op_id: str, summary: str, responses: dict, **
     )
 
 
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     _route("POST", "/sessions", "postSession", "Open an agent session", _CREATED),
     _route(

@@ -144,6 +144,7 @@ class JournalStream:
 
 # -- /openapi.json: these routes, their models and their errors (smgrl/api/apidoc.py) ---------------
 
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     Route(
         "GET",

@@ -307,6 +307,7 @@ def _write(method: str, path: str, op_id: str, summary: str, body: Any, response
     )
 
 
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     Route(
         "GET",

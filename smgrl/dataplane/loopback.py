@@ -36,7 +36,7 @@ import trio
 
 from journal.events import RequestLoopedBack
 from smgrl.core import Version
-from smgrl.dataplane.stamp import Stamp, TokenTail, first_event_version, stream_version
+from smgrl.dataplane.stamp import TokenTail, first_event_version, stream_version
 from smgrl.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
 from smgrl.routing import InstanceId
 
@@ -664,9 +664,7 @@ async def run_stream(
                         # As the plain relay: the head waits for the first event (its version).
                         first = await anext(chunks, b"")
                         version = first_event_version(first) or version
-                    head = relay._head(dispatched) + relay._stamped(Stamp(version, False, b""))
-                    await send({"type": "http.response.start", "status": response.status, "headers": head})
-                    relay.started = True
+                    await relay.start_stream(dispatched, version)
                 elif not ok:
                     outcome = "failed"
                     raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")

@@ -19,7 +19,7 @@ from typing import Any
 
 from smgrl.dataplane.loopback import Leg, _dumps, current_version, prepare, preview, record, relay_as_is
 from smgrl.dataplane.loopback_openai import start as start_openai
-from smgrl.dataplane.stamp import Stamp, stream_version
+from smgrl.dataplane.stamp import stream_version
 from smgrl.errors import DataPlaneError, UpstreamUnreachable
 
 
@@ -198,9 +198,7 @@ async def run(
                 ok = 200 <= response.status < 300
                 version = stream_version(dispatched.entry.version)
                 if not relay.started:
-                    head = relay._head(dispatched) + relay._stamped(Stamp(version, False, b""))
-                    await send({"type": "http.response.start", "status": response.status, "headers": head})
-                    relay.started = True
+                    await relay.start_stream(dispatched, version)
                 elif not ok:
                     outcome = "failed"
                     raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
