@@ -537,12 +537,9 @@ class _Seam:
         self.buf = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self.buf + chunk if self.buf else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self.buf = data
+        complete, self.buf = complete_events(self.buf, chunk)
+        if not complete:
             return b""
-        complete, self.buf = data[: end + 2], data[end + 2 :]
         if self.ref[0] is None and self.ref[1] == CUMULATIVE and b'"abort"' not in complete:
             return complete  # the common case: nothing to look at
         out = []
@@ -636,6 +633,16 @@ async def relay_as_is(send, chunks) -> None:
     async for chunk in chunks:
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def complete_events(pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """``pending + chunk`` split into its complete SSE events (each ending in a blank line; b""
+    if none) and the partial one left to buffer."""
+    data = pending + chunk if pending else chunk
+    end = data.rfind(b"\n\n")
+    if end < 0:
+        return b"", data
+    return data[: end + 2], data[end + 2 :]
 
 
 async def run_stream(

@@ -17,7 +17,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from smgrl.dataplane.loopback import Leg, _dumps, current_version, prepare, preview, record, relay_as_is
+from smgrl.dataplane.loopback import (
+    Leg,
+    _dumps,
+    complete_events,
+    current_version,
+    prepare,
+    preview,
+    record,
+    relay_as_is,
+)
 from smgrl.dataplane.loopback_openai import start as start_openai
 from smgrl.dataplane.stamp import stream_version
 from smgrl.errors import DataPlaneError, UpstreamUnreachable
@@ -46,12 +55,9 @@ class _ChunkSeam:
         self.versioned = False
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self.buf + chunk if self.buf else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self.buf = data
+        complete, self.buf = complete_events(self.buf, chunk)
+        if not complete:
             return b""
-        complete, self.buf = data[: end + 2], data[end + 2 :]
         return b"".join(self._event(e) for e in complete.split(b"\n\n")[:-1])
 
     def flush(self) -> bytes:
