@@ -237,7 +237,10 @@ class PgStore:
 
     def _live(self) -> Any:
         """The connection, replaced first if it broke (server restart, a killed backend, a network
-        cut): the failed operation raised JournalError, the next one reconnects. Under the lock."""
+        cut): the failed operation raised JournalError, the next one reconnects. Under the lock.
+        A store closed on purpose stays closed: using it is a bug to see, not a reason to reconnect."""
+        if self._closed:
+            raise JournalError(f"the journal store {self.path} is closed")
         if self._conn.closed or self._conn.broken:
             import psycopg
 

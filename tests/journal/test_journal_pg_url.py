@@ -37,3 +37,14 @@ def test_a_bad_journal_url_is_one_line_without_its_password(url, why):
     assert len(lines) == 1 and lines[0].startswith("error: bad journal URL postgresql://"), lines
     assert why in lines[0]
     assert PASSWORD not in result.stderr + result.stdout
+
+
+def test_a_closed_store_stays_closed(pg_url):
+    # Found in review: _live() quietly opened a new connection for a store used after close().
+    from journal import JournalError, PgStore
+
+    store = PgStore.open(pg_url)
+    assert store.last_seq() == 0
+    store.close()
+    with pytest.raises(JournalError, match="closed"):
+        store.last_seq()
