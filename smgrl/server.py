@@ -207,6 +207,10 @@ async def _run(
                 # The tail: the other processes' events reach the projections within the
                 # watcher's interval (woken at once by a local append). Then this process's
                 # presence; what a dead process left open is the recovery lease's duty.
+                # The first change_token() of a PostgreSQL store opens its LISTEN connection and
+                # waits (up to 10 s) until it has subscribed, so that no commit goes unnoticed:
+                # taken in a thread, the event loop never blocks on it (later calls return at once).
+                await trio.to_thread.run_sync(store.change_token)
                 watcher = ChangeWatcher(store)
                 await outer.start(_in_scope, side, writer.follow, watcher)
                 await outer.start(_in_scope, side, presence, store, sharing)
