@@ -16,6 +16,8 @@ from typing import Any
 
 import trio
 
+from smgrl.core.numbers import parse_uint
+
 Scope = dict[str, Any]
 LARGE = 1 << 20  # 1 MiB: every control call but tensor refits and big registrations is smaller
 
@@ -50,5 +52,6 @@ def _large(scope: Scope) -> bool:
         elif key == b"transfer-encoding":
             chunked = True
     if length is not None:
-        return not length.isdigit() or int(length) > LARGE
+        size = parse_uint(length)
+        return size is None or size > LARGE
     return chunked

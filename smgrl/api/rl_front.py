@@ -32,6 +32,7 @@ from smgrl.core import (
     rust_trim,
     validate_engine_path,
 )
+from smgrl.core.numbers import parse_uint
 from smgrl.errors import RlError
 
 log = logging.getLogger("smgrl.http")
@@ -142,7 +143,7 @@ class EngineFront:
                 return None
             if key == b"content-length":
                 length = value
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+        if length is not None and ((size := parse_uint(length)) is None or size > self.max_body):
             return None  # large bodies wait for a slot (control_bodies.py); over-limit ones get 413
         decision = self.gateway.auth.check(header_text(scope, b"authorization"), ENGINE)
         if isinstance(decision, Denied):

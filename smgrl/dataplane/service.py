@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from smgrl.config import Config
 from smgrl.core import Version
+from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
@@ -641,7 +642,8 @@ def _reserve(response: Response, hold: Hold | None):
     if hold is None:
         return None
     length = response.header(b"content-length")
-    if length is not None and length.isdigit() and int(length) <= MAX_RESPONSE_BYTES:
-        hold.take(int(length))
+    size = parse_uint(length)
+    if size is not None and size <= MAX_RESPONSE_BYTES:
+        hold.take(size)
         return None
     return hold.take
