@@ -37,7 +37,8 @@ def cycle_row(c: Cycle, phases: list[str], looped: tuple[int, int] | None = None
     for phase in phases:
         s = spans.get(phase)
         row[phase] = fmt_ms(s[1] - s[0]) if s else "-"
-    row["total"] = fmt_ms(c.end - c.start)
+    # c.end, from the phases just read: each phase's end is the latest last_ts of its ops.
+    row["total"] = fmt_ms(max([s[1] for s in spans.values()]) - c.start) if spans else fmt_ms(c.end - c.start)
     if looped is not None:  # only when the journal has loopbacks in the cycles shown
         row["looped"], row["kept"] = looped
     row["failed"] = ", ".join(f"{e} ({'; '.join(why)})" for e, why in failed.items()) if failed else "-"
