@@ -77,11 +77,13 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
             return
         # --all, --since, --until: streamed in start order, memory bounded by the open cycles.
         start = seq_at(store, Point(ts=since_ts)) - MARGIN if since_ts is not None else 0
-        stream: Iterable[Cycle] = (
-            c
-            for c in iter_cycles(stream_ops(store, after_seq=max(0, start)))
-            if (since_ts is None or c.start >= since_ts) and (until_ts is None or c.start < until_ts)
-        )
+        stream: Iterable[Cycle] = iter_cycles(stream_ops(store, after_seq=max(0, start)))
+        if ranged:
+            stream = (
+                c
+                for c in stream
+                if (since_ts is None or c.start >= since_ts) and (until_ts is None or c.start < until_ts)
+            )
         if last is not None:
             stream = collections.deque(stream, maxlen=last)
         first: list[int] = []  # the first cycle's seq: quarantines outside sagas are read from there
@@ -91,7 +93,10 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
             for c in cycles:
                 if not first:
                     first.append(c.index)
-                ids.extend(sv.saga_ids([c]))
+                for op in c.ops:  # few cycles belong to a saga: saga_ids only for those
+                    if op.selector and op.selector.startswith(sv.PREFIX):
+                        ids.extend(sv.saga_ids([c]))
+                        break
                 yield c
 
         stream = noted(stream)

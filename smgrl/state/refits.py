@@ -249,8 +249,19 @@ class Cycle:
         return self._phases
 
     def _compute_phases(self) -> dict[str, tuple[float, float, int]]:
+        ops = self.ops
+        if len(ops) == 3:
+            # The usual cycle, pause -> update -> resume, one op each (30,000 at --all): each
+            # phase is its one op, already in refit order (what the general case below gives).
+            a, b, c = ops
+            if a.phase == "pause" and b.phase == "update" and c.phase == "resume":
+                return {
+                    "pause": (a.start, a.end if a.end is not None else a.last_ts, 1),
+                    "update": (b.start, b.end if b.end is not None else b.last_ts, 1),
+                    "resume": (c.start, c.end if c.end is not None else c.last_ts, 1),
+                }
         acc: dict[str, list] = {}
-        for op in self.ops:
+        for op in ops:
             start, last = op.start, op.end if op.end is not None else op.last_ts
             cur = acc.get(op.phase or "")
             if cur is None:  # most phases have one op (read once per cycle, 30,000 at --all)
@@ -376,7 +387,7 @@ def iter_cycles(ops: Iterable[Op]) -> Iterator[Cycle]:
             c.add(op)
             c.stage = "resuming"
             c.resumed |= engines
-            if set(c.engines) <= c.resumed:
+            if c.engines.keys() <= c.resumed:
                 finish(c)
         elif op.phase in _JOINERS:
             c = touching(engines)
