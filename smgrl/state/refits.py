@@ -208,11 +208,10 @@ class Cycle:
     stage: str = "pausing"  # pausing | updating | resuming | done
     status: str = "open"  # open | ok | failed | abandoned
     _phases: dict[str, tuple[float, float, int]] | None = None  # cache, reset by add()
-    # failures() of a finished cycle (set by iter_cycles: nothing changes a cycle once done).
-    _failed: dict[str, list[str]] | None = None
+    _clean: bool = False  # finished without failures (iter_cycles): failures() is {}
 
     def add(self, op: Op) -> None:
-        self._phases = self._failed = None
+        self._phases, self._clean = None, False
         self.ops.append(op)
         # In C: an engine already in the set keeps its place (as setdefault would). Most ops of
         # a cycle target its engines again: the subset test skips building a dict for them.
@@ -260,20 +259,12 @@ class Cycle:
                     "update": (b.start, b.end if b.end is not None else b.last_ts, 1),
                     "resume": (c.start, c.end if c.end is not None else c.last_ts, 1),
                 }
-        acc: dict[str, list] = {}
-        for op in ops:
-            start, last = op.start, op.end if op.end is not None else op.last_ts
-            cur = acc.get(op.phase or "")
-            if cur is None:  # most phases have one op (read once per cycle, 30,000 at --all)
-                acc[op.phase or ""] = [start, last, 1]
-            else:
-                cur[0], cur[1], cur[2] = min(cur[0], start), max(cur[1], last), cur[2] + 1
-        return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[1][0]))}
+        return _phases_of(ops)
 
     def failures(self) -> dict[str, list[str]]:
         """engine -> what went wrong there (failed or unanswered calls, never resumed)."""
-        if self._failed is not None:
-            return {e: list(why) for e, why in self._failed.items()}
+        if self._clean:
+            return {}
         out: dict[str, list[str]] = {}
         for op in self.ops:
             if op.clean:
@@ -307,6 +298,19 @@ class Cycle:
         }
 
 
+def _phases_of(ops: Iterable[Op]) -> dict[str, tuple[float, float, int]]:
+    """phase -> (first start, last end, ops) of these ops, in refit order (Cycle.phases)."""
+    acc: dict[str, list] = {}
+    for op in ops:
+        start, last = op.start, op.end if op.end is not None else op.last_ts
+        cur = acc.get(op.phase or "")
+        if cur is None:  # most phases have one op
+            acc[op.phase or ""] = [start, last, 1]
+        else:
+            cur[0], cur[1], cur[2] = min(cur[0], start), max(cur[1], last), cur[2] + 1
+    return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[1][0]))}
+
+
 def _any_ok(op: Op) -> bool:
     return op.succeeded > 0 or (not op.clean and any(s.state == "ok" for s in op.spans()))
 
@@ -333,13 +337,14 @@ def iter_cycles(ops: Iterable[Op]) -> Iterator[Cycle]:
         if status is None:
             if None in [op.result for op in c.ops]:
                 status = "open"  # its last call is still running
+            elif c.failures():
+                status = "failed"
             else:
-                # Computed before stage becomes "done": the same answer (never-resumed engines
-                # count from "resuming" on, and only a resumed cycle ends here with status None).
-                failed = c.failures()
-                status = "failed" if failed else "ok"
-                c.status, c.stage, c._failed = status, "done", failed
-                return
+                # Nothing failed, every target that needed an outcome had one (else it would be
+                # "missing"): no outcome read later can change that, so rows need not ask again.
+                # (Asked before stage is "done": the same answer, as only a cycle that began
+                # resuming, or an unpaused one, ends here with status None.)
+                status, c._clean = "ok", True
         c.status, c.stage = status, "done"
 
     def start(op: Op, paused: bool) -> Cycle:
