@@ -112,12 +112,15 @@ def stream_ops(
     until_seq: int | None = None,
     *,
     complete: Callable[[OpsFold, Op], None] | None = None,
+    clean_too: bool = True,
 ) -> Iterator[Op]:
     """The operations of ``scan_ops`` one by one, in start order, each final when yielded.
-    ``complete(fold, op)`` runs just before an op is yielded (to read its outcomes)."""
+    ``complete(fold, op)`` runs just before an op is yielded (to read its outcomes); with
+    ``clean_too`` False only for ops that are not ``clean`` (the only ones that need outcomes)."""
     fold = OpsFold()
     with sqlview.view(path) as conn, gc_paused():
         for op in _ops(conn, fold, after_seq, until_seq):
-            if complete is not None:
+            # ``op.clean`` inlined: asked 90,000 times at --all, where nearly every op is clean.
+            if complete is not None and (clean_too or op.result != "ok" or op.failed != 0):
                 complete(fold, op)
             yield op

@@ -155,16 +155,16 @@ def stream_ops(
     op is yielded final, with its outcomes read (as ``outcomes`` says) just before."""
 
     def complete(fold: OpsFold, op: Op) -> None:
-        # ``fold.needs_outcomes(op)`` inlined (called 90,000 times at --all): not clean, targets.
-        if outcomes == "all" or (
-            outcomes == "needed" and (op.result != "ok" or op.failed != 0) and op.targets
-        ):
+        if outcomes == "all" or (outcomes == "needed" and fold.needs_outcomes(op)):
             # The op is out of the fold already: put it back for the one index range it reads.
             fold.ops[op.op_id] = op
             add_outcomes(store, fold, [op.op_id], until_seq=until_seq)
             del fold.ops[op.op_id]
 
-    return opscan.stream_ops(store.path, after_seq, until_seq, complete=complete)
+    if outcomes == "none":
+        return opscan.stream_ops(store.path, after_seq, until_seq)
+    # "needed": complete() is asked only for the ops that are not clean (opscan tests that).
+    return opscan.stream_ops(store.path, after_seq, until_seq, complete=complete, clean_too=outcomes == "all")
 
 
 def recent(

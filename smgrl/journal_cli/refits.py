@@ -36,7 +36,11 @@ def cycle_row(c: Cycle, phases: list[str], looped: tuple[int, int] | None = None
     }
     for phase in phases:
         s = spans.get(phase)
-        row[phase] = fmt_ms(s[1] - s[0]) if s else "-"
+        if s is None:
+            row[phase] = "-"
+        else:
+            d = s[1] - s[0]  # fmt_ms's first case inlined (most phases last under a second)
+            row[phase] = f"{d * 1000:.0f} ms" if d < 1 else fmt_ms(d)
     # c.end, from the phases just read: each phase's end is the latest last_ts of its ops.
     row["total"] = fmt_ms(max([s[1] for s in spans.values()]) - c.start) if spans else fmt_ms(c.end - c.start)
     if looped is not None:  # only when the journal has loopbacks in the cycles shown
