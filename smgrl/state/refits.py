@@ -272,7 +272,7 @@ class Cycle:
             for span in op.spans():
                 if span.state != "ok":
                     out.setdefault(span.engine, []).append(f"{span.phase}: {span.detail}")
-        if self.paused and self.stage in ("resuming", "done"):
+        if self.paused and self.stage in ("resuming", "done") and not self.engines.keys() <= self.resumed:
             for engine in self.engines:
                 if engine not in self.resumed:
                     out.setdefault(engine, []).append("resume: never resumed")
