@@ -161,7 +161,10 @@ def stream_ops(
             add_outcomes(store, fold, [op.op_id], until_seq=until_seq)
             del fold.ops[op.op_id]
 
-    return opscan.stream_ops(store.path, after_seq, until_seq, complete=complete)
+    if outcomes == "none":
+        return opscan.stream_ops(store.path, after_seq, until_seq)
+    # "needed": complete() is asked only for the ops that are not clean (opscan tests that).
+    return opscan.stream_ops(store.path, after_seq, until_seq, complete=complete, clean_too=outcomes == "all")
 
 
 def recent(

@@ -36,8 +36,13 @@ def cycle_row(c: Cycle, phases: list[str], looped: tuple[int, int] | None = None
     }
     for phase in phases:
         s = spans.get(phase)
-        row[phase] = fmt_ms(s[1] - s[0]) if s else "-"
-    row["total"] = fmt_ms(c.end - c.start)
+        if s is None:
+            row[phase] = "-"
+        else:
+            d = s[1] - s[0]  # fmt_ms's first case inlined (most phases last under a second)
+            row[phase] = f"{d * 1000:.0f} ms" if d < 1 else fmt_ms(d)
+    # c.end, from the phases just read: each phase's end is the latest last_ts of its ops.
+    row["total"] = fmt_ms(max([s[1] for s in spans.values()]) - c.start) if spans else fmt_ms(c.end - c.start)
     if looped is not None:  # only when the journal has loopbacks in the cycles shown
         row["looped"], row["kept"] = looped
     row["failed"] = ", ".join(f"{e} ({'; '.join(why)})" for e, why in failed.items()) if failed else "-"
@@ -76,11 +81,13 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
             return
         # --all, --since, --until: streamed in start order, memory bounded by the open cycles.
         start = seq_at(store, Point(ts=since_ts)) - MARGIN if since_ts is not None else 0
-        stream: Iterable[Cycle] = (
-            c
-            for c in iter_cycles(stream_ops(store, after_seq=max(0, start)))
-            if (since_ts is None or c.start >= since_ts) and (until_ts is None or c.start < until_ts)
-        )
+        stream: Iterable[Cycle] = iter_cycles(stream_ops(store, after_seq=max(0, start)))
+        if ranged:
+            stream = (
+                c
+                for c in stream
+                if (since_ts is None or c.start >= since_ts) and (until_ts is None or c.start < until_ts)
+            )
         if last is not None:
             stream = collections.deque(stream, maxlen=last)
         first: list[int] = []  # the first cycle's seq: quarantines outside sagas are read from there
@@ -90,7 +97,10 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
             for c in cycles:
                 if not first:
                     first.append(c.index)
-                ids.extend(sv.saga_ids([c]))
+                for op in c.ops:  # few cycles belong to a saga: saga_ids only for those
+                    if op.selector and op.selector.startswith(sv.PREFIX):
+                        ids.extend(sv.saga_ids([c]))
+                        break
                 yield c
 
         stream = noted(stream)

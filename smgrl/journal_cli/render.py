@@ -129,6 +129,7 @@ def _common(a: str, b: str) -> int:
 
 
 _TEXT_ONLY = frozenset({str, type(None)})
+_INT_ONLY = frozenset({int, type(None)})
 
 
 def ids_in(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
@@ -153,6 +154,8 @@ def _ids_in_columns(columns: Iterable[list[Any]]) -> list[str]:
             if max(map(len, filter(None, values)), default=0) >= 36:
                 found += UUID.findall("\n".join(filter(None, values)))
             continue
+        if _INT_ONLY.issuperset(map(type, values)):
+            continue  # an integer's text has no hyphen but a sign: no UUID (refits' cycle column)
         # A UUID is 36 long: shorter strings are skipped without a regex (and without str() of them).
         texts = (t for v in values if v and (len(t := v if type(v) is str else str(v)) >= 36))
         found += [m.group() for t in texts for m in UUID.finditer(t)]

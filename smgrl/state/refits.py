@@ -208,12 +208,15 @@ class Cycle:
     stage: str = "pausing"  # pausing | updating | resuming | done
     status: str = "open"  # open | ok | failed | abandoned
     _phases: dict[str, tuple[float, float, int]] | None = None  # cache, reset by add()
+    _clean: bool = False  # finished without failures (iter_cycles): failures() is {}
 
     def add(self, op: Op) -> None:
-        self._phases = None
+        self._phases, self._clean = None, False
         self.ops.append(op)
-        # In C: an engine already in the set keeps its place (as setdefault would).
-        self.engines.update(dict.fromkeys(op.targets.values()))
+        # In C: an engine already in the set keeps its place (as setdefault would). Most ops of
+        # a cycle target its engines again: the subset test skips building a dict for them.
+        if not (op.engines and self.engines.keys() >= op.engines):
+            self.engines.update(dict.fromkeys(op.targets.values()))
 
     @property
     def start(self) -> float:
@@ -226,11 +229,14 @@ class Cycle:
     @property
     def version(self) -> str | None:
         """The last version an update of this cycle set on at least one engine (else attempted)."""
-        reached = [op.version for op in self.ops if op.version is not None and _any_ok(op)]
-        if reached:
-            return reached[-1]
-        tried = [op.version for op in self.ops if op.version is not None]
-        return tried[-1] if tried else None
+        tried = None
+        for op in reversed(self.ops):  # the newest first: read once per cycle, 30,000 at --all
+            if op.version is not None:
+                if _any_ok(op):
+                    return op.version
+                if tried is None:
+                    tried = op.version
+        return tried
 
     def spans(self) -> list[Span]:
         return [span for op in self.ops for span in op.spans()]
@@ -242,18 +248,23 @@ class Cycle:
         return self._phases
 
     def _compute_phases(self) -> dict[str, tuple[float, float, int]]:
-        acc: dict[str, list] = {}
-        for op in self.ops:
-            start, last = op.start, op.end if op.end is not None else op.last_ts
-            cur = acc.get(op.phase or "")
-            if cur is None:  # most phases have one op (read once per cycle, 30,000 at --all)
-                acc[op.phase or ""] = [start, last, 1]
-            else:
-                cur[0], cur[1], cur[2] = min(cur[0], start), max(cur[1], last), cur[2] + 1
-        return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[1][0]))}
+        ops = self.ops
+        if len(ops) == 3:
+            # The usual cycle, pause -> update -> resume, one op each (30,000 at --all): each
+            # phase is its one op, already in refit order (what the general case below gives).
+            a, b, c = ops
+            if a.phase == "pause" and b.phase == "update" and c.phase == "resume":
+                return {
+                    "pause": (a.start, a.end if a.end is not None else a.last_ts, 1),
+                    "update": (b.start, b.end if b.end is not None else b.last_ts, 1),
+                    "resume": (c.start, c.end if c.end is not None else c.last_ts, 1),
+                }
+        return _phases_of(ops)
 
     def failures(self) -> dict[str, list[str]]:
         """engine -> what went wrong there (failed or unanswered calls, never resumed)."""
+        if self._clean:
+            return {}
         out: dict[str, list[str]] = {}
         for op in self.ops:
             if op.clean:
@@ -261,7 +272,7 @@ class Cycle:
             for span in op.spans():
                 if span.state != "ok":
                     out.setdefault(span.engine, []).append(f"{span.phase}: {span.detail}")
-        if self.paused and self.stage in ("resuming", "done"):
+        if self.paused and self.stage in ("resuming", "done") and not self.engines.keys() <= self.resumed:
             for engine in self.engines:
                 if engine not in self.resumed:
                     out.setdefault(engine, []).append("resume: never resumed")
@@ -285,6 +296,19 @@ class Cycle:
             "failed": self.failures(),
             "ops": [op.op_id for op in self.ops],
         }
+
+
+def _phases_of(ops: Iterable[Op]) -> dict[str, tuple[float, float, int]]:
+    """phase -> (first start, last end, ops) of these ops, in refit order (Cycle.phases)."""
+    acc: dict[str, list] = {}
+    for op in ops:
+        start, last = op.start, op.end if op.end is not None else op.last_ts
+        cur = acc.get(op.phase or "")
+        if cur is None:  # most phases have one op
+            acc[op.phase or ""] = [start, last, 1]
+        else:
+            cur[0], cur[1], cur[2] = min(cur[0], start), max(cur[1], last), cur[2] + 1
+    return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[1][0]))}
 
 
 def _any_ok(op: Op) -> bool:
@@ -311,17 +335,31 @@ def iter_cycles(ops: Iterable[Op]) -> Iterator[Cycle]:
     def finish(c: Cycle, status: str | None = None) -> None:
         live.remove(c)
         if status is None:
-            if any(op.result is None for op in c.ops):
+            if None in [op.result for op in c.ops]:
                 status = "open"  # its last call is still running
+            elif c.failures():
+                status = "failed"
             else:
-                status = "failed" if c.failures() else "ok"
+                # Nothing failed, every target that needed an outcome had one (else it would be
+                # "missing"): no outcome read later can change that, so rows need not ask again.
+                # (Asked before stage is "done": the same answer, as only a cycle that began
+                # resuming, or an unpaused one, ends here with status None.)
+                status, c._clean = "ok", True
         c.status, c.stage = status, "done"
 
     def start(op: Op, paused: bool) -> Cycle:
-        c = Cycle(index=op.seq, paused=paused, stage="pausing" if paused else "updating")
+        # Cycle(...) then add(op), positionally (30,000 cycles at --all): index, paused, ops,
+        # engines, resumed, stage.
+        c = Cycle(
+            op.seq,
+            paused,
+            [op],
+            dict.fromkeys(op.targets.values()),
+            set(),
+            "pausing" if paused else "updating",
+        )
         cycles.append(c)
         live.append(c)
-        c.add(op)
         return c
 
     for op in ops:
@@ -354,7 +392,7 @@ def iter_cycles(ops: Iterable[Op]) -> Iterator[Cycle]:
             c.add(op)
             c.stage = "resuming"
             c.resumed |= engines
-            if set(c.engines) <= c.resumed:
+            if c.engines.keys() <= c.resumed:
                 finish(c)
         elif op.phase in _JOINERS:
             c = touching(engines)

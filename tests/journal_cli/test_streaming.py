@@ -19,7 +19,7 @@ from test_history import build, register, step
 from journal import SqliteStore
 from smgrl.journal_cli import journal_group
 from smgrl.journal_cli.reading import load_ops, stream_ops
-from smgrl.journal_cli.render import ChunkedTable, FixedTable, output
+from smgrl.journal_cli.render import UUID, ChunkedTable, FixedTable, _ids_in_columns, output
 from smgrl.state.refits import group_cycles, iter_cycles
 
 
@@ -154,3 +154,10 @@ def test_fitting_rows_render_as_the_generic_table_does(case, gap):
     layout = FixedTable(tuple(f"c{i}" for i in range(len(widths))), widths, gap)
     for header in (True, False):
         assert layout.render_fitting(rows, header=header) == layout.render(rows, header=header)
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(-(10**40), 10**40))))
+def test_integer_columns_hold_no_ids_as_their_text_would_say(values):
+    """``_ids_in_columns`` skips a column of integers (refits' cycle and engines): the same
+    answer as searching their text."""
+    assert _ids_in_columns([values]) == UUID.findall("\n".join(str(v) for v in values if v))

@@ -6,9 +6,13 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from smgrl.core.observe import intent_of
-from smgrl.state.refits import OpsFold, group_cycles, phase_of
+from smgrl.journal_cli.refits import cycle_row
+from smgrl.journal_cli.values import fmt_ms
+from smgrl.state.refits import PHASE_ORDER, Cycle, OpsFold, _any_ok, _phases_of, group_cycles, phase_of
 
 E1, E2, E3 = "http://e1:1", "http://e2:1", "http://e3:1"
 ALL = (E1, E2, E3)
@@ -239,3 +243,40 @@ def test_clean_ops_need_no_outcomes():
 )
 def test_phase_of(path, intent, method, phase):
     assert phase_of(path, intent, method) == phase
+
+
+# The shortcuts of the grouping (a finished clean cycle's failures, the usual three-op cycle's
+# phases, the version read from the newest op, engines merged only when new) against the
+# general computations, over random scripts of refit calls.
+_PATHS = (P, U, R, "flush_cache", "update_weights_from_distributed", "update_weight_version", "generate")
+_engines = st.lists(st.sampled_from(ALL), min_size=1, max_size=3, unique=True)
+
+
+@st.composite
+def _steps(draw):
+    path, engines = draw(st.sampled_from(_PATHS)), tuple(draw(_engines))
+    opts = {}
+    if draw(st.booleans()):
+        opts["v"] = draw(st.sampled_from(("s1", "s2")))
+    bad = draw(st.lists(st.sampled_from(engines), unique=True))
+    if bad:
+        opts[draw(st.sampled_from(("fail", "cut")))] = set(bad)
+    return path, engines, opts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_steps(), max_size=12), st.booleans())
+def test_grouping_shortcuts_agree_with_the_general_computation(script, refit_shaped):
+    if refit_shaped:  # the usual cycle first: pause, update, resume over the same engines
+        script = [(P, ALL, {}), (U, ALL, {"v": "s1"}), (R, ALL, {}), *script]
+    for c in cycles_of(script):
+        assert c.phases() == _phases_of(c.ops)
+        fresh = Cycle(c.index, c.paused, list(c.ops), dict(c.engines), set(c.resumed), c.stage, c.status)
+        assert c.failures() == fresh.failures()
+        if c.status == "ok":
+            assert not fresh.failures()
+        reached = [op.version for op in c.ops if op.version is not None and _any_ok(op)]
+        tried = [op.version for op in c.ops if op.version is not None]
+        assert c.version == (reached or tried or [None])[-1]
+        assert list(c.engines) == list(dict.fromkeys(e for op in c.ops for e in op.targets.values()))
+        assert cycle_row(c, list(PHASE_ORDER))["total"] == fmt_ms(c.end - c.start)
