@@ -45,6 +45,7 @@ __all__ = [
     "ControlOutcome",
     "ControlStarted",
     "Event",
+    "GatewayPeer",
     "GatewayStarted",
     "GatewayStopped",
     "Recorded",
@@ -452,6 +453,23 @@ class GatewayStarted(Event):
 class GatewayStopped(Event):
     clean: bool
     reason: str
+
+
+@event_type("gateway.peer", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class GatewayPeer(Event):
+    """Several gateway processes on one journal: where this process takes requests forwarded to
+    it (docs/scale-out.md, "Forwarding"), on stream ``peer:<owner>``. ``gateway`` is its identity
+    (``host:pid:tag``, as in ``control.started``), ``owner`` the owner part of its session ids,
+    ``url`` its private loopback listener (reached from the same ``host``), ``advertise_url`` the
+    URL other hosts reach it at (``--advertise-url``), if any. No secret: the forwarded request
+    carries the caller's own credentials."""
+
+    gateway: str
+    owner: str
+    host: str
+    url: str
+    advertise_url: str | None = None
 
 
 @event_type("snapshot.taken", schema=1)

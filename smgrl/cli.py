@@ -351,6 +351,12 @@ def main(argv: list[str] | None = None) -> None:
     help="Validate every reused prefix against a full re-tokenization (CPU-heavy; mismatch_report).",
 )
 @click.option(
+    "--advertise-url",
+    default=None,
+    help="With several gateway hosts on one journal: the http://HOST:PORT other hosts forward a "
+    "session's or a refit's requests to (docs/scale-out.md, Forwarding).",
+)
+@click.option(
     "--workers",
     default=1,
     show_default=True,
@@ -427,6 +433,7 @@ def config_from_options(o: dict) -> Config:
         journal_lock_wait_secs=o["journal_lock_wait_secs"],
         audit=not o["disable_audit_logging"],
         audit_interval_secs=o["audit_interval_secs"],
+        advertise_url=o.get("advertise_url"),
     )
     cfg = validate(cfg)
     if cfg.sessions.tokenizer_path:

@@ -185,6 +185,9 @@ class Config:
     # Registration probe retry: first retry after this many seconds, doubling up to the cap.
     registration_backoff_initial_secs: float = 0.5
     registration_backoff_max_secs: float = 30.0
+    # Several gateway hosts on one journal: the URL other hosts forward requests for this
+    # process's sessions and refits to (docs/scale-out.md, "Forwarding"); None: same host only.
+    advertise_url: str | None = None
 
     def scrubbed(self) -> dict:
         """The configuration as JSON with every secret removed (for the journal's gateway.started)."""
@@ -207,6 +210,7 @@ class Config:
             "journal_lock_wait_secs": self.journal_lock_wait_secs,
             "audit": self.audit,
             "audit_interval_secs": self.audit_interval_secs,
+            "advertise_url": self.advertise_url,
         }
 
 
@@ -231,6 +235,10 @@ def validate(cfg: Config) -> Config:
             "Configuration error: Invalid value for field 'rl': --rl-version-policy requires --enable-rl"
         )
     _validate_dataplane(cfg)
+    if cfg.advertise_url is not None:
+        problem = advertise_url_problem(cfg.advertise_url)
+        if problem is not None:
+            raise ConfigError(f"--advertise-url: {problem}")
     for url in cfg.worker_urls:
         problem = worker_url_problem(url)
         if problem is not None:
@@ -297,3 +305,22 @@ def _validate_dataplane(cfg: Config) -> None:
         raise ConfigError("Invalid --dataplane-body-timeout-secs (expected > 0)")
     if cfg.request_timeout_secs <= 0:
         raise ConfigError("Invalid --request-timeout-secs (expected > 0)")
+
+
+def advertise_url_problem(url: str) -> str | None:
+    """``--advertise-url`` is ``http://HOST:PORT`` (or https): no credentials (it is journaled
+    in ``gateway.peer``), no path, query or fragment."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "not a URL (expected http://HOST:PORT)"
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        return "expected http://HOST:PORT (or https://)"
+    if parts.username is not None or parts.password is not None:
+        return "must not hold credentials (it is written to the journal)"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "must not have a path, query or fragment"
+    return None

@@ -54,6 +54,8 @@ class Gateway:
     tail: JournalTail = attrs.Factory(JournalTail)  # GET /v1/rl/journal/stream, the fleet page
     # Several processes on one journal (smgrl/sharing.py); None for a lone gateway.
     sharing: object | None = None
+    # ... and how requests for another process's session or refit reach it (smgrl/forwarding.py).
+    forwarder: object | None = None
 
     @classmethod
     def build(

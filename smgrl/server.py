@@ -60,6 +60,7 @@ from smgrl.api.metrics_server import serve_metrics
 from smgrl.app import create_app
 from smgrl.config import Config
 from smgrl.errors import StartupError, WorkerApiError
+from smgrl.forwarding import Forwarder, Peer, owner_key, private_socket
 from smgrl.gateway import Gateway
 from smgrl.journaling import ev, record_interrupted
 from smgrl.logs import event as log_event
@@ -144,6 +145,12 @@ async def serve(
             else bind_http(hc, cfg)
         )
         resources.callback(_close_sockets, sockets)
+        private = None
+        if sharing is not None:
+            # Several processes: a private loopback listener, the same app, so that the others
+            # can reach THIS process (the shared port reaches any): smgrl/forwarding.py.
+            private = private_socket()
+            resources.callback(private.close)
         metrics_listeners = await bind_metrics(cfg)
         for listener in metrics_listeners or ():
             resources.callback(listener.socket.close)
@@ -170,11 +177,23 @@ async def serve(
             stop_now,
             task_status,
             sharing,
+            private,
         )
 
 
 async def _run(
-    cfg, store, fleet, restored, hc, sockets, metrics_listeners, shutdown, stop_now, task_status, sharing=None
+    cfg,
+    store,
+    fleet,
+    restored,
+    hc,
+    sockets,
+    metrics_listeners,
+    shutdown,
+    stop_now,
+    task_status,
+    sharing=None,
+    private=None,
 ):
     keys = KeyRing(store.secrets())
     writer = JournalWriter(store, lock_wait_secs=cfg.journal_lock_wait_secs)
@@ -194,6 +213,11 @@ async def _run(
             committed(records)
 
         writer.on_commit = on_commit
+        if private is not None:
+            gateway.forwarder = _forwarder(cfg, store, sharing, private)
+            if gateway.sessions is not None:
+                # Its session ids name this process, so every other process can find it.
+                gateway.sessions.owner = gateway.forwarder.me.owner
     app = create_app(gateway)
     clean = False
     # The tail and the presence lease run beside the writer until it closed; then cancelled.
@@ -216,6 +240,9 @@ async def _run(
                 await outer.start(_in_scope, side, presence, store, sharing)
                 interrupted = []
             await writer.append("gateway", _started_event(cfg))
+            if gateway.forwarder is not None:
+                me = gateway.forwarder.me
+                await writer.append(f"peer:{me.owner}", me.event())
             if gateway.sessions is not None and sharing is None:
                 # Sessions live in memory: those an earlier process left open are ended, in the
                 # journal, before this one serves (their ids answer 410 session_gone).
@@ -293,14 +320,22 @@ async def _run(
                         metrics_url = f"http://{_hostport(sockname)}/metrics"
                     http_done = trio.Event()
 
+                    served = sockets
+                    if private is not None:
+                        served = Sockets(
+                            secure_sockets=[],
+                            insecure_sockets=[*sockets.insecure_sockets, private],
+                            quic_sockets=[],
+                        )
+
                     async def run_http(task_status=trio.TASK_STATUS_IGNORED) -> None:
-                        for sock in sockets.insecure_sockets:
+                        for sock in served.insecure_sockets:
                             sock.listen(hc.backlog)
                         try:
                             await worker_serve(
                                 wrap_app(app, hc.wsgi_max_body_size, None),
                                 hc,
-                                sockets=sockets,
+                                sockets=served,
                                 shutdown_trigger=shutdown.wait,
                                 task_status=task_status,
                             )
@@ -308,6 +343,8 @@ async def _run(
                             http_done.set()
 
                     urls = await inner.start(run_http)
+                    if private is not None:
+                        urls = urls[: len(sockets.insecure_sockets)]  # the private one last
                     inner.start_soon(_stop_watch, gateway, shutdown, stop_now, inner.cancel_scope)
                     task_status.started(Running(gateway, urls, metrics_url))
                     if sharing is not None:
@@ -319,6 +356,7 @@ async def _run(
                         metrics=metrics_url,
                         rl=cfg.rl.enabled,
                         pid=os.getpid(),
+                        forward=gateway.forwarder.me.url if gateway.forwarder is not None else None,
                     )
                     # hypercorn returns only after its graceful shutdown (in-flight requests
                     # done or past the grace period); then the jobs, the health checker and the
@@ -340,6 +378,8 @@ async def _run(
                         await writer.append("gateway", _stopped_event(clean=True, reason="shutdown"))
                         await writer.aclose()
                     await gateway.pools.aclose()
+                    if gateway.forwarder is not None:
+                        await gateway.forwarder.aclose()
                     clean = not writer.failed
                 for scope in side:
                     scope.cancel()
@@ -507,6 +547,13 @@ def _close_sockets(sockets: Sockets) -> None:
 def _hostport(sockname) -> str:
     host, port = sockname[0], sockname[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _forwarder(cfg: Config, store, sharing: Sharing, private: socket.socket) -> Forwarder:
+    port = private.getsockname()[1]
+    owner = owner_key(sharing.identity)
+    me = Peer(sharing.identity, owner, socket.gethostname(), f"http://127.0.0.1:{port}", cfg.advertise_url)
+    return Forwarder(store, me)
 
 
 def _started_event(cfg: Config):

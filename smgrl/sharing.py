@@ -210,7 +210,7 @@ async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> l
     for op_id, op in list(fleet.operations.open.items()):
         owner = sharing.owners.get(op_id)
         if owner is None:
-            owner = await _store_call(store, _owner_from_journal, store, op_id)
+            owner = await _store_call(store, owner_from_journal, store, op_id)
         if owner == sharing.identity:
             continue
         if owner not in dead:
@@ -240,7 +240,7 @@ async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> l
         )
     if refits is not None:
         for refit_id in list(fleet.sagas.open):
-            owner = await _store_call(store, _owner_from_journal, store, refit_id, "refit")
+            owner = await _store_call(store, owner_from_journal, store, refit_id, "refit")
             if owner == sharing.identity:
                 continue
             if owner not in dead:
@@ -252,7 +252,7 @@ async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> l
     return [event.op_id for _, event in items]
 
 
-def _owner_from_journal(store, ident: str, kind: str = "op") -> str:
+def owner_from_journal(store, ident: str, kind: str = "op") -> str:
     """The process recorded in an operation's ``control.started`` (or a saga's ``refit.started``)."""
     first = "control.started" if kind == "op" else "refit.started"
     for rec in store.read(stream=f"{kind}:{ident}", types=[first], limit=1):

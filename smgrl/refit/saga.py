@@ -105,6 +105,10 @@ class RefitService:
         self._spawn(refit_id, recovering=True)
         return True
 
+    def drives(self, refit_id: str) -> bool:
+        """Whether this process drives the saga now (its trainer hand-off is held here)."""
+        return refit_id in self._running
+
     def _spawn(self, refit_id: str, recovering: bool = False) -> None:
         if self._nursery is None:
             raise RuntimeError("the refit service is not running")

@@ -1,0 +1,230 @@
+"""Two gateway processes on one SQLite journal, run in one trio process (``serve`` with a
+``Sharing`` each, as two ``--workers`` processes are): a request for a session or a refit saga
+that lands on the process not holding it is forwarded to its owner (smgrl/forwarding.py,
+docs/scale-out.md "Forwarding"). Real loopback ports, real fake engines, a real journal file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import httpx
+import pytest
+import trio
+
+from journal import SqliteStore
+from smgrl.config import Config, HealthConfig, RlConfig, SessionsConfig
+from smgrl.fake import fake_fleet, model
+from smgrl.server import serve
+from smgrl.sharing import Sharing
+from smgrl.tito.testkit import make_model_dir
+
+KEY = "data-plane-secret-key"
+AUTH = {"authorization": f"Bearer {KEY}"}
+
+
+def say(n: int, text: str) -> str:
+    return f"[[fake-say:{n}:{json.dumps(text)}]]"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("fwd-model") / "chatml", "chatml")
+
+
+def config(model_dir, urls, **kw) -> Config:
+    return Config(
+        port=0,
+        prometheus_port=None,
+        worker_urls=tuple(urls),
+        policy="round_robin",
+        rl=RlConfig(enabled=True, control_timeout_secs=5),
+        health=HealthConfig(enabled=False),
+        sessions=SessionsConfig(tokenizer_path=str(model_dir)),
+        shutdown_grace_period_secs=0,
+        **kw,
+    )
+
+
+class Proc:
+    def __init__(self, running, stop: trio.Event, done: trio.Event) -> None:
+        self.gateway = running.gateway
+        self.base = running.urls[0]
+        self.stop = stop
+        self.done = done
+        self.client = httpx.AsyncClient(base_url=self.base, timeout=30)
+
+
+@contextlib.asynccontextmanager
+async def two_gateways(path: str, cfg: Config):
+    """Gateways A and B on the journal file ``path``; each stops when its ``stop`` is set."""
+    stores = [SqliteStore.open(path), SqliteStore.open(path)]
+    procs: list[Proc] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            for store, tag in zip(stores, "ab", strict=True):
+                stop, done = trio.Event(), trio.Event()
+
+                async def run(
+                    store=store, tag=tag, stop=stop, done=done, task_status=trio.TASK_STATUS_IGNORED
+                ):
+                    try:
+                        sharing = Sharing(identity=f"test-host:{tag}:{id(stop):x}")
+                        await serve(cfg, shutdown=stop, store=store, sharing=sharing, task_status=task_status)
+                    finally:
+                        done.set()
+
+                procs.append(Proc(await nursery.start(run), stop, done))
+            try:
+                yield procs
+            finally:
+                for p in procs:
+                    await p.client.aclose()
+                    p.stop.set()
+    finally:
+        for store in stores:
+            store.close()
+
+
+async def wait_visible(procs, count: int) -> None:
+    with trio.fail_after(20):
+        for p in procs:
+            while sum(1 for w in p.gateway.fleet.registry if w.is_visible) < count:
+                await trio.sleep(0.01)
+
+
+def turn_body(n: int, stream: bool = False) -> dict:
+    content = f"turn {n} " + say(1, f"answer {n}")
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 50}
+    if stream:
+        body["stream"] = True
+    return body
+
+
+async def test_a_session_is_served_whichever_process_a_request_lands_on(model_dir, tmp_path):
+    """Created through A, used through B (a turn, a streamed turn, the snapshot, a TITO header
+    turn, DELETE): B forwards to A, which holds it; the caller's key is checked by both. Once A
+    stopped, B answers 410 session_gone naming why."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 2) as engines:
+            cfg = config(model_dir, engines.urls, api_key=KEY)
+            async with two_gateways(str(tmp_path / "j.db"), cfg) as (a, b):
+                await wait_visible((a, b), 2)
+                r = await a.client.post("/sessions", headers=AUTH)
+                assert r.status_code == 201, r.text
+                sid = r.json()["session_id"]
+                assert sid in a.gateway.sessions.sessions
+
+                # A plain turn and a streamed one, through B.
+                r = await b.client.post(
+                    f"/sessions/{sid}/v1/chat/completions", json=turn_body(1), headers=AUTH
+                )
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] == "answer 1"
+                r = await b.client.post(
+                    f"/sessions/{sid}/v1/chat/completions", json=turn_body(2, stream=True), headers=AUTH
+                )
+                assert r.status_code == 200, r.text
+                assert r.headers["content-type"].startswith("text/event-stream")
+                assert "answer 2" in r.text and r.text.rstrip().endswith("data: [DONE]")
+                assert sid not in b.gateway.sessions.sessions  # held by A only
+                assert a.gateway.sessions.sessions[sid].turns == 2
+
+                # The caller's key: B refuses a request without it before forwarding; A (its
+                # private port, as B reaches it) checks it again.
+                r = await b.client.get(f"/sessions/{sid}")
+                assert r.status_code == 401
+                private = a.gateway.forwarder.me.url
+                async with httpx.AsyncClient(base_url=private, timeout=30) as direct:
+                    assert (await direct.get(f"/sessions/{sid}")).status_code == 401
+                    assert (await direct.get(f"/sessions/{sid}", headers=AUTH)).status_code == 200
+                snap = (await b.client.get(f"/sessions/{sid}", headers=AUTH)).json()
+                assert snap["session_id"] == sid
+                assert sum(len(t["records"]) for t in snap["trajectories"]) == 2
+
+                # SMG's TITO header with a client-chosen id: created through A, a turn through B.
+                tito = {**AUTH, "x-smg-tito-session-id": "agent-7"}
+                r = await a.client.post("/v1/chat/completions", json=turn_body(3), headers=tito)
+                assert r.status_code == 200, r.text
+                r = await b.client.post("/v1/chat/completions", json=turn_body(4), headers=tito)
+                assert r.status_code == 200, r.text
+                assert "agent-7" not in b.gateway.sessions.sessions
+                assert a.gateway.sessions.sessions["agent-7"].turns == 2
+
+                # DELETE through B drains and drops A's session.
+                r = await b.client.delete(f"/sessions/{sid}", headers=AUTH)
+                assert r.status_code == 204, r.text
+                assert sid not in a.gateway.sessions.sessions
+                r = await b.client.get(f"/sessions/{sid}", headers=AUTH)
+                assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+
+                # A stops: its sessions are gone; B says so (410), and never creates one in
+                # A's place for the TITO id.
+                r = await a.client.post("/sessions", headers=AUTH)
+                other = r.json()["session_id"]
+                a.stop.set()
+                await a.done.wait()
+                r = await b.client.post(
+                    f"/sessions/{other}/v1/chat/completions", json=turn_body(5), headers=AUTH
+                )
+                assert r.status_code == 410, r.text
+                assert r.json()["error"]["code"] == "session_gone"
+                assert "does not answer" in r.json()["error"]["message"]
+                r = await b.client.post("/v1/chat/completions", json=turn_body(6), headers=tito)
+                assert r.status_code == 410 and r.json()["error"]["code"] == "session_gone", r.text
+                assert "agent-7" not in b.gateway.sessions.sessions
+    with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
+        turns = [rec.event for rec in store.read(types=["session.turn"])]
+        assert [t.session_id for t in turns] == [sid, sid, "agent-7", "agent-7"]
+        peers = [rec.event for rec in store.read(types=["gateway.peer"])]
+        assert len(peers) == 2 and all(p.url.startswith("http://127.0.0.1:") for p in peers)
+        raw = "\n".join(row[5] for row in store.read_raw())
+        assert KEY not in raw  # the caller's key never reaches the journal
+        assert store.verify().ok
+
+
+async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tmp_path):
+    """A distributed refit started through A; the trainer's transfer chunk and commit land on B:
+    B forwards them to A (which holds the hand-off), the saga succeeds. A commit to a saga whose
+    process stopped is a clear 409 refit_state."""
+    source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
+    body = {"selector": "engine=sglang", "source": source, "weight_version": "9"}
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 2) as engines:
+            cfg = config(model_dir, engines.urls)
+            async with two_gateways(str(tmp_path / "j.db"), cfg) as (a, b):
+                await wait_visible((a, b), 2)
+                r = await a.client.post("/v1/rl/refits", json=body)
+                assert r.status_code == 202, r.text
+                rid = r.json()["refit_id"]
+                while a.gateway.fleet.sagas.get(rid).state != "awaiting_transfer":
+                    await a.gateway.refits.change_event().wait()
+                assert a.gateway.refits.drives(rid) and not b.gateway.refits.drives(rid)
+                chunk = {"names": ["w"], "dtypes": ["float32"], "shapes": [[2, 2]]}
+                r = await b.client.post(f"/v1/rl/refits/{rid}/transfer", json=chunk)
+                assert r.status_code == 200, r.text
+                assert {x["result"] for x in r.json()["results"]} == {"ok"}
+                r = await b.client.post(f"/v1/rl/refits/{rid}/commit")
+                assert r.status_code == 202, r.text
+                while a.gateway.fleet.sagas.get(rid).is_open:
+                    await a.gateway.refits.change_event().wait()
+                assert a.gateway.fleet.sagas.get(rid).result == "succeeded"
+                assert {e.weight_version for e in engines} == {"9"}
+
+                # A second refit, then A stops before the trainer commits: B answers a clear 409.
+                body["weight_version"] = "10"
+                r = await a.client.post("/v1/rl/refits", json=body)
+                assert r.status_code == 202, r.text
+                rid2 = r.json()["refit_id"]
+                while a.gateway.fleet.sagas.get(rid2).state != "awaiting_transfer":
+                    await a.gateway.refits.change_event().wait()
+                a.stop.set()
+                await a.done.wait()
+                await b.gateway.journal.catch_up()
+                r = await b.client.post(f"/v1/rl/refits/{rid2}/commit")
+                assert r.status_code == 409, r.text
+                assert r.json()["error"] == "refit_state"
+                assert "does not answer" in r.json()["message"]
+    with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
+        assert store.verify().ok
