@@ -34,6 +34,7 @@ from smgrl.errors import (
     TooManyStreams,
     WorkerNotFound,
 )
+from smgrl.forwarding import PeerGone, hops
 from smgrl.refit.errors import RefitInProgress, RefitNotFound, RefitState, RefitUnsupported, VersionLeft
 from smgrl.refit.request import parse_refit
 
@@ -174,6 +175,9 @@ class RefitsApi:
     async def action(self, refit_id: str, action: str) -> Response:
         async def run(_principal):
             data = await request.get_data(cache=False)
+            forwarded = await self._forwarded(refit_id, data)
+            if forwarded is not None:
+                return forwarded
             if action == "commit":
                 _small_json(data, {})
                 await self.service.commit(refit_id)
@@ -193,6 +197,37 @@ class RefitsApi:
             return env.json_response(202, self.service.view(self.service.get(refit_id)))
 
         return await self._guarded(WRITE, "POST", run)
+
+    async def _forwarded(self, refit_id: str, data: bytes) -> Response | None:
+        """Several processes: the trainer's hand-off goes to the process driving the saga, which
+        holds it in memory (smgrl/forwarding.py); the caller's key was checked here and is checked
+        again there. None: this process drives it (or it is not open): served here."""
+        fwd = self.gateway.forwarder
+        saga = self.service.fleet.sagas.get(refit_id)
+        if fwd is None or (saga is not None and not saga.is_open) or self.service.drives(refit_id):
+            return None
+        peer = await fwd.saga_peer(refit_id)
+        if peer is None:
+            return None
+        raw = request.scope.get("raw_path") or request.path.encode()
+        target = raw + (b"?" + request.query_string if request.query_string else b"")
+        headers = list(request.scope["headers"])
+        try:
+            status, out, body = await fwd.request(
+                peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
+            )
+        except PeerGone as exc:
+            saga = self.service.get(refit_id)
+            raise RefitState(
+                f"refit `{refit_id}` is driven by another gateway process, which cannot take the"
+                f" trainer's call: {exc}. Once that process is gone, the recovery resumes the saga"
+                " and re-checks the transfer by reading the engines' versions back (docs/scale-out.md)",
+                state=saga.to_json()["state"],
+            ) from None
+        response = Response(body, status=status)
+        for name, value in out:
+            response.headers[name.decode("latin-1")] = value.decode("latin-1")
+        return response
 
     async def quarantine(self, worker_id: str) -> Response:
         async def run(principal):

@@ -40,6 +40,7 @@ from smgrl.errors import (
     RequestTimeout,
     UpstreamUnreachable,
 )
+from smgrl.forwarding import PeerGone, hops
 from smgrl.sessions import answer
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
@@ -52,6 +53,7 @@ from smgrl.sessions.errors import (
     TooManySessions,
     TurnAborted,
 )
+from smgrl.sessions.state import owner_of
 
 log = logging.getLogger("smgrl.sessions")
 
@@ -132,11 +134,49 @@ class SessionsASGI:
                     "sessions need the model's tokenizer: start the gateway with --tokenizer-path"
                 )
             body = await self._body(scope, receive)
+            if sid is not None and await self._forwarded(route, sid, scope, receive, send, rid, body):
+                return
             await self._route(route, sid, scope, receive, send, rid, body)
         except _AgentGone:
             return
         except DataPlaneError as exc:
             await self.api._error(send, rid, exc)
+
+    async def _forwarded(self, route, sid, scope, receive, send, rid, body) -> bool:
+        """Several processes: a session another process holds is served by that process, the
+        request forwarded whole and its answer streamed back (smgrl/forwarding.py). The caller's
+        key was checked here and is checked again there. False: it is served here."""
+        fwd = self.api.gateway.forwarder
+        if fwd is None or self.svc is None or sid in self.svc.sessions:
+            return False
+        owner = owner_of(sid)
+        if owner is None and (route == "tito-chat" or route.startswith("/tito/")) and _valid_sid(sid):
+            owner = await fwd.session_owner(sid)  # a client-chosen TITO id: its session.created
+        if owner is None or owner == self.svc.owner:
+            return False
+        peer = await fwd.peer(owner)
+        if peer is None:
+            return False  # not a process of this group (an earlier lone gateway's): 410 here
+        headers = scope["headers"]
+        if not any(k == b"x-request-id" for k, _ in headers):
+            headers = [*headers, (b"x-request-id", rid)]  # one id in both processes' logs
+        gone = None
+        # The client's disconnect cancels the exchange; the owner sees its connection close and
+        # cancels the turn, as for a client of its own.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            try:
+                await fwd.asgi(peer, {**scope, "headers": headers}, body, send, hops(scope["headers"]))
+            except PeerGone as exc:  # answered below, not wrapped in the nursery's group
+                gone = exc
+            finally:
+                nursery.cancel_scope.cancel()
+        if gone is not None:
+            raise SessionGone(
+                f"session {sid} belongs to another gateway process, which cannot serve it: {gone}."
+                " Sessions live in the memory of their process (docs/scale-out.md); start a new one"
+            )
+        return True
 
     def _control_denied(self, scope) -> Denied | None:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
@@ -237,6 +277,9 @@ class SessionsASGI:
             if not _valid_sid(sid):
                 raise InvalidTurn("x-smg-tito-session-id must be 1-128 printable ASCII characters")
             if sid not in self.svc.sessions:
+                if hops(scope["headers"]):
+                    # Forwarded here as the owner's, but not held here: never a new session.
+                    raise SessionGone(f"session {sid} is not held by this gateway process any more")
                 try:
                     self.svc._lookup(sid)
                 except SessionNotFound:
