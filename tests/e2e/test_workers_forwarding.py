@@ -138,10 +138,12 @@ def test_a_distributed_refit_commit_on_the_other_worker_reaches_the_saga(fakes, 
     assert st == 200 and {x["result"] for x in body["results"]} == {"ok"}, body
     st, _, body = request(b.url, "POST", f"/v1/rl/refits/{rid}/commit", {})
     assert st == 202, body
-    done = wait_until(
-        "the refit to finish",
-        lambda: (r := request(base, "GET", f"/v1/rl/refits/{rid}")[2]) if r["result"] else None,
-    )
+
+    def finished():
+        record = request(base, "GET", f"/v1/rl/refits/{rid}")[2]
+        return record if record["result"] else None
+
+    done = wait_until("the refit to finish", finished)
     assert done["result"] == "succeeded", done
     started = next(r.event for r in journal_events(journal) if r.event.TYPE == "refit.started")
     assert started.gateway == a.gateway
