@@ -67,7 +67,7 @@ def start(fakes, children, tmp_path, *extra):
     tok = make_model_dir(tmp_path / "tok")
     urls = fakes("sglang", 2, "--tokenizer-path", str(tok), "--weight-version", "1")
     journal = str(tmp_path / "j.db")
-    _, base, _, pids, log_path = start_supervisor(
+    _, base, _, pids, _ = start_supervisor(
         children,
         tmp_path,
         journal,

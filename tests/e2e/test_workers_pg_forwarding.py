@@ -51,7 +51,7 @@ def test_sessions_and_refit_hand_offs_are_forwarded_between_hosts(fakes, childre
     urls = fakes("sglang", 2, "--tokenizer-path", str(tok), "--weight-version", "1")
     flags = ["--enable-rl", "--disable-health-check", "--tokenizer-path", str(tok), "--worker-urls", *urls]
     a, base_a = start(children, tmp_path, pg_url, *flags)
-    b, base_b = start(children, tmp_path, pg_url, *flags)
+    _b, base_b = start(children, tmp_path, pg_url, *flags)
     for base in (base_a, base_b):
         wait_until(
             "both engines visible in both gateways",
