@@ -3,7 +3,7 @@
 refit started through A are used through B, which forwards to A (docs/scale-out.md,
 "Forwarding"); SIGKILL A: B answers 410 ``session_gone``, every answered turn is journaled, the
 chain verifies. (Both run on this host, so B reaches A over A's private loopback listener; the
-choice of the advertised URL for another host is tests/unit/test_forwarding.py's.)"""
+choice of the advertised URL for another host is tests/unit/test_forwarding_rules.py's.)"""
 
 from __future__ import annotations
 
