@@ -208,6 +208,8 @@ def test_fleet_state_ignores_every_type_outside_folded_types():
         ),
         "gateway.started": ev("gateway.started", version="x", pid=1),
         "gateway.stopped": ev("gateway.stopped", clean=True, reason="x"),
+        # Read from the store by the forwarder (smgrl/forwarding.py), never folded.
+        "gateway.peer": ev("gateway.peer", gateway="h:1:t", owner="o", host="h", url="http://127.0.0.1:1"),
         "snapshot.taken": ev("snapshot.taken", kind="fleet", upto_seq=3),
         "worker.probe_failed": ev(
             "worker.probe_failed", worker_id="w0", attempt=1, error="x", next_retry_s=1.0
