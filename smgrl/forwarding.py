@@ -95,12 +95,15 @@ class PeerGone(Exception):
     """The owning process does not answer (gone), or cannot be reached from here."""
 
 
-def private_socket() -> socket.socket:
-    """The private listener: loopback only, a free port (not listening until the server starts)."""
+def private_socket(backlog: int) -> socket.socket:
+    """The private listener: loopback only, a free port. Listening at once (unlike the public
+    port): its URL is journaled before the server accepts, and a request forwarded in between
+    waits in the backlog instead of being refused as if this process were gone."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
+        sock.listen(backlog)
         sock.setblocking(False)
     except OSError:
         sock.close()

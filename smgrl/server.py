@@ -149,7 +149,7 @@ async def serve(
         if sharing is not None:
             # Several processes: a private loopback listener, the same app, so that the others
             # can reach THIS process (the shared port reaches any): smgrl/forwarding.py.
-            private = private_socket()
+            private = private_socket(hc.backlog)
             resources.callback(private.close)
         metrics_listeners = await bind_metrics(cfg)
         for listener in metrics_listeners or ():
