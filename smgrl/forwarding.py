@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -40,7 +41,7 @@ import trio
 
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
-from smgrl.sharing import owner_from_journal
+from smgrl.sharing import PRESENCE, owner_from_journal
 from smgrl.upstream import ConnectError, PoolSet, ReadError
 
 log = logging.getLogger("smgrl.forwarding")
@@ -155,6 +156,22 @@ class Forwarder:
             e = rec.event
             return Peer(e.gateway, e.owner, e.host, e.url, e.advertise_url)
         return None
+
+    async def live_peers(self) -> list[Peer]:
+        """The other processes that journaled an address and hold their presence lease now."""
+        return await trio.to_thread.run_sync(self._read_live_peers)
+
+    def _read_live_peers(self) -> list[Peer]:
+        now = time.time()  # the leases' clock (smgrl/sharing.py)
+        out = []
+        for rec in self.store.read(types=["gateway.peer"]):
+            e = rec.event
+            if e.gateway == self.me.gateway:
+                continue
+            lease = self.store.lease(PRESENCE + e.gateway)
+            if lease is not None and lease.holder == e.gateway and lease.expires > now:
+                out.append(Peer(e.gateway, e.owner, e.host, e.url, e.advertise_url))
+        return out
 
     async def session_owner(self, sid: str) -> str | None:
         """The owner of an open session with a client-chosen id (SMG's lazily created TITO

@@ -59,6 +59,8 @@ log = logging.getLogger("smgrl.sessions")
 
 JSON_CT = b"application/json"
 TITO_HEADER = b"x-smg-tito-session-id"
+# Several processes: how long a /control route waits for another process's part of the answer.
+CONTROL_PEER_TIMEOUT_SECS = 10.0
 
 
 def _json(obj: Any) -> bytes:
@@ -178,6 +180,59 @@ class SessionsASGI:
             )
         return True
 
+    async def _others(self, route, scope, items: list):
+        """Several processes: the /control routes cover every process's sessions. ``items`` of
+        other processes' sessions are taken out (in place) and sent to their owners' own route;
+        ``GET /control/sessions`` asks every live process. Returns what to await for their
+        merged answers (an owner that does not answer: its ids are ``missing``)."""
+        fwd = self.api.gateway.forwarder
+        targets: dict = {}  # peer -> its items
+        if fwd is not None and not hops(scope["headers"]):
+            if route == "/control/sessions":
+                targets = {peer: [] for peer in await fwd.live_peers()}
+            else:
+                mine = []
+                for item in items:
+                    sid = item[0]
+                    owner = None if sid in self.svc.sessions else owner_of(sid)
+                    if owner is None and sid not in self.svc.sessions and _valid_sid(sid):
+                        owner = await fwd.session_owner(sid)
+                    peer = await fwd.peer(owner) if owner not in (None, self.svc.owner) else None
+                    if peer is None:
+                        mine.append(item)
+                    else:
+                        targets.setdefault(peer, []).append(item)
+                items[:] = mine
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type",)]
+        headers.append((b"content-type", b"application/json"))
+
+        async def gather() -> dict[str, list]:
+            merged: dict[str, list] = {}
+
+            async def one(peer, subset) -> None:
+                body = None
+                if route != "/control/sessions":
+                    body = _json([_control_item(sid, pin) for sid, pin in subset])
+                answer = None
+                with trio.move_on_after(CONTROL_PEER_TIMEOUT_SECS):
+                    try:
+                        status, _, data = await fwd.request(peer, scope["method"], route, headers, body, 0)
+                        answer = json.loads(data) if status == 200 else None
+                    except (PeerGone, ValueError):
+                        pass
+                if not isinstance(answer, dict):
+                    answer = {"missing": [sid for sid, _ in subset]} if subset else {}
+                for key, values in answer.items():
+                    if isinstance(values, list):
+                        merged.setdefault(key, []).extend(values)
+
+            async with trio.open_nursery() as nursery:
+                for peer, subset in targets.items():
+                    nursery.start_soon(one, peer, subset)
+            return merged
+
+        return gather
+
     def _control_denied(self, scope) -> Denied | None:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         decision = self.api.gateway.auth.check(header.decode("latin-1") if header else None, ENGINE)
@@ -258,14 +313,18 @@ class SessionsASGI:
                     raise
                 # SMG's DELETE /tito/sessions/{id} is idempotent: always 204.
             await api._respond(send, 204, b"", ok)
-        elif route == "/control/sessions":
-            await api._respond(send, 200, _json({"sessions": svc.control_list()}), ok)
-        elif route == "/control/hang":
-            ids = [sid for sid, _ in _control_items(self._obj(body, required=False))]
-            await api._respond(send, 200, _json(await svc.hang(ids)), ok)
-        elif route == "/control/continue":
-            items = _control_items(self._obj(body, required=False))
-            await api._respond(send, 200, _json(await svc.resume(items)), ok)
+        elif route.startswith("/control/"):
+            items = [] if route == "/control/sessions" else _control_items(self._obj(body, required=False))
+            remote = await self._others(route, scope, items)
+            if route == "/control/sessions":
+                out = {"sessions": svc.control_list()}
+            elif route == "/control/hang":
+                out = await svc.hang([sid for sid, _ in items])
+            else:
+                out = await svc.resume(items)
+            for key, values in (await remote()).items():
+                out.setdefault(key, []).extend(values)
+            await api._respond(send, 200, _json(out), ok)
         else:  # a chat turn: /sessions/{sid}/v1/chat/completions or the TITO header
             await self._turn(route, sid, scope, receive, send, rid, body)
 
@@ -334,6 +393,13 @@ class SessionsASGI:
 def _valid_sid(sid: str) -> bool:
     """A client-chosen TITO id becomes a session id (in events and log lines): printable ASCII only."""
     return 0 < len(sid) <= 128 and all("!" <= ch <= "~" for ch in sid)
+
+
+def _control_item(sid: str, pin: tuple[str, int] | None) -> dict:
+    """One item of a /control body, as PSRL sends it (for another process's own route)."""
+    if pin is None:
+        return {"session_id": sid}
+    return {"session_id": sid, "base_worker_id": pin[0], "target_dp_rank": pin[1]}
 
 
 def _control_items(obj: Any) -> list[tuple[str, tuple[str, int] | None]]:

@@ -152,6 +152,21 @@ async def test_a_session_is_served_whichever_process_a_request_lands_on(model_di
                 assert "agent-7" not in b.gateway.sessions.sessions
                 assert a.gateway.sessions.sessions["agent-7"].turns == 2
 
+                # The session control routes through B cover A's sessions too.
+                r = await b.client.post("/control/hang", json=[sid, "agent-7", "nobody"], headers=AUTH)
+                assert r.status_code == 200, r.text
+                assert sorted(r.json()["hung"]) == sorted([sid, "agent-7"]) and r.json()["missing"] == [
+                    "nobody"
+                ]
+                assert a.gateway.sessions.sessions[sid].hang_state == "hung"
+                r = await b.client.get("/control/sessions", headers=AUTH)
+                listed = {x["session_id"]: x for x in r.json()["sessions"]}
+                assert listed[sid]["hang_state"] == "hung" and "agent-7" in listed
+                pin = {"session_id": sid, "base_worker_id": "w", "target_dp_rank": 0}
+                r = await b.client.post("/control/continue", json=[pin, "agent-7"], headers=AUTH)
+                assert sorted(r.json()["continued"]) == sorted([sid, "agent-7"]), r.text
+                assert a.gateway.sessions.sessions[sid].hang_state != "hung"
+
                 # DELETE through B drains and drops A's session.
                 r = await b.client.delete(f"/sessions/{sid}", headers=AUTH)
                 assert r.status_code == 204, r.text
