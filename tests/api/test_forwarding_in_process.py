@@ -243,3 +243,37 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                 assert "does not answer" in r.json()["message"]
     with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
         assert store.verify().ok
+
+
+async def test_a_tito_id_created_by_two_processes_at_once_is_one_session(model_dir, tmp_path):
+    """SMG creates a TITO session on its first turn. B decides to create `agent-9` on a journal
+    position read before A created it (the two first turns at once): B's conditional append is
+    refused, and B forwards the turn to A instead of holding a second session of the same id."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines:
+            path = str(tmp_path / "j.db")
+            async with two_gateways(path, config(model_dir, engines.urls)) as (a, b):
+                await wait_visible((a, b), 1)
+                fwd = b.gateway.forwarder
+                before = await fwd.session_owner("agent-9")  # B's read: not created yet
+                assert before[0] is None
+                tito = {"x-smg-tito-session-id": "agent-9"}
+                r = await a.client.post("/v1/chat/completions", json=turn_body(1), headers=tito)
+                assert r.status_code == 200, r.text
+                real = fwd.session_owner
+                # B's two reads (whom to forward to; then, creating, the position it decides on)
+                # ran before A's creation, B's append after it.
+                stale = [before, before]
+
+                async def first_stale(sid):
+                    return stale.pop() if stale and sid == "agent-9" else await real(sid)
+
+                fwd.session_owner = first_stale
+                r = await b.client.post("/v1/chat/completions", json=turn_body(2), headers=tito)
+                assert r.status_code == 200, r.text
+                assert not stale
+                assert "agent-9" not in b.gateway.sessions.sessions
+                assert a.gateway.sessions.sessions["agent-9"].turns == 2
+    with SqliteStore.open(path, readonly=True) as store:
+        created = [r.event for r in store.read(types=["session.created"])]
+        assert [(c.session_id, c.owner) for c in created] == [("agent-9", a.gateway.sessions.owner)]
