@@ -173,17 +173,20 @@ class Forwarder:
                 out.append(Peer(e.gateway, e.owner, e.host, e.url, e.advertise_url))
         return out
 
-    async def session_owner(self, sid: str) -> str | None:
+    async def session_owner(self, sid: str) -> tuple[str | None, int]:
         """The owner of an open session with a client-chosen id (SMG's lazily created TITO
-        sessions), from its ``session.*`` events; None when none is open."""
+        sessions), from its ``session.*`` events (None when none is open), and the journal
+        position it was decided on: a creation decided on it is appended only if no other
+        process created the session after it (``Expect``)."""
         return await trio.to_thread.run_sync(self._read_session_owner, sid)
 
-    def _read_session_owner(self, sid: str) -> str | None:
+    def _read_session_owner(self, sid: str) -> tuple[str | None, int]:
+        position = self.store.last_seq()  # first: every event up to it is in the read below
         owner = None
         kinds = ["session.created", "session.deleted", "session.ended"]
         for rec in self.store.read(stream=f"session:{sid}", types=kinds):
             owner = rec.event.owner if rec.event.TYPE == "session.created" else None
-        return owner
+        return owner, position
 
     async def saga_peer(self, refit_id: str) -> Peer | None:
         """The process that started refit ``refit_id`` (its ``refit.started``), unless this one."""

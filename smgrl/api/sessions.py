@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from journal import Expect, JournalConflict
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import ANY, STRING, Body, Resp, Route, allow_table, as_json, model, path_param
 from smgrl.api.schemas import (
@@ -153,7 +154,7 @@ class SessionsASGI:
             return False
         owner = owner_of(sid)
         if owner is None and (route == "tito-chat" or route.startswith("/tito/")) and _valid_sid(sid):
-            owner = await fwd.session_owner(sid)  # a client-chosen TITO id: its session.created
+            owner, _ = await fwd.session_owner(sid)  # a client-chosen TITO id: its session.created
         if owner is None or owner == self.svc.owner:
             return False
         peer = await fwd.peer(owner)
@@ -180,6 +181,23 @@ class SessionsASGI:
             )
         return True
 
+    async def _create_tito(self, sid: str, scope) -> bool:
+        """Create a TITO session with a client-chosen id here. Several processes: only if no
+        other process created it since the journal position its absence was read at (its first
+        turn sent to two processes at once is one session); False when one did."""
+        fwd = self.api.gateway.forwarder
+        expect = None
+        if fwd is not None:
+            owner, position = await fwd.session_owner(sid)
+            if owner is not None and owner != self.svc.owner:
+                return False
+            expect = Expect(after=position, types=("session.created",), streams=(f"session:{sid}",))
+        try:
+            await self.svc.create(_headers(scope), api="tito", sid=sid, expect=expect)
+        except JournalConflict:
+            return False
+        return True
+
     async def _others(self, route, scope, items: list):
         """Several processes: the /control routes cover every process's sessions. ``items`` of
         other processes' sessions are taken out (in place) and sent to their owners' own route;
@@ -196,7 +214,7 @@ class SessionsASGI:
                     sid = item[0]
                     owner = None if sid in self.svc.sessions else owner_of(sid)
                     if owner is None and sid not in self.svc.sessions and _valid_sid(sid):
-                        owner = await fwd.session_owner(sid)
+                        owner, _ = await fwd.session_owner(sid)
                     peer = await fwd.peer(owner) if owner not in (None, self.svc.owner) else None
                     if peer is None:
                         mine.append(item)
@@ -343,7 +361,13 @@ class SessionsASGI:
                     self.svc._lookup(sid)
                 except SessionNotFound:
                     # SMG creates a TITO session lazily on its first captured turn.
-                    await self.svc.create(_headers(scope), api="tito", sid=sid)
+                    if not await self._create_tito(sid, scope):
+                        # Another process created it first: it serves the turn.
+                        if not await self._forwarded(route, sid, scope, receive, send, rid, body):
+                            raise SessionGone(
+                                f"session {sid} was created by another gateway process"
+                            ) from None
+                        return
         headers = _headers(scope)
         result = error = None
         # The watcher turns the client's disconnect into a cancellation of the turn (the engine

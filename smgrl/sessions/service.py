@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import trio
 
+from journal import JournalConflict
 from journal.events import (
     SessionContinued,
     SessionCreated,
@@ -152,8 +153,11 @@ class SessionService:
         raise errors.SessionNotFound(f"session {sid} not found")
 
     async def create(
-        self, headers: Mapping[str, str], api: str = "sessions", sid: str | None = None
+        self, headers: Mapping[str, str], api: str = "sessions", sid: str | None = None, expect=None
     ) -> Session:
+        """``expect`` (several processes, a client-chosen id): appended only if it holds
+        (``journal.Expect``); JournalConflict, and no session here, when another process created
+        it first."""
         if len(self.sessions) >= self.max_sessions:
             raise errors.TooManySessions(
                 f"{self.max_sessions} sessions are open (--max-sessions); retry later"
@@ -187,7 +191,16 @@ class SessionService:
             default_headers=defaults,
         )
         # Durable before the 201: a crash right after must still end this session at the next start.
-        await self.journal.append(f"session:{s.id}", event)
+        if expect is None:
+            await self.journal.append(f"session:{s.id}", event)
+            return s
+        try:
+            await self.journal.append_if(expect, [(f"session:{s.id}", event)])
+        except JournalConflict:
+            # Another process created it first: not held here.
+            if self.sessions.get(s.id) is s:
+                del self.sessions[s.id]
+            raise
         return s
 
     def snapshot(self, sid: str) -> dict:
