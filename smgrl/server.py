@@ -149,7 +149,13 @@ async def serve(
         if sharing is not None:
             # Several processes: a private loopback listener, the same app, so that the others
             # can reach THIS process (the shared port reaches any): smgrl/forwarding.py.
-            private = private_socket(hc.backlog)
+            try:
+                private = private_socket(hc.backlog)
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot listen on 127.0.0.1 (the private port other gateway processes forward to): "
+                    f"{exc.strerror or exc}"
+                ) from None
             resources.callback(private.close)
         metrics_listeners = await bind_metrics(cfg)
         for listener in metrics_listeners or ():
