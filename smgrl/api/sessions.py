@@ -232,6 +232,7 @@ class SessionsASGI:
                 if route != "/control/sessions":
                     body = _json([_control_item(sid, pin) for sid, pin in subset])
                 answer = None
+                # Bounded: a hung process must not hold this route (its ids answer `missing`).
                 with trio.move_on_after(CONTROL_PEER_TIMEOUT_SECS):
                     try:
                         status, _, data = await fwd.request(peer, scope["method"], route, headers, body, 0)
@@ -244,6 +245,7 @@ class SessionsASGI:
                     if isinstance(values, list):
                         merged.setdefault(key, []).extend(values)
 
+            # Every owner at once: the answer waits for the slowest, each bounded above.
             async with trio.open_nursery() as nursery:
                 for peer, subset in targets.items():
                     nursery.start_soon(one, peer, subset)
