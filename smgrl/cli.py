@@ -295,7 +295,24 @@ def main(argv: list[str] | None = None) -> None:
     type=click.Choice(["debug", "info", "warn", "error"], case_sensitive=False),
 )
 @click.option("--log-json", is_flag=True, help="One JSON object per log line.")
-@click.option("--disable-load-monitoring", is_flag=True, help="Accepted for SMG compatibility.")
+@click.option(
+    "--disable-load-monitoring",
+    is_flag=True,
+    help="Poll engine loads only when the policy (cache_aware, power_of_two, least_load) or overload "
+    "protection needs them (SMG's gate; docs/cli.md).",
+)
+@click.option(
+    "--load-monitor-interval",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Seconds between two reads of an engine's GET /v1/loads (engine_load in GET /workers).",
+)
+@click.option(
+    "--disable-worker-overload-protection",
+    is_flag=True,
+    help="smgrl has no overload protection; with --disable-load-monitoring this lets the load monitor stop.",
+)
 @click.option(
     "--journal",
     "journal_path",
@@ -429,6 +446,8 @@ def config_from_options(o: dict) -> Config:
         log_level=o["log_level"],
         log_json=o["log_json"],
         disable_load_monitoring=o["disable_load_monitoring"],
+        load_monitor_interval_secs=o["load_monitor_interval"],
+        disable_worker_overload_protection=o["disable_worker_overload_protection"],
         journal=o["journal_path"],
         journal_lock_wait_secs=o["journal_lock_wait_secs"],
         audit=not o["disable_audit_logging"],

@@ -175,6 +175,10 @@ class Config:
     log_level: str = "info"
     log_json: bool = False
     disable_load_monitoring: bool = False
+    # The load monitor (smgrl/registry/loads.py): seconds between a worker group's reads, and
+    # SMG's overload-protection switch, which only completes --disable-load-monitoring's gate.
+    load_monitor_interval_secs: float = 10.0
+    disable_worker_overload_protection: bool = False
     journal: str = DEFAULT_JOURNAL
     # How long a journal append waits for SQLite's write lock held by another process (a
     # `smgrl journal compact`, say) before the operation fails with 503.

@@ -21,6 +21,7 @@ from smgrl.dataplane.service import DataPlane
 from smgrl.metrics import Metrics
 from smgrl.refit.saga import RefitService
 from smgrl.registry.keys import KeyRing
+from smgrl.registry.loads import LoadMonitor
 from smgrl.registry.service import RegistryService
 from smgrl.sessions import build as build_sessions
 from smgrl.state.fleet import FleetState
@@ -56,6 +57,8 @@ class Gateway:
     sharing: object | None = None
     # ... and how requests for another process's session or refit reach it (smgrl/forwarding.py).
     forwarder: object | None = None
+    # engine_load samples for GET /workers (smgrl/registry/loads.py; run by serve() per process).
+    loads: LoadMonitor | None = None
 
     @classmethod
     def build(
@@ -91,6 +94,13 @@ class Gateway:
         gateway.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
         gateway.writes = ControlWrites(fleet=fleet, journal=journal, control=control)
         gateway.sessions = build_sessions(gateway, dataplane)
+        gateway.loads = LoadMonitor(
+            fleet=fleet,
+            pools=pools,
+            keys=keys,
+            interval_secs=cfg.load_monitor_interval_secs,
+            instance_id=instance_id,
+        )
         # Every in-memory view is fed from the journal's commit path, in commit order, before the
         # appenders wake: the key ring (secrets), the projections, the registry's jobs, metrics.
         journal.on_secrets = keys.apply

@@ -66,6 +66,7 @@ from smgrl.journaling import ev, record_interrupted
 from smgrl.logs import event as log_event
 from smgrl.registry.health import HealthChecker
 from smgrl.registry.keys import KeyRing
+from smgrl.registry.loads import monitoring_enabled
 from smgrl.registry.service import Registration
 from smgrl.sharing import Sharing, presence, recovery_duty, run_leased
 from smgrl.snapshots import Snapshotter, snapshot_every
@@ -317,6 +318,10 @@ async def _run(
                                     raise
                     if checker is not None and sharing is None:
                         await inner.start(checker.run)
+                    if monitoring_enabled(cfg):
+                        # Per process, never leased: samples are in memory only, and every
+                        # process serves GET /workers rows of its own (smgrl/registry/loads.py).
+                        await inner.start(gateway.loads.run)
                     metrics_url = None
                     if metrics_listeners is not None:
                         await inner.start(

@@ -32,7 +32,7 @@ from smgrl.errors import WorkerApiError, bad_request
 from smgrl.registry.service import Registration
 
 
-def worker_json(w) -> dict:
+def worker_json(w, engine_load: dict | None = None) -> dict:
     out = {
         "id": w.id,
         "model_id": w.effective_model_id,
@@ -53,6 +53,8 @@ def worker_json(w) -> dict:
     out.update(is_healthy=w.status == "ready", status=w.status, load=0, http2=False)
     if w.bootstrap_port is not None:
         out["bootstrap_port"] = w.bootstrap_port
+    if engine_load is not None:
+        out["engine_load"] = engine_load  # the load monitor's last sample (smgrl/registry/loads.py)
     return out
 
 
@@ -119,10 +121,14 @@ class WorkersApi:
         }[request.method]
         return await self._guarded(action, handler, worker_id)
 
+    def _load(self, worker) -> dict | None:
+        loads = self.gateway.loads
+        return loads.sample(worker.id) if loads is not None else None
+
     # -- handlers ------------------------------------------------------------------------------
 
     async def _list(self) -> Response:
-        workers = [worker_json(w) for w in self.gateway.fleet.registry]
+        workers = [worker_json(w, self._load(w)) for w in self.gateway.fleet.registry]
         stats = {
             f"{t}_count": sum(1 for w in self.gateway.fleet.registry if w.worker_type == t)
             for t in ("prefill", "decode", "regular")
@@ -167,7 +173,8 @@ class WorkersApi:
         return worker
 
     async def _get(self, worker_id: str) -> Response:
-        return env.json_response(200, worker_json(self._lookup(worker_id)))
+        worker = self._lookup(worker_id)
+        return env.json_response(200, worker_json(worker, self._load(worker)))
 
     async def _patch(self, worker_id: str) -> Response:
         body = await self._body(parse_worker_update)
@@ -251,6 +258,11 @@ class WorkerEntry:
     load: int = field(optional=True)
     http2: bool = field(optional=True)
     bootstrap_port: int = field(optional=True)
+    engine_load: dict = field(
+        "The load monitor's last GET /v1/loads sample (SMG's WorkerLoadResponse; absent before "
+        "the first sample, after a failed read, and on a worker that is not ready).",
+        optional=True,
+    )
 
 
 @model(inline=True)

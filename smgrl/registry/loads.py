@@ -1,0 +1,169 @@
+"""The load monitor: each engine's last ``/v1/loads`` sample, shown as ``engine_load`` in
+``GET /workers[/{id}]`` rows (SMG 1.13.0's ``WorkerMonitor``, docs/deviations.md).
+
+As in SMG, polling is per group of workers (model id, worker type, connection mode): a group's
+loop starts when its first worker is discovered, polls at once and then every
+``--load-monitor-interval`` seconds (default 10), each tick reading every ``ready`` HTTP worker
+of the group concurrently (``GET /v1/loads?include=core,disagg,queues,memory``, 5 s timeout, the
+worker's key). A tick replaces the group's samples: a worker whose read failed this tick, that is
+no longer ready, or that was removed shows no ``engine_load`` (never a stale one). An engine that
+answers 404/405/501 (or a 2xx that is not a load response) is not asked again; it and any engine
+whose read failed are read from ``/metrics`` (SGLang's or vLLM's gauges) instead. DP-aware rank
+rows never get one (SMG 1.13.0 shows none on them). gRPC/ZMQ workers are not polled (SMG asks
+their gRPC servers; smgrl has no gRPC client).
+
+``--disable-load-monitoring`` turns polling off only when nothing else needs the data, SMG's
+gate: the policy is not load-aware (``cache_aware``, ``power_of_two`` and ``least_load`` are)
+and worker overload protection is off (``--disable-worker-overload-protection``; smgrl has no
+overload protection, the flag only completes this gate).
+
+Samples live in this process's memory and are never journaled (a sample every 10 s per engine
+would grow the journal without bound and is stale at once): with ``launch --workers N`` every
+process polls for the rows it serves, as N SMG replicas would (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import trio
+
+from smgrl.core.engine_load import ABSENT_STATUSES, LOADS_PATH, NotALoadResponse, metrics_load, parse_loads
+from smgrl.registry.probe import ProbeFailed, ReachesSelf, _get
+
+log = logging.getLogger("smgrl.loads")
+
+LOAD_AWARE_POLICIES = frozenset({"cache_aware", "power_of_two", "least_load"})
+READ_TIMEOUT_SECS = 5.0  # SMG's REQUEST_TIMEOUT for a load read
+
+
+def monitoring_enabled(cfg) -> bool:
+    """SMG's gate: on by default; ``--disable-load-monitoring`` switches it off only when neither
+    the routing policy nor overload protection needs the samples."""
+    if not cfg.disable_load_monitoring:
+        return True
+    return cfg.policy in LOAD_AWARE_POLICIES or not cfg.disable_worker_overload_protection
+
+
+def group_key(worker) -> tuple[str, str, str]:
+    return (worker.effective_model_id, worker.worker_type, worker.connection_mode)
+
+
+class LoadMonitor:
+    def __init__(self, *, fleet, pools, keys, interval_secs: float, instance_id: str | None = None) -> None:
+        self.fleet = fleet
+        self.pools = pools
+        self.keys = keys
+        self.interval_secs = interval_secs
+        self.instance_id = instance_id
+        self._samples: dict[str, dict] = {}  # worker id -> its engine_load
+        self._no_loads_route: set[str] = set()  # base URLs that answered "no /v1/loads"
+        self._changed = trio.Event()
+
+    def sample(self, worker_id: str) -> dict | None:
+        return self._samples.get(worker_id)
+
+    # -- the duty ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Start a loop per group as groups appear; end a group's loop once it is empty."""
+        self.fleet.subscribe(self._wake)
+        try:
+            # One nursery holds the group loops: cancelling the monitor (shutdown, or the inner
+            # nursery of serve()) ends every loop, and a loop's reads with it.
+            async with trio.open_nursery() as nursery:
+                loops: dict[tuple, trio.CancelScope] = {}
+                task_status.started()
+                while True:
+                    self._changed = trio.Event()
+                    groups = {group_key(w) for w in self.fleet.registry if w.status != "pending"}
+                    for key in groups - loops.keys():
+                        loops[key] = await nursery.start(self._group_loop, key)
+                    for key in loops.keys() - groups:
+                        loops.pop(key).cancel()
+                    self._evict()
+                    await self._changed.wait()
+        finally:
+            self.fleet.unsubscribe(self._wake)
+
+    def _wake(self) -> None:
+        # Called from the journal's commit path (FleetState.notify): only set an event.
+        self._changed.set()
+
+    def _evict(self) -> None:
+        """A removed worker, or one no longer ready, has no sample (SMG's StatusChanged rule)."""
+        ready = {w.id for w in self.fleet.registry if w.status == "ready"}
+        for worker_id in [i for i in self._samples if i not in ready]:
+            del self._samples[worker_id]
+
+    async def _group_loop(self, key: tuple, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            while True:
+                await self.poll_group(key)
+                await trio.sleep(self.interval_secs)
+
+    # -- one tick ----------------------------------------------------------------------------
+
+    def members(self, key: tuple) -> list:
+        return [w for w in self.fleet.registry if w.status != "pending" and group_key(w) == key]
+
+    async def poll_group(self, key: tuple) -> None:
+        """Read every ready member once (concurrently; the tick ends when all are read or timed
+        out), then replace the group's samples with what arrived."""
+        members = self.members(key)
+        fresh: dict[str, dict] = {}
+        polled = [w for w in members if _polled(w)]
+        # A nursery local to the tick: a slow engine costs at most the read timeout, and a tick
+        # never overlaps the group's next one.
+        async with trio.open_nursery() as nursery:
+            for worker in polled:
+                nursery.start_soon(self._read_into, fresh, worker)
+        self._replace(members, fresh)
+
+    def _replace(self, members: Iterable, fresh: dict[str, dict]) -> None:
+        for w in members:
+            self._samples.pop(w.id, None)
+        self._samples.update(fresh)
+        self._evict()  # a worker that left ready or was removed during the reads
+
+    async def _read_into(self, out: dict, worker) -> None:
+        sample = await self.read(worker)
+        if sample is not None:
+            out[worker.id] = sample
+
+    async def read(self, worker) -> dict | None:
+        """``/v1/loads`` (unless the engine has none), else ``/metrics``; ``None`` if neither."""
+        key = self.keys.get(worker.group)
+        if worker.base_url not in self._no_loads_route:
+            try:
+                status, data = await _get(
+                    self.pools, worker.base_url, LOADS_PATH, key, READ_TIMEOUT_SECS, self.instance_id
+                )
+            except (ProbeFailed, ReachesSelf):
+                status, data = None, b""
+            if status is not None and 200 <= status < 300:
+                try:
+                    sample = parse_loads(data)
+                except NotALoadResponse:
+                    self._no_loads_route.add(worker.base_url)
+                else:
+                    if sample is not None:
+                        return sample
+            elif status in ABSENT_STATUSES:
+                self._no_loads_route.add(worker.base_url)
+        try:
+            status, data = await _get(
+                self.pools, worker.base_url, "/metrics", key, READ_TIMEOUT_SECS, self.instance_id
+            )
+        except (ProbeFailed, ReachesSelf):
+            return None
+        if not 200 <= status < 300:
+            return None
+        return metrics_load(worker.engine, data.decode("utf-8", "replace"))
+
+
+def _polled(worker) -> bool:
+    # Ready HTTP workers; DP-aware ranks share one engine address and show no sample in SMG.
+    return worker.status == "ready" and worker.connection_mode == "http" and not worker.dp_aware

@@ -1,0 +1,136 @@
+"""The load monitor: engine_load in GET /workers rows, as SMG 1.13.0 shows it (real fake engines)."""
+
+import httpx
+import pytest
+import trio
+from rl_api_helpers import rl_cfg
+
+from smgrl.config import Config, HealthConfig
+from smgrl.fake import fake_fleet
+from smgrl.registry.loads import group_key, monitoring_enabled
+from smgrl.server import serve
+from smgrl.testing import gateway_in_process
+
+CFG = rl_cfg()
+
+
+async def rows(gw) -> dict:
+    r = await gw.client.get("/workers")
+    assert r.status_code == 200
+    return {w["url"]: w for w in r.json()["workers"]}
+
+
+def paths(engine, prefix: str) -> list[str]:
+    return [c.path for c in engine.calls if c.path.startswith(prefix)]
+
+
+async def test_a_tick_shows_each_ready_engines_sample_and_drops_a_failed_one():
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+        monitor = gw.gateway.loads
+        before = await rows(gw)
+        assert all("engine_load" not in w for w in before.values())  # no sample yet: absent
+        (key,) = {group_key(w) for w in gw.gateway.fleet.registry}
+        await monitor.poll_group(key)
+        after = await rows(gw)
+        for engine in fleet.engines:
+            load = after[engine.url]["engine_load"]
+            assert list(load) == ["timestamp", "version", "dp_rank_count", "loads"]
+            assert load["version"] == "0.5.23" and load["dp_rank_count"] == 0
+            assert [r["dp_rank"] for r in load["loads"]] == [0]
+            assert set(load["loads"][0]) >= {"memory", "queues"}  # include=memory,queues was asked
+            assert paths(engine, "/v1/loads") == ["/v1/loads"]
+        one = after[fleet.engines[0].url]
+        r = await gw.client.get(f"/workers/{one['id']}")
+        assert r.json()["engine_load"] == one["engine_load"]
+        # A failed read clears that engine's sample (never a stale one); SMG then tries /metrics.
+        failing, fine = fleet.engines
+        failing.set_knobs(force_status=500)
+        await monitor.poll_group(key)
+        after = await rows(gw)
+        assert "engine_load" not in after[failing.url]
+        assert "engine_load" in after[fine.url]
+        assert paths(failing, "/metrics") == ["/metrics"]
+        # A 500 is a condition, not a fact about the route: the next tick asks /v1/loads again.
+        failing.set_knobs(force_status=None)
+        await monitor.poll_group(key)
+        assert "engine_load" in (await rows(gw))[failing.url]
+
+
+async def test_an_engine_without_v1_loads_is_not_asked_again():
+    async with fake_fleet("vllm", 1) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+        engine = fleet.engines[0]
+        (key,) = {group_key(w) for w in gw.gateway.fleet.registry}
+        for _ in range(2):
+            await gw.gateway.loads.poll_group(key)
+        assert paths(engine, "/v1/loads") == ["/v1/loads"]  # 404 once, remembered
+        assert paths(engine, "/metrics") == ["/metrics", "/metrics"]  # the fake serves none
+        assert "engine_load" not in (await rows(gw))[engine.url]
+
+
+async def test_dp_aware_rank_rows_have_no_sample():
+    cfg = rl_cfg(dp_aware=True)
+    async with (
+        fake_fleet("sglang", 1, dp_size=2) as fleet,
+        gateway_in_process(cfg, worker_urls=fleet.urls) as gw,
+    ):
+        for key in {group_key(w) for w in gw.gateway.fleet.registry}:
+            await gw.gateway.loads.poll_group(key)
+        listed = await rows(gw)
+        assert len(listed) == 2 and all("engine_load" not in w for w in listed.values())
+        assert paths(fleet.engines[0], "/v1/loads") == []
+
+
+async def test_a_sample_goes_when_its_worker_is_removed_or_leaves_ready():
+    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+        monitor = gw.gateway.loads
+        (worker,) = list(gw.gateway.fleet.registry)
+        await monitor.poll_group(group_key(worker))
+        assert monitor.sample(worker.id) is not None
+        await gw.gateway.registry.set_health(worker, "not_ready", "test")
+        monitor._evict()
+        assert monitor.sample(worker.id) is None
+
+
+@pytest.mark.parametrize(
+    ("disable", "policy", "no_overload", "polls"),
+    [
+        (False, "round_robin", True, True),  # on by default
+        (True, "cache_aware", True, True),  # a load-aware policy needs the data
+        (True, "least_load", True, True),
+        (True, "round_robin", False, True),  # SMG's overload protection is on by default
+        (True, "round_robin", True, False),
+        (True, "random", True, False),
+    ],
+)
+def test_disable_load_monitoring_follows_smgs_gate(disable, policy, no_overload, polls):
+    cfg = Config(
+        disable_load_monitoring=disable, policy=policy, disable_worker_overload_protection=no_overload
+    )
+    assert monitoring_enabled(cfg) is polls
+
+
+async def test_launch_runs_the_monitor_and_get_workers_shows_the_sample():
+    async with fake_fleet("sglang", 1) as fleet:
+        cfg = rl_cfg(
+            port=0,
+            prometheus_port=None,
+            health=HealthConfig(enabled=False),
+            shutdown_grace_period_secs=0,
+            journal=":memory:",
+            worker_urls=tuple(fleet.urls),
+        )
+        async with trio.open_nursery() as nursery:
+            shutdown = trio.Event()
+            running = await nursery.start(
+                lambda task_status: serve(cfg, shutdown=shutdown, task_status=task_status)
+            )
+            async with httpx.AsyncClient(base_url=running.urls[0]) as client:
+                # Discovery, then the group's first tick, happen in the background: bounded wait.
+                with trio.fail_after(20):
+                    while True:
+                        (row,) = (await client.get("/workers")).json()["workers"]
+                        if "engine_load" in row:
+                            break
+                        await trio.sleep(0.05)
+            assert row["engine_load"]["loads"][0]["max_total_num_tokens"] == 500000
+            shutdown.set()
