@@ -125,7 +125,7 @@ def restore_verified(store) -> tuple[FleetState, Restored]:
     # projection folds its type) folded once it passed. Rows that fail never reach the fold, and
     # a failure refuses the whole state anyway.
     if seq:
-        restore_sagas(store, fleet, seq)
+        restore_sagas(store, fleet, seq, verified=True)
     folded_upto, count = seq, 0
     apply = fleet.apply
 
@@ -139,18 +139,49 @@ def restore_verified(store) -> tuple[FleetState, Restored]:
             count += 1
 
     report = store.verify(after=seq, on_row=fold)
+    _refuse_unless_ok(store, report)
+    fleet.last_seq = max(fleet.last_seq, folded_upto)
+    return fleet, Restored(snapshot_seq=seq, replayed=count, head=fleet.last_seq, snapshot_error=problem)
+
+
+def restore_sagas(store, fleet: FleetState, upto_seq: int, *, verified: bool = False) -> None:
+    """Snapshots do not hold refit sagas, quarantines or the version history: fold their
+    events up to the snapshot from the file (a type-filtered read; few events).
+
+    ``verified`` (startup): each of those rows is folded only once the chain checked it and its
+    successor: it links to the row before it, its recomputed hash is its stored hash, and the
+    next row links to that hash. So an edit of the row, or of the row and its stored hash, is
+    refused as an edit after the snapshot is (StartupError naming the seq). Not the whole chain
+    below the snapshot (that is `smgrl journal verify`'s O(journal) job): a forger who rewrites
+    the hashes of every row up to some later one can still go unseen until a full verify, as
+    with any unkeyed chain. A few store calls per saga row; the rows between are not read."""
+    records = list(store.read(types=sorted(sagas.TYPES), until_seq=upto_seq))
+    if verified:
+        for after, upto in _windows([rec.seq for rec in records], upto_seq):
+            report = store.verify(after=after, upto=upto)
+            _refuse_unless_ok(store, report)
+    for rec in records:
+        fleet.sagas.apply(rec.seq, rec.event, rec.ts)
+
+
+def _refuse_unless_ok(store, report) -> None:
+    """A failed chain check refuses the whole state: one line naming the first bad seq."""
     if not report.ok:
         where = getattr(store, "path", "the journal")
         raise StartupError(
             f"{where} fails its hash check at seq {report.first_bad_seq} ({report.reason}); not serving"
             " it: run `smgrl journal verify` for details"
         )
-    fleet.last_seq = max(fleet.last_seq, folded_upto)
-    return fleet, Restored(snapshot_seq=seq, replayed=count, head=fleet.last_seq, snapshot_error=problem)
 
 
-def restore_sagas(store, fleet: FleetState, upto_seq: int) -> None:
-    """Snapshots do not hold refit sagas, quarantines or the version history: fold their
-    events up to the snapshot from the file (a type-filtered read; few events)."""
-    for rec in store.read(types=sorted(sagas.TYPES), until_seq=upto_seq):
-        fleet.sagas.apply(rec.seq, rec.event, rec.ts)
+def _windows(seqs: list[int], upto_seq: int) -> list[tuple[int, int]]:
+    """``(after, upto)`` ranges covering each seq and its successor (not past the snapshot's
+    row), overlapping ones merged."""
+    out: list[tuple[int, int]] = []
+    for s in seqs:
+        after, upto = s - 1, min(s + 1, upto_seq)
+        if out and after <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], upto))
+        else:
+            out.append((after, upto))
+    return out

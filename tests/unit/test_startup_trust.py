@@ -205,3 +205,64 @@ def test_the_verified_one_pass_restore_equals_a_full_replay(tmp_path, snapshot_a
     assert (restored.snapshot_seq > 0) == (snapshot_at != "none")
     assert snapshot.to_dict(snapshot.capture(fleet)) == snapshot.to_dict(snapshot.capture(full))
     assert list(fleet.operations.open) == ["op3"]
+
+
+def quarantine_then_snapshot(path: str) -> int:
+    """Six workers, w001 quarantined (seq 13), more events, then a snapshot: the seq of the
+    quarantine. Snapshots do not hold sagas or quarantines: startup folds those rows from the file."""
+    from journal.refit_events import WorkerQuarantined
+    from smgrl.state.fleet import FleetState
+
+    build(path, 6)
+    store = SqliteStore.open(path)
+    url = "http://127.0.0.1:41001"
+    (rec,) = store.append_batch(
+        [
+            Append(
+                "worker:w001",
+                WorkerQuarantined(worker_id="w001", base_url=url, reason="operator: bad weights"),
+            )
+        ]
+    )
+    store.append_batch(worker(6))
+    fleet = FleetState()
+    replay(store, fleet)
+    store.save_snapshot(snapshot.KIND, fleet.last_seq, snapshot.to_json(fleet))
+    store.append_batch(worker(7))
+    store.close()
+    return rec.seq
+
+
+def test_a_quarantine_before_the_snapshot_is_restored(tmp_path):
+    path = str(tmp_path / "j.db")
+    quarantine_then_snapshot(path)
+    store = SqliteStore.open(path)
+    fleet, restored = restore_verified(store)
+    store.close()
+    assert restored.snapshot_seq > 0
+    assert list(fleet.sagas.quarantined) == ["http://127.0.0.1:41001"]
+
+
+@pytest.mark.parametrize("hashes", ["kept", "recomputed"])
+def test_an_edited_quarantine_before_the_snapshot_is_refused(tmp_path, hashes):
+    """The rows startup folds from before the snapshot are chain-checked too: an edit of the row
+    (its stored hash kept, or recomputed so that the next row no longer links) is refused."""
+    from journal._chain import chain_hash
+
+    path = str(tmp_path / "j.db")
+    seq = quarantine_then_snapshot(path)
+    # Release w001 behind the journal's back: point its quarantine at another engine.
+    tamper(path, "UPDATE events SET payload = replace(payload, '41001', '41999') WHERE seq = ?", seq)
+    if hashes == "recomputed":
+        conn = sqlite3.connect(path)
+        row = conn.execute(
+            "SELECT seq, ts, stream, type, schema, payload, prev_hash FROM events WHERE seq = ?", (seq,)
+        ).fetchone()
+        new = chain_hash(row[6], row[0], row[1], row[2], row[3], row[4], row[5].encode())
+        conn.execute("UPDATE events SET hash = ? WHERE seq = ?", (new, seq))
+        conn.commit()
+        conn.close()
+    store = SqliteStore.open(path)
+    with pytest.raises(StartupError, match=f"at seq {seq if hashes == 'kept' else seq + 1}"):
+        restore_verified(store)
+    store.close()
