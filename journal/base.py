@@ -11,7 +11,18 @@ import attrs
 from ._chain import Prepared, VerifyReport, prepare
 from .events import Event, Recorded, UnknownEvent
 
-__all__ = ["Append", "EventStore", "Expect", "Lease", "RawRow", "VerifyReport"]
+__all__ = ["MAX_SEQ", "Append", "EventStore", "Expect", "Lease", "RawRow", "VerifyReport", "clamp_seq"]
+
+# The largest sequence number a journal can hold (SQLite and PostgreSQL integers are 64-bit). A
+# larger position a client or a CLI user gives (`?after=`, `?upto=`, `--after`, `--before`) is past
+# every event: it is clamped here before any store read, never an OverflowError from the driver.
+MAX_SEQ = 2**63 - 1
+
+
+def clamp_seq(seq: int) -> int:
+    """A sequence number (or bound) as a store can take it: at most ``MAX_SEQ``."""
+    return min(seq, MAX_SEQ)
+
 
 # (seq, ts, stream, type, schema, payload) as stored: what read_raw() yields.
 RawRow = tuple[int, float, str, str, int, str]

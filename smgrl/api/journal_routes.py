@@ -18,6 +18,7 @@ import trio
 from quart import Response, request
 
 from journal import SqliteStore
+from journal.base import MAX_SEQ, clamp_seq
 from journal.events import encode
 from smgrl.api import envelopes as env
 from smgrl.core.numbers import parse_int
@@ -29,7 +30,6 @@ from smgrl.state.operations import Operations
 
 PAGE_DEFAULT = 100
 PAGE_MAX = 1000
-SQLITE_MAX_INT = 2**63 - 1
 
 
 class JournalRoutes:
@@ -69,7 +69,7 @@ class JournalRoutes:
     async def page(self) -> Response:
         after = _int_arg("after", 0, 0)
         limit = min(_int_arg("limit", PAGE_DEFAULT, 1), PAGE_MAX)
-        upto = _int_arg("upto", SQLITE_MAX_INT, 0)
+        upto = _int_arg("upto", MAX_SEQ, 0)
         since, until = _time_arg("since"), _time_arg("until")
         patterns = [t.strip() for t in request.args.get("type", "").split(",") if t.strip()]
         store = self._store()
@@ -131,6 +131,6 @@ def _int_arg(name: str, default: int, minimum: int) -> int:
         raise InvalidQuery(f"`{name}` must be an integer, got `{raw}`") from None
     if value < minimum:
         raise InvalidQuery(f"`{name}` must be at least {minimum}")
-    # SQLite integers are 64-bit: a larger `after` is past every event (it was a 500, found by
-    # tests/e2e/test_schemathesis.py), a larger `limit` is capped anyway.
-    return min(value, SQLITE_MAX_INT)
+    # A larger `after` is past every event (it was a 500, found by tests/e2e/test_schemathesis.py),
+    # a larger `limit` is capped anyway.
+    return clamp_seq(value)

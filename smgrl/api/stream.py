@@ -17,12 +17,13 @@ import json
 import trio
 from quart import Response, request
 
+from journal.base import clamp_seq
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import HTML, STRING, Param, Resp, Route, allow_table
 from smgrl.api.event_streams import EventStreams
 from smgrl.api.fleet_page import PAGE
 from smgrl.api.guard import Guard
-from smgrl.api.journal_routes import SQLITE_MAX_INT, JournalRoutes, record_json
+from smgrl.api.journal_routes import JournalRoutes, record_json
 from smgrl.api.schemas import rl_error_resp
 from smgrl.auth import READ
 from smgrl.core.numbers import parse_uint
@@ -80,7 +81,7 @@ class JournalStream:
             after = parse_uint(after_arg)
             if after is None:
                 raise InvalidQuery("`after` must be a non-negative integer", param="after")
-            after = min(after, SQLITE_MAX_INT)  # as /v1/rl/journal: past every event, not a 500
+            after = clamp_seq(after)  # as /v1/rl/journal: past every event, not a 500
         tail_arg = request.args.get("tail")
         if tail_arg is not None and after is None:
             tail = parse_uint(tail_arg)

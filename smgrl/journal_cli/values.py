@@ -19,6 +19,7 @@ import re
 
 import attrs
 
+from journal.base import clamp_seq
 from smgrl.core.numbers import parse_uint
 
 __all__ = ["BadValue", "Point", "SeqRange", "fmt_ms", "fmt_ts", "parse_point", "parse_time", "seq_range"]
@@ -26,9 +27,6 @@ __all__ = ["BadValue", "Point", "SeqRange", "fmt_ms", "fmt_ts", "parse_point", "
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NUMBER = re.compile(r"^@?\d+(?:\.\d+)?$")
-# The largest sequence number a journal can hold (SQLite and PostgreSQL integers are 64-bit): a
-# larger one typed is past every event, never an OverflowError from the database driver.
-MAX_SEQ = 2**63 - 1
 
 
 class BadValue(ValueError):
@@ -71,7 +69,7 @@ def parse_point(text: str, now: float) -> Point:
     raw = text.strip()
     seq = parse_uint(raw)
     if seq is not None:
-        return Point(seq=min(seq, MAX_SEQ))
+        return Point(seq=clamp_seq(seq))
     return Point(ts=parse_time(raw, now))
 
 
@@ -95,10 +93,10 @@ def seq_range(after: int | None, before: int | None) -> SeqRange:
         raise BadValue(f"--after must be >= 0, got {after}")
     if before is not None and before < 1:
         raise BadValue(f"--before must be >= 1, got {before}")
-    lo = min(after or 0, MAX_SEQ)
+    lo = clamp_seq(after or 0)
     if before is not None and before <= lo + 1:
         raise BadValue(f"empty range: no sequence number is > {lo} and < {before}")
-    return SeqRange(lo, None if before is None else min(before, MAX_SEQ))
+    return SeqRange(lo, None if before is None else clamp_seq(before))
 
 
 def time_window(since: float | None, until: float | None) -> None:

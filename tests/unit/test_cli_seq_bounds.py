@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 from journal import Append, SqliteStore
+from journal.base import MAX_SEQ
 from journal.events import WorkerRemoved
-from smgrl.journal_cli.values import MAX_SEQ, parse_point, seq_range
+from smgrl.journal_cli.values import parse_point, seq_range
 
 HUGE = 10**20 - 1  # 20 digits: what the integer parser still takes
 
@@ -38,3 +39,23 @@ def test_journal_events_after_past_64_bits_lists_nothing(tmp_path):
         assert "Traceback" not in proc.stderr
         seqs = [json.loads(line)["seq"] for line in proc.stdout.splitlines() if line.strip()]
         assert seqs == ([] if args[0] == "--after" else [1]), (args, proc.stdout)
+
+
+def test_one_clamp_for_every_seq_a_caller_gives():
+    """`?after`/`?upto` (GET /v1/rl/journal), `?after` (the journal stream) and `--after`/`--before`
+    (`smgrl journal`) are clamped by one helper, ``journal.base.clamp_seq``: no module keeps its own
+    64-bit limit to drift from the others (there were three)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    limit = re.compile(r"2\s*\*\*\s*63\s*-\s*1|9223372036854775807")
+    own = sorted(
+        str(p.relative_to(root))
+        for p in [*root.glob("smgrl/**/*.py"), *root.glob("journal/*.py")]
+        if limit.search(p.read_text()) and p.name != "base.py"
+    )
+    assert own == []
+    users = ("smgrl/api/journal_routes.py", "smgrl/api/stream.py", "smgrl/journal_cli/values.py")
+    for path in users:
+        assert "clamp_seq(" in (root / path).read_text(), path
