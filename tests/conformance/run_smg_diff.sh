@@ -57,7 +57,7 @@ KEYS="--control-plane-api-keys adm:Admin:admin:admin-secret usr:User:user:user-s
 # case -> engines | flags | admin key
 declare -A ENGINES=([discovery]=$FAKE [proxy]=$RAW [fanout]=$RAW [errors]=$RAW [auth]=$FAKE
                     [dp-aware]=$DP [workers]=$RAW
-                    [dataplane]=$FAKE)
+                    [dataplane]=$FAKE [gateway]=$FAKE)
 declare -A FLAGS=(
     [discovery]="--enable-rl"
     [proxy]="--enable-rl --rl-control-timeout-secs 1"
@@ -67,11 +67,12 @@ declare -A FLAGS=(
     [dp-aware]="--enable-rl --dp-aware"
     [workers]="--enable-rl --max-payload-size 100000"
     [dataplane]="--enable-rl"
+    [gateway]="--enable-rl"
 )
 declare -A ADMIN=([auth]=admin-secret)
 
 CASES=("$@")
-[ ${#CASES[@]} -gt 0 ] || CASES=(discovery proxy fanout errors auth dp-aware workers dataplane)
+[ ${#CASES[@]} -gt 0 ] || CASES=(discovery proxy fanout errors auth dp-aware workers dataplane gateway)
 status=0
 for name in "${CASES[@]}"; do
     urls=(${ENGINES[$name]})
