@@ -383,8 +383,7 @@ async def run_buffered(
             outcome = "failed"
         raise
     finally:
-        if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
-            await record(journal, rollout, routed, req, model, outcome)
+        await record(journal, rollout, routed, req, model, outcome)
 
 
 def current_version(dataplane, dispatched) -> str | None:
@@ -428,12 +427,16 @@ def prepare(dataplane, routed, rollout: Rollout, instance, leg: Leg, ops=()) -> 
         routed.pinned = routed.pinned or first
 
 
-async def record(journal, rollout: Rollout, routed, req, model: str, outcome: str) -> None:
-    """One ``dataplane.request_looped_back`` event per looped-back request. Shielded and
-    bounded: it runs while the request may be cancelled (client gone), and a loopback that
-    happened must be in the journal; a journal stuck for 5 s is given up (logged)."""
-    if journal is None:
+async def record(journal, rollout: Rollout | None, routed, req, model: str, outcome: str) -> None:
+    """One ``dataplane.request_looped_back`` event per looped-back request (every route): one
+    whose rollout went on after an abort (a continuation was sent, ``routed.loopbacks``, even if
+    that continuation then failed), or that the loopback bound stopped. Shielded and bounded: it
+    runs while the request may be cancelled (client gone), and a loopback that happened must be
+    in the journal; a journal stuck for 5 s is given up (logged)."""
+    if journal is None or rollout is None:
         return
+    if not (rollout.loopbacks or routed.loopbacks or outcome == "limit_exceeded"):
+        return  # never aborted by a sync: nothing was looped back
     event = RequestLoopedBack(
         request_id=routed.meta.request_id,
         route=req.route,
@@ -628,8 +631,13 @@ class _Seam:
         return b"data: " + _dumps(out) + b"\n\n"
 
 
-async def relay_as_is(send, chunks) -> None:
-    """The first leg's error answer, relayed as it is (its head already sent); the stream ends."""
+async def relay_failed_leg(send, started: bool, status: int, chunks) -> None:
+    """A leg the engine answered non-2xx (both stream loopbacks). The first one is relayed as it
+    is (its head, with the engine's status, already sent) and the stream ends; a continuation
+    cannot change the 200 already sent: it raises, ending the stream as an unreachable upstream
+    (the rollout's outcome is ``failed`` either way; the caller records it)."""
+    if started:
+        raise UpstreamUnreachable(f"a continuation leg was answered {status}")
     async for chunk in chunks:
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -665,19 +673,17 @@ async def run_stream(
                 ok = 200 <= response.status < 300
                 chunks = response.aiter_chunks()
                 first = b""
-                if not relay.started:
+                started = relay.started
+                if not started:
                     version = stream_version(dispatched.entry.version)
                     if ok:
                         # As the plain relay: the head waits for the first event (its version).
                         first = await anext(chunks, b"")
                         version = first_event_version(first) or version
                     await relay.start_stream(dispatched, version)
-                elif not ok:
-                    outcome = "failed"
-                    raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
                 if not ok:
                     outcome = "failed"
-                    await relay_as_is(send, chunks)
+                    await relay_failed_leg(send, started, response.status, chunks)
                     return
                 seam = _Seam(dataplane, ref, dispatched, body, tokenizer)
                 tail = TokenTail()  # what the relayed events say was generated (stitched: in all)
@@ -730,5 +736,4 @@ async def run_stream(
         raise
     finally:
         rollout = ref[0]
-        if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
-            await record(journal, rollout, routed, req, model, outcome)
+        await record(journal, rollout, routed, req, model, outcome)

@@ -25,11 +25,11 @@ from smgrl.dataplane.loopback import (
     prepare,
     preview,
     record,
-    relay_as_is,
+    relay_failed_leg,
 )
 from smgrl.dataplane.loopback_openai import start as start_openai
 from smgrl.dataplane.stamp import stream_version
-from smgrl.errors import DataPlaneError, UpstreamUnreachable
+from smgrl.errors import DataPlaneError
 
 
 class _StreamLeg:
@@ -203,14 +203,12 @@ async def run(
                 response = dispatched.response
                 ok = 200 <= response.status < 300
                 version = stream_version(dispatched.entry.version)
-                if not relay.started:
+                started = relay.started
+                if not started:
                     await relay.start_stream(dispatched, version)
-                elif not ok:
-                    outcome = "failed"
-                    raise UpstreamUnreachable(f"a continuation leg was answered {response.status}")
                 if not ok:
                     outcome = "failed"
-                    await relay_as_is(send, response.aiter_chunks())
+                    await relay_failed_leg(send, started, response.status, response.aiter_chunks())
                     return
                 seam = _ChunkSeam(dataplane, state, dispatched, version)
                 async for chunk in response.aiter_chunks():
@@ -256,5 +254,4 @@ async def run(
         raise
     finally:
         rollout = state["rollout"]
-        if rollout is not None and (rollout.loopbacks or outcome == "limit_exceeded"):
-            await record(journal, rollout, routed, req, model, outcome)
+        await record(journal, rollout, routed, req, model, outcome)

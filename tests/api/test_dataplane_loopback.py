@@ -336,3 +336,44 @@ async def test_a_continuation_waits_for_the_sync_that_aborted_it_to_finish(tmp_p
         out = result["r"].json()
         assert out["meta_info"]["completion_tokens"] == N
         assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["default", "v2"]
+
+
+async def test_a_failed_continuation_leg_ends_the_stream_and_is_recorded_failed():
+    """The stream's 200 is already out when a continuation is refused: the stream ends without
+    `[DONE]` (never a made-up end) and the loopback is journaled `failed`."""
+    async with (
+        fake_fleet("sglang", n=2, token_latency_ms=3) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        result = {}
+
+        async def rollout():
+            result["r"] = await gw.client.post("/generate", json={**body(), "stream": True})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rollout)
+            busy = None
+            with trio.fail_after(30):
+                while busy is None:
+                    busy = next(
+                        (
+                            e
+                            for e in fleet.engines
+                            if any(len(j.output_ids) >= 8 for j in e.scheduler.jobs.values())
+                        ),
+                        None,
+                    )
+                    await trio.sleep(0.01)
+            other = next(e for e in fleet.engines if e is not busy)
+            other.set_knobs(force_status=500)  # the continuation can only go there, and fails
+            wid = gw.gateway.fleet.registry.id_for_url(busy.url)
+            await rl(gw, wid, "pause_generation", {})
+        r = result["r"]
+        assert r.status_code == 200
+        assert "data: [DONE]" not in r.text and sse_events(r.text)
+        # Recorded as the handler unwinds, after the client's stream ended: a bounded wait.
+        with trio.fail_after(10):
+            while not (evs := [r.event for r in gw.store.read(types=["dataplane.request_looped_back"])]):
+                await trio.sleep(0.01)
+        (ev,) = evs
+        assert ev.outcome == "failed"
