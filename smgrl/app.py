@@ -185,6 +185,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
 
     app.add_url_rule("/workers", "workers_list", workers.list, methods=["GET"])
     app.add_url_rule("/workers", "workers_create", workers.create, methods=["POST"])
+    app.add_url_rule("/get_loads", "get_loads", workers.get_loads, methods=["GET"])
     app.add_url_rule(
         "/workers/<worker_id>", "workers_one", workers.one, methods=["GET", "PUT", "PATCH", "DELETE"]
     )

@@ -9,11 +9,13 @@ are writes).
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Literal
 
 from quart import Response, request
 
 from journal import JournalWriteError
+from smgrl import __version__
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import STRING, Body, Resp, Route, as_json, field, model, path_param
 from smgrl.api.guard import Envelope, Guard
@@ -30,6 +32,8 @@ from smgrl.auth import READ, WRITE
 from smgrl.core import parse_size, reaches_listener, self_registration
 from smgrl.errors import WorkerApiError, bad_request
 from smgrl.registry.service import Registration
+
+VERSION = f"smgrl-{__version__}"  # /get_loads's `version` (SMG: `smg-1.13.0`)
 
 
 def worker_json(w, engine_load: dict | None = None) -> dict:
@@ -107,6 +111,9 @@ class WorkersApi:
     async def list(self) -> Response:
         return await self._guarded(READ, self._list)
 
+    async def get_loads(self) -> Response:
+        return await self._guarded(READ, self._get_loads)
+
     async def create(self) -> Response:
         return await self._guarded(WRITE, self._create)
 
@@ -134,6 +141,14 @@ class WorkersApi:
             for t in ("prefill", "decode", "regular")
         }
         return env.json_response(200, {"workers": workers, "total": len(workers), "stats": stats})
+
+    async def _get_loads(self) -> Response:
+        loads = self.gateway.loads
+        if loads is None:
+            return env.json_response(
+                200, {"timestamp": "", "version": VERSION, "dp_rank_count": 0, "loads": []}
+            )
+        return env.json_response(200, loads.summary(VERSION, time.time_ns()))
 
     async def _body(self, parse):
         # SMG's JSON extractor runs before the handler: content type, then the body, then the
@@ -265,6 +280,21 @@ class WorkerEntry:
     )
 
 
+@model(additional=True, description="SMG's /get_loads answer.")
+class LoadsSummary:
+    timestamp: str = field("When the answer was made (RFC 3339).")
+    version: str = field("The gateway's name and version (SMG: `smg-1.13.0`).")
+    dp_rank_count: int = field("How many rank rows follow.", minimum=0)
+    loads: list[dict] = field(
+        "One row per DP rank of every sampled engine: `worker`, `worker_type`, then its sample."
+    )
+    aggregate: dict = field(
+        "Totals and means over the rows (absent without rows): total_running_reqs, total_waiting_reqs, "
+        "total_reqs, avg_token_usage, avg_throughput, avg_utilization.",
+        optional=True,
+    )
+
+
 @model(inline=True)
 class _TypeCounts:
     prefill_count: int
@@ -328,6 +358,15 @@ OPENAPI_ROUTES = (
         "workers",
         "List the registry (SMG's /workers)",
         {"200": Resp("The registry.", as_json(WorkerList))},
+        role="read",
+    ),
+    Route(
+        "GET",
+        "/get_loads",
+        "getLoads",
+        "workers",
+        "Every engine's last load sample, per DP rank, with totals (SMG's /get_loads)",
+        {"200": Resp("The load monitor's samples (no engine is called).", as_json(LoadsSummary))},
         role="read",
     ),
     _write(

@@ -13,6 +13,7 @@ Pure: bytes in, a dict (or ``None``) out.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from typing import Any
@@ -218,3 +219,50 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
+
+# -- GET /get_loads -------------------------------------------------------------------------------
+
+
+def rfc3339_now(ns: int) -> str:
+    """chrono's ``to_rfc3339()`` of a UTC instant given in nanoseconds (as many fractional digits
+    as needed: none, 3, 6 or 9)."""
+    secs, nanos = divmod(ns, 1_000_000_000)
+    head = datetime.datetime.fromtimestamp(secs, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if nanos == 0:
+        frac = ""
+    elif nanos % 1_000_000 == 0:
+        frac = f".{nanos // 1_000_000:03d}"
+    elif nanos % 1000 == 0:
+        frac = f".{nanos // 1000:06d}"
+    else:
+        frac = f".{nanos:09d}"
+    return f"{head}{frac}+00:00"
+
+
+def loads_summary(samples: list[tuple[str, str, dict]], timestamp: str, version: str) -> dict[str, Any]:
+    """SMG's ``GET /get_loads``: every rank of every sample (``(url, worker_type, engine_load)``,
+    in order) flattened behind its worker's URL and type, and their totals and means."""
+    rows = [
+        {"worker": url, "worker_type": kind, **rank}
+        for url, kind, sample in samples
+        for rank in sample["loads"]
+    ]
+    out: dict[str, Any] = {
+        "timestamp": timestamp,
+        "version": version,
+        "dp_rank_count": len(rows),
+        "loads": rows,
+    }
+    if rows:
+        running = sum(r["num_running_reqs"] for r in rows)
+        waiting = sum(r["num_waiting_reqs"] for r in rows)
+        out["aggregate"] = {
+            "total_running_reqs": running,
+            "total_waiting_reqs": waiting,
+            "total_reqs": running + waiting,
+            "avg_token_usage": sum(r["token_usage"] for r in rows) / len(rows),
+            "avg_throughput": sum(r["gen_throughput"] for r in rows) / len(rows),
+            "avg_utilization": sum(r["utilization"] for r in rows) / len(rows),
+        }
+    return out

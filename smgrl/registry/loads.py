@@ -29,7 +29,15 @@ from collections.abc import Iterable
 
 import trio
 
-from smgrl.core.engine_load import ABSENT_STATUSES, LOADS_PATH, NotALoadResponse, metrics_load, parse_loads
+from smgrl.core.engine_load import (
+    ABSENT_STATUSES,
+    LOADS_PATH,
+    NotALoadResponse,
+    loads_summary,
+    metrics_load,
+    parse_loads,
+    rfc3339_now,
+)
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, _get
 
 log = logging.getLogger("smgrl.loads")
@@ -63,6 +71,12 @@ class LoadMonitor:
 
     def sample(self, worker_id: str) -> dict | None:
         return self._samples.get(worker_id)
+
+    def summary(self, version: str, now_ns: int) -> dict:
+        """``GET /get_loads``: the samples held now, in registry order (SMG answers from its
+        monitor's samples too; no engine is called)."""
+        samples = [(w.url, w.worker_type, s) for w in self.fleet.registry if (s := self._samples.get(w.id))]
+        return loads_summary(samples, rfc3339_now(now_ns), version)
 
     # -- the duty ----------------------------------------------------------------------------
 

@@ -134,3 +134,40 @@ async def test_launch_runs_the_monitor_and_get_workers_shows_the_sample():
                         await trio.sleep(0.05)
             assert row["engine_load"]["loads"][0]["max_total_num_tokens"] == 500000
             shutdown.set()
+
+
+async def test_get_loads_flattens_the_samples_per_rank_with_totals():
+    async with (
+        fake_fleet("sglang", 1) as one,
+        fake_fleet("sglang", 1, dp_size=2) as two,
+        gateway_in_process(CFG, worker_urls=one.urls + two.urls) as gw,
+    ):
+        empty = await gw.client.get("/get_loads")
+        assert empty.status_code == 200
+        assert list(empty.json()) == ["timestamp", "version", "dp_rank_count", "loads"]
+        assert empty.json()["version"].startswith("smgrl-")
+        assert (empty.json()["dp_rank_count"], empty.json()["loads"]) == (0, [])
+        for key in {group_key(w) for w in gw.gateway.fleet.registry}:
+            await gw.gateway.loads.poll_group(key)
+        # Idle engines: the totals are 0 (their arithmetic is tests/unit/test_engine_load.py's).
+        body = (await gw.client.get("/get_loads")).json()
+        assert body["dp_rank_count"] == 3
+        assert [(r["worker"], r["dp_rank"]) for r in body["loads"]] == [
+            (one.urls[0], 0),
+            (two.urls[0], 0),
+            (two.urls[0], 1),
+        ]
+        assert all(
+            r["worker_type"] == "regular" and r["max_total_num_tokens"] == 500000 for r in body["loads"]
+        )
+        assert body["aggregate"] == {
+            "total_running_reqs": 0,
+            "total_waiting_reqs": 0,
+            "total_reqs": 0,
+            "avg_token_usage": 0.0,
+            "avg_throughput": 0.0,
+            "avg_utilization": 0.0,
+        }
+        wrong = await gw.client.post("/get_loads")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET,HEAD"
+        assert wrong.json()["error"]["code"] == "method_not_allowed"

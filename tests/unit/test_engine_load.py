@@ -167,3 +167,32 @@ def test_metrics_fallback_synthesizes_one_rank():
 def test_scrape_ignores_labels_and_timestamps():
     m = scrape('a{l="x y"} 1 17\nb 2\n# c 3\n')
     assert m == {"a": [1.0], "b": [2.0]}
+
+
+def test_get_loads_totals_are_smgs():
+    """Recorded from the 1.13.0 wheel: two ranks (3+1 and 5+2 requests, num_total_reqs 7 and 11):
+    total_reqs is running + waiting (11), not the sum of num_total_reqs; the rest are means."""
+    from smgrl.core.engine_load import loads_summary, rfc3339_now
+
+    ranks = [
+        {"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 1, "num_total_reqs": 7, "token_usage": 0.1,
+         "gen_throughput": 10.0, "utilization": 0.2},
+        {"dp_rank": 1, "num_running_reqs": 5, "num_waiting_reqs": 2, "num_total_reqs": 11, "token_usage": 0.3,
+         "gen_throughput": 30.0, "utilization": 0.6},
+    ]  # fmt: skip
+    sample = parse_loads(json.dumps({"loads": ranks}).encode())
+    out = loads_summary([("http://h:1", "regular", sample)], "T", "v")
+    assert [list(r)[:3] for r in out["loads"]] == [["worker", "worker_type", "dp_rank"]] * 2
+    assert out["aggregate"] == {
+        "total_running_reqs": 8,
+        "total_waiting_reqs": 3,
+        "total_reqs": 11,
+        "avg_token_usage": 0.2,
+        "avg_throughput": 20.0,
+        "avg_utilization": 0.4,
+    }
+    assert loads_summary([], "T", "v") == {"timestamp": "T", "version": "v", "dp_rank_count": 0, "loads": []}
+    # chrono's to_rfc3339: only the fractional digits needed (SMG: 2026-12-01T08:50:05.361495294+00:00).
+    assert rfc3339_now(1_796_114_405_361_495_294) == "2026-12-01T08:40:05.361495294+00:00"
+    assert rfc3339_now(1_796_114_405_361_000_000) == "2026-12-01T08:40:05.361+00:00"
+    assert rfc3339_now(1_796_114_405_000_000_000) == "2026-12-01T08:40:05+00:00"
