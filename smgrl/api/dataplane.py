@@ -37,6 +37,7 @@ from smgrl.api.apidoc import (
     evolve,
     field,
     model,
+    path_param,
 )
 from smgrl.api.schemas import (
     DP_ERROR_CODE,
@@ -107,6 +108,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 # Engine response headers relayed to the client (framing and hop-by-hop headers are the gateway's).
 RELAYED = frozenset({b"content-type", b"cache-control", b"x-accel-buffering"})
 MODELS = "/v1/models"
+MODEL_CARD = "/v1/models/{model}"
+MODEL_CARD_PREFIX = MODELS + "/"
 
 
 class _Disconnected(Exception):
@@ -142,7 +145,7 @@ class DataPlaneASGI:
         # Data-plane keys: --api-key and the tenant keys (control-plane keys are for /v1/rl).
         self._keys = tuple(k for k in (auth.api_key, *(t.key for t in auth.tenant_keys)) if k)
         self.routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
-            path: self._models if path == MODELS else self._rollout for path in ALLOW
+            path: self._models if path == MODELS else self._rollout for path in ALLOW if "{" not in path
         }
         # Agent sessions (smgrl/api/sessions.py): their routes, and chat turns with SMG's TITO header.
         self.sessions = SessionsASGI(self, sessions)
@@ -160,6 +163,12 @@ class DataPlaneASGI:
                     await self._internal_error(scope, send)
                 return
             handler = self.routes.get(scope["path"])
+            if (
+                handler is None
+                and scope["path"].startswith(MODEL_CARD_PREFIX)
+                and scope["path"] != MODEL_CARD_PREFIX
+            ):
+                handler = self._models  # GET /v1/models/{model}: the id may hold slashes (as SMG)
             if handler is not None:
                 try:
                     await handler(scope, receive, send)
@@ -303,8 +312,10 @@ class DataPlaneASGI:
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = self._request_id(scope)
-        if scope["method"] not in ALLOW[MODELS].split(","):
-            await self._not_allowed(scope, send, rid, ALLOW[MODELS])
+        card = scope["path"][len(MODEL_CARD_PREFIX) :] if scope["path"] != MODELS else None
+        allow = ALLOW[MODELS if card is None else MODEL_CARD]
+        if scope["method"] not in allow.split(","):
+            await self._not_allowed(scope, send, rid, allow)
             return
         denied = self._denied(scope)
         if denied is not None:
@@ -314,7 +325,14 @@ class DataPlaneASGI:
             {"id": name, "object": "model", "created": 0, "owned_by": "self_hosted"}
             for name in self.dataplane.served_models()
         ]
-        body = _json({"object": "list", "data": data})
+        if card is None:
+            body = _json({"object": "list", "data": data})
+        else:
+            found = next((c for c in data if c["id"] == card), None)
+            if found is None:
+                await self._error(send, rid, ModelNotFound(f"No worker available for model '{card}'"))
+                return
+            body = _json(found)
         if scope["method"] == "HEAD":
             head = [
                 (b"content-type", JSON_CT),
@@ -672,8 +690,8 @@ class CompletionRequest:
     stream: bool = field(optional=True)
 
 
-@model(inline=True)
-class _ModelEntry:
+@model(description="A served model (OpenAI's model object, as SMG 1.13.0 answers it).")
+class ModelCard:
     id: str
     object: Literal["model"]
     created: int
@@ -683,7 +701,7 @@ class _ModelEntry:
 @model
 class ModelList:
     object: Literal["list"]
-    data: list[_ModelEntry]
+    data: list[ModelCard]
 
 
 def _stamp_header_param(description: str, required: bool = True, schema: dict = STRING) -> dict:
@@ -901,6 +919,21 @@ OPENAPI_ROUTES = (
             "405": METHOD_NOT_ALLOWED,
         },
         security="data",
+    ),
+    Route(
+        "GET",
+        MODEL_CARD,
+        "getModel",
+        "dataplane",
+        "One served model's card (the id may contain slashes)",
+        {
+            "200": Resp("The model.", as_json(ModelCard)),
+            "401": DP_UNAUTHORIZED,
+            "404": dp_error("model_not_found: no worker serves this model.", ModelNotFound),
+            "405": METHOD_NOT_ALLOWED,
+        },
+        security="data",
+        params=(path_param("model", "the model id, as in GET /v1/models"),),
     ),
 )
 # The routes served here and their methods (the ``allow`` of their 405): the table's.

@@ -100,6 +100,8 @@ class ScriptedEngine:
             }
         ).encode(),
         "/model_info": json.dumps({"model_path": PROBE_MODEL}).encode(),
+        # The load monitor's read (smgrl/registry/loads.py), answered as SGLang would: not a rollout.
+        "/v1/loads": json.dumps({"timestamp": "", "version": "0.5.23", "loads": [{"dp_rank": 0}]}).encode(),
     }
 
     def __init__(self, script: Callable | None = None) -> None:

@@ -489,3 +489,31 @@ async def test_a_refit_from_disk_never_makes_the_registered_model_name_404(tmp_p
         # Routing accepts the registered name only (docs/data-plane.md).
         r = await gw.client.post("/v1/chat/completions", json={**chat, "model": ckpt})
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+async def test_a_model_card_by_id_as_smg():
+    """GET /v1/models/{model} (SMG 1.13.0: the card of /v1/models' list; the id may hold
+    slashes; 404 model_not_found otherwise; GET/HEAD only)."""
+    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(Config(), worker_urls=fleet.urls) as gw:
+        r = await gw.client.get("/v1/models/fake/Qwen3-0.6B")
+        assert r.status_code == 200
+        assert r.json() == {
+            "id": "fake/Qwen3-0.6B",
+            "object": "model",
+            "created": 0,
+            "owned_by": "self_hosted",
+        }
+        assert r.json() == (await gw.client.get("/v1/models")).json()["data"][0]
+        missing = await gw.client.get("/v1/models/nope")
+        assert missing.status_code == 404 and missing.headers["x-smg-error-code"] == "model_not_found"
+        assert missing.json() == {
+            "error": {
+                "type": "invalid_request_error",
+                "code": "model_not_found",
+                "message": "No worker available for model 'nope'",
+                "param": None,
+            }
+        }
+        wrong = await gw.client.post("/v1/models/nope")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET,HEAD"
+        assert (await gw.client.get("/v1/models/")).json()["error"]["code"] == "unknown_url"

@@ -424,6 +424,7 @@ def test_the_families_that_check_methods_themselves_serve_their_tables_methods()
         "/v1/completions": "POST",
         "/v1/chat/completions": "POST",
         "/v1/models": "GET,HEAD",
+        "/v1/models/{model}": "GET,HEAD",
     }
     assert sessions.ROUTES["/sessions/{sid}"] == "GET,DELETE"
     assert rl_routes.ALLOW == {
