@@ -57,7 +57,8 @@ class Gateway:
     sharing: object | None = None
     # ... and how requests for another process's session or refit reach it (smgrl/forwarding.py).
     forwarder: object | None = None
-    # engine_load samples for GET /workers (smgrl/registry/loads.py; run by serve() per process).
+    # engine_load samples for GET /workers and /get_loads (smgrl/registry/loads.py; built by
+    # build(), run by serve() in every process; in-process tests poll it by hand).
     loads: LoadMonitor | None = None
 
     @classmethod

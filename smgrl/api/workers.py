@@ -129,8 +129,7 @@ class WorkersApi:
         return await self._guarded(action, handler, worker_id)
 
     def _load(self, worker) -> dict | None:
-        loads = self.gateway.loads
-        return loads.sample(worker.id) if loads is not None else None
+        return self.gateway.loads.sample(worker.id)
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -143,12 +142,7 @@ class WorkersApi:
         return env.json_response(200, {"workers": workers, "total": len(workers), "stats": stats})
 
     async def _get_loads(self) -> Response:
-        loads = self.gateway.loads
-        if loads is None:
-            return env.json_response(
-                200, {"timestamp": "", "version": VERSION, "dp_rank_count": 0, "loads": []}
-            )
-        return env.json_response(200, loads.summary(VERSION, time.time_ns()))
+        return env.json_response(200, self.gateway.loads.summary(VERSION, time.time_ns()))
 
     async def _body(self, parse):
         # SMG's JSON extractor runs before the handler: content type, then the body, then the

@@ -88,9 +88,16 @@ class LoadMonitor:
             # nursery of serve()) ends every loop, and a loop's reads with it.
             async with trio.open_nursery() as nursery:
                 loops: dict[tuple, trio.CancelScope] = {}
+                seen = None
                 task_status.started()
                 while True:
                     self._changed = trio.Event()
+                    # Woken by every commit (audit counts, control outcomes...): only a registry
+                    # change (a worker added, removed, discovered, or its health) is work here.
+                    if self.fleet.registry.revision == seen:
+                        await self._changed.wait()
+                        continue
+                    seen = self.fleet.registry.revision
                     groups = {group_key(w) for w in self.fleet.registry if w.status != "pending"}
                     for key in groups - loops.keys():
                         loops[key] = await nursery.start(self._group_loop, key)
