@@ -5,7 +5,8 @@ As in SMG, polling is per group of workers (model id, worker type, connection mo
 loop starts when its first worker is discovered, polls at once and then every
 ``--load-monitor-interval`` seconds (default 10), each tick reading every ``ready`` HTTP worker
 of the group concurrently (``GET /v1/loads?include=core,disagg,queues,memory``, 5 s timeout, the
-worker's key). A tick replaces the group's samples: a worker whose read failed this tick, that is
+worker's key). A worker that becomes ready in a group already polling is read at once (SMG reads
+the workers it starts with at once, a later one at its group's next tick). A tick replaces the group's samples: a worker whose read failed this tick, that is
 no longer ready, or that was removed shows no ``engine_load`` (never a stale one). An engine that
 answers 404/405/501 (or a 2xx that is not a load response) is not asked again; it and any engine
 whose read failed are read from ``/metrics`` (SGLang's or vLLM's gauges) instead. DP-aware rank
@@ -88,6 +89,7 @@ class LoadMonitor:
             # nursery of serve()) ends every loop, and a loop's reads with it.
             async with trio.open_nursery() as nursery:
                 loops: dict[tuple, trio.CancelScope] = {}
+                known: set[str] = set()  # ready workers at the last reconcile
                 seen = None
                 task_status.started()
                 while True:
@@ -99,6 +101,14 @@ class LoadMonitor:
                         continue
                     seen = self.fleet.registry.revision
                     groups = {group_key(w) for w in self.fleet.registry if w.status != "pending"}
+                    # A worker that became ready in a group already polling is read at once,
+                    # not at the group's next tick (SMG reads the workers it starts with at
+                    # once too; one added later waits for its group's tick there).
+                    ready = {w.id: w for w in self.fleet.registry if _polled(w)}
+                    for worker_id in ready.keys() - known:
+                        if group_key(ready[worker_id]) in loops:
+                            nursery.start_soon(self._read_one, ready[worker_id])
+                    known = set(ready)
                     for key in groups - loops.keys():
                         loops[key] = await nursery.start(self._group_loop, key)
                     for key in loops.keys() - groups:
@@ -148,6 +158,12 @@ class LoadMonitor:
             self._samples.pop(w.id, None)
         self._samples.update(fresh)
         self._evict()  # a worker that left ready or was removed during the reads
+
+    async def _read_one(self, worker) -> None:
+        sample = await self.read(worker)
+        if sample is not None:
+            self._samples[worker.id] = sample
+            self._evict()  # it may have left ready (or been removed) during the read
 
     async def _read_into(self, out: dict, worker) -> None:
         sample = await self.read(worker)

@@ -171,3 +171,28 @@ async def test_get_loads_flattens_the_samples_per_rank_with_totals():
         wrong = await gw.client.post("/get_loads")
         assert wrong.status_code == 405 and wrong.headers["allow"] == "GET,HEAD"
         assert wrong.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_a_worker_joining_a_polling_group_is_read_at_once():
+    """The group's loop ticks once an hour here: only the read on joining can give the newcomer
+    its sample."""
+    async with (
+        fake_fleet("sglang", 2) as fleet,
+        gateway_in_process(CFG, worker_urls=fleet.urls[:1]) as gw,
+        trio.open_nursery() as nursery,
+    ):
+        monitor = gw.gateway.loads
+        monitor.interval_secs = 3600
+        await nursery.start(monitor.run)
+
+        async def sample_of(url: str) -> dict:
+            with trio.fail_after(20):
+                while (row := (await rows(gw)).get(url)) is None or "engine_load" not in row:
+                    await trio.sleep(0.02)
+            return row["engine_load"]
+
+        await sample_of(fleet.urls[0])  # the group's first tick
+        await gw.register(fleet.urls[1:])
+        assert (await sample_of(fleet.urls[1]))["loads"][0]["max_total_num_tokens"] == 500000
+        assert len(paths(fleet.engines[1], "/v1/loads")) == 1
+        nursery.cancel_scope.cancel()
