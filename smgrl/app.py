@@ -16,6 +16,7 @@ from smgrl.api import openapi, openapi_html
 from smgrl.api.apidoc import HTML, OBJECT, TEXT, Resp, Route, as_json, field, model
 from smgrl.api.control_bodies import ControlBodyBound, body_timeout
 from smgrl.api.dataplane import DataPlaneASGI
+from smgrl.api.engine_reads import EngineReads
 from smgrl.api.event_streams import EventStreams
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.refits import RefitsApi
@@ -186,6 +187,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     app.add_url_rule("/workers", "workers_list", workers.list, methods=["GET"])
     app.add_url_rule("/workers", "workers_create", workers.create, methods=["POST"])
     app.add_url_rule("/get_loads", "get_loads", workers.get_loads, methods=["GET"])
+    EngineReads(gateway).register(app)  # SMG's /get_server_info, /get_model_info, /health_generate
     app.add_url_rule(
         "/workers/<worker_id>", "workers_one", workers.one, methods=["GET", "PUT", "PATCH", "DELETE"]
     )

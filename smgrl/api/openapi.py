@@ -38,11 +38,22 @@ def families() -> list[tuple[Route, ...]]:
     """Every route family's table. (Imported here, not at the top: the modules that serve the
     routes import this one's neighbours, and smgrl/app.py serves the document itself.)"""
     from smgrl import app
-    from smgrl.api import dataplane, refits, rl_routes, rl_writes, routing_loop, sessions, stream, workers
+    from smgrl.api import (
+        dataplane,
+        engine_reads,
+        refits,
+        rl_routes,
+        rl_writes,
+        routing_loop,
+        sessions,
+        stream,
+        workers,
+    )
 
     return [
         app.OPENAPI_ROUTES,
         workers.OPENAPI_ROUTES,
+        engine_reads.OPENAPI_ROUTES,
         routing_loop.OPENAPI_ROUTES,
         dataplane.OPENAPI_ROUTES,
         sessions.OPENAPI_ROUTES,

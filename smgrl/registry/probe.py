@@ -40,6 +40,16 @@ class ReachesSelf(Exception):
 async def _get(
     pools: PoolSet, base: str, path: str, api_key: str | None, timeout: float, self_id: str | None = None
 ) -> tuple[int, bytes]:
+    response, data = await fetch(pools, base, path, api_key, timeout, self_id)
+    return response.status, data
+
+
+async def fetch(
+    pools: PoolSet, base: str, path: str, api_key: str | None, timeout: float, self_id: str | None = None
+):
+    """``GET base+path`` with the worker's key: ``(response, body)`` (the body at most
+    ``PROBE_BODY_CAP``); ProbeFailed when it gets no answer, ReachesSelf when this gateway
+    answered."""
     headers = [(b"accept", b"*/*")]
     if api_key:
         headers.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
@@ -62,7 +72,7 @@ async def _get(
         raise ProbeFailed(f"GET {base}{path}: {exc}") from None
     if self_id and response.header(GATEWAY_ID_HEADER.encode()) == self_id.encode():
         raise ReachesSelf(f"GET {path} answered with this gateway's id ({GATEWAY_ID_HEADER})")
-    return response.status, data
+    return response, data
 
 
 def _json(data: bytes) -> Mapping | None:

@@ -1,0 +1,42 @@
+"""SMG's gateway-level engine reads (GET /get_server_info, /get_model_info, /health_generate):
+the first ready engine's answer relayed, no key needed (as SMG 1.13.0 answered them)."""
+
+import json
+
+from rl_api_helpers import rl_cfg
+
+from smgrl.config import Config, ControlPlaneKey
+from smgrl.fake import fake_fleet
+from smgrl.testing import gateway_in_process
+
+KEYS = ("adm:Admin:admin:admin-secret",)
+
+
+async def test_the_first_ready_engine_answers_and_its_answer_is_relayed():
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        first = fleet.engines[0]
+        info = await gw.client.get("/get_server_info")
+        assert info.status_code == 200 and info.headers["content-type"] == "application/json"
+        assert info.json()["port"] == first.port  # the first registered engine's own document
+        model = await gw.client.get("/get_model_info")
+        assert model.json()["served_model_name"] == "fake/Qwen3-0.6B"
+        health = await gw.client.get("/health_generate")
+        assert health.status_code == 200 and health.content == b""
+        assert "content-type" not in health.headers  # none from the engine, none relayed
+        assert [c.path for c in first.calls if c.path.startswith("/get_")] == ["/get_server_info", "/get_model_info"]
+        assert not [c for c in fleet.engines[1].calls if c.path.startswith(("/get_", "/health_generate"))]
+        # The engine's own refusal is relayed (SMG asks its first worker whatever it is).
+        first.set_knobs(force_status=503, force_body="{}")
+        assert (await gw.client.get("/health_generate")).status_code == 503
+        assert (await gw.client.post("/get_server_info")).status_code == 405
+
+
+async def test_no_worker_is_smgs_503_and_no_key_is_needed():
+    # Keys on both planes: these routes still need none (SMG answered them without a key).
+    cfg = Config(control_plane_keys=(ControlPlaneKey.parse(KEYS[0]),), api_key="data-secret")
+    async with gateway_in_process(cfg) as gw:
+        r = await gw.client.get("/get_model_info")
+        assert r.status_code == 503 and r.headers["x-smg-error-code"] == "no_workers"
+        assert r.json() == json.loads(
+            '{"error":{"type":"server_error","code":"no_workers","message":"No workers are available","param":null}}'
+        )
