@@ -18,6 +18,7 @@ from smgrl.api.control_bodies import ControlBodyBound, body_timeout
 from smgrl.api.dataplane import DataPlaneASGI
 from smgrl.api.engine_reads import EngineReads
 from smgrl.api.event_streams import EventStreams
+from smgrl.api.flush_cache import FlushCache
 from smgrl.api.journal_routes import JournalRoutes
 from smgrl.api.refits import RefitsApi
 from smgrl.api.rl_front import DiscoveryFront, EngineFront
@@ -188,6 +189,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     app.add_url_rule("/workers", "workers_create", workers.create, methods=["POST"])
     app.add_url_rule("/get_loads", "get_loads", workers.get_loads, methods=["GET"])
     EngineReads(gateway).register(app)  # SMG's /get_server_info, /get_model_info, /health_generate
+    FlushCache(gateway).register(app)  # SMG's POST /flush_cache, as a journaled fan-out
     app.add_url_rule(
         "/workers/<worker_id>", "workers_one", workers.one, methods=["GET", "PUT", "PATCH", "DELETE"]
     )

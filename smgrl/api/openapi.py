@@ -41,6 +41,7 @@ def families() -> list[tuple[Route, ...]]:
     from smgrl.api import (
         dataplane,
         engine_reads,
+        flush_cache,
         refits,
         rl_routes,
         rl_writes,
@@ -54,6 +55,7 @@ def families() -> list[tuple[Route, ...]]:
         app.OPENAPI_ROUTES,
         workers.OPENAPI_ROUTES,
         engine_reads.OPENAPI_ROUTES,
+        flush_cache.OPENAPI_ROUTES,
         routing_loop.OPENAPI_ROUTES,
         dataplane.OPENAPI_ROUTES,
         sessions.OPENAPI_ROUTES,
