@@ -2,8 +2,8 @@
 ``GET /health_generate``, forwarded to one engine and its answer relayed (status, body and
 content type), as SMG 1.13.0 does.
 
-Which engine: the first ready HTTP worker in registration order (SMG asks its first worker, also
-when that engine lacks the route: its 404 is relayed). No key is needed, as in SMG (like
+Which engine: the first ready HTTP worker in registration order (SMG asks the first worker its
+registry lists, in no stable order, also when that engine lacks the route: its 404 is relayed). No key is needed, as in SMG (like
 ``/health``); the engine gets the worker's key. No ready worker: 503 ``no_workers`` with SMG's
 envelope and text. An engine that does not answer: 502 ``upstream_unreachable``.
 
