@@ -10,7 +10,11 @@ polls ``GET /workers/{id}`` on B until B serves that label. The lag is from A's 
 first answer with the label (an upper bound: it includes B's last poll round trip). Every loop is
 bounded; every process is stopped by its PID; everything listens on 127.0.0.1.
 
-    python benchmarks/visibility.py [--rounds 300] [--postgres]
+Before/after in one run: ``--baseline-src DIR`` (e.g. ``git archive main | tar -x -C DIR``) also
+runs the gateways of that checkout (its directory first on PYTHONPATH), ``--repeat N`` times each,
+alternating which version goes first, on the same journal store; it prints every run and the range.
+
+    python benchmarks/visibility.py [--rounds 300] [--postgres] [--baseline-src DIR] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ def pg_server():
     return module.PgServer().start()
 
 
-def run(rounds: int, journal: str, env: dict, workdir: str) -> list[float]:
+def run(rounds: int, journal: str, env: dict, workdir: str, src: str | None = None) -> list[float]:
     children = []
+    if src:  # the smgrl of another checkout: its directory first on the children's PYTHONPATH
+        env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
         bases = []
         for name in ("a", "b"):
@@ -83,25 +89,49 @@ def run(rounds: int, journal: str, env: dict, workdir: str) -> list[float]:
             child.stop()
 
 
+def one(args, label: str, src: str | None, workdir: str, server, n: int) -> list[float]:
+    if server is not None:
+        return run(args.rounds, server.url(f"vis_{label}_{n}"), {}, workdir, src)
+    env = {"SMGRL_WORKER_GROUP": uuid.uuid4().hex}  # two processes of one shared-lock group
+    return run(args.rounds, os.path.join(workdir, f"{label}-{n}.db"), env, workdir, src)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--postgres", action="store_true")
+    ap.add_argument("--baseline-src", default=None, help="also run the gateways of this checkout")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per version (interleaved)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="smgrl-bench-vis-") as workdir:
-        if args.postgres:
-            server = pg_server()
-            try:
-                lags = run(args.rounds, server.url("vis"), {}, workdir)
-            finally:
-                server.stop()
-        else:
-            env = {"SMGRL_WORKER_GROUP": uuid.uuid4().hex}  # two processes of one shared-lock group
-            lags = run(args.rounds, os.path.join(workdir, "j.db"), env, workdir)
+    versions = [("this", None)]
+    if args.baseline_src:
+        versions.append(("baseline", os.path.abspath(args.baseline_src)))
     store = "PostgreSQL" if args.postgres else "SQLite"
-    print(
-        f"{store}: visibility lag over {len(lags)} rounds: p50 {pct(lags, 0.5):.2f} ms, p99 {pct(lags, 0.99):.2f} ms"
-    )
+    results: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in versions}
+    with tempfile.TemporaryDirectory(prefix="smgrl-bench-vis-") as workdir:
+        server = pg_server() if args.postgres else None
+        try:
+            for n in range(args.repeat):
+                order = versions if n % 2 == 0 else versions[::-1]  # alternate who goes first
+                for label, src in order:
+                    lags = one(args, label, src, workdir, server, n)
+                    stats = (pct(lags, 0.5), pct(lags, 0.99), max(lags))
+                    results[label].append(stats)
+                    print(
+                        f"{store} {label} run {n + 1}: {len(lags)} rounds: p50 {stats[0]:.2f} ms,"
+                        f" p99 {stats[1]:.2f} ms, max {stats[2]:.2f} ms (load average"
+                        f" {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
+        finally:
+            if server is not None:
+                server.stop()
+    for label, runs in results.items():
+        p50s, p99s = [r[0] for r in runs], [r[1] for r in runs]
+        print(
+            f"{store} {label}: visibility lag over {len(runs)} run(s) of {args.rounds} rounds:"
+            f" p50 {min(p50s):.2f}-{max(p50s):.2f} ms, p99 {min(p99s):.2f}-{max(p99s):.2f} ms"
+        )
 
 
 if __name__ == "__main__":

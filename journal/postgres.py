@@ -19,7 +19,13 @@ transaction (delivered at commit).
 
 Tailing. ``change_token()`` is a counter bumped by a daemon thread that LISTENs on a dedicated
 connection; that thread also calls the callbacks of ``add_listener`` (journal/watch.py wakes the
-tail through it). It costs no query.
+tail through it). It costs no query. Before it bumps the counter, that thread reads the events the
+notification announces on its own connection (already awake, no thread hop) into a bounded cache
+of the newest events, which this process's own appends extend too: ``recent(after_seq)`` serves
+the tail from it (journal/writer.py ``follow``), so a wake-up usually needs no query and no thread
+(docs/benchmarks.md, "Scale-out": the visibility lag). The cache holds a gapless run of events
+``(start, end]``; ``recent`` answers only for a position inside it, and None otherwise (the caller
+reads the store).
 
 Leases: a row per lease, decided with the server's clock (``clock_timestamp()``) so hosts whose
 clocks differ agree on expiry; journal/lease.py has the rules. (Not an advisory lock: a session
@@ -169,6 +175,7 @@ class PgStore:
     """The journal in PostgreSQL. Build it with :meth:`open`. Synchronous; see the module docstring."""
 
     commits_are_cheap = False  # a round trip to the server: JournalWriter commits in its thread
+    recent_limit = 2048  # events the tail cache keeps; a larger burst is read by the tail itself
 
     def __init__(self, conn: Any, *, url: str, schema: str, password: str | None, readonly: bool) -> None:
         self._conn = conn
@@ -189,6 +196,13 @@ class PgStore:
         self._listen_ready = threading.Event()
         self._changes = 0
         self._listeners: list[Callable[[], None]] = []
+        # The tail cache (module docstring): the events (end - len, end] and the secrets rows
+        # (seq, worker_id, key or None) set by them; None while unknown. Under _recent_lock
+        # (written by the LISTEN thread and by the appending thread).
+        self._recent_lock = threading.Lock()
+        self._recent: list[Recorded] | None = None
+        self._recent_end = 0
+        self._recent_secrets: list[tuple[int, str, str | None]] = []
         self._closed = False
 
     # -- opening ----------------------------------------------------------------------------------
@@ -381,21 +395,122 @@ class PgStore:
             try:
                 with psycopg.connect(self._libpq_url, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {self._channel}")
+                    # Listening first: whatever commits after this read is notified.
+                    self._rebase(conn)
                     self._changes += 1  # (re)connected: whatever happened meanwhile counts as a change
                     self._listen_ready.set()
                     while not self._listen_stop.is_set():
-                        for _n in conn.notifies(timeout=0.25):
-                            self._changes += 1
-                            for callback in list(self._listeners):
-                                try:
-                                    callback()
-                                except Exception:
-                                    logger.exception("journal change listener failed")
+                        # stop_after=1: leave the generator (it holds the connection's lock) to read
+                        # on the same connection; notifications arriving meanwhile wait in psycopg's
+                        # backlog and come out of the next notifies().
+                        notified: list[int | None] = [
+                            _seq_of(n.payload) for n in conn.notifies(timeout=0.25, stop_after=1)
+                        ]
+                        if not notified:
+                            continue
+                        self._prefetch(conn, None if None in notified else max(notified))  # type: ignore[type-var]
+                        self._changes += 1
+                        for callback in list(self._listeners):
+                            try:
+                                callback()
+                            except Exception:
+                                logger.exception("journal change listener failed")
             except psycopg.Error as exc:
+                self._forget_recent()
                 self._listen_ready.set()
                 if self._listen_stop.wait(1.0):
                     return
                 logger.warning("journal LISTEN connection lost, reconnecting: %s", self._scrub(exc))
+
+    # -- the tail cache (module docstring) ---------------------------------------------------------
+
+    def recent(self, after_seq: int) -> tuple[list[Recorded], dict[str, str | None]] | None:
+        """The events after ``after_seq`` up to the newest this process has seen notified (or
+        appended), with the keys they set (None: deleted), from memory; None when ``after_seq`` is
+        outside the cache (then read the store). Everything notified before the change token last
+        moved is included; later commits move the token again."""
+        with self._recent_lock:
+            records = self._recent
+            if records is None:
+                return None
+            start = self._recent_end - len(records)
+            if not start <= after_seq <= self._recent_end:
+                return None
+            keys = {worker_id: key for seq, worker_id, key in self._recent_secrets if seq > after_seq}
+            return records[after_seq - start :], keys
+
+    def _forget_recent(self) -> None:
+        with self._recent_lock:
+            self._recent = None
+            self._recent_secrets = []
+
+    def _rebase(self, conn: Any) -> None:
+        """An empty cache at the head: what follows it is read at the next notification."""
+        head = conn.execute(f"SELECT max(seq) FROM {self._s}.events").fetchone()[0] or 0
+        with self._recent_lock:
+            self._recent, self._recent_end, self._recent_secrets = [], head, []
+
+    def _remember(self, recorded: list[Recorded], keys: list[tuple[int, str, str | None]]) -> None:
+        """Add events read or appended right after the cache's end (others are ignored)."""
+        with self._recent_lock:
+            records = self._recent
+            if records is None:
+                return
+            recorded = [r for r in recorded if r.seq > self._recent_end]
+            if not recorded:
+                return
+            if any(r.seq != self._recent_end + 1 + i for i, r in enumerate(recorded)):
+                self._recent, self._recent_secrets = None, []  # not gapless: unknown until rebased
+                return
+            previous_end = self._recent_end
+            records.extend(recorded)
+            self._recent_end = recorded[-1].seq
+            self._recent_secrets.extend(k for k in keys if k[0] > previous_end)
+            if len(records) > 2 * self.recent_limit:  # trimmed in steps: amortized O(1) per event
+                del records[: len(records) - self.recent_limit]
+                start = self._recent_end - len(records)
+                self._recent_secrets = [k for k in self._recent_secrets if k[0] > start]
+
+    def _prefetch(self, conn: Any, notified: int | None) -> None:
+        """Read what follows the cache's end on the LISTEN connection (``notified``: the highest
+        seq the notifications named, None if unknown)."""
+        with self._recent_lock:
+            known = self._recent is not None
+            end = self._recent_end
+        if not known:
+            self._rebase(conn)
+            return
+        if notified is not None and notified <= end:
+            return  # this process's own append, already remembered: no query
+        import psycopg
+
+        s = self._s
+        try:
+            rows = conn.execute(
+                f"SELECT seq, ts, stream, type, schema, payload, hash FROM {s}.events WHERE seq > %s"
+                " ORDER BY seq LIMIT %s",
+                (end, self.recent_limit + 1),
+            ).fetchall()
+            if len(rows) > self.recent_limit:  # a burst: the tail reads it from the store, the cache restarts
+                self._rebase(conn)
+                return
+            if not rows:
+                return
+            keys = conn.execute(
+                f"SELECT seq, worker_id, api_key FROM {s}.secrets WHERE seq > %s AND seq <= %s ORDER BY seq",
+                (end, rows[-1][0]),
+            ).fetchall()
+            recorded = [
+                Recorded(seq, ts, st, decode(type_, schema, payload), hash_)
+                for seq, ts, st, type_, schema, payload, hash_ in rows
+            ]
+        except psycopg.Error:
+            self._forget_recent()
+            raise  # _listen reconnects
+        except Exception:  # noqa: BLE001 - a row this smgrl cannot decode: the tail's own read reports it
+            self._forget_recent()
+            return
+        self._remember(recorded, [(seq, worker_id, key or None) for seq, worker_id, key in keys])
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -466,6 +581,10 @@ class PgStore:
                 last = recorded[-1]
                 self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
                 conn.execute("SELECT pg_notify(%s, %s)", (self._channel, str(last.seq)))
+        # Committed: the tail cache learns this process's own events without a query.
+        self._remember(
+            recorded, [(seq, worker_id, api_key or None) for worker_id, api_key, seq in secret_ops]
+        )
         return recorded
 
     def _set_meta(self, conn: Any, *pairs: tuple[str, str]) -> None:
@@ -776,6 +895,14 @@ class PgStore:
                     break
                 yield "events", rows
             cur.close()
+
+
+def _seq_of(payload: str) -> int | None:
+    """The seq a notification names (an append's last), None if it names none."""
+    try:
+        return int(payload)
+    except ValueError:
+        return None
 
 
 def _scrub(text: str, password: str | None) -> str:

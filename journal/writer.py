@@ -496,12 +496,16 @@ class JournalWriter:
 
     # -- several writers: following the others -----------------------------------------------------
 
-    async def catch_up(self) -> int:
+    async def catch_up(self, *, cached: bool = False) -> int:
         """Several writers: feed ``on_commit`` what other processes appended after ``position``
         (in seq order, after anything this writer already fed); return how many events.
 
         Read on the event loop for a local store (``commits_are_cheap``: SQLite WAL, memory), in
         the writer's thread otherwise (PostgreSQL). A failure to apply is the writer's fail-stop.
+        ``cached=True`` (the tail, ``follow``): take the events from the store's cache of what its
+        notifications announced (``store.recent``, PostgreSQL) when it covers ``position``: no
+        query, no thread hop. Not for a caller that must see a given commit (after a conflict):
+        the cache may not have it yet.
         """
         if self.position is None:
             raise RuntimeError("catch_up() needs writer.position (several writers)")
@@ -513,7 +517,11 @@ class JournalWriter:
             records = list(self._store.read(after_seq=after))
             return records, (self._foreign_secrets(after, records[-1].seq) if records else {})
 
-        if self._inline:
+        recent = getattr(self._store, "recent", None) if cached else None
+        got = recent(after) if recent is not None else None
+        if got is not None:
+            records, secrets = got
+        elif self._inline:
             records, secrets = read()
         else:
             # abandon_on_cancel=False: the thread holds the store's lock until the read ends.
@@ -543,7 +551,7 @@ class JournalWriter:
         task_status.started()
         while True:
             token = await watcher.wait(token)
-            await self.catch_up()
+            await self.catch_up(cached=True)
 
     async def _checkpoint(self) -> None:
         # The fsyncing part of WAL mode, off the event loop. Appends arriving meanwhile queue up
