@@ -872,22 +872,74 @@ class PgStore:
 
     # -- copying (the CLI reads a PostgreSQL journal through an SQLite copy) -----------------------
 
-    def copy_rows(self) -> Iterator[tuple[str, list[tuple]]]:
-        """Every table but ``secrets``, as ``(table, rows)`` chunks, read in ONE repeatable-read
-        transaction (a consistent copy while gateways append)."""
+    def identity(self) -> str:
+        """Where this journal lives, WITHOUT the user or password: ``host:port/database?schema=``
+        as the server reports them (the CLI's cache file is named by a hash of it)."""
+        info = self._conn.info
+        return f"{info.host}:{info.port}/{info.dbname}?schema={self._s}"
+
+    def copy_rows(
+        self,
+        after: int = 0,
+        *,
+        anchor: str | None = None,
+        known_snapshots: Iterable[int] = (),
+        compacted_from: int = 0,
+    ) -> Iterator[tuple[str, list[tuple]]]:
+        """The journal as ``(table, rows)`` chunks, read in ONE repeatable-read transaction (a
+        consistent view while gateways append); never the ``secrets`` table. In this order:
+
+        * ``("seam", [(hash,)] or [])``: the hash of event ``after`` (only when ``after`` > 0); a
+          copy that holds events up to ``after`` with hash ``anchor`` continues only if it is the
+          same (the chain: everything before it is then the same too); otherwise this yields
+          ``("diverged", [])`` and stops;
+        * ``("meta", rows)``: the whole table;
+        * ``("snapshot_ids", [(id,), ...])``: every snapshot's id, then ``("snapshots", rows)``:
+          those not in ``known_snapshots``;
+        * ``("compacted", [(seq, payload), ...])``: control.started payloads rewritten by body
+          compaction since ``compacted_from`` (the copy's ``bodies_compacted_before``), up to ``after``;
+        * ``("events", rows)``: the events after ``after``, in seq order, in chunks.
+        """
         s = self._s
+        known = set(known_snapshots)
         with self._lock, self._errors(), self._live().transaction():
-            self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            yield "meta", self._conn.execute(f"SELECT key, value FROM {s}.meta").fetchall()
+            conn = self._conn
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if after > 0:
+                seam = conn.execute(f"SELECT hash FROM {s}.events WHERE seq = %s", (after,)).fetchall()
+                if [tuple(r) for r in seam] != [(anchor,)]:
+                    yield "diverged", []
+                    return
+                yield "seam", [tuple(r) for r in seam]
+            meta = conn.execute(f"SELECT key, value FROM {s}.meta").fetchall()
+            yield "meta", meta
+            ids = conn.execute(f"SELECT id FROM {s}.snapshots ORDER BY id").fetchall()
+            yield "snapshot_ids", ids
+            new = [i for (i,) in ids if i not in known]
             yield (
                 "snapshots",
-                self._conn.execute(
-                    f"SELECT id, kind, upto_seq, ts, state, hash FROM {s}.snapshots"
-                ).fetchall(),
+                conn.execute(
+                    f"SELECT id, kind, upto_seq, ts, state, hash FROM {s}.snapshots WHERE id = ANY(%s) ORDER BY id",
+                    (new,),
+                ).fetchall()
+                if new
+                else [],
             )
-            cur = self._conn.cursor(name="smgrl_copy")  # server-side: flat memory
+            compacted_to = int(dict(meta).get("bodies_compacted_before") or 0)
+            if after > 0 and compacted_to > compacted_from:
+                yield (
+                    "compacted",
+                    conn.execute(
+                        f"SELECT seq, payload FROM {s}.events WHERE type = %s AND seq >= %s AND seq < %s"
+                        " AND seq <= %s ORDER BY seq",
+                        (ControlStarted.TYPE, compacted_from, compacted_to, after),
+                    ).fetchall(),
+                )
+            cur = conn.cursor(name="smgrl_copy")  # server-side: flat memory
             cur.execute(
-                f"SELECT seq, ts, stream, type, schema, payload, prev_hash, hash FROM {s}.events ORDER BY seq"
+                f"SELECT seq, ts, stream, type, schema, payload, prev_hash, hash FROM {s}.events"
+                " WHERE seq > %s ORDER BY seq",
+                (after,),
             )
             while True:
                 rows = cur.fetchmany(_PAGE)

@@ -1,7 +1,8 @@
 """The ``smgrl journal`` click group: options shared by every subcommand, opening the file, errors.
 
-A ``postgresql://`` URL works wherever a path does: the subcommands read an SQLite copy of it
-(``pgmirror.py`` says why and how) and write to PostgreSQL itself; the URL is shown without its
+A ``postgresql://`` URL works wherever a path does: the subcommands read an SQLite copy of it,
+kept up to date between commands in a cache directory (``pgmirror.py`` says why and how;
+``verify`` reads a fresh copy), and write to PostgreSQL itself; the URL is shown without its
 password. Every subcommand reads the SQLite file directly through a read-only store (safe while the
 gateway appends: WAL readers never block the writer), except ``replay --snapshot`` and
 ``compact``, which open it read-write after checking it is a journal (a read-write open of any
@@ -89,15 +90,17 @@ class Ctx:
         """The journal as shown to the user (a URL without its password)."""
         return describe(self.url) if self.url else self.path
 
+    fresh: bool = False  # a postgresql:// journal: read a fresh copy, not the cache (verify)
+
     def use(self, target: str) -> None:
-        """Read ``target``: a path, or a postgresql:// URL copied to a temporary SQLite file."""
+        """Read ``target``: a path, or a postgresql:// URL read through its SQLite copy."""
         self._copy.close()
         self.url = None
         if not is_postgres_url(target):
             self.path = target
             return
         self.url = target
-        self.path = self._copy.enter_context(_pg_copy(target))
+        self.path = self._copy.enter_context(_pg_copy(target, fresh=self.fresh))
         click.get_current_context().call_on_close(self._copy.close)
 
     @contextlib.contextmanager
@@ -129,12 +132,17 @@ class Ctx:
         click.echo(json_text(obj, lines=lines))
 
 
+# Commands that must read what PostgreSQL holds now, every row, not the cache (pgmirror.py).
+_FRESH_COPY = frozenset({"verify"})
+
+
 @contextlib.contextmanager
-def _pg_copy(url: str) -> Iterator[str]:
+def _pg_copy(url: str, *, fresh: bool) -> Iterator[str]:
     from smgrl.journal_cli import pgmirror
 
     try:
-        copy = pgmirror.temporary_copy(url)
+        directory = None if fresh else pgmirror.cache_dir()
+        copy = pgmirror.temporary_copy(url) if directory is None else pgmirror.cached_copy(url, directory)
         path = copy.__enter__()
     except ImportError:
         raise CliError(
@@ -270,7 +278,9 @@ def journal_group(ctx: click.Context, path: str, as_json: bool, wide: bool, widt
         # `smgrl journal` alone: what there is to run, not a usage error.
         click.echo(ctx.get_help())
         ctx.exit(0)
-    ctx.obj = Ctx(path=path, json=as_json, wide=wide, width=width)
+    ctx.obj = Ctx(
+        path=path, json=as_json, wide=wide, width=width, fresh=ctx.invoked_subcommand in _FRESH_COPY
+    )
     if is_postgres_url(path):
         ctx.obj.use(path)
 
