@@ -11,8 +11,10 @@ first answer with the label (an upper bound: it includes B's last poll round tri
 bounded; every process is stopped by its PID; everything listens on 127.0.0.1.
 
 Before/after in one run: ``--baseline-src DIR`` (e.g. ``git archive main | tar -x -C DIR``) also
-runs the gateways of that checkout (its directory first on PYTHONPATH), ``--repeat N`` times each,
-alternating which version goes first, on the same journal store; it prints every run and the range.
+starts a pair of gateways of that checkout (its directory first on PYTHONPATH) on a journal of
+its own in the same store, and both pairs run at once, taking turns round by round, so a busy
+machine's load weighs on both alike; ``--repeat N`` runs (fresh processes and journals each) and
+prints every run and the range.
 
     python benchmarks/visibility.py [--rounds 300] [--postgres] [--baseline-src DIR] [--repeat 3]
 """
@@ -49,59 +51,53 @@ def pg_server():
     return module.PgServer().start()
 
 
-def run(rounds: int, journal: str, env: dict, workdir: str, src: str | None = None) -> list[float]:
-    children = []
-    if src:  # the smgrl of another checkout: its directory first on the children's PYTHONPATH
-        env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    try:
+class Pair:
+    """Two gateway processes A and B on one journal, and a worker registered through A."""
+
+    def __init__(self, journal: str, env: dict, workdir: str, label: str, src: str | None) -> None:
+        self.children = []
+        if src:  # the smgrl of another checkout: its directory first on the children's PYTHONPATH
+            env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
         bases = []
         for name in ("a", "b"):
             port = free_port()
-            log = open(os.path.join(workdir, f"{name}.log"), "w")  # noqa: SIM115 - the child holds it
+            log = open(os.path.join(workdir, f"{label}-{name}.log"), "w")  # noqa: SIM115 - the child holds it
             child = start_gateway(
                 ["--prometheus-port", str(free_port()), "--log-level", "warn", "--disable-health-check"],
                 port=port,
                 env={**env, "SMGRL_JOURNAL": journal},
                 log=log,
             )
-            children.append(child)
+            self.children.append(child)
             bases.append(f"http://127.0.0.1:{port}")
             wait_listening(bases[-1], child=child)
-        a, b = (httpx.Client(base_url=base, timeout=10) for base in bases)
-        r = a.post("/workers", json={"url": f"http://127.0.0.1:{free_port()}"})
+        self.a, self.b = (httpx.Client(base_url=base, timeout=10) for base in bases)
+        r = self.a.post("/workers", json={"url": f"http://127.0.0.1:{free_port()}"})
         r.raise_for_status()
-        wid = r.json()["worker_id"]
-        lags = []
-        for i in range(rounds):
-            a.patch(f"/workers/{wid}", json={"labels": {"n": str(i)}}).raise_for_status()
-            acked = time.perf_counter()
-            deadline = acked + 10
-            while time.perf_counter() < deadline:
-                row = b.get(f"/workers/{wid}")
-                if row.status_code == 200 and row.json().get("labels", {}).get("n") == str(i):
-                    break
-            else:
-                raise TimeoutError(f"B never served round {i}")
-            lags.append((time.perf_counter() - acked) * 1000)
-        return lags
-    finally:
-        for child in reversed(children):
+        self.wid = r.json()["worker_id"]
+
+    def round(self, i: int) -> float:
+        """PATCH a label through A, poll B until it serves it: the lag in ms."""
+        self.a.patch(f"/workers/{self.wid}", json={"labels": {"n": str(i)}}).raise_for_status()
+        acked = time.perf_counter()
+        deadline = acked + 10
+        while time.perf_counter() < deadline:
+            row = self.b.get(f"/workers/{self.wid}")
+            if row.status_code == 200 and row.json().get("labels", {}).get("n") == str(i):
+                return (time.perf_counter() - acked) * 1000
+        raise TimeoutError(f"B never served round {i}")
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
             child.stop()
-
-
-def one(args, label: str, src: str | None, workdir: str, server, n: int) -> list[float]:
-    if server is not None:
-        return run(args.rounds, server.url(f"vis_{label}_{n}"), {}, workdir, src)
-    env = {"SMGRL_WORKER_GROUP": uuid.uuid4().hex}  # two processes of one shared-lock group
-    return run(args.rounds, os.path.join(workdir, f"{label}-{n}.db"), env, workdir, src)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=300, help="rounds per run (per version)")
     ap.add_argument("--postgres", action="store_true")
     ap.add_argument("--baseline-src", default=None, help="also run the gateways of this checkout")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per version (interleaved)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs (each with fresh processes and journals)")
     args = ap.parse_args()
     versions = [("this", None)]
     if args.baseline_src:
@@ -112,13 +108,30 @@ def main() -> None:
         server = pg_server() if args.postgres else None
         try:
             for n in range(args.repeat):
-                order = versions if n % 2 == 0 else versions[::-1]  # alternate who goes first
-                for label, src in order:
-                    lags = one(args, label, src, workdir, server, n)
-                    stats = (pct(lags, 0.5), pct(lags, 0.99), max(lags))
+                pairs = {}
+                try:
+                    for label, src in versions:
+                        if server is not None:
+                            journal, env = server.url(f"vis_{label}_{n}"), {}
+                        else:  # the two processes of one shared-lock group
+                            journal = os.path.join(workdir, f"{label}-{n}.db")
+                            env = {"SMGRL_WORKER_GROUP": uuid.uuid4().hex}
+                        pairs[label] = Pair(journal, env, workdir, f"{label}-{n}", src)
+                    # Both versions run at once and take turns round by round: the machine's
+                    # load (shared, noisy) weighs on both alike.
+                    lags: dict[str, list[float]] = {label: [] for label in pairs}
+                    for i in range(args.rounds):
+                        order = list(pairs) if i % 2 == 0 else list(pairs)[::-1]
+                        for label in order:
+                            lags[label].append(pairs[label].round(i))
+                finally:
+                    for pair in pairs.values():
+                        pair.stop()
+                for label, samples in lags.items():
+                    stats = (pct(samples, 0.5), pct(samples, 0.99), max(samples))
                     results[label].append(stats)
                     print(
-                        f"{store} {label} run {n + 1}: {len(lags)} rounds: p50 {stats[0]:.2f} ms,"
+                        f"{store} {label} run {n + 1}: {len(samples)} rounds: p50 {stats[0]:.2f} ms,"
                         f" p99 {stats[1]:.2f} ms, max {stats[2]:.2f} ms (load average"
                         f" {os.getloadavg()[0]:.1f})",
                         flush=True,

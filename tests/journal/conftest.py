@@ -44,3 +44,10 @@ def backend(
         b = MemoryBackend(tmp_path)
     yield b
     b.close()
+
+
+@pytest.fixture(autouse=True)
+def _journal_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`smgrl journal` on a postgresql:// URL keeps a cache (smgrl/journal_cli/pgmirror.py): each
+    test's in its own directory (subprocesses inherit it), never the user's ~/.cache."""
+    monkeypatch.setenv("SMGRL_JOURNAL_CACHE", str(tmp_path / "journal-cache"))
