@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import itertools
 import json
 import logging
 import re
@@ -403,12 +404,10 @@ class PgStore:
                         # stop_after=1: leave the generator (it holds the connection's lock) to read
                         # on the same connection; notifications arriving meanwhile wait in psycopg's
                         # backlog and come out of the next notifies().
-                        notified: list[int | None] = [
-                            _seq_of(n.payload) for n in conn.notifies(timeout=0.25, stop_after=1)
-                        ]
+                        notified = [n.payload for n in conn.notifies(timeout=0.25, stop_after=1)]
                         if not notified:
                             continue
-                        self._prefetch(conn, None if None in notified else max(notified))  # type: ignore[type-var]
+                        self._take(conn, notified)
                         self._changes += 1
                         for callback in list(self._listeners):
                             try:
@@ -470,6 +469,30 @@ class PgStore:
                 del records[: len(records) - self.recent_limit]
                 start = self._recent_end - len(records)
                 self._recent_secrets = [k for k in self._recent_secrets if k[0] > start]
+
+    def _take(self, conn: Any, payloads: list[str]) -> None:
+        """Bring the cache up to what ``payloads`` (notifications, in commit order) announce: the
+        events a notification carries (``_notify_payload``) are taken as they are, no query; one
+        that names only a seq, or does not follow the cache's end, is read on ``conn``."""
+        for payload in payloads:
+            rows = _rows_of(payload)
+            if rows is None:
+                self._prefetch(conn, _seq_of(payload))
+                continue
+            with self._recent_lock:
+                follows = self._recent is not None and rows[0][0] <= self._recent_end + 1
+            if not follows:
+                self._prefetch(conn, None)  # reads everything up to the head: the rest is in it
+                return
+            try:
+                recorded = [
+                    Recorded(seq, ts, st, decode(type_, schema, body), hash_)
+                    for seq, ts, st, type_, schema, body, hash_ in rows
+                ]
+            except Exception:  # noqa: BLE001 - a row this smgrl cannot decode: the tail's own read reports it
+                self._forget_recent()
+                return
+            self._remember(recorded, [])  # a batch that set keys carries no rows: no keys here
 
     def _prefetch(self, conn: Any, notified: int | None) -> None:
         """Read what follows the cache's end on the LISTEN connection (``notified``: the highest
@@ -580,7 +603,7 @@ class PgStore:
                     )
                 last = recorded[-1]
                 self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
-                conn.execute("SELECT pg_notify(%s, %s)", (self._channel, str(last.seq)))
+                conn.execute("SELECT pg_notify(%s, %s)", (self._channel, _notify_payload(rows, secret_ops)))
         # Committed: the tail cache learns this process's own events without a query.
         self._remember(
             recorded, [(seq, worker_id, api_key or None) for worker_id, api_key, seq in secret_ops]
@@ -947,6 +970,34 @@ class PgStore:
                     break
                 yield "events", rows
             cur.close()
+
+
+_NOTIFY_MAX = 7900  # bytes of a NOTIFY payload (PostgreSQL's limit is 8000)
+
+
+def _notify_payload(rows: Sequence[tuple], secret_ops: Sequence[tuple]) -> str:
+    """What an append's NOTIFY says: its events as JSON ``[[seq, ts, stream, type, schema,
+    payload, hash], ...]`` when they fit and set no key (the listeners' tail then needs no query;
+    keys never travel in a notification), else its last seq."""
+    if not secret_ops:
+        text = json.dumps([[r[0], r[1], r[2], r[3], r[4], r[5], r[7]] for r in rows], separators=(",", ":"))
+        if len(text.encode()) <= _NOTIFY_MAX:
+            return text
+    return str(rows[-1][0])
+
+
+def _rows_of(payload: str) -> list[tuple] | None:
+    """The events a notification carries, None if it names a seq only (or is not understood)."""
+    if not payload.startswith("["):
+        return None
+    try:
+        rows = [tuple(r) for r in json.loads(payload)]
+    except (ValueError, TypeError):
+        return None
+    ok = rows and all(len(r) == 7 and isinstance(r[0], int) for r in rows)
+    if not ok or any(b[0] != a[0] + 1 for a, b in itertools.pairwise(rows)):
+        return None
+    return rows
 
 
 def _seq_of(payload: str) -> int | None:

@@ -10,10 +10,10 @@ import threading
 
 import pytest
 import trio
-from journal_helpers import outcome, registered
+from journal_helpers import outcome, registered, started
 
 from journal import Append, ChangeWatcher, JournalWriter
-from journal.postgres import PgStore
+from journal.postgres import PgStore, _notify_payload, _rows_of
 
 pytestmark = pytest.mark.usefixtures("pg_server")
 
@@ -29,7 +29,7 @@ def _listening(url: str) -> tuple[PgStore, threading.Event]:
 def _same(got, store: PgStore, after: int) -> None:
     records, keys = got
     expected = list(store.read(after_seq=after))
-    assert [(r.seq, r.hash, r.event) for r in records] == [(r.seq, r.hash, r.event) for r in expected]
+    assert records == expected  # seq, ts, stream, event and hash
     head = store.last_seq()
     assert keys == (store.secret_changes(after, head) if head > after else {})
 
@@ -82,7 +82,9 @@ def test_a_burst_larger_than_the_cache_is_left_to_the_store_read(pg_url):
     follower.recent_limit = 8
     other = PgStore.open(pg_url)
     try:
-        other.append_batch([Append("op:a", outcome(f"op{i}")) for i in range(20)])
+        # Too large to travel in the notification (bodies): the listener reads it, finds more
+        # than the cache keeps, and restarts the cache at the head.
+        other.append_batch([Append("op:a", started(f"op{i}", body=b"x" * 600)) for i in range(20)])
         for _ in range(50):  # until the burst's notification restarted the cache at its head
             if follower.recent(20) is not None:
                 break
@@ -154,3 +156,46 @@ async def test_follow_applies_the_other_writers_events_from_the_cache(pg_url):
         follower.close()
     assert seen == list(range(1, 13)) and keys == {"w": "k10"}
     assert reads_in_threads == []
+
+
+def _rows(n: int, size: int = 10) -> list[tuple]:
+    return [
+        (s, 1.5 + s, "op:a", "control.outcome", 1, "x" * size, f"prev{s}", f"hash{s}")
+        for s in range(3, 3 + n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rows", "secret_ops", "carried"),
+    [
+        (_rows(1), [], True),  # a small batch: its events travel in the notification
+        (_rows(3), [], True),
+        (_rows(3), [("w1", "k", 4)], False),  # sets a key: keys never travel, the seq does
+        (_rows(1, 8000), [], False),  # past NOTIFY's 8000 bytes: the seq
+        (_rows(40, 200), [], False),
+    ],
+)
+def test_what_a_notification_carries(rows, secret_ops, carried):
+    payload = _notify_payload(rows, secret_ops)
+    assert len(payload.encode()) <= 7900
+    if carried:
+        assert _rows_of(payload) == [(r[0], r[1], r[2], r[3], r[4], r[5], r[7]) for r in rows]
+    else:
+        assert payload == str(rows[-1][0]) and _rows_of(payload) is None
+    assert "k" not in payload or carried
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "7",
+        "",
+        "[",
+        "[]",
+        "[[1,2]]",
+        '[["a",1,"s","t",1,"p","h"]]',
+        '[[3,1,"s","t",1,"p","h"],[5,1,"s","t",1,"p","h"]]',
+    ],
+)
+def test_a_notification_without_usable_events_is_read_from_the_store(payload):
+    assert _rows_of(payload) is None  # a seq, malformed, empty, or not gapless: the listener queries
