@@ -28,6 +28,14 @@ is bounded (a request count or a deadline).
 
     python benchmarks/dataplane.py [--engines 4] [--requests 2000] [--concurrency 1,64,256]
         [--streams 1000] [--fronts] [--out FILE]
+
+``--interleaved-p50 ROUNDS`` (with ``--workers 1,2``, optionally ``--baseline-src``): only the
+added p50 at 1 client, measured so that a busy machine's noise cancels out: every gateway runs at
+once, and each round sends ``--round-requests`` sequential requests (one client) directly to the
+engines and through each gateway in turn (the order rotates every round); a gateway's added p50
+in a round is its median minus the direct median of THAT round. Reported: the median over rounds
+of those added p50s (median of medians), their p25-p75 and min-max, and each gateway's ratio to
+the first ``--workers`` entry (the median of the per-round ratios, with its p25-p75).
 """
 
 from __future__ import annotations
@@ -417,6 +425,103 @@ def measure(name: str, origins: list[str], args, results: dict, pid: int | list[
               f"dropped={dropped} failed={failed}", flush=True)  # fmt: skip
 
 
+def interleaved_p50(
+    targets: list[tuple[str, list[str]]], rounds: int, per_round: int
+) -> dict[str, list[float]]:
+    """Median latency (ms) of ``per_round`` sequential requests per target per round, rounds
+    interleaved, the order rotated each round (``targets[0]`` is the direct baseline)."""
+    medians: dict[str, list[float]] = {name: [] for name, _ in targets}
+    for r in range(rounds):
+        k = r % len(targets)
+        for name, origins in targets[k:] + targets[:k]:
+            lat, _, _ = trio.run(closed_loop, origins, "/generate", GENERATE_BODY, 1, per_round)
+            medians[name].append(pct(lat, 0.5))
+    return medians
+
+
+def interleaved_table(medians: dict[str, list[float]], reference: str | None) -> str:
+    """Added p50 per round (gateway median - direct median of the same round): median of
+    medians, p25-p75, min-max; ratios to ``reference`` round by round."""
+    direct = medians["direct"]
+    added = {
+        name: [m - d for m, d in zip(ms, direct, strict=True)]
+        for name, ms in medians.items()
+        if name != "direct"
+    }
+    lines = [
+        (
+            f"added p50 at 1 client over {len(direct)} interleaved rounds (direct p50: median"
+            f" {pct(direct, 0.5):.3f} ms, p25-p75 {pct(direct, 0.25):.3f}-{pct(direct, 0.75):.3f}):"
+        ),
+        "",
+        (
+            "| gateway | added p50 ms (median of rounds) | p25-p75 | min-max | ratio to "
+            f"{reference or '-'} (median of rounds) | ratio p25-p75 |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
+    for name, xs in added.items():
+        ratio, spread = "-", "-"
+        if reference is not None and reference in added and name != reference:
+            ratios = [x / ref for x, ref in zip(xs, added[reference], strict=True) if ref > 0]
+            if ratios:
+                ratio = f"{pct(ratios, 0.5):.3f}"
+                spread = f"{pct(ratios, 0.25):.3f}-{pct(ratios, 0.75):.3f}"
+        lines.append(
+            f"| {name} | {pct(xs, 0.5):.3f} | {pct(xs, 0.25):.3f}-{pct(xs, 0.75):.3f} |"
+            f" {min(xs):.3f}-{max(xs):.3f} | {ratio} | {spread} |"
+        )
+    return "\n".join(lines)
+
+
+def run_interleaved(args) -> None:
+    """``--interleaved-p50``: every gateway at once, one set of instant fakes (module docstring)."""
+    workers = [int(w) for w in args.workers.split(",") if w]
+    if not workers and not args.baseline_src:
+        sys.exit("error: --interleaved-p50 needs --workers N,... (or --baseline-src)")
+    children: list[Child] = []
+    with tempfile.TemporaryDirectory(prefix="smgrl-bench-dp-") as workdir:
+        try:
+            fake, urls = start_fake_engines("sglang", args.engines)
+            children.append(fake)
+            targets: list[tuple[str, list[str]]] = [("direct", urls)]
+            for n in workers:
+                port = free_port()
+                child, metrics_url = start_workers(urls, port, n, workdir, args.policy)
+                children.append(child)
+                base = f"http://127.0.0.1:{port}"
+                wait_listening(base, child=child)
+                wait_workers(metrics_url, n)
+                wait_routable(base)
+                targets.append((f"smgrl --workers {n}", [base]))
+            if args.baseline_src:
+                port = free_port()
+                child = start_smgrl(
+                    urls, port, "asgi", workdir, args.policy, src=os.path.abspath(args.baseline_src)
+                )
+                children.append(child)
+                base = f"http://127.0.0.1:{port}"
+                wait_listening(base, child=child)
+                wait_routable(base)
+                targets.append(("smgrl-baseline", [base]))
+            print(
+                f"{len(targets) - 1} gateway(s), {args.interleaved_p50} rounds x {args.round_requests} requests",
+                flush=True,
+            )
+            medians = interleaved_p50(targets, args.interleaved_p50, args.round_requests)
+        finally:
+            for child in reversed(children):
+                child.stop()
+    text = interleaved_table(medians, targets[1][0] if len(targets) > 1 else None)
+    text += f"\n\n(load average at the end: {os.getloadavg()[0]:.1f})"
+    print()
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+            f.write("\n<!-- raw -->\n" + json.dumps(medians) + "\n")
+
+
 def table(results: dict, args) -> str:
     direct = results.get("direct", {})
     lines = [
@@ -500,9 +605,21 @@ def main() -> None:
         help="also measure `smgrl launch --workers N` on an SQLite journal for each N listed (e.g. 1,2):"
         " CPU per request summed over the supervisor and its workers",
     )
+    ap.add_argument(
+        "--interleaved-p50",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only the added p50 at 1 client: ROUNDS interleaved rounds over direct, each --workers N"
+        " and --baseline-src, all running at once; median of round medians and the spread",
+    )
+    ap.add_argument("--round-requests", type=int, default=40, help="sequential requests per target per round")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    if args.interleaved_p50:
+        run_interleaved(args)
+        return
 
     children: list[Child] = []
     results: dict = {}
