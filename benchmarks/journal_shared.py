@@ -8,6 +8,10 @@ the cross-process visibility lag, on SQLite and on PostgreSQL.
     ``--seconds`` seconds, with ``--batch`` events per transaction (1: the gateway when idle, each
     append its own commit; 32: under load, group commit), all starting together. Reported: events
     per second summed over the processes, and the chain verified afterwards.
+    Also: where a transaction's time goes, per process count: waiting for the write lock vs
+    holding it (from the head read each store does first inside its write transaction), how much
+    of the wall time the lock was held, the appenders' CPU / wall and their involuntary context
+    switches per transaction (the machine taking their core away, lock held or not).
 (b) Visibility lag. One process appends ``--lag-events`` events, one every ~``--gap-ms``; each
     carries its send time (CLOCK_MONOTONIC, shared by the processes of one host). Another process
     tails with ``ChangeWatcher`` (SQLite: ``PRAGMA data_version`` polled every 5 ms; PostgreSQL:
@@ -50,19 +54,52 @@ def _event(tag: str) -> ControlOutcome:
 
 
 def child_append(target: str, name: str, seconds: float, batch: int) -> None:
+    import resource
+
     store = open_store(target)
+    # When the write lock was obtained: both stores read the head first thing inside their write
+    # transaction (after BEGIN IMMEDIATE / the advisory lock), so the time of that call splits a
+    # transaction into waiting for the lock and holding it.
+    head, locked = store._head, []
+
+    def timed_head(conn):
+        locked.append(time.perf_counter())
+        return head(conn)
+
+    store._head = timed_head
     print("ready", flush=True)
     sys.stdin.readline()
     n, end = 0, time.monotonic() + seconds
     took: list[float] = []
+    waits: list[float] = []
+    held: list[float] = []
+    usage0, cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
     while time.monotonic() < end:
         items = [Append(name, _event(f"{name}-{n + i}")) for i in range(batch)]
         t0 = time.perf_counter()
         store.append_batch(items, wait=30)
-        took.append((time.perf_counter() - t0) * 1000)
+        t1 = time.perf_counter()
+        took.append((t1 - t0) * 1000)
+        waits.append((locked[-1] - t0) * 1000)
+        held.append((t1 - locked[-1]) * 1000)
         n += batch
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     store.close()
-    print(json.dumps({"events": n, "ms": took}), flush=True)
+    print(
+        json.dumps(
+            {
+                "events": n,
+                "ms": took,
+                "wait_ms": waits,
+                "held_ms": held,
+                "cpu_s": cpu,
+                "wall_s": wall,
+                "preempted": usage.ru_nivcsw - usage0.ru_nivcsw,  # involuntary context switches
+            }
+        ),
+        flush=True,
+    )
 
 
 def child_lag_writer(target: str, count: int, gap_ms: float) -> None:
@@ -123,7 +160,30 @@ def append_rate(target: str, procs: int, seconds: float, batch: int) -> tuple[fl
     elapsed = time.monotonic() - t0
     for c in children:
         c.wait(60)
+    DETAIL.append((target, procs, batch, elapsed, os.getloadavg()[0], results))
     return sum(r["events"] for r in results) / elapsed, [ms for r in results for ms in r["ms"]]
+
+
+DETAIL: list[tuple] = []  # (target, procs, batch, elapsed, load average, per-process results)
+
+
+def detail_rows(name: str) -> list[str]:
+    """Where a transaction's time goes: waiting for the write lock vs holding it, and how busy
+    the machine left the appenders (CPU / wall, involuntary context switches per transaction)."""
+    rows = []
+    for _target, procs, batch, elapsed, load, results in DETAIL:
+        waits = [ms for r in results for ms in r["wait_ms"]]
+        held = [ms for r in results for ms in r["held_ms"]]
+        txns = len(held)
+        busy = sum(held) / 1000 / elapsed  # of the wall time, how much the lock was held (1.0: always)
+        cpu = sum(r["cpu_s"] for r in results) / sum(r["wall_s"] for r in results)
+        preempted = sum(r["preempted"] for r in results) / max(1, txns)
+        rows.append(
+            f"| {name} | {batch} | {procs} | {txns} | {pct(waits, 50):.2f} / {pct(waits, 99):.2f} |"
+            f" {pct(held, 50):.2f} / {pct(held, 99):.2f} | {busy:.2f} | {cpu:.2f} | {preempted:.2f} | {load:.1f} |"
+        )
+    DETAIL.clear()
+    return rows
 
 
 def lag(target: str, count: int, gap_ms: float) -> list[float]:
@@ -162,7 +222,11 @@ def run_store(name: str, make_target, args) -> list[str]:
     open_store(target).close()
     lags = lag(target, args.lag_events, args.gap_ms)
     lag_row = f"| {name} | {len(lags)} | {pct(lags, 50):.2f} | {pct(lags, 99):.2f} | {max(lags):.2f} |"
+    DETAIL_ROWS.extend(detail_rows(name))
     return rows + [lag_row]
+
+
+DETAIL_ROWS: list[str] = []
 
 
 def main() -> None:
@@ -213,6 +277,13 @@ def main() -> None:
     print("| store | events | p50 | p99 | max |")
     print("|---|---:|---:|---:|---:|")
     print("\n".join(lag_rows))
+    print("\n## Where the append time goes (per transaction, over the processes), ms\n")
+    print(
+        "| store | events per transaction | processes | transactions | lock wait p50 / p99 |"
+        " lock held p50 / p99 | lock held / wall | appender CPU / wall | involuntary switches per transaction | load average |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(DETAIL_ROWS))
 
 
 if __name__ == "__main__":
