@@ -8,8 +8,8 @@ the cross-process visibility lag, on SQLite and on PostgreSQL.
     ``--seconds`` seconds, with ``--batch`` events per transaction (1: the gateway when idle, each
     append its own commit; 32: under load, group commit), all starting together. Reported: events
     per second summed over the processes, and the chain verified afterwards.
-    Also: where a transaction's time goes, per process count: waiting for the write lock vs
-    holding it (from the head read each store does first inside its write transaction), how much
+    Also: where a transaction's time goes, per process count: getting the write lock vs holding
+    it (split where the head read each store does first inside its write transaction returns), how much
     of the wall time the lock was held, the appenders' CPU / wall and their involuntary context
     switches per transaction (the machine taking their core away, lock held or not).
 (b) Visibility lag. One process appends ``--lag-events`` events, one every ~``--gap-ms``; each
@@ -57,14 +57,16 @@ def child_append(target: str, name: str, seconds: float, batch: int) -> None:
     import resource
 
     store = open_store(target)
-    # When the write lock was obtained: both stores read the head first thing inside their write
-    # transaction (after BEGIN IMMEDIATE / the advisory lock), so the time of that call splits a
-    # transaction into waiting for the lock and holding it.
+    # When the write lock was surely held: both stores read the head first thing inside their
+    # write transaction, after BEGIN IMMEDIATE / the advisory lock (PostgreSQL: in the same round
+    # trip as the lock), so the return of that read splits a transaction into getting the lock
+    # (with that round trip) and holding it for the rest.
     head, locked = store._head, []
 
     def timed_head(conn):
+        got = head(conn)
         locked.append(time.perf_counter())
-        return head(conn)
+        return got
 
     store._head = timed_head
     print("ready", flush=True)

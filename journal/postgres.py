@@ -550,7 +550,13 @@ class PgStore:
         try:
             with self._errors():
                 conn = self._live()
-                with conn.transaction():
+                # Pipeline mode (WHY: round trips are what a write costs on a network, and the lock
+                # is held across them, so every other writer waits for them too): BEGIN, the lock and
+                # the caller's first query (the head read) leave in one flush and come back in one
+                # round trip; what needs no answer (the rows, the meta, NOTIFY) and COMMIT leave
+                # together at the end. A fetch syncs; an error raises at the next sync and the
+                # transaction rolls back, as outside a pipeline.
+                with conn.pipeline(), conn.transaction():
                     lock_key = key or self._key
                     if wait == 0:
                         got = conn.execute(
@@ -560,7 +566,8 @@ class PgStore:
                             raise JournalBusyError("another connection holds the journal's write lock")
                     else:
                         ms = 30_000 if wait is None else max(1, int(wait * 1000))
-                        # One round trip: the timeout is set (transaction-local) before the lock waits.
+                        # The timeout is set (transaction-local) before the lock waits; its answer is
+                        # not awaited (a timeout raises at the next fetch: the head read).
                         conn.execute(
                             "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtext(%s))",
                             (str(ms), lock_key),
@@ -585,25 +592,24 @@ class PgStore:
             if expect is not None:
                 self._check_expect(conn, expect, head.seq)
             rows, recorded, secret_ops = build_batch(items, head, self._clock())
-            # The rest needs no answer: pipelined, sent in one round trip (the block's exit syncs,
-            # so an error raises here and the transaction rolls back).
-            with conn.pipeline():
-                conn.cursor().executemany(
-                    f"INSERT INTO {s}.events (seq, ts, stream, type, schema, payload, prev_hash, hash)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    rows,
+            # The rest needs no answer: queued in _write's pipeline, sent with COMMIT in one round
+            # trip (an error raises when _write's block ends, and the transaction rolls back).
+            conn.cursor().executemany(
+                f"INSERT INTO {s}.events (seq, ts, stream, type, schema, payload, prev_hash, hash)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                rows,
+            )
+            for worker_id, api_key, seq in secret_ops:
+                # A deletion leaves a tombstone ('') carrying its seq, as in SQLite.
+                conn.execute(
+                    f"INSERT INTO {s}.secrets (worker_id, api_key, seq) VALUES (%s, %s, %s)"
+                    " ON CONFLICT (worker_id) DO UPDATE SET api_key = excluded.api_key,"
+                    " seq = excluded.seq",
+                    (worker_id, api_key or "", seq),
                 )
-                for worker_id, api_key, seq in secret_ops:
-                    # A deletion leaves a tombstone ('') carrying its seq, as in SQLite.
-                    conn.execute(
-                        f"INSERT INTO {s}.secrets (worker_id, api_key, seq) VALUES (%s, %s, %s)"
-                        " ON CONFLICT (worker_id) DO UPDATE SET api_key = excluded.api_key,"
-                        " seq = excluded.seq",
-                        (worker_id, api_key or "", seq),
-                    )
-                last = recorded[-1]
-                self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
-                conn.execute("SELECT pg_notify(%s, %s)", (self._channel, _notify_payload(rows, secret_ops)))
+            last = recorded[-1]
+            self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
+            conn.execute("SELECT pg_notify(%s, %s)", (self._channel, _notify_payload(rows, secret_ops)))
         # Committed: the tail cache learns this process's own events without a query.
         self._remember(
             recorded, [(seq, worker_id, api_key or None) for worker_id, api_key, seq in secret_ops]
