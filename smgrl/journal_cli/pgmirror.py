@@ -106,9 +106,14 @@ def _private_dir(directory: str) -> None:
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError as exc:
-        raise JournalError(f"cannot create the journal cache directory {directory}: {exc.strerror}") from None
+        raise JournalError(
+            f"cannot create the journal cache directory {directory}: {exc.strerror}"
+            f" (set {CACHE_ENV} to another directory, or to off)"
+        ) from None
     if not os.path.isdir(directory):
-        raise JournalError(f"the journal cache {directory} is not a directory (set {CACHE_ENV})")
+        raise JournalError(
+            f"the journal cache {directory} is not a directory (set {CACHE_ENV} to a directory, or to off)"
+        )
 
 
 def _flock(fd: int, mode: int, path: str) -> None:

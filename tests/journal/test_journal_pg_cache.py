@@ -205,3 +205,20 @@ def test_cli_uses_the_cache_directory_of_its_environment(pg_url, pg_server, tmp_
     )
     assert off.returncode == 0, off.stderr
     assert len(off.stdout.splitlines()) == 7 and not (tmp_path / "xdg").exists()
+
+
+def test_a_cache_path_that_is_no_directory_is_one_line_naming_the_variable(pg_url, pg_server, tmp_path):
+    PgStore.open(pg_url).close()
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("x")
+    result = subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", pg_url, "events"],
+        env={**os.environ, "SMGRL_JOURNAL_CACHE": str(not_a_dir)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 4 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "SMGRL_JOURNAL_CACHE" in result.stderr, result.stderr
+    assert pg_server.password not in result.stderr
