@@ -14,14 +14,17 @@ application never mixes tables: ``events``, ``secrets``, ``snapshots``, ``meta``
 Writers. Every write transaction first takes a transaction-scoped advisory lock (one key per
 journal schema) and then reads the head: appenders of every host are serialized and keep one
 gapless chain. ``wait=0`` uses ``pg_try_advisory_xact_lock`` (JournalBusyError when taken), other
-waits set ``lock_timeout``. Each append sends ``NOTIFY`` on the journal's channel inside its
-transaction (delivered at commit).
+waits set ``lock_timeout``. A write transaction runs in pipeline mode: BEGIN, the lock and the
+head read in one round trip, the rows, meta, NOTIFY and COMMIT in one more. Each append sends
+``NOTIFY`` on the journal's channel inside its transaction (delivered at commit), carrying its
+events when they fit in the payload and set no key (``_notify_payload``), else its last seq.
 
 Tailing. ``change_token()`` is a counter bumped by a daemon thread that LISTENs on a dedicated
 connection; that thread also calls the callbacks of ``add_listener`` (journal/watch.py wakes the
-tail through it). It costs no query. Before it bumps the counter, that thread reads the events the
-notification announces on its own connection (already awake, no thread hop) into a bounded cache
-of the newest events, which this process's own appends extend too: ``recent(after_seq)`` serves
+tail through it). It costs no query. Before it bumps the counter, that thread puts the events the
+notification announces into a bounded cache of the newest events (those it carries as they are;
+otherwise read on the LISTEN connection, already awake, no thread hop), which this process's own
+appends extend too: ``recent(after_seq)`` serves
 the tail from it (journal/writer.py ``follow``), so a wake-up usually needs no query and no thread
 (docs/benchmarks.md, "Scale-out": the visibility lag). The cache holds a gapless run of events
 ``(start, end]``; ``recent`` answers only for a position inside it, and None otherwise (the caller
