@@ -981,7 +981,11 @@ class PgStore:
             cur.close()
 
 
-_NOTIFY_MAX = 7900  # bytes of a NOTIFY payload (PostgreSQL's limit is 8000)
+# Bytes of events a NOTIFY may carry (PostgreSQL allows 8000). Kept small: the server's
+# notification queue (8 GB) is held by its slowest listener, and a listener that stops reading
+# without disconnecting (a SIGSTOPped gateway) pins it until it fills and every NOTIFY, so every
+# append, fails; a 1 KB entry fills it about 16x sooner than a seq (docs/scale-out.md).
+_NOTIFY_MAX = 1000
 
 
 def _notify_payload(rows: Sequence[tuple], secret_ops: Sequence[tuple]) -> str:
