@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import pathlib
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -54,8 +56,14 @@ def pg_server():
 class Pair:
     """Two gateway processes A and B on one journal, and a worker registered through A."""
 
-    def __init__(self, journal: str, env: dict, workdir: str, label: str, src: str | None) -> None:
+    def __init__(
+        self, journal: str, env: dict, workdir: str, label: str, src: str | None, push: bool = False
+    ) -> None:
         self.children = []
+        self.push = push
+        self.stop_stream = False
+        self.applied: dict[str, float] = {}  # --push: label value -> lag (ms) B's stream showed it with
+        self.arrived = threading.Condition()
         if src:  # the smgrl of another checkout: its directory first on the children's PYTHONPATH
             env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
         bases = []
@@ -63,7 +71,8 @@ class Pair:
             port = free_port()
             log = open(os.path.join(workdir, f"{label}-{name}.log"), "w")  # noqa: SIM115 - the child holds it
             child = start_gateway(
-                ["--prometheus-port", str(free_port()), "--log-level", "warn", "--disable-health-check"],
+                ["--prometheus-port", str(free_port()), "--log-level", "warn", "--disable-health-check"]
+                + (["--enable-rl"] if push else []),
                 port=port,
                 env={**env, "SMGRL_JOURNAL": journal},
                 log=log,
@@ -75,10 +84,41 @@ class Pair:
         r = self.a.post("/workers", json={"url": f"http://127.0.0.1:{free_port()}"})
         r.raise_for_status()
         self.wid = r.json()["worker_id"]
+        if push:
+            self.listening = threading.Event()
+            threading.Thread(target=self._stream, args=(bases[1],), daemon=True).start()
+            if not self.listening.wait(30):
+                raise TimeoutError("B's journal stream did not open")
+
+    def _stream(self, base: str) -> None:
+        """--push: read B's journal stream (records published once B's projections hold them);
+        each labels change's lag is the wall time it arrived minus the event's ts (A's append,
+        same host clock)."""
+        client = httpx.Client(base_url=base, timeout=httpx.Timeout(10, read=None))
+        with client, client.stream("GET", "/v1/rl/journal/stream?after=0") as resp:
+            self.listening.set()
+            for line in resp.iter_lines():
+                if self.stop_stream:
+                    return
+                if not line.startswith("data: "):
+                    continue
+                now = time.time()
+                rec = json.loads(line[6:])
+                if rec.get("type") != "worker.labels_changed":
+                    continue
+                with self.arrived:
+                    self.applied[rec["payload"]["labels"].get("n")] = (now - rec["ts"]) * 1000
+                    self.arrived.notify_all()
 
     def round(self, i: int) -> float:
-        """PATCH a label through A, poll B until it serves it: the lag in ms."""
+        """PATCH a label through A, poll B until it serves it: the lag in ms (--push: wait for B's
+        stream to show it; the lag from A's append to B's projections)."""
         self.a.patch(f"/workers/{self.wid}", json={"labels": {"n": str(i)}}).raise_for_status()
+        if self.push:
+            with self.arrived:
+                if not self.arrived.wait_for(lambda: str(i) in self.applied, timeout=10):
+                    raise TimeoutError(f"B's stream never showed round {i}")
+                return self.applied.pop(str(i))
         acked = time.perf_counter()
         deadline = acked + 10
         while time.perf_counter() < deadline:
@@ -88,6 +128,7 @@ class Pair:
         raise TimeoutError(f"B never served round {i}")
 
     def stop(self) -> None:
+        self.stop_stream = True
         for child in reversed(self.children):
             child.stop()
 
@@ -98,11 +139,16 @@ def main() -> None:
     ap.add_argument("--postgres", action="store_true")
     ap.add_argument("--baseline-src", default=None, help="also run the gateways of this checkout")
     ap.add_argument("--repeat", type=int, default=1, help="runs (each with fresh processes and journals)")
+    ap.add_argument(
+        "--push",
+        action="store_true",
+        help="measure from A's append to B's projections (B's journal stream, --enable-rl), no polling",
+    )
     args = ap.parse_args()
     versions = [("this", None)]
     if args.baseline_src:
         versions.append(("baseline", os.path.abspath(args.baseline_src)))
-    store = "PostgreSQL" if args.postgres else "SQLite"
+    store = ("PostgreSQL" if args.postgres else "SQLite") + (" (push)" if args.push else "")
     results: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in versions}
     pooled: dict[str, list[float]] = {label: [] for label, _ in versions}
     with tempfile.TemporaryDirectory(prefix="smgrl-bench-vis-") as workdir:
@@ -119,7 +165,7 @@ def main() -> None:
                         else:  # the two processes of one shared-lock group
                             journal = os.path.join(workdir, f"{label}-{n}.db")
                             env = {"SMGRL_WORKER_GROUP": uuid.uuid4().hex}
-                        pairs[label] = Pair(journal, env, workdir, f"{label}-{n}", src)
+                        pairs[label] = Pair(journal, env, workdir, f"{label}-{n}", src, args.push)
                     # Both versions run at once and take turns round by round: the machine's
                     # load (shared, noisy) weighs on both alike.
                     lags: dict[str, list[float]] = {label: [] for label, _ in versions}
