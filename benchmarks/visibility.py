@@ -16,7 +16,12 @@ its own in the same store, and both pairs run at once, taking turns round by rou
 machine's load weighs on both alike; ``--repeat N`` runs (fresh processes and journals each) and
 prints every run and the range.
 
-    python benchmarks/visibility.py [--rounds 300] [--postgres] [--baseline-src DIR] [--repeat 3]
+``--push``: instead of polling B, read B's journal stream (``GET /v1/rl/journal/stream``, the
+gateways get ``--enable-rl``), whose records are published once B's projections hold them; the
+lag is a record's arrival minus its ``ts`` (A's append, same host clock): issue 18's "append in
+one process to projection applied in the other", without the poll loop's load on B.
+
+    python benchmarks/visibility.py [--rounds 300] [--postgres] [--push] [--baseline-src DIR] [--repeat 3]
 """
 
 from __future__ import annotations
