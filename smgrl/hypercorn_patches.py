@@ -37,6 +37,8 @@ start when the patches cannot be applied (``require``): without them the keep-al
 from __future__ import annotations
 
 import math
+import os
+from collections import deque
 from itertools import chain
 from typing import Any
 
@@ -276,51 +278,98 @@ class DisconnectHook:
             self._scope.cancel()
 
 
+class AppQueue:
+    """What hypercorn's reader hands one request's app (body chunks, then the disconnect): stock
+    hypercorn's bounded memory channel, without its scheduler passes.
+
+    Every ``send`` and every ``receive`` of a trio memory channel ends with a schedule point,
+    even when the message is already there or the buffer has room: a small ``POST`` cost the
+    reader two passes (chunk, end of body) and the app one, and each pass is a trip through
+    trio's run loop (issue 14: 3 of a kept-alive rollout request's 6). Here ``put`` and ``get``
+    return at once when they can, and wait (cancellably) only when they must: ``put`` on a full
+    queue (``max_app_queue_size``: the reader stops reading, as in stock), ``get`` on an empty
+    one. ``close`` is the disconnect: ``get`` returns what was queued, then ``http.disconnect``
+    on every later call; a ``put`` waiting for room, or after the close, drops its message (the
+    stream is over). Channel creation also went through a ``typing`` subscript per request
+    (trio's ``open_memory_channel``).
+
+    ``get`` joins the body chunks already queued behind the one it takes (ASGI gives chunk
+    boundaries no meaning): a small body and its end-of-body message come in one ``receive()``.
+    """
+
+    __slots__ = ("_closed", "_getters", "_items", "_max", "_putters")
+
+    def __init__(self, max_size: int) -> None:
+        self._items: deque = deque()
+        self._max = max(1, max_size)
+        self._closed = False
+        # Parking lots made on first use: almost no request ever waits on either.
+        self._getters: trio.lowlevel.ParkingLot | None = None
+        self._putters: trio.lowlevel.ParkingLot | None = None
+
+    async def put(self, message) -> None:
+        while len(self._items) >= self._max and not self._closed:
+            if self._putters is None:
+                self._putters = trio.lowlevel.ParkingLot()
+            await self._putters.park()
+        if self._closed:
+            return  # the client left (or the app's stream ended): nobody will read it
+        self._items.append(message)
+        if self._getters:
+            self._getters.unpark()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._getters:
+            self._getters.unpark_all()
+        if self._putters:
+            self._putters.unpark_all()
+
+    async def get(self):
+        items = self._items
+        while not items:
+            if self._closed:
+                return {"type": "http.disconnect"}
+            if self._getters is None:
+                self._getters = trio.lowlevel.ParkingLot()
+            await self._getters.park()
+        message = items.popleft()
+        if items and message.get("more_body"):
+            message = _merge_queued(message, items)
+        if self._putters:
+            self._putters.unpark_all()  # room again
+        return message
+
+
 async def _spawn_app(self, app, config, scope, send):
-    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks, and the
-    ``DisconnectHook`` extension.
+    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks, the
+    ``DisconnectHook`` extension, and ``AppQueue`` instead of a memory channel.
 
     Stock hypercorn queues ``http.disconnect`` behind the body chunks in a bounded channel. An app
     that answered without reading its body (413, 401, 404) leaves that channel full, and the
     disconnect, sent from the app's own task after its answer, waited forever: the connection
-    never closed. Here the disconnect closes the channel instead: the app still receives what was
+    never closed. Here the disconnect closes the queue instead: the app still receives what was
     queued, then ``http.disconnect`` on every later ``receive()``; a body chunk still being
     queued is dropped (the stream is over)."""
-    put, get = trio.open_memory_channel(config.max_app_queue_size)
+    queue = AppQueue(config.max_app_queue_size)
     hook = DisconnectHook()
     scope["extensions"][DISCONNECT_EXTENSION] = hook
     stream = getattr(send, "__self__", None)  # the HTTPStream whose app_send this is
 
-    async def receive():
-        try:
-            message = await get.receive()
-        except trio.EndOfChannel:
-            return {"type": "http.disconnect"}
-        if message.get("more_body"):
-            # The body chunks already queued behind this one come in the same message (ASGI
-            # gives chunk boundaries no meaning). A small request's body and its end arrive in
-            # one read, so its app gets the whole body from one receive(): each await of the
-            # channel is a scheduler pass, a measurable share of a rollout request's CPU.
-            return _merge_queued(message, get)
-        return message
-
     async def app_put(message) -> None:
         if message["type"] == "http.disconnect":
-            put.close()
+            queue.close()
             if getattr(stream, "state", None) is not ASGIHTTPState.CLOSED:
                 hook._disconnected()  # before the answer was complete: the client left
             return
-        try:
-            await put.send(message)
-        except trio.ClosedResourceError:
-            pass  # disconnected while this chunk waited for room
+        await queue.put(message)
 
     self._nursery.start_soon(
         trio_task_group._handle,
         app,
         config,
         scope,
-        receive,
+        queue.get,
         send,
         trio.to_thread.run_sync,
         trio.from_thread.run,
@@ -328,21 +377,15 @@ async def _spawn_app(self, app, config, scope, send):
     return app_put
 
 
-def _merge_queued(message, get):
-    """``message`` (an ``http.request`` with ``more_body``) joined with the body chunks that
-    ``get`` holds already; the last one's ``more_body`` is the result's. A closed channel (the
-    client left) is left for the next ``receive()`` to report."""
+def _merge_queued(message, items: deque):
+    """``message`` (an ``http.request`` with ``more_body``) joined with the body chunks queued in
+    ``items`` behind it (taken from it); the last one's ``more_body`` is the result's."""
     chunks = [message.get("body", b"")]
     more = True
-    while more:
-        try:
-            following = get.receive_nowait()
-        except (trio.WouldBlock, trio.EndOfChannel):
-            break
+    while more and items:
+        following = items.popleft()
         chunks.append(following.get("body", b""))
         more = following.get("more_body", False)
-    if len(chunks) == 1:
-        return message
     body = b"".join(chunks) if any(chunks[1:]) else chunks[0]
     return {"type": "http.request", "body": body, "more_body": more}
 
@@ -415,6 +458,45 @@ def _body_unread(server) -> bool:
     return isinstance(conn, h11.Connection) and conn.their_state is h11.SEND_BODY
 
 
+_stock_protocol_send = tcp_server.TCPServer.protocol_send
+# The socket write of ``_direct_protocol_send``; a name of its own so a test can make it fail
+# like a broken connection does.
+_write = os.write
+
+
+async def _direct_protocol_send(self, event) -> None:
+    """hypercorn's ``TCPServer.protocol_send``; on plain TCP, bytes go out in one non-blocking
+    write when nothing else is being sent and the kernel takes them all (a response nearly
+    always fits the socket buffer).
+
+    Stock, every write takes the connection's ``trio.Lock`` and calls ``send_all`` in a
+    shielded scope: two schedule points per write (the lock's and the send's), each a pass
+    through trio's run loop, for bytes the kernel took at once. The lock orders the writers
+    (the app's task, and the reader's 100-continue or error answers): the write here happens
+    only while nobody holds it, and never yields, so it cannot interleave with another write;
+    bytes the kernel did not take go through the stock path (lock, shielded ``send_all``)."""
+    if type(event) is tcp_server.RawData:
+        sock = self._smgrl_socket
+        data = event.data
+        if sock is not None and not self.send_lock.locked():
+            fd = sock.fileno()  # -1 once closed (never a reused number: checked every write)
+            if fd >= 0:
+                if not data:
+                    return
+                try:
+                    sent = _write(fd, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    # The client is gone (EPIPE, ECONNRESET): what stock does on a broken stream.
+                    await self.protocol.handle(Closed())
+                    return
+                if sent == len(data):
+                    return
+                event = tcp_server.RawData(data=data[sent:])
+    await _stock_protocol_send(self, event)
+
+
 _stock_stream_send = h11_protocol.H11Protocol.stream_send
 _stock_tcp_init = tcp_server.TCPServer.__init__
 
@@ -422,6 +504,9 @@ _stock_tcp_init = tcp_server.TCPServer.__init__
 def _tcp_init(self, *args, **kwargs) -> None:
     _stock_tcp_init(self, *args, **kwargs)
     self.idle_task = IdleWatch()
+    # Plain TCP: the socket written directly (``_direct_protocol_send``); None over TLS.
+    stream = self.stream
+    self._smgrl_socket = stream.socket if isinstance(stream, trio.SocketStream) else None
     self._smgrl_reading = False
     self._smgrl_drain = None
     self._smgrl_read_scope = None
@@ -433,6 +518,7 @@ def _replacements() -> list[tuple[type, str, Any]]:
         (tcp_server.TCPServer, "__init__", _tcp_init),
         (tcp_server.TCPServer, "_read_data", _draining_read_data),
         (tcp_server.TCPServer, "_close", _graceful_close),
+        (tcp_server.TCPServer, "protocol_send", _direct_protocol_send),
         (trio_task_group.TaskGroup, "spawn_app", _spawn_app),
         (h11_protocol.H11Protocol, "stream_send", _coalescing_stream_send),
         (h11_protocol.H11Protocol, "_maybe_recycle", _shielded_maybe_recycle),

@@ -6,6 +6,7 @@ Real sockets on 127.0.0.1; the raw bytes on the wire are checked."""
 
 import hashlib
 import inspect
+import os
 
 import pytest
 import trio
@@ -19,6 +20,7 @@ from smgrl.cli import main as cli_main
 
 SLOW_SECS = 2.0
 TOO_LARGE = b'{"error":"too large"}'
+BIG = bytes(range(256)) * (16 * 1024)  # 4 MiB, no two neighbouring KiB alike
 
 
 async def lifespan(receive, send):
@@ -71,6 +73,13 @@ async def app(scope, receive, send):
         for part in (b"one", b"two", b"three"):
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    if scope["path"] == "/big":
+        # More than the socket buffers hold: the direct write takes part, send_all the rest.
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(BIG))]}
+        )
+        await send({"type": "http.response.body", "body": BIG})
         return
     if scope["path"] == "/empty":
         await send({"type": "http.response.start", "status": 204, "headers": []})
@@ -453,5 +462,112 @@ async def test_a_small_body_and_its_end_reach_the_app_in_one_receive():
         messages = seen.pop()
         assert b"".join(body for _, body, _ in messages) == b"hello world"
         assert [more for _, _, more in messages] == [True] * (len(messages) - 1) + [False]
+        await stream.aclose()
+        shutdown.set()
+
+
+class _Steps(trio.abc.Instrument):
+    """Task steps of every task but ``skip`` (the test's client), by the task's coroutine name."""
+
+    def __init__(self, skip) -> None:
+        self.skip = skip
+        self.steps: dict[str, int] = {}
+
+    def before_task_step(self, task) -> None:
+        if task is not self.skip:
+            name = task.coro.cr_code.co_name
+            self.steps[name] = self.steps.get(name, 0) + 1
+
+
+async def test_a_kept_alive_request_costs_the_server_two_task_steps():
+    """A small POST answered at once: the reader wakes once (reads, parses, hands the body
+    over) and the app runs once, from its first receive() to its answer, without a schedule
+    point. Stock hypercorn yields in every hand-off (the channel's send and receive, the send
+    lock, send_all): 8 steps per request."""
+    requests = 20
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        request = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n\r\nhello"
+        await stream.send_all(request)
+        await read_response(stream)
+        await trio.testing.wait_all_tasks_blocked()
+        steps = _Steps(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for _ in range(requests):
+                await stream.send_all(request)
+                status, _, payload, _ = await read_response(stream)
+                assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:hello"
+                await trio.testing.wait_all_tasks_blocked()
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps == {"_handle": requests, "_run_handler": requests}
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_a_response_larger_than_the_socket_buffer_arrives_whole_and_in_order():
+    """Guards the direct write (stock passes too): bytes the kernel did not take go out through
+    the locked send_all, before the next response."""
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\nGET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()  # the server is stuck on a full socket
+        status, _, payload, rest = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200") and payload == BIG
+        status, _, payload, _ = await read_response(stream, rest)
+        assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:"
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_an_answer_to_a_client_that_reset_the_connection_fails_quietly(monkeypatch):
+    """Guards the direct write (stock passes too): the client resets its connection while the
+    app works; the answer's write fails (EPIPE/ECONNRESET) and is dropped as stock drops a
+    send on a broken stream; the server serves on."""
+    import socket
+    import struct
+
+    released = trio.Event()
+    answered = trio.Event()
+    errors = []
+
+    def spying_write(fd, data):
+        try:
+            return os.write(fd, data)
+        except OSError as exc:
+            errors.append(exc)
+            raise
+
+    async def held(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["path"] == "/held":
+            await released.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+        answered.set()
+
+    monkeypatch.setattr(hypercorn_patches, "_write", spying_write)
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=held)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /held HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        # A reset, not a FIN: SO_LINGER with a zero timeout.
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        released.set()
+        with trio.fail_after(5):
+            await answered.wait()
+        assert [type(e) for e in errors] in ([BrokenPipeError], [ConnectionResetError])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        status, _, payload, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200") and payload == b"ok"
         await stream.aclose()
         shutdown.set()
