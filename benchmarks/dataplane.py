@@ -537,9 +537,7 @@ def interleaved(args, urls: list[str], workdir: str) -> str:
                 )
             print("\n".join(lines[-len(bases) :]), flush=True)
             if "hypercorn-bare" in us:
-                lines.append(
-                    f"| {c} | smgrl - bare | | | {us['smgrl'] - us['hypercorn-bare']:.0f} | |"
-                )
+                lines.append(f"| {c} | smgrl - bare | | | {us['smgrl'] - us['hypercorn-bare']:.0f} | |")
     finally:
         for child in children.values():
             child.stop()

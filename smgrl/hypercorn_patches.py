@@ -354,16 +354,8 @@ async def _spawn_app(self, app, config, scope, send):
     queue = AppQueue(config.max_app_queue_size)
     hook = DisconnectHook()
     scope["extensions"][DISCONNECT_EXTENSION] = hook
-    stream = getattr(send, "__self__", None)  # the HTTPStream whose app_send this is
-
-    async def app_put(message) -> None:
-        if message["type"] == "http.disconnect":
-            queue.close()
-            if getattr(stream, "state", None) is not ASGIHTTPState.CLOSED:
-                hook._disconnected()  # before the answer was complete: the client left
-            return
-        await queue.put(message)
-
+    # The HTTPStream whose app_send this is (it keeps the returned app_put).
+    app_put = _AppPut(queue, hook, getattr(send, "__self__", None))
     self._nursery.start_soon(
         trio_task_group._handle,
         app,
@@ -375,6 +367,33 @@ async def _spawn_app(self, app, config, scope, send):
         trio.from_thread.run,
     )
     return app_put
+
+
+class _AppPut:
+    """What ``_spawn_app`` gives hypercorn's stream to hand the app its messages.
+
+    The stream keeps it (``HTTPStream.app_put``) and it reads the stream's state at the
+    disconnect: a reference cycle. It is broken at the disconnect, the last message of every
+    stream, so a request's stream, scope and queue are freed by reference counting. Left to the
+    cycle collector they were about 30 objects per request: a young-generation collection every
+    30-odd requests and a full one every few thousand (measured: tens of microseconds per
+    request, and 90 ms pauses)."""
+
+    __slots__ = ("hook", "queue", "stream")
+
+    def __init__(self, queue: AppQueue, hook: DisconnectHook, stream) -> None:
+        self.queue = queue
+        self.hook = hook
+        self.stream = stream
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.disconnect":
+            self.queue.close()
+            if getattr(self.stream, "state", None) is not ASGIHTTPState.CLOSED:
+                self.hook._disconnected()  # before the answer was complete: the client left
+            self.stream = None
+            return
+        await self.queue.put(message)
 
 
 def _merge_queued(message, items: deque):
