@@ -245,8 +245,10 @@ async def _shielded_maybe_recycle(self) -> None:
                 await self.send(Closed())
 
 
-# The ASGI scope extension a patched hypercorn offers an app: ``DisconnectHook``.
+# The ASGI scope extensions a patched hypercorn offers an app: ``DisconnectHook``, and
+# ``AppQueue.get_nowait`` (the next message if it is there, else None: no wait, no deadline).
 DISCONNECT_EXTENSION = "smgrl.disconnect"
+RECEIVE_NOWAIT = "smgrl.receive_nowait"
 
 
 class DisconnectHook:
@@ -333,6 +335,16 @@ class AppQueue:
             if self._getters is None:
                 self._getters = trio.lowlevel.ParkingLot()
             await self._getters.park()
+        return self._take()
+
+    def get_nowait(self):
+        """What ``get`` would return without waiting, else None (nothing queued yet)."""
+        if self._items:
+            return self._take()
+        return {"type": "http.disconnect"} if self._closed else None
+
+    def _take(self):
+        items = self._items
         message = items.popleft()
         if items and message.get("more_body"):
             message = _merge_queued(message, items)
@@ -354,6 +366,7 @@ async def _spawn_app(self, app, config, scope, send):
     queue = AppQueue(config.max_app_queue_size)
     hook = DisconnectHook()
     scope["extensions"][DISCONNECT_EXTENSION] = hook
+    scope["extensions"][RECEIVE_NOWAIT] = queue.get_nowait
     # The HTTPStream whose app_send this is (it keeps the returned app_put).
     app_put = _AppPut(queue, hook, getattr(send, "__self__", None))
     self._nursery.start_soon(

@@ -603,3 +603,39 @@ async def test_a_kept_alive_request_leaves_no_garbage_for_the_cycle_collector():
         assert garbage == []
         await stream.aclose()
         shutdown.set()
+
+
+async def test_receive_nowait_gives_what_arrived_and_never_waits():
+    """The ``smgrl.receive_nowait`` extension (guards the patch): a body that came with its
+    head is there whole; a body still on its way is None, then arrives through receive()."""
+    seen = []
+
+    async def peeking(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        first = scope["extensions"][hypercorn_patches.RECEIVE_NOWAIT]()
+        messages = [first]
+        while messages[-1] is None or messages[-1].get("more_body"):
+            messages.append(await receive())
+        seen.append(messages)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=peeking)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 11\r\n\r\nhello world")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
+        assert seen.pop() == [{"type": "http.request", "body": b"hello world", "more_body": False}]
+        await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 11\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"hello world")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
+        messages = seen.pop()
+        assert messages[0] is None
+        assert b"".join(m.get("body", b"") for m in messages[1:]) == b"hello world"
+        await stream.aclose()
+        shutdown.set()
