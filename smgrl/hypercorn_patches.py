@@ -224,23 +224,28 @@ async def _shielded_maybe_recycle(self) -> None:
     try:
         await self._close_stream()
     finally:
-        with trio.CancelScope(shield=True):
-            conn = self.connection
-            if (
-                not self.context.terminated.is_set()
-                and conn.our_state is h11.DONE
-                and conn.their_state is h11.DONE
-            ):
-                try:
-                    conn.start_next_cycle()
-                except h11.LocalProtocolError:
+        conn = self.connection
+        if (
+            not self.context.terminated.is_set()
+            and conn.our_state is h11.DONE
+            and conn.their_state is h11.DONE
+        ):
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                with trio.CancelScope(shield=True):
                     await self.send(Closed())
-                else:
-                    self.response = None
-                    self.scope = None
-                    await self.can_read.set()
-                    await self.send(Updated(idle=True))
             else:
+                # The kept-alive path has no checkpoint (hypercorn's trio Event.set; the
+                # connection's IdleWatch, started before its first read, only moves a
+                # deadline): a cancellation has nothing to interrupt here, so no shield scope
+                # (one per request, ~9 us). The close below has checkpoints: shielded.
+                self.response = None
+                self.scope = None
+                await self.can_read.set()
+                await self.send(Updated(idle=True))
+        else:
+            with trio.CancelScope(shield=True):
                 await self.can_read.set()
                 await self.send(Closed())
 
@@ -438,9 +443,9 @@ async def _draining_read_data(self) -> None:
                 try:
                     if read_timeout:
                         with trio.fail_after(read_timeout):
-                            data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                            data = await _receive_some(self)
                     else:
-                        data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                        data = await _receive_some(self)
                 except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
                 if data and idle_watch is not None:
@@ -460,6 +465,35 @@ async def _draining_read_data(self) -> None:
         if isinstance(self.idle_task, IdleWatch):
             self.idle_task.finish()
     await self.protocol.handle(Closed())
+
+
+_read = os.read  # the reader's socket read (``_receive_some``); a test can make it fail
+
+
+async def _receive_some(server) -> bytes:
+    """``server.stream.receive_some(MAX_RECV)``; on plain TCP, one wait for readability and one
+    read of the socket.
+
+    trio's ``receive_some`` first tries a ``recv`` (right after an answer it fails with EAGAIN,
+    an exception raised and caught), then waits, reads again and, on its way, enters a context
+    manager, an async context manager and a conflict detector: a visible share of a kept-alive
+    request's CPU. Errors are trio's: a closed socket raises ``ClosedResourceError``, a broken
+    connection ``BrokenResourceError``."""
+    sock = server._smgrl_socket
+    if sock is None:
+        return await server.stream.receive_some(tcp_server.MAX_RECV)
+    await trio.lowlevel.wait_readable(sock)  # cancellable: the checkpoint; a close wakes it
+    # Checked after the wait: a close by another task after the wake-up (the idle watcher, the
+    # server's shutdown) leaves -1 here, never another connection's reused descriptor.
+    fd = sock.fileno()
+    if fd < 0:
+        raise trio.ClosedResourceError("the connection was closed")
+    try:
+        return _read(fd, tcp_server.MAX_RECV)
+    except BlockingIOError:  # woken without data after all: trio's way
+        return await server.stream.receive_some(tcp_server.MAX_RECV)
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
 
 _stock_close = tcp_server.TCPServer._close

@@ -639,3 +639,26 @@ async def test_receive_nowait_gives_what_arrived_and_never_waits():
         assert b"".join(m.get("body", b"") for m in messages[1:]) == b"hello world"
         await stream.aclose()
         shutdown.set()
+
+
+async def test_a_quart_app_whose_task_is_cancelled_after_each_answer_keeps_its_connection_alive():
+    """Guards the unshielded recycle (stock passes too): quart-trio cancels its task once the
+    answer is sent, and the kept-alive path after it (the next cycle, the idle watcher's restart)
+    still runs whole: the next requests are served, then the idle bound closes the connection."""
+    quart = QuartTrio("t")
+
+    @quart.route("/")
+    async def index():
+        return "hi"
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, keep_alive=0.5, asgi=quart)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        for _ in range(3):
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+            status, _, payload, rest = await read_response(stream)
+            assert status.startswith(b"HTTP/1.1 200") and payload == b"hi" and rest == b""
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b""  # the idle watcher was restarted
+        await stream.aclose()
+        shutdown.set()
