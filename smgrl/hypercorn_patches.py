@@ -107,10 +107,11 @@ class IdleWatch:
     hypercorn's config holds the header-read bound (absent: the idle bound governs throughout,
     as in stock hypercorn)."""
 
-    __slots__ = ("_done", "_head_started", "_idle", "_scope", "_served", "_server")
+    __slots__ = ("_deadline", "_done", "_head_started", "_idle", "_scope", "_served", "_server")
 
     def __init__(self) -> None:
         self._scope: trio.CancelScope | None = None
+        self._deadline = math.inf  # the bound in force (the watcher's scope may lag behind it)
         self._idle = False
         self._done = False
         self._served = False  # a request head has been complete on this connection
@@ -125,6 +126,7 @@ class IdleWatch:
             deadline = trio.current_time() + server.config.keep_alive_timeout
         else:  # just accepted: the first head is bounded from now on, bytes or not
             deadline = trio.current_time() + _header_read_timeout(server.config)
+        self._deadline = deadline
         if self._scope is None:
             self._server = server
             # Started once, in the connection's own nursery (hypercorn's TaskGroup): it ends
@@ -134,19 +136,23 @@ class IdleWatch:
             self._scope.deadline = deadline
 
     async def stop(self) -> None:
+        # Busy: no bound. The watcher's deadline is left where it is (moving a trio deadline
+        # costs a few microseconds, on every request); should it pass while the connection is
+        # busy, the watcher just waits again without one.
         self._idle = False
         self._served = True
-        if self._scope is not None:
-            self._scope.deadline = math.inf
+        self._deadline = math.inf
 
     def data_arrived(self) -> None:
-        """Bytes came in (called by the reader before the protocol sees them). On an idle
-        keep-alive connection the first byte starts the next head: from now on the header-read
-        bound applies instead of the idle one. Before the first request the bound already runs
-        from the accept, and a busy connection has no deadline: nothing to do."""
+        """Bytes came in (called by the reader once the protocol has seen them: a head that
+        came whole has made the connection busy by then, and nothing moves). On an idle
+        keep-alive connection the first bytes of the next head switch it to the header-read
+        bound. Before the first request the bound already runs from the accept, and a busy
+        connection has no deadline: nothing to do."""
         if self._idle and self._served and not self._head_started and self._scope is not None:
             self._head_started = True
-            self._scope.deadline = trio.current_time() + _header_read_timeout(self._server.config)
+            self._deadline = trio.current_time() + _header_read_timeout(self._server.config)
+            self._scope.deadline = self._deadline
 
     def finish(self) -> None:
         """The connection stopped reading (client gone, closed, drained): end the watcher, or it
@@ -168,15 +174,18 @@ class IdleWatch:
                 await server.context.terminated.wait()
             if self._done:
                 return
-            if self._idle:
+            terminated = server.context.terminated.is_set()
+            if self._idle and (terminated or trio.current_time() >= self._deadline):
                 # Keep-alive expired, or shutdown while idle: close, shielded as stock hypercorn
                 # does (the close must complete even though this scope was just cancelled).
                 with trio.CancelScope(shield=True):
                     await server._initiate_server_close()
                 return
-            if server.context.terminated.is_set():
+            if terminated:
                 return  # shutdown while busy: the response's _maybe_recycle closes it
-            deadline = scope.deadline  # stop() raced the deadline: keep watching
+            # Woken by a bound that no longer holds (the connection went busy, or went idle
+            # again with a new bound since): keep watching with the one in force.
+            deadline = self._deadline
 
 
 async def _coalescing_stream_send(self, event) -> None:
@@ -448,8 +457,6 @@ async def _draining_read_data(self) -> None:
                         data = await _receive_some(self)
                 except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
-                if data and idle_watch is not None:
-                    idle_watch.data_arrived()
                 drain = self._smgrl_drain
                 if drain is not None:
                     if not data or drain <= len(data):
@@ -459,6 +466,8 @@ async def _draining_read_data(self) -> None:
                 await self.protocol.handle(tcp_server.RawData(bytes(data)))
                 if data == b"":
                     break
+                if idle_watch is not None:
+                    idle_watch.data_arrived()
     finally:
         self._smgrl_reading = False
         self._smgrl_read_scope = None

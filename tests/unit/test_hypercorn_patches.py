@@ -268,6 +268,10 @@ async def test_a_busy_connection_is_not_closed_by_the_idle_watcher():
             await stream.send_all(b"GET %s HTTP/1.1\r\nhost: t\r\n\r\n" % path)
             status, _, payload, _ = await read_response(stream)
             assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:"
+        # The idle bound passed while /slow was in flight (the watcher woke and kept waiting);
+        # once idle again the connection has a fresh bound, and it closes.
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b""
         await stream.aclose()
         shutdown.set()
 
