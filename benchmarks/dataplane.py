@@ -632,7 +632,7 @@ def main() -> None:
                 phases = [(urls, plain)]
                 if (
                     args.streams
-                    and front not in ("quart", "bare", "bare-proxy", "baseline")
+                    and front not in ("quart", "bare", "bare-proxy")
                     and not front.startswith("workers")
                 ):
                     phases.append((slow_urls, only_streams))
