@@ -498,6 +498,8 @@ async def _receive_some(server) -> bytes:
     sock = server._smgrl_socket
     if sock is None:
         return await server.stream.receive_some(tcp_server.MAX_RECV)
+    if sock.fileno() < 0:
+        raise trio.ClosedResourceError("the connection was closed")
     await trio.lowlevel.wait_readable(sock)  # cancellable: the checkpoint; a close wakes it
     # Checked after the wait: a close by another task after the wake-up (the idle watcher, the
     # server's shutdown) leaves -1 here, never another connection's reused descriptor.
@@ -575,7 +577,13 @@ async def _direct_protocol_send(self, event) -> None:
                     return
                 if sent == len(data):
                     return
-                event = tcp_server.RawData(data=data[sent:])
+                if sent:
+                    # Part of these bytes is out: the rest must follow whatever happens to the
+                    # caller (a cancellation here would cut the message short on the wire; stock
+                    # shields its send_all the same way), the stock path behind the lock.
+                    with trio.CancelScope(shield=True):
+                        await _stock_protocol_send(self, tcp_server.RawData(data=data[sent:]))
+                    return
     await _stock_protocol_send(self, event)
 
 

@@ -666,3 +666,32 @@ async def test_a_quart_app_whose_task_is_cancelled_after_each_answer_keeps_its_c
             assert await stream.receive_some(100) == b""  # the idle watcher was restarted
         await stream.aclose()
         shutdown.set()
+
+
+async def test_a_write_the_kernel_took_only_part_of_completes_even_if_the_app_is_cancelled():
+    """Guards the direct write: once part of a message is on the wire the rest follows, even
+    when the app's scope is cancelled (stock shields its send_all the same way)."""
+    finished = trio.Event()
+
+    async def cancelled(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        with trio.CancelScope() as cancel:
+            cancel.cancel()  # every checkpoint from here raises Cancelled
+            head = [(b"content-length", b"%d" % len(BIG))]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": BIG})
+        finished.set()
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=cancelled)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()  # the kernel took part; the rest waits
+        status, _, payload, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200") and payload == BIG
+        with trio.fail_after(5):
+            await finished.wait()
+        await stream.aclose()
+        shutdown.set()
