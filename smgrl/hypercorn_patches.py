@@ -422,6 +422,8 @@ class _AppPut:
 
     async def __call__(self, message) -> None:
         if message["type"] == "http.disconnect":
+            if self.queue._closed:
+                return  # said once already (the stream reference is gone)
             self.queue.close()
             if getattr(self.stream, "state", None) is not ASGIHTTPState.CLOSED:
                 self.hook._disconnected()  # before the answer was complete: the client left
