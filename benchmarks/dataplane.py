@@ -248,7 +248,7 @@ def start_smg(smg: str, urls: list[str], port: int, workdir: str, policy: str) -
     return Child(proc, "smg")
 
 
-def start_bare(port: int, log, engines: list[str] = ()) -> Child:
+def start_bare(port: int, log, engines: list[str] = (), src: str | None = None) -> Child:
     """The same patched hypercorn, with smgrl's config, serving an ASGI app that reads the body
     and answers at once: the server's own per-request floor, measured beside smgrl. With
     ``engines``, the app instead forwards the body to them (round-robin, smgrl's upstream pool)
@@ -256,7 +256,11 @@ def start_bare(port: int, log, engines: list[str] = ()) -> Child:
     import subprocess
 
     argv = [sys.executable, "-c", BARE_APP, str(port), *engines]
-    return Child(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), "hypercorn-bare")
+    env = dict(os.environ)
+    if src:  # the patched hypercorn of another checkout (``--baseline-src``)
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src or None)
+    return Child(proc, "hypercorn-bare")
 
 
 BARE_APP = r"""
@@ -577,6 +581,75 @@ def table(results: dict, args) -> str:
     return "\n".join(lines)
 
 
+def interleaved(args, urls: list[str], workdir: str) -> str:
+    """Every gateway up at once; each round gives each of them ``--interleave`` requests at each
+    concurrency, the order reversed every other round (on a busy VM the gateway measured right
+    after another one's block fares worse): machine noise then hits them alike. Gateway CPU per
+    request summed over its blocks (/proc)."""
+    children: dict[str, Child] = {}
+    bases: dict[str, str] = {}
+    log = open(os.path.join(workdir, "interleaved.log"), "w")  # noqa: SIM115 - the children hold it
+    try:
+        wanted = [("smgrl", None)]
+        if args.baseline_src:
+            wanted.append(("smgrl-baseline", os.path.abspath(args.baseline_src)))
+        for name, src in wanted:
+            port = free_port()
+            children[name] = start_smgrl(urls, port, "asgi", workdir, args.policy, src=src)
+            bases[name] = f"http://127.0.0.1:{port}"
+        if not args.no_bare:
+            bare = [("hypercorn-bare", None)]
+            if args.baseline_src:
+                bare.append(("hypercorn-bare-baseline", os.path.abspath(args.baseline_src)))
+            for name, src in bare:
+                port = free_port()
+                children[name] = start_bare(port, log, src=src)
+                bases[name] = f"http://127.0.0.1:{port}"
+        if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
+            port = free_port()
+            children["SMG 1.13.0"] = start_smg(args.smg_bin, urls, port, workdir, args.policy)
+            bases["SMG 1.13.0"] = f"http://127.0.0.1:{port}"
+        for name, base in bases.items():
+            if not name.startswith("hypercorn-bare"):
+                wait_listening(base, child=children[name])
+            wait_routable(base)
+        lines = [
+            "| clients | gateway | p50 ms | p99 ms | gateway CPU us/req | CPU / SMG |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in args.concurrency:
+            block = max(args.interleave, c * 4)
+            lat: dict[str, list[float]] = {name: [] for name in bases}
+            cpu = dict.fromkeys(bases, 0.0)
+            done = dict.fromkeys(bases, 0)
+            for turn in range(args.rounds):
+                order = list(bases.items())
+                if turn % 2:
+                    order.reverse()
+                for name, base in order:
+                    pid = children[name].pid
+                    c0 = cpu_seconds(pid)
+                    got, _, _ = trio.run(closed_loop, [base], "/generate", GENERATE_BODY, c, block)
+                    cpu[name] += cpu_seconds(pid) - c0
+                    done[name] += block
+                    lat[name] += got
+            us = {name: cpu[name] / done[name] * 1e6 for name in bases}
+            ref = us.get("SMG 1.13.0")
+            for name in bases:
+                vs = f"{us[name] / ref:.2f}x" if ref else "-"
+                lines.append(
+                    f"| {c} | {name} | {pct(lat[name], 0.5):.2f} | {pct(lat[name], 0.99):.2f} | {us[name]:.0f} | {vs} |"
+                )
+            print("\n".join(lines[-len(bases) :]), flush=True)
+            if "hypercorn-bare" in us:
+                lines.append(f"| {c} | smgrl - bare | | | {us['smgrl'] - us['hypercorn-bare']:.0f} | |")
+    finally:
+        for child in children.values():
+            child.stop()
+        log.close()
+    return "\n".join(lines)
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve":
         serve(sys.argv[2], sys.argv[3:])
@@ -614,11 +687,32 @@ def main() -> None:
         " and --baseline-src, all running at once; median of round medians and the spread",
     )
     ap.add_argument("--round-requests", type=int, default=40, help="sequential requests per target per round")
+    ap.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="non-streaming only: every gateway up at once, blocks of this many requests (at least"
+        " 4 per client) alternating between them for --rounds rounds (CPU per request on a busy machine)",
+    )
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of --interleave blocks")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     if args.interleaved_p50:
         run_interleaved(args)
+        return
+    if args.interleave:
+        with tempfile.TemporaryDirectory(prefix="smgrl-bench-dp-") as workdir:
+            fake, urls = start_fake_engines("sglang", args.engines)
+            try:
+                text = interleaved(args, urls, workdir)
+            finally:
+                fake.stop()
+        print()
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
         return
 
     children: list[Child] = []
@@ -655,7 +749,7 @@ def main() -> None:
                 phases = [(urls, plain)]
                 if (
                     args.streams
-                    and front not in ("quart", "bare", "bare-proxy", "baseline")
+                    and front not in ("quart", "bare", "bare-proxy")
                     and not front.startswith("workers")
                 ):
                     phases.append((slow_urls, only_streams))

@@ -27,6 +27,13 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
 6. **A small body in one receive()** (``_merge_queued``, in ``_spawn_app``): the body chunks
    already queued come with the one taken, so a small body and its end-of-body message cost
    the app one channel hand-off (one scheduler pass) instead of two.
+7. **Hand-offs without schedule points** (``AppQueue``, ``_direct_protocol_send``,
+   ``_receive_some``): the reader-to-app queue, the response write and the socket read return
+   at once when nothing has to wait (stock: a memory channel, a lock and ``send_all``, trio's
+   ``receive_some``, each yielding). A kept-alive request answered at once costs the server two
+   task steps, against 18 stock (``benchmarks/hypercorn_steps.py``).
+8. **Nothing per request for the cycle collector, one deadline move, no shield** (``_AppPut``,
+   ``IdleWatch``, ``_shielded_maybe_recycle``).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
 version, and tests/unit/test_hypercorn_patches.py hashes the source of every stock function
@@ -37,6 +44,8 @@ start when the patches cannot be applied (``require``): without them the keep-al
 from __future__ import annotations
 
 import math
+import os
+from collections import deque
 from itertools import chain
 from typing import Any
 
@@ -105,10 +114,11 @@ class IdleWatch:
     hypercorn's config holds the header-read bound (absent: the idle bound governs throughout,
     as in stock hypercorn)."""
 
-    __slots__ = ("_done", "_head_started", "_idle", "_scope", "_served", "_server")
+    __slots__ = ("_deadline", "_done", "_head_started", "_idle", "_scope", "_served", "_server")
 
     def __init__(self) -> None:
         self._scope: trio.CancelScope | None = None
+        self._deadline = math.inf  # the bound in force (the watcher's scope may lag behind it)
         self._idle = False
         self._done = False
         self._served = False  # a request head has been complete on this connection
@@ -123,6 +133,7 @@ class IdleWatch:
             deadline = trio.current_time() + server.config.keep_alive_timeout
         else:  # just accepted: the first head is bounded from now on, bytes or not
             deadline = trio.current_time() + _header_read_timeout(server.config)
+        self._deadline = deadline
         if self._scope is None:
             self._server = server
             # Started once, in the connection's own nursery (hypercorn's TaskGroup): it ends
@@ -132,19 +143,23 @@ class IdleWatch:
             self._scope.deadline = deadline
 
     async def stop(self) -> None:
+        # Busy: no bound. The watcher's deadline is left where it is (moving a trio deadline
+        # costs a few microseconds, on every request); should it pass while the connection is
+        # busy, the watcher just waits again without one.
         self._idle = False
         self._served = True
-        if self._scope is not None:
-            self._scope.deadline = math.inf
+        self._deadline = math.inf
 
     def data_arrived(self) -> None:
-        """Bytes came in (called by the reader before the protocol sees them). On an idle
-        keep-alive connection the first byte starts the next head: from now on the header-read
-        bound applies instead of the idle one. Before the first request the bound already runs
-        from the accept, and a busy connection has no deadline: nothing to do."""
+        """Bytes came in (called by the reader once the protocol has seen them: a head that
+        came whole has made the connection busy by then, and nothing moves). On an idle
+        keep-alive connection the first bytes of the next head switch it to the header-read
+        bound. Before the first request the bound already runs from the accept, and a busy
+        connection has no deadline: nothing to do."""
         if self._idle and self._served and not self._head_started and self._scope is not None:
             self._head_started = True
-            self._scope.deadline = trio.current_time() + _header_read_timeout(self._server.config)
+            self._deadline = trio.current_time() + _header_read_timeout(self._server.config)
+            self._scope.deadline = self._deadline
 
     def finish(self) -> None:
         """The connection stopped reading (client gone, closed, drained): end the watcher, or it
@@ -166,15 +181,18 @@ class IdleWatch:
                 await server.context.terminated.wait()
             if self._done:
                 return
-            if self._idle:
+            terminated = server.context.terminated.is_set()
+            if self._idle and (terminated or trio.current_time() >= self._deadline):
                 # Keep-alive expired, or shutdown while idle: close, shielded as stock hypercorn
                 # does (the close must complete even though this scope was just cancelled).
                 with trio.CancelScope(shield=True):
                     await server._initiate_server_close()
                 return
-            if server.context.terminated.is_set():
+            if terminated:
                 return  # shutdown while busy: the response's _maybe_recycle closes it
-            deadline = scope.deadline  # stop() raced the deadline: keep watching
+            # Woken by a bound that no longer holds (the connection went busy, or went idle
+            # again with a new bound since): keep watching with the one in force.
+            deadline = self._deadline
 
 
 async def _coalescing_stream_send(self, event) -> None:
@@ -222,29 +240,36 @@ async def _shielded_maybe_recycle(self) -> None:
     try:
         await self._close_stream()
     finally:
-        with trio.CancelScope(shield=True):
-            conn = self.connection
-            if (
-                not self.context.terminated.is_set()
-                and conn.our_state is h11.DONE
-                and conn.their_state is h11.DONE
-            ):
-                try:
-                    conn.start_next_cycle()
-                except h11.LocalProtocolError:
+        conn = self.connection
+        if (
+            not self.context.terminated.is_set()
+            and conn.our_state is h11.DONE
+            and conn.their_state is h11.DONE
+        ):
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                with trio.CancelScope(shield=True):
                     await self.send(Closed())
-                else:
-                    self.response = None
-                    self.scope = None
-                    await self.can_read.set()
-                    await self.send(Updated(idle=True))
             else:
+                # The kept-alive path has no checkpoint (hypercorn's trio Event.set; the
+                # connection's IdleWatch, started before its first read, only moves a
+                # deadline): a cancellation has nothing to interrupt here, so no shield scope
+                # (one per request, ~9 us). The close below has checkpoints: shielded.
+                self.response = None
+                self.scope = None
+                await self.can_read.set()
+                await self.send(Updated(idle=True))
+        else:
+            with trio.CancelScope(shield=True):
                 await self.can_read.set()
                 await self.send(Closed())
 
 
-# The ASGI scope extension a patched hypercorn offers an app: ``DisconnectHook``.
+# The ASGI scope extensions a patched hypercorn offers an app: ``DisconnectHook``, and
+# ``AppQueue.get_nowait`` (the next message if it is there, else None: no wait, no deadline).
 DISCONNECT_EXTENSION = "smgrl.disconnect"
+RECEIVE_NOWAIT = "smgrl.receive_nowait"
 
 
 class DisconnectHook:
@@ -276,51 +301,101 @@ class DisconnectHook:
             self._scope.cancel()
 
 
+class AppQueue:
+    """What hypercorn's reader hands one request's app (body chunks, then the disconnect): stock
+    hypercorn's bounded memory channel, without its scheduler passes.
+
+    Every ``send`` and every ``receive`` of a trio memory channel ends with a schedule point,
+    even when the message is already there or the buffer has room: a small ``POST`` cost the
+    reader two passes (chunk, end of body) and the app one, and each pass is a trip through
+    trio's run loop (issue 14: 3 of a kept-alive rollout request's 6). Here ``put`` and ``get``
+    return at once when they can, and wait (cancellably) only when they must: ``put`` on a full
+    queue (``max_app_queue_size``: the reader stops reading, as in stock), ``get`` on an empty
+    one. ``close`` is the disconnect: ``get`` returns what was queued, then ``http.disconnect``
+    on every later call; a ``put`` waiting for room, or after the close, drops its message (the
+    stream is over). Channel creation also went through a ``typing`` subscript per request
+    (trio's ``open_memory_channel``).
+
+    ``get`` joins the body chunks already queued behind the one it takes (ASGI gives chunk
+    boundaries no meaning): a small body and its end-of-body message come in one ``receive()``.
+    """
+
+    __slots__ = ("_closed", "_getters", "_items", "_max", "_putters")
+
+    def __init__(self, max_size: int) -> None:
+        self._items: deque = deque()
+        self._max = max(1, max_size)
+        self._closed = False
+        # Parking lots made on first use: almost no request ever waits on either.
+        self._getters: trio.lowlevel.ParkingLot | None = None
+        self._putters: trio.lowlevel.ParkingLot | None = None
+
+    async def put(self, message) -> None:
+        while len(self._items) >= self._max and not self._closed:
+            if self._putters is None:
+                self._putters = trio.lowlevel.ParkingLot()
+            await self._putters.park()
+        if self._closed:
+            return  # the client left (or the app's stream ended): nobody will read it
+        self._items.append(message)
+        if self._getters:
+            self._getters.unpark()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._getters:
+            self._getters.unpark_all()
+        if self._putters:
+            self._putters.unpark_all()
+
+    async def get(self):
+        items = self._items
+        while not items:
+            if self._closed:
+                return {"type": "http.disconnect"}
+            if self._getters is None:
+                self._getters = trio.lowlevel.ParkingLot()
+            await self._getters.park()
+        return self._take()
+
+    def get_nowait(self):
+        """What ``get`` would return without waiting, else None (nothing queued yet)."""
+        if self._items:
+            return self._take()
+        return {"type": "http.disconnect"} if self._closed else None
+
+    def _take(self):
+        items = self._items
+        message = items.popleft()
+        if items and message.get("more_body"):
+            message = _merge_queued(message, items)
+        if self._putters:
+            self._putters.unpark_all()  # room again
+        return message
+
+
 async def _spawn_app(self, app, config, scope, send):
-    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks, and the
-    ``DisconnectHook`` extension.
+    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks, the
+    ``DisconnectHook`` extension, and ``AppQueue`` instead of a memory channel.
 
     Stock hypercorn queues ``http.disconnect`` behind the body chunks in a bounded channel. An app
     that answered without reading its body (413, 401, 404) leaves that channel full, and the
     disconnect, sent from the app's own task after its answer, waited forever: the connection
-    never closed. Here the disconnect closes the channel instead: the app still receives what was
+    never closed. Here the disconnect closes the queue instead: the app still receives what was
     queued, then ``http.disconnect`` on every later ``receive()``; a body chunk still being
     queued is dropped (the stream is over)."""
-    put, get = trio.open_memory_channel(config.max_app_queue_size)
+    queue = AppQueue(config.max_app_queue_size)
     hook = DisconnectHook()
     scope["extensions"][DISCONNECT_EXTENSION] = hook
-    stream = getattr(send, "__self__", None)  # the HTTPStream whose app_send this is
-
-    async def receive():
-        try:
-            message = await get.receive()
-        except trio.EndOfChannel:
-            return {"type": "http.disconnect"}
-        if message.get("more_body"):
-            # The body chunks already queued behind this one come in the same message (ASGI
-            # gives chunk boundaries no meaning). A small request's body and its end arrive in
-            # one read, so its app gets the whole body from one receive(): each await of the
-            # channel is a scheduler pass, a measurable share of a rollout request's CPU.
-            return _merge_queued(message, get)
-        return message
-
-    async def app_put(message) -> None:
-        if message["type"] == "http.disconnect":
-            put.close()
-            if getattr(stream, "state", None) is not ASGIHTTPState.CLOSED:
-                hook._disconnected()  # before the answer was complete: the client left
-            return
-        try:
-            await put.send(message)
-        except trio.ClosedResourceError:
-            pass  # disconnected while this chunk waited for room
-
+    scope["extensions"][RECEIVE_NOWAIT] = queue.get_nowait
+    # The HTTPStream whose app_send this is (it keeps the returned app_put).
+    app_put = _AppPut(queue, hook, getattr(send, "__self__", None))
     self._nursery.start_soon(
         trio_task_group._handle,
         app,
         config,
         scope,
-        receive,
+        queue.get,
         send,
         trio.to_thread.run_sync,
         trio.from_thread.run,
@@ -328,21 +403,44 @@ async def _spawn_app(self, app, config, scope, send):
     return app_put
 
 
-def _merge_queued(message, get):
-    """``message`` (an ``http.request`` with ``more_body``) joined with the body chunks that
-    ``get`` holds already; the last one's ``more_body`` is the result's. A closed channel (the
-    client left) is left for the next ``receive()`` to report."""
+class _AppPut:
+    """What ``_spawn_app`` gives hypercorn's stream to hand the app its messages.
+
+    The stream keeps it (``HTTPStream.app_put``) and it reads the stream's state at the
+    disconnect: a reference cycle. It is broken at the disconnect, the last message of every
+    stream, so a request's stream, scope and queue are freed by reference counting. Left to the
+    cycle collector they were about 30 objects per request: a young-generation collection every
+    30-odd requests and a full one every few thousand (measured: tens of microseconds per
+    request, and 90 ms pauses)."""
+
+    __slots__ = ("hook", "queue", "stream")
+
+    def __init__(self, queue: AppQueue, hook: DisconnectHook, stream) -> None:
+        self.queue = queue
+        self.hook = hook
+        self.stream = stream
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.disconnect":
+            if self.queue._closed:
+                return  # said once already (the stream reference is gone)
+            self.queue.close()
+            if getattr(self.stream, "state", None) is not ASGIHTTPState.CLOSED:
+                self.hook._disconnected()  # before the answer was complete: the client left
+            self.stream = None
+            return
+        await self.queue.put(message)
+
+
+def _merge_queued(message, items: deque):
+    """``message`` (an ``http.request`` with ``more_body``) joined with the body chunks queued in
+    ``items`` behind it (taken from it); the last one's ``more_body`` is the result's."""
     chunks = [message.get("body", b"")]
     more = True
-    while more:
-        try:
-            following = get.receive_nowait()
-        except (trio.WouldBlock, trio.EndOfChannel):
-            break
+    while more and items:
+        following = items.popleft()
         chunks.append(following.get("body", b""))
         more = following.get("more_body", False)
-    if len(chunks) == 1:
-        return message
     body = b"".join(chunks) if any(chunks[1:]) else chunks[0]
     return {"type": "http.request", "body": body, "more_body": more}
 
@@ -363,13 +461,11 @@ async def _draining_read_data(self) -> None:
                 try:
                     if read_timeout:
                         with trio.fail_after(read_timeout):
-                            data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                            data = await _receive_some(self)
                     else:
-                        data = await self.stream.receive_some(tcp_server.MAX_RECV)
+                        data = await _receive_some(self)
                 except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
-                if data and idle_watch is not None:
-                    idle_watch.data_arrived()
                 drain = self._smgrl_drain
                 if drain is not None:
                     if not data or drain <= len(data):
@@ -379,12 +475,45 @@ async def _draining_read_data(self) -> None:
                 await self.protocol.handle(tcp_server.RawData(bytes(data)))
                 if data == b"":
                     break
+                if idle_watch is not None:
+                    idle_watch.data_arrived()
     finally:
         self._smgrl_reading = False
         self._smgrl_read_scope = None
         if isinstance(self.idle_task, IdleWatch):
             self.idle_task.finish()
     await self.protocol.handle(Closed())
+
+
+_read = os.read  # the reader's socket read (``_receive_some``); a test can make it fail
+
+
+async def _receive_some(server) -> bytes:
+    """``server.stream.receive_some(MAX_RECV)``; on plain TCP, one wait for readability and one
+    read of the socket.
+
+    trio's ``receive_some`` first tries a ``recv`` (right after an answer it fails with EAGAIN,
+    an exception raised and caught), then waits, reads again and, on its way, enters a context
+    manager, an async context manager and a conflict detector: a visible share of a kept-alive
+    request's CPU. Errors are trio's: a closed socket raises ``ClosedResourceError``, a broken
+    connection ``BrokenResourceError``."""
+    sock = server._smgrl_socket
+    if sock is None:
+        return await server.stream.receive_some(tcp_server.MAX_RECV)
+    if sock.fileno() < 0:
+        raise trio.ClosedResourceError("the connection was closed")
+    await trio.lowlevel.wait_readable(sock)  # cancellable: the checkpoint; a close wakes it
+    # Checked after the wait: a close by another task after the wake-up (the idle watcher, the
+    # server's shutdown) leaves -1 here, never another connection's reused descriptor.
+    fd = sock.fileno()
+    if fd < 0:
+        raise trio.ClosedResourceError("the connection was closed")
+    try:
+        return _read(fd, tcp_server.MAX_RECV)
+    except BlockingIOError:  # woken without data after all: trio's way
+        return await server.stream.receive_some(tcp_server.MAX_RECV)
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
 
 _stock_close = tcp_server.TCPServer._close
@@ -415,6 +544,51 @@ def _body_unread(server) -> bool:
     return isinstance(conn, h11.Connection) and conn.their_state is h11.SEND_BODY
 
 
+_stock_protocol_send = tcp_server.TCPServer.protocol_send
+# The socket write of ``_direct_protocol_send``; a name of its own so a test can make it fail
+# like a broken connection does.
+_write = os.write
+
+
+async def _direct_protocol_send(self, event) -> None:
+    """hypercorn's ``TCPServer.protocol_send``; on plain TCP, bytes go out in one non-blocking
+    write when nothing else is being sent and the kernel takes them all (a response nearly
+    always fits the socket buffer).
+
+    Stock, every write takes the connection's ``trio.Lock`` and calls ``send_all`` in a
+    shielded scope: two schedule points per write (the lock's and the send's), each a pass
+    through trio's run loop, for bytes the kernel took at once. The lock orders the writers
+    (the app's task, and the reader's 100-continue or error answers): the write here happens
+    only while nobody holds it, and never yields, so it cannot interleave with another write;
+    bytes the kernel did not take go through the stock path (lock, shielded ``send_all``)."""
+    if type(event) is tcp_server.RawData:
+        sock = self._smgrl_socket
+        data = event.data
+        if sock is not None and not self.send_lock.locked():
+            fd = sock.fileno()  # -1 once closed (never a reused number: checked every write)
+            if fd >= 0:
+                if not data:
+                    return
+                try:
+                    sent = _write(fd, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    # The client is gone (EPIPE, ECONNRESET): what stock does on a broken stream.
+                    await self.protocol.handle(Closed())
+                    return
+                if sent == len(data):
+                    return
+                if sent:
+                    # Part of these bytes is out: the rest must follow whatever happens to the
+                    # caller (a cancellation here would cut the message short on the wire; stock
+                    # shields its send_all the same way), the stock path behind the lock.
+                    with trio.CancelScope(shield=True):
+                        await _stock_protocol_send(self, tcp_server.RawData(data=data[sent:]))
+                    return
+    await _stock_protocol_send(self, event)
+
+
 _stock_stream_send = h11_protocol.H11Protocol.stream_send
 _stock_tcp_init = tcp_server.TCPServer.__init__
 
@@ -422,6 +596,9 @@ _stock_tcp_init = tcp_server.TCPServer.__init__
 def _tcp_init(self, *args, **kwargs) -> None:
     _stock_tcp_init(self, *args, **kwargs)
     self.idle_task = IdleWatch()
+    # Plain TCP: the socket written directly (``_direct_protocol_send``); None over TLS.
+    stream = self.stream
+    self._smgrl_socket = stream.socket if isinstance(stream, trio.SocketStream) else None
     self._smgrl_reading = False
     self._smgrl_drain = None
     self._smgrl_read_scope = None
@@ -433,6 +610,7 @@ def _replacements() -> list[tuple[type, str, Any]]:
         (tcp_server.TCPServer, "__init__", _tcp_init),
         (tcp_server.TCPServer, "_read_data", _draining_read_data),
         (tcp_server.TCPServer, "_close", _graceful_close),
+        (tcp_server.TCPServer, "protocol_send", _direct_protocol_send),
         (trio_task_group.TaskGroup, "spawn_app", _spawn_app),
         (h11_protocol.H11Protocol, "stream_send", _coalescing_stream_send),
         (h11_protocol.H11Protocol, "_maybe_recycle", _shielded_maybe_recycle),

@@ -6,6 +6,7 @@ Real sockets on 127.0.0.1; the raw bytes on the wire are checked."""
 
 import hashlib
 import inspect
+import os
 
 import pytest
 import trio
@@ -19,6 +20,7 @@ from smgrl.cli import main as cli_main
 
 SLOW_SECS = 2.0
 TOO_LARGE = b'{"error":"too large"}'
+BIG = bytes(range(256)) * (16 * 1024)  # 4 MiB, no two neighbouring KiB alike
 
 
 async def lifespan(receive, send):
@@ -71,6 +73,13 @@ async def app(scope, receive, send):
         for part in (b"one", b"two", b"three"):
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    if scope["path"] == "/big":
+        # More than the socket buffers hold: the direct write takes part, send_all the rest.
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(BIG))]}
+        )
+        await send({"type": "http.response.body", "body": BIG})
         return
     if scope["path"] == "/empty":
         await send({"type": "http.response.start", "status": 204, "headers": []})
@@ -259,6 +268,10 @@ async def test_a_busy_connection_is_not_closed_by_the_idle_watcher():
             await stream.send_all(b"GET %s HTTP/1.1\r\nhost: t\r\n\r\n" % path)
             status, _, payload, _ = await read_response(stream)
             assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:"
+        # The idle bound passed while /slow was in flight (the watcher woke and kept waiting);
+        # once idle again the connection has a fresh bound, and it closes.
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b""
         await stream.aclose()
         shutdown.set()
 
@@ -453,5 +466,232 @@ async def test_a_small_body_and_its_end_reach_the_app_in_one_receive():
         messages = seen.pop()
         assert b"".join(body for _, body, _ in messages) == b"hello world"
         assert [more for _, _, more in messages] == [True] * (len(messages) - 1) + [False]
+        await stream.aclose()
+        shutdown.set()
+
+
+class _Steps(trio.abc.Instrument):
+    """Task steps of every task but ``skip`` (the test's client), by the task's coroutine name."""
+
+    def __init__(self, skip) -> None:
+        self.skip = skip
+        self.steps: dict[str, int] = {}
+
+    def before_task_step(self, task) -> None:
+        if task is not self.skip:
+            name = task.coro.cr_code.co_name
+            self.steps[name] = self.steps.get(name, 0) + 1
+
+
+async def test_a_kept_alive_request_costs_the_server_two_task_steps():
+    """A small POST answered at once: the reader wakes once (reads, parses, hands the body
+    over) and the app runs once, from its first receive() to its answer, without a schedule
+    point. Stock hypercorn yields in every hand-off (the channel's send and receive, the send
+    lock, send_all): 8 steps per request."""
+    requests = 20
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        request = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n\r\nhello"
+        await stream.send_all(request)
+        await read_response(stream)
+        await trio.testing.wait_all_tasks_blocked()
+        steps = _Steps(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for _ in range(requests):
+                await stream.send_all(request)
+                status, _, payload, _ = await read_response(stream)
+                assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:hello"
+                await trio.testing.wait_all_tasks_blocked()
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps == {"_handle": requests, "_run_handler": requests}
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_a_response_larger_than_the_socket_buffer_arrives_whole_and_in_order():
+    """Guards the direct write (stock passes too): bytes the kernel did not take go out through
+    the locked send_all, before the next response."""
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\nGET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()  # the server is stuck on a full socket
+        status, _, payload, rest = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200") and payload == BIG
+        status, _, payload, _ = await read_response(stream, rest)
+        assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:"
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_an_answer_to_a_client_that_reset_the_connection_fails_quietly(monkeypatch):
+    """Guards the direct write (stock passes too): the client resets its connection while the
+    app works; the answer's write fails (EPIPE/ECONNRESET) and is dropped as stock drops a
+    send on a broken stream; the server serves on."""
+    import socket
+    import struct
+
+    released = trio.Event()
+    answered = trio.Event()
+    errors = []
+
+    def spying_write(fd, data):
+        try:
+            return os.write(fd, data)
+        except OSError as exc:
+            errors.append(exc)
+            raise
+
+    async def held(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["path"] == "/held":
+            await released.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+        answered.set()
+
+    monkeypatch.setattr(hypercorn_patches, "_write", spying_write)
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=held)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /held HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        # A reset, not a FIN: SO_LINGER with a zero timeout.
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        released.set()
+        with trio.fail_after(5):
+            await answered.wait()
+        assert [type(e) for e in errors] in ([BrokenPipeError], [ConnectionResetError])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        status, _, payload, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200") and payload == b"ok"
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_a_kept_alive_request_leaves_no_garbage_for_the_cycle_collector():
+    """A request's stream, scope and queue are freed by reference counting: left in a cycle
+    (the stream keeps app_put, app_put kept the stream) they made the cycle collector run every
+    30-odd requests, with a full collection (90 ms) every few thousand."""
+    import gc
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        request = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n\r\nhello"
+        await stream.send_all(request)
+        await read_response(stream)
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(20):
+                await stream.send_all(request)
+                status, _, payload, _ = await read_response(stream)
+                assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:hello"
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            garbage = [type(o).__qualname__ for o in gc.garbage]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert garbage == []
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_receive_nowait_gives_what_arrived_and_never_waits():
+    """The ``smgrl.receive_nowait`` extension (guards the patch): a body that came with its
+    head is there whole; a body still on its way is None, then arrives through receive()."""
+    seen = []
+
+    async def peeking(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        first = scope["extensions"][hypercorn_patches.RECEIVE_NOWAIT]()
+        messages = [first]
+        while messages[-1] is None or messages[-1].get("more_body"):
+            messages.append(await receive())
+        seen.append(messages)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=peeking)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 11\r\n\r\nhello world")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
+        assert seen.pop() == [{"type": "http.request", "body": b"hello world", "more_body": False}]
+        await stream.send_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 11\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"hello world")
+        status, _, _, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200")
+        messages = seen.pop()
+        assert messages[0] is None
+        assert b"".join(m.get("body", b"") for m in messages[1:]) == b"hello world"
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_a_quart_app_whose_task_is_cancelled_after_each_answer_keeps_its_connection_alive():
+    """Guards the unshielded recycle (stock passes too): quart-trio cancels its task once the
+    answer is sent, and the kept-alive path after it (the next cycle, the idle watcher's restart)
+    still runs whole: the next requests are served, then the idle bound closes the connection."""
+    quart = QuartTrio("t")
+
+    @quart.route("/")
+    async def index():
+        return "hi"
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, keep_alive=0.5, asgi=quart)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        for _ in range(3):
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+            status, _, payload, rest = await read_response(stream)
+            assert status.startswith(b"HTTP/1.1 200") and payload == b"hi" and rest == b""
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b""  # the idle watcher was restarted
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_a_write_the_kernel_took_only_part_of_completes_even_if_the_app_is_cancelled():
+    """Guards the direct write: once part of a message is on the wire the rest follows, even
+    when the app's scope is cancelled (stock shields its send_all the same way)."""
+    finished = trio.Event()
+
+    async def cancelled(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        with trio.CancelScope() as cancel:
+            cancel.cancel()  # every checkpoint from here raises Cancelled
+            head = [(b"content-length", b"%d" % len(BIG))]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": BIG})
+        finished.set()
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=cancelled)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()  # the kernel took part; the rest waits
+        status, _, payload, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200") and payload == BIG
+        with trio.fail_after(5):
+            await finished.wait()
         await stream.aclose()
         shutdown.set()

@@ -1,0 +1,145 @@
+"""Differential: stock hypercorn 0.18.0 and hypercorn with smgrl's patches put the same bytes on
+the wire for the same requests (keep-alive, pipelining, chunked and Expect: 100-continue bodies,
+HEAD, 204, a streamed and a large answer, a malformed request). Each server runs in its own
+process (``apply()`` patches the classes of the process it runs in), on loopback."""
+
+import subprocess
+import sys
+
+import pytest
+import trio
+
+SERVER = r"""
+import sys, trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+if sys.argv[1] == "patched":
+    from smgrl import hypercorn_patches
+    assert hypercorn_patches.apply()
+
+BIG = bytes(range(256)) * 4096  # 1 MiB
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            break
+    path = scope["path"]
+    if path == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for part in (b"one", b"two", b"three"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/empty":
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    payload = BIG if path == "/big" else b"%s %s %d:" % (scope["method"].encode(), path.encode(), len(body)) + body
+    head = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(payload))]
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": payload})
+
+async def main():
+    cfg = Config()
+    cfg.bind = ["127.0.0.1:0"]
+    cfg.accesslog = None
+    cfg.errorlog = None
+    cfg.include_date_header = False
+    cfg.include_server_header = False
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(lambda task_status: serve(app, cfg, task_status=task_status))
+        print(urls[0].rsplit(":", 1)[1], flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)  # until the test closes our stdin
+        nursery.cancel_scope.cancel()
+
+trio.run(main)
+"""
+
+H = b"host: t\r\n"
+CASES = {
+    "keep-alive, then close": [
+        b"GET /a HTTP/1.1\r\n" + H + b"\r\n",
+        b"POST /b HTTP/1.1\r\n" + H + b"content-length: 5\r\n\r\nhello",
+        b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    "pipelined": [
+        b"POST /a HTTP/1.1\r\n" + H + b"content-length: 3\r\n\r\nabc"
+        b"GET /stream HTTP/1.1\r\n" + H + b"\r\nHEAD /b HTTP/1.1\r\n" + H + b"\r\n"
+        b"GET /empty HTTP/1.1\r\n" + H + b"\r\nGET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    "chunked body": [
+        b"POST /chunked HTTP/1.1\r\n" + H + b"transfer-encoding: chunked\r\n\r\n",
+        b"5\r\nhello\r\n",
+        b"6\r\n world\r\n0\r\n\r\n",
+        b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    "expect 100-continue": [
+        b"POST /expect HTTP/1.1\r\n" + H + b"expect: 100-continue\r\ncontent-length: 4\r\n\r\n",
+        b"body",
+        b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    "large answer": [b"GET /big HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
+    "malformed request": [b"GET / HTTP/1.1\r\nbad header line\r\n\r\n"],
+}
+
+
+async def exchange(port: int, pieces: list[bytes]) -> bytes:
+    """Send each piece once the server has gone quiet after the previous one; return everything
+    the server sent until it closed."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    received = b""
+    with trio.fail_after(20):
+        for piece in pieces:
+            await stream.send_all(piece)
+            while True:  # read until quiet (the server has answered what it can)
+                with trio.move_on_after(0.3):
+                    data = await stream.receive_some(1 << 20)
+                    if not data:
+                        return received
+                    received += data
+                    continue
+                break
+        while data := await stream.receive_some(1 << 20):
+            received += data
+    return received
+
+
+def start(kind: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    return proc, int(proc.stdout.readline())
+
+
+@pytest.fixture(scope="module")
+def servers():
+    stock, patched = start("stock"), start("patched")
+    try:
+        yield {"stock": stock[1], "patched": patched[1]}
+    finally:
+        for proc, _ in (stock, patched):
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stock_and_patched_hypercorn_answer_the_same_bytes(servers, case):
+    stock = trio.run(exchange, servers["stock"], CASES[case])
+    patched = trio.run(exchange, servers["patched"], CASES[case])
+    assert stock  # the server answered something
+    assert patched == stock
