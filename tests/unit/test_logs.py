@@ -3,6 +3,8 @@
 import io
 import json
 import logging
+import os
+import threading
 
 import pytest
 
@@ -129,3 +131,32 @@ def test_plain_values_stay_bare_and_unicode_stays_readable(capture):
     logs.event(logging.getLogger("smgrl.rl"), "m", a="w1", b="modèle-中文", c="", d="k=v", e=None)
     logs.shutdown()
     assert capture.getvalue().rstrip("\n").endswith(' m a=w1 b=modèle-中文 c="" d="k=v" e=None')
+
+
+def test_a_regular_file_is_written_where_the_line_is_logged(tmp_path):
+    """No writer thread and no queue for a file: the line is in the file when the call returns."""
+    path = tmp_path / "gateway.log"
+    threads = threading.active_count()
+    with open(path, "w") as stream:
+        logs.configure("info", False, stream)
+        try:
+            assert threading.active_count() == threads
+            logs.event(logging.getLogger("smgrl.rl"), "rl.fanout", op_id="op1", total=8)
+            assert path.read_text().endswith("INFO  smgrl.rl: rl.fanout op_id=op1 total=8\n")
+        finally:
+            logs.shutdown()
+
+
+def test_a_pipe_keeps_the_writer_thread():
+    """A pipe can stall its writer while the reader lags: lines go through the writer thread."""
+    read_fd, write_fd = os.pipe()
+    threads = threading.active_count()
+    with os.fdopen(read_fd) as reader, os.fdopen(write_fd, "w") as stream:
+        logs.configure("info", False, stream)
+        try:
+            assert threading.active_count() == threads + 1
+            logs.event(logging.getLogger("smgrl.rl"), "rl.fanout", op_id="op1", total=8)
+        finally:
+            logs.shutdown()
+        stream.flush()
+        assert reader.readline().endswith("rl.fanout op_id=op1 total=8\n")
