@@ -45,6 +45,7 @@ before it exits; appends arriving after that raise ``JournalClosedError``.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
@@ -166,6 +167,11 @@ class JournalWriter:
         # A private single-token limiter: at most one thread ever touches the store, and commits
         # never wait behind unrelated to_thread users saturating trio's default limiter.
         self._limiter = trio.CapacityLimiter(1)
+        # The checkpoint thread (see _checkpoint_due): at most one at a time.
+        self._checkpoint_thread: threading.Thread | None = None
+        self._checkpoint_mutex = threading.Lock()
+        self._checkpoint_again = False  # another threshold passed during the running checkpoint
+        self._checkpoint_ending = False  # the running checkpoint thread takes no more rounds
         self.commits = 0  # transactions committed (tests and benchmarks count them per operation)
         self.lock_waits = 0  # batches handed to the thread because the write lock was taken
         # Several writers (docs/journal.md, "Several writers"): None while this process is the
@@ -345,9 +351,10 @@ class JournalWriter:
             # transaction. After a projection failure nothing more is committed: memory would
             # not follow it.
             self._state = _CLOSING
-            if self._failed is None:
-                with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):
+                if self._failed is None:
                     await self._drain()
+                await self._checkpoint_done()
             self._finish()
 
     async def _commit_next(self) -> None:
@@ -388,7 +395,7 @@ class JournalWriter:
             self._since_checkpoint += len(batch.items)
             if self._since_checkpoint >= self._checkpoint_every:
                 self._since_checkpoint = 0
-                await self._checkpoint()
+                self._checkpoint_due()
 
     async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
         """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
@@ -553,17 +560,46 @@ class JournalWriter:
             token = await watcher.wait(token)
             await self.catch_up(cached=True)
 
-    async def _checkpoint(self) -> None:
-        # The fsyncing part of WAL mode, off the event loop. Appends arriving meanwhile queue up
-        # (the next batch is larger); a failure is logged and retried at the next threshold.
-        try:
-            await trio.to_thread.run_sync(
-                self._store.checkpoint, limiter=self._limiter, abandon_on_cancel=False
-            )
-        except trio.Cancelled:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a checkpoint failure loses nothing committed
-            logger.warning("journal checkpoint failed: %r", exc)
+    def _checkpoint_due(self) -> None:
+        """Start a checkpoint in a thread of its own, or ask the one in progress for another round.
+
+        The checkpoint (the fsyncing part of WAL mode) runs beside the commits, on a connection of
+        the store's own (SqliteStore.checkpoint): awaited in the writer task, as it was, every
+        batch arriving meanwhile waited for its fsyncs, 20 ms and more on a loaded disk every
+        4,096 events (docs/benchmarks.md, "Session 4: fan-out"). A plain thread, not a task:
+        nothing awaits it until run() ends (``_checkpoint_done``)."""
+        with self._checkpoint_mutex:
+            thread = self._checkpoint_thread
+            if thread is not None and thread.is_alive() and not self._checkpoint_ending:
+                self._checkpoint_again = True
+                return
+        if self._state != _RUNNING:
+            return
+        self._checkpoint_ending = False
+        self._checkpoint_thread = threading.Thread(
+            target=self._checkpoint, name="smgrl-journal-checkpoint", daemon=True
+        )
+        self._checkpoint_thread.start()
+
+    def _checkpoint(self) -> None:
+        # In the checkpoint thread. A failure is logged and retried at the next threshold.
+        while True:
+            try:
+                self._store.checkpoint()
+            except Exception as exc:  # noqa: BLE001 - a checkpoint failure loses nothing committed
+                logger.warning("journal checkpoint failed: %r", exc)
+            with self._checkpoint_mutex:
+                if not self._checkpoint_again:
+                    # From here a new threshold starts a new thread (this one is ending).
+                    self._checkpoint_ending = True
+                    return
+                self._checkpoint_again = False
+
+    async def _checkpoint_done(self) -> None:
+        """Wait for a checkpoint in progress (run() ends only once the store is free to close)."""
+        thread = self._checkpoint_thread
+        if thread is not None and thread.is_alive():
+            await trio.to_thread.run_sync(thread.join, abandon_on_cancel=False)
 
     async def save_snapshot(self, kind: str, upto_seq: int, state: str | Callable[[], str]) -> int:
         """Store a projection snapshot (``store.save_snapshot``) in the writer's thread; its size.
