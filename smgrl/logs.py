@@ -137,7 +137,10 @@ def configure(level: str = "info", json_lines: bool = False, stream=None) -> Non
     shutdown()
     stream = stream or sys.stderr
     root = logging.getLogger("smgrl")
-    _before = (list(root.handlers), root.level, root.propagate)
+    _before = (list(root.handlers), root.level, root.propagate, _record_extras())
+    # Neither format prints a thread, process or multiprocessing name: a LogRecord that does not
+    # look them up is cheaper (the stdlib's documented switches; shutdown() restores them).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream)
     handler.setFormatter(_Json() if json_lines else _Text())
     if on_regular_file(stream):
@@ -159,11 +162,20 @@ def shutdown() -> None:
         _listener = None
     if _before is not None:
         root = logging.getLogger("smgrl")
-        root.handlers[:], level, root.propagate = _before
+        root.handlers[:], level, root.propagate, extras = _before
         root.setLevel(level)
+        logging.logThreads, logging.logProcesses, logging.logMultiprocessing = extras
         _before = None
+
+
+def _record_extras() -> tuple[bool, bool, bool]:
+    return logging.logThreads, logging.logProcesses, logging.logMultiprocessing
 
 
 def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fields) -> None:
     if logger.isEnabledFor(level):
-        logger.log(level, message, extra={"fields": fields})
+        # The record built here: Logger.log would also walk the stack for the caller's file and
+        # line, which no format of ours prints (about a tenth of a line's cost).
+        logger.handle(
+            logger.makeRecord(logger.name, level, "", 0, message, (), None, extra={"fields": fields})
+        )

@@ -160,3 +160,15 @@ def test_a_pipe_keeps_the_writer_thread():
             logs.shutdown()
         stream.flush()
         assert reader.readline().endswith("rl.fanout op_id=op1 total=8\n")
+
+
+def test_records_skip_thread_and_process_names_until_shutdown(capture):
+    """No format prints them, so configure() turns the stdlib's lookups off; shutdown() restores
+    the switches as it found them (a test process's other loggers keep theirs)."""
+    assert logging.logThreads and logging.logProcesses
+    logs.configure("info", False, capture)
+    assert not (logging.logThreads or logging.logProcesses or logging.logMultiprocessing)
+    logs.event(logging.getLogger("smgrl.rl"), "rl.fanout", total=1)
+    logs.shutdown()
+    assert logging.logThreads and logging.logProcesses and logging.logMultiprocessing
+    assert capture.getvalue().endswith("INFO  smgrl.rl: rl.fanout total=1\n")
