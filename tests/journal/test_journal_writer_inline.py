@@ -233,3 +233,41 @@ async def test_commits_go_on_inline_while_a_checkpoint_runs(tmp_path):
         store.close()
     with SqliteStore.open(tmp_path / "j.db", readonly=True) as reader:
         assert reader.count() == 8 and reader.verify().ok
+
+
+class TaskRecordingStore(ThreadRecordingStore):
+    """Records which trio task ran each transaction."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        super().__init__(inner)
+        self.tasks: list[object] = []
+
+    def append_batch(self, items, *, wait=None):
+        self.tasks.append(trio.lowlevel.current_task())
+        return super().append_batch(items, wait=wait)
+
+
+async def test_a_group_commits_in_the_appenders_task_while_the_writer_is_idle(tmp_path):
+    """An operation's final group (outcomes, finish, audit) skips the hand-off to the writer task
+    when that task is idle; with anything queued before it, it goes through the writer, in order
+    (and joins the queued batch, as before)."""
+    store = TaskRecordingStore(SqliteStore.open(tmp_path / "j.db"))
+    writer = JournalWriter(store)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await trio.testing.wait_all_tasks_blocked()  # the writer is parked
+            me = trio.lowlevel.current_task()
+            group = [("workers", registered("w1")), ("workers", registered("w2"))]
+            assert [r.seq for r in await writer.append_many(group)] == [1, 2]
+            assert store.tasks == [me] and writer.commits == 1
+            queued = writer.append_nowait("workers", registered("w3"))  # the writer is busy now
+            later = [("workers", registered("w4")), ("workers", registered("w5"))]
+            assert [r.seq for r in await writer.append_many(later)] == [4, 5]
+            assert (await queued.wait()).seq == 3
+            assert len(store.tasks) == 2 and store.tasks[1] is not me and writer.commits == 2
+            await writer.aclose()
+    finally:
+        store.inner.close()
+    with SqliteStore.open(tmp_path / "j.db", readonly=True) as reader:
+        assert reader.count() == 5 and reader.verify().ok
