@@ -5,7 +5,10 @@ and wait; the writer task takes the oldest batch (at most ``max_batch`` events, 
 ``append_many``), commits it in ONE transaction, and wakes everyone in it. While a batch commits,
 new appends fill the next one, so the number of transactions adapts to the load: one per event
 when idle, one per ``max_batch`` events under pressure. ``append`` returns only after its batch
-committed, so the gateway never answers for an event that is not on disk.
+committed, so the gateway never answers for an event that is not on disk. One shortcut: an
+``append_many`` group arriving while the writer task is idle (nothing queued, nothing in flight)
+is committed in the appender's own task, the same transaction without the hand-off
+(``_commit_here``).
 
 Where a commit runs. With SQLite in WAL mode and ``synchronous=NORMAL`` (the default) a commit
 never fsyncs and costs tens of microseconds, less than a hop to a worker thread and back (and far
