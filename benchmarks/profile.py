@@ -201,11 +201,9 @@ def main() -> None:
         else:
             fakes, urls = start_fake_engines("sglang", args.engines)
             children.append(fakes)
-            # A free metrics port: the default (29000) may be another gateway's on a shared machine.
-            flags = [
-                "--worker-urls", *urls, "--disable-health-check", "--log-level", args.log_level,
-                "--prometheus-port", str(free_port()),
-            ]  # fmt: skip
+            flags = ["--worker-urls", *urls, "--disable-health-check", "--log-level", args.log_level]
+            # A free metrics port: the default (29000) may be taken by another gateway on the machine.
+            flags += ["--prometheus-port", str(free_port())]
             if args.what == "rollout":
                 flags += ["--journal", ":memory:", "--policy", "round_robin"]
             else:

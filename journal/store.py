@@ -184,6 +184,8 @@ class SqliteStore:
         self._clock = time.time  # commit timestamps; tests substitute a fake clock
         self._watch: sqlite3.Connection | None = None  # change_token()'s own connection
         self._watch_lock = threading.Lock()
+        self._checkpointer: sqlite3.Connection | None = None  # checkpoint()'s own connection
+        self._checkpoint_lock = threading.Lock()
 
     # -- opening ----------------------------------------------------------------------------------
 
@@ -258,23 +260,33 @@ class SqliteStore:
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database file (PASSIVE: never waits for readers), then truncate
-        a WAL grown past ``wal_size_limit`` by a burst (see the module docstring)."""
+        a WAL grown past ``wal_size_limit`` by a burst (see the module docstring).
+
+        On a connection of its own: the store's connection (and its lock) stays free meanwhile,
+        so commits go on during the checkpoint's fsyncs (SQLite lets a writer append to the WAL
+        while a PASSIVE checkpoint copies it). On the store's connection, every commit arriving
+        during a checkpoint waited for it: 20 ms and more on a loaded disk, every 62 fan-outs to
+        64 engines (docs/benchmarks.md, "Session 4: fan-out")."""
         if self._readonly:
             return
-        with self._lock:
-            self._set_busy_timeout(self._busy_ms)
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        with self._checkpoint_lock:
+            conn = self._checkpointer
+            if conn is None:
+                conn = self._checkpointer = sqlite3.connect(self.path, check_same_thread=False)
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             if self.wal_size() > self._wal_size_limit:
                 # busy_timeout 0: TRUNCATE would wait for readers of an old snapshot (and for
-                # another connection's write); it answers "busy" at once instead, and the next
-                # checkpoint tries again. Nothing committed is at stake either way.
-                self._set_busy_timeout(0)
+                # another connection's write, this store's own commits included); it answers
+                # "busy" at once instead, and the next checkpoint tries again. Nothing
+                # committed is at stake either way.
+                conn.execute("PRAGMA busy_timeout = 0")
                 try:
-                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 except sqlite3.OperationalError:
                     pass
                 finally:
-                    self._set_busy_timeout(self._busy_ms)
+                    conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
     def wal_size(self) -> int:
         """Bytes of the ``-wal`` file now (0 when there is none)."""
@@ -288,6 +300,10 @@ class SqliteStore:
             if self._watch is not None:
                 self._watch.close()
                 self._watch = None
+        with self._checkpoint_lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
         with self._lock:
             if not self._readonly:
                 # Leave a self-contained file: move the WAL into it. SQLite only does this when the

@@ -5,7 +5,10 @@ and wait; the writer task takes the oldest batch (at most ``max_batch`` events, 
 ``append_many``), commits it in ONE transaction, and wakes everyone in it. While a batch commits,
 new appends fill the next one, so the number of transactions adapts to the load: one per event
 when idle, one per ``max_batch`` events under pressure. ``append`` returns only after its batch
-committed, so the gateway never answers for an event that is not on disk.
+committed, so the gateway never answers for an event that is not on disk. One shortcut: an
+``append_many`` group arriving while the writer task is idle (nothing queued, nothing in flight)
+is committed in the appender's own task, the same transaction without the hand-off
+(``_commit_here``).
 
 Where a commit runs. With SQLite in WAL mode and ``synchronous=NORMAL`` (the default) a commit
 never fsyncs and costs tens of microseconds, less than a hop to a worker thread and back (and far
@@ -45,6 +48,7 @@ before it exits; appends arriving after that raise ``JournalClosedError``.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
@@ -166,6 +170,11 @@ class JournalWriter:
         # A private single-token limiter: at most one thread ever touches the store, and commits
         # never wait behind unrelated to_thread users saturating trio's default limiter.
         self._limiter = trio.CapacityLimiter(1)
+        # The checkpoint thread (see _checkpoint_due): at most one at a time.
+        self._checkpoint_thread: threading.Thread | None = None
+        self._checkpoint_mutex = threading.Lock()
+        self._checkpoint_again = False  # another threshold passed during the running checkpoint
+        self._checkpoint_ending = False  # the running checkpoint thread takes no more rounds
         self.commits = 0  # transactions committed (tests and benchmarks count them per operation)
         self.lock_waits = 0  # batches handed to the thread because the write lock was taken
         # Several writers (docs/journal.md, "Several writers"): None while this process is the
@@ -241,6 +250,12 @@ class JournalWriter:
             await trio.lowlevel.checkpoint()
             return []
         await self._wait_for_room()
+        if len(appends) > 1:
+            batch = _Batch(items=appends, sealed=True)
+            if self._commit_here(batch):
+                # Committed: a schedule point that cannot raise Cancelled (the events are written).
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return [_result(batch, i) for i in range(len(appends))]
         batch, first = self._enqueue(appends)
         await batch.done.wait()  # enqueued: written even if this wait is cancelled (see append)
         return [_result(batch, first + i) for i in range(len(appends))]
@@ -345,9 +360,10 @@ class JournalWriter:
             # transaction. After a projection failure nothing more is committed: memory would
             # not follow it.
             self._state = _CLOSING
-            if self._failed is None:
-                with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):
+                if self._failed is None:
                     await self._drain()
+                await self._checkpoint_done()
             self._finish()
 
     async def _commit_next(self) -> None:
@@ -370,6 +386,7 @@ class JournalWriter:
             # its own caller hears of it (it is not a journal failure, so no error log).
             logger.debug("conditional append refused: %s", exc)
             batch.error = exc
+            recorded = None
         except Exception as exc:  # noqa: BLE001 - whatever the store raised belongs to the waiters
             # Disk full, read-only file, I/O error, the lock held past lock_wait_secs: the store
             # rolled the transaction back, so this batch left no trace and the next one starts
@@ -377,9 +394,15 @@ class JournalWriter:
             # later batches may succeed.
             logger.error("journal batch of %d events failed: %r", len(batch.items), exc)
             batch.error = exc
-        else:
+            recorded = None
+        self._committed(batch, recorded)
+
+    def _committed(self, batch: _Batch, result) -> None:
+        """A batch's commit ended (``result`` None: it failed, ``batch.error`` says why): feed
+        memory, wake its appenders, count towards the next checkpoint."""
+        if result is not None:
             self.commits += 1
-            (gap, gap_secrets), recorded = recorded
+            (gap, gap_secrets), recorded = result
             batch.recorded = recorded
             self._apply(batch, recorded, gap, gap_secrets)
         self._inflight = None
@@ -388,7 +411,40 @@ class JournalWriter:
             self._since_checkpoint += len(batch.items)
             if self._since_checkpoint >= self._checkpoint_every:
                 self._since_checkpoint = 0
-                await self._checkpoint()
+                self._checkpoint_due()
+
+    def _commit_here(self, batch: _Batch) -> bool:
+        """Commit a sealed group in the appender's own task when the writer is idle (parked,
+        nothing queued or in flight, commits inline); False, with nothing done, otherwise or
+        when SQLite's lock is taken (the group then goes through the writer as usual).
+
+        Measured (docs/benchmarks.md, "Session 4: fan-out"): the hand-off to the writer task and
+        back cost about 45 us per commit. Grouping is unchanged: a sealed group never shares its
+        transaction with a later append, and with the writer idle there is no earlier one to
+        join. Order is unchanged too: nothing else is queued, and the commit has no await."""
+        if not (
+            self._inline
+            and self._state == _RUNNING
+            and self._wakeup
+            and not self._queue
+            and self._inflight is None
+            and self._failed is None
+        ):
+            return False
+        self._inflight = batch
+        try:
+            result = self._append_and_gap(batch, 0)
+        except JournalBusyError:
+            self._inflight = None
+            return False
+        except Exception as exc:  # noqa: BLE001 - as in _commit_next
+            logger.error("journal batch of %d events failed: %r", len(batch.items), exc)
+            batch.error = exc
+            result = None
+        self._committed(batch, result)
+        if self._failed is not None:
+            self._wakeup.unpark_all()  # the writer task raises it: fail-stop, as in run()
+        return True
 
     async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
         """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
@@ -553,17 +609,46 @@ class JournalWriter:
             token = await watcher.wait(token)
             await self.catch_up(cached=True)
 
-    async def _checkpoint(self) -> None:
-        # The fsyncing part of WAL mode, off the event loop. Appends arriving meanwhile queue up
-        # (the next batch is larger); a failure is logged and retried at the next threshold.
-        try:
-            await trio.to_thread.run_sync(
-                self._store.checkpoint, limiter=self._limiter, abandon_on_cancel=False
-            )
-        except trio.Cancelled:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a checkpoint failure loses nothing committed
-            logger.warning("journal checkpoint failed: %r", exc)
+    def _checkpoint_due(self) -> None:
+        """Start a checkpoint in a thread of its own, or ask the one in progress for another round.
+
+        The checkpoint (the fsyncing part of WAL mode) runs beside the commits, on a connection of
+        the store's own (SqliteStore.checkpoint): awaited in the writer task, as it was, every
+        batch arriving meanwhile waited for its fsyncs, 20 ms and more on a loaded disk every
+        4,096 events (docs/benchmarks.md, "Session 4: fan-out"). A plain thread, not a task:
+        nothing awaits it until run() ends (``_checkpoint_done``)."""
+        with self._checkpoint_mutex:
+            thread = self._checkpoint_thread
+            if thread is not None and thread.is_alive() and not self._checkpoint_ending:
+                self._checkpoint_again = True
+                return
+        if self._state != _RUNNING:
+            return
+        self._checkpoint_ending = False
+        self._checkpoint_thread = threading.Thread(
+            target=self._checkpoint, name="smgrl-journal-checkpoint", daemon=True
+        )
+        self._checkpoint_thread.start()
+
+    def _checkpoint(self) -> None:
+        # In the checkpoint thread. A failure is logged and retried at the next threshold.
+        while True:
+            try:
+                self._store.checkpoint()
+            except Exception as exc:  # noqa: BLE001 - a checkpoint failure loses nothing committed
+                logger.warning("journal checkpoint failed: %r", exc)
+            with self._checkpoint_mutex:
+                if not self._checkpoint_again:
+                    # From here a new threshold starts a new thread (this one is ending).
+                    self._checkpoint_ending = True
+                    return
+                self._checkpoint_again = False
+
+    async def _checkpoint_done(self) -> None:
+        """Wait for a checkpoint in progress (run() ends only once the store is free to close)."""
+        thread = self._checkpoint_thread
+        if thread is not None and thread.is_alive():
+            await trio.to_thread.run_sync(thread.join, abandon_on_cancel=False)
 
     async def save_snapshot(self, kind: str, upto_seq: int, state: str | Callable[[], str]) -> int:
         """Store a projection snapshot (``store.save_snapshot``) in the writer's thread; its size.

@@ -14,10 +14,13 @@ line. The JSON format escapes the same characters as ``\\uXXXX``.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import logging.handlers
+import os
 import queue
+import stat
 import sys
 import time
 
@@ -111,18 +114,42 @@ _listener: logging.handlers.QueueListener | None = None
 _before: tuple | None = None
 
 
+def on_regular_file(stream) -> bool:
+    """True when ``stream`` writes to a regular file: a write then lands in the page cache and
+    never waits for a reader (a pipe or a terminal can make a writer wait indefinitely)."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
 def configure(level: str = "info", json_lines: bool = False, stream=None) -> None:
-    """Log lines go through a queue to one writer thread (started here, stopped by ``shutdown``)."""
+    """Where lines go: written by the logging thread itself when ``stream`` is a regular file,
+    else through a queue to one writer thread (started here, stopped by ``shutdown``).
+
+    A write to a regular file cannot block on a reader, like the journal's inline commits on the
+    event loop (journal/writer.py), so the line is formatted and written where it was logged: no
+    queue put and no thread wake per line. Measured on 8-engine fan-outs (docs/benchmarks.md,
+    "Session 4: fan-out"), the wake was the largest logging cost. A pipe or a terminal may
+    stall a writer whenever its reader lags: the event loop must never wait on one, so those
+    keep the writer thread."""
     global _listener, _before
     shutdown()
+    stream = stream or sys.stderr
     root = logging.getLogger("smgrl")
-    _before = (list(root.handlers), root.level, root.propagate)
-    handler = logging.StreamHandler(stream or sys.stderr)
+    _before = (list(root.handlers), root.level, root.propagate, _record_extras())
+    # Neither format prints a thread, process or multiprocessing name: a LogRecord that does not
+    # look them up is cheaper (the stdlib's documented switches; shutdown() restores them).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(_Json() if json_lines else _Text())
-    records: queue.SimpleQueue = queue.SimpleQueue()
-    _listener = logging.handlers.QueueListener(records, handler)
-    _listener.start()
-    root.handlers[:] = [_Enqueue(records)]
+    if on_regular_file(stream):
+        root.handlers[:] = [handler]
+    else:
+        records: queue.SimpleQueue = queue.SimpleQueue()
+        _listener = logging.handlers.QueueListener(records, handler)
+        _listener.start()
+        root.handlers[:] = [_Enqueue(records)]
     root.setLevel(LEVELS.get(level.lower(), logging.INFO))
     root.propagate = False
 
@@ -135,11 +162,20 @@ def shutdown() -> None:
         _listener = None
     if _before is not None:
         root = logging.getLogger("smgrl")
-        root.handlers[:], level, root.propagate = _before
+        root.handlers[:], level, root.propagate, extras = _before
         root.setLevel(level)
+        logging.logThreads, logging.logProcesses, logging.logMultiprocessing = extras
         _before = None
+
+
+def _record_extras() -> tuple[bool, bool, bool]:
+    return logging.logThreads, logging.logProcesses, logging.logMultiprocessing
 
 
 def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fields) -> None:
     if logger.isEnabledFor(level):
-        logger.log(level, message, extra={"fields": fields})
+        # The record built here: Logger.log would also walk the stack for the caller's file and
+        # line, which no format of ours prints (about a tenth of a line's cost).
+        logger.handle(
+            logger.makeRecord(logger.name, level, "", 0, message, (), None, extra={"fields": fields})
+        )

@@ -57,6 +57,14 @@ def _serde_refuses(value: Any) -> bool:
     return False
 
 
+def _may_be_refused(text: str) -> bool:
+    """False when ``_serde_refuses`` cannot find anything in what ``text`` parses to, without
+    walking it: a lone surrogate can only come from a ``\\u`` escape (strict UTF-8 decoding
+    refuses encoded surrogates), and nesting needs at least as many ``[`` and ``{``. An engine's
+    usual answer (a small JSON object) is then returned at once, once per engine of a fan-out."""
+    return "\\u" in text or text.count("[") + text.count("{") >= SERDE_MAX_DEPTH
+
+
 def _parse_float(text: str) -> float:
     value = float(text)
     if value in (float("inf"), float("-inf")):
@@ -71,16 +79,14 @@ def _parse_constant(text: str) -> Any:
 def decode_engine_body(data: bytes, content_type: str | None, truncated: bool) -> Any:
     if not truncated and content_type is not None and "json" in content_type and data:
         try:
+            text = data.decode("utf-8")
             value = json.loads(
-                data.decode("utf-8"),
-                parse_int=_parse_int,
-                parse_float=_parse_float,
-                parse_constant=_parse_constant,
+                text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
             )
         except (ValueError, UnicodeDecodeError, RecursionError):
             pass
         else:
-            if not _serde_refuses(value):
+            if not _may_be_refused(text) or not _serde_refuses(value):
                 return value
     return data.decode("utf-8", errors="replace")
 

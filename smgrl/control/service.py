@@ -50,6 +50,8 @@ log = logging.getLogger("smgrl.rl")
 
 # A dead journal must not hold a cancelled request forever: the shielded record gives up after this.
 SHIELDED_RECORD_SECS = 10.0
+# Selectors whose targets are kept per projection revision (ControlService.targets).
+_TARGETS_CACHED = 64
 
 
 @attrs.frozen
@@ -96,19 +98,38 @@ class ControlService:
         # recorded in control.started so that another process can record the operation
         # interrupted if this one dies. None for a lone gateway.
         self.identity: str | None = None
+        # targets() per selector, valid for one projection revision (see targets()).
+        self._targets: tuple[object, dict[Selector, tuple[Worker, ...]]] = (None, {})
 
     # -- targets -------------------------------------------------------------------------------
 
     def targets(self, selector: Selector) -> list[Worker]:
         """§7: the DP-collapsed representatives whose merged label view matches, in row order.
-        No implicit health or type filter."""
-        facts = self.fleet.facts()
-        out = []
-        for group in collapse(self.fleet.registry):
-            w = group.representative
-            if selector.matches(selector_view(w, facts.get(w.base_url))):
-                out.append(w)
-        return out
+        No implicit health or type filter.
+
+        Computed once per selector and projection revision (the registry's, the engine facts'
+        and the routing state's: everything a worker's view is made of, as the discovery
+        render's cache in rl_routes.py): collapsing and matching 64 workers took about 225 us
+        of every 64-engine fan-out (docs/benchmarks.md, "Session 4: fan-out"). The selectors
+        come from clients, so at most ``_TARGETS_CACHED`` are kept per revision."""
+        revision = self.fleet.revision
+        cached_at, cache = self._targets
+        if cached_at != revision:
+            cache = {}
+            self._targets = (revision, cache)
+        found = cache.get(selector)
+        if found is None:
+            facts = self.fleet.facts()
+            found = tuple(
+                group.representative
+                for group in collapse(self.fleet.registry)
+                if selector.matches(
+                    selector_view(group.representative, facts.get(group.representative.base_url))
+                )
+            )
+            if len(cache) < _TARGETS_CACHED:
+                cache[selector] = found
+        return list(found)
 
     # -- operations ----------------------------------------------------------------------------
 

@@ -312,6 +312,26 @@ async def test_no_implicit_health_or_type_filter(rl_config):
         assert sorted(r.json()["results"]) == [a]
 
 
+async def test_the_same_selector_follows_every_change_of_the_fleet(rl_config):
+    """Targets are kept per selector and projection revision (ControlService.targets): a health
+    change, a new worker and a removal each change what the same selector text matches."""
+    path = "/v1/rl/engine/flush_cache?selector=health%3Dready"
+    async with (
+        fake_fleet("sglang", 3) as fleet,
+        gateway_in_process(rl_config, worker_urls=fleet.urls[:2]) as gw,
+    ):
+        a, b = await row_ids(gw)
+        assert sorted((await gw.client.post(path)).json()["results"]) == sorted([a, b])
+        await gw.gateway.registry.set_health(gw.gateway.fleet.registry.get(a), "not_ready", "test")
+        assert sorted((await gw.client.post(path)).json()["results"]) == [b]
+        c = await gw.gateway.registry.register(Registration(url=fleet.urls[2]), "api")
+        await gw.wait_visible(3)
+        await gw.gateway.registry.set_health(gw.gateway.fleet.registry.get(c.id), "ready", "test")
+        assert sorted((await gw.client.post(path)).json()["results"]) == sorted([b, c.id])
+        assert (await gw.client.delete(f"/workers/{b}")).status_code in (200, 202, 204)
+        assert sorted((await gw.client.post(path)).json()["results"]) == [c.id]
+
+
 async def test_dp_ranks_are_one_target_per_engine():
     cfg = Config(rl=RlConfig(enabled=True), dp_aware=True)
     async with fake_fleet("sglang", 2, dp_size=2) as fleet, gateway_in_process(cfg) as gw:

@@ -176,14 +176,24 @@ async def test_a_fanout_costs_two_journal_transactions(tmp_path):
     async with fake_fleet("sglang", 8) as fleet, gateway_in_process(rl_cfg(), store=store) as gw:
         await gw.register(fleet.urls)
         await gw.writer.flush()
+        metric = gw.gateway.metrics.registry.get_sample_value
+        kinds = ("control.started", "control.outcome", "control.finished", "audit.control_plane")
+
+        def events_by_type() -> list[float]:
+            return [metric("smgrl_journal_events_total", {"type": kind}) or 0.0 for kind in kinds]
+
         for _ in range(3):  # every fan-out, not just the first
             before, commits = len(store.transactions), gw.writer.commits
+            counted, transactions = events_by_type(), metric("smgrl_journal_transactions_total")
             r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
             assert r.status_code == 200
             assert gw.writer.commits - commits == 2
             first, second = store.transactions[before:]
             assert first == ["control.started"]
             assert second == ["control.outcome"] * 8 + ["control.finished", "audit.control_plane"]
+            # The metrics count the same (per type, one increment per type and transaction).
+            assert [b - a for a, b in zip(counted, events_by_type())] == [1, 8, 1, 1]
+            assert metric("smgrl_journal_transactions_total") - transactions == 2
         # A per-worker call too.
         wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
         before = len(store.transactions)

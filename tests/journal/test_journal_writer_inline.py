@@ -192,3 +192,82 @@ async def test_a_snapshot_in_the_thread_does_not_block_inline_commits(store):
         await writer.flush()
         await writer.aclose()
     assert store.inner.count() == 2
+
+
+async def test_commits_go_on_inline_while_a_checkpoint_runs(tmp_path):
+    """A checkpoint (its fsyncs take milliseconds) runs in a thread of its own on a connection
+    of its own: a batch arriving meanwhile commits inline at once. Before, the writer task awaited
+    the checkpoint and it held the store's connection, so every such batch waited for it."""
+    store = SqliteStore.open(tmp_path / "j.db")
+    inside, release = threading.Event(), threading.Event()
+    wal_size = store.wal_size
+
+    def checkpoint_in_progress() -> int:  # called by checkpoint(), after its PASSIVE step
+        inside.set()
+        release.wait()
+        return wal_size()
+
+    store.wal_size = checkpoint_in_progress
+    writer = JournalWriter(store, checkpoint_every=5)
+    committed = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            for i in range(5):
+                await writer.append("workers", registered(f"w{i}"))
+            await trio.to_thread.run_sync(inside.wait)  # the checkpoint is under way
+
+            async def more() -> None:
+                for i in range(5, 8):
+                    committed.append(await writer.append("workers", registered(f"w{i}")))
+
+            nursery.start_soon(more)
+            await trio.testing.wait_all_tasks_blocked()
+            try:
+                assert [r.seq for r in committed] == [6, 7, 8]  # while the checkpoint still runs
+                assert writer.lock_waits == 0
+            finally:
+                release.set()
+            await writer.aclose()
+    finally:
+        store.close()
+    with SqliteStore.open(tmp_path / "j.db", readonly=True) as reader:
+        assert reader.count() == 8 and reader.verify().ok
+
+
+class TaskRecordingStore(ThreadRecordingStore):
+    """Records which trio task ran each transaction."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        super().__init__(inner)
+        self.tasks: list[object] = []
+
+    def append_batch(self, items, *, wait=None):
+        self.tasks.append(trio.lowlevel.current_task())
+        return super().append_batch(items, wait=wait)
+
+
+async def test_a_group_commits_in_the_appenders_task_while_the_writer_is_idle(tmp_path):
+    """An operation's final group (outcomes, finish, audit) skips the hand-off to the writer task
+    when that task is idle; with anything queued before it, it goes through the writer, in order
+    (and joins the queued batch, as before)."""
+    store = TaskRecordingStore(SqliteStore.open(tmp_path / "j.db"))
+    writer = JournalWriter(store)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await trio.testing.wait_all_tasks_blocked()  # the writer is parked
+            me = trio.lowlevel.current_task()
+            group = [("workers", registered("w1")), ("workers", registered("w2"))]
+            assert [r.seq for r in await writer.append_many(group)] == [1, 2]
+            assert store.tasks == [me] and writer.commits == 1
+            queued = writer.append_nowait("workers", registered("w3"))  # the writer is busy now
+            later = [("workers", registered("w4")), ("workers", registered("w5"))]
+            assert [r.seq for r in await writer.append_many(later)] == [4, 5]
+            assert (await queued.wait()).seq == 3
+            assert len(store.tasks) == 2 and store.tasks[1] is not me and writer.commits == 2
+            await writer.aclose()
+    finally:
+        store.inner.close()
+    with SqliteStore.open(tmp_path / "j.db", readonly=True) as reader:
+        assert reader.count() == 5 and reader.verify().ok

@@ -3,6 +3,8 @@
 import io
 import json
 import logging
+import os
+import threading
 
 import pytest
 
@@ -129,3 +131,44 @@ def test_plain_values_stay_bare_and_unicode_stays_readable(capture):
     logs.event(logging.getLogger("smgrl.rl"), "m", a="w1", b="modèle-中文", c="", d="k=v", e=None)
     logs.shutdown()
     assert capture.getvalue().rstrip("\n").endswith(' m a=w1 b=modèle-中文 c="" d="k=v" e=None')
+
+
+def test_a_regular_file_is_written_where_the_line_is_logged(tmp_path):
+    """No writer thread and no queue for a file: the line is in the file when the call returns."""
+    path = tmp_path / "gateway.log"
+    threads = threading.active_count()
+    with open(path, "w") as stream:
+        logs.configure("info", False, stream)
+        try:
+            assert threading.active_count() == threads
+            logs.event(logging.getLogger("smgrl.rl"), "rl.fanout", op_id="op1", total=8)
+            assert path.read_text().endswith("INFO  smgrl.rl: rl.fanout op_id=op1 total=8\n")
+        finally:
+            logs.shutdown()
+
+
+def test_a_pipe_keeps_the_writer_thread():
+    """A pipe can stall its writer while the reader lags: lines go through the writer thread."""
+    read_fd, write_fd = os.pipe()
+    threads = threading.active_count()
+    with os.fdopen(read_fd) as reader, os.fdopen(write_fd, "w") as stream:
+        logs.configure("info", False, stream)
+        try:
+            assert threading.active_count() == threads + 1
+            logs.event(logging.getLogger("smgrl.rl"), "rl.fanout", op_id="op1", total=8)
+        finally:
+            logs.shutdown()
+        stream.flush()
+        assert reader.readline().endswith("rl.fanout op_id=op1 total=8\n")
+
+
+def test_records_skip_thread_and_process_names_until_shutdown(capture):
+    """No format prints them, so configure() turns the stdlib's lookups off; shutdown() restores
+    the switches as it found them (a test process's other loggers keep theirs)."""
+    assert logging.logThreads and logging.logProcesses
+    logs.configure("info", False, capture)
+    assert not (logging.logThreads or logging.logProcesses or logging.logMultiprocessing)
+    logs.event(logging.getLogger("smgrl.rl"), "rl.fanout", total=1)
+    logs.shutdown()
+    assert logging.logThreads and logging.logProcesses and logging.logMultiprocessing
+    assert capture.getvalue().endswith("INFO  smgrl.rl: rl.fanout total=1\n")

@@ -25,6 +25,7 @@ from smgrl.api.workers_body import (
     parse_worker_update,
     uuid_error,
 )
+from smgrl.control import outcome as outcome_rules
 from smgrl.control.outcome import BODY_CAP, EXCERPT_CAP, Outcome, decode_engine_body
 from smgrl.core.discovery import (
     MODEL_INFO_KEYS,
@@ -304,6 +305,39 @@ def test_decode_engine_body_never_raises_and_is_always_wire_safe(data, content_t
     outcome = Outcome("w", "http://e", "http://e", status=200, body=value, body_truncated=truncated)
     env.dumps(outcome.envelope())
     assert len(outcome.excerpt()) <= EXCERPT_CAP
+
+
+def _decoded_with_the_full_walk(data: bytes, content_type: str | None, truncated: bool):
+    """decode_engine_body as it was: every parsed answer walked for what serde_json refuses."""
+    if not truncated and content_type is not None and "json" in content_type and data:
+        try:
+            value = json.loads(
+                data.decode("utf-8"),
+                parse_int=outcome_rules._parse_int,
+                parse_float=outcome_rules._parse_float,
+                parse_constant=outcome_rules._parse_constant,
+            )
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            pass
+        else:
+            if not outcome_rules._serde_refuses(value):
+                return value
+    return data.decode("utf-8", errors="replace")
+
+
+@given(engine_bodies, content_types, st.booleans())
+@settings(max_examples=400)
+@example(b"[" * 127 + b"]" * 127, "application/json", False)
+@example(b"[" * 128 + b"]" * 128, "application/json", False)
+@example(b'[{"a": ' * 64 + b"1" + b"}]" * 64, "application/json", False)
+@example(b'{"a": [' * 60 + b'"\\udc00"' + b"]}" * 60, "application/json", False)
+@example(b'{"k\\ud83d\\ude00": [{"x": "\\ud83d"}]}', "application/json", False)
+def test_decoding_skips_the_walk_only_when_it_could_not_refuse(data, content_type, truncated):
+    """The walk for lone surrogates and deep nesting is skipped when the text has no ``\\u``
+    escape and too few brackets: the answer is the same as with the walk, every time."""
+    got = decode_engine_body(data, content_type, truncated)
+    want = _decoded_with_the_full_walk(data, content_type, truncated)
+    assert type(got) is type(want) and json.dumps(got) == json.dumps(want)
 
 
 @given(st.integers(min_value=0, max_value=64), content_types)
