@@ -30,8 +30,8 @@ from typing import Any
 import attrs
 
 from smgrl.state.engines import EnginesSnapshot, EngineStates
-from smgrl.state.group_pins import GroupPinsState
 from smgrl.state.fleet import FleetState
+from smgrl.state.group_pins import GroupPinsState
 from smgrl.state.operations import Operations, OperationsSnapshot
 from smgrl.state.records import SnapshotError
 from smgrl.state.registry import RegistrySnapshot, RegistryState
