@@ -45,8 +45,10 @@ def test_a_prompt_group_over_several_connections_lands_on_one_instance(fakes, ch
         assert st == 202, body
     wait_until(
         "both processes to see 4 ready engines",
-        lambda: 'smgrl_workers{gateway_worker="0",health="ready"} 4.0' in (text := metrics(murl))
-        and 'smgrl_workers{gateway_worker="1",health="ready"} 4.0' in text,
+        lambda: (
+            'smgrl_workers{gateway_worker="0",health="ready"} 4.0' in (text := metrics(murl))
+            and 'smgrl_workers{gateway_worker="1",health="ready"} 4.0' in text
+        ),
     )
     for url in urls:
         st, _, _ = request(url, "POST", "/_fake/knobs", {"hang": True})
@@ -68,9 +70,11 @@ def test_a_prompt_group_over_several_connections_lands_on_one_instance(fakes, ch
         t.start()
     arrived = wait_until(
         "every request at an engine",
-        lambda: (got := {url: calls(url) for url in urls})
-        and sum(len(c) for c in got.values()) == GROUPS * PER_GROUP
-        and got,
+        lambda: (
+            (got := {url: calls(url) for url in urls})
+            and sum(len(c) for c in got.values()) == GROUPS * PER_GROUP
+            and got
+        ),
     )
     where: dict[str, set[str]] = defaultdict(set)
     for url, got in arrived.items():
