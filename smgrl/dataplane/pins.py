@@ -11,10 +11,14 @@ may land on several of them, so the pin is a decision made once, the way a URL r
   under the winner's pin. One journal commit per group, never one per request; the requests of
   one process that arrive while its decision is in the air wait for it (``DataPlane``) instead
   of each trying its own;
-* **release**: the deciding process appends ``dataplane.group_released`` when its own last
-  running request of the group ends (enqueued, not awaited: it rides the writer's next batch).
-  The other processes keep the pin they joined while their own requests of the group run (the
-  hold, ``GroupPins``), so a release never moves requests already routed by it;
+* **release**: the deciding process releases the pin (``dataplane.group_released``) once its
+  own last running request of the group ended. Not a commit of its own: the release waits
+  (``pending``) and rides in the transaction of this process's next pin decision, or in the
+  flush every ``FLUSH_SECS`` (``run``) when no decision comes, so a group costs one journal
+  commit in steady state. A request of the group arriving meanwhile takes its pending release
+  back (``rejoined``). The other processes keep the pin they joined while their own requests
+  of the group run (the hold, ``GroupPins``), so a release never moves requests already routed
+  by it;
 * **a gone process's pins** are released by the ``recovery`` holder (``release_gone``), with
   its operations (``smgrl.sharing.recover_dead``).
 """
@@ -25,7 +29,9 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from journal import Expect, JournalConflict, JournalError
+import trio
+
+from journal import Expect, JournalClosedError, JournalConflict, JournalError
 from journal.events import GroupPinned, GroupReleased
 from smgrl.routing import InstanceId
 from smgrl.state.group_pins import TYPES, Pin
@@ -33,6 +39,7 @@ from smgrl.state.group_pins import TYPES, Pin
 log = logging.getLogger("smgrl.dataplane")
 
 DECIDE_ROUNDS = 8  # each lost round means another process pinned (or released) the group meanwhile
+FLUSH_SECS = 0.05  # how long a release waits for a pin decision to ride with, at most (``run``)
 
 
 def stream(prompt_id: str) -> str:
@@ -50,6 +57,8 @@ class PinJournal:
         self._fallback = f"local:{uuid.uuid4().hex[:12]}"
         self.decided = 0  # pins this process wrote
         self.conflicts = 0  # decisions refused because another process pinned first
+        # Releases not journaled yet, by stream (they ride with the next decision or flush).
+        self.pending: dict[str, GroupReleased] = {}
 
     @property
     def identity(self) -> str:
@@ -65,27 +74,61 @@ class PinJournal:
         event = GroupPinned(
             prompt_id=prompt_id, worker_id=instance.worker, dp_rank=instance.rank, gateway=self.identity
         )
+        # The pending releases ride along: the condition is the new pin's group alone.
+        riders, self.pending = self.pending, {}
         try:
-            await journal.append_if(Expect(after=journal.position, types=TYPES, streams=key), [(key, event)])
+            await journal.append_if(
+                Expect(after=journal.position, types=TYPES, streams=key), [(key, event), *riders.items()]
+            )
         except JournalConflict:
             self.conflicts += 1
+            self._put_back(riders)
             await journal.catch_up()
             return False
         except JournalError as exc:
             log.warning("could not journal the pin of a prompt group: %r", exc)
+            self._put_back(riders)
             return True
         self.decided += 1
         return True
 
-    def release(self, prompt_id: str, pin: Pin, reason: str = "ended") -> None:
-        """Enqueue the pin's release (not awaited: nothing waits on it). A closed or full journal
-        loses it: logged; the recovery holder releases it once this process is gone."""
+    def release(self, prompt_id: str, pin: Pin) -> None:
+        """The pin ended here: its release waits for the next decision or flush (``pending``)."""
+        self.pending[stream(prompt_id)] = GroupReleased(prompt_id=prompt_id, pin_seq=pin.seq)
+
+    def rejoined(self, prompt_id: str) -> None:
+        """A request of the group started here again before its release was journaled: the pin
+        goes on (its release is dropped; the group's next end releases it again)."""
+        if self.pending:
+            self.pending.pop(stream(prompt_id), None)
+
+    def flush(self) -> None:
+        """Enqueue the pending releases (one transaction, not awaited). A closed or full journal
+        loses them: logged; the recovery holder releases them once this process is gone."""
+        riders, self.pending = self.pending, {}
         try:
-            self.journal.append_nowait(
-                stream(prompt_id), GroupReleased(prompt_id=prompt_id, pin_seq=pin.seq, reason=reason)
-            )
+            for key, event in riders.items():
+                self.journal.append_nowait(key, event)  # one open batch: one transaction
+        except JournalClosedError:
+            log.debug("the journal closed before %d prompt-group pin releases", len(riders))
         except JournalError as exc:
-            log.warning("could not journal the release of a prompt group's pin: %r", exc)
+            log.warning("could not journal the release of %d prompt-group pins: %r", len(riders), exc)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Flush the pending releases every ``FLUSH_SECS`` (those no decision took along)."""
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(FLUSH_SECS)
+                if self.pending:
+                    self.flush()
+        finally:
+            # Stopping (the writer may be closed already: then logged, and recovery releases them).
+            self.flush()
+
+    def _put_back(self, riders: dict[str, GroupReleased]) -> None:
+        for key, event in riders.items():
+            self.pending.setdefault(key, event)  # a newer release of the same stream wins
 
 
 def gone_releases(pins: dict[str, Pin], gone: Callable[[str], bool]) -> list[tuple[str, GroupReleased]]:

@@ -558,6 +558,8 @@ class DataPlane:
         if prompt is not None and routed.joined is None:
             self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
             routed.joined = prompt
+            if self.pins is not None:
+                self.pins.rejoined(prompt)
 
     def _unpinned(self, routed: Routed) -> bool:
         """A shared journal: is this the first selection of a request whose group has no pin

@@ -17,6 +17,7 @@ from journal import SqliteStore
 from smgrl.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.sharing import PRESENCE, Sharing, recover_dead
+from smgrl.state.group_pins import TYPES
 from smgrl.testing import gateway_in_process
 
 GEN = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
@@ -56,6 +57,13 @@ async def until(predicate) -> None:
 def busy(gw) -> set[str]:
     """The instances (worker ids) this gateway has a request in flight at."""
     return {wid for wid, n in gw.gateway.dataplane.loads.items() if n}
+
+
+async def flush_releases(gw) -> None:
+    """The gateway's pending pin releases in the journal (they wait for the next pin decision
+    or the periodic flush: take them now)."""
+    gw.gateway.dataplane.pins.flush()
+    await gw.writer.flush()
 
 
 async def send(gw, headers, scope: trio.CancelScope | None = None) -> None:
@@ -106,7 +114,7 @@ async def test_concurrent_requests_of_a_group_in_one_gateway_append_one_pin(tmp_
         assert len(served) == 1, served
         pins = a.gateway.dataplane.pins
         assert (pins.decided, pins.conflicts) == (1, 0)
-        await a.writer.flush()  # the release is enqueued, not awaited
+        await flush_releases(a)
         assert len(a.gateway.dataplane.groups) == 0
     (pinned,) = events(path, "dataplane.group_pinned")
     (released,) = events(path, "dataplane.group_released")
@@ -136,7 +144,7 @@ async def test_the_deciding_gateway_releases_the_pin_and_the_others_keep_it_whil
             assert busy(a) == {pinned_at}
             a_request.cancel()  # A's request ends (its client went away): A releases
             await until(lambda: a.gateway.dataplane.in_flight == 0)
-            await a.writer.flush()
+            await flush_releases(a)
             await b.writer.catch_up()
             assert not b.gateway.fleet.group_pins.pins  # released in the journal
             nursery.start_soon(send, b, group)
@@ -148,7 +156,7 @@ async def test_the_deciding_gateway_releases_the_pin_and_the_others_keep_it_whil
             engine.set_knobs(hang=False)
         r = await b.client.post("/generate", json=GEN, headers=group)
         assert r.status_code == 200, r.text
-        await b.writer.flush()
+        await flush_releases(b)
     first, second = events(path, "dataplane.group_pinned")
     assert first.event.gateway == a.gateway.dataplane.pins.identity
     assert second.event.gateway == b.gateway.dataplane.pins.identity
@@ -177,3 +185,29 @@ async def test_the_recovery_holder_releases_the_pins_of_a_gone_gateway(tmp_path)
         assert not b.gateway.fleet.group_pins.pins
     (released,) = events(path, "dataplane.group_released")
     assert released.event.reason == "gateway_gone"
+
+
+async def test_a_release_rides_in_the_next_pin_decisions_transaction(tmp_path, monkeypatch):
+    """One journal commit per group in steady state: a group's release waits and is committed
+    with the next group's pin; a request of a group whose release is pending takes it back."""
+    monkeypatch.setattr("smgrl.dataplane.pins.FLUSH_SECS", 3600)  # no periodic flush meanwhile
+    path = str(tmp_path / "j.db")
+    async with fake_fleet("sglang", n=2) as engines, two_gateways(path, engines) as (a, _):
+        pins = a.gateway.dataplane.pins
+        for group in ("g-5", "g-6"):
+            r = await a.client.post("/generate", json=GEN, headers={"x-prompt-id": group})
+            assert r.status_code == 200, r.text
+        assert list(pins.pending) == ["group:g-6"]  # g-5's release rode with g-6's pin
+        r = await a.client.post("/generate", json=GEN, headers={"x-prompt-id": "g-6"})
+        assert r.status_code == 200, r.text
+        assert list(pins.pending) == ["group:g-6"]  # taken back at the start, pending again at the end
+        await flush_releases(a)
+    with SqliteStore.open(path, readonly=True) as store:
+        rows = [(r.seq, r.event.TYPE, r.event.prompt_id) for r in store.read(types=list(TYPES))]
+    (g5, _, _), (g6, _, _) = [row for row in rows if row[1] == "dataplane.group_pinned"]
+    assert rows == [
+        (g5, "dataplane.group_pinned", "g-5"),
+        (g6, "dataplane.group_pinned", "g-6"),
+        (g6 + 1, "dataplane.group_released", "g-5"),  # the same transaction as g-6's pin
+        (rows[-1][0], "dataplane.group_released", "g-6"),
+    ]
