@@ -19,7 +19,7 @@ may land on several of them, so the pin is a decision made once, the way a URL r
   back (``rejoined``). The other processes keep the pin they joined while their own requests
   of the group run (the hold, ``GroupPins``), so a release never moves requests already routed
   by it;
-* **a gone process's pins** are released by the ``recovery`` holder (``release_gone``), with
+* **a gone process's pins** are released by the ``recovery`` holder (``gone_releases``), with
   its operations (``smgrl.sharing.recover_dead``).
 """
 
