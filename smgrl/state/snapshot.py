@@ -3,9 +3,10 @@
 A snapshot holds everything ``FleetState.apply`` needs to continue the fold exactly where it
 stopped: the registry (workers in registration order, the URL index, counters), the engine facts
 and the engine projection's open operations, the operations still open (a restart records
-them as interrupted), the routing loop's switch once it was ever changed, and the prompt-group pins of gateways
-sharing the journal. It does NOT hold the cache of recently finished operations: that cache is
-a convenience for ``GET /v1/rl/operations/{id}``, which falls back to the journal file.
+them as interrupted), the routing loop's switch once it was ever changed, and the prompt-group
+pins of gateways sharing the journal. It does NOT hold the cache of recently finished
+operations: that cache is a convenience for ``GET /v1/rl/operations/{id}``, which falls back to
+the journal file.
 
 Each projection owns its part (``to_snapshot`` / ``from_snapshot``, see ``smgrl.state.records``);
 this module composes them into one document. Taking a snapshot is two steps so the event loop is
