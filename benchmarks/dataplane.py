@@ -452,7 +452,9 @@ def report_pins(name: str, workdir: str, workers: int, baseline: bool, results: 
             db.execute("SELECT count(*) FROM events WHERE type = ?", (t,)).fetchone()[0]
             for t in ("dataplane.group_pinned", "dataplane.group_released")
         )
-    sent = sum(r["requests"] for r in results.get(name, {}).values() if isinstance(r, dict) and "requests" in r)
+    sent = sum(
+        r["requests"] for r in results.get(name, {}).values() if isinstance(r, dict) and "requests" in r
+    )
     results.setdefault(name, {})["pins"] = {"pinned": pins, "released": releases, "requests": sent}
     print(f"{name:12s} journaled {pins} pins and {releases} releases for {sent} requests", flush=True)
 
