@@ -59,6 +59,10 @@ class PinJournal:
         self.conflicts = 0  # decisions refused because another process pinned first
         # Releases not journaled yet, by stream (they ride with the next decision or flush).
         self.pending: dict[str, GroupReleased] = {}
+        # Releases riding in a decision in the air, and those of them whose group started here
+        # again meanwhile (``rejoined``): if the decision is refused they are not put back.
+        self._riding: set[str] = set()
+        self._retracted: set[str] = set()
 
     @property
     def identity(self) -> str:
@@ -76,6 +80,7 @@ class PinJournal:
         )
         # The pending releases ride along: the condition is the new pin's group alone.
         riders, self.pending = self.pending, {}
+        self._riding.update(riders)
         try:
             await journal.append_if(
                 Expect(after=journal.position, types=TYPES, streams=key), [(key, event), *riders.items()]
@@ -89,6 +94,9 @@ class PinJournal:
             log.warning("could not journal the pin of a prompt group: %r", exc)
             self._put_back(riders)
             return True
+        finally:
+            self._riding.difference_update(riders)
+            self._retracted.difference_update(riders)
         self.decided += 1
         return True
 
@@ -98,9 +106,13 @@ class PinJournal:
 
     def rejoined(self, prompt_id: str) -> None:
         """A request of the group started here again before its release was journaled: the pin
-        goes on (its release is dropped; the group's next end releases it again)."""
+        goes on (its release is dropped; the group's next end releases it again). A release
+        already riding in a decision's transaction is written if that decision is: this process
+        then keeps the instance through its hold, as when the deciding process's share ended."""
         if self.pending:
             self.pending.pop(stream(prompt_id), None)
+        if self._riding and stream(prompt_id) in self._riding:
+            self._retracted.add(stream(prompt_id))
 
     def flush(self) -> None:
         """Enqueue the pending releases (one transaction, not awaited). A closed or full journal
@@ -128,7 +140,8 @@ class PinJournal:
 
     def _put_back(self, riders: dict[str, GroupReleased]) -> None:
         for key, event in riders.items():
-            self.pending.setdefault(key, event)  # a newer release of the same stream wins
+            if key not in self._retracted:
+                self.pending.setdefault(key, event)  # a newer release of the same stream wins
 
 
 def gone_releases(pins: dict[str, Pin], gone: Callable[[str], bool]) -> list[tuple[str, GroupReleased]]:
