@@ -459,6 +459,8 @@ class DataPlane:
                     routed=routed,
                 )
 
+            if routed is not None and self._deciding:
+                await self._decision_in_the_air(routed)
             entry = await pick()
             if routed is not None:
                 if self.pins is not None and self._unpinned(routed):
@@ -572,6 +574,14 @@ class DataPlane:
             and routed.hint() is None
             and self.groups.pin(prompt) is None
         )
+
+    async def _decision_in_the_air(self, routed: Routed) -> None:
+        """Another request of this process is deciding this request's group (``_pin_group``):
+        wait for its pin before picking, so this one picks once, under it."""
+        prompt = routed.meta.prompt_id
+        deciding = self._deciding.get(prompt) if prompt is not None else None
+        if deciding is not None and self._unpinned(routed):
+            await deciding.wait()
 
     async def _pin_group(self, routed: Routed, entry: Entry, pick: Callable[[], Awaitable[Entry]]) -> Entry:
         """Make ``entry`` the group's pin across processes, or select again under the pin
