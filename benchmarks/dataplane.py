@@ -41,6 +41,7 @@ the first ``--workers`` entry (the median of the per-round ratios, with its p25-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -73,8 +74,12 @@ def pct(samples: list[float], q: float) -> float:
 # -- the load generator -------------------------------------------------------------------------
 
 
-async def closed_loop(origins: list[str], path: str, body: bytes, concurrency: int, total: int):
+async def closed_loop(
+    origins: list[str], path: str, body: bytes, concurrency: int, total: int, group_size: int = 0
+):
     """``concurrency`` clients, each on its own kept-alive connection, ``total`` requests in all.
+    ``group_size`` N > 0: prompt groups (``x-prompt-id``) of N requests running together, as a
+    GRPO trainer sends them: the k-th requests of clients ``[jN, (j+1)N)`` share a group.
 
     Returns (latencies in ms, requests per second, errors).
     """
@@ -87,13 +92,19 @@ async def closed_loop(origins: list[str], path: str, body: bytes, concurrency: i
     async def client(index: int) -> None:
         nonlocal remaining, errors
         i = index
+        headers = HEADERS
+        round_ = 0
         while remaining > 0:
             remaining -= 1
             pool = pools[i % len(pools)]
             i += 1
+            if group_size:
+                round_ += 1
+                group = f"{round_}-{index // group_size}".encode()
+                headers = [*HEADERS, (b"x-prompt-id", group)]
             t0 = time.perf_counter()
             try:
-                resp, _, _ = await pool.request("POST", path, headers=HEADERS, body=body)
+                resp, _, _ = await pool.request("POST", path, headers=headers, body=body)
                 if resp.status != 200:
                     errors += 1
             except (UpstreamError, OSError):
@@ -198,21 +209,31 @@ def start_smgrl(
     return Child(proc, f"smgrl-{front}")
 
 
-def start_workers(urls: list[str], port: int, workers: int, workdir: str, policy: str) -> tuple[Child, str]:
+def start_workers(
+    urls: list[str], port: int, workers: int, workdir: str, policy: str, src: str | None = None
+) -> tuple[Child, str]:
     """``smgrl launch --workers N`` on an SQLite journal (N=1: a lone gateway on the same kind of
-    journal, for the comparison); returns the child and its metrics URL."""
+    journal, for the comparison); returns the child and its metrics URL. ``src``: the smgrl of
+    another checkout (``--baseline-src``)."""
     import subprocess
 
     mport = free_port()
-    journal = os.path.join(workdir, f"workers-{workers}.db")
+    journal = os.path.join(workdir, f"workers-{workers}{'-baseline' if src else ''}.db")
     args = [
         "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
         "--journal", journal, "--prometheus-port", str(mport), "--policy", policy,
         "--disable-health-check", "--log-level", "warn", "--workers", str(workers),
     ]  # fmt: skip
     log = open(os.path.join(workdir, f"smgrl-workers-{workers}.log"), "w")  # noqa: SIM115 - the child holds it
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "smgrl", "launch", *args], stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "smgrl", "launch", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=src or None,
     )
     return Child(proc, f"smgrl-workers-{workers}"), f"http://127.0.0.1:{mport}/metrics"
 
@@ -403,7 +424,9 @@ def measure(name: str, origins: list[str], args, results: dict, pid: int | list[
     for c in args.concurrency:
         total = max(args.requests, c * 8) if c > 1 else max(args.requests // 4, 200)
         cpu0 = cpu_seconds(pid)
-        lat, rps, errors = trio.run(closed_loop, origins, "/generate", GENERATE_BODY, c, total)
+        lat, rps, errors = trio.run(
+            closed_loop, origins, "/generate", GENERATE_BODY, c, total, getattr(args, "group_size", 0)
+        )
         cpu_us = (cpu_seconds(pid) - cpu0) / total * 1e6 if pid else float("nan")
         results.setdefault(name, {})[c] = {
             "p50": pct(lat, 0.5),
@@ -411,6 +434,7 @@ def measure(name: str, origins: list[str], args, results: dict, pid: int | list[
             "rps": rps,
             "errors": errors,
             "cpu_us": cpu_us,
+            "requests": total,
         }
         print(f"{name:12s} c={c:<4d} p50={pct(lat, .5):7.2f}ms p99={pct(lat, .99):7.2f}ms "
               f"{rps:8.0f} req/s errors={errors} gateway CPU {cpu_us:6.0f} us/request", flush=True)  # fmt: skip
@@ -524,6 +548,24 @@ def run_interleaved(args) -> None:
         with open(args.out, "w") as f:
             f.write(text + "\n")
             f.write("\n<!-- raw -->\n" + json.dumps(medians) + "\n")
+
+
+def report_pins(name: str, workdir: str, workers: int, baseline: bool, results: dict) -> None:
+    """Prompt-group pin events the run journaled (gateways sharing a journal decide each group's
+    pin once, by a conditional append, and release it once), per request sent."""
+    import sqlite3
+
+    path = os.path.join(workdir, f"workers-{workers}{'-baseline' if baseline else ''}.db")
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        pins, releases = (
+            db.execute("SELECT count(*) FROM events WHERE type = ?", (t,)).fetchone()[0]
+            for t in ("dataplane.group_pinned", "dataplane.group_released")
+        )
+    sent = sum(
+        r["requests"] for r in results.get(name, {}).values() if isinstance(r, dict) and "requests" in r
+    )
+    results.setdefault(name, {})["pins"] = {"pinned": pins, "released": releases, "requests": sent}
+    print(f"{name:12s} journaled {pins} pins and {releases} releases for {sent} requests", flush=True)
 
 
 def table(results: dict, args) -> str:
@@ -695,6 +737,13 @@ def main() -> None:
         " 4 per client) alternating between them for --rounds rounds (CPU per request on a busy machine)",
     )
     ap.add_argument("--rounds", type=int, default=6, help="rounds of --interleave blocks")
+    ap.add_argument(
+        "--group-size",
+        type=int,
+        default=0,
+        help="send prompt groups (x-prompt-id) of this many requests running together (0: none);"
+        " with --workers, the pins journaled per request are reported",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -743,6 +792,8 @@ def main() -> None:
                 gateways.append(("smgrl-quart", "quart"))
             for n in [int(w) for w in args.workers.split(",") if w]:
                 gateways.append((f"smgrl --workers {n}", f"workers:{n}"))
+                if args.baseline_src:
+                    gateways.append((f"smgrl-baseline --workers {n}", f"baseline-workers:{n}"))
             if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
                 gateways.append(("SMG 1.13.0", "smg"))
             for name, front in gateways:
@@ -763,9 +814,10 @@ def main() -> None:
                     elif front == "baseline":
                         src = os.path.abspath(args.baseline_src)
                         child = start_smgrl(engine_urls, port, "asgi", workdir, args.policy, src=src)
-                    elif front.startswith("workers:"):
+                    elif front.startswith(("workers:", "baseline-workers:")):
                         n = int(front.split(":")[1])
-                        child, metrics_url = start_workers(engine_urls, port, n, workdir, args.policy)
+                        src = os.path.abspath(args.baseline_src) if front.startswith("baseline") else None
+                        child, metrics_url = start_workers(engine_urls, port, n, workdir, args.policy, src)
                     else:
                         child = start_smgrl(engine_urls, port, front, workdir, args.policy)
                     children.append(child)
@@ -773,12 +825,14 @@ def main() -> None:
                     if not front.startswith("bare"):  # the bare apps have no /liveness
                         wait_listening(base, child=child)
                     pids: int | list[int] = child.pid
-                    if front.startswith("workers:"):
+                    if front.startswith(("workers:", "baseline-workers:")):
                         wait_workers(metrics_url, n)
                         pids = process_tree(child.pid)  # the supervisor and every worker
                     wait_routable(base)
                     measure(name, [base], phase_args, results, pids)
                     child.stop()
+                    if args.group_size and front.startswith(("workers:", "baseline-workers:")):
+                        report_pins(name, workdir, n, front.startswith("baseline"), results)
         finally:
             for child in reversed(children):
                 child.stop()

@@ -540,6 +540,30 @@ class RequestLoopedBack(Event):
     segments: tuple[dict[str, Any], ...] = _tuple_field()
 
 
+@event_type("dataplane.group_pinned", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class GroupPinned(Event):
+    """A prompt group's instance, decided once across the gateway processes sharing the journal
+    (appended only if no pin of the group was appended since the deciding process's position;
+    ``smgrl.dataplane.pins``). A lone gateway keeps its pins in memory and writes none."""
+
+    prompt_id: str
+    worker_id: str  # the instance's engine (the rank-0 record's registry id)
+    dp_rank: int = 0
+    gateway: str = ""  # the process that decided it, and releases it (its identity)
+
+
+@event_type("dataplane.group_released", schema=1)
+@attrs.frozen(slots=True, kw_only=True)
+class GroupReleased(Event):
+    """The pin ``pin_seq`` of a prompt group ended: its process's last running request of the
+    group ended (``ended``), or that process is gone (``gateway_gone``, by the recovery holder)."""
+
+    prompt_id: str
+    pin_seq: int
+    reason: Literal["ended", "gateway_gone"] = "ended"
+
+
 @event_type("dataplane.dispatch_set", schema=1)
 @attrs.frozen(slots=True, kw_only=True)
 class DispatchSet(Event):

@@ -17,6 +17,7 @@ from smgrl.auth import AuthPolicy
 from smgrl.config import Config
 from smgrl.control.service import ControlService
 from smgrl.control.writes import ControlWrites
+from smgrl.dataplane.pins import PinJournal
 from smgrl.dataplane.service import DataPlane
 from smgrl.metrics import Metrics
 from smgrl.refit.saga import RefitService
@@ -77,6 +78,9 @@ class Gateway:
         auth = AuthPolicy.build(cfg.control_plane_keys, cfg.tenant_keys, cfg.api_key)
         audit = AuditCounts(cfg.audit_interval_secs)
         dataplane = DataPlane(cfg=cfg, fleet=fleet, pools=pools, keys=keys, registry=metrics.registry)
+        if getattr(journal, "position", None) is not None:
+            # Several processes on this journal: a prompt group's pin is decided once among them.
+            dataplane.share_pins(PinJournal(journal, lambda: control.identity))
         gateway = cls(
             cfg,
             fleet,

@@ -244,6 +244,9 @@ async def _run(
                 await trio.to_thread.run_sync(store.change_token)
                 watcher = ChangeWatcher(store)
                 await outer.start(_in_scope, side, writer.follow, watcher)
+                if gateway.dataplane.pins is not None:
+                    # Prompt-group pin releases no pin decision took along (smgrl/dataplane/pins.py).
+                    await outer.start(_in_scope, side, gateway.dataplane.pins.run)
                 await outer.start(_in_scope, side, presence, store, sharing)
                 interrupted = []
             await writer.append("gateway", _started_event(cfg))

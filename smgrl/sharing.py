@@ -15,7 +15,9 @@ the journal is PostgreSQL (several hosts). Then:
   recovery does for a lone gateway) for every open operation whose process is gone: the
   operation's ``control.started`` names its process (``gateway``); "gone" is decided by the store's
   clock: the recovery holder *can take* that process's presence lease (expired or released).
-  Then it resumes the open refit sagas of gone processes (``refit.started`` names the process).
+  Then it releases the prompt-group pins gone processes decided (``dataplane.group_released``,
+  reason ``gateway_gone``) and resumes the open refit sagas of gone processes (``refit.started``
+  names the process).
 
 Leases are journal store calls (a write transaction each), run in a thread.
 """
@@ -35,6 +37,7 @@ import attrs
 import trio
 
 from journal import JournalError, LeaseLost
+from smgrl.dataplane.pins import gone_releases
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 
@@ -238,6 +241,16 @@ async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> l
             logging.WARNING,
             operations=",".join(event.op_id for _, event in items),
         )
+    pins = fleet.group_pins.pins
+    if pins:
+        # Prompt-group pins a gone process decided: their releases died with its requests.
+        for owner in {pin.gateway for pin in pins.values()} - {sharing.identity} - dead.keys():
+            dead[owner] = await _gone(store, sharing, owner)
+        releases = gone_releases(
+            dict(pins), lambda owner: owner != sharing.identity and dead.get(owner, False)
+        )
+        if releases:
+            await writer.append_many(releases)
     if refits is not None:
         for refit_id in list(fleet.sagas.open):
             owner = await _store_call(store, owner_from_journal, store, refit_id, "refit")

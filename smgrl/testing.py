@@ -94,6 +94,8 @@ async def gateway_in_process(
             await record_interrupted(writer, fleet, "gateway_restart")
         await nursery.start(gateway.registry.run)
         await nursery.start(gateway.refits.run)  # resumes sagas the journal left open
+        if gateway.dataplane.pins is not None:
+            await nursery.start(gateway.dataplane.pins.run)  # shared: flushes pin releases
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://smgrl.test", timeout=math.inf

@@ -1,9 +1,17 @@
 """What staged selection remembers at run time: prompt-group pins and each request's routing.
 
-In memory only (a restart forgets every pin: the next request of a group pins afresh; the
-journal records none of it, docs/data-plane.md). A group's pin is written once, by the first
-request of the group committed without an honoured instance hint, and released when the
-group's last running request ends, so a later group reusing the prompt id starts afresh.
+A lone gateway keeps its pins in memory only (a restart forgets every pin: the next request of a
+group pins afresh; the journal records none of it, docs/data-plane.md). A group's pin is written
+once, by the first request of the group committed without an honoured instance hint, and
+released when the group's last running request ends, so a later group reusing the prompt id
+starts afresh.
+
+Gateways sharing a journal (docs/scale-out.md) read the pin from the journal's projection
+(``shared``: ``FleetState.group_pins``, written once across processes by
+``smgrl.dataplane.pins``); what this class then keeps per process is the running count and the
+*hold*: the pin this process's running requests of the group joined, which keeps routing them
+after the deciding process released the pin in the journal, until this process's own last
+request of the group ends. The journal's pin, when there is one, comes first.
 """
 
 from __future__ import annotations
@@ -15,32 +23,51 @@ import attrs
 
 from smgrl.core import Version
 from smgrl.routing import InstanceId, RoutingMeta
+from smgrl.state.group_pins import GroupPinsState, Pin
 
 
 class GroupPins:
     def __init__(self) -> None:
-        self._pins: dict[str, InstanceId] = {}
+        self._pins: dict[str, InstanceId] = {}  # lone: the pins; shared: this process's holds
         self._running: Counter = Counter()
+        self.shared: GroupPinsState | None = None  # the journal's pins (a shared journal)
 
     def pin(self, prompt_id: str | None) -> InstanceId | None:
-        return self._pins.get(prompt_id) if prompt_id is not None else None
+        if prompt_id is None:
+            return None
+        shared = self.shared
+        if shared is not None:
+            pin = shared.pins.get(prompt_id)
+            if pin is not None:
+                return InstanceId(pin.worker, pin.rank)
+        return self._pins.get(prompt_id)
 
     def join(self, prompt_id: str, instance: InstanceId | None) -> None:
         """A request of the group starts; ``instance`` is its first pick (None: hinted)."""
         self._running[prompt_id] += 1
-        if instance is not None:
-            self._pins.setdefault(prompt_id, instance)  # write-once: the first writer wins
+        if instance is not None and prompt_id not in self._pins:
+            # Write-once: the first writer wins (shared: the journal's pin, else the pick).
+            self._pins[prompt_id] = self.pin(prompt_id) or instance
 
-    def leave(self, prompt_id: str) -> None:
+    def leave(self, prompt_id: str, owner: str | None = None) -> Pin | None:
+        """A request of the group ended. Shared: the journal's pin to release, when this was
+        the process's last running request of the group and ``owner`` (this process) decided it."""
         left = self._running[prompt_id] - 1
         if left > 0:
             self._running[prompt_id] = left
-            return
+            return None
         del self._running[prompt_id]
         self._pins.pop(prompt_id, None)
+        shared = self.shared
+        if shared is None:
+            return None
+        pin = shared.pins.get(prompt_id)
+        return pin if pin is not None and pin.gateway == owner else None
 
     def __len__(self) -> int:
-        return len(self._pins)
+        if self.shared is None or not self.shared.pins:
+            return len(self._pins)
+        return len(self._pins.keys() | self.shared.pins.keys())  # groups pinned, held or both
 
     def running(self, prompt_id: str) -> int:
         return self._running.get(prompt_id, 0)

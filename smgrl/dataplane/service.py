@@ -3,7 +3,8 @@
 ``DataPlane`` owns what rollout routing remembers at run time: the routing table (rebuilt when
 the fleet's revision moves), the policy's state (round-robin counter, cache-aware trees), the
 in-flight load per instance, the per-engine circuit breakers and the admission limiter. It
-never writes the journal and never touches the control plane's state: control calls go through
+never writes the journal (but for the prompt-group pins of gateways sharing one:
+``smgrl.dataplane.pins``) and never touches the control plane's state: control calls go through
 ``smgrl.control`` and never move a load counter or a breaker (``tests/api/test_dataplane_resilience.py``).
 
 Waiting for an eligible engine is event-driven: the fleet calls ``_fleet_changed`` from the
@@ -18,7 +19,7 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
 import trio
@@ -33,6 +34,7 @@ from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.metrics import DataPlaneMetrics
+from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.errors import (
@@ -124,6 +126,9 @@ class DataPlane:
         self._table: Table | None = None
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
+        # Gateways sharing the journal: pins are decided once across processes (``share_pins``).
+        self.pins: PinJournal | None = None
+        self._deciding: dict[str, trio.Event] = {}  # prompt id -> this process's decision in the air
         self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
         self.tokens: Counter = Counter()  # generated tokens per instance, as answers report them
         # Waiting requests whose routing names one instance (a hint: sticky, forced once, a
@@ -150,6 +155,12 @@ class DataPlane:
 
     def close(self) -> None:
         self.fleet.unsubscribe(self._fleet_changed)
+
+    def share_pins(self, pins: PinJournal) -> None:
+        """Several processes share the journal: decide prompt-group pins through it, read them
+        from its projection (``smgrl.dataplane.pins``)."""
+        self.pins = pins
+        self.groups.shared = self.fleet.group_pins
 
     # -- the routing table ---------------------------------------------------------------------
 
@@ -435,17 +446,25 @@ class DataPlane:
                 # reports the timeout.
                 with trio.move_on_at(deadline):
                     await trio.sleep(self._backoff(attempt))
-            entry = await self.pick(
-                req,
-                model,
-                routing_key=routing_key,
-                wait_until=min(wait_until, deadline),
-                policy=policy,
-                floor=floor,
-                exclude=tried,
-                routed=routed,
-            )
+
+            def pick() -> Awaitable[Entry]:
+                return self.pick(
+                    req,
+                    model,
+                    routing_key=routing_key,
+                    wait_until=min(wait_until, deadline),
+                    policy=policy,
+                    floor=floor,
+                    exclude=tried,
+                    routed=routed,
+                )
+
+            if routed is not None and self._deciding:
+                await self._decision_in_the_air(routed)
+            entry = await pick()
             if routed is not None:
+                if self.pins is not None and self._unpinned(routed):
+                    entry = await self._pin_group(routed, entry, pick)
                 self.commit(routed, entry)
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
@@ -541,12 +560,69 @@ class DataPlane:
         if prompt is not None and routed.joined is None:
             self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
             routed.joined = prompt
+            if self.pins is not None:
+                self.pins.rejoined(prompt)
+
+    def _unpinned(self, routed: Routed) -> bool:
+        """A shared journal: is this the first selection of a request whose group has no pin
+        anywhere in view (so its pick must be decided once, ``_pin_group``)?"""
+        prompt = routed.meta.prompt_id
+        return (
+            prompt is not None
+            and routed.joined is None
+            and routed.staged
+            and routed.hint() is None
+            and self.groups.pin(prompt) is None
+        )
+
+    async def _decision_in_the_air(self, routed: Routed) -> None:
+        """Another request of this process is deciding this request's group (``_pin_group``):
+        wait for its pin before picking, so this one picks once, under it."""
+        prompt = routed.meta.prompt_id
+        deciding = self._deciding.get(prompt) if prompt is not None else None
+        if deciding is not None and self._unpinned(routed):
+            await deciding.wait()
+
+    async def _pin_group(self, routed: Routed, entry: Entry, pick: Callable[[], Awaitable[Entry]]) -> Entry:
+        """Make ``entry`` the group's pin across processes, or select again under the pin
+        another process (or another request of this one) decided first."""
+        assert self.pins is not None
+        prompt = routed.meta.prompt_id
+        assert prompt is not None
+        for _ in range(DECIDE_ROUNDS):
+            deciding = self._deciding.get(prompt)
+            if deciding is not None:
+                # Another request of this process is deciding this group: wait for its pin
+                # rather than race it with a second conditional append that must lose.
+                await deciding.wait()
+            else:
+                done = self._deciding[prompt] = trio.Event()
+                try:
+                    # Shielded: once enqueued the pin is written whatever happens to this
+                    # request, and the request must then join it (``commit``, next, with no
+                    # checkpoint between) so that its end releases it. Bounded by the writer's
+                    # --journal-lock-wait-secs.
+                    with trio.CancelScope(shield=True):
+                        won = await self.pins.decide(prompt, InstanceId(*staged.identity(entry.instance)))
+                finally:
+                    del self._deciding[prompt]
+                    done.set()
+                if won:
+                    return entry
+            entry = await pick()  # under the winner's pin, now in view
+            if not self._unpinned(routed):
+                return entry
+        log.warning("prompt group %r kept changing while pinning it; routed unpinned", prompt)
+        return entry
 
     async def finish(self, routed: Routed) -> None:
         """The request ended (answered, failed or cancelled): leave its prompt group and give
         the admission hook its reservation back."""
         if routed.joined is not None:
-            self.groups.leave(routed.joined)
+            pins = self.pins
+            release = self.groups.leave(routed.joined, pins.identity if pins is not None else None)
+            if release is not None and pins is not None:
+                pins.release(routed.joined, release)
             routed.joined = None
         if routed.reservations:
             # Shielded and bounded: this runs while the request is being cancelled (client

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from smgrl.core import EngineFacts
 from smgrl.state.aborts import AbortingOps
 from smgrl.state.engines import EngineStates
+from smgrl.state.group_pins import GroupPinsState
 from smgrl.state.operations import Operations
 from smgrl.state.registry import RegistryState
 from smgrl.state.routing_loop import RoutingLoop
@@ -27,6 +28,7 @@ class FleetState:
         self.aborts = AbortingOps()  # recent request-aborting calls per engine (not snapshotted)
         self.routing = RoutingLoop()  # the coordinator's dispatch switch
         self.sagas = Sagas()
+        self.group_pins = GroupPinsState()  # prompt-group pins of gateways sharing the journal
         self.last_seq = 0
         # Called (no arguments, in the writer task) after a committed batch changed the registry
         # or the engine projection: the data plane wakes requests waiting for an eligible engine.
@@ -60,6 +62,7 @@ class FleetState:
         self.operations.apply(seq, event)
         self.aborts.apply(seq, event)
         self.routing.apply(seq, event)
+        self.group_pins.apply(seq, event)
         self.apply_sagas(seq, event)
         for base in removed_bases:
             if not any(w.base_url == base for w in self.registry):

@@ -22,7 +22,7 @@ import attrs
 from journal.base import RawRow
 from journal.events import decode, decode_parsed
 from smgrl.errors import StartupError
-from smgrl.state import engines, registry, routing_loop, sagas, snapshot
+from smgrl.state import engines, group_pins, registry, routing_loop, sagas, snapshot
 from smgrl.state.fleet import FleetState
 
 log = logging.getLogger("smgrl.snapshot")
@@ -31,7 +31,9 @@ log = logging.getLogger("smgrl.snapshot")
 # snapshot markers) change nothing, so replay skips them without decoding them. A test checks
 # that FleetState ignores every catalogued type outside this set; extend it with the projections.
 CONTROL_TYPES = frozenset({"control.started", "control.outcome", "control.finished", "control.interrupted"})
-FOLDED_TYPES = registry.TYPES | engines.TYPES | CONTROL_TYPES | routing_loop.TYPES | sagas.TYPES
+FOLDED_TYPES = (
+    registry.TYPES | engines.TYPES | CONTROL_TYPES | routing_loop.TYPES | sagas.TYPES | group_pins.TYPES
+)
 
 
 def read_types(store, types, after_seq: int = 0) -> Iterator[RawRow]:

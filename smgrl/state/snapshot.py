@@ -3,8 +3,10 @@
 A snapshot holds everything ``FleetState.apply`` needs to continue the fold exactly where it
 stopped: the registry (workers in registration order, the URL index, counters), the engine facts
 and the engine projection's open operations, the operations still open (a restart records
-them as interrupted), and the routing loop's switch once it was ever changed. It does NOT hold the cache of recently finished operations: that cache is
-a convenience for ``GET /v1/rl/operations/{id}``, which falls back to the journal file.
+them as interrupted), the routing loop's switch once it was ever changed, and the prompt-group
+pins of gateways sharing the journal. It does NOT hold the cache of recently finished
+operations: that cache is a convenience for ``GET /v1/rl/operations/{id}``, which falls back to
+the journal file.
 
 Each projection owns its part (``to_snapshot`` / ``from_snapshot``, see ``smgrl.state.records``);
 this module composes them into one document. Taking a snapshot is two steps so the event loop is
@@ -30,6 +32,7 @@ import attrs
 
 from smgrl.state.engines import EnginesSnapshot, EngineStates
 from smgrl.state.fleet import FleetState
+from smgrl.state.group_pins import GroupPinsState
 from smgrl.state.operations import Operations, OperationsSnapshot
 from smgrl.state.records import SnapshotError
 from smgrl.state.registry import RegistrySnapshot, RegistryState
@@ -52,6 +55,7 @@ class Captured:
     engines: EnginesSnapshot
     operations: OperationsSnapshot
     routing: dict[str, Any] | None = None
+    group_pins: list[list[Any]] | None = None
 
 
 def capture(fleet: FleetState) -> Captured:
@@ -62,6 +66,7 @@ def capture(fleet: FleetState) -> Captured:
         engines=fleet.engines.to_snapshot(),
         operations=fleet.operations.to_snapshot(),
         routing=fleet.routing.to_snapshot(),
+        group_pins=fleet.group_pins.to_snapshot(),
     )
 
 
@@ -74,6 +79,7 @@ def to_dict(cap: Captured) -> dict[str, Any]:
         "engines": cap.engines.to_json(),
         "operations": cap.operations.to_json(),
         **({"routing": cap.routing} if cap.routing is not None else {}),
+        **({"group_pins": cap.group_pins} if cap.group_pins is not None else {}),
     }
 
 
@@ -111,5 +117,8 @@ def _load(data: dict[str, Any]) -> FleetState:
     routing = data.get("routing")
     if routing is not None:
         fleet.routing = RoutingLoop.from_snapshot(routing)
+    pins = data.get("group_pins")
+    if pins is not None:
+        fleet.group_pins = GroupPinsState.from_snapshot(pins)
     fleet.last_seq = int(data["last_seq"])
     return fleet
