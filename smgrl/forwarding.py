@@ -41,7 +41,7 @@ import trio
 
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
-from smgrl.sharing import PRESENCE, owner_from_journal
+from smgrl.sharing import PRESENCE, saga_driver
 from smgrl.upstream import ConnectError, PoolSet, ReadError
 
 log = logging.getLogger("smgrl.forwarding")
@@ -94,6 +94,11 @@ class Peer:
 
 class PeerGone(Exception):
     """The owning process does not answer (gone), or cannot be reached from here."""
+
+
+class PeerUnreachable(PeerGone):
+    """The owning process cannot be reached from here at all (another host without
+    ``--advertise-url``, or the hop limit): retrying the request cannot help."""
 
 
 def private_socket(backlog: int) -> socket.socket:
@@ -189,8 +194,9 @@ class Forwarder:
         return owner, position
 
     async def saga_peer(self, refit_id: str) -> Peer | None:
-        """The process that started refit ``refit_id`` (its ``refit.started``), unless this one."""
-        gateway = await trio.to_thread.run_sync(owner_from_journal, self.store, refit_id, "refit")
+        """The process driving refit ``refit_id`` (the newest to start or resume it, from the
+        store: :func:`smgrl.sharing.saga_driver`), unless this one."""
+        gateway = await trio.to_thread.run_sync(saga_driver, self.store, refit_id)
         if not gateway or gateway == self.me.gateway:
             return None
         return await self.peer(owner_key(gateway))
@@ -199,12 +205,12 @@ class Forwarder:
         """The URL to forward to: the peer's loopback listener on this host, its advertised URL
         from another host; PeerGone when it cannot be reached from here."""
         if hops_so_far >= MAX_HOPS:
-            raise PeerGone(f"the request was forwarded {hops_so_far} times already")
+            raise PeerUnreachable(f"the request was forwarded {hops_so_far} times already")
         if peer.host == self.me.host:
             return peer.url
         if hops_so_far == 0 and peer.advertise_url:
             return peer.advertise_url
-        raise PeerGone(
+        raise PeerUnreachable(
             f"gateway process {peer.gateway} runs on another host and has no --advertise-url"
             if not peer.advertise_url
             else f"the request was already forwarded to host {self.me.host}"

@@ -34,8 +34,15 @@ from smgrl.errors import (
     TooManyStreams,
     WorkerNotFound,
 )
-from smgrl.forwarding import PeerGone, hops
-from smgrl.refit.errors import RefitInProgress, RefitNotFound, RefitState, RefitUnsupported, VersionLeft
+from smgrl.forwarding import PeerGone, PeerUnreachable, hops
+from smgrl.refit.errors import (
+    RefitDriverUnavailable,
+    RefitInProgress,
+    RefitNotFound,
+    RefitState,
+    RefitUnsupported,
+    VersionLeft,
+)
 from smgrl.refit.request import parse_refit
 
 SSE_KEEPALIVE_SECS = 15.0
@@ -216,12 +223,20 @@ class RefitsApi:
             status, out, body = await fwd.request(
                 peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
             )
-        except PeerGone as exc:
+        except PeerUnreachable as exc:  # never from here (configuration): retrying cannot help
             saga = self.service.get(refit_id)
             raise RefitState(
                 f"refit `{refit_id}` is driven by another gateway process, which cannot take the"
-                f" trainer's call: {exc}. Once that process is gone, the recovery resumes the saga"
-                " and re-checks the transfer by reading the engines' versions back (docs/scale-out.md)",
+                f" trainer's call from here: {exc} (docs/scale-out.md)",
+                state=saga.to_json()["state"],
+            ) from None
+        except PeerGone as exc:
+            # The driver died: the recovery lease's holder resumes the saga once the driver's
+            # presence lease expired; the trainer retries this same call meanwhile.
+            saga = self.service.get(refit_id)
+            raise RefitDriverUnavailable(
+                f"refit `{refit_id}` is driven by another gateway process: {exc}. Another process"
+                " resumes the saga within seconds: retry this call (docs/scale-out.md)",
                 state=saga.to_json()["state"],
             ) from None
         response = Response(body, status=status)
@@ -348,6 +363,12 @@ REFIT_ID = path_param("id", "the refit id")
 _NOT_FOUND = rl_error_resp("No such refit (refit_not_found).", RefitNotFound)
 _WRONG_STATE = rl_error_resp("The refit is not awaiting a transfer (refit_state).", RefitState)
 _JOURNAL_DOWN = rl_error_resp("The journal cannot record it (journal_unavailable).", JournalUnavailable)
+_HAND_OFF_DOWN = rl_error_resp(
+    "The journal cannot record it (journal_unavailable), or the process driving the saga died and"
+    " none resumed it yet (refit_driver_unavailable: retry).",
+    JournalUnavailable,
+    RefitDriverUnavailable,
+)
 _BAD_BODY = rl_error_resp("Bad body (invalid_body).", InvalidBody)
 _GOES_ON = Resp("The saga goes on.", as_json(_Refit))
 
@@ -359,7 +380,7 @@ def _action(path: str, op_id: str, summary: str, ok: dict, body: Any, bad: Resp 
         op_id,
         "rl",
         summary,
-        {**ok, "400": bad, "404": _NOT_FOUND, "409": _WRONG_STATE, "503": _JOURNAL_DOWN},
+        {**ok, "400": bad, "404": _NOT_FOUND, "409": _WRONG_STATE, "503": _HAND_OFF_DOWN},
         role="admin",
         params=(REFIT_ID,),
         body=Body(body, required=False),

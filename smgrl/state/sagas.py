@@ -98,6 +98,9 @@ class Saga:
     detail: str | None = None
     quarantined: tuple[str, ...] = ()
     last_seq: int = 0
+    # When the saga first awaited its trainer's transfer (journal time): a driver that resumes the
+    # wait after a restart or a takeover waits only what is left of transfer_timeout_secs.
+    awaiting_since: float | None = None
 
     @property
     def is_open(self) -> bool:
@@ -219,6 +222,8 @@ class Sagas:
                     _step_result(run, event.phase, r, event.rollback)
         elif kind == "refit.state":
             saga.state = event.state
+            if event.state == "awaiting_transfer" and saga.awaiting_since is None:
+                saga.awaiting_since = ts
             if event.detail is not None:
                 saga.detail = event.detail
         elif kind == "refit.finished":

@@ -202,7 +202,8 @@ async def test_a_session_is_served_whichever_process_a_request_lands_on(model_di
 async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tmp_path):
     """A distributed refit started through A; the trainer's transfer chunk and commit land on B:
     B forwards them to A (which holds the hand-off), the saga succeeds. A commit to a saga whose
-    process stopped is a clear 409 refit_state."""
+    process stopped is a retryable 503 refit_driver_unavailable until B's recovery resumes the
+    saga (no chunk was cut short: it waits for the trainer again); then it commits."""
     source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
     body = {"selector": "engine=sglang", "source": source, "weight_version": "9"}
     with model.tokenizer_scope(model_dir), trio.fail_after(60):
@@ -227,7 +228,8 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                 assert a.gateway.fleet.sagas.get(rid).result == "succeeded"
                 assert {e.weight_version for e in engines} == {"9"}
 
-                # A second refit, then A stops before the trainer commits: B answers a clear 409.
+                # A second refit, then A stops before the trainer commits: B answers a retryable
+                # 503 until its recovery resumes the saga; then the trainer's commit succeeds.
                 body["weight_version"] = "10"
                 r = await a.client.post("/v1/rl/refits", json=body)
                 assert r.status_code == 202, r.text
@@ -238,9 +240,18 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                 await a.done.wait()
                 await b.gateway.journal.catch_up()
                 r = await b.client.post(f"/v1/rl/refits/{rid2}/commit")
-                assert r.status_code == 409, r.text
-                assert r.json()["error"] == "refit_state"
+                assert r.status_code == 503, r.text
+                assert r.json()["error"] == "refit_driver_unavailable"
                 assert "does not answer" in r.json()["message"]
+                saga = b.gateway.fleet.sagas.get(rid2)
+                while not (b.gateway.refits.drives(rid2) and saga.state == "awaiting_transfer"):
+                    await b.gateway.refits.change_event().wait()
+                r = await b.client.post(f"/v1/rl/refits/{rid2}/commit")
+                assert r.status_code == 202, r.text
+                while saga.is_open:
+                    await b.gateway.refits.change_event().wait()
+                assert saga.result == "succeeded", saga.to_json()
+                assert {e.weight_version for e in engines} == {"10"}
     with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
         assert store.verify().ok
 
