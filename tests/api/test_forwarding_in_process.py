@@ -256,6 +256,53 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
         assert store.verify().ok
 
 
+async def test_a_chunk_cut_short_by_the_drivers_stop_leaves_the_transfer_unknown(model_dir, tmp_path):
+    """The driver A stops while a transfer chunk's engine calls are in flight (the engines hang):
+    what the engines received is unknown, so B's recovery, resuming the saga, does not wait for
+    the trainer again: it reads the versions back (the old one: no commit yet), quarantines, and
+    the trainer's commit gets a final 409 refit_state (never a resume on unknown weights)."""
+    source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
+    body = {"selector": "engine=sglang", "source": source, "weight_version": "9"}
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 2) as engines:
+            cfg = config(model_dir, engines.urls)
+            async with two_gateways(str(tmp_path / "j.db"), cfg) as (a, b):
+                await wait_visible((a, b), 2)
+                r = await a.client.post("/v1/rl/refits", json=body)
+                assert r.status_code == 202, r.text
+                rid = r.json()["refit_id"]
+                while a.gateway.fleet.sagas.get(rid).state != "awaiting_transfer":
+                    await a.gateway.refits.change_event().wait()
+                for engine in engines:
+                    engine.set_knobs(hang=True)
+                chunk = {"names": ["w"], "dtypes": ["float32"], "shapes": [[2, 2]]}
+
+                async def trainer_chunk():
+                    with contextlib.suppress(httpx.HTTPError):  # its driver stops mid-call
+                        await a.client.post(f"/v1/rl/refits/{rid}/transfer", json=chunk)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trainer_chunk)
+                    for engine in engines:
+                        await engine.wait_until(
+                            lambda e=engine: e.calls_to("/update_weights_from_distributed"), 10
+                        )
+                    a.stop.set()
+                    await a.done.wait()
+                for engine in engines:
+                    engine.set_knobs(hang=False)
+                await b.gateway.journal.catch_up()
+                saga = b.gateway.fleet.sagas.get(rid)
+                while saga.is_open:
+                    await b.gateway.refits.change_event().wait()
+                assert saga.result == "quarantined", saga.to_json()
+                r = await b.client.post(f"/v1/rl/refits/{rid}/commit")
+                assert r.status_code == 409 and r.json()["error"] == "refit_state", r.text
+                assert "9" not in {e.weight_version for e in engines}
+    with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
+        assert store.verify().ok
+
+
 async def test_a_tito_id_created_by_two_processes_at_once_is_one_session(model_dir, tmp_path):
     """SMG creates a TITO session on its first turn. B decides to create `agent-9` on a journal
     position read before A created it (the two first turns at once): B's conditional append is
