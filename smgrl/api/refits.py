@@ -219,6 +219,9 @@ class RefitsApi:
         raw = request.scope.get("raw_path") or request.path.encode()
         target = raw + (b"?" + request.query_string if request.query_string else b"")
         headers = list(request.scope["headers"])
+        rid = getattr(g, "request_id", None)
+        if rid and not any(k == b"x-request-id" for k, _ in headers):
+            headers.append((b"x-request-id", rid.encode()))  # one id in both processes' logs
         try:
             status, out, body = await fwd.request(
                 peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
@@ -239,6 +242,12 @@ class RefitsApi:
                 " resumes the saga within seconds: retry this call (docs/scale-out.md)",
                 state=saga.to_json()["state"],
             ) from None
+        # The owner served it and journaled its audit event: not a second one from here (the
+        # log line here remains). Only once it answered: a call that never reached it is
+        # audited here, with the answer given here.
+        check = getattr(g, "audit_check", None)
+        if check is not None:
+            check.journaled = True
         response = Response(body, status=status)
         for name, value in out:
             response.headers[name.decode("latin-1")] = value.decode("latin-1")

@@ -227,6 +227,15 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                     await a.gateway.refits.change_event().wait()
                 assert a.gateway.fleet.sagas.get(rid).result == "succeeded"
                 assert {e.weight_version for e in engines} == {"9"}
+                # Each forwarded hand-off is audited once (by A, which served it), one request id.
+                await b.gateway.journal.catch_up()
+                with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
+                    audited = [
+                        r.event
+                        for r in store.read(types=["audit.control_plane"])
+                        if r.event.path.startswith(f"/v1/rl/refits/{rid}/")
+                    ]
+                assert sorted(e.path.rsplit("/", 1)[1] for e in audited) == ["commit", "transfer"], audited
 
                 # A second refit, then A stops before the trainer commits: B answers a retryable
                 # 503 until its recovery resumes the saga; then the trainer's commit succeeds.
