@@ -22,7 +22,9 @@ on another process is forwarded, whole, to the owner:
   owner sends it.
 * Nothing here logs a header; secrets are never journaled (``gateway.peer`` holds URLs only,
   ``--advertise-url`` is refused with credentials).
-* The owner gone (its loopback port refuses: it was SIGKILLed, or stopped): :class:`PeerGone`;
+* Only to a process holding its presence lease (``_check_live``): a gone process's port may be
+  another program's by now, and the request carries the caller's key.
+* The owner gone (its presence lease not held, or its loopback port refuses): :class:`PeerGone`;
   the caller answers 410 ``session_gone`` for a session, 409 ``refit_state`` for a refit (the
   recovery lease holder resumes the saga and re-checks its transfer).
 """
@@ -66,6 +68,9 @@ _HOP_BY_HOP = frozenset(
     )
 )
 _CACHED = 1024
+# How long a peer seen holding its presence lease is trusted to still hold it (capped by the
+# lease's own expiry): a forwarded request re-reads the lease at most this often per peer.
+LIVE_CHECK_SECS = 1.0
 
 
 def owner_key(identity: str) -> str:
@@ -135,6 +140,7 @@ class Forwarder:
         # Own pools: the engines' PoolSet is keyed by engine origin and closed with them.
         self.pools = pools or PoolSet(max_idle=8)
         self._peers: OrderedDict[str, Peer] = OrderedDict()
+        self._live: OrderedDict[str, float] = OrderedDict()  # gateway -> trusted live until (time.time)
 
     async def aclose(self) -> None:
         await self.pools.aclose()
@@ -171,12 +177,37 @@ class Forwarder:
         out = []
         for rec in self.store.read(types=["gateway.peer"]):
             e = rec.event
-            if e.gateway == self.me.gateway:
-                continue
-            lease = self.store.lease(PRESENCE + e.gateway)
-            if lease is not None and lease.holder == e.gateway and lease.expires > now:
+            if e.gateway != self.me.gateway and self._presence(e.gateway, now) is not None:
                 out.append(Peer(e.gateway, e.owner, e.host, e.url, e.advertise_url))
         return out
+
+    def _presence(self, gateway: str, now: float) -> float | None:
+        """When ``gateway``'s presence lease expires, if that process holds it now; else None."""
+        lease = self.store.lease(PRESENCE + gateway)
+        if lease is not None and lease.holder == gateway and lease.expires > now:
+            return lease.expires
+        return None
+
+    async def _check_live(self, peer: Peer) -> None:
+        """PeerGone unless ``peer`` holds its presence lease: a process that is gone (even one
+        of an earlier run, whose ``gateway.peer`` stays in the journal) may have left its port to
+        another program, which must never get a caller's request (its key)."""
+        if peer.gateway == self.me.gateway:
+            return
+        now = time.time()
+        if self._live.get(peer.gateway, 0.0) > now:
+            return
+        expires = await trio.to_thread.run_sync(self._presence, peer.gateway, now)
+        if expires is None:
+            self._live.pop(peer.gateway, None)
+            raise PeerGone(
+                f"gateway process {peer.gateway} does not answer (it is not running: its presence"
+                " lease is not held)"
+            )
+        self._live[peer.gateway] = min(expires, now + LIVE_CHECK_SECS)
+        self._live.move_to_end(peer.gateway)
+        while len(self._live) > _CACHED:
+            self._live.popitem(last=False)
 
     async def session_owner(self, sid: str) -> tuple[str | None, int]:
         """The owner of an open session with a client-chosen id (SMG's lazily created TITO
@@ -231,6 +262,7 @@ class Forwarder:
         cancels it when its client goes (the owner then sees its connection close, and cancels
         the turn as for a client of its own)."""
         url = self.target(peer, hops_so_far)
+        await self._check_live(peer)
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
@@ -257,6 +289,7 @@ class Forwarder:
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """One whole exchange with ``peer`` (small answers: the refit hand-off)."""
         url = self.target(peer, hops_so_far)
+        await self._check_live(peer)
         try:
             resp, data, _ = await self.pools.get(url).request(
                 method, target, headers=self._headers(headers, peer, hops_so_far), body=body
