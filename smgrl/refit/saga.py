@@ -306,6 +306,10 @@ class RefitService:
     async def _decide(self, refit_id: str, verdict: str, detail: str | None) -> None:
         saga = self.get(refit_id)
         transfer = self._transfers.get(refit_id)
+        # Idempotent: a trainer retrying its commit (or fail) whose first answer was lost (its
+        # driver died after deciding, a connection broke) is told it was taken.
+        if saga.transfer_verdict == verdict or (transfer is not None and transfer.verdict == verdict):
+            return
         self._driven_here(saga, transfer)
         if not saga.is_open or saga.state != "awaiting_transfer" or transfer is None:
             raise RefitState(

@@ -101,6 +101,9 @@ class Saga:
     # When the saga first awaited its trainer's transfer (journal time): a driver that resumes the
     # wait after a restart or a takeover waits only what is left of transfer_timeout_secs.
     awaiting_since: float | None = None
+    # The trainer's verdict once journaled: commit (``committing``) or fail (``transfer_failed``,
+    # also after its timeout). A hand-off retried after its answer was lost is answered from it.
+    transfer_verdict: str | None = None
 
     @property
     def is_open(self) -> bool:
@@ -224,6 +227,8 @@ class Sagas:
             saga.state = event.state
             if event.state == "awaiting_transfer" and saga.awaiting_since is None:
                 saga.awaiting_since = ts
+            elif event.state in ("committing", "transfer_failed"):
+                saga.transfer_verdict = "commit" if event.state == "committing" else "fail"
             if event.detail is not None:
                 saga.detail = event.detail
         elif kind == "refit.finished":

@@ -227,6 +227,12 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                     await a.gateway.refits.change_event().wait()
                 assert a.gateway.fleet.sagas.get(rid).result == "succeeded"
                 assert {e.weight_version for e in engines} == {"9"}
+                # The trainer retrying its commit (its first answer lost) is told it was taken;
+                # a fail after it is refused.
+                r = await b.client.post(f"/v1/rl/refits/{rid}/commit")
+                assert r.status_code == 202 and r.json()["result"] == "succeeded", r.text
+                r = await b.client.post(f"/v1/rl/refits/{rid}/fail")
+                assert r.status_code == 409 and r.json()["error"] == "refit_state", r.text
                 # Each forwarded hand-off is audited once (by A, which served it), one request id.
                 await b.gateway.journal.catch_up()
                 with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
@@ -235,7 +241,12 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                         for r in store.read(types=["audit.control_plane"])
                         if r.event.path.startswith(f"/v1/rl/refits/{rid}/")
                     ]
-                assert sorted(e.path.rsplit("/", 1)[1] for e in audited) == ["commit", "transfer"], audited
+                assert sorted(e.path.rsplit("/", 1)[1] for e in audited) == [
+                    "commit",
+                    "commit",
+                    "fail",
+                    "transfer",
+                ]
 
                 # A second refit, then A stops before the trainer commits: B answers a retryable
                 # 503 until its recovery resumes the saga; then the trainer's commit succeeds.
