@@ -50,6 +50,9 @@ PLANS_CACHED = 64  # serialized plans kept (sagas being watched; a plan is fixed
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
+HAND_OFF_MARGIN_SECS = 10.0  # a forwarded trainer hand-off waits the control timeout plus this
+
+
 def _small_json(data: bytes, fields: dict[str, type]) -> dict:
     """An optional JSON object body with a few known fields (empty body = {})."""
     if not data.strip():
@@ -222,10 +225,22 @@ class RefitsApi:
         rid = getattr(g, "request_id", None)
         if rid and not any(k == b"x-request-id" for k, _ in headers):
             headers.append((b"x-request-id", rid.encode()))  # one id in both processes' logs
+        # Bounded: a driver that hangs (not dead: its presence lease still held) must not hold
+        # the trainer's call for ever. Its longest answer is a chunk's engine calls (each bounded
+        # by the control timeout, run at once). commit/fail are idempotent: the retry is safe.
+        wait = self.gateway.cfg.rl.control_timeout_secs + HAND_OFF_MARGIN_SECS
         try:
-            status, out, body = await fwd.request(
-                peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
-            )
+            with trio.fail_after(wait):
+                status, out, body = await fwd.request(
+                    peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
+                )
+        except trio.TooSlowError:
+            saga = self.service.get(refit_id)
+            raise RefitDriverUnavailable(
+                f"refit `{refit_id}` is driven by gateway process {peer.gateway}, which did not"
+                f" answer within {wait:g}s: retry this call (docs/scale-out.md)",
+                state=saga.to_json()["state"],
+            ) from None
         except PeerUnreachable as exc:  # never from here (configuration): retrying cannot help
             saga = self.service.get(refit_id)
             raise RefitState(

@@ -10,18 +10,21 @@ from functools import partial
 import trio
 from test_forwarding_in_process import AUTH, KEY, config, model_dir, turn_body, two_gateways, wait_visible
 
+from journal import SqliteStore
 from smgrl.fake import fake_fleet, model
+from smgrl.forwarding import owner_key
 from smgrl.journaling import ev
+from smgrl.sharing import PRESENCE
 
 __all__ = ["model_dir"]  # the module-scoped fixture, shared
 
 
-async def _listener(nursery, seen: list[bytes]) -> int:
+async def _listener(nursery, seen: list[bytes], hold: float = 5) -> int:
     """A loopback server that is not a gateway (what a dead process's port may be reused by):
     records every byte it receives, answers nothing."""
 
     async def handler(stream) -> None:
-        with trio.move_on_after(5):
+        with trio.move_on_after(hold):
             async for data in stream:
                 seen.append(bytes(data))
 
@@ -61,4 +64,46 @@ async def test_a_stale_peer_of_an_earlier_process_never_gets_the_callers_key(mod
                 assert r.status_code == 410, r.text
                 assert r.headers["x-smg-error-code"] == "session_gone"
                 assert "is not running" in r.json()["error"]["message"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_hung_driver_does_not_hold_the_trainers_hand_off(model_dir, tmp_path):
+    """The saga's driver (per the journal) is alive (its presence lease held) but never answers:
+    the trainer's commit through B answers 503 ``refit_driver_unavailable`` once the control
+    timeout plus a margin passed, instead of hanging."""
+    source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
+    body = {"selector": "engine=sglang", "source": source, "weight_version": "9"}
+    path = str(tmp_path / "j.db")
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines, trio.open_nursery() as nursery:
+            seen: list[bytes] = []
+            port = await _listener(nursery, seen, hold=60)
+            async with two_gateways(path, config(model_dir, engines.urls)) as (a, b):
+                await wait_visible((a, b), 1)
+                r = await a.client.post("/v1/rl/refits", json=body)
+                assert r.status_code == 202, r.text
+                rid = r.json()["refit_id"]
+                while a.gateway.fleet.sagas.get(rid).state != "awaiting_transfer":
+                    await a.gateway.refits.change_event().wait()
+                me = a.gateway.forwarder.me
+                hung = f"{me.host}:999998:0badc0de"
+                with SqliteStore.open(path) as store:
+                    store.take_lease(PRESENCE + hung, hung, 60)  # alive, as far as leases tell
+                peer = ev(
+                    "gateway.peer",
+                    gateway=hung,
+                    owner=owner_key(hung),
+                    host=me.host,
+                    url=f"http://127.0.0.1:{port}",
+                    advertise_url=None,
+                )
+                await a.gateway.journal.append(f"peer:{owner_key(hung)}", peer)
+                resumed = ev("refit.state", refit_id=rid, state="recovering", gateway=hung)
+                await a.gateway.journal.append(f"refit:{rid}", resumed)
+                await b.gateway.journal.catch_up()
+                r = await b.client.post(f"/v1/rl/refits/{rid}/commit", timeout=50)
+                assert r.status_code == 503, r.text
+                assert r.json()["error"] == "refit_driver_unavailable"
+                assert "did not answer within" in r.json()["message"]
+                assert seen  # it was asked
             nursery.cancel_scope.cancel()
