@@ -107,3 +107,41 @@ async def test_a_hung_driver_does_not_hold_the_trainers_hand_off(model_dir, tmp_
                 assert "did not answer within" in r.json()["message"]
                 assert seen  # it was asked
             nursery.cancel_scope.cancel()
+
+
+async def test_a_client_leaving_a_forwarded_stream_cancels_the_owners_engine_call(model_dir, tmp_path):
+    """A streamed turn of A's session sent through B; the engine holds it (never answers). The
+    client leaves: B closes the forwarded exchange, A sees its connection close and cancels the
+    turn, and the engine's connection for it is closed (nothing left running anywhere)."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines:
+            (engine,) = engines
+            async with two_gateways(str(tmp_path / "j.db"), config(model_dir, engines.urls)) as (a, b):
+                await wait_visible((a, b), 1)
+                r = await a.client.post("/sessions")
+                assert r.status_code == 201, r.text
+                sid = r.json()["session_id"]
+                engine.set_knobs(hang=True)
+                calls = len(engine.calls)
+
+                async def client() -> None:
+                    url = f"/sessions/{sid}/v1/chat/completions"
+                    async with b.client.stream("POST", url, json=turn_body(1, stream=True)) as resp:
+                        async for _ in resp.aiter_bytes():
+                            pass
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(client)
+                    assert await engine.wait_until(lambda: len(engine.calls) > calls, 20)
+                    held = engine.server.open_connections  # the turn's among them
+                    nursery.cancel_scope.cancel()  # the client leaves mid-stream
+                # The owner cancelled the engine call: the turn's connection is closed.
+                # (polled: the fake notifies no event when a connection closes)
+                with trio.move_on_after(20):
+                    while engine.server.open_connections >= held:
+                        await trio.sleep(0.02)
+                assert engine.server.open_connections < held, (held, engine.server.open_connections)
+                engine.set_knobs(hang=False)
+                # The session still serves its next turn (the cancelled one left it usable).
+                r = await b.client.post(f"/sessions/{sid}/v1/chat/completions", json=turn_body(2))
+                assert r.status_code == 200, r.text
