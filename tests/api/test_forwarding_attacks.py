@@ -145,3 +145,51 @@ async def test_a_client_leaving_a_forwarded_stream_cancels_the_owners_engine_cal
                 # The session still serves its next turn (the cancelled one left it usable).
                 r = await b.client.post(f"/sessions/{sid}/v1/chat/completions", json=turn_body(2))
                 assert r.status_code == 200, r.text
+
+
+async def test_forwarded_hand_offs_log_no_key_and_each_process_checks_its_own(model_dir, tmp_path, caplog):
+    """Control-plane keys rotated between the processes (A knows only the old admin key, B only
+    the new): a trainer's commit through B with the new key is accepted by B and refused by A,
+    the driver (its 401 passes through); with the old key B refuses it itself. Forging the
+    internal headers changes none of that. No key appears in any log line of either process,
+    at DEBUG."""
+    import logging
+
+    from smgrl.config import ControlPlaneKey
+
+    old, new = "old-admin-secret-0001", "new-admin-secret-0002"
+    source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
+    body = {"selector": "engine=sglang", "source": source, "weight_version": "9"}
+    caplog.set_level(logging.DEBUG)
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines:
+            cfg_a = config(
+                model_dir, engines.urls, control_plane_keys=(ControlPlaneKey("k1", "t", "admin", old),)
+            )
+            cfg_b = config(
+                model_dir, engines.urls, control_plane_keys=(ControlPlaneKey("k2", "t", "admin", new),)
+            )
+            async with two_gateways(str(tmp_path / "j.db"), cfg_a, cfg_b) as (a, b):
+                await wait_visible((a, b), 1)
+                r = await a.client.post(
+                    "/v1/rl/refits", json=body, headers={"authorization": f"Bearer {old}"}
+                )
+                assert r.status_code == 202, r.text
+                rid = r.json()["refit_id"]
+                while a.gateway.fleet.sagas.get(rid).state != "awaiting_transfer":
+                    await a.gateway.refits.change_event().wait()
+                url = f"/v1/rl/refits/{rid}/commit"
+                forged = {"x-smgrl-forwarded": "1", "x-smgrl-forwarded-to": a.gateway.forwarder.me.owner}
+                for headers in ({}, forged):
+                    r = await b.client.post(url, headers={**headers, "authorization": f"Bearer {new}"})
+                    assert r.status_code == 401, r.text  # A, the driver, does not know it
+                    r = await b.client.post(url, headers={**headers, "authorization": f"Bearer {old}"})
+                    assert r.status_code == 401, r.text  # B does not know it
+                    r = await b.client.post(url, headers=headers)
+                    assert r.status_code == 401, r.text
+                assert a.gateway.fleet.sagas.get(rid).state == "awaiting_transfer"
+                r = await a.client.post(url, headers={"authorization": f"Bearer {old}"})
+                assert r.status_code == 202, r.text
+    text = "\n".join(rec.getMessage() + repr(rec.__dict__) for rec in caplog.records)
+    assert "smgrl.forwarding" in text or "forward" in text
+    assert old not in text and new not in text

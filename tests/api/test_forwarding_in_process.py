@@ -57,17 +57,18 @@ class Proc:
 
 
 @contextlib.asynccontextmanager
-async def two_gateways(path: str, cfg: Config):
-    """Gateways A and B on the journal file ``path``; each stops when its ``stop`` is set."""
+async def two_gateways(path: str, cfg: Config, cfg_b: Config | None = None):
+    """Gateways A and B on the journal file ``path`` (B with ``cfg_b`` when given); each stops
+    when its ``stop`` is set."""
     stores = [SqliteStore.open(path), SqliteStore.open(path)]
     procs: list[Proc] = []
     try:
         async with trio.open_nursery() as nursery:
-            for store, tag in zip(stores, "ab", strict=True):
+            for store, tag, each in zip(stores, "ab", (cfg, cfg_b or cfg), strict=True):
                 stop, done = trio.Event(), trio.Event()
 
                 async def run(
-                    store=store, tag=tag, stop=stop, done=done, task_status=trio.TASK_STATUS_IGNORED
+                    store=store, tag=tag, cfg=each, stop=stop, done=done, task_status=trio.TASK_STATUS_IGNORED
                 ):
                     try:
                         sharing = Sharing(identity=f"test-host:{tag}:{id(stop):x}")
