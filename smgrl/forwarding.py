@@ -71,6 +71,10 @@ _CACHED = 1024
 # How long a peer seen holding its presence lease is trusted to still hold it (capped by the
 # lease's own expiry): a forwarded request re-reads the lease at most this often per peer.
 LIVE_CHECK_SECS = 1.0
+# A presence lease that lapsed this recently still counts for forwarding: an event loop stalled a
+# few seconds (a huge prompt tokenized) misses its renewals while the process lives; its port is
+# still its own. Past this, or released (a clean stop, or a recovery round found it gone), never.
+LAPSED_GRACE_SECS = 30.0
 
 
 def owner_key(identity: str) -> str:
@@ -177,34 +181,35 @@ class Forwarder:
         out = []
         for rec in self.store.read(types=["gateway.peer"]):
             e = rec.event
-            if e.gateway != self.me.gateway and self._presence(e.gateway, now) is not None:
+            expires = self._presence(e.gateway) if e.gateway != self.me.gateway else None
+            if expires is not None and expires > now:
                 out.append(Peer(e.gateway, e.owner, e.host, e.url, e.advertise_url))
         return out
 
-    def _presence(self, gateway: str, now: float) -> float | None:
-        """When ``gateway``'s presence lease expires, if that process holds it now; else None."""
+    def _presence(self, gateway: str) -> float | None:
+        """When ``gateway``'s presence lease expires (or expired) while that process is its
+        holder; None when it released it, or another took it over."""
         lease = self.store.lease(PRESENCE + gateway)
-        if lease is not None and lease.holder == gateway and lease.expires > now:
-            return lease.expires
-        return None
+        return lease.expires if lease is not None and lease.holder == gateway else None
 
     async def _check_live(self, peer: Peer) -> None:
-        """PeerGone unless ``peer`` holds its presence lease: a process that is gone (even one
-        of an earlier run, whose ``gateway.peer`` stays in the journal) may have left its port to
-        another program, which must never get a caller's request (its key)."""
+        """PeerGone unless ``peer`` holds its presence lease (or it lapsed within
+        LAPSED_GRACE_SECS): a process that is gone (even one of an earlier run, whose
+        ``gateway.peer`` stays in the journal) may have left its port to another program, which
+        must never get a caller's request (its key)."""
         if peer.gateway == self.me.gateway:
             return
         now = time.time()
         if self._live.get(peer.gateway, 0.0) > now:
             return
-        expires = await trio.to_thread.run_sync(self._presence, peer.gateway, now)
-        if expires is None:
+        expires = await trio.to_thread.run_sync(self._presence, peer.gateway)
+        if expires is None or expires + LAPSED_GRACE_SECS <= now:
             self._live.pop(peer.gateway, None)
             raise PeerGone(
                 f"gateway process {peer.gateway} does not answer (it is not running: its presence"
                 " lease is not held)"
             )
-        self._live[peer.gateway] = min(expires, now + LIVE_CHECK_SECS)
+        self._live[peer.gateway] = now + LIVE_CHECK_SECS
         self._live.move_to_end(peer.gateway)
         while len(self._live) > _CACHED:
             self._live.popitem(last=False)
