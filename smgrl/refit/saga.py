@@ -70,6 +70,10 @@ class _Source:
     source: str
 
 
+class _Superseded(Exception):
+    """Another process drives this saga now (it resumed it): this one stops, recording nothing."""
+
+
 @attrs.define(eq=False)
 class _Transfer:
     """A distributed refit waiting for its trainer: set by commit/fail."""
@@ -344,6 +348,15 @@ class RefitService:
             if recovering:
                 await self._recover(saga)
             await self._forward(saga)
+        except _Superseded as exc:
+            # Another process resumed this saga (it judged this one gone): it drives from here.
+            log_event(
+                log,
+                "refit handed over: another gateway process resumed it",
+                logging.WARNING,
+                refit_id=refit_id,
+                driver=str(exc),
+            )
         except (JournalUnavailable, JournalWriteError) as exc:
             # Nothing more can be recorded: stop here; the saga stays open in the journal and
             # the next start resumes it from what was recorded.
@@ -707,8 +720,29 @@ class RefitService:
         log_event(log, "refit.finished", refit_id=saga.refit_id, result=result, quarantined=len(quarantined))
 
     async def _append(self, refit_id: str, events: list) -> None:
+        stream = f"refit:{refit_id}"
+        items = [(stream, e) for e in events]
+        me = self.control.identity
+        position = getattr(self.journal, "position", None)
         try:
-            await self.journal.append_many([(f"refit:{refit_id}", e) for e in events])
+            if not me or position is None:  # a lone gateway: nobody else drives its sagas
+                await self.journal.append_many(items)
+            else:
+                # Several processes: fenced. Another process resumes a saga whose driver it
+                # judged gone (its presence lease lapsed: dead, or its event loop stalled); the
+                # old driver must then stop at its next record, never drive on beside the new
+                # one. Refused when the saga names another driver (applied here), or when one
+                # was named since this process's position (not applied yet: the conditional
+                # append). The resumer's own ``recovering`` names it, so it passes.
+                saga = self.fleet.sagas.get(refit_id)
+                takeover = any(getattr(e, "gateway", None) == me for e in events)
+                if saga is not None and saga.driver not in (None, "", me) and not takeover:
+                    raise _Superseded(saga.driver)
+                expect = Expect(after=position, types=("refit.state",), streams=(stream,))
+                try:
+                    await self.journal.append_if(expect, items)
+                except JournalConflict:
+                    raise _Superseded("(named since this process last read the journal)") from None
         except JournalWriteError as exc:
             raise JournalUnavailable(f"the journal cannot record this refit: {exc}") from exc
         self.changed()

@@ -104,6 +104,9 @@ class Saga:
     # The trainer's verdict once journaled: commit (``committing``) or fail (``transfer_failed``,
     # also after its timeout). A hand-off retried after its answer was lost is answered from it.
     transfer_verdict: str | None = None
+    # The process driving it (several processes): refit.started's, then a resumer's
+    # (``refit.state`` ``recovering`` naming it). A driver that finds another named stops.
+    driver: str | None = None
 
     @property
     def is_open(self) -> bool:
@@ -225,6 +228,8 @@ class Sagas:
                     _step_result(run, event.phase, r, event.rollback)
         elif kind == "refit.state":
             saga.state = event.state
+            if event.gateway:
+                saga.driver = event.gateway
             if event.state == "awaiting_transfer" and saga.awaiting_since is None:
                 saga.awaiting_since = ts
             elif event.state in ("committing", "transfer_failed"):
@@ -278,6 +283,7 @@ def _saga(seq: int, ts: float | None, ev) -> Saga:
         engines=engines,
         principal=ev.principal,
         last_seq=seq,
+        driver=ev.gateway,
     )
 
 

@@ -193,3 +193,34 @@ async def test_forwarded_hand_offs_log_no_key_and_each_process_checks_its_own(mo
     text = "\n".join(rec.getMessage() + repr(rec.__dict__) for rec in caplog.records)
     assert "smgrl.forwarding" in text or "forward" in text
     assert old not in text and new not in text
+
+
+async def test_a_driver_that_was_taken_over_stops_at_its_next_record(model_dir, tmp_path):
+    """A stalls long enough to be judged gone, and another process resumes its saga (journals a
+    ``recovering`` naming itself). When A goes on (here: its transfer timeout fires), it records
+    nothing more and stops driving: never two drivers of one saga."""
+    source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
+    body = {"selector": "engine=sglang", "source": source, "weight_version": "9", "transfer_timeout_secs": 1}
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with (
+            fake_fleet("sglang", 1) as engines,
+            two_gateways(str(tmp_path / "j.db"), config(model_dir, engines.urls)) as (a, b),
+        ):
+            await wait_visible((a, b), 1)
+            r = await a.client.post("/v1/rl/refits", json=body)
+            assert r.status_code == 202, r.text
+            rid = r.json()["refit_id"]
+            saga = a.gateway.fleet.sagas.get(rid)
+            while saga.state != "awaiting_transfer":
+                await a.gateway.refits.change_event().wait()
+            other = b.gateway.forwarder.me.gateway
+            await b.gateway.journal.append(
+                f"refit:{rid}", ev("refit.state", refit_id=rid, state="recovering", gateway=other)
+            )
+            while a.gateway.refits.drives(rid):  # until its timeout fired and it stopped
+                await a.gateway.refits.change_event().wait()
+            await a.gateway.journal.catch_up()
+            assert saga.is_open and saga.state == "recovering", saga.to_json()
+            assert saga.transfer_verdict is None  # A recorded no transfer_failed
+            # (a resumer waits what is left of the timeout: counted from the journal's time)
+            assert saga.awaiting_since is not None
