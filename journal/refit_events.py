@@ -85,7 +85,7 @@ class RefitStepDone(Event):
     rollback: bool = False
 
 
-@event_type("refit.state", schema=1)
+@event_type("refit.state", schema=2)
 @attrs.frozen(slots=True, kw_only=True)
 class RefitState(Event):
     """A saga-level state change: ``awaiting_transfer``, ``committing``, ``rolling_back``,
@@ -94,6 +94,9 @@ class RefitState(Event):
     refit_id: str
     state: str
     detail: str | None = None
+    # Schema 2: on ``recovering``, the process that resumed the saga and drives it from here on
+    # (several processes on one journal: the trainer's hand-off is forwarded to it).
+    gateway: str | None = None
 
 
 @event_type("refit.finished", schema=1)

@@ -24,6 +24,7 @@ OpenAI-style codes (``x-smg-error-code``)::
     │   │   ├── InvalidQuery            invalid_query            400  a journal route's query (after, limit, type, ...)
     │   │   ├── (smgrl/refit/errors.py) refit_unsupported 409 · version_left 409 · refit_in_progress 409
     │   │   │                           refit_not_found 404 · refit_state 409 (the refit routes)
+    │   │   │                           refit_driver_unavailable 503 (retry: its driver died, being resumed)
     │   │   ├── NoControlEndpoint       no_control_endpoint      422  + worker_id, url, connection_mode
     │   │   ├── UpstreamTimeout         upstream_timeout         504  + worker_id, url
     │   │   ├── JournalUnavailable      journal_unavailable      503  (the journal cannot take the record)

@@ -22,7 +22,9 @@ on another process is forwarded, whole, to the owner:
   owner sends it.
 * Nothing here logs a header; secrets are never journaled (``gateway.peer`` holds URLs only,
   ``--advertise-url`` is refused with credentials).
-* The owner gone (its loopback port refuses: it was SIGKILLed, or stopped): :class:`PeerGone`;
+* Only to a process holding its presence lease (``_check_live``): a gone process's port may be
+  another program's by now, and the request carries the caller's key.
+* The owner gone (its presence lease not held, or its loopback port refuses): :class:`PeerGone`;
   the caller answers 410 ``session_gone`` for a session, 409 ``refit_state`` for a refit (the
   recovery lease holder resumes the saga and re-checks its transfer).
 """
@@ -41,7 +43,7 @@ import trio
 
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
-from smgrl.sharing import PRESENCE, owner_from_journal
+from smgrl.sharing import PRESENCE, saga_driver
 from smgrl.upstream import ConnectError, PoolSet, ReadError
 
 log = logging.getLogger("smgrl.forwarding")
@@ -66,6 +68,13 @@ _HOP_BY_HOP = frozenset(
     )
 )
 _CACHED = 1024
+# How long a peer seen holding its presence lease is trusted to still hold it (capped by the
+# lease's own expiry): a forwarded request re-reads the lease at most this often per peer.
+LIVE_CHECK_SECS = 1.0
+# A presence lease that lapsed this recently still counts for forwarding: an event loop stalled a
+# few seconds (a huge prompt tokenized) misses its renewals while the process lives; its port is
+# still its own. Past this, or released (a clean stop, or a recovery round found it gone), never.
+LAPSED_GRACE_SECS = 30.0
 
 
 def owner_key(identity: str) -> str:
@@ -94,6 +103,11 @@ class Peer:
 
 class PeerGone(Exception):
     """The owning process does not answer (gone), or cannot be reached from here."""
+
+
+class PeerUnreachable(PeerGone):
+    """The owning process cannot be reached from here at all (another host without
+    ``--advertise-url``, or the hop limit): retrying the request cannot help."""
 
 
 def private_socket(backlog: int) -> socket.socket:
@@ -130,6 +144,7 @@ class Forwarder:
         # Own pools: the engines' PoolSet is keyed by engine origin and closed with them.
         self.pools = pools or PoolSet(max_idle=8)
         self._peers: OrderedDict[str, Peer] = OrderedDict()
+        self._live: OrderedDict[str, float] = OrderedDict()  # gateway -> trusted live until (time.time)
 
     async def aclose(self) -> None:
         await self.pools.aclose()
@@ -166,12 +181,38 @@ class Forwarder:
         out = []
         for rec in self.store.read(types=["gateway.peer"]):
             e = rec.event
-            if e.gateway == self.me.gateway:
-                continue
-            lease = self.store.lease(PRESENCE + e.gateway)
-            if lease is not None and lease.holder == e.gateway and lease.expires > now:
+            expires = self._presence(e.gateway) if e.gateway != self.me.gateway else None
+            if expires is not None and expires > now:
                 out.append(Peer(e.gateway, e.owner, e.host, e.url, e.advertise_url))
         return out
+
+    def _presence(self, gateway: str) -> float | None:
+        """When ``gateway``'s presence lease expires (or expired) while that process is its
+        holder; None when it released it, or another took it over."""
+        lease = self.store.lease(PRESENCE + gateway)
+        return lease.expires if lease is not None and lease.holder == gateway else None
+
+    async def _check_live(self, peer: Peer) -> None:
+        """PeerGone unless ``peer`` holds its presence lease (or it lapsed within
+        LAPSED_GRACE_SECS): a process that is gone (even one of an earlier run, whose
+        ``gateway.peer`` stays in the journal) may have left its port to another program, which
+        must never get a caller's request (its key)."""
+        if peer.gateway == self.me.gateway:
+            return
+        now = time.time()
+        if self._live.get(peer.gateway, 0.0) > now:
+            return
+        expires = await trio.to_thread.run_sync(self._presence, peer.gateway)
+        if expires is None or expires + LAPSED_GRACE_SECS <= now:
+            self._live.pop(peer.gateway, None)
+            raise PeerGone(
+                f"gateway process {peer.gateway} does not answer (it is not running: its presence"
+                " lease is not held)"
+            )
+        self._live[peer.gateway] = now + LIVE_CHECK_SECS
+        self._live.move_to_end(peer.gateway)
+        while len(self._live) > _CACHED:
+            self._live.popitem(last=False)
 
     async def session_owner(self, sid: str) -> tuple[str | None, int]:
         """The owner of an open session with a client-chosen id (SMG's lazily created TITO
@@ -189,8 +230,9 @@ class Forwarder:
         return owner, position
 
     async def saga_peer(self, refit_id: str) -> Peer | None:
-        """The process that started refit ``refit_id`` (its ``refit.started``), unless this one."""
-        gateway = await trio.to_thread.run_sync(owner_from_journal, self.store, refit_id, "refit")
+        """The process driving refit ``refit_id`` (the newest to start or resume it, from the
+        store: :func:`smgrl.sharing.saga_driver`), unless this one."""
+        gateway = await trio.to_thread.run_sync(saga_driver, self.store, refit_id)
         if not gateway or gateway == self.me.gateway:
             return None
         return await self.peer(owner_key(gateway))
@@ -199,12 +241,12 @@ class Forwarder:
         """The URL to forward to: the peer's loopback listener on this host, its advertised URL
         from another host; PeerGone when it cannot be reached from here."""
         if hops_so_far >= MAX_HOPS:
-            raise PeerGone(f"the request was forwarded {hops_so_far} times already")
+            raise PeerUnreachable(f"the request was forwarded {hops_so_far} times already")
         if peer.host == self.me.host:
             return peer.url
         if hops_so_far == 0 and peer.advertise_url:
             return peer.advertise_url
-        raise PeerGone(
+        raise PeerUnreachable(
             f"gateway process {peer.gateway} runs on another host and has no --advertise-url"
             if not peer.advertise_url
             else f"the request was already forwarded to host {self.me.host}"
@@ -225,6 +267,7 @@ class Forwarder:
         cancels it when its client goes (the owner then sees its connection close, and cancels
         the turn as for a client of its own)."""
         url = self.target(peer, hops_so_far)
+        await self._check_live(peer)
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
@@ -251,6 +294,7 @@ class Forwarder:
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """One whole exchange with ``peer`` (small answers: the refit hand-off)."""
         url = self.target(peer, hops_so_far)
+        await self._check_live(peer)
         try:
             resp, data, _ = await self.pools.get(url).request(
                 method, target, headers=self._headers(headers, peer, hops_so_far), body=body

@@ -446,25 +446,44 @@ class RL:
         started = self.start_refit(selector, weight_version, model_path=model_path, **options)
         return self.wait_refit(started["refit_id"], progress=progress, timeout=timeout)
 
-    def commit_refit(self, refit_id: str) -> dict[str, Any]:
-        """A distributed refit: the trainer's transfer is done."""
-        status, payload = self._request("POST", f"/v1/rl/refits/{refit_id}/commit", {})
-        _raise_for_status(status, payload)
-        return payload
+    def commit_refit(self, refit_id: str, *, retry_secs: float = 60.0) -> dict[str, Any]:
+        """A distributed refit: the trainer's transfer is done. Retried while the saga's driver
+        is being replaced (``retry_secs``, see ``_hand_off``)."""
+        return self._hand_off(f"/v1/rl/refits/{refit_id}/commit", {}, retry_secs)
 
-    def fail_refit(self, refit_id: str, reason: str | None = None) -> dict[str, Any]:
-        status, payload = self._request("POST", f"/v1/rl/refits/{refit_id}/fail", {"reason": reason})
-        _raise_for_status(status, payload)
-        return payload
+    def fail_refit(
+        self, refit_id: str, reason: str | None = None, *, retry_secs: float = 60.0
+    ) -> dict[str, Any]:
+        return self._hand_off(f"/v1/rl/refits/{refit_id}/fail", {"reason": reason}, retry_secs)
+
+    def _hand_off(self, path: str, body: Any, retry_secs: float) -> dict[str, Any]:
+        """A trainer hand-off: sent again, a second apart for at most ``retry_secs``, while the
+        gateway answers 503 ``refit_driver_unavailable`` (several gateway processes: the one
+        driving the saga died and another is resuming it; docs/refits.md). Safe: commit and fail
+        are idempotent, and a chunk that never reached an engine can be sent again."""
+        deadline = time.monotonic() + retry_secs
+        while True:
+            status, payload = self._request("POST", path, body)
+            waiting = (
+                status == 503 and isinstance(payload, dict) and payload.get("error") == _DRIVER_UNAVAILABLE
+            )
+            if not waiting or time.monotonic() >= deadline:
+                _raise_for_status(status, payload)
+                return payload
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def refit_transfer(
-        self, refit_id: str, names: list[str], dtypes: list[str], shapes: list[list[int]]
+        self,
+        refit_id: str,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        *,
+        retry_secs: float = 60.0,
     ) -> dict:
         """The engines' half of one broadcast chunk (each engine kind's own update call)."""
         body = {"names": names, "dtypes": dtypes, "shapes": shapes}
-        status, payload = self._request("POST", f"/v1/rl/refits/{refit_id}/transfer", body)
-        _raise_for_status(status, payload)
-        return payload
+        return self._hand_off(f"/v1/rl/refits/{refit_id}/transfer", body, retry_secs)
 
     def _write(
         self,
@@ -603,6 +622,9 @@ def _decoded(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw.decode("utf-8", "replace")
+
+
+_DRIVER_UNAVAILABLE = "refit_driver_unavailable"  # a retryable trainer hand-off (smgrl/refit/errors.py)
 
 
 def _raise_for_status(status: int, payload: Any) -> None:

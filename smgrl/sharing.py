@@ -17,7 +17,8 @@ the journal is PostgreSQL (several hosts). Then:
   clock: the recovery holder *can take* that process's presence lease (expired or released).
   Then it releases the prompt-group pins gone processes decided (``dataplane.group_released``,
   reason ``gateway_gone``) and resumes the open refit sagas of gone processes (``refit.started``
-  names the process).
+  names the process, a ``refit.state`` ``recovering`` the process that resumed it:
+  :func:`saga_driver`).
 
 Leases are journal store calls (a write transaction each), run in a thread.
 """
@@ -253,7 +254,7 @@ async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> l
             await writer.append_many(releases)
     if refits is not None:
         for refit_id in list(fleet.sagas.open):
-            owner = await _store_call(store, owner_from_journal, store, refit_id, "refit")
+            owner = await _store_call(store, saga_driver, store, refit_id)
             if owner == sharing.identity:
                 continue
             if owner not in dead:
@@ -265,12 +266,23 @@ async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> l
     return [event.op_id for _, event in items]
 
 
-def owner_from_journal(store, ident: str, kind: str = "op") -> str:
-    """The process recorded in an operation's ``control.started`` (or a saga's ``refit.started``)."""
-    first = "control.started" if kind == "op" else "refit.started"
-    for rec in store.read(stream=f"{kind}:{ident}", types=[first], limit=1):
+def owner_from_journal(store, ident: str) -> str:
+    """The process recorded in an operation's ``control.started``."""
+    for rec in store.read(stream=f"op:{ident}", types=["control.started"], limit=1):
         return getattr(rec.event, "gateway", None) or ""
     return ""
+
+
+def saga_driver(store, refit_id: str) -> str:
+    """The process driving saga ``refit_id`` now: the newest of its ``refit.started`` and of the
+    ``refit.state`` events that name a process (``recovering``: a process that resumed the saga
+    after its driver died). '' for a lone gateway's saga."""
+    driver = ""
+    for rec in store.read(stream=f"refit:{refit_id}", types=["refit.started", "refit.state"]):
+        gateway = getattr(rec.event, "gateway", None)
+        if gateway:
+            driver = gateway
+    return driver
 
 
 async def _gone(store, sharing: Sharing, owner: str) -> bool:

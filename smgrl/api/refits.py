@@ -34,13 +34,23 @@ from smgrl.errors import (
     TooManyStreams,
     WorkerNotFound,
 )
-from smgrl.forwarding import PeerGone, hops
-from smgrl.refit.errors import RefitInProgress, RefitNotFound, RefitState, RefitUnsupported, VersionLeft
+from smgrl.forwarding import PeerGone, PeerUnreachable, hops
+from smgrl.refit.errors import (
+    RefitDriverUnavailable,
+    RefitInProgress,
+    RefitNotFound,
+    RefitState,
+    RefitUnsupported,
+    VersionLeft,
+)
 from smgrl.refit.request import parse_refit
 
 SSE_KEEPALIVE_SECS = 15.0
 PLANS_CACHED = 64  # serialized plans kept (sagas being watched; a plan is fixed per saga)
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+HAND_OFF_MARGIN_SECS = 10.0  # a forwarded trainer hand-off waits the control timeout plus this
 
 
 def _small_json(data: bytes, fields: dict[str, type]) -> dict:
@@ -212,18 +222,47 @@ class RefitsApi:
         raw = request.scope.get("raw_path") or request.path.encode()
         target = raw + (b"?" + request.query_string if request.query_string else b"")
         headers = list(request.scope["headers"])
+        rid = getattr(g, "request_id", None)
+        if rid and not any(k == b"x-request-id" for k, _ in headers):
+            headers.append((b"x-request-id", rid.encode()))  # one id in both processes' logs
+        # Bounded: a driver that hangs (not dead: its presence lease still held) must not hold
+        # the trainer's call for ever. Its longest answer is a chunk's engine calls (each bounded
+        # by the control timeout, run at once). commit/fail are idempotent: the retry is safe.
+        wait = self.gateway.cfg.rl.control_timeout_secs + HAND_OFF_MARGIN_SECS
         try:
-            status, out, body = await fwd.request(
-                peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
-            )
-        except PeerGone as exc:
+            with trio.fail_after(wait):
+                status, out, body = await fwd.request(
+                    peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
+                )
+        except trio.TooSlowError:
+            saga = self.service.get(refit_id)
+            raise RefitDriverUnavailable(
+                f"refit `{refit_id}` is driven by gateway process {peer.gateway}, which did not"
+                f" answer within {wait:g}s: retry this call (docs/scale-out.md)",
+                state=saga.to_json()["state"],
+            ) from None
+        except PeerUnreachable as exc:  # never from here (configuration): retrying cannot help
             saga = self.service.get(refit_id)
             raise RefitState(
                 f"refit `{refit_id}` is driven by another gateway process, which cannot take the"
-                f" trainer's call: {exc}. Once that process is gone, the recovery resumes the saga"
-                " and re-checks the transfer by reading the engines' versions back (docs/scale-out.md)",
+                f" trainer's call from here: {exc} (docs/scale-out.md)",
                 state=saga.to_json()["state"],
             ) from None
+        except PeerGone as exc:
+            # The driver died: the recovery lease's holder resumes the saga once the driver's
+            # presence lease expired; the trainer retries this same call meanwhile.
+            saga = self.service.get(refit_id)
+            raise RefitDriverUnavailable(
+                f"refit `{refit_id}` is driven by another gateway process: {exc}. Another process"
+                " resumes the saga within seconds: retry this call (docs/scale-out.md)",
+                state=saga.to_json()["state"],
+            ) from None
+        # The owner served it and journaled its audit event: not a second one from here (the
+        # log line here remains). Only once it answered: a call that never reached it is
+        # audited here, with the answer given here.
+        check = getattr(g, "audit_check", None)
+        if check is not None:
+            check.journaled = True
         response = Response(body, status=status)
         for name, value in out:
             response.headers[name.decode("latin-1")] = value.decode("latin-1")
@@ -348,6 +387,12 @@ REFIT_ID = path_param("id", "the refit id")
 _NOT_FOUND = rl_error_resp("No such refit (refit_not_found).", RefitNotFound)
 _WRONG_STATE = rl_error_resp("The refit is not awaiting a transfer (refit_state).", RefitState)
 _JOURNAL_DOWN = rl_error_resp("The journal cannot record it (journal_unavailable).", JournalUnavailable)
+_HAND_OFF_DOWN = rl_error_resp(
+    "The journal cannot record it (journal_unavailable), or the process driving the saga died and"
+    " none resumed it yet (refit_driver_unavailable: retry).",
+    JournalUnavailable,
+    RefitDriverUnavailable,
+)
 _BAD_BODY = rl_error_resp("Bad body (invalid_body).", InvalidBody)
 _GOES_ON = Resp("The saga goes on.", as_json(_Refit))
 
@@ -359,7 +404,7 @@ def _action(path: str, op_id: str, summary: str, ok: dict, body: Any, bad: Resp 
         op_id,
         "rl",
         summary,
-        {**ok, "400": bad, "404": _NOT_FOUND, "409": _WRONG_STATE, "503": _JOURNAL_DOWN},
+        {**ok, "400": bad, "404": _NOT_FOUND, "409": _WRONG_STATE, "503": _HAND_OFF_DOWN},
         role="admin",
         params=(REFIT_ID,),
         body=Body(body, required=False),

@@ -33,3 +33,12 @@ class RefitState(RlError):
     """The refit is not in a state that takes this call (e.g. commit when not awaiting a transfer)."""
 
     code, status = "refit_state", 409
+
+
+class RefitDriverUnavailable(RlError):
+    """Several gateway processes: the process driving the saga does not answer (it died) and no
+    other process resumed the saga yet, or the saga is being resumed. Retryable: the recovery
+    lease's holder resumes it within about the lease ttl plus a round (docs/scale-out.md)."""
+
+    code, status = "refit_driver_unavailable", 503
+    retryable = True

@@ -27,6 +27,7 @@ cancels sagas mid-step; the journal then has an open saga that the next start re
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import attrs
@@ -40,7 +41,14 @@ from smgrl.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 from smgrl.refit import plan as P
-from smgrl.refit.errors import RefitInProgress, RefitNotFound, RefitState, RefitUnsupported, VersionLeft
+from smgrl.refit.errors import (
+    RefitDriverUnavailable,
+    RefitInProgress,
+    RefitNotFound,
+    RefitState,
+    RefitUnsupported,
+    VersionLeft,
+)
 from smgrl.refit.request import RefitRequest
 from smgrl.state.sagas import EngineRun, Saga
 
@@ -60,6 +68,10 @@ class _Source:
     """What ``ControlService.fanout`` records as the operation's selector."""
 
     source: str
+
+
+class _Superseded(Exception):
+    """Another process drives this saga now (it resumed it): this one stops, recording nothing."""
 
 
 @attrs.define(eq=False)
@@ -284,9 +296,25 @@ class RefitService:
     async def fail(self, refit_id: str, detail: str | None) -> None:
         await self._decide(refit_id, "fail", detail or "the trainer reported a failed transfer")
 
+    def _driven_here(self, saga: Saga, transfer: _Transfer | None) -> None:
+        """A trainer's hand-off for an open saga that nobody drives right now (its driver died and
+        is being replaced, or a restart resumes it): retryable, 503 ``refit_driver_unavailable``."""
+        waiting = saga.state == "recovering" or (saga.state == "awaiting_transfer" and transfer is None)
+        if saga.is_open and waiting:
+            raise RefitDriverUnavailable(
+                f"refit `{saga.refit_id}` is being resumed by a gateway process (its driver stopped):"
+                " retry this call in a moment (docs/scale-out.md)",
+                state=saga.state,
+            )
+
     async def _decide(self, refit_id: str, verdict: str, detail: str | None) -> None:
         saga = self.get(refit_id)
         transfer = self._transfers.get(refit_id)
+        # Idempotent: a trainer retrying its commit (or fail) whose first answer was lost (its
+        # driver died after deciding, a connection broke) is told it was taken.
+        if saga.transfer_verdict == verdict or (transfer is not None and transfer.verdict == verdict):
+            return
+        self._driven_here(saga, transfer)
         if not saga.is_open or saga.state != "awaiting_transfer" or transfer is None:
             raise RefitState(
                 f"refit `{refit_id}` is not awaiting a transfer (state `{saga.to_json()['state']}`)",
@@ -301,6 +329,7 @@ class RefitService:
         """The engines' half of one broadcast chunk (the trainer sends the tensors meanwhile):
         each engine gets its kind's update call; the answer lists per-engine results."""
         saga = self.get(refit_id)
+        self._driven_here(saga, self._transfers.get(refit_id))
         if saga.state != "awaiting_transfer" or not saga.is_open:
             raise RefitState(f"refit `{refit_id}` is not awaiting a transfer", state=saga.to_json()["state"])
         dist = _dist_of(saga)
@@ -319,6 +348,15 @@ class RefitService:
             if recovering:
                 await self._recover(saga)
             await self._forward(saga)
+        except _Superseded as exc:
+            # Another process resumed this saga (it judged this one gone): it drives from here.
+            log_event(
+                log,
+                "refit handed over: another gateway process resumed it",
+                logging.WARNING,
+                refit_id=refit_id,
+                driver=str(exc),
+            )
         except (JournalUnavailable, JournalWriteError) as exc:
             # Nothing more can be recorded: stop here; the saga stays open in the journal and
             # the next start resumes it from what was recorded.
@@ -466,7 +504,10 @@ class RefitService:
             saga.refit_id, [ev("refit.state", refit_id=saga.refit_id, state="awaiting_transfer")]
         )
         timeout = saga.transfer_timeout_secs or 600.0
-        with trio.move_on_after(timeout):
+        # Resumed (a restart, or another process after the driver died): what is left of the
+        # timeout since the saga first awaited its trainer (journal time, a wall clock).
+        waited = time.time() - saga.awaiting_since if saga.awaiting_since is not None else 0.0
+        with trio.move_on_after(max(0.0, timeout - max(0.0, waited))):
             await transfer.decided.wait()
         if transfer.verdict == "commit":
             done = [_result(r, "ok", None) for r in saga.engines.values() if r.status in ("pending", "ok")]
@@ -564,7 +605,15 @@ class RefitService:
         run again; a weight-changing step (or an unfinished transfer) is re-checked by reading the
         version back; anything still unknown stays unknown (on_failure decides, never a resume)."""
         prior = saga.state
-        await self._append(saga.refit_id, [ev("refit.state", refit_id=saga.refit_id, state="recovering")])
+        # The trainer's chunks since the saga last (re)entered awaiting_transfer: those are the
+        # only operations of this saga after its last saga event (chunks append none of their own).
+        cut = self._chunks_cut_short(saga, saga.last_seq) if prior == "awaiting_transfer" else []
+        # Names this process as the saga's driver from here on (smgrl.sharing.saga_driver): the
+        # trainer's hand-off landing on any process is forwarded here.
+        await self._append(
+            saga.refit_id,
+            [ev("refit.state", refit_id=saga.refit_id, state="recovering", gateway=self.control.identity)],
+        )
         step = saga.open_step
         if step is not None:
             phase, worker_ids, _ops, _rb = step
@@ -583,11 +632,26 @@ class RefitService:
                     saga.refit_id,
                     [ev("refit.step_done", refit_id=saga.refit_id, phase=phase, results=results)],
                 )
-        if prior == "awaiting_transfer":
-            # The trainer's transfer may have half-happened while we were down: the engines'
-            # weights are unknown until read back and compared.
+        if prior == "awaiting_transfer" and cut:
+            # A chunk's engine calls were cut short by the crash: what the engines received is
+            # unknown. Read back and compared (a transfer not committed yet reads the old version:
+            # unknown, on_failure decides); never resumed on unknown weights.
             runs = [r for r in saga.engines.values() if r.status in ("pending", "ok")]
             await self._recheck(saga, "transfer", runs)
+        # Otherwise no engine call was in flight: the engines hold exactly the chunks the trainer
+        # was answered for, its weight-update group (trainer <-> engines) does not pass through the
+        # gateway, so the wait for the trainer goes on (_forward), for what is left of its timeout.
+
+    def _chunks_cut_short(self, saga: Saga, since_seq: int) -> list[str]:
+        """The trainer's transfer chunks of ``saga`` after ``since_seq`` that never finished
+        (still open, or recorded interrupted when their process died)."""
+        source = f"refit:{saga.refit_id}"
+        ops = self.fleet.operations
+        return [
+            op.op_id
+            for op in (*ops.open.values(), *ops.recent.values())
+            if op.selector == source and op.started_seq > since_seq and op.result in (None, "interrupted")
+        ]
 
     async def _recheck(self, saga: Saga, phase: str, runs: list[EngineRun]) -> None:
         """Read each engine's version back: the new version -> the phase counts as done; anything
@@ -656,8 +720,29 @@ class RefitService:
         log_event(log, "refit.finished", refit_id=saga.refit_id, result=result, quarantined=len(quarantined))
 
     async def _append(self, refit_id: str, events: list) -> None:
+        stream = f"refit:{refit_id}"
+        items = [(stream, e) for e in events]
+        me = self.control.identity
+        position = getattr(self.journal, "position", None)
         try:
-            await self.journal.append_many([(f"refit:{refit_id}", e) for e in events])
+            if not me or position is None:  # a lone gateway: nobody else drives its sagas
+                await self.journal.append_many(items)
+            else:
+                # Several processes: fenced. Another process resumes a saga whose driver it
+                # judged gone (its presence lease lapsed: dead, or its event loop stalled); the
+                # old driver must then stop at its next record, never drive on beside the new
+                # one. Refused when the saga names another driver (applied here), or when one
+                # was named since this process's position (not applied yet: the conditional
+                # append). The resumer's own ``recovering`` names it, so it passes.
+                saga = self.fleet.sagas.get(refit_id)
+                takeover = any(getattr(e, "gateway", None) == me for e in events)
+                if saga is not None and saga.driver not in (None, "", me) and not takeover:
+                    raise _Superseded(saga.driver)
+                expect = Expect(after=position, types=("refit.state",), streams=(stream,))
+                try:
+                    await self.journal.append_if(expect, items)
+                except JournalConflict:
+                    raise _Superseded("(named since this process last read the journal)") from None
         except JournalWriteError as exc:
             raise JournalUnavailable(f"the journal cannot record this refit: {exc}") from exc
         self.changed()

@@ -51,7 +51,7 @@ class FleetState:
     def revision(self) -> tuple[int, int, int]:
         return (self.registry.revision, self.engines.revision, self.routing.revision)
 
-    def apply(self, seq: int, event) -> None:
+    def apply(self, seq: int, event, ts: float | None = None) -> None:
         removed_bases: list[str] = []
         if getattr(event, "TYPE", None) == "worker.removed":
             w = self.registry.get(event.worker_id)
@@ -63,16 +63,17 @@ class FleetState:
         self.aborts.apply(seq, event)
         self.routing.apply(seq, event)
         self.group_pins.apply(seq, event)
-        self.apply_sagas(seq, event)
+        self.apply_sagas(seq, event, ts)
         for base in removed_bases:
             if not any(w.base_url == base for w in self.registry):
                 self.engines.forget(base)
         self.last_seq = seq
 
-    def apply_sagas(self, seq: int, event) -> None:
+    def apply_sagas(self, seq: int, event, ts: float | None = None) -> None:
         """Refit sagas and quarantines (smgrl/state/sagas.py); a quarantine change reaches the
-        engine facts, so routing and discovery see it."""
-        self.sagas.apply(seq, event)
+        engine facts, so routing and discovery see it. ``ts``: the record's journal time (a
+        resumed transfer wait counts its timeout from it)."""
+        self.sagas.apply(seq, event, ts)
         kind = getattr(event, "TYPE", None)
         if kind in QUARANTINE_TYPES:
             self.engines.set_quarantine(event.base_url, self.sagas.quarantined.get(event.base_url))
@@ -86,7 +87,7 @@ class FleetState:
     def apply_records(self, records: Iterable) -> None:
         before, ended = self.revision, self.aborts.ended
         for rec in records:
-            self.apply(rec.seq, rec.event)
+            self.apply(rec.seq, rec.event, getattr(rec, "ts", None))
         # The end of an aborting call wakes too: partial-rollout continuations wait for it.
         if self._listeners and (self.revision != before or self.aborts.ended != ended):
             self.notify()

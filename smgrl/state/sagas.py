@@ -98,6 +98,15 @@ class Saga:
     detail: str | None = None
     quarantined: tuple[str, ...] = ()
     last_seq: int = 0
+    # When the saga first awaited its trainer's transfer (journal time): a driver that resumes the
+    # wait after a restart or a takeover waits only what is left of transfer_timeout_secs.
+    awaiting_since: float | None = None
+    # The trainer's verdict once journaled: commit (``committing``) or fail (``transfer_failed``,
+    # also after its timeout). A hand-off retried after its answer was lost is answered from it.
+    transfer_verdict: str | None = None
+    # The process driving it (several processes): refit.started's, then a resumer's
+    # (``refit.state`` ``recovering`` naming it). A driver that finds another named stops.
+    driver: str | None = None
 
     @property
     def is_open(self) -> bool:
@@ -219,6 +228,12 @@ class Sagas:
                     _step_result(run, event.phase, r, event.rollback)
         elif kind == "refit.state":
             saga.state = event.state
+            if event.gateway:
+                saga.driver = event.gateway
+            if event.state == "awaiting_transfer" and saga.awaiting_since is None:
+                saga.awaiting_since = ts
+            elif event.state in ("committing", "transfer_failed"):
+                saga.transfer_verdict = "commit" if event.state == "committing" else "fail"
             if event.detail is not None:
                 saga.detail = event.detail
         elif kind == "refit.finished":
@@ -268,6 +283,7 @@ def _saga(seq: int, ts: float | None, ev) -> Saga:
         engines=engines,
         principal=ev.principal,
         last_seq=seq,
+        driver=ev.gateway,
     )
 
 

@@ -57,17 +57,18 @@ class Proc:
 
 
 @contextlib.asynccontextmanager
-async def two_gateways(path: str, cfg: Config):
-    """Gateways A and B on the journal file ``path``; each stops when its ``stop`` is set."""
+async def two_gateways(path: str, cfg: Config, cfg_b: Config | None = None):
+    """Gateways A and B on the journal file ``path`` (B with ``cfg_b`` when given); each stops
+    when its ``stop`` is set."""
     stores = [SqliteStore.open(path), SqliteStore.open(path)]
     procs: list[Proc] = []
     try:
         async with trio.open_nursery() as nursery:
-            for store, tag in zip(stores, "ab", strict=True):
+            for store, tag, each in zip(stores, "ab", (cfg, cfg_b or cfg), strict=True):
                 stop, done = trio.Event(), trio.Event()
 
                 async def run(
-                    store=store, tag=tag, stop=stop, done=done, task_status=trio.TASK_STATUS_IGNORED
+                    store=store, tag=tag, cfg=each, stop=stop, done=done, task_status=trio.TASK_STATUS_IGNORED
                 ):
                     try:
                         sharing = Sharing(identity=f"test-host:{tag}:{id(stop):x}")
@@ -202,7 +203,8 @@ async def test_a_session_is_served_whichever_process_a_request_lands_on(model_di
 async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tmp_path):
     """A distributed refit started through A; the trainer's transfer chunk and commit land on B:
     B forwards them to A (which holds the hand-off), the saga succeeds. A commit to a saga whose
-    process stopped is a clear 409 refit_state."""
+    process stopped is a retryable 503 refit_driver_unavailable until B's recovery resumes the
+    saga (no chunk was cut short: it waits for the trainer again); then it commits."""
     source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
     body = {"selector": "engine=sglang", "source": source, "weight_version": "9"}
     with model.tokenizer_scope(model_dir), trio.fail_after(60):
@@ -226,8 +228,29 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                     await a.gateway.refits.change_event().wait()
                 assert a.gateway.fleet.sagas.get(rid).result == "succeeded"
                 assert {e.weight_version for e in engines} == {"9"}
+                # The trainer retrying its commit (its first answer lost) is told it was taken;
+                # a fail after it is refused.
+                r = await b.client.post(f"/v1/rl/refits/{rid}/commit")
+                assert r.status_code == 202 and r.json()["result"] == "succeeded", r.text
+                r = await b.client.post(f"/v1/rl/refits/{rid}/fail")
+                assert r.status_code == 409 and r.json()["error"] == "refit_state", r.text
+                # Each forwarded hand-off is audited once (by A, which served it), one request id.
+                await b.gateway.journal.catch_up()
+                with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
+                    audited = [
+                        r.event
+                        for r in store.read(types=["audit.control_plane"])
+                        if r.event.path.startswith(f"/v1/rl/refits/{rid}/")
+                    ]
+                assert sorted(e.path.rsplit("/", 1)[1] for e in audited) == [
+                    "commit",
+                    "commit",
+                    "fail",
+                    "transfer",
+                ]
 
-                # A second refit, then A stops before the trainer commits: B answers a clear 409.
+                # A second refit, then A stops before the trainer commits: B answers a retryable
+                # 503 until its recovery resumes the saga; then the trainer's commit succeeds.
                 body["weight_version"] = "10"
                 r = await a.client.post("/v1/rl/refits", json=body)
                 assert r.status_code == 202, r.text
@@ -238,9 +261,65 @@ async def test_a_refit_commit_reaches_the_process_driving_the_saga(model_dir, tm
                 await a.done.wait()
                 await b.gateway.journal.catch_up()
                 r = await b.client.post(f"/v1/rl/refits/{rid2}/commit")
-                assert r.status_code == 409, r.text
-                assert r.json()["error"] == "refit_state"
+                assert r.status_code == 503, r.text
+                assert r.json()["error"] == "refit_driver_unavailable"
                 assert "does not answer" in r.json()["message"]
+                saga = b.gateway.fleet.sagas.get(rid2)
+                while not (b.gateway.refits.drives(rid2) and saga.state == "awaiting_transfer"):
+                    await b.gateway.refits.change_event().wait()
+                r = await b.client.post(f"/v1/rl/refits/{rid2}/commit")
+                assert r.status_code == 202, r.text
+                while saga.is_open:
+                    await b.gateway.refits.change_event().wait()
+                assert saga.result == "succeeded", saga.to_json()
+                assert {e.weight_version for e in engines} == {"10"}
+    with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
+        assert store.verify().ok
+
+
+async def test_a_chunk_cut_short_by_the_drivers_stop_leaves_the_transfer_unknown(model_dir, tmp_path):
+    """The driver A stops while a transfer chunk's engine calls are in flight (the engines hang):
+    what the engines received is unknown, so B's recovery, resuming the saga, does not wait for
+    the trainer again: it reads the versions back (the old one: no commit yet), quarantines, and
+    the trainer's commit gets a final 409 refit_state (never a resume on unknown weights)."""
+    source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
+    body = {"selector": "engine=sglang", "source": source, "weight_version": "9"}
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 2) as engines:
+            cfg = config(model_dir, engines.urls)
+            async with two_gateways(str(tmp_path / "j.db"), cfg) as (a, b):
+                await wait_visible((a, b), 2)
+                r = await a.client.post("/v1/rl/refits", json=body)
+                assert r.status_code == 202, r.text
+                rid = r.json()["refit_id"]
+                while a.gateway.fleet.sagas.get(rid).state != "awaiting_transfer":
+                    await a.gateway.refits.change_event().wait()
+                for engine in engines:
+                    engine.set_knobs(hang=True)
+                chunk = {"names": ["w"], "dtypes": ["float32"], "shapes": [[2, 2]]}
+
+                async def trainer_chunk():
+                    with contextlib.suppress(httpx.HTTPError):  # its driver stops mid-call
+                        await a.client.post(f"/v1/rl/refits/{rid}/transfer", json=chunk)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trainer_chunk)
+                    for engine in engines:
+                        await engine.wait_until(
+                            lambda e=engine: e.calls_to("/update_weights_from_distributed"), 10
+                        )
+                    a.stop.set()
+                    await a.done.wait()
+                for engine in engines:
+                    engine.set_knobs(hang=False)
+                await b.gateway.journal.catch_up()
+                saga = b.gateway.fleet.sagas.get(rid)
+                while saga.is_open:
+                    await b.gateway.refits.change_event().wait()
+                assert saga.result == "quarantined", saga.to_json()
+                r = await b.client.post(f"/v1/rl/refits/{rid}/commit")
+                assert r.status_code == 409 and r.json()["error"] == "refit_state", r.text
+                assert "9" not in {e.weight_version for e in engines}
     with SqliteStore.open(str(tmp_path / "j.db"), readonly=True) as store:
         assert store.verify().ok
 

@@ -188,7 +188,10 @@ async def test_distributed_refit_of_a_mixed_fleet_through_commit():
         assert done["result"] == "succeeded", done
         assert {sg[0].weight_version, vl[0].weight_version, ts[0].weight_version} == {"9"}
         assert all(e.paused is None for e in (sg[0], vl[0], ts[0]))
+        # A commit retried (its first answer lost) is told it was taken; a fail now is refused.
         r = await gw.client.post(f"/v1/rl/refits/{rid}/commit")
+        assert r.status_code == 202 and r.json()["result"] == "succeeded", r.text
+        r = await gw.client.post(f"/v1/rl/refits/{rid}/fail")
         assert r.status_code == 409 and r.json()["error"] == "refit_state"
 
 

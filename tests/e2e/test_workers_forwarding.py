@@ -149,3 +149,60 @@ def test_a_distributed_refit_commit_on_the_other_worker_reaches_the_saga(fakes, 
     assert started.gateway == a.gateway
     with SqliteStore.open(journal, readonly=True) as store:
         assert store.verify().ok
+
+
+def test_the_driver_of_a_distributed_refit_is_killed_mid_transfer_and_the_new_driver_commits(
+    fakes, children, tmp_path
+):
+    """SIGKILL the process driving a distributed refit while it waits for the trainer (one chunk
+    already sent): the supervisor restarts it, the recovery lease's holder resumes the saga and
+    waits for the trainer again (no chunk was cut short); the trainer's next chunk and its commit,
+    retried through the other worker while they answer 503 ``refit_driver_unavailable``, reach
+    the new driver and the refit succeeds."""
+    journal, _, _, a, b = start(fakes, children, tmp_path)
+    source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
+    st, _, body = request(
+        a.url, "POST", "/v1/rl/refits", {"selector": "engine=sglang", "source": source, "weight_version": "2"}
+    )
+    assert st == 202, body
+    rid = body["refit_id"]
+    wait_until(
+        "awaiting_transfer",
+        lambda: request(b.url, "GET", f"/v1/rl/refits/{rid}")[2]["state"] == "awaiting_transfer",
+    )
+    chunk = {"names": ["w"], "dtypes": ["float32"], "shapes": [[2, 2]]}
+    st, _, body = request(b.url, "POST", f"/v1/rl/refits/{rid}/transfer", chunk)
+    assert st == 200 and {x["result"] for x in body["results"]} == {"ok"}, body
+    os.kill(int(a.gateway.split(":")[1]), signal.SIGKILL)
+
+    def retried(action: str, payload: dict):
+        """The trainer's retry loop: again while the driver is unavailable (bounded)."""
+
+        def once():
+            st, _, text = raw_post(b.url, f"/v1/rl/refits/{rid}/{action}", payload)
+            if st == 503 and json.loads(text)["error"] == "refit_driver_unavailable":
+                return None
+            return st, text
+
+        return wait_until(f"{action} past the driver's takeover", once, timeout=40)
+
+    st, text = retried("transfer", {"names": ["v"], "dtypes": ["float32"], "shapes": [[2]]})
+    assert st == 200 and {x["result"] for x in json.loads(text)["results"]} == {"ok"}, text
+    st, text = retried("commit", {})
+    assert st == 202, text
+
+    def finished():
+        record = request(b.url, "GET", f"/v1/rl/refits/{rid}")[2]
+        return record if record["result"] else None
+
+    done = wait_until("the refit to finish", finished)
+    assert done["result"] == "succeeded", done
+    resumed = [
+        r.event
+        for r in journal_events(journal)
+        if r.event.TYPE == "refit.state" and r.event.state == "recovering" and r.event.refit_id == rid
+    ]
+    # The recovery lease's holder resumed it: the surviving worker, or the dead one's restart.
+    assert len(resumed) == 1 and resumed[0].gateway not in (None, a.gateway), resumed
+    with SqliteStore.open(journal, readonly=True) as store:
+        assert store.verify().ok

@@ -823,3 +823,26 @@ async def test_writes_against_the_real_gateway(monkeypatch):
 
         await trio.to_thread.run_sync(scenario)
         shutdown.set()
+
+
+def test_a_trainer_hand_off_is_retried_while_the_sagas_driver_is_replaced(rl, gateway):
+    """503 refit_driver_unavailable twice, then the new driver answers: commit_refit returns its
+    answer; any other error is raised at once, and past retry_secs the 503 is raised."""
+    answers = [
+        (503, {"error": "refit_driver_unavailable", "message": "retry"}, "application/json"),
+        (503, {"error": "refit_driver_unavailable", "message": "retry"}, "application/json"),
+        (202, {"refit_id": "r1", "state": "committing"}, "application/json"),
+    ]
+    gateway.routes[("POST", "/v1/rl/refits/r1/commit")] = lambda seen: answers.pop(0)
+    assert rl.commit_refit("r1")["state"] == "committing"
+    assert [s.path for s in gateway.seen] == ["/v1/rl/refits/r1/commit"] * 3
+    gateway.on("POST", "/v1/rl/refits/r1/fail", 409, {"error": "refit_state", "message": "no"})
+    with pytest.raises(RlError) as info:
+        rl.fail_refit("r1", "x")
+    assert info.value.code == "refit_state" and len(gateway.seen) == 4
+    gateway.on(
+        "POST", "/v1/rl/refits/r1/transfer", 503, {"error": "refit_driver_unavailable", "message": "r"}
+    )
+    with pytest.raises(RlError) as info:
+        rl.refit_transfer("r1", ["w"], ["float32"], [[1]], retry_secs=0)
+    assert info.value.code == "refit_driver_unavailable" and len(gateway.seen) == 5
