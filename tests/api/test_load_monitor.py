@@ -196,3 +196,24 @@ async def test_a_worker_joining_a_polling_group_is_read_at_once():
         assert (await sample_of(fleet.urls[1]))["loads"][0]["max_total_num_tokens"] == 500000
         assert len(paths(fleet.engines[1], "/v1/loads")) == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_too_large_to_keep_is_no_sample_and_the_route_is_asked_again():
+    # 3 bytes per rank on the wire, about 1 KB each in memory and in every GET /workers: an
+    # engine answering a million ranks took the gateway to 1.5 GB and GET /workers to 14 s.
+    from smgrl.core.engine_load import MAX_RANKS
+
+    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+        engine = fleet.engines[0]
+        (key,) = {group_key(w) for w in gw.gateway.fleet.registry}
+        engine.set_knobs(
+            force_status=200, force_body='{"loads": [' + ",".join(["{}"] * (MAX_RANKS + 1)) + "]}"
+        )
+        await gw.gateway.loads.poll_group(key)
+        assert "engine_load" not in (await rows(gw))[engine.url]
+        assert paths(engine, "/metrics") == ["/metrics"]  # a failed read: /metrics instead
+        # A condition of this answer, not a fact about the route: the next tick asks again.
+        engine.set_knobs(force_status=None, force_body=None)
+        await gw.gateway.loads.poll_group(key)
+        assert paths(engine, "/v1/loads") == ["/v1/loads", "/v1/loads"]
+        assert "engine_load" in (await rows(gw))[engine.url]
