@@ -189,6 +189,11 @@ class SessionsASGI:
         expect = None
         if fwd is not None:
             owner, position = await fwd.session_owner(sid)
+            if sid in self.svc.sessions:
+                # Another first turn of this id created it here during that read (the journal
+                # read yields): it is this process's, served here. From this check to create()
+                # adding the session there is no await, so no third turn can slip in between.
+                return True
             if owner is not None and owner != self.svc.owner:
                 return False
             expect = Expect(after=position, types=("session.created",), streams=(f"session:{sid}",))

@@ -304,3 +304,29 @@ async def test_a_hand_off_to_a_process_that_never_answers_is_bounded():
         assert received.is_set()
         await fwd.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_first_turns_of_one_tito_id_at_once_on_one_process_are_one_session(model_dir, tmp_path):
+    """Several first turns of one client-chosen TITO id reach the same process at once. Each
+    reads the journal (whom does it belong to?) before creating it: the first creation must be
+    found by the others, never replaced by a second `session.created`, nor lost (410)."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines:
+            path = str(tmp_path / "j.db")
+            async with two_gateways(path, config(model_dir, engines.urls)) as (a, b):
+                await wait_visible((a, b), 1)
+                tito = {"x-smg-tito-session-id": "agent-7"}
+                answers = []
+
+                async def first_turn(n):
+                    r = await a.client.post("/v1/chat/completions", json=turn_body(n), headers=tito)
+                    answers.append(r.status_code)
+
+                async with trio.open_nursery() as nursery:
+                    for n in range(6):
+                        nursery.start_soon(first_turn, n)
+                assert answers == [200] * 6
+                assert a.gateway.sessions.sessions["agent-7"].turns == 6
+    with SqliteStore.open(path, readonly=True) as store:
+        created = [r.event for r in store.read(types=["session.created"])]
+        assert [c.session_id for c in created] == ["agent-7"]
