@@ -123,6 +123,14 @@ def hops(headers: Iterable[tuple[bytes, bytes]]) -> int:
     return 0
 
 
+def forwarded_to(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The owner a forwarded request was sent for (None: not forwarded, or not named)."""
+    for name, value in headers:
+        if name == FORWARDED_TO:
+            return value.decode("latin-1")
+    return None
+
+
 class Forwarder:
     """This process's peer directory (read from the journal) and its forwarding client."""
 

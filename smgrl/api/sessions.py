@@ -41,7 +41,7 @@ from smgrl.errors import (
     RequestTimeout,
     UpstreamUnreachable,
 )
-from smgrl.forwarding import PeerGone, hops
+from smgrl.forwarding import PeerGone, forwarded_to, hops
 from smgrl.sessions import answer
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
@@ -139,6 +139,8 @@ class SessionsASGI:
             body = await self._body(scope, receive)
             if sid is not None and await self._forwarded(route, sid, scope, receive, send, rid, body):
                 return
+            if route.startswith("/control/") and await self._passed_on(scope, receive, send, rid, body):
+                return
             await self._route(route, sid, scope, receive, send, rid, body)
         except _AgentGone:
             return
@@ -160,6 +162,34 @@ class SessionsASGI:
         peer = await fwd.peer(owner)
         if peer is None:
             return False  # not a process of this group (an earlier lone gateway's): 410 here
+        gone = await self._relay(peer, scope, receive, send, rid, body)
+        if gone is not None:
+            raise SessionGone(
+                f"session {sid} belongs to another gateway process, which cannot serve it: {gone}."
+                " Sessions live in the memory of their process (docs/scale-out.md); start a new one"
+            )
+        return True
+
+    async def _passed_on(self, scope, receive, send, rid, body) -> bool:
+        """A /control request another host sent for one process of this host (`_others`) that
+        landed on another process here (the processes share the advertised port): passed on to
+        the process it names, over loopback (its second hop). False: it is meant for this one."""
+        fwd = self.api.gateway.forwarder
+        meant = forwarded_to(scope["headers"])
+        if fwd is None or self.svc is None or meant in (None, self.svc.owner) or hops(scope["headers"]) != 1:
+            return False
+        peer = await fwd.peer(meant)
+        if peer is None:
+            return False
+        gone = await self._relay(peer, scope, receive, send, rid, body)
+        if gone is not None:
+            # The sender counts the ids it sent as `missing` (any answer but a 200).
+            raise SessionGone(f"the gateway process this request was sent for cannot serve it: {gone}")
+        return True
+
+    async def _relay(self, peer, scope, receive, send, rid, body) -> PeerGone | None:
+        """Forward the request to ``peer`` and stream its answer back; the PeerGone when nothing
+        could be sent (the caller answers it)."""
         headers = scope["headers"]
         if not any(k == b"x-request-id" for k, _ in headers):
             headers = [*headers, (b"x-request-id", rid)]  # one id in both processes' logs
@@ -169,17 +199,14 @@ class SessionsASGI:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             try:
-                await fwd.asgi(peer, {**scope, "headers": headers}, body, send, hops(scope["headers"]))
-            except PeerGone as exc:  # answered below, not wrapped in the nursery's group
+                await self.api.gateway.forwarder.asgi(
+                    peer, {**scope, "headers": headers}, body, send, hops(scope["headers"])
+                )
+            except PeerGone as exc:  # answered by the caller, not wrapped in the nursery's group
                 gone = exc
             finally:
                 nursery.cancel_scope.cancel()
-        if gone is not None:
-            raise SessionGone(
-                f"session {sid} belongs to another gateway process, which cannot serve it: {gone}."
-                " Sessions live in the memory of their process (docs/scale-out.md); start a new one"
-            )
-        return True
+        return gone
 
     async def _create_tito(self, sid: str, scope) -> bool:
         """Create a TITO session with a client-chosen id here. Several processes: only if no

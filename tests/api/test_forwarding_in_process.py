@@ -330,3 +330,26 @@ async def test_first_turns_of_one_tito_id_at_once_on_one_process_are_one_session
     with SqliteStore.open(path, readonly=True) as store:
         created = [r.event for r in store.read(types=["session.created"])]
         assert [c.session_id for c in created] == ["agent-7"]
+
+
+async def test_a_control_request_from_another_host_reaches_the_process_it_was_meant_for(model_dir, tmp_path):
+    """A gateway on another host sends a /control request to A's --advertise-url, shared by
+    every process of A's host (one port, or its load balancer): it lands on B, marked as sent
+    once (`x-smgrl-forwarded: 1`) for A (`x-smgrl-forwarded-to`). B passes it to A over
+    loopback (the second hop), instead of answering with its own sessions: A's would be
+    `missing`, and B's listed as A's."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines:
+            cfg = config(model_dir, engines.urls, api_key=KEY)
+            async with two_gateways(str(tmp_path / "j.db"), cfg) as (a, b):
+                await wait_visible((a, b), 1)
+                sid = (await a.client.post("/sessions", headers=AUTH)).json()["session_id"]
+                mine = (await b.client.post("/sessions", headers=AUTH)).json()["session_id"]
+                hop = {**AUTH, "x-smgrl-forwarded": "1", "x-smgrl-forwarded-to": a.gateway.sessions.owner}
+                r = await b.client.post("/control/hang", json=[sid], headers=hop)
+                assert r.status_code == 200, r.text
+                assert r.json()["hung"] == [sid] and r.json()["missing"] == []
+                assert a.gateway.sessions.sessions[sid].hang_state == "hung"
+                r = await b.client.get("/control/sessions", headers=hop)
+                assert [x["session_id"] for x in r.json()["sessions"]] == [sid]  # A's, not B's
+                assert mine in b.gateway.sessions.sessions
