@@ -9,6 +9,10 @@ them (docs/deviations.md): a field whose name says it is a secret gets ``***`` (
 so, or of a key the caller passes (the worker's own), is cut out of every other string. A body
 that is not JSON gets the known keys cut out of its bytes.
 
+Used where an engine's answer leaves the gateway's hands: relayed on a keyless route
+(``smgrl/api/engine_reads.py``) and kept in the journal (a control call's ``excerpt``,
+``smgrl/control/outcome.py``), which a ``user`` key may read.
+
 Pure: bytes in, bytes out; an answer with nothing to mask is returned as it came (same bytes).
 """
 
@@ -58,6 +62,15 @@ def _masked(doc: Any, secrets: list[str]) -> Any:
     return doc
 
 
+def redact_doc(doc: Any, known: Iterable[str | None] = ()) -> Any:
+    """A parsed JSON answer without its secrets (``doc`` itself when there is none)."""
+    keys = {k for k in known if k}
+    _found(doc, keys)
+    # Longest first: a secret that contains another is cut whole.
+    masked = _masked(doc, sorted(keys, key=len, reverse=True))
+    return doc if masked == doc else masked
+
+
 def redact_answer(data: bytes, known: Iterable[str | None] = ()) -> bytes:
     """``data`` (an engine's answer body) without its secrets; ``known``: keys to cut out
     wherever they appear (the worker's key, which the engine was sent)."""
@@ -70,9 +83,7 @@ def redact_answer(data: bytes, known: Iterable[str | None] = ()) -> bytes:
         for key in sorted(keys, key=len, reverse=True):
             data = data.replace(key.encode(), MASK.encode())
         return data
-    _found(doc, keys)
-    # Longest first: a secret that contains another is cut whole.
-    masked = _masked(doc, sorted(keys, key=len, reverse=True))
-    if masked == doc:
+    masked = redact_doc(doc, keys)
+    if masked is doc:
         return data
     return json.dumps(masked, ensure_ascii=False, separators=(",", ":")).encode()

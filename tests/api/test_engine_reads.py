@@ -81,3 +81,21 @@ async def test_an_engines_keys_never_reach_an_anonymous_caller():
         fleet.engines[0].set_knobs(force_body=f"key={ENGINE_KEY};")
         r = await gw.client.get("/get_model_info")
         assert r.status_code == 200 and r.text == "key=***;"
+
+
+async def test_an_engines_keys_never_reach_the_journal_from_a_control_read():
+    # GET .../engine/server_info is journaled (an excerpt of the answer in control.outcome), and
+    # the journal is readable with a `user` key: the engine's keys must not be in it.
+    async with (
+        fake_fleet("sglang", 1, api_key=ENGINE_KEY) as fleet,
+        gateway_in_process(rl_cfg(), worker_urls=fleet.urls, api_key=ENGINE_KEY) as gw,
+    ):
+        wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
+        fleet.engines[0].set_knobs(force_status=200, force_body=json.dumps(LEAKY_INFO))
+        auth = {"authorization": f"Bearer {ENGINE_KEY}"}
+        r = await gw.client.get(f"/v1/rl/workers/{wid}/engine/server_info", headers=auth)
+        assert r.status_code == 200, r.text
+        (outcome,) = [rec.event for rec in gw.store.read(types=["control.outcome"])]
+        assert outcome.excerpt and "model_path" in outcome.excerpt
+        for secret in (ENGINE_KEY, "engine-ADMIN-key", "tls-PASS"):
+            assert secret not in outcome.excerpt
