@@ -81,14 +81,31 @@ async def test_dp_aware_rank_rows_have_no_sample():
 
 
 async def test_a_sample_goes_when_its_worker_is_removed_or_leaves_ready():
-    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+    """The running monitor drops the sample itself (its group ticks once an hour here: no tick
+    replaces it), on the registry change alone."""
+    async with (
+        fake_fleet("sglang", 2) as fleet,
+        gateway_in_process(CFG, worker_urls=fleet.urls) as gw,
+        trio.open_nursery() as nursery,
+    ):
         monitor = gw.gateway.loads
-        (worker,) = list(gw.gateway.fleet.registry)
-        await monitor.poll_group(group_key(worker))
-        assert monitor.sample(worker.id) is not None
-        await gw.gateway.registry.set_health(worker, "not_ready", "test")
-        monitor._evict()
-        assert monitor.sample(worker.id) is None
+        monitor.interval_secs = 3600
+        await nursery.start(monitor.run)
+        leaving, removed = list(gw.gateway.fleet.registry)
+
+        async def until(check) -> None:
+            with trio.fail_after(20):
+                while not check():
+                    await trio.sleep(0.01)
+
+        await until(lambda: monitor.sample(leaving.id) and monitor.sample(removed.id))
+        await gw.gateway.registry.set_health(leaving, "not_ready", "test")
+        await until(lambda: monitor.sample(leaving.id) is None)
+        assert "engine_load" not in (await rows(gw))[leaving.url]
+        r = await gw.client.delete(f"/workers/{removed.id}")
+        assert r.status_code in (200, 202, 204), r.text
+        await until(lambda: monitor.sample(removed.id) is None)
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(
