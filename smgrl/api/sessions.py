@@ -55,6 +55,7 @@ from smgrl.sessions.errors import (
     TurnAborted,
 )
 from smgrl.sessions.state import owner_of
+from smgrl.upstream import ReadError
 
 log = logging.getLogger("smgrl.sessions")
 
@@ -204,6 +205,11 @@ class SessionsASGI:
                 )
             except PeerGone as exc:  # answered by the caller, not wrapped in the nursery's group
                 gone = exc
+            except ReadError:
+                # The owner broke off mid-answer (the forwarder logged it): returning without the
+                # answer's end makes the server close the client's connection, the only way to
+                # say "cut off" once a 200 is out. Not a bug here: no "unhandled error".
+                pass
             finally:
                 nursery.cancel_scope.cancel()
         return gone

@@ -353,3 +353,39 @@ async def test_a_control_request_from_another_host_reaches_the_process_it_was_me
                 r = await b.client.get("/control/sessions", headers=hop)
                 assert [x["session_id"] for x in r.json()["sessions"]] == [sid]  # A's, not B's
                 assert mine in b.gateway.sessions.sessions
+
+
+async def test_an_owner_breaking_off_mid_answer_ends_the_answer_without_an_error_logged(
+    model_dir, tmp_path, caplog
+):
+    """The owning process starts its answer, then its connection breaks (killed mid-stream): the
+    client's answer ends cut off (its connection closed), with the one warning line of the
+    forwarder, never an "unhandled error" traceback (it is not a bug of this process)."""
+    import logging
+
+    from smgrl.forwarding import Peer, owner_key
+
+    async def breaks_off(stream):
+        await stream.receive_some()
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+        await stream.aclose()
+
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines, trio.open_nursery() as nursery:
+            (listener,) = await nursery.start(
+                functools.partial(trio.serve_tcp, breaks_off, 0, host="127.0.0.1")
+            )
+            async with two_gateways(str(tmp_path / "j.db"), config(model_dir, engines.urls)) as (_, b):
+                host = b.gateway.forwarder.me.host
+                gone = "test-host:gone:1"
+                peer = Peer(
+                    gone, owner_key(gone), host, f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+                )
+                await b.gateway.journal.append(f"peer:{peer.owner}", peer.event())
+                sid = f"{peer.owner}-{'0' * 32}"
+                with caplog.at_level(logging.WARNING), pytest.raises(httpx.RemoteProtocolError):
+                    await b.client.post(f"/sessions/{sid}/v1/chat/completions", json=turn_body(1))
+                errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+                assert not errors, [r.getMessage() for r in errors]
+                assert any("forwarding failed" in r.getMessage() for r in caplog.records)
+            nursery.cancel_scope.cancel()
