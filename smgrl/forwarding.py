@@ -24,8 +24,8 @@ on another process is forwarded, whole, to the owner:
   ``--advertise-url`` is refused with credentials).
 * The owner gone (its loopback port refuses: it was SIGKILLed, or stopped): :class:`PeerGone`;
   the caller answers 410 ``session_gone`` for a session, 409 ``refit_state`` for a refit (the
-  recovery lease holder resumes the saga and re-checks its transfer). A refit hand-off whose owner accepts
-  but does not answer within ``--request-timeout-secs`` is PeerGone too.
+  recovery lease holder resumes the saga and re-checks its transfer). A refit hand-off whose
+  owner accepts but does not answer within ``--request-timeout-secs`` is PeerGone too.
 """
 
 from __future__ import annotations
