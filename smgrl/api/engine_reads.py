@@ -5,7 +5,8 @@ content type), as SMG 1.13.0 does.
 Which engine: the first ready HTTP worker in registration order (SMG asks the first worker its
 registry lists, in no stable order, also when that engine lacks the route: its 404 is relayed). No key is needed, as in SMG (like
 ``/health``); the engine gets the worker's key. No ready worker: 503 ``no_workers`` with SMG's
-envelope and text. An engine that does not answer: 502 ``upstream_unreachable``.
+envelope and text. An engine that does not answer: 502 ``upstream_unreachable``. Unlike SMG, the
+engine's secrets are masked in the relayed answer (``smgrl/core/redact.py``, docs/deviations.md).
 
 To ask a given engine, the control plane's ``GET /v1/rl/workers/{id}/engine/server_info`` names
 it (and is journaled).
@@ -18,6 +19,7 @@ from quart import Response, request
 from smgrl.api import envelopes as env
 from smgrl.api.apidoc import ANY, Resp, Route, as_json
 from smgrl.api.schemas import DataPlaneErrorModel
+from smgrl.core import redact_answer
 from smgrl.errors import UpstreamUnreachable, openai_body
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, fetch
 
@@ -48,14 +50,17 @@ class EngineReads:
         )
         if worker is None:
             return env.json_response(503, NO_WORKERS, {"x-smg-error-code": "no_workers"})
+        key = g.keys.get(worker.group)
         try:
             answer, data = await fetch(
-                g.pools, worker.base_url, request.path, g.keys.get(worker.group), g.cfg.request_timeout_secs
+                g.pools, worker.base_url, request.path, key, g.cfg.request_timeout_secs
             )
         except (ProbeFailed, ReachesSelf) as exc:
             error = UpstreamUnreachable(f"worker {worker.id} did not answer: {exc}", worker_id=worker.id)
             return env.json_response(502, openai_body(error), {"x-smg-error-code": error.code})
-        response = Response(data, status=answer.status)
+        # No key is needed here (as SMG), but an engine's answer may hold its keys (SGLang's
+        # server_info is its launch arguments): they are masked, and so is the key it was sent.
+        response = Response(redact_answer(data, (key,)), status=answer.status)
         ctype = answer.header(b"content-type")
         if ctype is None:
             del response.headers["content-type"]  # relayed as the engine sent it: none

@@ -41,7 +41,7 @@ from smgrl.errors import (
     RequestTimeout,
     UpstreamUnreachable,
 )
-from smgrl.forwarding import PeerGone, hops
+from smgrl.forwarding import PeerGone, forwarded_to, hops
 from smgrl.sessions import answer
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
@@ -55,6 +55,7 @@ from smgrl.sessions.errors import (
     TurnAborted,
 )
 from smgrl.sessions.state import owner_of
+from smgrl.upstream import ReadError
 
 log = logging.getLogger("smgrl.sessions")
 
@@ -139,6 +140,8 @@ class SessionsASGI:
             body = await self._body(scope, receive)
             if sid is not None and await self._forwarded(route, sid, scope, receive, send, rid, body):
                 return
+            if route.startswith("/control/") and await self._passed_on(scope, receive, send, rid, body):
+                return
             await self._route(route, sid, scope, receive, send, rid, body)
         except _AgentGone:
             return
@@ -160,6 +163,34 @@ class SessionsASGI:
         peer = await fwd.peer(owner)
         if peer is None:
             return False  # not a process of this group (an earlier lone gateway's): 410 here
+        gone = await self._relay(peer, scope, receive, send, rid, body)
+        if gone is not None:
+            raise SessionGone(
+                f"session {sid} belongs to another gateway process, which cannot serve it: {gone}."
+                " Sessions live in the memory of their process (docs/scale-out.md); start a new one"
+            )
+        return True
+
+    async def _passed_on(self, scope, receive, send, rid, body) -> bool:
+        """A /control request another host sent for one process of this host (`_others`) that
+        landed on another process here (the processes share the advertised port): passed on to
+        the process it names, over loopback (its second hop). False: it is meant for this one."""
+        fwd = self.api.gateway.forwarder
+        meant = forwarded_to(scope["headers"])
+        if fwd is None or self.svc is None or meant in (None, self.svc.owner) or hops(scope["headers"]) != 1:
+            return False
+        peer = await fwd.peer(meant)
+        if peer is None:
+            return False
+        gone = await self._relay(peer, scope, receive, send, rid, body)
+        if gone is not None:
+            # The sender counts the ids it sent as `missing` (any answer but a 200).
+            raise SessionGone(f"the gateway process this request was sent for cannot serve it: {gone}")
+        return True
+
+    async def _relay(self, peer, scope, receive, send, rid, body) -> PeerGone | None:
+        """Forward the request to ``peer`` and stream its answer back; the PeerGone when nothing
+        could be sent (the caller answers it)."""
         headers = scope["headers"]
         if not any(k == b"x-request-id" for k, _ in headers):
             headers = [*headers, (b"x-request-id", rid)]  # one id in both processes' logs
@@ -169,17 +200,19 @@ class SessionsASGI:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             try:
-                await fwd.asgi(peer, {**scope, "headers": headers}, body, send, hops(scope["headers"]))
-            except PeerGone as exc:  # answered below, not wrapped in the nursery's group
+                await self.api.gateway.forwarder.asgi(
+                    peer, {**scope, "headers": headers}, body, send, hops(scope["headers"])
+                )
+            except PeerGone as exc:  # answered by the caller, not wrapped in the nursery's group
                 gone = exc
+            except ReadError:
+                # The owner broke off mid-answer (the forwarder logged it): returning without the
+                # answer's end makes the server close the client's connection, the only way to
+                # say "cut off" once a 200 is out. Not a bug here: no "unhandled error".
+                pass
             finally:
                 nursery.cancel_scope.cancel()
-        if gone is not None:
-            raise SessionGone(
-                f"session {sid} belongs to another gateway process, which cannot serve it: {gone}."
-                " Sessions live in the memory of their process (docs/scale-out.md); start a new one"
-            )
-        return True
+        return gone
 
     async def _create_tito(self, sid: str, scope) -> bool:
         """Create a TITO session with a client-chosen id here. Several processes: only if no
@@ -189,6 +222,11 @@ class SessionsASGI:
         expect = None
         if fwd is not None:
             owner, position = await fwd.session_owner(sid)
+            if sid in self.svc.sessions:
+                # Another first turn of this id created it here during that read (the journal
+                # read yields): it is this process's, served here. From this check to create()
+                # adding the session there is no await, so no third turn can slip in between.
+                return True
             if owner is not None and owner != self.svc.owner:
                 return False
             expect = Expect(after=position, types=("session.created",), streams=(f"session:{sid}",))

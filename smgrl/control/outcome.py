@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from smgrl.core import redact_doc
 from smgrl.errors import RlError
 
 BODY_CAP = 1_048_576  # 1 MiB kept per engine answer, as SMG
@@ -161,7 +162,10 @@ class Outcome:
         """A bounded text excerpt of the answer for the journal (never the whole 1 MiB)."""
         if self.error is not None:
             return ""
-        text = self.body if isinstance(self.body, str) else json.dumps(self.body, ensure_ascii=False)
+        # The engine's own secrets (SGLang's server_info holds its keys) never reach the journal,
+        # which `user` keys may read (smgrl/core/redact.py).
+        body = self.body if isinstance(self.body, str) else redact_doc(self.body)
+        text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
         return text[:EXCERPT_CAP]
 
 

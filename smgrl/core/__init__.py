@@ -11,6 +11,7 @@ from smgrl.core.observe import PHASES, Intent, intent_of
 from smgrl.core.origin import origin_key, origin_of
 from smgrl.core.path import EnginePathError, metric_op, passthrough_query, validate_engine_path
 from smgrl.core.printable import escape, escape_for_json, escape_lines
+from smgrl.core.redact import redact_answer, redact_doc
 from smgrl.core.selector import Selector, SelectorError, parse_selector, rust_trim
 from smgrl.core.version import (
     MalformedVersion,
@@ -81,6 +82,8 @@ __all__ = [
     "parse_u64",
     "passthrough_query",
     "reaches_listener",
+    "redact_answer",
+    "redact_doc",
     "redact_url",
     "row",
     "rust_trim",

@@ -22,6 +22,11 @@ from typing import Any
 # (remembered per engine: the monitor stops asking and reads /metrics instead).
 LOADS_PATH = "/v1/loads?include=core,disagg,queues,memory"
 ABSENT_STATUSES = frozenset({404, 405, 501})
+# What one engine's sample may hold. A rank costs 3 bytes on the wire (``{}``) and about 1 KB in
+# memory and in every ``GET /workers``; SMG keeps whatever arrives (its probe reads up to 4 MiB),
+# which one engine could turn into gigabytes here. A real answer is under 1 KB per rank.
+MAX_RANKS = 1024
+MAX_LOADS_BYTES = 1024 * 1024
 
 _I32 = "i32"
 _F64 = "f64"
@@ -30,6 +35,11 @@ _STR = "str"
 
 class NotALoadResponse(ValueError):
     """A 2xx answer that is not SMG's load response (as definitive as a 404 for SMG)."""
+
+
+class LoadsTooLarge(Exception):
+    """A load answer over ``MAX_LOADS_BYTES`` or ``MAX_RANKS``: no sample this time (a failed
+    read), but not a fact about the engine's route: it is asked again at the next tick."""
 
 
 # Field tables in SMG's serialisation order: (name, type, optional). An optional field is left
@@ -112,7 +122,10 @@ def _no_constant(name: str):
 
 def parse_loads(data: bytes) -> dict[str, Any] | None:
     """A 2xx ``/v1/loads`` body as SMG's ``engine_load``; ``None`` when it reports no rank yet
-    (SMG keeps asking). Raises :class:`NotALoadResponse` for anything that is not one."""
+    (SMG keeps asking). Raises :class:`NotALoadResponse` for anything that is not one, and
+    :class:`LoadsTooLarge` for one too large to keep (decided before parsing it, where it can)."""
+    if len(data) > MAX_LOADS_BYTES:
+        raise LoadsTooLarge(f"{len(data)} bytes (at most {MAX_LOADS_BYTES})")
     try:
         doc = json.loads(data, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError, RecursionError, OverflowError):
@@ -125,6 +138,8 @@ def parse_loads(data: bytes) -> dict[str, Any] | None:
     loads = doc.get("loads", [])
     if not isinstance(loads, list):
         raise NotALoadResponse("loads: not a list")
+    if len(loads) > MAX_RANKS:
+        raise LoadsTooLarge(f"{len(loads)} ranks (at most {MAX_RANKS})")
     out["loads"] = [_rank(row, i) for i, row in enumerate(loads)]
     if doc.get("aggregate") is not None:
         out["aggregate"] = _value(_AGGREGATE, doc["aggregate"], "aggregate")

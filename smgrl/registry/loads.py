@@ -3,15 +3,17 @@
 
 As in SMG, polling is per group of workers (model id, worker type, connection mode): a group's
 loop starts when its first worker is discovered, polls at once and then every
-``--load-monitor-interval`` seconds (default 10), each tick reading every ``ready`` HTTP worker
-of the group concurrently (``GET /v1/loads?include=core,disagg,queues,memory``, 5 s timeout, the
+``--load-monitor-interval`` seconds (default 10), each tick reading every ``ready`` HTTP worker of
+the group concurrently (``GET /v1/loads?include=core,disagg,queues,memory``, 5 s timeout, the
 worker's key). A worker that becomes ready in a group already polling is read at once (SMG reads
-the workers it starts with at once, a later one at its group's next tick). A tick replaces the group's samples: a worker whose read failed this tick, that is
-no longer ready, or that was removed shows no ``engine_load`` (never a stale one). An engine that
-answers 404/405/501 (or a 2xx that is not a load response) is not asked again; it and any engine
-whose read failed are read from ``/metrics`` (SGLang's or vLLM's gauges) instead. DP-aware rank
-rows never get one (SMG 1.13.0 shows none on them). gRPC/ZMQ workers are not polled (SMG asks
-their gRPC servers; smgrl has no gRPC client).
+the workers it starts with at once, a later one at its group's next tick). A tick replaces the
+group's samples: a worker whose read failed this tick, that is no longer ready, or that was
+removed shows no ``engine_load`` (never a stale one). An engine that answers 404/405/501 (or a 2xx
+that is not a load response) is not asked again; it and any engine whose read failed are read from
+``/metrics`` (SGLang's or vLLM's gauges) instead. An answer too large to keep (over 1 MiB or 1024
+ranks, ``core.engine_load.MAX_*``; SMG keeps any) is a failed read, asked again at the next tick.
+DP-aware rank rows never get one (SMG 1.13.0 shows none on them). gRPC/ZMQ workers are not polled
+(SMG asks their gRPC servers; smgrl has no gRPC client).
 
 ``--disable-load-monitoring`` turns polling off only when nothing else needs the data, SMG's
 gate: the policy is not load-aware (``cache_aware``, ``power_of_two`` and ``least_load`` are)
@@ -33,6 +35,7 @@ import trio
 from smgrl.core.engine_load import (
     ABSENT_STATUSES,
     LOADS_PATH,
+    LoadsTooLarge,
     NotALoadResponse,
     loads_summary,
     metrics_load,
@@ -185,6 +188,8 @@ class LoadMonitor:
                     sample = parse_loads(data)
                 except NotALoadResponse:
                     self._no_loads_route.add(worker.base_url)
+                except LoadsTooLarge:
+                    pass  # a failed read (this tick: /metrics), asked again at the next one
                 else:
                     if sample is not None:
                         return sample

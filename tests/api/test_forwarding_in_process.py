@@ -7,6 +7,7 @@ docs/scale-out.md "Forwarding"). Real loopback ports, real fake engines, a real 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 
 import httpx
@@ -356,3 +357,114 @@ async def test_a_tito_id_created_by_two_processes_at_once_is_one_session(model_d
     with SqliteStore.open(path, readonly=True) as store:
         created = [r.event for r in store.read(types=["session.created"])]
         assert [(c.session_id, c.owner) for c in created] == [("agent-9", a.gateway.sessions.owner)]
+
+
+async def test_a_hand_off_to_a_process_that_never_answers_is_bounded():
+    """A process that accepts but never answers (stopped with SIGSTOP, or wedged): its port does
+    not refuse, so without a bound the trainer's forwarded commit would wait for ever. It is
+    PeerGone after the gateway's request timeout (the caller answers 409 refit_state)."""
+    from smgrl.forwarding import Forwarder, Peer, PeerGone, owner_key
+
+    received = trio.Event()
+
+    async def hung(stream):
+        await stream.receive_some()  # the request arrives...
+        received.set()
+        await trio.sleep_forever()  # ... and is never answered
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(functools.partial(trio.serve_tcp, hung, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        me = Peer("h:1:a", owner_key("h:1:a"), "h", "http://127.0.0.1:1")
+        peer = Peer("h:2:b", owner_key("h:2:b"), "h", f"http://127.0.0.1:{port}")
+        fwd = Forwarder(None, me, timeout_secs=0.2)
+        with trio.fail_after(10), pytest.raises(PeerGone, match="did not answer within"):
+            await fwd.request(peer, "POST", "/v1/rl/refits/r/commit", [], b"{}", 0)
+        assert received.is_set()
+        await fwd.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_first_turns_of_one_tito_id_at_once_on_one_process_are_one_session(model_dir, tmp_path):
+    """Several first turns of one client-chosen TITO id reach the same process at once. Each
+    reads the journal (whom does it belong to?) before creating it: the first creation must be
+    found by the others, never replaced by a second `session.created`, nor lost (410)."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines:
+            path = str(tmp_path / "j.db")
+            async with two_gateways(path, config(model_dir, engines.urls)) as (a, b):
+                await wait_visible((a, b), 1)
+                tito = {"x-smg-tito-session-id": "agent-7"}
+                answers = []
+
+                async def first_turn(n):
+                    r = await a.client.post("/v1/chat/completions", json=turn_body(n), headers=tito)
+                    answers.append(r.status_code)
+
+                async with trio.open_nursery() as nursery:
+                    for n in range(6):
+                        nursery.start_soon(first_turn, n)
+                assert answers == [200] * 6
+                assert a.gateway.sessions.sessions["agent-7"].turns == 6
+    with SqliteStore.open(path, readonly=True) as store:
+        created = [r.event for r in store.read(types=["session.created"])]
+        assert [c.session_id for c in created] == ["agent-7"]
+
+
+async def test_a_control_request_from_another_host_reaches_the_process_it_was_meant_for(model_dir, tmp_path):
+    """A gateway on another host sends a /control request to A's --advertise-url, shared by
+    every process of A's host (one port, or its load balancer): it lands on B, marked as sent
+    once (`x-smgrl-forwarded: 1`) for A (`x-smgrl-forwarded-to`). B passes it to A over
+    loopback (the second hop), instead of answering with its own sessions: A's would be
+    `missing`, and B's listed as A's."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines:
+            cfg = config(model_dir, engines.urls, api_key=KEY)
+            async with two_gateways(str(tmp_path / "j.db"), cfg) as (a, b):
+                await wait_visible((a, b), 1)
+                sid = (await a.client.post("/sessions", headers=AUTH)).json()["session_id"]
+                mine = (await b.client.post("/sessions", headers=AUTH)).json()["session_id"]
+                hop = {**AUTH, "x-smgrl-forwarded": "1", "x-smgrl-forwarded-to": a.gateway.sessions.owner}
+                r = await b.client.post("/control/hang", json=[sid], headers=hop)
+                assert r.status_code == 200, r.text
+                assert r.json()["hung"] == [sid] and r.json()["missing"] == []
+                assert a.gateway.sessions.sessions[sid].hang_state == "hung"
+                r = await b.client.get("/control/sessions", headers=hop)
+                assert [x["session_id"] for x in r.json()["sessions"]] == [sid]  # A's, not B's
+                assert mine in b.gateway.sessions.sessions
+
+
+async def test_an_owner_breaking_off_mid_answer_ends_the_answer_without_an_error_logged(
+    model_dir, tmp_path, caplog
+):
+    """The owning process starts its answer, then its connection breaks (killed mid-stream): the
+    client's answer ends cut off (its connection closed), with the one warning line of the
+    forwarder, never an "unhandled error" traceback (it is not a bug of this process)."""
+    import logging
+
+    from smgrl.forwarding import Peer, owner_key
+
+    async def breaks_off(stream):
+        await stream.receive_some()
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+        await stream.aclose()
+
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1) as engines, trio.open_nursery() as nursery:
+            (listener,) = await nursery.start(
+                functools.partial(trio.serve_tcp, breaks_off, 0, host="127.0.0.1")
+            )
+            async with two_gateways(str(tmp_path / "j.db"), config(model_dir, engines.urls)) as (_, b):
+                host = b.gateway.forwarder.me.host
+                gone = "test-host:gone:1"
+                peer = Peer(
+                    gone, owner_key(gone), host, f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+                )
+                await b.gateway.journal.append(f"peer:{peer.owner}", peer.event())
+                sid = f"{peer.owner}-{'0' * 32}"
+                with caplog.at_level(logging.WARNING), pytest.raises(httpx.RemoteProtocolError):
+                    await b.client.post(f"/sessions/{sid}/v1/chat/completions", json=turn_body(1))
+                errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+                assert not errors, [r.getMessage() for r in errors]
+                assert any("forwarding failed" in r.getMessage() for r in caplog.records)
+            nursery.cancel_scope.cancel()

@@ -81,14 +81,31 @@ async def test_dp_aware_rank_rows_have_no_sample():
 
 
 async def test_a_sample_goes_when_its_worker_is_removed_or_leaves_ready():
-    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+    """The running monitor drops the sample itself (its group ticks once an hour here: no tick
+    replaces it), on the registry change alone."""
+    async with (
+        fake_fleet("sglang", 2) as fleet,
+        gateway_in_process(CFG, worker_urls=fleet.urls) as gw,
+        trio.open_nursery() as nursery,
+    ):
         monitor = gw.gateway.loads
-        (worker,) = list(gw.gateway.fleet.registry)
-        await monitor.poll_group(group_key(worker))
-        assert monitor.sample(worker.id) is not None
-        await gw.gateway.registry.set_health(worker, "not_ready", "test")
-        monitor._evict()
-        assert monitor.sample(worker.id) is None
+        monitor.interval_secs = 3600
+        await nursery.start(monitor.run)
+        leaving, removed = list(gw.gateway.fleet.registry)
+
+        async def until(check) -> None:
+            with trio.fail_after(20):
+                while not check():
+                    await trio.sleep(0.01)
+
+        await until(lambda: monitor.sample(leaving.id) and monitor.sample(removed.id))
+        await gw.gateway.registry.set_health(leaving, "not_ready", "test")
+        await until(lambda: monitor.sample(leaving.id) is None)
+        assert "engine_load" not in (await rows(gw))[leaving.url]
+        r = await gw.client.delete(f"/workers/{removed.id}")
+        assert r.status_code in (200, 202, 204), r.text
+        await until(lambda: monitor.sample(removed.id) is None)
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(
@@ -196,3 +213,24 @@ async def test_a_worker_joining_a_polling_group_is_read_at_once():
         assert (await sample_of(fleet.urls[1]))["loads"][0]["max_total_num_tokens"] == 500000
         assert len(paths(fleet.engines[1], "/v1/loads")) == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_too_large_to_keep_is_no_sample_and_the_route_is_asked_again():
+    # 3 bytes per rank on the wire, about 1 KB each in memory and in every GET /workers: an
+    # engine answering a million ranks took the gateway to 1.5 GB and GET /workers to 14 s.
+    from smgrl.core.engine_load import MAX_RANKS
+
+    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+        engine = fleet.engines[0]
+        (key,) = {group_key(w) for w in gw.gateway.fleet.registry}
+        engine.set_knobs(
+            force_status=200, force_body='{"loads": [' + ",".join(["{}"] * (MAX_RANKS + 1)) + "]}"
+        )
+        await gw.gateway.loads.poll_group(key)
+        assert "engine_load" not in (await rows(gw))[engine.url]
+        assert paths(engine, "/metrics") == ["/metrics"]  # a failed read: /metrics instead
+        # A condition of this answer, not a fact about the route: the next tick asks again.
+        engine.set_knobs(force_status=None, force_body=None)
+        await gw.gateway.loads.poll_group(key)
+        assert paths(engine, "/v1/loads") == ["/v1/loads", "/v1/loads"]
+        assert "engine_load" in (await rows(gw))[engine.url]

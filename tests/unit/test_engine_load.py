@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from smgrl.core.engine_load import NotALoadResponse, metrics_load, parse_loads, scrape
+from smgrl.core.engine_load import (
+    MAX_LOADS_BYTES,
+    MAX_RANKS,
+    LoadsTooLarge,
+    NotALoadResponse,
+    metrics_load,
+    parse_loads,
+    scrape,
+)
 
 # Every field SMG knows, unknown keys at each level, optional sections partly filled.
 RICH = {
@@ -196,3 +204,23 @@ def test_get_loads_totals_are_smgs():
     assert rfc3339_now(1_796_114_405_361_495_294) == "2026-12-01T08:40:05.361495294+00:00"
     assert rfc3339_now(1_796_114_405_361_000_000) == "2026-12-01T08:40:05.361+00:00"
     assert rfc3339_now(1_796_114_405_000_000_000) == "2026-12-01T08:40:05+00:00"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"loads": [' + b",".join([b"{}"] * (MAX_RANKS + 1)) + b"]}",  # 3 bytes a rank, ~1 KB each in memory
+        b'{"version": "' + b"v" * MAX_LOADS_BYTES + b'", "loads": [{}]}',
+        b"x" * (MAX_LOADS_BYTES + 1),  # too large is decided before parsing (cut off at the probe cap)
+    ],
+)
+def test_an_answer_too_large_to_keep_is_refused_this_time_only(body):
+    # Not NotALoadResponse: that one would stop the monitor asking the engine for good.
+    with pytest.raises(LoadsTooLarge):
+        parse_loads(body)
+    assert not issubclass(LoadsTooLarge, NotALoadResponse)
+
+
+def test_the_largest_answer_kept():
+    out = parse_loads(b'{"loads": [' + b",".join([b"{}"] * MAX_RANKS) + b"]}")
+    assert len(out["loads"]) == MAX_RANKS
