@@ -25,16 +25,15 @@ on another process is forwarded, whole, to the owner:
 * Only to a process holding its presence lease (``_check_live``): a gone process's port may be
   another program's by now, and the request carries the caller's key.
 * The owner gone (its presence lease not held, or its loopback port refuses): :class:`PeerGone`;
-  the caller answers 410 ``session_gone`` for a session, 409 ``refit_state`` for a refit (the
-  recovery lease holder resumes the saga and re-checks its transfer). A refit hand-off whose
-  owner accepts but does not answer within ``--request-timeout-secs`` is PeerGone too.
+  the caller answers 410 ``session_gone`` for a session, 503 ``refit_driver_unavailable`` for a
+  refit hand-off (retryable: the recovery lease holder resumes the saga and names itself its
+  driver; the hand-off's route bounds a driver that hangs).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import socket
 import time
 from collections import OrderedDict
@@ -148,12 +147,9 @@ def forwarded_to(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 class Forwarder:
     """This process's peer directory (read from the journal) and its forwarding client."""
 
-    def __init__(self, store, me: Peer, pools: PoolSet | None = None, timeout_secs: float = math.inf) -> None:
+    def __init__(self, store, me: Peer, pools: PoolSet | None = None) -> None:
         self.store = store
         self.me = me
-        # A whole exchange of request() (the gateway's --request-timeout-secs): a process that
-        # accepts but never answers (SIGSTOPped, wedged) does not refuse its port.
-        self.timeout_secs = timeout_secs
         # Own pools: the engines' PoolSet is keyed by engine origin and closed with them.
         self.pools = pools or PoolSet(max_idle=8)
         self._peers: OrderedDict[str, Peer] = OrderedDict()
@@ -308,20 +304,13 @@ class Forwarder:
         """One whole exchange with ``peer`` (small answers: the refit hand-off)."""
         url = self.target(peer, hops_so_far)
         await self._check_live(peer)
-        # Bounded: cancelling the exchange closes its connection (never pooled half-read), and
-        # the peer sees the close as a client gone.
-        with trio.move_on_after(self.timeout_secs) as bound:
-            try:
-                resp, data, _ = await self.pools.get(url).request(
-                    method, target, headers=self._headers(headers, peer, hops_so_far), body=body
-                )
-            except (ConnectError, ReadError) as exc:
-                self._gone(peer, exc)
-                raise PeerGone(self._why(peer)) from None
-        if bound.cancelled_caught:
-            why = f"gateway process {peer.gateway} did not answer within {self.timeout_secs:g} s"
-            self._gone(peer, TimeoutError(why))
-            raise PeerGone(why)
+        try:
+            resp, data, _ = await self.pools.get(url).request(
+                method, target, headers=self._headers(headers, peer, hops_so_far), body=body
+            )
+        except (ConnectError, ReadError) as exc:
+            self._gone(peer, exc)
+            raise PeerGone(self._why(peer)) from None
         return resp.status, [(k, v) for k, v in resp.headers if k not in _HOP_BY_HOP], data
 
     def _gone(self, peer: Peer, exc: Exception) -> None:

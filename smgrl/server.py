@@ -567,7 +567,7 @@ def _forwarder(cfg: Config, store, sharing: Sharing, private: socket.socket) -> 
     port = private.getsockname()[1]
     owner = owner_key(sharing.identity)
     me = Peer(sharing.identity, owner, socket.gethostname(), f"http://127.0.0.1:{port}", cfg.advertise_url)
-    return Forwarder(store, me, timeout_secs=cfg.request_timeout_secs)
+    return Forwarder(store, me)
 
 
 def _started_event(cfg: Config):

@@ -359,32 +359,6 @@ async def test_a_tito_id_created_by_two_processes_at_once_is_one_session(model_d
         assert [(c.session_id, c.owner) for c in created] == [("agent-9", a.gateway.sessions.owner)]
 
 
-async def test_a_hand_off_to_a_process_that_never_answers_is_bounded():
-    """A process that accepts but never answers (stopped with SIGSTOP, or wedged): its port does
-    not refuse, so without a bound the trainer's forwarded commit would wait for ever. It is
-    PeerGone after the gateway's request timeout (the caller answers 409 refit_state)."""
-    from smgrl.forwarding import Forwarder, Peer, PeerGone, owner_key
-
-    received = trio.Event()
-
-    async def hung(stream):
-        await stream.receive_some()  # the request arrives...
-        received.set()
-        await trio.sleep_forever()  # ... and is never answered
-
-    async with trio.open_nursery() as nursery:
-        (listener,) = await nursery.start(functools.partial(trio.serve_tcp, hung, 0, host="127.0.0.1"))
-        port = listener.socket.getsockname()[1]
-        me = Peer("h:1:a", owner_key("h:1:a"), "h", "http://127.0.0.1:1")
-        peer = Peer("h:2:b", owner_key("h:2:b"), "h", f"http://127.0.0.1:{port}")
-        fwd = Forwarder(None, me, timeout_secs=0.2)
-        with trio.fail_after(10), pytest.raises(PeerGone, match="did not answer within"):
-            await fwd.request(peer, "POST", "/v1/rl/refits/r/commit", [], b"{}", 0)
-        assert received.is_set()
-        await fwd.aclose()
-        nursery.cancel_scope.cancel()
-
-
 async def test_first_turns_of_one_tito_id_at_once_on_one_process_are_one_session(model_dir, tmp_path):
     """Several first turns of one client-chosen TITO id reach the same process at once. Each
     reads the journal (whom does it belong to?) before creating it: the first creation must be
