@@ -18,7 +18,7 @@ from journal import SqliteStore
 from smgrl.config import Config, HealthConfig, RlConfig, SessionsConfig
 from smgrl.fake import fake_fleet, model
 from smgrl.server import serve
-from smgrl.sharing import Sharing
+from smgrl.sharing import PRESENCE, Sharing
 from smgrl.tito.testkit import make_model_dir
 
 KEY = "data-plane-secret-key"
@@ -434,6 +434,8 @@ async def test_an_owner_breaking_off_mid_answer_ends_the_answer_without_an_error
                 peer = Peer(
                     gone, owner_key(gone), host, f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
                 )
+                with SqliteStore.open(str(tmp_path / "j.db")) as store:
+                    store.take_lease(PRESENCE + gone, gone, 60)  # alive, as far as leases tell
                 await b.gateway.journal.append(f"peer:{peer.owner}", peer.event())
                 sid = f"{peer.owner}-{'0' * 32}"
                 with caplog.at_level(logging.WARNING), pytest.raises(httpx.RemoteProtocolError):
