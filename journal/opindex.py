@@ -81,6 +81,11 @@ _OUTCOMES, _CLOSED, _END = _I["outcomes"], _I["closed_seq"], _I["end_ts"]
 _RESULT = _I["result"]
 _NEWEST = f"SELECT {', '.join(COLUMNS)} FROM op_index WHERE op_id = ? ORDER BY seq DESC LIMIT 1"
 _REPLACE = f"INSERT OR REPLACE INTO op_index ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+# A stored row's later events change only these columns (from outcomes on). An UPDATE of them
+# leaves the op id and version indexes' pages alone, where a REPLACE (delete + insert) rewrites
+# them: one 4 KiB page less in every fan-out's final transaction.
+_MUTABLE = COLUMNS[_OUTCOMES:]
+_UPDATE = f"UPDATE op_index SET {', '.join(f'{c} = ?' for c in _MUTABLE)} WHERE seq = ?"
 
 # The journal's canonical JSON encoder (the C one): the same text the payloads are encoded with.
 _dumps = _canonical
@@ -178,6 +183,7 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
     than every row of ``op_index``, into ``op_index`` on ``conn``: the one code path of appends
     (which hand in the event objects) and rebuilds (which parse the payloads)."""
     touched: dict[int, list[Any]] = {}  # op row seq -> the row, as it will be written
+    stored_seqs: set[int] = set()  # rows read from op_index (updated), not started in `rows`
     latest: dict[str, int | None] = {}  # op id -> its newest op row seq (None: there is none)
     for seq, ts, type_, payload, event in rows:
         p = _fields(type_, payload, event)
@@ -196,6 +202,7 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
             target = latest[op_id] = stored[0] if stored else None
             if stored:
                 touched[target] = list(stored)
+                stored_seqs.add(target)
         if target is None:
             continue  # its start is not in the journal: no operation (as OpsFold)
         row = touched[target]
@@ -214,8 +221,11 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
             )  # fmt: skip
         elif row[_RESULT] is None:  # control.interrupted ends an operation still open
             row[_END], row[_RESULT] = ts, "interrupted"
-    if touched:
-        conn.executemany(_REPLACE, touched.values())
+    if stored_seqs:
+        conn.executemany(_UPDATE, [(*touched[seq][_OUTCOMES:], seq) for seq in stored_seqs])
+    fresh = [row for seq, row in touched.items() if seq not in stored_seqs]
+    if fresh:
+        conn.executemany(_REPLACE, fresh)
 
 
 _CHUNK = 20_000  # events per rebuild step: memory holds one step's touched rows
