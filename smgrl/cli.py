@@ -496,7 +496,7 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
 
 
 def run_gateway(cfg: Config) -> None:
-    from smgrl import hypercorn_patches, logs
+    from smgrl import gctune, hypercorn_patches, logs
     from smgrl.server import serve
 
     # Before trio.run: a refusal here is a plain ConfigError (one line, exit 1), not wrapped in
@@ -508,6 +508,7 @@ def run_gateway(cfg: Config) -> None:
 
     # A --workers N worker (smgrl/supervisor.py started it): its group, socket and pipes.
     sharing = Sharing.from_env()
+    gctune.tune()  # everything imported so far lives as long as the process (smgrl/gctune.py)
 
     async def main_task() -> None:
         shutdown, stop_now = trio.Event(), trio.Event()

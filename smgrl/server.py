@@ -55,7 +55,7 @@ from journal import (
     describe,
     is_postgres_url,
 )
-from smgrl import __version__, hypercorn_patches
+from smgrl import __version__, gctune, hypercorn_patches
 from smgrl.api.metrics_server import serve_metrics
 from smgrl.app import create_app
 from smgrl.config import Config
@@ -361,6 +361,7 @@ async def _run(
                         urls = urls[: len(sockets.insecure_sockets)]  # the private one last
                     inner.start_soon(_stop_watch, gateway, shutdown, stop_now, inner.cancel_scope)
                     task_status.started(Running(gateway, urls, metrics_url))
+                    gctune.freeze_startup()  # the replayed state, the app: the process's own
                     if sharing is not None:
                         sharing.report_ready({"pid": os.getpid(), "metrics_url": metrics_url, "urls": urls})
                     log_event(
