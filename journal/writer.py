@@ -207,15 +207,31 @@ class JournalWriter:
         return Pending(*self._enqueue([Append(stream, event, secrets)]))
 
     async def enqueue(
-        self, stream: str, event: Event | UnknownEvent, *, secrets: Mapping[str, str | None] | None = None
+        self,
+        stream: str,
+        event: Event | UnknownEvent,
+        *,
+        secrets: Mapping[str, str | None] | None = None,
+        alone: bool = False,
     ) -> Pending:
         """Wait for room in the queue, enqueue, and return the receipt (not yet durable).
 
         Cancelled before it returns, nothing was enqueued; once it returned, the event WILL be
         written (see ``append``). So a caller knows exactly whether it has something to close.
+
+        ``alone``: when the writer is idle, commit the event in this task before returning (its
+        receipt is then already done), as ``append_many`` does a group (``_commit_here``); else
+        it is queued as usual, and may share a batch. For an operation's intent, which the
+        caller awaits at once: the hand-off to the writer task and back is skipped. Not for
+        appends that arrive in bursts (sessions, registrations): committed one by one in their
+        own tasks they would stop sharing transactions.
         """
         item = Append(stream, event, secrets)
         await self._wait_for_room()
+        if alone:
+            batch = _Batch(items=[item], sealed=True)
+            if self._commit_here(batch):
+                return Pending(batch, 0)
         return Pending(*self._enqueue([item]))
 
     async def append(

@@ -323,7 +323,8 @@ class ControlService:
             gateway=self.identity,
         )
         try:
-            pending = await self.journal.enqueue(f"op:{op_id}", event)
+            # alone: committed here when the writer is idle (the caller awaits it at once).
+            pending = await self.journal.enqueue(f"op:{op_id}", event, alone=True)
         except JournalWriteError as exc:
             raise JournalUnavailable(f"the journal cannot record this operation: {exc}") from exc
         return _Op(op_id, pending, ctx)

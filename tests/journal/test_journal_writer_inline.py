@@ -271,3 +271,29 @@ async def test_a_group_commits_in_the_appenders_task_while_the_writer_is_idle(tm
         store.inner.close()
     with SqliteStore.open(tmp_path / "j.db", readonly=True) as reader:
         assert reader.count() == 5 and reader.verify().ok
+
+
+async def test_an_event_enqueued_alone_commits_in_the_callers_task_while_the_writer_is_idle(tmp_path):
+    """An operation's intent (``enqueue(alone=True)``) is durable when ``enqueue`` returns if the
+    writer was idle; with anything queued before it, it is queued behind it, in order, and may
+    share that batch (as every enqueue did before)."""
+    store = TaskRecordingStore(SqliteStore.open(tmp_path / "j.db"))
+    writer = JournalWriter(store)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await trio.testing.wait_all_tasks_blocked()  # the writer is parked
+            me = trio.lowlevel.current_task()
+            intent = await writer.enqueue("op:a", registered("w1"), alone=True)
+            assert intent.done and store.tasks == [me] and writer.commits == 1
+            assert (await intent.wait()).seq == 1
+            queued = writer.append_nowait("workers", registered("w2"))  # the writer is busy now
+            second = await writer.enqueue("op:b", registered("w3"), alone=True)
+            assert not second.done  # queued behind w2, not committed ahead of it
+            assert (await queued.wait()).seq == 2 and (await second.wait()).seq == 3
+            assert len(store.tasks) == 2 and store.tasks[1] is not me and writer.commits == 2
+            await writer.aclose()
+    finally:
+        store.inner.close()
+    with SqliteStore.open(tmp_path / "j.db", readonly=True) as reader:
+        assert reader.count() == 3 and reader.verify().ok
