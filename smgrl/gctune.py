@@ -1,10 +1,10 @@
-"""The gateway process's cyclic garbage collector settings (``smgrl serve`` only, never a library user).
+"""The gateway process's cyclic garbage collector settings (``smgrl serve`` / ``launch`` only).
 
 Why: CPython's defaults (a young collection every 700 net container allocations, a full one when
 the objects promoted since the last exceed a quarter of the old ones) cost a running gateway
 about 0.6 ms of CPU per 64-engine fan-out, and every few seconds under load a full collection
 walks every object the imports, the journal replay and the projections left behind (about
-75,000 objects, 65-70 ms with the event loop stopped: every request in flight waits). Those
+75,000 objects, 35-70 ms with the event loop stopped: every request in flight waits). Those
 objects live as long as the process, so scanning them again finds nothing.
 
 * ``tune()``, before ``trio.run``: the young generation collects every ``YOUNG_THRESHOLD``
@@ -15,8 +15,9 @@ objects live as long as the process, so scanning them again finds nothing.
   the app, the pools) are frozen too. Does nothing unless ``tune()`` ran in this process, so
   in-process servers (the tests) keep the interpreter's settings.
 
-Cycles are still collected: only the moment changes (and frozen objects are never freed, which
-is what they are: the process's own).
+Cycles among new objects are still collected: only the moment changes. A frozen object is still
+freed by reference counting when the process drops it; only a cycle among frozen objects stays
+(startup state that lives as long as the process).
 """
 
 from __future__ import annotations
