@@ -256,6 +256,10 @@ class DataPlaneASGI:
             header = found.get(b"x-smg-version-policy")
             if header is not None:
                 policy = VersionPolicy.parse(header.decode("latin-1"))
+        if fields is None and _ROUTING_HEADERS.isdisjoint(found):
+            # No routing header and no routing field: what ``metadata.parse`` answers for
+            # nothing, without its dozen lookups (most rollout requests carry none).
+            return policy, metadata.PLAIN
         return policy, metadata.parse(_routing_headers(found), fields)
 
     async def _read_body(self, length: bytes | None, receive: Receive, hold, scope: Scope) -> bytes:

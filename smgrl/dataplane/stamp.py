@@ -21,6 +21,7 @@ the object). Error answers (non-2xx) are never touched.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -42,8 +43,15 @@ def _valid(value: Any) -> str | None:
     "no version" and does not override the table (an API version write, say)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None
+    return _valid_text(str(value))
+
+
+@functools.lru_cache(maxsize=256)
+def _valid_text(text: str) -> str | None:
+    # Cached: every answer of a fleet reports one of a few versions, and the check walks the
+    # version's bytes one by one (a dozen calls per answer otherwise).
     try:
-        version = validate_version(str(value))
+        version = validate_version(text)
     except MalformedVersion:
         return None
     return None if version == DEFAULT_VERSION else version
