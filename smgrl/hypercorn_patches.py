@@ -228,7 +228,8 @@ def _checked_response(headers: list, status_code: Any) -> h11.Response:
 
 async def _coalescing_stream_send(self, event) -> None:
     pending = getattr(self, "_smgrl_head", None)
-    if isinstance(event, Response) and event.status_code >= 200:
+    kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
+    if kind is Response and event.status_code >= 200:
         headers = list(chain(event.headers, self.config.response_headers("h11")))
         if self.keep_alive_requests >= self.config.keep_alive_max_requests:
             headers.append((b"connection", b"close"))
@@ -238,8 +239,8 @@ async def _coalescing_stream_send(self, event) -> None:
             if self.connection.their_state != h11.ERROR:
                 raise
         return
-    if isinstance(event, (Body, EndBody)):
-        if isinstance(event, Body):
+    if kind is Body or kind is EndBody:
+        if kind is Body:
             data = self.connection.send(h11.Data(data=event.data))
         else:
             data = self.connection.send(h11.EndOfMessage())
