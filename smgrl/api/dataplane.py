@@ -15,6 +15,7 @@ streams chunk by chunk as they arrive, never buffered.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -510,6 +511,20 @@ async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
             return
 
 
+@functools.lru_cache(maxsize=1024)
+def _instance_headers(url: str, worker_id: str, group: str, dp_rank: int | None) -> tuple:
+    """The serving instance's headers, encoded once per instance (a few per fleet) rather than
+    on every answer."""
+    return (
+        # SMG names the serving worker's URL (``@rank`` for DP ranks); smgrl adds its registry id.
+        (b"x-smg-routed-worker-id", url.encode()),
+        (b"x-smgrl-worker-id", worker_id.encode()),
+        # PSRL's echo: the serving instance (worker, DP rank), so a session can re-send it.
+        (b"x-base-worker-id", group.encode()),
+        (b"x-target-dp-rank", str(dp_rank or 0).encode()),
+    )
+
+
 class _Relay:
     """Sends one rollout request's answer: buffered or streamed, errors before the first byte."""
 
@@ -538,12 +553,7 @@ class _Relay:
         out = [(k, v) for k, v in response.headers if k in RELAYED]
         out.append((b"x-request-id", self.rid))
         instance = dispatched.instance
-        # SMG names the serving worker's URL (``@rank`` for DP ranks); smgrl adds its registry id.
-        out.append((b"x-smg-routed-worker-id", instance.url.encode()))
-        out.append((b"x-smgrl-worker-id", instance.worker_id.encode()))
-        # PSRL's echo: the serving instance (worker, DP rank), so a session can re-send it.
-        out.append((b"x-base-worker-id", instance.group.encode()))
-        out.append((b"x-target-dp-rank", str(instance.dp_rank or 0).encode()))
+        out.extend(_instance_headers(instance.url, instance.worker_id, instance.group, instance.dp_rank))
         return out
 
     def _stamped(self, stamp: Stamp) -> list[tuple[bytes, bytes]]:
