@@ -199,8 +199,8 @@ class IdleWatch:
 
 
 # h11's header checks (h11/_headers.py), made here in one C call per header (patch 12).
-_FIELD_NAME = getattr(h11._headers, "_field_name_re", None)
-_FIELD_VALUE = getattr(h11._headers, "_field_value_re", None)
+_FIELD_NAME = getattr(getattr(h11, "_headers", None), "_field_name_re", None)
+_FIELD_VALUE = getattr(getattr(h11, "_headers", None), "_field_value_re", None)
 _GOOD_NAMES: set[bytes] = set()  # header names that passed h11's name check (a few dozen)
 _GOOD_NAMES_MAX = 4096
 
@@ -212,7 +212,7 @@ def _checked_response(headers: list, status_code: Any) -> h11.Response:
     its content-length and transfer-encoding checks. Anything unusual (a name or value that is
     not ``bytes``, a status that is not an ``int``, a header h11 would refuse) goes through the
     stock construction, which then raises h11's own error."""
-    if _FIELD_VALUE is None or type(status_code) is not int:
+    if _FIELD_VALUE is None or _FIELD_NAME is None or type(status_code) is not int:
         return h11.Response(headers=headers, status_code=status_code)
     good = _GOOD_NAMES
     for name, value in headers:
