@@ -8,6 +8,7 @@ case). No URL parser on purpose: the pool validates the origin it connects to
 
 from __future__ import annotations
 
+import functools
 import re
 
 _AUTHORITY_END = re.compile(r"[/?#]")
@@ -32,6 +33,9 @@ def origin_of(url: str) -> str:
     return f"{scheme}://{authority}"
 
 
+@functools.lru_cache(maxsize=4096)
 def origin_key(url: str) -> str:
-    """``origin_of`` without case: two URLs reach the same engine iff their keys are equal."""
+    """``origin_of`` without case: two URLs reach the same engine iff their keys are equal.
+    Cached: the data plane looks up its engine's pool by it on every request, for a few
+    engine URLs."""
     return origin_of(url).lower()

@@ -671,7 +671,10 @@ class DataPlane:
         return max(0.0, delay * jitter) / 1000
 
     def _record(self, base_url: str, success: bool) -> None:
-        self.breakers.record(base_url, success, self._now())
+        breakers = self.breakers
+        if success and base_url not in breakers.by_engine:
+            return  # what ``Breakers.record`` does for a healthy engine, without reading the clock
+        breakers.record(base_url, success, self._now())
 
 
 # Hold reasons that release a session's pin: the instance is not coming back by itself (an

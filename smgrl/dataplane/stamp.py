@@ -21,6 +21,7 @@ the object). Error answers (non-2xx) are never touched.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import attrs
 
 from smgrl.core import MalformedVersion, Version, validate_version
+from smgrl.core.version import MAX_VERSION_BYTES
 
 DEFAULT_VERSION = "default"
 UNVERSIONED_TAG = "-1"  # PSRL's x-version-tag for "no version"
@@ -42,11 +44,22 @@ def _valid(value: Any) -> str | None:
     "no version" and does not override the table (an API version write, say)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None
+    text = str(value)
+    # Cached: every answer of a fleet reports one of a few versions, and the check walks the
+    # version's bytes one by one (a dozen calls per answer otherwise). Only short texts are
+    # kept (an engine's odd value must not pin memory); a longer one is refused anyway.
+    return _valid_cached(text) if len(text) <= 2 * MAX_VERSION_BYTES else _valid_text(text)
+
+
+def _valid_text(text: str) -> str | None:
     try:
-        version = validate_version(str(value))
+        version = validate_version(text)
     except MalformedVersion:
         return None
     return None if version == DEFAULT_VERSION else version
+
+
+_valid_cached = functools.lru_cache(maxsize=256)(_valid_text)
 
 
 def _same(a: str, b: str) -> bool:

@@ -18,6 +18,15 @@ if sys.argv[1] == "patched":
     assert hypercorn_patches.apply()
 
 BIG = bytes(range(256)) * 4096  # 1 MiB
+MANY = [(b"X-Mixed-Case", b"v"), (b"x-dup", b"1"), (b"x-dup", b"2"), (b"x-empty", b""),
+        (b"x-inner-space", b"a b"), (b"x-tab", b"a\tb"), (b"content-length", b"2")]
+HEADERS = {
+    "/headers": MANY, "/headers-again": MANY,  # the second time, the names are known good
+    "/bad-value": [(b"x-bad", b"a\r\nx-injected: 1"), (b"content-length", b"2")],
+    "/bad-name": [(b"x bad", b"v"), (b"content-length", b"2")],
+    "/bad-ctl": [(b"x-bad", b"a\x00b"), (b"content-length", b"2")],
+    "/bad-length": [(b"content-length", b"2"), (b"content-length", b"3")],
+}
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -44,6 +53,10 @@ async def app(scope, receive, send):
     if path == "/empty":
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
+        return
+    if path in HEADERS:  # many headers, or one h11 refuses: the same answer or the same refusal
+        await send({"type": "http.response.start", "status": 200, "headers": HEADERS[path]})
+        await send({"type": "http.response.body", "body": b"ok"})
         return
     payload = BIG if path == "/big" else b"%s %s %d:" % (scope["method"].encode(), path.encode(), len(body)) + body
     head = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(payload))]
@@ -89,6 +102,18 @@ CASES = {
         b"body",
         b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
     ],
+    "response headers": [
+        b"GET /headers HTTP/1.1\r\n" + H + b"\r\n",
+        b"GET /headers-again HTTP/1.1\r\n" + H + b"\r\n",
+        b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    **{
+        f"refused response header {path}": [
+            b"GET %s HTTP/1.1\r\n" % path.encode() + H + b"\r\n",
+            b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+        ]
+        for path in ("/bad-value", "/bad-name", "/bad-ctl", "/bad-length")
+    },
     "large answer": [b"GET /big HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
     "malformed request": [b"GET / HTTP/1.1\r\nbad header line\r\n\r\n"],
 }

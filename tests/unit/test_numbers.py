@@ -46,6 +46,12 @@ def test_round_trips_every_decimal_integer_in_range(n):
     assert parse_uint(str(n)) == (n if n >= 0 else None)
 
 
+@given(st.binary(max_size=24) | st.text("0123456789", max_size=24).map(str.encode))
+def test_bytes_read_as_their_latin1_text(raw):
+    # parse_uint's fast path for bytes answers what the text path answers.
+    assert parse_uint(raw) == parse_uint(raw.decode("latin-1"))
+
+
 def test_header_lengths_go_through_the_one_parser():
     # A Content-Length past int()'s 4,300-digit limit raised ValueError in the /v1/rl body check
     # (bytes.isdigit() then int()); it is simply "too large" now, as parse_uint reads it.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from smgrl.dataplane.affinity import Routed
-from smgrl.routing.metadata import InstanceId, InvalidRoutingMetadata, RoutingMeta, parse
+from smgrl.routing.metadata import PLAIN, InstanceId, InvalidRoutingMetadata, RoutingMeta, parse
 from smgrl.routing.version_policy import InvalidVersionPolicy
 
 
@@ -100,3 +100,10 @@ def test_hint_is_honoured_only_when_opted_in(sticky, once, honoured):
     assert (routed.hint() is not None) is sticky
     routed.loop_hint = InstanceId("v", 1)  # a loopback's own hint always pins
     assert routed.hint() == InstanceId("v", 1)
+
+
+def test_a_request_with_no_routing_header_or_field_is_plain():
+    # The data plane answers PLAIN for such a request without calling parse (api/dataplane.py).
+    assert parse(lambda name: None) == PLAIN
+    assert parse(lambda name: None, {}) == PLAIN
+    assert not PLAIN.staged
