@@ -2,6 +2,7 @@
 
 import json
 
+import attrs
 import pytest
 
 from smgrl.tito.chat import ChatTokenizer, TemplateError, TitoError
@@ -88,3 +89,33 @@ def _set_template(d, source):
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["chat_template"] = source
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+class _Spy:
+    """The real tokenizer, recording which of its encode methods is called."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        if name.startswith("encode"):
+            self.calls.append(name)
+        return getattr(self.tokenizer, name)
+
+
+def test_a_long_text_is_encoded_with_the_gil_released(chat):
+    # tokenizers' Tokenizer.encode keeps the GIL for its whole Rust call: a multi-MB prompt
+    # encoded in a worker thread still stalled the gateway's event loop for seconds; encode_batch
+    # releases the GIL. The ids must be the same either way.
+    from smgrl.tito.chat import GIL_FREE_CHARS
+
+    text = chat.render([{"role": "user", "content": "read the file and run the test " * 1000}])
+    assert len(text) > GIL_FREE_CHARS
+    expected = chat.tokenizer.encode(text, add_special_tokens=False).ids
+    spy = _Spy(chat.tokenizer)
+    twin = attrs.evolve(chat, tokenizer=spy)
+    assert twin.encode(text) == expected
+    assert spy.calls == ["encode_batch"]
+    assert twin.encode("short") == chat.tokenizer.encode("short", add_special_tokens=False).ids
+    assert spy.calls == ["encode_batch", "encode"]
