@@ -231,7 +231,14 @@ async def _coalescing_stream_send(self, event) -> None:
     kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
     if kind is Response and event.status_code >= 200:
         headers = list(chain(event.headers, self.config.response_headers("h11")))
-        if self.keep_alive_requests >= self.config.keep_alive_max_requests:
+        # An answer that starts before the request body has all arrived (an early 404/401/413)
+        # ends the connection: hypercorn closes it after the answer (the body was never read).
+        # Say so (RFC 9112 section 9.6), or a client reuses the connection and its next request
+        # races our close (patch 13; stock hypercorn and SMG 1.13.0 close without saying so).
+        if (
+            self.keep_alive_requests >= self.config.keep_alive_max_requests
+            or self.connection.their_state is h11.SEND_BODY
+        ):
             headers.append((b"connection", b"close"))
         try:
             self._smgrl_head = self.connection.send(_checked_response(headers, event.status_code))
