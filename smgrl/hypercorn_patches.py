@@ -34,6 +34,9 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
    task steps, against 18 stock (``benchmarks/hypercorn_steps.py``).
 8. **Nothing per request for the cycle collector, one deadline move, no shield** (``_AppPut``,
    ``IdleWatch``, ``_shielded_maybe_recycle``).
+9. **An early answer says ``connection: close``** (``_coalescing_stream_send``): an answer that
+   starts before the request body has arrived ends the connection; stock hypercorn did not say
+   so, and a keep-alive client's next request raced the close (docs/hypercorn-patches.md, 13).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
 version, and tests/unit/test_hypercorn_patches.py hashes the source of every stock function
