@@ -34,6 +34,9 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
    task steps, against 18 stock (``benchmarks/hypercorn_steps.py``).
 8. **Nothing per request for the cycle collector, one deadline move, no shield** (``_AppPut``,
    ``IdleWatch``, ``_shielded_maybe_recycle``).
+9. **An early answer says ``connection: close``** (``_coalescing_stream_send``): an answer that
+   starts before the request body has arrived ends the connection; stock hypercorn did not say
+   so, and a keep-alive client's next request raced the close (docs/hypercorn-patches.md, 13).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
 version, and tests/unit/test_hypercorn_patches.py hashes the source of every stock function
@@ -231,7 +234,14 @@ async def _coalescing_stream_send(self, event) -> None:
     kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
     if kind is Response and event.status_code >= 200:
         headers = list(chain(event.headers, self.config.response_headers("h11")))
-        if self.keep_alive_requests >= self.config.keep_alive_max_requests:
+        # An answer that starts before the request body has all arrived (an early 404/401/413)
+        # ends the connection: hypercorn closes it after the answer (the body was never read).
+        # Say so (RFC 9112 section 9.6), or a client reuses the connection and its next request
+        # races our close (patch 13; stock hypercorn and SMG 1.13.0 close without saying so).
+        if (
+            self.keep_alive_requests >= self.config.keep_alive_max_requests
+            or self.connection.their_state is h11.SEND_BODY
+        ):
             headers.append((b"connection", b"close"))
         try:
             self._smgrl_head = self.connection.send(_checked_response(headers, event.status_code))

@@ -377,6 +377,37 @@ async def test_an_early_quart_answer_with_the_body_still_to_come_closes_the_conn
         shutdown.set()
 
 
+async def test_an_answer_sent_before_the_body_arrived_says_the_connection_closes():
+    """RFC 9112 section 9.6: a server that will close after its answer says `connection: close`.
+    An answer that starts before the request body has arrived ends the connection (the body is
+    never read); stock hypercorn closed it without saying so, so a keep-alive client (requests)
+    sent its next request on it and, when our close came a moment later, got
+    `RemoteDisconnected` (tests/e2e/test_faults.py, once in four runs under load). A body that
+    came with its head is read by then: that connection stays alive (patch 13)."""
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 8\r\n\r\n")
+        status, headers, payload, rest = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 413") and payload == TOO_LARGE
+        assert headers.get(b"connection") == b"close"
+        await stream.send_all(b'{"a": 1}')  # the body, after the answer
+        await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")  # not served: we said close
+        with trio.fail_after(5):
+            assert rest + await stream.receive_some(100) == b""
+        await stream.aclose()
+        # The same early answer to a body that came with its head: kept alive, nothing announced.
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b'POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 8\r\n\r\n{"a": 1}')
+        status, headers, _, rest = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 413") and b"connection" not in headers and rest == b""
+        await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        status, _, payload, _ = await read_response(stream)
+        assert status.startswith(b"HTTP/1.1 200") and payload == b"echo:"
+        await stream.aclose()
+        shutdown.set()
+
+
 async def test_the_drain_is_bounded_in_time(monkeypatch):
     monkeypatch.setattr(hypercorn_patches, "DRAIN_SECS", 0.2)
     async with trio.open_nursery() as nursery:
