@@ -234,3 +234,34 @@ async def test_an_answer_too_large_to_keep_is_no_sample_and_the_route_is_asked_a
         await gw.gateway.loads.poll_group(key)
         assert paths(engine, "/v1/loads") == ["/v1/loads", "/v1/loads"]
         assert "engine_load" in (await rows(gw))[engine.url]
+
+
+async def test_a_large_answer_is_parsed_off_the_event_loop(monkeypatch):
+    # A 3 MB /metrics took ~290 ms of the event loop per tick, every request waiting: a large
+    # answer is parsed in a worker thread (the same sample), a small one on the loop.
+    import threading
+
+    from smgrl.core.engine_load import parse_loads
+    from smgrl.registry import loads
+
+    threads: list[int] = []
+
+    def spy(data):
+        threads.append(threading.get_ident())
+        return parse_loads(data)
+
+    monkeypatch.setattr(loads, "parse_loads", spy)
+    ranks = ",".join(f'{{"dp_rank": {i}, "num_running_reqs": {i}, "pad": "{"x" * 120}"}}' for i in range(700))
+    big = '{"version": "0.5.23", "dp_rank_count": 700, "loads": [' + ranks + "]}"
+    assert len(big) > loads.THREAD_PARSE_BYTES
+    async with fake_fleet("sglang", 1) as fleet, gateway_in_process(CFG, worker_urls=fleet.urls) as gw:
+        engine = fleet.engines[0]
+        (key,) = {group_key(w) for w in gw.gateway.fleet.registry}
+        await gw.gateway.loads.poll_group(key)  # the fake's own small answer
+        engine.set_knobs(force_status=200, force_body=big)
+        await gw.gateway.loads.poll_group(key)
+        load = (await rows(gw))[engine.url]["engine_load"]
+        assert [r["dp_rank"] for r in load["loads"]] == list(range(700))
+    loop_thread = threading.get_ident()
+    assert threads[0] == loop_thread  # small: on the loop
+    assert threads[1] != loop_thread  # large: in a worker thread

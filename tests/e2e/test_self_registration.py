@@ -35,7 +35,13 @@ class Forwarder:
                 client, _ = self.sock.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.target, timeout=10)
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                # The gateway is not listening yet (its load monitor or health checker can reach
+                # this port first): refuse this one connection, as the target did, and go on.
+                client.close()
+                continue
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
