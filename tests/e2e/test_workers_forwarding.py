@@ -168,7 +168,11 @@ def test_the_driver_of_a_distributed_refit_is_killed_mid_transfer_and_the_new_dr
     rid = body["refit_id"]
     wait_until(
         "awaiting_transfer",
-        lambda: request(b.url, "GET", f"/v1/rl/refits/{rid}")[2]["state"] == "awaiting_transfer",
+        # B may not have caught up with A's refit.started yet (404 until it has): a bounded lag.
+        lambda: (
+            (r := request(b.url, "GET", f"/v1/rl/refits/{rid}"))[0] == 200
+            and r[2]["state"] == "awaiting_transfer"
+        ),
     )
     chunk = {"names": ["w"], "dtypes": ["float32"], "shapes": [[2, 2]]}
     st, _, body = request(b.url, "POST", f"/v1/rl/refits/{rid}/transfer", chunk)
