@@ -14,7 +14,7 @@ may land on several of them, so the pin is a decision made once, the way a URL r
 * **release**: the deciding process releases the pin (``dataplane.group_released``) once its
   own last running request of the group ended. Not a commit of its own: the release waits
   (``pending``) and rides in the transaction of this process's next pin decision, or in the
-  flush every ``FLUSH_SECS`` (``run``) when no decision comes, so a group costs one journal
+  flush ``FLUSH_SECS`` after it (``run``) when no decision comes, so a group costs one journal
   commit in steady state. A request of the group arriving meanwhile takes its pending release
   back (``rejoined``). The other processes keep the pin they joined while their own requests
   of the group run (the hold, ``GroupPins``), so a release never moves requests already routed
@@ -63,6 +63,8 @@ class PinJournal:
         # again meanwhile (``rejoined``): if the decision is refused they are not put back.
         self._riding: set[str] = set()
         self._retracted: set[str] = set()
+        # Set when a release becomes pending: ``run`` sleeps on it, not on a timer, while none is.
+        self._released = trio.Event()
 
     @property
     def identity(self) -> str:
@@ -103,6 +105,7 @@ class PinJournal:
     def release(self, prompt_id: str, pin: Pin) -> None:
         """The pin ended here: its release waits for the next decision or flush (``pending``)."""
         self.pending[stream(prompt_id)] = GroupReleased(prompt_id=prompt_id, pin_seq=pin.seq)
+        self._released.set()
 
     def rejoined(self, prompt_id: str) -> None:
         """A request of the group started here again before its release was journaled: the pin
@@ -127,11 +130,14 @@ class PinJournal:
             log.warning("could not journal the release of %d prompt-group pins: %r", len(riders), exc)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Flush the pending releases every ``FLUSH_SECS`` (those no decision took along)."""
+        """Flush the pending releases ``FLUSH_SECS`` after one became pending (those no decision
+        took along meanwhile). Idle while none is: no wake-up per ``FLUSH_SECS``."""
         task_status.started()
         try:
             while True:
-                await trio.sleep(FLUSH_SECS)
+                await self._released.wait()
+                self._released = trio.Event()
+                await trio.sleep(FLUSH_SECS)  # a pin decision meanwhile takes them along
                 if self.pending:
                     self.flush()
         finally:
@@ -142,6 +148,8 @@ class PinJournal:
         for key, event in riders.items():
             if key not in self._retracted:
                 self.pending.setdefault(key, event)  # a newer release of the same stream wins
+        if self.pending:
+            self._released.set()
 
 
 def gone_releases(pins: dict[str, Pin], gone: Callable[[str], bool]) -> list[tuple[str, GroupReleased]]:

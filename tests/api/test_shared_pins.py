@@ -211,3 +211,17 @@ async def test_a_release_rides_in_the_next_pin_decisions_transaction(tmp_path, m
         (g6 + 1, "dataplane.group_released", "g-5"),  # the same transaction as g-6's pin
         (rows[-1][0], "dataplane.group_released", "g-6"),
     ]
+
+
+async def test_a_release_no_decision_takes_along_is_flushed_by_the_pins_task(tmp_path):
+    """No later pin decision on A: the pins task (woken by the release, not by a timer) writes
+    the release within FLUSH_SECS, with no explicit flush."""
+    path = str(tmp_path / "j.db")
+    async with fake_fleet("sglang", n=2) as engines, two_gateways(path, engines) as (a, _):
+        r = await a.client.post("/generate", json=GEN, headers={"x-prompt-id": "g-9"})
+        assert r.status_code == 200, r.text
+        await until(lambda: not a.gateway.dataplane.pins.pending)
+        await a.writer.flush()
+    (pinned,) = events(path, "dataplane.group_pinned")
+    (released,) = events(path, "dataplane.group_released")
+    assert (released.event.prompt_id, released.event.pin_seq) == ("g-9", pinned.seq)
