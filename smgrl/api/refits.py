@@ -229,33 +229,34 @@ class RefitsApi:
         # the trainer's call for ever. Its longest answer is a chunk's engine calls (each bounded
         # by the control timeout, run at once). commit/fail are idempotent: the retry is safe.
         wait = self.gateway.cfg.rl.control_timeout_secs + HAND_OFF_MARGIN_SECS
+
+        def state() -> str:  # the saga's state when the hand-off could not be forwarded
+            return self.service.get(refit_id).to_json()["state"]
+
         try:
             with trio.fail_after(wait):
                 status, out, body = await fwd.request(
                     peer, request.method, target.decode("latin-1"), headers, data, hops(headers)
                 )
         except trio.TooSlowError:
-            saga = self.service.get(refit_id)
             raise RefitDriverUnavailable(
                 f"refit `{refit_id}` is driven by gateway process {peer.gateway}, which did not"
                 f" answer within {wait:g}s: retry this call (docs/scale-out.md)",
-                state=saga.to_json()["state"],
+                state=state(),
             ) from None
         except PeerUnreachable as exc:  # never from here (configuration): retrying cannot help
-            saga = self.service.get(refit_id)
             raise RefitState(
                 f"refit `{refit_id}` is driven by another gateway process, which cannot take the"
                 f" trainer's call from here: {exc} (docs/scale-out.md)",
-                state=saga.to_json()["state"],
+                state=state(),
             ) from None
         except PeerGone as exc:
             # The driver died: the recovery lease's holder resumes the saga once the driver's
             # presence lease expired; the trainer retries this same call meanwhile.
-            saga = self.service.get(refit_id)
             raise RefitDriverUnavailable(
                 f"refit `{refit_id}` is driven by another gateway process: {exc}. Another process"
                 " resumes the saga within seconds: retry this call (docs/scale-out.md)",
-                state=saga.to_json()["state"],
+                state=state(),
             ) from None
         # The owner served it and journaled its audit event: not a second one from here (the
         # log line here remains). Only once it answered: a call that never reached it is
