@@ -33,6 +33,7 @@ from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
 from smgrl.dataplane.request import RolloutRequest
@@ -101,6 +102,8 @@ class DataPlane:
         self.keys = keys
         self.rng = rng or random.Random()
         dataplane_cfg = cfg.dataplane
+        # What engines last reported per instance (POST /workers/update_stats).
+        self.instance_stats = InstanceStatsTable()
         self.policy = make_policy(
             cfg.policy,
             self.rng,
@@ -110,7 +113,9 @@ class DataPlane:
                 balance_rel_threshold=dataplane_cfg.balance_rel_threshold,
                 max_tree_size=dataplane_cfg.max_tree_size,
             ),
+            reported=lambda instance: self.instance_stats.requests(*staged.identity(instance)),
         )
+        self.ranked = getattr(self.policy, "ranked", False)
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
@@ -307,6 +312,7 @@ class DataPlane:
                     group_pin=self.groups.pin(routed.meta.prompt_id),
                     refused=routed.refused,
                     choose=lambda group: self._choose(group, req, routing_key, exclude),
+                    ranked=self.ranked,
                 )
                 if decision.held:
                     held = held + decision.held

@@ -12,7 +12,9 @@ version policy and the circuit breakers), in this order:
 4. **prompt-group pin**: restrict to the group's pinned instance if it is a candidate, else
    fall through;
 5. **version sort**: newest first for an unversioned request, lowest acceptable first for a
-   versioned one; the candidates sharing the first key go to the configured policy.
+   versioned one; the candidates sharing the first key go to the configured policy (a
+   ``ranked`` policy, ``request_num_balance``, gets them all in that order instead: PSRL's
+   fork ranks every candidate by load and uses the order only to break ties).
 
 Version order for the sort, a total order consistent with ``fleet_max``: unversioned < text
 versions (lexically, bytewise) < numeric versions (by value). (The floor of stage 1 keeps the
@@ -86,6 +88,7 @@ def select(
     group_pin: InstanceId | None,
     refused: Collection[tuple[str, int]],
     choose: Callable[[Sequence[Candidate]], Candidate],
+    ranked: bool = False,
 ) -> Decision:
     """Stages 1-5 over ``candidates``; ``hint`` is only passed when it is to be honoured."""
     held: Counter = Counter()
@@ -108,6 +111,10 @@ def select(
             pinned = [c for c in kept if matches(c.instance, pin)]
             if pinned:
                 return Decision(pinned[0] if len(pinned) == 1 else choose(pinned), stage, held)
+    if ranked and len(kept) > 1:
+        # A stable sort: candidates of one version keep the table's order.
+        order = sorted(kept, key=lambda c: sort_key(c.version), reverse=floor is None)
+        return Decision(choose(order), "version", held)
     keys = [sort_key(c.version) for c in kept]
     best = min(keys) if floor is not None else max(keys)
     group = [c for c, k in zip(kept, keys, strict=True) if k == best]
