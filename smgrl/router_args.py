@@ -20,8 +20,10 @@ import dataclasses
 from dataclasses import field
 from typing import Any
 
+from smgrl.errors import ConfigError
 
-class RouterArgsError(ValueError):
+
+class RouterArgsError(ConfigError):
     """A value ``from_cli_args`` cannot parse, or one smgrl cannot honour (one line)."""
 
 

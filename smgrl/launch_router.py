@@ -1,0 +1,53 @@
+"""``smgrl.launch_router``: run smgrl where PSRL runs its SMG fork's gateway.
+
+PSRL launches its gateways with ``smg.launch_router`` (PSRL 19c0474
+psrl/workers/gen/rollout_gateway.py:17-33): it builds ``RouterArgs`` with
+``RouterArgs.from_cli_args(namespace, use_router_prefix=False)`` and calls ``launch_router(args)``
+in a daemon ``multiprocessing.Process``. Importing both names from here instead runs smgrl::
+
+    from smgrl.launch_router import RouterArgs
+    from smgrl.launch_router import launch_router
+
+``launch_router`` blocks, serving the gateway (trio) in the calling process until SIGINT/SIGTERM.
+A field smgrl cannot honour raises ``RouterArgsError`` naming it (one line) before anything
+starts; what each field does is docs/psrl.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from smgrl.router_args import RouterArgs, RouterArgsError
+from smgrl.router_config import Launch, translate
+
+__all__ = ["RouterArgs", "RouterArgsError", "launch_router", "plan"]
+
+
+def plan(args: argparse.Namespace | RouterArgs) -> Launch:
+    """What ``launch_router(args)`` would run (RouterArgsError when it would not start)."""
+    router_args = args if isinstance(args, RouterArgs) else RouterArgs.from_cli_args(args)
+    return translate(router_args)
+
+
+def launch_router(args: argparse.Namespace | RouterArgs) -> None:
+    """Run the gateway ``args`` describe, in this process, until it is stopped."""
+    launch = plan(args)
+    if launch.journal_dir is not None:
+        os.makedirs(launch.journal_dir, mode=0o700, exist_ok=True)
+    if launch.log_file is not None:
+        _log_to(launch.log_file)
+    from smgrl.cli import run_gateway
+
+    run_gateway(launch.config)
+
+
+def _log_to(path: str) -> None:
+    """``log_dir``: the gateway's log lines (and a startup failure's one line) go to a file of
+    its own in that directory, appended, instead of the parent's stderr."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
