@@ -1,0 +1,1 @@
+"""gRPC to inference engines, on trio over the h2 state machine (see ``channel``)."""
