@@ -36,6 +36,7 @@ from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
+from smgrl.dataplane.psrl_select import PSRL_QUIET, PsrlSelection
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.errors import (
@@ -57,6 +58,7 @@ from smgrl.routing import (
     staged,
     sticky,
 )
+from smgrl.routing.psrl import PsrlConfig
 from smgrl.state.fleet import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
 
@@ -116,6 +118,7 @@ class DataPlane:
             reported=lambda instance: self.instance_stats.requests(*staged.identity(instance)),
         )
         self.ranked = getattr(self.policy, "ranked", False)
+        self.use_psrl(getattr(cfg, "psrl", None) or PsrlConfig())
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
@@ -157,6 +160,12 @@ class DataPlane:
             dataplane=self,
         )
         fleet.subscribe(self._fleet_changed)
+
+    def use_psrl(self, psrl: PsrlConfig) -> None:
+        """PSRL's selection settings: prompt-group stickiness, and PSManager and the KV gate
+        (``smgrl/dataplane/psrl_select.py``; None when neither is configured)."""
+        self.group_sticky = psrl.group_sticky
+        self.psrl = PsrlSelection.build(psrl, self.instance_stats)
 
     def close(self) -> None:
         self.fleet.unsubscribe(self._fleet_changed)
@@ -301,16 +310,24 @@ class DataPlane:
                 # with no eligible engine; the resume's journal commit wakes it.
                 held, chosen = Counter(dispatch_paused=len(slot.entries)), None
             elif routed is not None and routed.staged:
+                if self.psrl is not None:
+                    await self.psrl.check_aborted(routed)  # PSManager may have aborted it
                 selectable, held = self.eligible(slot, policy, None)
                 hint = routed.hint()
                 if hint is not None and routed.session:
                     hint, selectable = held_hint(slot.entries, selectable, hint)
-                decision = staged.select(
+                narrowed = staged.narrow(
                     selectable,
                     floor=routed.floor,
                     hint=hint,
-                    group_pin=self.groups.pin(routed.meta.prompt_id),
+                    group_pin=self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None,
                     refused=routed.refused,
+                )
+                if self.psrl is not None:
+                    narrowed = await self.psrl.admit(routed, narrowed)
+                decision = staged.finish(
+                    narrowed,
+                    floor=routed.floor,
                     choose=lambda group: self._choose(group, req, routing_key, exclude),
                     ranked=self.ranked,
                 )
@@ -356,6 +373,10 @@ class DataPlane:
             # without any event), or by the wait budget running out. A client that goes away
             # cancels the wait (the request's disconnect watcher).
             wake = wait_until
+            if self.psrl is not None and not PSRL_QUIET.isdisjoint(held):
+                # Held out by PSManager or the engines' reports, which change without a fleet
+                # event: ask again after the routing loop's check interval.
+                wake = min(wake, self._now() + self.psrl.recheck_secs)
             if held.get("circuit_open"):
                 reopen = self.breakers.next_reopen(e.instance.base_url for e in slot.selectable)
                 if reopen is not None:
@@ -471,6 +492,8 @@ class DataPlane:
             if routed is not None:
                 if self.pins is not None and self._unpinned(routed):
                     entry = await self._pin_group(routed, entry, pick)
+                if self.psrl is not None and routed.staged:
+                    await self.psrl.commit(routed, entry)  # PSManager records the selection
                 self.commit(routed, entry)
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
