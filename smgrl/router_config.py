@@ -33,6 +33,7 @@ from smgrl.config import (
 from smgrl.errors import ConfigError
 from smgrl.router_args import RouterArgs, RouterArgsError
 from smgrl.routing.psrl import SORT_KEYS, STRATEGIES, PsrlConfig
+from smgrl.upstream.psmanager import InvalidAddress, parse_addr
 
 # A request timeout this long or longer (PSRL passes 2**64 - 1) means none.
 NO_TIMEOUT_FROM = 2**32
@@ -74,7 +75,6 @@ INERT = {
     "router_selector": _DISCOVERY,
     "bootstrap_port_annotation": _DISCOVERY,
     "model_id_from": _DISCOVERY,
-    "enable_routing_loop": "smgrl's routing-loop routes (pause, resume, status, filter) are always served",
     "routing_loop_request_sort_key": _LOOP + ": several woken at once go in arrival order",
     "routing_loop_multi_priority_queue": _LOOP + ": no version partitions",
     "routing_loop_receive_batch_size": _LOOP,
@@ -160,6 +160,14 @@ TOOL_PARSERS = ("hermes", "qwen", "none")
 
 
 @attrs.frozen
+class RouterConfig(Config):
+    """smgrl's configuration plus PSRL's selection settings, which ``RouterArgs`` sets and
+    ``smgrl launch`` has no flags for (the data plane reads ``cfg.psrl``)."""
+
+    psrl: PsrlConfig = attrs.field(factory=PsrlConfig)
+
+
+@attrs.frozen
 class Launch:
     config: Config
     psrl: PsrlConfig
@@ -184,13 +192,21 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
         raise RouterArgsError(
             f"RouterArgs.{name}_token_usage_threshold below 1.0: smgrl's cache_aware has no KV-usage triggers"
         )
-    psm = args.psrl_ps_manager_addr or None
+    # The fork connects to PSManager only with its routing loop on.
+    psm = (args.psrl_ps_manager_addr or "").strip() or None
+    if not args.enable_routing_loop:
+        psm = None
+    if psm is not None:
+        try:
+            parse_addr(psm)
+        except InvalidAddress as exc:
+            raise RouterArgsError(f"RouterArgs.psrl_ps_manager_addr: {exc}") from None
     if args.psrl_candidate_sort_key == "reserve_capability" and (
         psm is None or args.worker_selection_strategy != "psrl"
     ):
         raise RouterArgsError(
-            "RouterArgs.psrl_candidate_sort_key='reserve_capability' needs psrl_ps_manager_addr "
-            "and worker_selection_strategy='psrl'"
+            "RouterArgs.psrl_candidate_sort_key='reserve_capability' needs psrl_ps_manager_addr, "
+            "enable_routing_loop and worker_selection_strategy='psrl'"
         )
     tool_parser = args.tool_call_parser or "hermes"
     if tool_parser not in TOOL_PARSERS:
@@ -205,7 +221,7 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
     if timeout >= NO_TIMEOUT_FROM:
         timeout = NO_TIMEOUT_SECS
     tokenizer = args.tokenizer_path or args.model_path or env.get(TOKENIZER_ENV) or None
-    cfg = Config(
+    cfg = RouterConfig(
         host=args.host,
         port=int(args.port),
         worker_urls=tuple(args.worker_urls),
@@ -270,11 +286,12 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
         strategy=args.worker_selection_strategy,
         group_sticky=bool(args.psrl_enable_group_sticky),
         candidate_sort_key=args.psrl_candidate_sort_key,
-        ps_manager_addr=psm if args.worker_selection_strategy == "psrl" else None,
+        ps_manager_addr=psm,
         recheck_secs=int(args.routing_loop_check_interval_ms) / 1000,
         reject_on_waiting=bool(args.enable_kv_admission_control),
         kv_capacity_threshold=float(args.kv_capacity_threshold),
     )
+    cfg = attrs.evolve(cfg, psrl=psrl)
     log_file = os.path.join(args.log_dir, f"smgrl-gateway-{cfg.port}.log") if args.log_dir else None
     try:
         cfg = validate(cfg)

@@ -83,6 +83,9 @@ class PsrlSelection:
         self.stats = stats
         self.psm = psm
         self.kv_gate = kv_gate_on(cfg)
+        # Stages 4-5 and the commit are the psrl selector's; the abort check is the routing
+        # loop's and runs under either strategy (as in the fork).
+        self.selects = cfg.strategy == "psrl"
         self.failures = Counter()  # PSManager calls that failed, by method (logged once each)
 
     @classmethod
@@ -137,7 +140,7 @@ class PsrlSelection:
                 else:
                     held[reason] += 1
             kept = gated
-        rid = self._rid(routed)
+        rid = self._rid(routed) if self.selects else None
         if not kept or rid is None:
             return staged.Narrowed(kept, narrowed.stage, held)
         assert self.psm is not None
@@ -177,7 +180,7 @@ class PsrlSelection:
 
     async def commit(self, routed: Routed, entry: Entry) -> None:
         """Tell PSManager where the request goes; raise when it refuses or cannot be asked."""
-        rid = self._rid(routed)
+        rid = self._rid(routed) if self.selects else None
         if rid is None:
             return
         assert self.psm is not None

@@ -598,6 +598,7 @@ class DataPlane:
         prompt = routed.meta.prompt_id
         return (
             prompt is not None
+            and self.group_sticky
             and routed.joined is None
             and routed.staged
             and routed.hint() is None

@@ -14,7 +14,8 @@ every call::
     fake.stop()
 
 Out of process: ``python -m smgrl.fake.psmanager --port 0`` prints ``{"addr": ...}`` once
-serving and answers with the default script (everything reservable, nothing aborted).
+serving and answers with the default script (everything reservable, nothing aborted but the
+request ids given with ``--aborted``).
 """
 
 from __future__ import annotations
@@ -182,8 +183,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m smgrl.fake.psmanager")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--aborted", type=int, nargs="*", default=[], help="request ids reported aborted")
     opts = parser.parse_args(argv)
-    fake = FakePSManager(opts.host, opts.port).start()
+    fake = FakePSManager(opts.host, opts.port)
+    fake.script.aborted = set(opts.aborted)
+    fake.start()
     print(json.dumps({"addr": fake.addr}), flush=True)
     try:
         while True:

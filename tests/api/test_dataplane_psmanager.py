@@ -11,6 +11,7 @@ import trio
 from test_dataplane_loopback import body, produced, rl
 
 from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.dataplane.instance_stats import InstanceStats
 from smgrl.fake import fake_fleet
 from smgrl.fake.psmanager import FakePSManager
 from smgrl.routing.psrl import PsrlConfig
@@ -257,3 +258,46 @@ async def test_a_loopback_continuation_psmanager_reports_aborted_is_dropped(psm,
             assert len(engine.calls_to("/generate")) == 2
             (update,) = psm.calls("UpdateRequestInstanceId")  # the continuation moved, not reserved
             assert update.request_id == 81 and len(psm.calls("ReserveRolloutInstanceRequests")) == 1
+
+
+async def test_the_kv_gate_holds_out_instances_by_their_engine_reports():
+    async with (
+        fake_fleet("sglang", n=2) as fleet,
+        gateway_in_process(cfg(wait=0.2), worker_urls=fleet.urls) as gw,
+    ):
+        ids = await versioned(gw, fleet)
+        dp = gw.app.dataplane
+        dp.use_psrl(PsrlConfig(reject_on_waiting=True, kv_capacity_threshold=0.8, recheck_secs=0.02))
+        dp.instance_stats.put(ids[1], 0, InstanceStats(running=3, waiting=2, kv_usage=0.1))
+        r = await gw.client.post("/generate", json=GEN, headers=meta(91, "a"))
+        assert r.headers["x-base-worker-id"] == ids[0]  # the newer one has requests waiting
+        dp.instance_stats.put(ids[0], 0, InstanceStats(running=1, waiting=0, kv_usage=0.9))
+        r = await gw.client.post("/generate", json=GEN, headers=meta(92, "b"))
+        assert r.status_code == 503 and r.json()["error"]["reasons"] == {"engine_waiting": 1, "kv_full": 1}
+        dp.instance_stats.put(ids[1], 0, InstanceStats(running=3, waiting=0, kv_usage=0.5))
+        r = await gw.client.post("/generate", json=GEN, headers=meta(93, "c"))
+        assert r.headers["x-base-worker-id"] == ids[1]
+
+
+async def test_prompt_groups_are_pinned_only_when_group_stickiness_is_on():
+    async with (
+        fake_fleet("sglang", n=2, token_latency_ms=5) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        dp = gw.app.dataplane
+
+        async def group(base: int, prompt: str) -> set:
+            served = set()
+
+            async def one(i: int) -> None:
+                r = await gw.client.post("/generate", json=GEN, headers=meta(base + i, prompt))
+                served.add(r.headers["x-base-worker-id"])
+
+            async with trio.open_nursery() as nursery:  # the group's requests run together
+                for i in range(6):
+                    nursery.start_soon(one, i)
+            return served
+
+        assert len(await group(100, "g")) == 1  # smgrl's default: pinned while the group runs
+        dp.use_psrl(PsrlConfig(group_sticky=False))
+        assert len(await group(200, "h")) == 2  # the fork's default (off): round robin

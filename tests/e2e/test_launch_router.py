@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -143,6 +145,14 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"null")
 
 
+def _send(req: urllib.request.Request) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
 def _await_serving(proc: multiprocessing.Process, base: str) -> None:
     """Poll GET /liveness until it answers (bounded), failing at once if the process died."""
     deadline = time.monotonic() + READY_SECS
@@ -172,6 +182,23 @@ def _alive_at_3s(proc: multiprocessing.Process, started: float) -> None:
 
 
 @pytest.fixture
+def ps_manager():
+    """A fake PSManager in a process of its own (grpcio threads must not be forked with the
+    gateways)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smgrl.fake.psmanager", "--port", "0", "--aborted", "9"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()  # the fake prints its address once serving
+        yield json.loads(line)["addr"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
 def launched():
     procs: list[multiprocessing.Process] = []
     yield procs
@@ -184,12 +211,14 @@ def launched():
             proc.join(5)
 
 
-def test_rollout_and_reward_gateways_launch_as_psrl_launches_them(tmp_path, monkeypatch, fakes, launched):
+def test_rollout_and_reward_gateways_launch_as_psrl_launches_them(
+    tmp_path, monkeypatch, fakes, launched, ps_manager
+):
     monkeypatch.setenv("SMGRL_JOURNAL_DIR", str(tmp_path / "journals"))
     logs = tmp_path / "logs"
     rollout_port, reward_port, reward_metrics = free_port(), free_port(), free_port()
     rollout_args = RouterArgs.from_cli_args(
-        rollout_namespace("127.0.0.1", rollout_port, "127.0.0.1:1", str(logs)), use_router_prefix=False
+        rollout_namespace("127.0.0.1", rollout_port, ps_manager, str(logs)), use_router_prefix=False
     )
     reward_args = RouterArgs.from_cli_args(
         reward_namespace("127.0.0.1", reward_port, reward_metrics, str(logs)), use_router_prefix=False
@@ -216,6 +245,19 @@ def test_rollout_and_reward_gateways_launch_as_psrl_launches_them(tmp_path, monk
                 break
             time.sleep(0.1)  # registration is asynchronous: poll (bounded) until it routes
         assert status == 200, body
+    # A rollout with PSRL's routing metadata takes the staged selection and asks PSManager.
+    req = urllib.request.Request(
+        rollout_base + "/generate",
+        data=json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}}).encode(),
+        headers={"content-type": "application/json", "x-request-id": "7", "x-prompt-id": "3"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200 and r.headers["x-version-tag"] is not None
+    # ... and PSManager's answers count: a request it reports aborted is not dispatched.
+    req.remove_header("X-request-id")
+    req.add_header("x-request-id", "9")
+    status, body = _send(req)
+    assert (status, body["error"]["code"]) == (400, "request_aborted")
     assert _get(f"http://127.0.0.1:{reward_metrics}/metrics") == 200
 
     # No collision: a journal file and a log file of its own per gateway.
