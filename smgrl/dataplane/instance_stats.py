@@ -17,7 +17,11 @@ import attrs
 class InstanceStats:
     running: int = 0
     waiting: int = 0
-    kv_usage: float = 0.0  # 0.0-1.0: the share of the instance's KV cache in use
+    kv_usage: float | None = None  # 0.0-1.0: the share of the KV cache in use (None: not said)
+
+    @property
+    def requests(self) -> int:
+        return self.running + self.waiting
 
 
 class InstanceStatsTable:
@@ -27,15 +31,6 @@ class InstanceStatsTable:
     def get(self, worker_id: str, dp_rank: int) -> InstanceStats | None:
         return self._stats.get((worker_id, dp_rank))
 
-    def put(self, worker_id: str, dp_rank: int, stats: InstanceStats) -> None:
+    def put(self, worker_id: str, dp_rank: int, stats: InstanceStats) -> bool:
         self._stats[(worker_id, dp_rank)] = stats
-
-    def forget(self, worker_id: str) -> None:
-        """A worker left: its instances' reports go with it."""
-        for key in [k for k in self._stats if k[0] == worker_id]:
-            del self._stats[key]
-
-    def requests(self, worker_id: str, dp_rank: int) -> int:
-        """Running + waiting requests last reported for the instance (0: no report)."""
-        stats = self._stats.get((worker_id, dp_rank))
-        return 0 if stats is None else stats.running + stats.waiting
+        return True

@@ -104,7 +104,7 @@ class DataPlane:
         self.keys = keys
         self.rng = rng or random.Random()
         dataplane_cfg = cfg.dataplane
-        # What engines last reported per instance (POST /workers/update_stats).
+        # Engine snapshots a coordinator pushed (POST /workers/update_stats), per instance.
         self.instance_stats = InstanceStatsTable()
         self.policy = make_policy(
             cfg.policy,
@@ -115,10 +115,14 @@ class DataPlane:
                 balance_rel_threshold=dataplane_cfg.balance_rel_threshold,
                 max_tree_size=dataplane_cfg.max_tree_size,
             ),
-            reported=lambda instance: self.instance_stats.requests(*staged.identity(instance)),
+            reported=self._reported,
         )
         self.ranked = getattr(self.policy, "ranked", False)
-        self.use_psrl(getattr(cfg, "psrl", None) or PsrlConfig())
+        # PSManager and the KV gate (RouterArgs: smgrl.launch_router); None: neither configured.
+        self.psrl: PsrlSelection | None = None
+        self.group_sticky = True
+        if getattr(cfg, "psrl", None) is not None:
+            self.use_psrl(cfg.psrl)
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
@@ -160,6 +164,11 @@ class DataPlane:
             dataplane=self,
         )
         fleet.subscribe(self._fleet_changed)
+
+    def _reported(self, instance) -> int:
+        """Running + waiting requests the instance's engine last reported (0: none)."""
+        stats = self.instance_stats.get(*staged.identity(instance))
+        return 0 if stats is None else stats.requests
 
     def use_psrl(self, psrl: PsrlConfig) -> None:
         """PSRL's selection settings: prompt-group stickiness, and PSManager and the KV gate

@@ -30,8 +30,9 @@ class PsrlConfig:
     # "psrl": requests carrying routing metadata take the staged selection; "naive" as well
     # (smgrl stages every request that carries metadata: docs/psrl.md).
     strategy: str = "psrl"
-    # Pin a prompt group's requests to the instance its first request went to.
-    group_sticky: bool = True
+    # Pin a prompt group's requests to the instance its first request went to (off: the fork's
+    # default; PSRL's launch turns it on).
+    group_sticky: bool = False
     # Stage 5's order: "version" (newest first / lowest acceptable first) or PSManager's
     # reserve indicator ("reserve_capability", needs ps_manager_addr).
     candidate_sort_key: str = "version"
@@ -51,7 +52,7 @@ class Stats(Protocol):
     def waiting(self) -> int: ...
 
     @property
-    def kv_usage(self) -> float: ...
+    def kv_usage(self) -> float | None: ...
 
 
 def kv_refusal(stats: Stats | None, cfg: PsrlConfig) -> str | None:
@@ -60,7 +61,8 @@ def kv_refusal(stats: Stats | None, cfg: PsrlConfig) -> str | None:
         return None
     if cfg.reject_on_waiting and stats.waiting > 0:
         return "engine_waiting"
-    if cfg.kv_capacity_threshold < 1.0 and stats.kv_usage >= cfg.kv_capacity_threshold:
+    usage = stats.kv_usage
+    if cfg.kv_capacity_threshold < 1.0 and usage is not None and usage >= cfg.kv_capacity_threshold:
         return "kv_full"
     return None
 

@@ -298,6 +298,7 @@ async def test_prompt_groups_are_pinned_only_when_group_stickiness_is_on():
                     nursery.start_soon(one, i)
             return served
 
-        assert len(await group(100, "g")) == 1  # smgrl's default: pinned while the group runs
-        dp.use_psrl(PsrlConfig(group_sticky=False))
-        assert len(await group(200, "h")) == 2  # the fork's default (off): round robin
+        dp.use_psrl(PsrlConfig(group_sticky=False))  # the fork's default
+        assert len(await group(100, "g")) == 2  # round robin
+        dp.use_psrl(PsrlConfig(group_sticky=True))  # PSRL's launch turns it on
+        assert len(await group(200, "h")) == 1  # pinned while the group runs

@@ -41,7 +41,12 @@ def test_fewest_in_flight_wins():
 
 def test_gateway_count_leads_then_the_engine_report_then_the_order():
     stats = InstanceStatsTable()
-    policy = make_policy("request_num_balance", reported=lambda i: stats.requests(*identity(i)))
+
+    def reported(instance):
+        found = stats.get(*identity(instance))
+        return 0 if found is None else found.requests
+
+    policy = make_policy("request_num_balance", reported=reported)
     a, b, c = inst("a"), inst("b"), inst("c")
     loads = {a.worker_id: 2, b.worker_id: 2, c.worker_id: 2}
     assert policy.select([a, b, c], loads, None, 0.0) is a  # all alike: the first
