@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 
-from .events import ControlStarted, Event, Recorded, UnknownEvent, _body_bytes, _dumps, encode
+from .codec import ControlStarted, Event, Recorded, UnknownEvent, _body_bytes, _dumps, encode
 
 if TYPE_CHECKING:
     from .base import Append

@@ -34,10 +34,10 @@ from typing import Any
 import attrs
 import trio
 
-from journal.events import RequestLoopedBack
 from smgrl.core import Version
+from smgrl.core.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
 from smgrl.dataplane.stamp import TokenTail, first_event_version, stream_version
-from smgrl.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
+from smgrl.events import RequestLoopedBack
 from smgrl.routing import InstanceId
 
 log = logging.getLogger("smgrl.dataplane")

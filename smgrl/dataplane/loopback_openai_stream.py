@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from smgrl.core.errors import DataPlaneError
 from smgrl.dataplane.loopback import (
     Leg,
     _dumps,
@@ -29,7 +30,6 @@ from smgrl.dataplane.loopback import (
 )
 from smgrl.dataplane.loopback_openai import start as start_openai
 from smgrl.dataplane.stamp import stream_version
-from smgrl.errors import DataPlaneError
 
 
 class _StreamLeg:

@@ -25,8 +25,16 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
-from smgrl.config import Config
 from smgrl.core import Version
+from smgrl.core.config import Config
+from smgrl.core.errors import (
+    ModelNotFound,
+    ModelRequired,
+    NoAvailableWorkers,
+    NoEligibleWorkers,
+    RequestTimeout,
+    UpstreamUnreachable,
+)
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
@@ -37,14 +45,6 @@ from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
-from smgrl.errors import (
-    ModelNotFound,
-    ModelRequired,
-    NoAvailableWorkers,
-    NoEligibleWorkers,
-    RequestTimeout,
-    UpstreamUnreachable,
-)
 from smgrl.registry.keys import KeyRing
 from smgrl.routing import (
     ANY,

@@ -16,15 +16,6 @@ import math
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from smgrl.api import envelopes as env
-from smgrl.api.workers_body import (
-    WORKER_SPEC,
-    check_content_type,
-    is_json_content_type,
-    parse_worker_spec,
-    parse_worker_update,
-    uuid_error,
-)
 from smgrl.control import outcome as outcome_rules
 from smgrl.control.outcome import BODY_CAP, EXCERPT_CAP, Outcome, decode_engine_body
 from smgrl.core.discovery import (
@@ -35,7 +26,16 @@ from smgrl.core.discovery import (
     sglang_labels,
     vllm_labels,
 )
-from smgrl.errors import WorkerApiError
+from smgrl.core.errors import WorkerApiError
+from smgrl.http.bodies import envelopes as env
+from smgrl.http.bodies.workers_body import (
+    WORKER_SPEC,
+    check_content_type,
+    is_json_content_type,
+    parse_worker_spec,
+    parse_worker_update,
+    uuid_error,
+)
 from smgrl.registry.probe import _json as probe_json
 
 # JSON values as Python's json module produces them (NaN and infinities included: json.loads
