@@ -86,7 +86,7 @@ class DataPlaneConfig:
     stall_timeout_secs: float = 300.0
     # --admission-hook module:object (smgrl/dataplane/hook.py); None admits everything.
     admission_hook: str | None = None
-    # Partial-rollout loopbacks per request (smgrl/dataplane/loopback.py); 0 turns them off.
+    # Partial-rollout loopbacks per request (smgrl/dataplane/loopback/); 0 turns them off.
     max_loopbacks: int = 8
 
 

@@ -76,7 +76,7 @@ class Dispatch:
     response: Response
     body: bytes | None = None  # buffered answers only
     # The journal's head when the request went to the engine: an aborting control call not
-    # finished by then may have aborted it (partial-rollout loopback, smgrl/dataplane/loopback.py).
+    # finished by then may have aborted it (partial-rollout loopback, smgrl/dataplane/loopback/).
     seq: int = 0
 
     @property

@@ -27,8 +27,9 @@ from smgrl.core.errors import (
     RlError,
     SelectorRequired,
 )
-from smgrl.http.fronts import dataplane, sessions
-from smgrl.http.fronts.dataplane import ALLOW as DATAPLANE_ALLOW
+from smgrl.http.fronts import dataplane_routes as dataplane
+from smgrl.http.fronts import sessions
+from smgrl.http.fronts.dataplane_routes import ALLOW as DATAPLANE_ALLOW
 from smgrl.http.fronts.sessions import ROUTES as SESSION_ROUTES
 from smgrl.http.openapi import document as openapi
 from smgrl.http.routes import refits, rl_routes, rl_writes, routing_loop, stream, workers
@@ -179,7 +180,9 @@ def _dataplane_codes() -> dict[str, set[str]]:
     OpenAI-style answers the ASGI handler makes itself."""
     # InvalidRequest answers SMG's codes for a refused body, listed in INVALID_REQUEST_CODES.
     own = {cls.code for cls in _descendants(DataPlaneError) - {InvalidRequest}} | set(INVALID_REQUEST_CODES)
-    handler = (ROOT / "smgrl/http/fronts/dataplane.py").read_text()
+    handler = "\n".join(
+        (ROOT / f"smgrl/http/fronts/{name}.py").read_text() for name in ("dataplane", "relay", "asgi")
+    )
     openai_codes = set(re.findall(r'_openai_error\(\s*send, rid, \d+, "([a-z_]+)"', handler))
     openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', handler))
     if "api_key_error_body(" in handler:
@@ -364,7 +367,13 @@ FAMILIES = {
     "routing_loop": (routing_loop, ["smgrl/http/routes/routing_loop.py"]),
     "dataplane": (
         dataplane,
-        ["smgrl/http/fronts/dataplane.py", "smgrl/http/bodies/dataplane_body.py", "smgrl/dataplane"],
+        [
+            "smgrl/http/fronts/dataplane.py",
+            "smgrl/http/fronts/relay.py",
+            "smgrl/http/fronts/dataplane_routes.py",
+            "smgrl/http/bodies/dataplane_body.py",
+            "smgrl/dataplane",
+        ],
     ),
     "sessions": (sessions, ["smgrl/http/fronts/sessions.py", "smgrl/sessions"]),
 }

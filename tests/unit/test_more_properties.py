@@ -27,7 +27,7 @@ from smgrl.core.discovery import (
     vllm_labels,
 )
 from smgrl.core.errors import WorkerApiError
-from smgrl.http.bodies import envelopes as env
+from smgrl.core.wire import json_bytes
 from smgrl.http.bodies.workers_body import (
     WORKER_SPEC,
     check_content_type,
@@ -183,7 +183,7 @@ def _refused(exc: WorkerApiError) -> None:
     assert (exc.status, exc.code) == (400, "BAD_REQUEST")
     assert exc.body() == {"error": exc.message, "code": "BAD_REQUEST"}
     assert isinstance(exc.message, str) and exc.message
-    env.dumps(exc.body())  # always renderable
+    json_bytes(exc.body())  # always renderable
 
 
 @given(bodies)
@@ -303,7 +303,7 @@ def test_decode_engine_body_never_raises_and_is_always_wire_safe(data, content_t
     if isinstance(value, float):
         assert math.isfinite(value)
     outcome = Outcome("w", "http://e", "http://e", status=200, body=value, body_truncated=truncated)
-    env.dumps(outcome.envelope())
+    json_bytes(outcome.envelope())
     assert len(outcome.excerpt()) <= EXCERPT_CAP
 
 

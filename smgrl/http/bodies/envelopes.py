@@ -8,7 +8,6 @@ OpenAI-style JSON (``--api-key``). Every response carries ``x-request-id``.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Callable
@@ -16,16 +15,14 @@ from typing import Any
 
 from quart import Response
 
+from smgrl.core.wire import json_bytes
+
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 # A request id is not a secret: a fast PRNG (seeded from os.urandom) instead of ``secrets``
 # (measured: 1-2% of the data plane's CPU per request with 24 ``choice`` calls).
 _ids = random.Random()
 MAX_REQUEST_ID = 128
-
-
-def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 # Where SMG 1.13.0 takes a caller's request id from, in order (its RequestIdLayer defaults): the
@@ -75,7 +72,7 @@ def request_id_for(header: str | None, path: str) -> tuple[str, bool]:
 
 
 def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
-    body = b"" if obj is None else dumps(obj)
+    body = b"" if obj is None else json_bytes(obj)
     response = Response(body, status=status, content_type=JSON)
     if headers:
         response.headers.update(headers)

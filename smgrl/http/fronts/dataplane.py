@@ -15,103 +15,40 @@ streams chunk by chunk as they arrive, never buffered.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import Any, Literal
+from typing import Any
 
 import trio
 
 from smgrl.core.auth import Denied, check_api_key
 from smgrl.core.errors import (
-    INVALID_REQUEST_CODES,
     DataPlaneError,
     InvalidRoutingMetadataHeader,
     InvalidVersionPolicyHeader,
-    LoopbackLimitExceeded,
-    MemoryBudgetExceeded,
     ModelNotFound,
-    ModelRequired,
-    NoAvailableWorkers,
-    NoEligibleWorkers,
-    QueueFull,
-    QueueTimeout,
     RequestBodyStalled,
-    RequestTimeout,
-    UpstreamUnreachable,
     openai_body,
     openai_headers,
 )
 from smgrl.core.numbers import parse_uint
-from smgrl.dataplane import loopback, loopback_openai_stream
+from smgrl.core.wire import json_bytes
 from smgrl.dataplane.affinity import Routed
-from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest
 from smgrl.dataplane.service import DataPlane
-from smgrl.dataplane.stamp import (
-    FingerprintEvents,
-    Stamp,
-    TokenTail,
-    first_event_version,
-    stamp_generate,
-    stamp_openai,
-    stream_version,
-    version_tag,
-)
 from smgrl.http.bodies import dataplane_body
 from smgrl.http.bodies import envelopes as env
-from smgrl.http.fronts.scope import header as _header
+from smgrl.http.fronts.asgi import Receive, Scope, Send, headers_of, until_disconnect
+from smgrl.http.fronts.asgi import header as _header
+from smgrl.http.fronts.dataplane_routes import ALLOW, MODEL_CARD, MODEL_CARD_PREFIX, MODELS
+from smgrl.http.fronts.relay import Relay
 from smgrl.http.fronts.sessions import SessionsASGI
-from smgrl.http.hypercorn_patches import DISCONNECT_EXTENSION, RECEIVE_NOWAIT
-from smgrl.http.openapi.apidoc import (
-    ANY,
-    STRING,
-    Body,
-    Param,
-    Resp,
-    RlOnly,
-    Route,
-    allow_table,
-    as_json,
-    evolve,
-    field,
-    model,
-    path_param,
-)
-from smgrl.http.openapi.schemas import (
-    DP_ERROR_CODE,
-    DP_UNAUTHORIZED,
-    METHOD_NOT_ALLOWED,
-    RETRY_AFTER,
-    ChatCompletionRequest,
-    DataPlaneErrorModel,
-    OpenAIErrorModel,
-    rl_error,
-)
+from smgrl.http.hypercorn_patches import RECEIVE_NOWAIT
 from smgrl.routing import InvalidVersionPolicy, VersionPolicy, metadata
-from smgrl.sessions.errors import (
-    EngineAnswerInvalid,
-    InvalidTurn,
-    SessionClosing,
-    SessionGone,
-    SessionsDisabled,
-    TemplateRefused,
-    TooManySessions,
-    TurnAborted,
-)
 
 log = logging.getLogger("smgrl.dataplane")
 
 JSON_CT = b"application/json"
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-# Engine response headers relayed to the client (framing and hop-by-hop headers are the gateway's).
-RELAYED = frozenset({b"content-type", b"cache-control", b"x-accel-buffering"})
-MODELS = "/v1/models"
-MODEL_CARD = "/v1/models/{model}"
-MODEL_CARD_PREFIX = MODELS + "/"
 
 
 class _Disconnected(Exception):
@@ -120,10 +57,6 @@ class _Disconnected(Exception):
 
 class _TooLarge(Exception):
     pass
-
-
-def _json(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 _RID_HEADERS = frozenset(name.encode() for name in env.REQUEST_ID_HEADERS)
@@ -152,7 +85,7 @@ class DataPlaneASGI:
         # Agent sessions (smgrl/http/fronts/sessions.py): their routes, and chat turns with SMG's TITO header.
         self.sessions = SessionsASGI(self, sessions)
         # The model's tokenizer (--tokenizer-path): text prompts and the OpenAI routes can then
-        # loop back across a weight sync (smgrl/dataplane/loopback.py).
+        # loop back across a weight sync (smgrl/dataplane/loopback/).
         self.tokenizer = sessions.chat if sessions is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -202,7 +135,7 @@ class DataPlaneASGI:
         # One pass over the headers for SMG's four names (first occurrence of each wins); most
         # rollout clients send none of them (measured: a scan per name was ~10 us per request).
         if found is None:
-            found = _headers_of(scope, _RID_HEADERS)
+            found = headers_of(scope, _RID_HEADERS)
         header = found.get(b"x-request-id")
         if header is None and not _RID_HEADERS.isdisjoint(found):
             caller = env.caller_request_id(lambda n: _latin1(found.get(n.encode())))
@@ -222,7 +155,7 @@ class DataPlaneASGI:
     async def _error(self, send: Send, rid: bytes, exc: DataPlaneError) -> None:
         # The rollout family's envelope, named here: an UpstreamUnreachable is also an RlError.
         await self._respond(
-            send, exc.status, _json(openai_body(exc)), [(b"x-request-id", rid), *openai_headers(exc)]
+            send, exc.status, json_bytes(openai_body(exc)), [(b"x-request-id", rid), *openai_headers(exc)]
         )
 
     async def _openai_error(
@@ -230,7 +163,7 @@ class DataPlaneASGI:
     ) -> None:
         body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": None}}
         headers = [(b"x-request-id", rid), (b"x-smg-error-code", code.encode()), *extra]
-        await self._respond(send, status, _json(body), headers)
+        await self._respond(send, status, json_bytes(body), headers)
 
     async def _not_allowed(self, scope: Scope, send: Send, rid: bytes, allow: str) -> None:
         message = (
@@ -248,7 +181,7 @@ class DataPlaneASGI:
     async def _auth_error(self, send: Send, rid: bytes, denied: Denied) -> None:
         body = env.api_key_error_body(denied.message)
         headers = [(b"x-request-id", rid), (b"www-authenticate", denied.www_authenticate.encode())]
-        await self._respond(send, denied.status, _json(body), headers)
+        await self._respond(send, denied.status, json_bytes(body), headers)
 
     def _version_bounds(self, found: dict[bytes, bytes], fields: dict[str, Any] | None):
         """The request's version policy (``x-smg-version-policy``, with --enable-rl only) and
@@ -342,13 +275,13 @@ class DataPlaneASGI:
             for name in self.dataplane.served_models()
         ]
         if card is None:
-            body = _json({"object": "list", "data": data})
+            body = json_bytes({"object": "list", "data": data})
         else:
             found = next((c for c in data if c["id"] == card), None)
             if found is None:
                 await self._error(send, rid, ModelNotFound(f"No worker available for model '{card}'"))
                 return
-            body = _json(found)
+            body = json_bytes(found)
         if scope["method"] == "HEAD":
             head = [
                 (b"content-type", JSON_CT),
@@ -380,7 +313,7 @@ class DataPlaneASGI:
 
     async def _serve_rollout(self, scope: Scope, receive: Receive, send: Send, hold) -> None:
         # Every header this path reads, in one pass over the request's headers.
-        found = _headers_of(scope, _ROLLOUT_HEADERS)
+        found = headers_of(scope, _ROLLOUT_HEADERS)
         rid = self._request_id(scope, found)
         allow = ALLOW[scope["path"]]
         if scope["method"] not in allow.split(","):
@@ -414,7 +347,7 @@ class DataPlaneASGI:
         except InvalidVersionPolicy as exc:
             error = InvalidVersionPolicyHeader(str(exc))
             headers = [(b"x-request-id", rid), (b"x-smg-error-code", error.code.encode())]
-            await self._respond(send, error.status, _json(error.body()), headers)
+            await self._respond(send, error.status, json_bytes(error.body()), headers)
             return
         except metadata.InvalidRoutingMetadata as exc:
             await self._error(send, rid, InvalidRoutingMetadataHeader(str(exc)))
@@ -426,14 +359,14 @@ class DataPlaneASGI:
             headers.append((b"x-request-id", rid))
         key = found.get(b"x-smg-routing-key")
         routing_key = key.decode("latin-1") if key else None
-        relay = _Relay(self, send, rid, hold, routed)
+        relay = Relay(self, send, rid, hold, routed)
         args = (req, body, headers, model, routing_key, policy, floor)
         # The client's disconnect cancels this request: the engine call in flight is cancelled
         # (its connection closed, so the engine aborts), and a request still waiting for an
         # eligible engine stops waiting.
         await until_disconnect(scope, receive, self._admitted, send, rid, relay, args)
 
-    async def _admitted(self, send: Send, rid: bytes, relay: _Relay, args) -> None:
+    async def _admitted(self, send: Send, rid: bytes, relay: Relay, args) -> None:
         try:
             # The admission slot is held for the whole answer, streamed bodies included.
             async with self.dataplane.admission.slot():
@@ -443,16 +376,6 @@ class DataPlaneASGI:
         finally:
             # The request ended: leave its prompt group, give the admission hook its reservation.
             await self.dataplane.finish(relay.routed)
-
-
-def _headers_of(scope: Scope, wanted: frozenset[bytes]) -> dict[bytes, bytes]:
-    """The ``wanted`` headers of a request from one scan (the first occurrence of each wins, as
-    for every other header: smgrl/http/fronts/scope.py)."""
-    found: dict[bytes, bytes] = {}
-    for key, value in scope["headers"]:
-        if key in wanted and key not in found:
-            found[key] = value
-    return found
 
 
 def _routing_headers(found: dict[bytes, bytes]):
@@ -475,492 +398,3 @@ _ROLLOUT_HEADERS = frozenset(
         b"x-smg-routing-key",
     }
 )
-
-
-async def until_disconnect(scope: Scope, receive: Receive, fn: Callable[..., Awaitable[Any]], *args) -> Any:
-    """``await fn(*args)``, cancelled when the client disconnects (then None). Shared by the
-    rollout routes and the engine front (smgrl/http/fronts/rl_front.py)."""
-    hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
-    if hook is not None:
-        # smgrl's hypercorn (hypercorn_patches.DisconnectHook) cancels this scope itself on a
-        # disconnect: no task per request.
-        with trio.CancelScope() as cancel:
-            hook.cancel_on_disconnect(cancel)
-            try:
-                return await fn(*args)
-            finally:
-                hook.cancel_on_disconnect(None)
-        return None
-    # Any other server (the in-process test client): a task waiting in receive() cancels the
-    # nursery when the disconnect arrives; the call's own end cancels that task.
-    result = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
-        try:
-            result = await fn(*args)
-        finally:
-            nursery.cancel_scope.cancel()
-    return result
-
-
-async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
-
-
-@functools.lru_cache(maxsize=1024)
-def _instance_headers(url: str, worker_id: str, group: str, dp_rank: int | None) -> tuple:
-    """The serving instance's headers, encoded once per instance (a few per fleet) rather than
-    on every answer."""
-    return (
-        # SMG names the serving worker's URL (``@rank`` for DP ranks); smgrl adds its registry id.
-        (b"x-smg-routed-worker-id", url.encode()),
-        (b"x-smgrl-worker-id", worker_id.encode()),
-        # PSRL's echo: the serving instance (worker, DP rank), so a session can re-send it.
-        (b"x-base-worker-id", group.encode()),
-        (b"x-target-dp-rank", str(dp_rank or 0).encode()),
-    )
-
-
-class _Relay:
-    """Sends one rollout request's answer: buffered or streamed, errors before the first byte."""
-
-    __slots__ = ("api", "hold", "rid", "routed", "send", "started")
-
-    def __init__(self, api: DataPlaneASGI, send: Send, rid: bytes, hold, routed: Routed) -> None:
-        # Attribute assignments, shaped like the services' constructors: nothing to share.
-        self.api = api
-        self.send = send
-        self.rid = rid
-        self.hold = hold
-        self.routed = routed
-        self.started = False
-
-    async def start_stream(self, dispatched, version: str | None) -> None:
-        """Send a streamed answer's head (the engine's status, stamped with ``version``) once:
-        the plain relay and every loopback's first leg start their streams here."""
-        head = self._head(dispatched) + self._stamped(Stamp(version, False, b""))
-        await self.send(
-            {"type": "http.response.start", "status": dispatched.response.status, "headers": head}
-        )
-        self.started = True
-
-    def _head(self, dispatched) -> list[tuple[bytes, bytes]]:
-        response = dispatched.response
-        out = [(k, v) for k, v in response.headers if k in RELAYED]
-        out.append((b"x-request-id", self.rid))
-        instance = dispatched.instance
-        out.extend(_instance_headers(instance.url, instance.worker_id, instance.group, instance.dp_rank))
-        return out
-
-    def _stamped(self, stamp: Stamp) -> list[tuple[bytes, bytes]]:
-        """The stamp's headers; a staged request echoes its pinned version as x-version-tag
-        (PSRL: once pinned, never changes), the others the serving engine's."""
-        out = stamp.headers()
-        routed = self.routed
-        if routed.staged:
-            out = [(k, version_tag(routed.pinned) if k == b"x-version-tag" else v) for k, v in out]
-        return out
-
-    async def run(
-        self, req: RolloutRequest, body: bytes, headers, model: str, routing_key, policy, floor
-    ) -> None:
-        dataplane = self.api.dataplane
-        bounds = {
-            "routing_key": routing_key,
-            "policy": policy,
-            "floor": floor,
-            "hold": self.hold,
-            "routed": self.routed,
-        }
-        try:
-            tokenizer = self.api.tokenizer
-            if req.stream and loopback.streamable(req, dataplane.cfg.dataplane.max_loopbacks, tokenizer):
-                # A rollout stream that a sync may abort: continued without a seam.
-                await loopback.run_stream(
-                    self, dataplane, req, body, headers, model, bounds, self.api.gateway.journal, tokenizer
-                )
-                return
-            if (
-                req.stream
-                and req.openai
-                and loopback.loopable(req, dataplane.cfg.dataplane.max_loopbacks, tokenizer)
-            ):
-                # With the tokenizer an OpenAI stream a sync aborts continues too.
-                await loopback_openai_stream.run(
-                    self, dataplane, req, body, headers, model, bounds, self.api.gateway.journal, tokenizer
-                )
-                return
-            if req.stream:
-                async with dataplane.dispatch(
-                    req, body, headers, model=model, buffered=False, **bounds
-                ) as dispatched:
-                    await self._stream(req, dispatched)
-                return
-            async with dataplane.dispatch(
-                req, body, headers, model=model, buffered=True, **bounds
-            ) as dispatched:
-                status = dispatched.response.status
-                head = self._head(dispatched)
-                data = dispatched.body or b""
-                table_version = dispatched.entry.version
-            served = dispatched.instance.worker_id
-            if loopback.worth_a_look(req, status, data, dataplane.cfg.dataplane.max_loopbacks, tokenizer):
-                # Maybe a rollout a weight sync aborted: continue it (smgrl/dataplane/loopback.py).
-                first = loopback.Answer(status, dispatched, head, data)
-                answer = await loopback.run_buffered(
-                    dataplane,
-                    req,
-                    body,
-                    headers,
-                    model,
-                    bounds,
-                    self._head,
-                    self.api.gateway.journal,
-                    first,
-                    tokenizer,
-                )
-                status, head, data = answer.status, answer.head, answer.data
-                table_version = answer.dispatched.entry.version
-                served = answer.dispatched.instance.worker_id
-            if 200 <= status < 300:
-                if req.route == GENERATE:
-                    stamp = stamp_generate(data, table_version, req.single)
-                else:
-                    stamp = stamp_openai(data, table_version)
-                data = stamp.body
-                # A looped-back answer reports every leg's tokens; the aborted legs' were counted.
-                tokens = stamp.tokens
-                dataplane.count_tokens(served, tokens and max(0, tokens - self.routed.kept))
-                if stamp.mixed:
-                    dataplane.metrics.mixed_answer()
-            else:
-                stamp = Stamp(stream_version(table_version), False, data)
-            head += self._stamped(stamp)
-            head.append((b"content-length", str(len(data)).encode()))
-            self.started = True
-            await self.send({"type": "http.response.start", "status": status, "headers": head})
-            await self.send({"type": "http.response.body", "body": data, "more_body": False})
-        except DataPlaneError as exc:
-            if not self.started:
-                await self.api._error(self.send, self.rid, exc)
-            else:
-                await self._abort_stream(exc)
-
-    async def _stream(self, req: RolloutRequest, dispatched) -> None:
-        send = self.send
-        response = dispatched.response
-        version = stream_version(dispatched.entry.version)
-        chunks = response.aiter_chunks()
-        first = b""
-        ok = 200 <= response.status < 300
-        if ok and req.route == GENERATE:
-            # The head waits for the first event, which says which weights the engine is using:
-            # the table can lag by a refit the request raced with. The client has nothing to
-            # read before the first token anyway.
-            first = await anext(chunks, b"")
-            version = first_event_version(first) or version
-        tail = TokenTail()  # the tokens the stream reports, read without parsing it
-        tail.see(first)
-        await self.start_stream(dispatched, version)
-        if req.openai and ok:
-            events = FingerprintEvents(version)
-            async for chunk in chunks:
-                tail.see(chunk)
-                out = events.feed(chunk)
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-            await send({"type": "http.response.body", "body": events.flush(), "more_body": False})
-            self.api.dataplane.count_tokens(dispatched.instance.worker_id, tail.tokens)
-            return
-        if first:
-            await send({"type": "http.response.body", "body": first, "more_body": True})
-        async for chunk in chunks:
-            tail.see(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if ok:
-            self.api.dataplane.count_tokens(dispatched.instance.worker_id, tail.tokens)
-
-    async def _abort_stream(self, exc: DataPlaneError) -> None:
-        # The head is out: the status cannot change. Say what happened in the stream's own
-        # language (an SSE error event, as SGLang does) and end it; no [DONE] follows.
-        log.warning("stream cut short: %s", exc.message)
-        event = b"data: " + _json(openai_body(exc)) + b"\n\n"
-        await self.send({"type": "http.response.body", "body": event, "more_body": False})
-
-
-# -- /openapi.json: these routes, their models and their errors (smgrl/http/openapi/apidoc.py) ---------------
-
-
-@model(
-    additional=True,
-    description="SGLang's /generate body, forwarded byte for byte (with --dp-aware, `data_parallel_rank` is "
-    "added). Must be a JSON object; `model`, when present, a string.",
-)
-class GenerateRequest:
-    model: str = field(optional=True)
-    text: Any = field(optional=True, schema={"description": "a prompt or a list of prompts"})
-    input_ids: Any = field(optional=True, schema={"description": "token ids, or a list of them"})
-    sampling_params: dict = field(optional=True)
-    stream: bool = field(optional=True)
-
-
-@model(additional=True, description="OpenAI's completions body, forwarded byte for byte.")
-class CompletionRequest:
-    model: str = field(optional=True)
-    prompt: Any = field(optional=True, schema={"description": "text, token ids, or a list of them"})
-    stream: bool = field(optional=True)
-
-
-@model(description="A served model (OpenAI's model object, as SMG 1.13.0 answers it).")
-class ModelCard:
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-
-
-@model
-class ModelList:
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-def _stamp_header_param(description: str, required: bool = True, schema: dict = STRING) -> dict:
-    return {"description": description, "required": required, "schema": schema}
-
-
-STAMP = {
-    "x-smg-weight-version": _stamp_header_param(
-        "the weights that produced the answer: the version the engine reported (a stream's first event for "
-        "/generate; SGLang's `metadata.weight_version`), else the gateway's table, else `default`. OpenAI "
-        "answers carry it in `system_fingerprint` too."
-    ),
-    "x-version-tag": _stamp_header_param(
-        "PSRL: the serving engine's version, `-1` when it has none; for a request with routing metadata "
-        "(x-prompt-id or an instance hint) the version pinned at its first selection"
-    ),
-    "x-base-worker-id": _stamp_header_param(
-        "PSRL: the serving instance's engine (registry id of its rank-0 record)"
-    ),
-    "x-target-dp-rank": _stamp_header_param("PSRL: the serving instance's DP rank (0 without DP)"),
-    "x-smg-mixed-version": _stamp_header_param(
-        "`true` on a buffered /generate whose weights changed mid-request (absent otherwise)",
-        False,
-        {"type": "string", "enum": ["true"]},
-    ),
-    "x-smg-routed-worker-id": _stamp_header_param(
-        "the serving worker's URL (`@rank` for a DP rank), as SMG names it"
-    ),
-    "x-smgrl-worker-id": _stamp_header_param("the serving worker's registry id"),
-}
-# An engine's own non-2xx answer is relayed untouched, with the same statuses as the gateway's errors.
-ENGINE_ANSWER = {
-    "type": "object",
-    "description": "the engine's own error answer, relayed untouched (stamped like a 200, without "
-    "x-smg-error-code)",
-}
-_ERROR_HEADERS = {
-    "x-smg-error-code": _stamp_header_param(
-        "the gateway error's code (absent on a relayed engine answer)", False
-    ),
-    **RETRY_AFTER,
-}
-
-
-def dp_error(description: str, *errors: Any, alternatives: tuple = ()) -> Resp:
-    """A status answered with these data-plane errors, or with an engine's own answer relayed."""
-    return Resp(
-        description + " An engine answering this status itself is relayed untouched (EngineAnswer).",
-        as_json({"anyOf": [DataPlaneErrorModel, *alternatives, ENGINE_ANSWER]}),
-        _ERROR_HEADERS,
-        errors=errors,
-    )
-
-
-def _header_param(name: str, description: str) -> Param:
-    return Param(name, "header", description)
-
-
-ROLLOUT_HEADERS = (
-    RlOnly(
-        _header_param(
-            "x-smg-version-policy",
-            "`any` | `latest-only` | `min-version:<v>` | `max-staleness:<k>` (default --rl-version-policy)",
-        )
-    ),
-    _header_param("x-smg-routing-key", "sticky routing: requests with the same key go to the same worker"),
-    _header_param(
-        "x-version-tag", "PSRL version floor: only engines at this version or newer (`-1`: no floor)"
-    ),
-    _header_param("x-prompt-id", "PSRL prompt group: its requests share an instance (staged selection)"),
-    _header_param("x-is-validate", "PSRL: a validation request (bool-like; handed to the admission hook)"),
-    _header_param("x-is-sticky", "PSRL: honour the instance hint (bool-like)"),
-    _header_param(
-        "x-base-worker-id", "PSRL instance hint: the engine (registry id or URL); with x-target-dp-rank"
-    ),
-    _header_param("x-target-dp-rank", "PSRL instance hint: the DP rank; with x-base-worker-id"),
-    _header_param("x-force-pin-once", "PSRL: honour the hint for the first selection only (bool-like)"),
-)
-ROLLOUT_RESPONSES = {
-    "200": Resp(
-        "The engine's answer, stamped. `stream: true`: a text/event-stream relayed event by event (OpenAI "
-        "events carry `system_fingerprint`; an error after the head is an SSE error event, with no `[DONE]`).",
-        {"application/json": ANY, "text/event-stream": STRING},
-        STAMP,
-    ),
-    "400": dp_error(
-        "SMG's codes for a refused body (invalid_json, invalid_type, invalid_value, missing_required_parameter, "
-        "unknown_parameter, integer_below_min_value, empty_array, prompt_empty, json_parse_error), "
-        "invalid_routing_metadata (a malformed PSRL routing header or field), model_required (/generate only), "
-        "or with --enable-rl an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope).",
-        *INVALID_REQUEST_CODES,
-        InvalidRoutingMetadataHeader,
-        ModelRequired,
-        RlOnly(InvalidVersionPolicyHeader),
-        alternatives=(RlOnly(rl_error(InvalidVersionPolicyHeader)),),
-    ),
-    "401": DP_UNAUTHORIZED,
-    "404": dp_error("model_not_found: no worker serves the named model.", ModelNotFound),
-    "405": METHOD_NOT_ALLOWED,
-    "413": Resp(
-        "Body over --max-payload-size (request_body_too_large).",
-        as_json(OpenAIErrorModel),
-        DP_ERROR_CODE,
-        errors=("request_body_too_large",),
-    ),
-    "422": dp_error(
-        "/generate only: a body of the wrong shape (not an object, `model` not a string): invalid_type.",
-        "invalid_type",
-    ),
-    "429": dp_error(
-        "too_many_requests (--max-concurrent-requests and its queue are full) or queue_timeout (waited "
-        "--queue-timeout-secs for a slot); retryable.",
-        QueueFull,
-        QueueTimeout,
-    ),
-    "500": dp_error(
-        "internal_error: a gateway bug (never bad input); the log has the traceback.", "internal_error"
-    ),
-    "502": dp_error(
-        "upstream_unreachable: retries exhausted (connect errors, engine 5xx); retryable.",
-        UpstreamUnreachable,
-    ),
-    "503": dp_error(
-        "no_available_workers (no routable worker serves the model) or no_eligible_workers (every worker held "
-        "out by state, version policy, floor or circuit breaker, after waiting; `reasons` counts them) or "
-        "memory_budget_exceeded (--dataplane-memory-budget is held by other requests' bodies and buffered "
-        "answers) or loopback_limit_exceeded (a rollout aborted by weight syncs more than --max-loopbacks "
-        "times); retryable.",
-        NoAvailableWorkers,
-        NoEligibleWorkers,
-        MemoryBudgetExceeded,
-        LoopbackLimitExceeded,
-    ),
-    "408": dp_error(
-        "request_body_stalled: no body bytes for --stream-body-stall-timeout-secs, or the body did not "
-        "arrive within --dataplane-body-timeout-secs.",
-        RequestBodyStalled,
-    ),
-    "504": dp_error("request_timeout: --request-timeout-secs passed.", RequestTimeout),
-    "default": Resp(
-        "Any other engine status, relayed as the engine sent it (body untouched).", as_json(ANY), STAMP
-    ),
-}
-
-
-def _with_tito(responses: dict[str, Resp]) -> dict[str, Resp]:
-    """/v1/chat/completions with x-smg-tito-session-id is a captured session turn, served by the
-    session routes (smgrl/http/fronts/sessions.py): it answers their codes too."""
-    out = dict(responses)
-    for status, errors in (
-        ("400", (InvalidTurn, TemplateRefused)),
-        ("429", (TooManySessions,)),
-        ("502", (EngineAnswerInvalid,)),
-        ("503", (SessionsDisabled, TurnAborted)),
-    ):
-        resp = out[status]
-        codes = ", ".join(e.code for e in errors)
-        out[status] = evolve(
-            resp,
-            description=f"{resp.description} With x-smg-tito-session-id: {codes}.",
-            errors=resp.errors + errors,
-        )
-    out["409"] = dp_error(
-        "x-smg-tito-session-id: session_closing (DELETE is draining the session).", SessionClosing
-    )
-    out["410"] = dp_error(
-        "x-smg-tito-session-id: session_gone (the id belonged to an earlier gateway process).", SessionGone
-    )
-    return out
-
-
-def _rollout(path: str, op_id: str, summary: str, body: type, extra: tuple = ()) -> Route:
-    return Route(
-        "POST",
-        path,
-        op_id,
-        "dataplane",
-        summary,
-        _with_tito(ROLLOUT_RESPONSES) if path == CHAT else ROLLOUT_RESPONSES,
-        description="Served by the data plane (raw ASGI, same port). Routed to a worker serving `model` (or "
-        "the only model served); paused/asleep workers and those outside the version policy get no requests: "
-        "the request waits for an eligible one.",
-        security="data",
-        params=ROLLOUT_HEADERS + extra,
-        body=Body(body),
-    )
-
-
-# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
-OPENAPI_ROUTES = (
-    _rollout(GENERATE, "postGenerate", "SGLang native generation", GenerateRequest),
-    _rollout(COMPLETIONS, "postCompletions", "OpenAI completions", CompletionRequest),
-    _rollout(
-        CHAT,
-        "postChatCompletions",
-        "OpenAI chat completions",
-        ChatCompletionRequest,
-        (
-            _header_param(
-                "x-smg-tito-session-id",
-                "SMG TITO: the turn belongs to this session and is captured token-exact (answered like "
-                "POST /sessions/{sid}/v1/chat/completions; created on first use)",
-            ),
-        ),
-    ),
-    Route(
-        "GET",
-        MODELS,
-        "getModels",
-        "dataplane",
-        "The models the fleet serves (OpenAI list)",
-        {
-            "200": Resp("The models.", as_json(ModelList)),
-            "401": DP_UNAUTHORIZED,
-            "405": METHOD_NOT_ALLOWED,
-        },
-        security="data",
-    ),
-    Route(
-        "GET",
-        MODEL_CARD,
-        "getModel",
-        "dataplane",
-        "One served model's card (the id may contain slashes)",
-        {
-            "200": Resp("The model.", as_json(ModelCard)),
-            "401": DP_UNAUTHORIZED,
-            "404": dp_error("model_not_found: no worker serves this model.", ModelNotFound),
-            "405": METHOD_NOT_ALLOWED,
-        },
-        security="data",
-        params=(path_param("model", "the model id, as in GET /v1/models"),),
-    ),
-)
-# The routes served here and their methods (the ``allow`` of their 405): the table's.
-ALLOW = allow_table(OPENAPI_ROUTES)

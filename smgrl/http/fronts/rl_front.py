@@ -29,10 +29,10 @@ from smgrl.core import (
 from smgrl.core.auth import ENGINE, READ, Denied
 from smgrl.core.errors import RlError
 from smgrl.core.numbers import parse_uint
+from smgrl.core.wire import json_bytes
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.bodies.control_bodies import LARGE, body_timeout
-from smgrl.http.fronts.dataplane import until_disconnect
-from smgrl.http.fronts.scope import header_text
+from smgrl.http.fronts.asgi import header_text, until_disconnect
 from smgrl.http.routes.rl_routes import PREFIX, BadUtf8, control_request, decode_params, match, query_pairs
 
 log = logging.getLogger("smgrl.http")
@@ -198,19 +198,19 @@ class EngineFront:
                 if result is None:
                     return  # the client is gone: nothing to answer (audited with status 0)
                 status = result.status
-                payload = b"" if status == 204 or result.body is None else env.dumps(result.body)
+                payload = b"" if status == 204 or result.body is None else json_bytes(result.body)
                 extra = [(b"x-smgrl-operation-id", result.op_id.encode())]
                 if not result.journaled:
                     extra.append((b"x-smgrl-journal", b"unavailable"))
                 check.status = status
             except RlError as exc:  # the journal cannot take the intent (503): as rl.py renders it
-                status, payload, extra = exc.status, env.dumps(exc.body()), []
+                status, payload, extra = exc.status, json_bytes(exc.body()), []
                 check.status = status
             except Exception:
                 # A bug, not bad input: answered as Quart's handler in app.py does (and, as
                 # there, audited with status 0).
                 log.exception("unhandled error on %s %s", method, scope["path"])
-                payload, extra = env.dumps(env.INTERNAL_ERROR), []
+                payload, extra = json_bytes(env.INTERNAL_ERROR), []
                 status = 500
         finally:
             guard.end(ENGINE, shown_path, check)

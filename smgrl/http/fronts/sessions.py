@@ -32,7 +32,9 @@ from smgrl.core.errors import (
     UpstreamUnreachable,
 )
 from smgrl.core.numbers import parse_uint
+from smgrl.core.wire import json_bytes
 from smgrl.http.bodies import envelopes as env
+from smgrl.http.fronts.asgi import until_disconnect
 from smgrl.http.openapi.apidoc import ANY, STRING, Body, Resp, Route, allow_table, as_json, model, path_param
 from smgrl.http.openapi.schemas import (
     DP_ERROR_CODE,
@@ -63,10 +65,6 @@ JSON_CT = b"application/json"
 TITO_HEADER = b"x-smg-tito-session-id"
 # Several processes: how long a /control route waits for another process's part of the answer.
 CONTROL_PEER_TIMEOUT_SECS = 10.0
-
-
-def _json(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def _headers(scope) -> dict[str, str]:
@@ -194,25 +192,24 @@ class SessionsASGI:
         headers = scope["headers"]
         if not any(k == b"x-request-id" for k, _ in headers):
             headers = [*headers, (b"x-request-id", rid)]  # one id in both processes' logs
-        gone = None
-        # The client's disconnect cancels the exchange; the owner sees its connection close and
-        # cancels the turn, as for a client of its own.
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+
+        async def exchange() -> PeerGone | None:
             try:
                 await self.api.gateway.forwarder.asgi(
                     peer, {**scope, "headers": headers}, body, send, hops(scope["headers"])
                 )
-            except PeerGone as exc:  # answered by the caller, not wrapped in the nursery's group
-                gone = exc
+            except PeerGone as exc:  # answered by the caller
+                return exc
             except ReadError:
                 # The owner broke off mid-answer (the forwarder logged it): returning without the
                 # answer's end makes the server close the client's connection, the only way to
                 # say "cut off" once a 200 is out. Not a bug here: no "unhandled error".
                 pass
-            finally:
-                nursery.cancel_scope.cancel()
-        return gone
+            return None
+
+        # The client's disconnect cancels the exchange (None then); the owner sees its connection
+        # close and cancels the turn, as for a client of its own.
+        return await until_disconnect(scope, receive, exchange)
 
     async def _create_tito(self, sid: str, scope) -> bool:
         """Create a TITO session with a client-chosen id here. Several processes: only if no
@@ -268,7 +265,7 @@ class SessionsASGI:
             async def one(peer, subset) -> None:
                 body = None
                 if route != "/control/sessions":
-                    body = _json([_control_item(sid, pin) for sid, pin in subset])
+                    body = json_bytes([_control_item(sid, pin) for sid, pin in subset])
                 answer = None
                 # Bounded: a hung process must not hold this route (its ids answer `missing`).
                 with trio.move_on_after(CONTROL_PEER_TIMEOUT_SECS):
@@ -302,7 +299,7 @@ class SessionsASGI:
             headers.append((b"www-authenticate", denied.www_authenticate.encode()))
         if denied.json:
             await self.api._respond(
-                send, denied.status, _json(env.api_key_error_body(denied.message)), headers
+                send, denied.status, json_bytes(env.api_key_error_body(denied.message)), headers
             )
         else:
             await self.api._respond(
@@ -350,7 +347,7 @@ class SessionsASGI:
         ok = [(b"x-request-id", rid)]
         if route in ("/sessions", "/tito/sessions"):
             s = await svc.create(_headers(scope), api="sessions" if route == "/sessions" else "tito")
-            await api._respond(send, 201, _json({"session_id": s.id}), ok)
+            await api._respond(send, 201, json_bytes({"session_id": s.id}), ok)
         elif route in ("/sessions/{sid}", "/tito/sessions/{sid}") and method == "GET":
             snap = svc.snapshot(sid)
             extra = []
@@ -360,7 +357,7 @@ class SessionsASGI:
                     (b"x-base-worker-id", str(info["base_worker_id"]).encode()),
                     (b"x-target-dp-rank", str(info["target_dp_rank"]).encode()),
                 ]
-            await api._respond(send, 200, _json(snap), ok + extra)
+            await api._respond(send, 200, json_bytes(snap), ok + extra)
         elif route in ("/sessions/{sid}", "/tito/sessions/{sid}"):  # DELETE
             try:
                 if svc is None:
@@ -382,7 +379,7 @@ class SessionsASGI:
                 out = await svc.resume(items)
             for key, values in (await remote()).items():
                 out.setdefault(key, []).extend(values)
-            await api._respond(send, 200, _json(out), ok)
+            await api._respond(send, 200, json_bytes(out), ok)
         else:  # a chat turn: /sessions/{sid}/v1/chat/completions or the TITO header
             await self._turn(route, sid, scope, receive, send, rid, body)
 
@@ -409,19 +406,11 @@ class SessionsASGI:
                             ) from None
                         return
         headers = _headers(scope)
-        result = error = None
-        # The watcher turns the client's disconnect into a cancellation of the turn (the engine
-        # call is cancelled, nothing is captured), as on the rollout routes.
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-            try:
-                result = await self.svc.turn(sid, obj, headers, rid.decode("latin-1"))
-            except DataPlaneError as exc:  # answered below, not wrapped in the nursery's group
-                error = exc
-            finally:
-                nursery.cancel_scope.cancel()
-        if error is not None:
-            raise error
+        # The client's disconnect cancels the turn (the engine call is cancelled, nothing is
+        # captured; None then), as on the rollout routes.
+        result = await until_disconnect(
+            scope, receive, self.svc.turn, sid, obj, headers, rid.decode("latin-1")
+        )
         if result is None:
             return  # the client went away
         head = [
@@ -451,7 +440,7 @@ class SessionsASGI:
                 send, 200, events, head + [(b"cache-control", b"no-cache")], b"text/event-stream"
             )
             return
-        await self.api._respond(send, 200, _json(answer.completion(**fields)), head)
+        await self.api._respond(send, 200, json_bytes(answer.completion(**fields)), head)
 
 
 def _valid_sid(sid: str) -> bool:
@@ -485,14 +474,6 @@ def _control_items(obj: Any) -> list[tuple[str, tuple[str, int] | None]]:
                 pin = (base, dp_rank)
             out.append((item["session_id"], pin))
     return out
-
-
-async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
 
 
 # -- /openapi.json: these routes, their models and their errors (smgrl/http/openapi/apidoc.py) ---------------

@@ -37,7 +37,7 @@ SECURITY = {
 def families() -> list[tuple[Route, ...]]:
     """Every route family's table. (Imported when asked, not at the top: the document is built once per
     process, and a module that only renders it need not load every route family.)"""
-    from smgrl.http.fronts import dataplane, sessions
+    from smgrl.http.fronts import dataplane_routes, sessions
     from smgrl.http.routes import (
         engine_reads,
         flush_cache,
@@ -56,7 +56,7 @@ def families() -> list[tuple[Route, ...]]:
         engine_reads.OPENAPI_ROUTES,
         flush_cache.OPENAPI_ROUTES,
         routing_loop.OPENAPI_ROUTES,
-        dataplane.OPENAPI_ROUTES,
+        dataplane_routes.OPENAPI_ROUTES,
         sessions.OPENAPI_ROUTES,
         rl_writes.OPENAPI_ROUTES,
         refits.OPENAPI_ROUTES,

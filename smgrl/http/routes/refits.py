@@ -30,6 +30,7 @@ from smgrl.core.errors import (
     TooManyStreams,
     WorkerNotFound,
 )
+from smgrl.core.wire import json_bytes
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.openapi.apidoc import (
     OBJECT,
@@ -142,12 +143,12 @@ class RefitsApi:
         body = self.service.view(saga)
         plan = self._plans.pop(saga.refit_id, None)
         if plan is None:
-            plan = env.dumps(body["plan"])
+            plan = json_bytes(body["plan"])
         self._plans[saga.refit_id] = plan  # most recently used last
         while len(self._plans) > PLANS_CACHED:
             self._plans.popitem(last=False)
         del body["plan"]
-        return env.dumps(body)[:-1] + b',"plan":' + plan + b"}"
+        return json_bytes(body)[:-1] + b',"plan":' + plan + b"}"
 
     async def refit(self, refit_id: str) -> Response:
         async def show(_principal):

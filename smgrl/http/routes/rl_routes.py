@@ -44,6 +44,7 @@ from smgrl.core.errors import (
     UpstreamUnreachable,
     WorkerNotFound,
 )
+from smgrl.core.wire import json_bytes
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.openapi.apidoc import (
     ANY,
@@ -182,7 +183,7 @@ class RlApi:
             row(g.representative, g.ranks, facts_for(g.representative, facts))
             for g in collapse(fleet.registry)
         ]
-        body = env.dumps(workers_response(rows))
+        body = json_bytes(workers_response(rows))
         self._rows_cache = (fleet.revision, body)
         return body
 

@@ -15,7 +15,7 @@ The stitched answer keeps the first leg's shape (``chat.completion`` or ``text_c
 per-token version spans (``weight_versions``, in engine tokens) and ``segments``. Log-probs are
 not stitched (the legs' formats differ): a continued answer has ``logprobs: null``; a chat answer's
 tool calls are not parsed again (its content is the generated text). Single choice only (``n``
-absent or 1). Streams: ``loopback_openai_stream``.
+absent or 1). Streams: ``loopback.openai_stream``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import attrs
 
-from smgrl.dataplane.loopback import Leg, Rollout, _dumps
+from smgrl.core.wire import json_bytes
+from smgrl.dataplane.loopback.model import Leg, Rollout
 
 COMPLETIONS = "/v1/completions"
 # Sampling fields a continuation keeps (both routes name them alike).
@@ -110,11 +111,11 @@ class TextRollout(Rollout):
         obj["model"] = self.obj.get("model")
         obj["prompt"] = self.prompt + self.tokenizer.encode("".join(self.text or ()))
         obj["stream"] = stream
-        if stream:  # its usage counts the leg's tokens (loopback_openai_stream)
+        if stream:  # its usage counts the leg's tokens (loopback.openai_stream)
             obj["stream_options"] = {"include_usage": True}
         if self.cap is not None:
             obj["max_tokens"] = self.remaining()
-        return _dumps(obj)
+        return json_bytes(obj)
 
     def stitch(self, last: Leg, *, length_reached: bool = False) -> dict:
         out = dict(self.first_obj)

@@ -3,7 +3,7 @@
 OpenAI streams carry deltas: the relay passes the first leg's events through (``system_fingerprint``
 stamped, as the plain relay does), adding up the text. When a sync through the gateway aborts the
 leg (``finish_reason: "abort"``) the abort event, the leg's ``usage`` event and its ``[DONE]`` are
-held back, and the continuation (``loopback_openai.TextRollout``: a token-in ``/v1/completions``,
+held back, and the continuation (``loopback.openai.TextRollout``: a token-in ``/v1/completions``,
 asked for its usage) streams on: each of its events is rewritten into the first leg's shape (a
 ``chat.completion.chunk`` with ``delta.content``, or a ``text_completion`` chunk), with the first
 leg's ``id``, ``created`` and ``model``. The last event's choice carries ``weight_versions`` and
@@ -18,17 +18,11 @@ import json
 from typing import Any
 
 from smgrl.core.errors import DataPlaneError
-from smgrl.dataplane.loopback import (
-    Leg,
-    _dumps,
-    complete_events,
-    current_version,
-    prepare,
-    preview,
-    record,
-    relay_failed_leg,
-)
-from smgrl.dataplane.loopback_openai import start as start_openai
+from smgrl.core.wire import json_bytes
+from smgrl.dataplane.loopback.legs import current_version, prepare, record
+from smgrl.dataplane.loopback.model import Leg, preview
+from smgrl.dataplane.loopback.openai import start as start_openai
+from smgrl.dataplane.loopback.stream import complete_events, relay_failed_leg
 from smgrl.dataplane.stamp import stream_version
 
 
@@ -90,7 +84,7 @@ class _ChunkSeam:
             if leg.held or self.state["rollout"] is not None:
                 return b""  # a looped-back stream's usage is the relay's to write (``run``)
             obj["system_fingerprint"] = self.version
-            return b"data: " + _dumps(obj) + b"\n\n"
+            return b"data: " + json_bytes(obj) + b"\n\n"
         choice = choices[0] if isinstance(choices[0], dict) else {}
         delta = choice.get("delta")
         text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
@@ -112,7 +106,7 @@ class _ChunkSeam:
         leg.finish = finish if isinstance(finish, str) else None
         if self.state["rollout"] is None:
             obj["system_fingerprint"] = self.version
-            return b"data: " + _dumps(obj) + b"\n\n"
+            return b"data: " + json_bytes(obj) + b"\n\n"
         if leg.finish is not None:
             # The last event names the leg's tokens: sent once the leg's usage is in (``run``).
             self.final = (text, leg.finish)
@@ -142,7 +136,7 @@ class _ChunkSeam:
         out = {k: first[k] for k in ("id", "object", "created", "model") if k in first}
         out["system_fingerprint"] = self.version
         out["choices"] = [choice]
-        return b"data: " + _dumps(out) + b"\n\n"
+        return b"data: " + json_bytes(out) + b"\n\n"
 
     def as_leg(self) -> Leg:
         leg = self.leg
@@ -171,7 +165,7 @@ def _usage_event(state: dict, rollout) -> bytes:
         "completion_tokens": rollout.generated,
         "total_tokens": prompt + rollout.generated,
     }
-    return b"data: " + _dumps(out) + b"\n\n"
+    return b"data: " + json_bytes(out) + b"\n\n"
 
 
 async def run(
