@@ -570,7 +570,7 @@ def _register_subcommands() -> None:
     from smgrl.cli.journal import journal_group
 
     cli.add_command(journal_group, "journal")
-    from smgrl.refit.cli import refit_command
+    from smgrl.cli.refit import refit_command
 
     cli.add_command(refit_command, "refit")
 

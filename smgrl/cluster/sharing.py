@@ -38,7 +38,7 @@ import attrs
 import trio
 
 from journal import JournalError, LeaseLost
-from smgrl.dataplane.pins import gone_releases
+from smgrl.dataplane import gone_releases
 from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 

@@ -34,7 +34,7 @@ import trio
 from journal import Expect, JournalClosedError, JournalConflict, JournalError
 from smgrl.events import GroupPinned, GroupReleased
 from smgrl.routing import InstanceId
-from smgrl.state.group_pins import TYPES, Pin
+from smgrl.state import TYPES, Pin
 
 log = logging.getLogger("smgrl.dataplane")
 

@@ -45,7 +45,7 @@ from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
-from smgrl.registry.keys import KeyRing
+from smgrl.registry import KeyRing
 from smgrl.routing import (
     ANY,
     CacheAwareConfig,
@@ -56,7 +56,7 @@ from smgrl.routing import (
     staged,
     sticky,
 )
-from smgrl.state.fleet import FleetState
+from smgrl.state import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
 
 log = logging.getLogger("smgrl.dataplane")

@@ -12,19 +12,15 @@ import uuid
 
 import attrs
 
-from smgrl.control.service import ControlService
-from smgrl.control.writes import ControlWrites
+from smgrl.control import ControlService, ControlWrites
 from smgrl.core.auth import AuthPolicy
 from smgrl.core.config import Config
-from smgrl.dataplane.pins import PinJournal
-from smgrl.dataplane.service import DataPlane
-from smgrl.refit.saga import RefitService
-from smgrl.registry.keys import KeyRing
-from smgrl.registry.loads import LoadMonitor
-from smgrl.registry.service import RegistryService
+from smgrl.dataplane import DataPlane, PinJournal
+from smgrl.refit import RefitService
+from smgrl.registry import KeyRing, LoadMonitor, RegistryService
 from smgrl.runtime.tail import JournalTail
 from smgrl.sessions import build as build_sessions
-from smgrl.state.fleet import FleetState
+from smgrl.state import FleetState
 from smgrl.telemetry.audit import AuditCounts
 from smgrl.telemetry.metrics import Metrics
 from smgrl.upstream import PoolSet

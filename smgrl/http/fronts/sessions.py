@@ -44,8 +44,7 @@ from smgrl.http.openapi.schemas import (
     ChatCompletionRequest,
     DataPlaneErrorModel,
 )
-from smgrl.sessions import answer
-from smgrl.sessions.errors import (
+from smgrl.sessions import (
     EngineAnswerInvalid,
     InvalidTurn,
     SessionClosing,
@@ -55,8 +54,9 @@ from smgrl.sessions.errors import (
     TemplateRefused,
     TooManySessions,
     TurnAborted,
+    answer,
+    owner_of,
 )
-from smgrl.sessions.state import owner_of
 from smgrl.upstream import ReadError
 
 log = logging.getLogger("smgrl.sessions")

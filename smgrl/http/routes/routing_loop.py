@@ -34,9 +34,7 @@ from smgrl.http.bodies import envelopes as env
 from smgrl.http.openapi.apidoc import Body, Param, Resp, Route, as_json, field, model
 from smgrl.http.openapi.schemas import PAYLOAD_TOO_LARGE, rl_error_resp
 from smgrl.http.routes.guard import Guard, who
-from smgrl.routing import identity, matches
-from smgrl.routing.metadata import FALSE, TRUE
-from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor, parse_version
+from smgrl.routing import FALSE, TRUE, InvalidVersionPolicy, identity, matches, parse_floor, parse_version
 
 MAX_ITEMS = 4096
 DEFAULT_WAIT_SECS = 30.0  # POST /routing_loop/pause?wait=true without ``timeout``

@@ -31,7 +31,7 @@ from smgrl.http.openapi.apidoc import STRING, Body, Resp, Route, as_json, field,
 from smgrl.http.openapi.schemas import PAYLOAD_TOO_LARGE as PAYLOAD_TOO_LARGE_RESP
 from smgrl.http.openapi.schemas import WorkerApiErrorModel
 from smgrl.http.routes.guard import Envelope, Guard
-from smgrl.registry.service import Registration
+from smgrl.registry import Registration
 
 VERSION = f"smgrl-{__version__}"  # /get_loads's `version` (SMG: `smg-1.13.0`)
 
