@@ -22,10 +22,10 @@ import sys
 # The gateway's modules load with this one: PSRL imports RouterArgs from here before it forks
 # the gateway's process, so the child inherits them and serves well within PSRL's 3 s check
 # instead of spending them importing (a second or more of CPU).
-import smgrl.server  # noqa: F401 - loaded here, not in the child (above)
-from smgrl.cli import run_gateway
-from smgrl.router_args import RouterArgs, RouterArgsError
-from smgrl.router_config import Launch, translate
+import smgrl.runtime.server  # noqa: F401 - loaded here, not in the child (above)
+from smgrl.cli.main import run_gateway
+from smgrl.cli.router_args import RouterArgs, RouterArgsError
+from smgrl.cli.router_config import Launch, translate
 
 __all__ = ["RouterArgs", "RouterArgsError", "launch_router", "plan"]
 

@@ -31,22 +31,22 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+from smgrl.core.config import PsrlConfig
+from smgrl.core.errors import DataPlaneError
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.table import Entry
-from smgrl.errors import DataPlaneError
-from smgrl.routing import staged
-from smgrl.routing.psrl import (
-    PsrlConfig,
+from smgrl.routing import (
     by_indicator,
     kv_gate_on,
     kv_refusal,
     psm_request_id,
     psm_version,
     reservable,
+    staged,
     unique_versions,
 )
-from smgrl.upstream.psmanager import PSManager, PSManagerError
+from smgrl.upstream import PSManager, PSManagerError
 
 log = logging.getLogger("smgrl.dataplane")
 

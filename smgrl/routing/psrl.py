@@ -1,6 +1,6 @@
 """PSRL's selection settings and the pure rules PSRL's fork applies with them.
 
-- ``PsrlConfig``: what ``RouterArgs`` (``smgrl.launch_router``) or the ``--psrl-*`` flags set.
+- ``PsrlConfig`` (``smgrl.core.config``): what ``RouterArgs`` (``smgrl.launch_router``) sets.
 - ``kv_refusal``: PSRL's engine-state admission gate (``enable_kv_admission_control``: admit only
   to an instance whose engine reports no waiting request; ``kv_capacity_threshold``: only below
   that KV usage), over what ``POST /workers/update_stats`` last reported. An instance with no
@@ -19,32 +19,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-import attrs
-
-SORT_KEYS = ("version", "reserve_capability")
-STRATEGIES = ("naive", "psrl")
-
-
-@attrs.frozen
-class PsrlConfig:
-    # "psrl": requests carrying routing metadata take the staged selection; "naive" as well
-    # (smgrl stages every request that carries metadata: docs/psrl.md).
-    strategy: str = "psrl"
-    # Pin a prompt group's requests to the instance its first request went to (off: the fork's
-    # default; PSRL's launch turns it on).
-    group_sticky: bool = False
-    # Stage 5's order: "version" (newest first / lowest acceptable first) or PSManager's
-    # reserve indicator ("reserve_capability", needs ps_manager_addr).
-    candidate_sort_key: str = "version"
-    # PSManager's gRPC address (host:port, grpc:// or http:// accepted); None: no PSManager.
-    ps_manager_addr: str | None = None
-    # The bound on one PSManager call; past it the call counts as failed (the fork's fallback).
-    ps_manager_timeout_secs: float = 0.5
-    # How often a request held out by PSManager or the KV gate asks again (the fork's routing
-    # loop re-polls its queue every check interval).
-    recheck_secs: float = 0.01
-    reject_on_waiting: bool = False
-    kv_capacity_threshold: float = 1.0
+from smgrl.core.config import PsrlConfig
 
 
 class Stats(Protocol):

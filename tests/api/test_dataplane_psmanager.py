@@ -10,11 +10,10 @@ import pytest
 import trio
 from test_dataplane_loopback import body, produced, rl
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, PsrlConfig, RlConfig
 from smgrl.dataplane.instance_stats import InstanceStats
 from smgrl.fake import fake_fleet
 from smgrl.fake.psmanager import FakePSManager
-from smgrl.routing.psrl import PsrlConfig
 from smgrl.testing import gateway_in_process
 
 GEN = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}

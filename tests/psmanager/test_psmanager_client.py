@@ -12,7 +12,12 @@ import trio
 
 from smgrl.fake.psmanager import FakePSManager
 from smgrl.upstream.psmanager import regen
-from smgrl.upstream.psmanager.client import InvalidAddress, PSManager, PSManagerError, parse_addr
+from smgrl.upstream.psmanager.client import (
+    InvalidPsManagerAddress,
+    PSManager,
+    PSManagerError,
+    parse_ps_manager_addr,
+)
 
 
 @pytest.fixture
@@ -32,13 +37,13 @@ def test_checked_in_messages_match_the_generator():
     [("10.0.0.1:50051", ("10.0.0.1", 50051)), ("grpc://h:1", ("h", 1)), ("http://[::1]:7", ("::1", 7))],
 )
 def test_addresses_as_the_fork_accepts_them(addr, parsed):
-    assert parse_addr(addr) == parsed
+    assert parse_ps_manager_addr(addr) == parsed
 
 
 @pytest.mark.parametrize("addr", ["https://h:1", "h", "h:x", "h:1/path"])
 def test_bad_addresses_are_refused(addr):
-    with pytest.raises(InvalidAddress):
-        parse_addr(addr)
+    with pytest.raises(InvalidPsManagerAddress):
+        parse_ps_manager_addr(addr)
 
 
 async def test_every_rpc_round_trips(fake):

@@ -9,8 +9,8 @@ import datetime
 
 import pytest
 
+from smgrl.cli.router_config import DEFAULT_ONLY, INERT, MAPPED, NO_TIMEOUT_SECS, default_journal
 from smgrl.launch_router import RouterArgs, RouterArgsError, plan
-from smgrl.router_config import DEFAULT_ONLY, INERT, MAPPED, NO_TIMEOUT_SECS, default_journal
 from tests.e2e.test_launch_router import reward_namespace, rollout_namespace
 
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from smgrl.core.config import PsrlConfig
 from smgrl.dataplane.instance_stats import InstanceStats
 from smgrl.routing.psrl import (
-    PsrlConfig,
     by_indicator,
     kv_gate_on,
     kv_refusal,

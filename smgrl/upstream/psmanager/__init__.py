@@ -6,6 +6,11 @@
   ``.proto`` is checked in byte for byte as ``psrl_manager.proto.orig``).
 """
 
-from smgrl.upstream.psmanager.client import InvalidAddress, PSManager, PSManagerError, parse_addr
+from smgrl.upstream.psmanager.client import (
+    InvalidPsManagerAddress,
+    PSManager,
+    PSManagerError,
+    parse_ps_manager_addr,
+)
 
-__all__ = ["InvalidAddress", "PSManager", "PSManagerError", "parse_addr"]
+__all__ = ["InvalidPsManagerAddress", "PSManager", "PSManagerError", "parse_ps_manager_addr"]

@@ -30,11 +30,11 @@ class PSManagerError(Exception):
         self.code = code
 
 
-class InvalidAddress(ValueError):
+class InvalidPsManagerAddress(ValueError):
     pass
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
+def parse_ps_manager_addr(addr: str) -> tuple[str, int]:
     text = addr.strip()
     for scheme in ("grpc://", "http://"):
         if text.startswith(scheme):
@@ -42,14 +42,16 @@ def parse_addr(addr: str) -> tuple[str, int]:
             break
     else:
         if "://" in text:
-            raise InvalidAddress(f"PSManager address {addr!r}: expected host:port, grpc:// or http://")
+            raise InvalidPsManagerAddress(
+                f"PSManager address {addr!r}: expected host:port, grpc:// or http://"
+            )
     parts = urllib.parse.urlsplit("//" + text.rstrip("/"))
     try:
         port = parts.port
     except ValueError:
         port = None
     if not parts.hostname or port is None or parts.path or parts.query:
-        raise InvalidAddress(f"PSManager address {addr!r}: expected host:port")
+        raise InvalidPsManagerAddress(f"PSManager address {addr!r}: expected host:port")
     return parts.hostname, port
 
 
@@ -59,7 +61,7 @@ def instance_id(instance: tuple[str, int]) -> pb.RolloutInstanceId:
 
 class PSManager:
     def __init__(self, addr: str, *, timeout_secs: float = 0.5) -> None:
-        host, port = parse_addr(addr)
+        host, port = parse_ps_manager_addr(addr)
         self.addr = f"{host}:{port}"
         self.timeout_secs = timeout_secs
         # Keep-alive pings as the fork's channel sends them (every 30 s).
