@@ -29,7 +29,7 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
     section 9.6).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
-version, and tests/unit/test_hypercorn_patches.py hashes the source of every stock function
+version, and tests/loopback/test_hypercorn_patches.py hashes the source of every stock function
 replaced or relied on (``STOCK_SOURCES``), so an upgrade fails loudly. ``smgrl launch`` refuses to
 start when the patches cannot be applied (``require``): without them the keep-alive hang is back.
 """
@@ -56,7 +56,7 @@ from smgrl.core.errors import ConfigError
 
 PATCHED_VERSION = "0.18.0"
 # sha256 (first 16 hex digits) of ``inspect.getsource`` of every stock hypercorn 0.18.0 function
-# this module replaces or whose behaviour it copies; checked by tests/unit/test_hypercorn_patches.py.
+# this module replaces or whose behaviour it copies; checked by tests/loopback/test_hypercorn_patches.py.
 STOCK_SOURCES = {
     "hypercorn.trio.tcp_server.TCPServer.__init__": "4c1d42457bc197b2",
     "hypercorn.trio.tcp_server.TCPServer._read_data": "7ca747d922c65cf1",
