@@ -36,6 +36,7 @@ import trio
 
 from journal.events import RequestLoopedBack
 from smgrl.core import Version
+from smgrl.dataplane.abort_rule import loop_causes
 from smgrl.dataplane.stamp import TokenTail, first_event_version, stream_version
 from smgrl.errors import DataPlaneError, LoopbackLimitExceeded, UpstreamUnreachable
 from smgrl.routing import InstanceId
@@ -341,20 +342,19 @@ async def run_buffered(
             dispatched = answer.dispatched
             instance = dispatched.instance
             leg = versioned(leg, current_version(dataplane, dispatched))
-            ops = (
-                dataplane.fleet.aborts.since(instance.base_url, dispatched.seq)
-                if leg.finish == "abort"
-                else []
+            causes = (
+                loop_causes(dataplane, routed, instance, dispatched.seq) if leg.finish == "abort" else None
             )
             if rollout is None:
-                if not ops:
-                    return answer  # not a sync's abort: answered as the engine gave it
+                if causes is None:
+                    return answer  # not an abort to loop back: answered as the engine gave it
                 rollout = begin(req, body, dataplane.cfg.dataplane.max_loopbacks, tokenizer)
                 if rollout is None:
                     return answer
                 read = rollout.read  # a chat rollout's continuations answer as completions
+            ops = causes or []
             rollout.add(leg, instance, ops[0] if ops else None)
-            if not ops:
+            if causes is None:
                 outcome = "aborted" if leg.finish == "abort" else "completed"
                 answer.data = _dumps(rollout.stitch(leg))
                 return answer
@@ -527,8 +527,11 @@ class _Seam:
     shared across legs; an incremental leg is parsed event by event (its ids are needed to
     continue it)."""
 
-    def __init__(self, dataplane, rollout_ref: list, dispatched, body: bytes, tokenizer=None) -> None:
+    def __init__(
+        self, dataplane, rollout_ref: list, dispatched, body: bytes, tokenizer=None, routed=None
+    ) -> None:
         self.dataplane = dataplane
+        self.routed = routed
         self.tokenizer = tokenizer
         self.ref = rollout_ref  # [Rollout | None, mode | None]: shared across legs
         self.dispatched = dispatched
@@ -589,8 +592,8 @@ class _Seam:
         whole = self.acc if incremental else leg  # this leg so far
         if leg.finish == "abort":
             instance = self.dispatched.instance
-            ops = self.dataplane.fleet.aborts.since(instance.base_url, self.dispatched.seq)
-            if ops:
+            ops = loop_causes(self.dataplane, self.routed, instance, self.dispatched.seq)
+            if ops is not None:
                 if rollout is None:
                     rollout = self.ref[0] = start(
                         json.loads(self.body),
@@ -685,7 +688,7 @@ async def run_stream(
                     outcome = "failed"
                     await relay_failed_leg(send, started, response.status, chunks)
                     return
-                seam = _Seam(dataplane, ref, dispatched, body, tokenizer)
+                seam = _Seam(dataplane, ref, dispatched, body, tokenizer, routed)
                 tail = TokenTail()  # what the relayed events say was generated (stitched: in all)
                 for chunk in (first,) if first else ():
                     out = seam.feed(chunk)
@@ -711,7 +714,7 @@ async def run_stream(
                     rollout.add(seam.last, dispatched.instance, None)  # the final segment
                 return
             leg, ops = seam.held
-            rollout.add(leg, dispatched.instance, ops[0])
+            rollout.add(leg, dispatched.instance, ops[0] if ops else None)
             if rollout.remaining() == 0:
                 final = rollout.stitch(leg, length_reached=True)
                 if ref[1] == INCREMENTAL:  # its tokens went out already, event by event
