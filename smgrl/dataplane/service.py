@@ -29,6 +29,7 @@ from smgrl.config import Config
 from smgrl.core import Version
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
+from smgrl.dataplane import vllm_generate
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
@@ -477,6 +478,9 @@ class DataPlane:
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
             wid, base = instance.worker_id, instance.base_url
+            vllm = vllm_generate.outbound(self.fleet.registry.get(wid), route, body_out, req.stream)
+            if vllm is not None:  # /generate on a vLLM engine: its token-in route, SGLang's answer
+                route, body_out = vllm.route, vllm.body
             target_headers, target_body = self._upstream(entry, req, body_out, headers)
             last = attempt + 1 == attempts
             relaying = False
@@ -509,7 +513,7 @@ class DataPlane:
                                 raise UpstreamUnreachable(
                                     f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
                                 )
-                            dispatched.body = data
+                            dispatched.body = data if vllm is None else vllm.answer(data)
                         self._record(base, response.status < 500)
                         relaying = True
                         yield dispatched
@@ -655,6 +659,8 @@ class DataPlane:
             version=entry.version,
             loopback=routed.loopbacks,
             response_tokens=routed.kept,
+            engine_stats=self.instance_stats.get(*ident),
+            in_flight=self.loads.get(entry.instance.worker_id, 0),
         )
         result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
         if admission_hook.refused(result):

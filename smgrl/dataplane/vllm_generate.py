@@ -22,6 +22,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
+from smgrl.errors import InvalidRequest
+
 ROUTE = "/inference/v1/generate"
 # SGLang sampling_params names -> vLLM's (the same name where it is not listed).
 _RENAMED = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
@@ -121,3 +125,40 @@ def _number(value: Any) -> float | None:
     if isinstance(value, dict):  # {token_id: logprob}-style entries: the sampled token's
         value = next(iter(value.values()), None)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@attrs.frozen
+class Outbound:
+    """A ``/generate`` translated for a vLLM worker: its route and body, and how to read back."""
+
+    body: bytes
+    prompt_len: int
+    want_logprobs: bool
+    route: str = ROUTE
+
+    def answer(self, data: bytes) -> bytes:
+        out = to_sglang(data, self.prompt_len, self.want_logprobs)
+        return data if out is None else out
+
+
+def outbound(worker, route: str, body: bytes, stream: bool) -> Outbound | None:
+    """The translation of a ``/generate`` for ``worker`` when it is a vLLM HTTP engine, else None.
+    A request vLLM's token-in route cannot serve is 400 ``invalid_request`` (never the engine's
+    404 for a route it does not have)."""
+    if route != "/generate" or worker is None or worker.engine != "vllm" or worker.connection_mode != "http":
+        return None
+    if stream:
+        raise InvalidRequest(
+            "a streamed /generate cannot go to a vLLM worker (vLLM serves no /generate; its token-in "
+            "route answers whole): send it with stream: false",
+            "invalid_request",
+            "stream",
+        )
+    try:
+        obj = json.loads(body)
+        if not isinstance(obj, dict):
+            raise Untranslatable("the body is not a JSON object")
+        ids = prompt_ids(obj)
+    except (ValueError, Untranslatable) as exc:
+        raise InvalidRequest(str(exc), "invalid_request", "input_ids") from None
+    return Outbound(to_vllm(obj, ids), len(ids), obj.get("return_logprob") is True)
