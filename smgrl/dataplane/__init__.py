@@ -10,7 +10,7 @@
 - ``errors``: its error codes.
 - ``testing``: helpers for tests (a gateway on loopback, a scripted engine).
 
-The HTTP side is ``smgrl.api.dataplane`` (raw ASGI in front of Quart); the routing rules are
+The HTTP side is ``smgrl.http.fronts.dataplane`` (raw ASGI in front of Quart); the routing rules are
 ``smgrl.routing``.
 """
 
@@ -18,6 +18,7 @@ The HTTP side is ``smgrl.api.dataplane`` (raw ASGI in front of Quart); the routi
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.hook import HookError, resolve
 from smgrl.dataplane.instance_stats import InstanceStats, StatsRejected, parse_snapshot
+from smgrl.dataplane.pins import PinJournal, gone_releases
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest, from_obj
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
@@ -42,6 +43,7 @@ __all__ = [
     "FingerprintEvents",
     "HookError",
     "InstanceStats",
+    "PinJournal",
     "RolloutRequest",
     "Routed",
     "Stamp",
@@ -49,6 +51,7 @@ __all__ = [
     "TokenTail",
     "first_event_version",
     "from_obj",
+    "gone_releases",
     "parse_snapshot",
     "resolve",
     "stamp_generate",

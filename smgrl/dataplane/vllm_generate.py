@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from smgrl.errors import InvalidRequest
+from smgrl.core.errors import InvalidRequest
 
 ROUTE = "/inference/v1/generate"
 # SGLang sampling_params names -> vLLM's (the same name where it is not listed).

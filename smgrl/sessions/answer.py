@@ -11,9 +11,10 @@ TITO answers null, which PSRL's TITO verifier fails).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
+
+from smgrl.core.wire import json_bytes
 
 
 def _finish(reason: str, message: dict) -> str:
@@ -60,7 +61,7 @@ def completion(
 
 
 def _event(obj) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + json_bytes(obj) + b"\n\n"
 
 
 # The same keyword arguments as ``completion``: the streamed form of the same answer, built differently.

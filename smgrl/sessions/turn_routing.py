@@ -21,8 +21,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from smgrl.routing import InstanceId, InvalidVersionPolicy, metadata, parse_floor
-from smgrl.routing.metadata import RoutingMeta
+from smgrl.routing import InstanceId, InvalidVersionPolicy, RoutingMeta, metadata, parse_floor
 
 
 def merged_headers(defaults: Mapping[str, str], turn: Mapping[str, str]) -> dict[str, str]:
