@@ -37,6 +37,7 @@ from smgrl.core.errors import (
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
+from smgrl.dataplane import vllm_generate
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
@@ -117,11 +118,6 @@ class DataPlane:
             reported=self._reported,
         )
         self.ranked = getattr(self.policy, "ranked", False)
-        # PSManager and the KV gate (RouterArgs: smgrl.launch_router); None: neither configured.
-        self.psrl: PsrlSelection | None = None
-        self.group_sticky = True
-        if cfg.psrl is not None:
-            self.use_psrl(cfg.psrl)
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
@@ -137,6 +133,13 @@ class DataPlane:
         self._table: Table | None = None
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
+        # --psrl-group-sticky (PSRL's ``psrl_enable_group_sticky``, off by default as in its fork):
+        # without it a prompt group's requests are spread by the policy, never pinned.
+        self.group_sticky = bool(getattr(dataplane_cfg, "psrl_group_sticky", False))
+        # PSManager and the KV gate (RouterArgs: smgrl.launch_router); None: neither configured.
+        self.psrl: PsrlSelection | None = None
+        if cfg.psrl is not None:
+            self.use_psrl(cfg.psrl)
         # Gateways sharing the journal: pins are decided once across processes (``share_pins``).
         self.pins: PinJournal | None = None
         self._deciding: dict[str, trio.Event] = {}  # prompt id -> this process's decision in the air
@@ -395,7 +398,9 @@ class DataPlane:
             hint = None
             if routed is not None and routed.staged:
                 # Read again at each pass: a group pin can be written or released meanwhile.
-                hint = routed.hint() or self.groups.pin(routed.meta.prompt_id)
+                hint = routed.hint() or (
+                    self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None
+                )
             if hint is not None:
                 self.queued[hint] += 1
             token = object()
@@ -506,6 +511,9 @@ class DataPlane:
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
             wid, base = instance.worker_id, instance.base_url
+            vllm = vllm_generate.outbound(self.fleet.registry.get(wid), route, body_out, req.stream)
+            if vllm is not None:  # /generate on a vLLM engine: its token-in route, SGLang's answer
+                route, body_out = vllm.route, vllm.body
             target_headers, target_body = self._upstream(entry, req, body_out, headers)
             last = attempt + 1 == attempts
             relaying = False
@@ -538,7 +546,7 @@ class DataPlane:
                                 raise UpstreamUnreachable(
                                     f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
                                 )
-                            dispatched.body = data
+                            dispatched.body = data if vllm is None else vllm.answer(data)
                         self._record(base, response.status < 500)
                         relaying = True
                         yield dispatched
@@ -593,7 +601,7 @@ class DataPlane:
         if routed.pinned is None and entry.version is not None:
             routed.pinned = entry.version
             routed.floor = Version.parse(entry.version)
-        prompt = routed.meta.prompt_id
+        prompt = routed.meta.prompt_id if self.group_sticky else None
         if prompt is not None and routed.joined is None:
             self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
             routed.joined = prompt
@@ -605,8 +613,8 @@ class DataPlane:
         anywhere in view (so its pick must be decided once, ``_pin_group``)?"""
         prompt = routed.meta.prompt_id
         return (
-            prompt is not None
-            and self.group_sticky
+            self.group_sticky
+            and prompt is not None
             and routed.joined is None
             and routed.staged
             and routed.hint() is None
@@ -684,6 +692,8 @@ class DataPlane:
             version=entry.version,
             loopback=routed.loopbacks,
             response_tokens=routed.kept,
+            engine_stats=self.instance_stats.get(*ident),
+            in_flight=self.loads.get(entry.instance.worker_id, 0),
         )
         result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
         if admission_hook.refused(result):
