@@ -207,6 +207,7 @@ class Config:
             "audit": self.audit,
             "audit_interval_secs": self.audit_interval_secs,
             "advertise_url": self.advertise_url,
+            "psrl": attrs.asdict(self.psrl) if self.psrl is not None else None,
         }
 
 
