@@ -30,19 +30,27 @@ from smgrl.cli.router_config import Launch, translate
 __all__ = ["RouterArgs", "RouterArgsError", "launch_router", "plan"]
 
 
-def plan(args: argparse.Namespace | RouterArgs) -> Launch:
-    """What ``launch_router(args)`` would run (RouterArgsError when it would not start)."""
+def plan(args: argparse.Namespace | RouterArgs, env: dict[str, str] | None = None) -> Launch:
+    """What ``launch_router(args)`` would run (RouterArgsError when it would not start);
+    ``env``: the environment to read (default: this process's)."""
     router_args = args if isinstance(args, RouterArgs) else RouterArgs.from_cli_args(args)
-    return translate(router_args)
+    return translate(router_args, env=env)
 
 
 def launch_router(args: argparse.Namespace | RouterArgs) -> None:
     """Run the gateway ``args`` describe, in this process, until it is stopped."""
     launch = plan(args)
+    tokenizer = launch.config.sessions.tokenizer_path
+    if tokenizer:
+        from smgrl.sessions import load_tokenizer
+
+        load_tokenizer(tokenizer)  # a bad model directory: one line (ConfigError), before starting
     if launch.journal_dir is not None:
         os.makedirs(launch.journal_dir, mode=0o700, exist_ok=True)
     if launch.log_file is not None:
         _log_to(launch.log_file)
+    for note in launch.notes:
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     run_gateway(launch.config)
 
 

@@ -167,6 +167,7 @@ class Launch:
     psrl: PsrlConfig
     log_file: str | None  # where log lines go (log_dir); None: stderr
     journal_dir: str | None = None  # the default journal's directory, made at launch
+    notes: tuple[str, ...] = ()  # one line each, written where the logs go when the gateway starts
 
 
 def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) -> Launch:
@@ -291,7 +292,14 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
         cfg = validate(cfg)
     except ConfigError as exc:
         raise RouterArgsError(str(exc)) from None
-    return Launch(config=cfg, psrl=psrl, log_file=log_file, journal_dir=journal_dir)
+    notes = ()
+    if args.enable_tito and tokenizer is None:
+        note = (
+            "RouterArgs.enable_tito: no tokenizer_path, model_path or $SMGRL_TOKENIZER_PATH, so the "
+            "session routes answer 503 sessions_disabled (smgrl does not fetch tokenizers from workers)"
+        )
+        notes = (note,)
+    return Launch(config=cfg, psrl=psrl, log_file=log_file, journal_dir=journal_dir, notes=notes)
 
 
 def default_journal(args: RouterArgs, env, now=None) -> str:

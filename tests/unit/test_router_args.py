@@ -39,6 +39,13 @@ def test_psrl_rollout_namespace_maps_as_psrl_means_it():
     assert (psrl.strategy, psrl.group_sticky, psrl.ps_manager_addr) == ("psrl", True, "10.0.0.1:50051")
     assert psrl.recheck_secs == 0.01
     assert launch.log_file == "/logs/smgrl-gateway-8100.log"
+    # TITO without a tokenizer: launched, with one line saying what is missing.
+    assert [n.split(":")[0] for n in launch.notes] == ["RouterArgs.enable_tito"]
+    assert cfg.sessions.tokenizer_path is None
+    with_tokenizer = plan(
+        rollout_namespace("127.0.0.1", 8100, "x:1", None), env={"SMGRL_TOKENIZER_PATH": "/m"}
+    )
+    assert with_tokenizer.config.sessions.tokenizer_path == "/m" and not with_tokenizer.notes
 
 
 def test_psrl_reward_namespace_keeps_its_metrics_port_and_no_ps_manager():
