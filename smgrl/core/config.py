@@ -7,6 +7,8 @@ them. Nothing here does I/O.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from journal.urls import redact_url
@@ -155,7 +157,7 @@ class Config:
     # process's sessions and refits to (docs/scale-out.md, "Forwarding"); None: same host only.
     advertise_url: str | None = None
 
-    def scrubbed(self) -> dict:
+    def scrubbed(self) -> dict[str, Any]:
         """The configuration as JSON with every secret removed (for the journal's gateway.started)."""
         return {
             "host": self.host,
