@@ -604,7 +604,7 @@ class _Filter:
 @model(inline=True)
 class _FilterItem:
     request_id: int | str
-    prompt_id: int | str | None
+    prompt_id: int | str
     version_tag: int | str
     is_validate: bool
 
