@@ -27,6 +27,7 @@ from typing import Any, Literal
 import trio
 from quart import Response, request
 
+from smgrl.cluster.forwarding import PeerGone, hops
 from smgrl.core import MalformedVersion, validate_version
 from smgrl.core.auth import READ, WRITE
 from smgrl.core.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
@@ -49,6 +50,7 @@ from smgrl.routing import (
 MAX_ITEMS = 4096
 DEFAULT_WAIT_SECS = 30.0  # POST /routing_loop/pause?wait=true without ``timeout``
 MAX_WAIT_SECS = 3600.0
+SHARE_PUSH_SECS = 2.0  # how long a stats push waits for the other processes to take it
 DRAIN = "drain"  # POST /routing_loop/pause?wait=drain: until no request is at an engine
 
 
@@ -232,10 +234,35 @@ class RoutingLoopRoutes:
     async def _push_stats(self, principal) -> Response:
         """PSRL's ``POST /workers/update_stats``: the newest engine snapshot per instance, kept
         in this process's memory (``smgrl.dataplane.instance_stats``), never journaled."""
-        items = _stats_items(await request.get_data(cache=False))
+        data = await request.get_data(cache=False)
+        items = _stats_items(data)
         results = [self._push_one(item) for item in items]
+        await self._share_push(data)
         counts = {k: sum(r["status"] == k for r in results) for k in ("updated", "stale_ignored", "rejected")}
         return env.json_response(200, {"total": len(results), **counts, "results": results})
+
+    async def _share_push(self, data: bytes) -> None:
+        """Several processes (``--workers N``, shared journal): the push reached this one; the
+        others get it too (one hop, ``x-smgrl-forwarded``), so every process routes with the same
+        snapshots. Bounded (a peer that does not answer within the bound misses this push, and
+        gets the next), never an error for the caller."""
+        fwd = self.gateway.forwarder
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        if fwd is None or hops(headers):
+            return
+
+        async def one(peer) -> None:
+            try:
+                await fwd.request(peer, "POST", "/workers/update_stats", headers, data, 0)
+            except (PeerGone, OSError):
+                pass  # gone or unreachable: its next push comes at the next interval
+
+        # The peers are asked at once, each bounded: this nursery ends within SHARE_PUSH_SECS.
+        with trio.move_on_after(SHARE_PUSH_SECS):
+            peers = await fwd.live_peers()
+            async with trio.open_nursery() as nursery:
+                for peer in peers:
+                    nursery.start_soon(one, peer)
 
     def _push_one(self, item: dict[str, Any]) -> dict[str, Any]:
         worker_id, rank = item.get("worker_id"), item.get("dp_rank")
