@@ -90,6 +90,9 @@ class DataPlaneConfig:
     admission_hook: str | None = None
     # Partial-rollout loopbacks per request (smgrl/dataplane/loopback/); 0 turns them off.
     max_loopbacks: int = 8
+    # --psrl-group-sticky (PSRL's psrl_enable_group_sticky): pin a prompt group's requests to the
+    # instance its first request took while the group runs; off by default, as in PSRL's fork.
+    psrl_group_sticky: bool = False
 
 
 @attrs.frozen
