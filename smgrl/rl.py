@@ -330,7 +330,7 @@ class RL:
         past it ``RlError`` with code ``pause_wait_timeout``: dispatch is paused all the same)."""
         if not wait:
             return self._json("POST", "/routing_loop/pause")
-        query = "?wait=true" + ("" if timeout is None else f"&timeout={timeout:g}")
+        query = "?wait=drain" + ("" if timeout is None else f"&timeout={timeout:g}")
         budget = (30.0 if timeout is None else timeout) + 30  # the gateway's wait, then its answer
         return self._json("POST", "/routing_loop/pause" + query, timeout=budget)
 

@@ -242,6 +242,7 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
             max_concurrent_requests=int(args.max_concurrent_requests),
             queue_size=int(args.queue_size),
             queue_timeout_secs=float(args.queue_timeout_secs),
+            psrl_group_sticky=bool(args.psrl_enable_group_sticky),
             retry=RetryConfig(
                 max_retries=int(args.retry_max_retries),
                 initial_backoff_ms=int(args.retry_initial_backoff_ms),

@@ -135,7 +135,7 @@ class DataPlane:
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
         # --psrl-group-sticky (PSRL's ``psrl_enable_group_sticky``, off by default as in its fork):
         # without it a prompt group's requests are spread by the policy, never pinned.
-        self.group_sticky = bool(getattr(dataplane_cfg, "psrl_group_sticky", False))
+        self.group_sticky = dataplane_cfg.psrl_group_sticky
         # PSManager and the KV gate (RouterArgs: smgrl.launch_router); None: neither configured.
         self.psrl: PsrlSelection | None = None
         if cfg.psrl is not None:
@@ -411,6 +411,7 @@ class DataPlane:
                 "reason": reason,
                 "loopbacks": routed.loopbacks if routed is not None else 0,
                 "waiting_since": started,
+                "routed": routed,  # PSRL's /routing_loop/filter reads its metadata
             }
             try:
                 with trio.move_on_at(wake):

@@ -4,7 +4,8 @@ PSRL's TITO verifier reads them in every chat answer (it sends no ``logprobs`` f
 TITO suppresses them (``null``) though it asks the engine for them. smgrl always answers them:
 the engine's sampled-token log-probs (already returned for the capture), one entry per
 generated token, with the token's text as the model's tokenizer decodes it alone (one batched
-decode per turn). ``top_logprobs`` is empty: the engines are asked for the sampled token only.
+decode per turn). ``top_logprobs`` is empty (the engines are asked for the sampled token only)
+and ``bytes`` null (OpenAI allows it; the byte lists tripled the answer's serialisation time).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def content(chat, output_ids: Sequence[int], logprobs: Sequence[float] | None) -
     texts = chat.tokenizer.decode_batch([[i] for i in output_ids], skip_special_tokens=False)
     return {
         "content": [
-            {"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+            {"token": text, "logprob": float(lp), "bytes": None, "top_logprobs": []}
             for text, lp in zip(texts, logprobs, strict=True)
         ],
         "refusal": None,

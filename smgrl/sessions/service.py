@@ -209,6 +209,10 @@ class SessionService:
             raise
         return s
 
+    def default_headers(self, sid: str) -> dict[str, str]:
+        """The session's default routing headers (404/410 as for any session route)."""
+        return dict(self._lookup(sid).headers)
+
     def snapshot(self, sid: str) -> dict:
         s = self._lookup(sid)
         snap = s.tree.snapshot(s.id)

@@ -77,7 +77,15 @@ def start_fleet(tmp: pathlib.Path, kind: str, count: int, engine_args=(), gatewa
     log = open(tmp / "gateway.log", "a")  # noqa: SIM115 - held by the child for its lifetime
     try:
         gw = start_gateway(
-            ["--journal", str(tmp / "journal.db"), "--enable-rl", "--disable-health-check", *gateway_args],
+            [
+                "--journal",
+                str(tmp / "journal.db"),
+                "--prometheus-port",
+                str(free_port()),
+                "--enable-rl",
+                "--disable-health-check",
+                *gateway_args,
+            ],
             port=port,
             log=log,
         )

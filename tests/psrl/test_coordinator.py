@@ -22,7 +22,7 @@ def fleet(tmp_path_factory):
         tmp,
         "vllm",
         2,
-        ["--token-latency-ms", "8", "--weight-version", "0"],
+        ["--token-latency-ms", "8", "--weight-version", "0", "--served-model-name", MODEL],
         ["--dp-aware", "--policy", "round_robin"],
     )
     try:
@@ -42,6 +42,12 @@ def _ready(fleet) -> list:
         return len(workers) >= 2 and all(w.get("status") != "pending" for w in workers)
 
     fleet.wait(discovered, what="both replicas discovered")
+    rows = fleet.client.get("/workers/stats").json()["workers"]
+    if any(r["weight_version"] is None for r in rows):  # PSRL's initial publish (run alone: not yet made)
+        items = [
+            {"worker_id": r["base_worker_id"], "dp_rank": r["dp_rank"], "weight_version": 0} for r in rows
+        ]
+        fleet.client.post("/workers/update_weight_version", json=items)
     return fleet.instances()
 
 
