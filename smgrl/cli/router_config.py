@@ -77,7 +77,7 @@ INERT = {
     "router_selector": _DISCOVERY,
     "bootstrap_port_annotation": _DISCOVERY,
     "model_id_from": _DISCOVERY,
-    "routing_loop_request_sort_key": _LOOP + ": several woken at once go in arrival order",
+    "routing_loop_request_sort_key": _LOOP + ": several woken at once select in no set order",
     "routing_loop_multi_priority_queue": _LOOP + ": no version partitions",
     "routing_loop_receive_batch_size": _LOOP,
     "routing_loop_dispatch_batch_size": _LOOP,
