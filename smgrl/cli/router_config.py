@@ -280,7 +280,6 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
     journal_dir = None if args.smgrl_journal else os.path.dirname(cfg.journal)
     psrl = PsrlConfig(
         strategy=args.worker_selection_strategy,
-        group_sticky=bool(args.psrl_enable_group_sticky),
         candidate_sort_key=args.psrl_candidate_sort_key,
         ps_manager_addr=psm,
         recheck_secs=int(args.routing_loop_check_interval_ms) / 1000,
