@@ -471,8 +471,41 @@ class RefitService:
             done = ev(
                 "refit.step_done", refit_id=saga.refit_id, phase=phase, results=ordered, rollback=rollback
             )
-            await self._append(saga.refit_id, [done])
+            confirm = self._confirmations(saga, runs, ordered) if phase == "verify" else []
+            await self._append(saga.refit_id, [done, *confirm])
         return ordered
+
+    def _confirmations(self, saga: Saga, runs: list[EngineRun], results: list[dict]) -> list:
+        """``engine.version_set`` for the engines whose version this verify read back while the
+        engine projection does not hold it as confirmed (the call that set it was cut short by a
+        crash: its outcome is unknown there). The saga then resumes them on a version it has
+        seen, so routing and discovery must see it too; without this they stay ``unconfirmed``,
+        held out for good. None in a run that saw its load answered (nothing to confirm)."""
+        by_version: dict[str, list[dict[str, str]]] = {}
+        for r, x in zip(runs, results, strict=True):
+            version = x.get("version")
+            if x["result"] != "ok" or x.get("verification") != "verified" or version is None:
+                continue
+            facts = self.fleet.engines.get(r.base_url)
+            if (
+                facts is not None
+                and facts.weight_version == version
+                and facts.version_known
+                and not facts.mixed
+            ):
+                continue
+            target = {"worker_id": r.worker_id, "url": r.url, "base_url": r.base_url}
+            by_version.setdefault(version, []).append(target)
+        return [
+            ev(
+                "engine.version_set",
+                weight_version=version,
+                targets=targets,
+                selector=f"refit:{saga.refit_id}",
+                principal=saga.principal,
+            )
+            for version, targets in by_version.items()
+        ]
 
     def _verdict(self, saga: Saga, phase: str, call: P.Call, outcome) -> dict[str, Any]:
         run = saga.engines[outcome.worker_id]
