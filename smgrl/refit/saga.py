@@ -27,6 +27,7 @@ cancels sagas mid-step; the journal then has an open saga that the next start re
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -36,12 +37,13 @@ import trio
 from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
-from smgrl.core import Worker, facts_for, new_operation_id, parse_size
+from smgrl.core import Worker, facts_for, new_operation_id, on_this_host, parse_size
 from smgrl.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 from smgrl.refit import plan as P
 from smgrl.refit.errors import (
+    CheckpointNotFound,
     RefitDriverUnavailable,
     RefitInProgress,
     RefitNotFound,
@@ -179,6 +181,7 @@ class RefitService:
                 f"{len(refused)} selected engine(s) cannot take a {req.source} refit: {names}",
                 engines=refused,
             )
+        await self._check_checkpoint(req, targets)
         sagas = self.fleet.sagas
         if sagas.left(req.weight_version) and not req.force:
             raise VersionLeft(
@@ -200,6 +203,25 @@ class RefitService:
             return await self._start(req, targets, principal, request_id, position)
         finally:
             self._starting -= bases
+
+    @staticmethod
+    async def _check_checkpoint(req: RefitRequest, targets: list[Worker]) -> None:
+        """Before anything is paused: a disk refit's absolute checkpoint path must exist when
+        every engine runs on this host (a typo would otherwise pause the whole fleet for loads
+        that all fail). Engines elsewhere read another filesystem, and a relative path may be a
+        hub model id: neither is checked here (the engines' refusals are, per engine)."""
+        path = req.model_path
+        if req.source != "disk" or not path or not os.path.isabs(path):
+            return
+        if not all(on_this_host(w.url) for w in targets):
+            return
+        # A stat, off the event loop: a hung network filesystem must not stall the gateway.
+        if not await trio.Path(path).exists():
+            raise CheckpointNotFound(
+                f"checkpoint `{path}` does not exist on this host, where every selected engine runs:"
+                " nothing was paused",
+                model_path=path,
+            )
 
     async def _start(self, req: RefitRequest, targets, principal, request_id, position=None) -> str:
         refit_id = new_operation_id()
@@ -388,13 +410,13 @@ class RefitService:
 
     def _members(self, saga: Saga, phase: str) -> list[EngineRun]:
         """Engines that take ``phase`` now: still healthy in this saga, the phase in their plan
-        (``transfer`` is every healthy engine) and not done yet."""
+        (``transfer`` is every healthy engine) and not done yet. An engine that refused its load
+        and still serves its old weights takes only ``resume``."""
+        takes = ("pending", "ok", "refused") if phase == "resume" else ("pending", "ok")
         return [
             r
             for r in saga.engines.values()
-            if r.status in ("pending", "ok")
-            and (phase == "transfer" or phase in r.phases)
-            and phase not in r.done
+            if r.status in takes and (phase == "transfer" or phase in r.phases) and phase not in r.done
         ]
 
     @staticmethod
@@ -471,21 +493,26 @@ class RefitService:
             done = ev(
                 "refit.step_done", refit_id=saga.refit_id, phase=phase, results=ordered, rollback=rollback
             )
-            confirm = self._confirmations(saga, runs, ordered) if phase == "verify" else []
+            confirm = []
+            if phase == "verify":
+                seen = [
+                    (r, x["version"])
+                    for r, x in zip(runs, ordered, strict=True)
+                    if x["result"] == "ok" and x.get("verification") == "verified" and x.get("version")
+                ]
+                confirm = self._confirmations(saga, seen)
             await self._append(saga.refit_id, [done, *confirm])
         return ordered
 
-    def _confirmations(self, saga: Saga, runs: list[EngineRun], results: list[dict]) -> list:
-        """``engine.version_set`` for the engines whose version this verify read back while the
-        engine projection does not hold it as confirmed (the call that set it was cut short by a
-        crash: its outcome is unknown there). The saga then resumes them on a version it has
-        seen, so routing and discovery must see it too; without this they stay ``unconfirmed``,
-        held out for good. None in a run that saw its load answered (nothing to confirm)."""
+    def _confirmations(self, saga: Saga, seen: list[tuple[EngineRun, str]]) -> list:
+        """``engine.version_set`` for the engines whose version the saga read back while the
+        engine projection does not hold it as confirmed: the call that set it was cut short by a
+        crash (its outcome unknown there), or the engine refused a load the rest of the fleet
+        took (``mixed``). The saga resumes them on a version it has seen, so routing and
+        discovery must see it too; without this they stay held out (``unconfirmed``, ``mixed``)
+        for good. None in a run whose loads were all answered ok (nothing to confirm)."""
         by_version: dict[str, list[dict[str, str]]] = {}
-        for r, x in zip(runs, results, strict=True):
-            version = x.get("version")
-            if x["result"] != "ok" or x.get("verification") != "verified" or version is None:
-                continue
+        for r, version in seen:
             facts = self.fleet.engines.get(r.base_url)
             if (
                 facts is not None
@@ -576,11 +603,61 @@ class RefitService:
         if saga.on_failure == "rollback":
             await self._rollback(saga)
             return True
-        await self._quarantine(saga, [(r, _why(r)) for r in failed])
+        await self._keep_refused(saga)
+        failed = self._failed(saga)
+        if failed:
+            await self._quarantine(saga, [(r, _why(r)) for r in failed])
         if not any(r.status in ("pending", "ok") for r in saga.engines.values()):
+            # Nothing goes on to the new version: the engines that kept their old weights are
+            # resumed on them now (never left paused for a refit that is over).
+            kept = self._members(saga, "resume")
+            if kept:
+                await self._step(saga, "resume", kept)
+                bad = self._failed(saga)
+                if bad:
+                    await self._quarantine(saga, [(r, _why(r)) for r in bad])
             await self._finish(saga)
             return True
         return False
+
+    async def _keep_refused(self, saga: Saga) -> None:
+        """Engines that refused their load before touching their weights (the kind's load sets
+        the weights and the version together and refuses before either: SGLang from disk) are
+        asked their version: the one they had before the refit -> they still serve their old
+        weights and are resumed on them (status ``refused``, the refusal reported). Any other
+        answer leaves them failed (their weights unknown or changed: quarantined)."""
+        runs = [
+            r
+            for r in saga.engines.values()
+            if r.status == "failed"
+            and r.phase == "load"
+            and P.refusal_keeps_weights(r.kind, saga.source)
+            and r.previous_version is not None
+            and r.previous_version != saga.weight_version
+        ]
+        if not runs:
+            return
+        calls = {r.worker_id: P.readback_call(r.kind) for r in runs}
+        seen = await self._calls(saga, "readback", runs, calls)
+        kept = [
+            {
+                **_result(
+                    r,
+                    "refused",
+                    f"{r.detail or 'the load was refused'} (it still serves version "
+                    f"`{r.previous_version}`, read back: resumed on it)",
+                ),
+                "version": r.previous_version,
+            }
+            for r, x in zip(runs, seen, strict=True)
+            if x.get("version") == r.previous_version
+        ]
+        if kept:
+            confirm = self._confirmations(saga, [(saga.engines[x["worker_id"]], x["version"]) for x in kept])
+            await self._append(
+                saga.refit_id,
+                [ev("refit.step_done", refit_id=saga.refit_id, phase="load", results=kept), *confirm],
+            )
 
     async def _quarantine(self, saga: Saga, runs: list[tuple[EngineRun, str]]) -> None:
         """Hold these engines out of routing; they stay paused (no further step reaches them)."""
@@ -720,10 +797,18 @@ class RefitService:
             return
         quarantined = [r.worker_id for r in saga.engines.values() if r.status == "quarantined"]
         if result is None:
+            # succeeded: every engine on the new version; failed: none (every load failed, the
+            # engines quarantined or resumed on their old weights); otherwise quarantined (some
+            # held out) or partial (some resumed on the weights they kept).
             ok = [r for r in saga.engines.values() if r.status == "resumed"]
-            result = "quarantined" if quarantined else "succeeded" if ok else "failed"
+            kept = [r for r in saga.engines.values() if r.status == "refused"]
+            result = (
+                "failed" if not ok else "quarantined" if quarantined else "partial" if kept else "succeeded"
+            )
+            if detail is None and result != "succeeded":
+                detail = _summary(saga)
         events = []
-        if result in ("succeeded", "quarantined"):
+        if result in ("succeeded", "quarantined", "partial"):
             # A refit that loaded, verified and resumed an engine ends its EARLIER quarantine. One
             # set after the refit started (by hand while it ran, or an engine that went away and
             # came back mid-refit) is a decision the refit knows nothing about: it stays.
@@ -820,6 +905,14 @@ def _checksum_verdict(saga: Saga, run: EngineRun, body: Any) -> dict[str, Any]:
         detail = f"checksum mismatch on {len(bad)} of {len(expected)} tensor(s): {shown}"
         return {**_result(run, "failed", detail), "checksums": "mismatch"}
     return {**_result(run, "ok", None), "checksums": "verified"}
+
+
+def _summary(saga: Saga) -> str:
+    """How the engines ended, by status (``2 resumed, 1 refused, 1 quarantined``)."""
+    counts: dict[str, int] = {}
+    for r in saga.engines.values():
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
 def _why(run: EngineRun) -> str:
