@@ -531,7 +531,8 @@ class RefitError(RlError):
         self.refit = refit
         self.engines = [e["worker_id"] for e in engines]
         names = ", ".join(
-            f"{e['worker_id']} ({e.get('url')}): {e.get('detail') or e.get('status')}" for e in engines
+            f"{e['worker_id']} ({e.get('url')}): {e.get('status')}: {e.get('failure') or e.get('detail') or '-'}"
+            for e in engines
         )
         super().__init__(
             409,

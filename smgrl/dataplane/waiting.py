@@ -6,7 +6,8 @@ on whether something in progress will end the wait:
 - a **sync is in progress** (``sync_in_progress``): the coordinator paused dispatch, an engine is
   paused or asleep (a refit or PSRL's weight sync between its pause and its continue), a
   partial-rollout continuation waits for the sync that aborted it, a refit saga is open, or a
-  control call that sets a version or a control state has not finished. The request waits as
+  control call that sets a version or a control state has not finished (an open circuit
+  breaker counts too: it half-opens by itself). The request waits as
   long as its ``--request-timeout-secs`` allows: PSRL's syncs take minutes, and a 503 there
   loses the rollout;
 - **nothing is in progress** (every engine quarantined, unhealthy, left ``mixed`` or
@@ -32,8 +33,9 @@ from smgrl.routing import floor_reason
 
 # Why long, in seconds: see docs/data-plane.md ("How long a request waits").
 QUIET_WAIT_SECS = 30.0
-# Hold reasons that mean a sync is under way: it ends with a continue, a resume or a version.
-SYNC_REASONS = frozenset({"paused", "asleep", "syncing", "dispatch_paused"})
+# Hold reasons that end by themselves or with the sync under way: a continue, a resume, a
+# version; an open circuit breaker half-opens after its timeout (--cb-timeout-duration-secs).
+SYNC_REASONS = frozenset({"paused", "asleep", "syncing", "dispatch_paused", "circuit_open"})
 ENGINES_NAMED = 64  # engines listed in a 503 (each with its reason); the counts cover them all
 
 
