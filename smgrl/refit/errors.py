@@ -12,7 +12,7 @@ class RefitUnsupported(RlError):
     code, status = "refit_unsupported", 409
 
 
-class CheckpointNotFound(RlError):
+class CheckpointMissing(RlError):
     """A disk refit names an absolute checkpoint path that does not exist, and every selected
     engine runs on this host (reads the same filesystem): refused before any engine is paused."""
 

@@ -27,7 +27,6 @@ cancels sagas mid-step; the journal then has an open saga that the next start re
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -37,13 +36,12 @@ import trio
 from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
-from smgrl.core import Worker, facts_for, new_operation_id, on_this_host, parse_size
+from smgrl.core import Worker, facts_for, new_operation_id, parse_size
 from smgrl.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.journaling import ev
 from smgrl.logs import event as log_event
 from smgrl.refit import plan as P
 from smgrl.refit.errors import (
-    CheckpointNotFound,
     RefitDriverUnavailable,
     RefitInProgress,
     RefitNotFound,
@@ -51,6 +49,7 @@ from smgrl.refit.errors import (
     RefitUnsupported,
     VersionLeft,
 )
+from smgrl.refit.failsafe import FailSafe, summary
 from smgrl.refit.request import RefitRequest
 from smgrl.state.sagas import EngineRun, Saga
 
@@ -85,7 +84,7 @@ class _Transfer:
     detail: str | None = None
 
 
-class RefitService:
+class RefitService(FailSafe):
     def __init__(self, *, fleet, journal, control, cfg) -> None:
         self.fleet = fleet
         self.journal = journal
@@ -203,25 +202,6 @@ class RefitService:
             return await self._start(req, targets, principal, request_id, position)
         finally:
             self._starting -= bases
-
-    @staticmethod
-    async def _check_checkpoint(req: RefitRequest, targets: list[Worker]) -> None:
-        """Before anything is paused: a disk refit's absolute checkpoint path must exist when
-        every engine runs on this host (a typo would otherwise pause the whole fleet for loads
-        that all fail). Engines elsewhere read another filesystem, and a relative path may be a
-        hub model id: neither is checked here (the engines' refusals are, per engine)."""
-        path = req.model_path
-        if req.source != "disk" or not path or not os.path.isabs(path):
-            return
-        if not all(on_this_host(w.url) for w in targets):
-            return
-        # A stat, off the event loop: a hung network filesystem must not stall the gateway.
-        if not await trio.Path(path).exists():
-            raise CheckpointNotFound(
-                f"checkpoint `{path}` does not exist on this host, where every selected engine runs:"
-                " nothing was paused",
-                model_path=path,
-            )
 
     async def _start(self, req: RefitRequest, targets, principal, request_id, position=None) -> str:
         refit_id = new_operation_id()
@@ -504,36 +484,6 @@ class RefitService:
             await self._append(saga.refit_id, [done, *confirm])
         return ordered
 
-    def _confirmations(self, saga: Saga, seen: list[tuple[EngineRun, str]]) -> list:
-        """``engine.version_set`` for the engines whose version the saga read back while the
-        engine projection does not hold it as confirmed: the call that set it was cut short by a
-        crash (its outcome unknown there), or the engine refused a load the rest of the fleet
-        took (``mixed``). The saga resumes them on a version it has seen, so routing and
-        discovery must see it too; without this they stay held out (``unconfirmed``, ``mixed``)
-        for good. None in a run whose loads were all answered ok (nothing to confirm)."""
-        by_version: dict[str, list[dict[str, str]]] = {}
-        for r, version in seen:
-            facts = self.fleet.engines.get(r.base_url)
-            if (
-                facts is not None
-                and facts.weight_version == version
-                and facts.version_known
-                and not facts.mixed
-            ):
-                continue
-            target = {"worker_id": r.worker_id, "url": r.url, "base_url": r.base_url}
-            by_version.setdefault(version, []).append(target)
-        return [
-            ev(
-                "engine.version_set",
-                weight_version=version,
-                targets=targets,
-                selector=f"refit:{saga.refit_id}",
-                principal=saga.principal,
-            )
-            for version, targets in by_version.items()
-        ]
-
     def _verdict(self, saga: Saga, phase: str, call: P.Call, outcome) -> dict[str, Any]:
         run = saga.engines[outcome.worker_id]
         if outcome.error is not None:
@@ -619,45 +569,6 @@ class RefitService:
             await self._finish(saga)
             return True
         return False
-
-    async def _keep_refused(self, saga: Saga) -> None:
-        """Engines that refused their load before touching their weights (the kind's load sets
-        the weights and the version together and refuses before either: SGLang from disk) are
-        asked their version: the one they had before the refit -> they still serve their old
-        weights and are resumed on them (status ``refused``, the refusal reported). Any other
-        answer leaves them failed (their weights unknown or changed: quarantined)."""
-        runs = [
-            r
-            for r in saga.engines.values()
-            if r.status == "failed"
-            and r.phase == "load"
-            and P.refusal_keeps_weights(r.kind, saga.source)
-            and r.previous_version is not None
-            and r.previous_version != saga.weight_version
-        ]
-        if not runs:
-            return
-        calls = {r.worker_id: P.readback_call(r.kind) for r in runs}
-        seen = await self._calls(saga, "readback", runs, calls)
-        kept = [
-            {
-                **_result(
-                    r,
-                    "refused",
-                    f"{r.detail or 'the load was refused'} (it still serves version "
-                    f"`{r.previous_version}`, read back: resumed on it)",
-                ),
-                "version": r.previous_version,
-            }
-            for r, x in zip(runs, seen, strict=True)
-            if x.get("version") == r.previous_version
-        ]
-        if kept:
-            confirm = self._confirmations(saga, [(saga.engines[x["worker_id"]], x["version"]) for x in kept])
-            await self._append(
-                saga.refit_id,
-                [ev("refit.step_done", refit_id=saga.refit_id, phase="load", results=kept), *confirm],
-            )
 
     async def _quarantine(self, saga: Saga, runs: list[tuple[EngineRun, str]]) -> None:
         """Hold these engines out of routing; they stay paused (no further step reaches them)."""
@@ -806,7 +717,7 @@ class RefitService:
                 "failed" if not ok else "quarantined" if quarantined else "partial" if kept else "succeeded"
             )
             if detail is None and result != "succeeded":
-                detail = _summary(saga)
+                detail = summary(saga)
         events = []
         if result in ("succeeded", "quarantined", "partial"):
             # A refit that loaded, verified and resumed an engine ends its EARLIER quarantine. One
@@ -905,14 +816,6 @@ def _checksum_verdict(saga: Saga, run: EngineRun, body: Any) -> dict[str, Any]:
         detail = f"checksum mismatch on {len(bad)} of {len(expected)} tensor(s): {shown}"
         return {**_result(run, "failed", detail), "checksums": "mismatch"}
     return {**_result(run, "ok", None), "checksums": "verified"}
-
-
-def _summary(saga: Saga) -> str:
-    """How the engines ended, by status (``2 resumed, 1 refused, 1 quarantined``)."""
-    counts: dict[str, int] = {}
-    for r in saga.engines.values():
-        counts[r.status] = counts.get(r.status, 0) + 1
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
 def _why(run: EngineRun) -> str:
