@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from smgrl.errors import NoEligibleWorkers, VersionFloorUnmet
+from smgrl.core.errors import NoEligibleWorkers, VersionFloorUnmet
 from smgrl.routing import floor_reason
 
 # Why long, in seconds: see docs/data-plane.md ("How long a request waits").

@@ -19,11 +19,11 @@ from typing import Any
 import trio
 
 from smgrl.core import Worker, on_this_host
-from smgrl.journaling import ev
 from smgrl.refit import plan as P
 from smgrl.refit.errors import CheckpointMissing
 from smgrl.refit.request import RefitRequest
-from smgrl.state.sagas import EngineRun, Saga
+from smgrl.state import EngineRun, Saga
+from smgrl.telemetry.journaling import ev
 
 
 class FailSafe:

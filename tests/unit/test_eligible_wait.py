@@ -18,15 +18,15 @@ import pytest
 import trio
 import trio.testing
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.errors import NoEligibleWorkers, VersionFloorUnmet
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.waiting import QUIET_WAIT_SECS
-from smgrl.errors import NoEligibleWorkers, VersionFloorUnmet
-from smgrl.journaling import ev
-from smgrl.registry.keys import KeyRing
+from smgrl.registry import KeyRing
 from smgrl.routing import parse_floor
-from smgrl.state.fleet import FleetState
+from smgrl.state import FleetState
+from smgrl.telemetry.journaling import ev
 from smgrl.upstream import PoolSet
 
 MODEL = "m"
