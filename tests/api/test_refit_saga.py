@@ -165,6 +165,30 @@ async def test_rollback_names_the_load_failure_it_rolled_back_from(ckpt):
         assert engine["status"] == "rolled_back" and "internal error after the load" in engine["failure"]
 
 
+async def test_get_refits_lists_the_sagas_newest_first(ckpt, tmp_path):
+    other = str(make_checkpoint(tmp_path / "b", "fake/model", seed=2))
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        ids = []
+        for version, path in (("8", ckpt), ("9", other)):
+            _, body = await refit(gw, source={"disk": {"model_path": path}}, weight_version=version)
+            ids.append(body["refit_id"])
+            await wait_done(gw, body["refit_id"])
+        r = await gw.client.get("/v1/rl/refits")
+        assert r.status_code == 200, r.text
+        listed = r.json()["refits"]
+        assert [x["refit_id"] for x in listed] == ids[::-1]
+        assert listed[0]["state"] == "succeeded" and listed[0]["engines"] == {"resumed": 2}
+        assert listed[0]["weight_version"] == "9" and "plan" not in listed[0]
+        r = await gw.client.get("/v1/rl/refits?limit=1&state=succeeded")
+        assert [x["refit_id"] for x in r.json()["refits"]] == ids[-1:]
+        assert (await gw.client.get("/v1/rl/refits?state=failed")).json()["refits"] == []
+        for bad in ("limit=0", "limit=x", "limit=100000", "state=nope", "other=1"):
+            r = await gw.client.get(f"/v1/rl/refits?{bad}")
+            assert r.status_code == 400 and r.json()["error"] == "invalid_query", (bad, r.text)
+        r = await gw.client.put("/v1/rl/refits")
+        assert r.status_code == 405 and r.headers["allow"] == "POST,GET,HEAD"
+
+
 async def test_rollback_resumes_all_eight_on_the_old_version(ckpt):
     async with (
         fake_fleet("sglang", 8, weight_version="6") as fleet,
