@@ -725,7 +725,10 @@ async def test_journal_refits_tells_the_sagas_and_quarantines(ckpt, tmp_path):
         assert [(q["worker"], q["action"], q["reason"]) for q in data["quarantines"]] == [
             (other, "held", "odd logits")
         ]
-        assert len(data["cycles"]) == 1
+        # One vocabulary: the saga's cycle says what the saga says, with the saga's reason.
+        (cycle,) = data["cycles"]
+        assert cycle["status"] == "quarantined", cycle
+        assert list(cycle["failed"].values()) == [[engines[held]["status"] + ": " + engines[held]["failure"]]]
     text = run("refits", "--wide")
     assert (
         "refit sagas" in text and "pause 3/3 load 2/3" in text and f"{held} quarantined: load failed" in text
