@@ -11,6 +11,9 @@
      │    │                                                     event was not accepted at all
      │    ├── JournalFullError      code "journal_unavailable"  ``append_nowait`` found the writer's queue
      │    │                                                     full (its bound holds for every path)
+     │    ├── JournalUnreachable    code "journal_unavailable"  catching up with other processes failed
+     │    │                                                     (the store could not be read); nothing
+     │    │                                                     was applied, a later call retries
      │    └── ProjectionError       code "journal_unavailable"  the batch committed but applying it to
      │                                                          the projections failed: the writer
      │                                                          stops (fail-stop, see writer.py)
@@ -48,6 +51,7 @@ __all__ = [
     "JournalFullError",
     "JournalReadOnlyError",
     "JournalTooNewError",
+    "JournalUnreachable",
     "JournalWriteError",
     "LeaseLost",
     "ProjectionError",
@@ -75,6 +79,12 @@ class JournalClosedError(JournalWriteError):
 
 class JournalFullError(JournalWriteError):
     """``append_nowait`` refused an event: the writer's queue holds ``max_queue`` events already."""
+
+
+class JournalUnreachable(JournalWriteError):
+    """``catch_up()`` could not read what other processes appended (a lost connection, a server
+    restarting). Nothing was applied; the projections stay where they were, and the next call
+    (the tail retries on its own) reads the same range again."""
 
 
 class ProjectionError(JournalWriteError):
