@@ -12,6 +12,8 @@
     EngineAnswerInvalid  engine_answer_invalid   502  the engine's token-in answer has the wrong shape
     TurnAborted          turn_aborted            503  retryable: the engine aborted the generation
                                                       (a weight sync); nothing was captured
+    JournalUnavailable   journal_unavailable     503  retryable: the journal cannot record the new
+                                                      session; nothing was created
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ class TurnAborted(DataPlaneError):
     retryable = True
 
 
+class JournalUnavailable(DataPlaneError):
+    code = "journal_unavailable"
+    status = 503
+    retryable = True
+
+
 ALL = (
     SessionNotFound,
     SessionGone,
@@ -77,4 +85,5 @@ ALL = (
     TemplateRefused,
     EngineAnswerInvalid,
     TurnAborted,
+    JournalUnavailable,
 )

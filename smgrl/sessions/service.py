@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from journal import JournalConflict
+from journal import JournalWriteError
 from journal.events import (
     SessionContinued,
     SessionCreated,
@@ -118,6 +118,7 @@ class SessionService:
         self.debug = debug
         self.owner = owner or new_owner_id()
         self.sessions: dict[str, Session] = {}
+        self.creating = 0  # creations waiting for their session.created to commit (count in the bound)
         # Tokenization threads: at most two at once (the machine's other work is the event loop).
         self.limiter = trio.CapacityLimiter(2)
 
@@ -158,7 +159,7 @@ class SessionService:
         """``expect`` (several processes, a client-chosen id): appended only if it holds
         (``journal.Expect``); JournalConflict, and no session here, when another process created
         it first."""
-        if len(self.sessions) >= self.max_sessions:
+        if len(self.sessions) + self.creating >= self.max_sessions:
             raise errors.TooManySessions(
                 f"{self.max_sessions} sessions are open (--max-sessions); retry later"
             )
@@ -181,7 +182,6 @@ class SessionService:
         base, rank = defaults.get("x-base-worker-id"), defaults.get("x-target-dp-rank")
         if base and rank is not None and (dp_rank := parse_uint(rank.strip())) is not None:
             s.instance = (base, dp_rank)
-        self.sessions[s.id] = s
         event = SessionCreated(
             session_id=s.id,
             owner=self.owner,
@@ -190,18 +190,27 @@ class SessionService:
             version_floor=floor,
             default_headers=defaults,
         )
-        # Durable before the 201: a crash right after must still end this session at the next start.
-        if expect is None:
-            await self.journal.append(f"session:{s.id}", event)
-            return s
-        try:
-            await self.journal.append_if(expect, [(f"session:{s.id}", event)])
-        except JournalConflict:
-            # Another process created it first: not held here.
-            if self.sessions.get(s.id) is s:
-                del self.sessions[s.id]
-            raise
+        await self._journal_created(s, event, expect)
+        self.sessions[s.id] = s
         return s
+
+    async def _journal_created(self, s: Session, event: SessionCreated, expect) -> None:
+        """Durable before the session is held and answered 201: a crash right after must still
+        end it at the next start, and a journal that cannot take it leaves nothing behind (no
+        slot of --max-sessions, no id). Its slot is counted meanwhile (``creating``)."""
+        self.creating += 1
+        try:
+            if expect is None:
+                await self.journal.append(f"session:{s.id}", event)
+            else:
+                # JournalConflict: another process created it first; it is not held here.
+                await self.journal.append_if(expect, [(f"session:{s.id}", event)])
+        except JournalWriteError as exc:
+            raise errors.JournalUnavailable(
+                f"the journal cannot record the new session ({exc}); nothing was created, retry"
+            ) from None
+        finally:
+            self.creating -= 1
 
     def snapshot(self, sid: str) -> dict:
         s = self._lookup(sid)
