@@ -33,6 +33,7 @@ from smgrl.dataplane.service import DataPlane
 from smgrl.routing import InstanceId, InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
 from smgrl.sessions import errors
+from smgrl.sessions.checks import check_messages, check_tools, input_size
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
 from smgrl.tito.capture import assistant_message, captured, validate
 from smgrl.tito.chat import ChatTokenizer, TitoError
@@ -42,17 +43,10 @@ from smgrl.tito.toolcalls import parser_for
 
 log = logging.getLogger("smgrl.sessions")
 
-# A conversation longer than this (characters of message text) is tokenized in a worker thread.
+# A turn whose rendered input is longer than this (characters of every field the template
+# renders: messages, tools, template kwargs) is checked, rendered and tokenized in a worker thread.
 THREAD_CHARS = 16_384
 DEFAULT_MAX_TOKENS = 2048
-
-
-def _chars(messages: Sequence[Any]) -> int:
-    n = 0
-    for m in messages:
-        c = m.get("content") if isinstance(m, dict) else None
-        n += len(c) if isinstance(c, str) else 64
-    return n
 
 
 def _leg(gen: eng.Generated, table_version: str | None) -> loopback.Leg:
@@ -294,18 +288,28 @@ class SessionService:
 
     async def _prepare(self, messages, tools, kwargs, s: Session):
         def run():
+            check_messages(messages)
+            check_tools(tools)
             return prepare_turn(
                 self.chat, self.boundary, messages, tools=tools, kwargs=kwargs, lookup=s.tree.lookup
             )
 
         try:
-            if _chars(messages) > THREAD_CHARS:
-                # Long conversations: render + tokenize off the event loop (tokenizers releases
+            if input_size(messages, tools, kwargs, limit=THREAD_CHARS) > THREAD_CHARS:
+                # Long turns: check + render + tokenize off the event loop (tokenizers releases
                 # the GIL); cancellation abandons the thread's result, which is pure.
                 return await trio.to_thread.run_sync(run, limiter=self.limiter, abandon_on_cancel=True)
             return run()
         except TitoError as e:
             raise errors.TemplateRefused(e.message) from None
+        except errors.InvalidTurn:
+            raise
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+            # A template meeting a value it cannot render (checks above cover the known shapes):
+            # the conversation's fault, refused in its own words, never a 500.
+            raise errors.TemplateRefused(
+                f"the chat template could not render the conversation ({type(e).__name__})"
+            ) from None
 
     async def turn(self, sid: str, body: dict, headers: Mapping[str, str], rid: str) -> TurnResult:
         s = self._lookup(sid)

@@ -3,11 +3,15 @@ journal does (in process: the real session service and fronts; fake engines on l
 
 from __future__ import annotations
 
+import gc
+import json
+
 import pytest
 import trio
 from test_sessions_api import cfg
 
 from journal import MemoryStore
+from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 
 
@@ -48,3 +52,76 @@ async def test_a_session_created_during_a_journal_outage_is_503_and_takes_no_slo
             assert (await gw.client.post("/sessions")).status_code == 429
             created = [r for r in store.read(types=["session.created"])]
             assert len(created) == 2 == len(gw.app.sessions.sessions)
+
+
+def _big_containers(min_len: int) -> int:
+    """Lists and dicts of at least ``min_len`` items alive now (gc-tracked, collected or not)."""
+    return sum(1 for o in gc.get_objects() if type(o) in (list, dict) and len(o) >= min_len)
+
+
+@pytest.mark.xfail(strict=True, reason="the session front's cycle is broken with the layout move")
+async def test_failed_long_turns_leave_nothing_behind_for_the_cycle_collector(tok, model_dirs):
+    # Long turns the engine refuses (its context is too short): each failure must be freed by
+    # reference counting as it happens. Kept in exception/frame cycles instead, they waited for a
+    # full collection, which the gateway's gc tuning makes rare: RSS grew by the prompt's ids and
+    # the parsed body of every failed turn.
+    n_turns, words = 3, 20_000
+    with trio.fail_after(60):
+        async with (
+            fake_fleet("sglang", n=1, context_length=1000) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            # One message per word: the parsed body is a list of `words` messages.
+            msgs = [{"role": "user", "content": f"w{i}"} for i in range(words)]
+            gc.collect()
+            gc.disable()  # as rare as the tuned gateway's full collections: only refcounting frees
+            try:
+                before = _big_containers(words)
+                for _ in range(n_turns):
+                    r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json={"messages": msgs})
+                    assert r.status_code >= 400, r.text
+                left = _big_containers(words) - before
+            finally:
+                gc.enable()
+    assert left == 0, f"{left} prompt-sized lists or dicts outlived their failed turns"
+
+
+def _assistant(**fields) -> list[dict]:
+    return [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "x", **fields},
+        {"role": "user", "content": "again"},
+    ]
+
+
+BAD_TURNS = {
+    "tool_calls-of-strings": json.dumps({"messages": _assistant(tool_calls=["x"])}),
+    "tool_calls-a-number": json.dumps({"messages": _assistant(tool_calls=5)}),
+    "tool_calls-a-string": json.dumps({"messages": _assistant(tool_calls="abc")}),
+    "function-a-string": json.dumps(
+        {"messages": _assistant(tool_calls=[{"id": "c1", "type": "function", "function": "f"}])}
+    ),
+    "reasoning_content-a-number": json.dumps({"messages": _assistant(reasoning_content=5)}),
+    "lone-surrogate-in-content": '{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+    "lone-surrogate-in-a-tool": '{"messages": [{"role": "user", "content": "a"}], "tools": [{"type":'
+    ' "function", "function": {"name": "f", "description": "\\udc00"}}]}',
+    "role-a-number": json.dumps({"messages": [{"role": 5, "content": "a"}]}),
+}
+
+
+@pytest.mark.parametrize("body", list(BAD_TURNS.values()), ids=list(BAD_TURNS))
+async def test_a_turn_the_template_cannot_take_is_invalid_turn_on_both_session_routes(tok, model_dirs, body):
+    with trio.fail_after(20):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            head = {"content-type": "application/json"}
+            r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", content=body, headers=head)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_turn", r.text
+            r = await gw.client.post(
+                "/v1/chat/completions", content=body, headers={**head, "x-smg-tito-session-id": "tito-1"}
+            )
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_turn", r.text
