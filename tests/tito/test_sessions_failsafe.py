@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 
 import pytest
 import trio
@@ -125,3 +126,43 @@ async def test_a_turn_the_template_cannot_take_is_invalid_turn_on_both_session_r
                 "/v1/chat/completions", content=body, headers={**head, "x-smg-tito-session-id": "tito-1"}
             )
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_turn", r.text
+
+
+LONG = "x" * 40_000  # more than THREAD_CHARS, in a field other than `content`
+LONG_OUTSIDE_CONTENT = {
+    "tool-description": {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f", "description": LONG}}],
+    },
+    "tool-call-arguments": {
+        "messages": _assistant(
+            tool_calls=[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": LONG}}]
+        )
+    },
+    "template-kwargs": {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"x": LONG}},
+}
+
+
+@pytest.mark.parametrize("body", list(LONG_OUTSIDE_CONTENT.values()), ids=list(LONG_OUTSIDE_CONTENT))
+async def test_a_turn_long_outside_its_content_is_prepared_off_the_event_loop(
+    tok, model_dirs, body, monkeypatch
+):
+    from smgrl.sessions import service
+
+    threads = []
+    real = service.prepare_turn
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "prepare_turn", spy)
+    with trio.fail_after(30):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json={**body, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+    assert threads == [False]  # prepared once, not on the event loop's thread
