@@ -47,6 +47,7 @@ def build(gateway, dataplane):
     cfg = gateway.cfg.sessions
     if not cfg.tokenizer_path:
         return None
+    from smgrl.sessions import service
     from smgrl.sessions.service import SessionService
 
     # Keyword arguments, shaped like other services' construction: configuration, not logic.
@@ -60,4 +61,7 @@ def build(gateway, dataplane):
         strategy=cfg.trajectory_strategy,
         debug=cfg.debug,
         tool_parser=cfg.tool_parser,
+        # getattr: the settings' fields land with the configuration's move (a fallback until then).
+        idle_timeout=getattr(cfg, "idle_timeout_secs", service.DEFAULT_IDLE_TIMEOUT_SECS),
+        max_stored_tokens=getattr(cfg, "max_stored_tokens", service.DEFAULT_MAX_STORED_TOKENS),
     )

@@ -14,6 +14,8 @@
                                                       (a weight sync); nothing was captured
     JournalUnavailable   journal_unavailable     503  retryable: the journal cannot record the new
                                                       session; nothing was created
+    SessionBudgetExceeded session_budget_exceeded 400 the session's captured trajectories reached
+                                                      its token budget; nothing was sent to an engine
 """
 
 from __future__ import annotations
@@ -75,6 +77,11 @@ class JournalUnavailable(DataPlaneError):
     retryable = True
 
 
+class SessionBudgetExceeded(DataPlaneError):
+    code = "session_budget_exceeded"
+    status = 400
+
+
 ALL = (
     SessionNotFound,
     SessionGone,
@@ -86,4 +93,5 @@ ALL = (
     EngineAnswerInvalid,
     TurnAborted,
     JournalUnavailable,
+    SessionBudgetExceeded,
 )

@@ -47,6 +47,12 @@ log = logging.getLogger("smgrl.sessions")
 # renders: messages, tools, template kwargs) is checked, rendered and tokenized in a worker thread.
 THREAD_CHARS = 16_384
 DEFAULT_MAX_TOKENS = 2048
+# What one session may make the gateway hold (docs/sessions.md, "Bounds"): each default header a
+# session stores (and journals in session.created), the token ids of its captured trajectories,
+# and how long it may sit idle before it is ended (session.ended, reason ``idle``).
+HEADER_VALUE_LIMIT = 512
+DEFAULT_MAX_STORED_TOKENS = 2_000_000
+DEFAULT_IDLE_TIMEOUT_SECS = 3600.0
 
 
 def _leg(gen: eng.Generated, table_version: str | None) -> loopback.Leg:
@@ -98,6 +104,8 @@ class SessionService:
         debug: bool = False,
         tool_parser: str = "hermes",
         owner: str | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECS,
+        max_stored_tokens: int = DEFAULT_MAX_STORED_TOKENS,
     ) -> None:
         self.chat = chat
         self.boundary = Boundary.derive(chat)
@@ -113,6 +121,9 @@ class SessionService:
         self.owner = owner or new_owner_id()
         self.sessions: dict[str, Session] = {}
         self.creating = 0  # creations waiting for their session.created to commit (count in the bound)
+        self.idle_timeout = idle_timeout  # 0: sessions never expire
+        self.max_stored_tokens = max_stored_tokens  # 0: no budget
+        self._swept = 0.0  # when idle sessions were last looked for
         # Tokenization threads: at most two at once (the machine's other work is the event loop).
         self.limiter = trio.CapacityLimiter(2)
 
@@ -153,11 +164,17 @@ class SessionService:
         """``expect`` (several processes, a client-chosen id): appended only if it holds
         (``journal.Expect``); JournalConflict, and no session here, when another process created
         it first."""
+        await self._end_idle()
         if len(self.sessions) + self.creating >= self.max_sessions:
             raise errors.TooManySessions(
                 f"{self.max_sessions} sessions are open (--max-sessions); retry later"
             )
         defaults = {k: headers[k] for k in DEFAULT_HEADERS if k in headers}
+        for name, value in defaults.items():
+            if len(value) > HEADER_VALUE_LIMIT:
+                raise errors.InvalidTurn(
+                    f"{name} is {len(value)} characters long; a session stores at most {HEADER_VALUE_LIMIT}"
+                )
         floor = defaults.get("x-version-tag")
         if floor is not None:
             try:
@@ -172,6 +189,7 @@ class SessionService:
             sticky=truthy(defaults.get("x-is-sticky")),
             floor=floor,
             created=trio.current_time(),
+            last_active=trio.current_time(),
         )
         base, rank = defaults.get("x-base-worker-id"), defaults.get("x-target-dp-rank")
         if base and rank is not None and (dp_rank := parse_uint(rank.strip())) is not None:
@@ -205,6 +223,49 @@ class SessionService:
             ) from None
         finally:
             self.creating -= 1
+
+    async def _end_idle(self) -> None:
+        """End the sessions idle for longer than ``idle_timeout`` (journaled ``session.ended``,
+        reason ``idle``): looked for at a session's creation, at most every eighth of the
+        timeout (a minute at most), and always when the bound is reached, so an agent that never
+        deleted its sessions does not fill the gateway for good. Never a session something holds
+        (``Session.idle_for``)."""
+        if not self.idle_timeout:
+            return
+        now = trio.current_time()
+        full = len(self.sessions) + self.creating >= self.max_sessions
+        if not full and now - self._swept < min(self.idle_timeout / 8, 60.0):
+            return
+        self._swept = now
+        idle = [
+            s
+            for s in self.sessions.values()
+            if (held := s.idle_for(now)) is not None and held > self.idle_timeout
+        ]
+        for s in idle:
+            if self.sessions.get(s.id) is s:
+                del self.sessions[s.id]
+        if idle:
+            log.info("ended %d idle session(s) (no use for %g s)", len(idle), self.idle_timeout)
+            await self.journal.append_many(
+                [
+                    (f"session:{s.id}", SessionEnded(session_id=s.id, reason="idle", owner=self.owner))
+                    for s in idle
+                ]
+            )
+
+    def _check_budget(self, s: Session, prompt_tokens: int, cap: int | None) -> None:
+        """Refused before any engine is called when the turn's capture could take the session's
+        stored trajectories past ``max_stored_tokens`` (each captured turn stores its whole ids)."""
+        if not self.max_stored_tokens:
+            return
+        wanted = s.tree.stored_tokens + prompt_tokens + (DEFAULT_MAX_TOKENS if cap is None else cap)
+        if wanted > self.max_stored_tokens:
+            raise errors.SessionBudgetExceeded(
+                f"session {s.id} holds {s.tree.stored_tokens} captured token ids; this turn could take it"
+                f" past its budget of {self.max_stored_tokens} (--session-max-stored-tokens): read its"
+                " trajectories (GET) and delete it, or start a new session"
+            )
 
     def snapshot(self, sid: str) -> dict:
         s = self._lookup(sid)
@@ -259,6 +320,7 @@ class SessionService:
                 out["missing"].append(sid)
                 continue
             s.resume(pin)
+            s.last_active = trio.current_time()
             out["continued"].append(sid)
             event = SessionContinued(
                 session_id=sid, pin_worker_id=pin[0] if pin else None, pin_dp_rank=pin[1] if pin else None
@@ -329,15 +391,18 @@ class SessionService:
             body.get("model") if isinstance(body.get("model"), str) else None
         )
         pin = await self._gate(s)
+        s.last_active = trio.current_time()
         try:
             return await self._turn(s, body, messages, tools, kwargs or None, requested, model, pin, rid)
         finally:
+            s.last_active = trio.current_time()
             if s.end_turn():
                 await self.journal.enqueue(f"session:{s.id}", SessionHung(session_id=s.id, deferred=True))
 
     async def _turn(self, s, body, messages, tools, kwargs, requested, model, pin, rid) -> TurnResult:
         t0 = trio.current_time()
         plan = await self._prepare(messages, tools, kwargs, s)
+        self._check_budget(s, len(plan.prompt_ids), eng.max_tokens(body))
         t1 = trio.current_time()
         tid = s.tree.reserve(plan.parent_hash, requested)
         try:

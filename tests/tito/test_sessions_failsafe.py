@@ -166,3 +166,69 @@ async def test_a_turn_long_outside_its_content_is_prepared_off_the_event_loop(
             r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json={**body, "max_tokens": 4})
             assert r.status_code == 200, r.text
     assert threads == [False]  # prepared once, not on the event loop's thread
+
+
+async def test_a_default_header_too_long_for_a_session_is_refused_before_anything_is_journaled(
+    tok, model_dirs
+):
+    # Session churn with 8 KiB headers grew the journal ~16 KB per create+delete: what a
+    # session.created may hold is bounded.
+    async with gateway_in_process(cfg(model_dirs["chatml"])) as gw:
+        r = await gw.client.post("/sessions", headers={"x-prompt-id": "p" * 600})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_turn", r.text
+        assert "x-prompt-id" in r.json()["error"]["message"]
+        assert not list(gw.store.read(types=["session.created"]))
+        assert (await gw.client.post("/sessions", headers={"x-prompt-id": "p" * 512})).status_code == 201
+
+
+async def test_idle_sessions_end_in_the_journal_but_never_a_hung_or_busy_one(tok, model_dirs, autojump_clock):
+    async with gateway_in_process(cfg(model_dirs["chatml"], sessions={"max_sessions": 4})) as gw:
+        svc = gw.app.sessions
+        svc.idle_timeout = 100.0
+
+        async def create() -> str:
+            r = await gw.client.post("/sessions")
+            assert r.status_code == 201, r.text
+            return r.json()["session_id"]
+
+        idle, hung, busy = await create(), await create(), await create()
+        r = await gw.client.post("/control/hang", json=[{"session_id": hung}])
+        assert r.status_code == 200 and r.json()["hung"] == [hung], r.text
+        svc.sessions[busy].begin_turn()  # a turn in flight (waiting on its engine)
+        await trio.sleep(101)
+        fourth = await create()
+        assert set(svc.sessions) == {hung, busy, fourth}
+        ended = [r.event for r in gw.store.read(types=["session.ended"])]
+        assert [(e.session_id, e.reason) for e in ended] == [(idle, "idle")]
+        assert (await gw.client.get(f"/sessions/{idle}")).status_code == 404
+        # A gateway whose sessions were never deleted does not refuse new agents for good: at the
+        # bound, the idle ones end first.
+        await create()
+        assert (await gw.client.post("/sessions")).status_code == 429  # 4 held, none idle yet
+        await trio.sleep(101)
+        assert (await gw.client.post("/sessions")).status_code == 201
+        assert hung in svc.sessions and busy in svc.sessions
+
+
+async def test_a_session_past_its_trajectory_budget_gets_a_clear_error_and_no_engine_call(tok, model_dirs):
+    with trio.fail_after(30):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            svc = gw.app.sessions
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+            r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            stored = svc.sessions[sid].tree.stored_tokens
+            assert stored > 0
+            svc.max_stored_tokens = stored + 40
+            turns = len(list(gw.store.read(types=["session.turn"])))
+            # Each prefix miss stores a new trajectory: a rewritten history, again and again.
+            long = {"messages": [{"role": "user", "content": "another start " * 20}], "max_tokens": 8}
+            r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=long)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "session_budget_exceeded", r.text
+            assert "delete it" in r.json()["error"]["message"]
+            assert svc.sessions[sid].tree.stored_tokens == stored
+            assert len(list(gw.store.read(types=["session.turn"]))) == turns
