@@ -27,6 +27,9 @@
      │                                                          database): it is never modified
      ├── JournalTooNewError         code "journal_too_new"      written by a newer smgrl (format or
      │                                                          migrations this code does not know)
+     ├── JournalCorrupt             code "journal_corrupt"      a stored row no smgrl wrote (a text
+     │                                                          ``ts``...): edited outside the journal;
+     │                                                          ``seq`` names it (``verify`` says more)
      ├── JournalConflict            code "journal_conflict"     a conditional append found the position
      │                                                          it was decided on moved: nothing was
      │                                                          written; ``head`` says where to catch up to
@@ -46,6 +49,7 @@ __all__ = [
     "JournalBusyError",
     "JournalClosedError",
     "JournalConflict",
+    "JournalCorrupt",
     "JournalError",
     "JournalForeignError",
     "JournalFullError",
@@ -79,6 +83,17 @@ class JournalClosedError(JournalWriteError):
 
 class JournalFullError(JournalWriteError):
     """``append_nowait`` refused an event: the writer's queue holds ``max_queue`` events already."""
+
+
+class JournalCorrupt(JournalError):
+    """A row read from the store holds what no smgrl writes (a ``ts`` that is not a number):
+    it was edited outside the journal. ``seq`` names the row."""
+
+    code = "journal_corrupt"
+
+    def __init__(self, message: str, *, seq: int) -> None:
+        super().__init__(message)
+        self.seq = seq
 
 
 class JournalUnreachable(JournalWriteError):
