@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from .errors import JournalError, JournalUnreachable
-from .events import Recorded
+from .codec import Recorded
 
 logger = logging.getLogger("smgrl.journal")
 

@@ -57,6 +57,7 @@ import trio
 
 from ._following import Following
 from .base import Append, EventStore, Expect
+from .codec import Event, Recorded, UnknownEvent
 from .errors import (
     JournalBusyError,
     JournalClosedError,
@@ -66,7 +67,6 @@ from .errors import (
     JournalWriteError,
     ProjectionError,
 )
-from .events import Event, Recorded, UnknownEvent
 
 __all__ = ["JournalWriter", "Pending"]
 

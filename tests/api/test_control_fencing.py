@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from journal import Append, SqliteStore
-from smgrl.config import Config, RlConfig
+from smgrl.core.config import Config, RlConfig
 from smgrl.fake import fake_fleet
-from smgrl.journaling import ev
+from smgrl.telemetry.journaling import ev
 from smgrl.testing import gateway_in_process
 
 FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
