@@ -16,8 +16,8 @@ from typing import Any
 
 import trio
 
-from .errors import JournalError, JournalUnreachable
 from .codec import Recorded
+from .errors import JournalError, JournalUnreachable
 
 logger = logging.getLogger("smgrl.journal")
 

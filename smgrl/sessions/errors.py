@@ -12,7 +12,7 @@
     EngineAnswerInvalid  engine_answer_invalid   502  the engine's token-in answer has the wrong shape
     TurnAborted          turn_aborted            503  retryable: the engine aborted the generation
                                                       (a weight sync); nothing was captured
-    JournalUnavailable   journal_unavailable     503  retryable: the journal cannot record the new
+    SessionJournalUnavailable journal_unavailable 503  retryable: the journal cannot record the new
                                                       session; nothing was created
     SessionBudgetExceeded session_budget_exceeded 400 the session's captured trajectories reached
                                                       its token budget; nothing was sent to an engine
@@ -71,7 +71,7 @@ class TurnAborted(DataPlaneError):
     retryable = True
 
 
-class JournalUnavailable(DataPlaneError):
+class SessionJournalUnavailable(DataPlaneError):
     code = "journal_unavailable"
     status = 503
     retryable = True
@@ -92,6 +92,6 @@ ALL = (
     TemplateRefused,
     EngineAnswerInvalid,
     TurnAborted,
-    JournalUnavailable,
+    SessionJournalUnavailable,
     SessionBudgetExceeded,
 )

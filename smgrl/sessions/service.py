@@ -222,7 +222,7 @@ class SessionService:
                 # JournalConflict: another process created it first; it is not held here.
                 await self.journal.append_if(expect, [(f"session:{s.id}", event)])
         except JournalWriteError as exc:
-            raise errors.JournalUnavailable(
+            raise errors.SessionJournalUnavailable(
                 f"the journal cannot record the new session ({exc}); nothing was created, retry"
             ) from None
         finally:
