@@ -7,8 +7,10 @@ from smgrl.core.errors import ConfigError
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
     InvalidTurn,
+    SessionBudgetExceeded,
     SessionClosing,
     SessionGone,
+    SessionJournalUnavailable,
     SessionNotFound,
     SessionsDisabled,
     TemplateRefused,
@@ -20,8 +22,10 @@ from smgrl.sessions.state import owner_of
 __all__ = [
     "EngineAnswerInvalid",
     "InvalidTurn",
+    "SessionBudgetExceeded",
     "SessionClosing",
     "SessionGone",
+    "SessionJournalUnavailable",
     "SessionNotFound",
     "SessionsDisabled",
     "TemplateRefused",
@@ -49,7 +53,6 @@ def build(gateway, dataplane):
     cfg = gateway.cfg.sessions
     if not cfg.tokenizer_path:
         return None
-    from smgrl.sessions import service
     from smgrl.sessions.service import SessionService
 
     # Keyword arguments, shaped like other services' construction: configuration, not logic.
@@ -63,7 +66,6 @@ def build(gateway, dataplane):
         strategy=cfg.trajectory_strategy,
         debug=cfg.debug,
         tool_parser=cfg.tool_parser,
-        # getattr: the settings' fields land with the configuration's move (a fallback until then).
-        idle_timeout=getattr(cfg, "idle_timeout_secs", service.DEFAULT_IDLE_TIMEOUT_SECS),
-        max_stored_tokens=getattr(cfg, "max_stored_tokens", service.DEFAULT_MAX_STORED_TOKENS),
+        idle_timeout=cfg.idle_timeout_secs,
+        max_stored_tokens=cfg.max_stored_tokens,
     )

@@ -60,7 +60,6 @@ def _big_containers(min_len: int) -> int:
     return sum(1 for o in gc.get_objects() if type(o) in (list, dict) and len(o) >= min_len)
 
 
-@pytest.mark.xfail(strict=True, reason="the session front's cycle is broken with the layout move")
 async def test_failed_long_turns_leave_nothing_behind_for_the_cycle_collector(tok, model_dirs):
     # Long turns the engine refuses (its context is too short): each failure must be freed by
     # reference counting as it happens. Kept in exception/frame cycles instead, they waited for a
@@ -108,7 +107,18 @@ BAD_TURNS = {
     "lone-surrogate-in-a-tool": '{"messages": [{"role": "user", "content": "a"}], "tools": [{"type":'
     ' "function", "function": {"name": "f", "description": "\\udc00"}}]}',
     "role-a-number": json.dumps({"messages": [{"role": 5, "content": "a"}]}),
+    # Refused by the same check as the OpenAI chat route's (which refuses max_tokens -5 too).
+    "max_tokens-negative": json.dumps({"messages": [{"role": "user", "content": "a"}], "max_tokens": -5}),
+    "100000-deep": '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}",
 }
+
+
+async def test_control_bodies_100000_deep_are_invalid_turn(tok, model_dirs):
+    deep = "[" * 100_000 + "]" * 100_000
+    async with gateway_in_process(cfg(model_dirs["chatml"])) as gw:
+        for route in ("/control/hang", "/control/continue"):
+            r = await gw.client.post(route, content=deep, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_turn", (route, r.text)
 
 
 @pytest.mark.parametrize("body", list(BAD_TURNS.values()), ids=list(BAD_TURNS))
