@@ -242,3 +242,30 @@ async def test_a_session_past_its_trajectory_budget_gets_a_clear_error_and_no_en
             assert "delete it" in r.json()["error"]["message"]
             assert svc.sessions[sid].tree.stored_tokens == stored
             assert len(list(gw.store.read(types=["session.turn"]))) == turns
+
+
+async def test_a_tito_id_shaped_like_a_gateway_id_gets_one_answer_whichever_process_it_names(tok, model_dirs):
+    # With --workers 2, such an id was 410 on the process it did not name and created on the one
+    # it named (its owner part): the answer depended on which process the client reached.
+    with trio.fail_after(20):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            body = {
+                "model": "fake/Qwen3-0.6B",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            }
+            for owner in (gw.app.sessions.owner, "0123456789ab"):  # this process, and another one
+                sid = f"{owner}-{'a' * 32}"
+                r = await gw.client.post(
+                    "/v1/chat/completions", json=body, headers={"x-smg-tito-session-id": sid}
+                )
+                assert r.status_code == 410 and r.json()["error"]["code"] == "session_gone", (owner, r.text)
+            assert gw.app.sessions.sessions == {}
+            # Any other client-chosen id is created by its first turn, as SMG does.
+            r = await gw.client.post(
+                "/v1/chat/completions", json=body, headers={"x-smg-tito-session-id": "agent-7"}
+            )
+            assert r.status_code == 200, r.text

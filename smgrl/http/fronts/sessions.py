@@ -395,6 +395,7 @@ class SessionsASGI:
                 if hops(scope["headers"]):
                     # Forwarded here as the owner's, but not held here: never a new session.
                     raise SessionGone(f"session {sid} is not held by this gateway process any more")
+                _not_created_lazily(sid)
                 try:
                     self.svc._lookup(sid)
                 except SessionNotFound:
@@ -442,6 +443,19 @@ class SessionsASGI:
             )
             return
         await self.api._respond(send, 200, json_bytes(answer.completion(**fields)), head)
+
+
+def _not_created_lazily(sid: str) -> None:
+    """A TITO id shaped like the ids gateway processes issue (``<owner>-<32 hex>``) names the
+    process that issued it: held nowhere, it is a session that ended (a restart, a delete), and
+    every process answers the same 410, never creating it (the one whose owner part it carries
+    would otherwise create it while the others answer 410). Other client-chosen ids are created
+    lazily, as SMG does."""
+    if owner_of(sid) is not None:
+        raise SessionGone(
+            f"session {sid} is not held by any gateway process (an id shaped like the ones gateways issue is"
+            " never created by its first turn; choose another id, or POST /tito/sessions)"
+        )
 
 
 def _turn_body(body: bytes) -> dict:
