@@ -1,4 +1,4 @@
-"""Version-aware routing (issue 7 step 6; spec Appendix A.2/A.3): --rl-version-policy, the
+"""Version-aware routing (docs/data-plane.md, "Version policies"): --rl-version-policy, the
 x-smg-version-policy header, and PSRL's x-version-tag floor."""
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def test_an_invalid_launch_policy_is_refused(policy):
 
 
 async def test_a_request_waiting_for_a_version_floor_is_visible_and_its_503_names_why(caplog):
-    # Issue 12: the wait stays (PSRL's loops rely on it) but is counted by reason, logged when it
+    # The wait stays (PSRL's loops rely on it) but is counted by reason, logged when it
     # starts, and its 503 names the floor and the versions the fleet has.
     async with (
         fake_fleet("sglang", n=2) as fleet,

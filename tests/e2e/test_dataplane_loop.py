@@ -1,4 +1,4 @@
-"""The asynchronous RL loop, run as a user would (issue 7 step 8): rollouts stream through a
+"""The asynchronous RL loop, run as a user would: rollouts stream through a
 real gateway process while the trainer refits; no rollout fails, every sample names its version,
 none comes from an engine mid-refit."""
 

@@ -31,7 +31,7 @@ def test_demo_exits_zero_and_shows_the_refit(tmp_path):
     assert proc.stdout.count("step-1") >= 3  # two rows after the refit, and the generation
     assert "chain verified" in proc.stdout
     assert journal.exists()
-    # Issue 12: a demo that passed leaves no smgrl-demo-* directory behind.
+    # A demo that passed leaves no smgrl-demo-* directory behind.
     assert sorted(p.name for p in temp.glob("smgrl-demo-*")) == []
 
 

@@ -1,4 +1,4 @@
-"""Partial-rollout loopback with real processes (issue 15): fake engines and a gateway process;
+"""Partial-rollout loopback with real processes: fake engines and a gateway process;
 a trainer's sync through the gateway aborts long streamed generations mid-stream, and the
 answer is checked token by token against the autoregressive fake model (before the abort: the
 old weights' uninterrupted generation; after it: the new weights continuing the same context).

@@ -1,4 +1,4 @@
-"""Issue 10: a gateway asked to register its own URL as a worker refuses it, so /generate can never
+"""A gateway asked to register its own URL as a worker refuses it, so /generate can never
 loop through itself. Real processes: the gateway, a TCP forwarder standing for another name of the
 same listener (a second address, a port-forward, a load balancer), and `smgrl journal`."""
 

@@ -1,4 +1,4 @@
-"""``smgrl journal`` output in a terminal (issues 10 and 12): nothing a client or an engine wrote is
+"""``smgrl journal`` output in a terminal: nothing a client or an engine wrote is
 printed raw, tables fit 80 and 120 columns with short unique ids (full with --wide / --json), the
 `events` columns never change width partway, `engine.*` globs work, and the bare group shows help.
 """

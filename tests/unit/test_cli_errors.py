@@ -23,7 +23,7 @@ RL = "Configuration error: Invalid value for field 'rl': "
         (["--control-plane-api-keys", "k:n:root:s"], None),
         (["--tenant-api-key", "nokey"], "error: Invalid --tenant-api-key entry (expected 'tenant_id:key')"),
         (["--no-such-flag"], "error: No such option '--no-such-flag'."),
-        # issue 12: a scheme-less URL was accepted and stayed pending forever (SMG refuses it).
+        # A scheme-less URL was accepted and stayed pending forever (SMG refuses it).
         (
             ["--worker-urls", "http://127.0.0.1:31001", "127.0.0.1:31002"],
             (
@@ -31,7 +31,7 @@ RL = "Configuration error: Invalid value for field 'rl': "
                 "with a lowercase http://, https://, grpc://, grpcs://, or ipc:// scheme"
             ),
         ),
-        # issue 10: userinfo is refused, and the password is never echoed.
+        # Userinfo is refused, and the password is never echoed.
         (
             ["--worker-urls", "http://u:PASS-9f2c@127.0.0.1:31002"],
             (
