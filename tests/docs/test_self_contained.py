@@ -62,7 +62,7 @@ _PLAIN_WORDS = """
 a an the and or to of for on in at by from with that which who is are was were be has had have
 import imports running run runs shipped ships function functions module modules class method
 methods process processes task tasks thread threads returns return used uses use it its this
-these those test tests script scripts here there above below stopped
+these those test tests script scripts here there above below stopped users live
 """
 _PLAIN = frozenset(_PLAIN_WORDS.split())
 

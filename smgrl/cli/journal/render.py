@@ -1,14 +1,14 @@
 """Human tables and one-line event summaries (strings in, strings out, under the table settings
 of the running command), and the terminal guard every ``smgrl journal`` command writes through.
 
-Tables read well in a terminal (issue 12): every UUID in a cell is shortened to the shortest
+Tables read well in a terminal: every UUID in a cell is shortened to the shortest
 prefix, at least 8 characters, that tells apart every id shown so far (as git abbreviates
 hashes; every command that takes an id accepts such a prefix), times lose their year, seconds
 fraction and ``Z`` when the full form does not fit, and the widest columns are cut with an
 ellipsis until a line fits the terminal (``COLUMNS`` / ``--width``; 120 when there is no
 terminal). ``--wide`` (and ``--json``) show everything in full.
 
-Nothing a client or an engine wrote reaches the terminal raw (issue 10): cells escape control
+Nothing a client or an engine wrote reaches the terminal raw: cells escape control
 characters (``\\n``, ``\\x1b``, ``\\x85``, ...) and ``SafeOutput`` escapes whatever else a
 command prints, so an OSC, BEL or CR sequence in a selector, request id or engine answer is
 shown, never executed.
