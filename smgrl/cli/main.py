@@ -16,7 +16,7 @@ import click
 import trio
 
 from smgrl import __version__
-from smgrl.cli.running import run
+from smgrl.cli.running import config_text, run
 from smgrl.core.auth import ControlPlaneKey, TenantKey
 from smgrl.core.config import (
     DEFAULT_JOURNAL,
@@ -526,7 +526,7 @@ def run_gateway(cfg: Config) -> None:
         if failure is None:
             raise
         logs.shutdown()  # the log lines written before the failure come first
-        click.echo(f"error: {failure}", err=True)
+        click.echo(f"error: {config_text(failure)}", err=True)
         sys.exit(1)
     finally:
         logs.shutdown()  # every queued log line is written before the process exits

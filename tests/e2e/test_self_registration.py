@@ -138,7 +138,7 @@ def test_launch_refuses_its_own_address(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         (
-            f"Configuration error: Invalid value for field 'worker_url': http://127.0.0.1:{port} - this URL reaches "
+            f"error: Invalid value for field 'worker_url': http://127.0.0.1:{port} - this URL reaches "
             "this gateway itself; register the engines' own URLs (a gateway routing to itself loops until the "
             "request times out)"
         )
