@@ -70,6 +70,7 @@ def _gateway_url(ctx, param, value: str) -> str:
     type=click.Choice(["quarantine", "rollback", "abort"]),
     default="quarantine",
     show_default=True,
+    help="An engine whose load fails: hold it out, roll the fleet back, or stop.",
 )
 @click.option("--force", is_flag=True, help="Allow a version the fleet already left.")
 @click.option("--no-flush", is_flag=True, help="Do not flush the engines' caches.")

@@ -310,7 +310,13 @@ def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, cli
 
 
 @click.command("demo")
-@click.option("--engines", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option(
+    "--engines",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="How many fake SGLang engines.",
+)
 @click.option(
     "--journal",
     default="./smgrl-demo-journal.db",
