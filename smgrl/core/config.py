@@ -7,6 +7,8 @@ them. Nothing here does I/O.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from journal.urls import redact_url
@@ -88,6 +90,9 @@ class DataPlaneConfig:
     admission_hook: str | None = None
     # Partial-rollout loopbacks per request (smgrl/dataplane/loopback/); 0 turns them off.
     max_loopbacks: int = 8
+    # --psrl-group-sticky (PSRL's psrl_enable_group_sticky): pin a prompt group's requests to the
+    # instance its first request took while the group runs; off by default, as in PSRL's fork.
+    psrl_group_sticky: bool = False
 
 
 @attrs.frozen
@@ -155,7 +160,7 @@ class Config:
     # process's sessions and refits to (docs/scale-out.md, "Forwarding"); None: same host only.
     advertise_url: str | None = None
 
-    def scrubbed(self) -> dict:
+    def scrubbed(self) -> dict[str, Any]:
         """The configuration as JSON with every secret removed (for the journal's gateway.started)."""
         return {
             "host": self.host,

@@ -37,10 +37,12 @@ from smgrl.core.errors import (
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
+from smgrl.dataplane import vllm_generate
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
 from smgrl.dataplane.request import RolloutRequest
@@ -126,11 +128,16 @@ class DataPlane:
         self._table: Table | None = None
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
+        # --psrl-group-sticky (PSRL's ``psrl_enable_group_sticky``, off by default as in its fork):
+        # without it a prompt group's requests are spread by the policy, never pinned.
+        self.group_sticky = dataplane_cfg.psrl_group_sticky
         # Gateways sharing the journal: pins are decided once across processes (``share_pins``).
         self.pins: PinJournal | None = None
         self._deciding: dict[str, trio.Event] = {}  # prompt id -> this process's decision in the air
         self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
         self.tokens: Counter = Counter()  # generated tokens per instance, as answers report them
+        # Engine snapshots a coordinator pushed (POST /workers/update_stats), per instance.
+        self.instance_stats = InstanceStatsTable()
         # Waiting requests whose routing names one instance (a hint: sticky, forced once, a
         # loopback's return; or their prompt group's pin): they wait for that instance, so
         # GET /workers/stats shows them as its queue.
@@ -304,7 +311,7 @@ class DataPlane:
                     selectable,
                     floor=routed.floor,
                     hint=hint,
-                    group_pin=self.groups.pin(routed.meta.prompt_id),
+                    group_pin=self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None,
                     refused=routed.refused,
                     choose=lambda group: self._choose(group, req, routing_key, exclude),
                 )
@@ -360,7 +367,9 @@ class DataPlane:
             hint = None
             if routed is not None and routed.staged:
                 # Read again at each pass: a group pin can be written or released meanwhile.
-                hint = routed.hint() or self.groups.pin(routed.meta.prompt_id)
+                hint = routed.hint() or (
+                    self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None
+                )
             if hint is not None:
                 self.queued[hint] += 1
             token = object()
@@ -371,6 +380,7 @@ class DataPlane:
                 "reason": reason,
                 "loopbacks": routed.loopbacks if routed is not None else 0,
                 "waiting_since": started,
+                "routed": routed,  # PSRL's /routing_loop/filter reads its metadata
             }
             try:
                 with trio.move_on_at(wake):
@@ -469,6 +479,9 @@ class DataPlane:
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
             wid, base = instance.worker_id, instance.base_url
+            vllm = vllm_generate.outbound(self.fleet.registry.get(wid), route, body_out, req.stream)
+            if vllm is not None:  # /generate on a vLLM engine: its token-in route, SGLang's answer
+                route, body_out = vllm.route, vllm.body
             target_headers, target_body = self._upstream(entry, req, body_out, headers)
             last = attempt + 1 == attempts
             relaying = False
@@ -501,7 +514,7 @@ class DataPlane:
                                 raise UpstreamUnreachable(
                                     f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
                                 )
-                            dispatched.body = data
+                            dispatched.body = data if vllm is None else vllm.answer(data)
                         self._record(base, response.status < 500)
                         relaying = True
                         yield dispatched
@@ -556,7 +569,7 @@ class DataPlane:
         if routed.pinned is None and entry.version is not None:
             routed.pinned = entry.version
             routed.floor = Version.parse(entry.version)
-        prompt = routed.meta.prompt_id
+        prompt = routed.meta.prompt_id if self.group_sticky else None
         if prompt is not None and routed.joined is None:
             self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
             routed.joined = prompt
@@ -568,7 +581,8 @@ class DataPlane:
         anywhere in view (so its pick must be decided once, ``_pin_group``)?"""
         prompt = routed.meta.prompt_id
         return (
-            prompt is not None
+            self.group_sticky
+            and prompt is not None
             and routed.joined is None
             and routed.staged
             and routed.hint() is None
@@ -646,6 +660,8 @@ class DataPlane:
             version=entry.version,
             loopback=routed.loopbacks,
             response_tokens=routed.kept,
+            engine_stats=self.instance_stats.get(*ident),
+            in_flight=self.loads.get(entry.instance.worker_id, 0),
         )
         result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
         if admission_hook.refused(result):
