@@ -14,8 +14,9 @@ Errors::
     RlError            the gateway answered with an error (``.status``, ``.code``, ``.payload``);
      |                 a non-JSON error body has code ``http_error``, an answer of the wrong
      |                 shape ``unexpected_response``
-     +-- FanoutError   a fan-out where some target failed (code ``fanout_partial``, ``.result``),
-                       raised unless ``allow_partial=True``
+     +-- FanoutError   a fan-out where some target failed (code ``fanout_partial``, ``.result``,
+                       ``.outcome``: ``failed`` when no target succeeded, else ``partial``, as
+                       the journal records the operation), raised unless ``allow_partial=True``
 
     GatewayUnreachable a subclass of ``urllib.error.URLError``: the gateway could not be reached
                        (connection refused or reset, unknown host); the message names the URL
@@ -184,6 +185,14 @@ class FanoutResult:
     total: int
     succeeded: int
 
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``partial`` (some target failed) or ``failed`` (no target succeeded): the
+        operation's result in the journal (``smgrl journal ops --result``)."""
+        if not self.failed:
+            return "ok"
+        return "partial" if self.succeeded else "failed"
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FanoutResult:
         results = {}
@@ -208,12 +217,16 @@ class FanoutError(RlError):
 
     def __init__(self, result: FanoutResult, status: int = 207):
         self.result = result
+        self.outcome = result.outcome
         names = ", ".join(failure.worker_id for failure in result.failed)
         super().__init__(status, {"error": "fanout_partial", "message": f"failed workers: {names}"})
         lines = [str(self.args[0])]
         lines += [
             f"  {_failure_line(failure, result.results.get(failure.worker_id))}" for failure in result.failed
         ]
+        if self.outcome == "failed":
+            # The payload is SMG's (its code says partial whatever failed); the text says it all.
+            lines.append(f"  failed on every target ({len(result.failed)} of {result.total})")
         self.args = ("\n".join(lines),)
 
 
@@ -552,7 +565,8 @@ class RefitError(RlError):
         self.refit = refit
         self.engines = [e["worker_id"] for e in engines]
         names = ", ".join(
-            f"{e['worker_id']} ({e.get('url')}): {e.get('detail') or e.get('status')}" for e in engines
+            f"{e['worker_id']} ({e.get('url')}): {e.get('status')}: {e.get('failure') or e.get('detail') or '-'}"
+            for e in engines
         )
         super().__init__(
             409,

@@ -233,8 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     "--eligible-wait-secs",
     default=None,
     type=click.FloatRange(min=0.0),
-    help="How long a rollout request may wait for an eligible engine (all paused by a refit, ...) "
-    "before a retryable 503 (default: --request-timeout-secs).",
+    help="How long a rollout request may wait for an eligible engine before a retryable 503. "
+    "Default: through a sync in progress (paused engines, an open refit, dispatch paused) up to "
+    "--request-timeout-secs, and 30 s otherwise; a value bounds every wait.",
 )
 @click.option(
     "--retry-max-retries",

@@ -1,8 +1,9 @@
 """``smgrl refit``: run a disk refit through a gateway's saga and show it phase by phase.
 
-Exit 0 when every engine resumed on the new version; 1 when the refit ended otherwise (the
-quarantined or paused engines are named, one per line); 2 when the gateway refused it (the
-reason printed, e.g. engines whose kind cannot load from disk).
+Exit 0 when every engine resumed on the new version; 1 when the refit ended otherwise (each
+engine that did not is named, one per line, with how it ended and its first failure: the
+engine's own refusal of the load, even after a rollback); 2 when the gateway refused it (the
+reason printed, e.g. engines whose kind cannot load from disk, a checkpoint missing here).
 """
 
 from __future__ import annotations
@@ -97,10 +98,14 @@ def refit_command(
         click.echo(
             f"refit {safe(str(exc.refit.get('refit_id')))} ended {safe(str(exc.refit.get('result')))}:"
         )
+        if exc.refit.get("detail"):
+            click.echo(f"  {safe(str(exc.refit['detail']))}")
         for e in exc.refit.get("engines", []):
             if e.get("status") != "resumed":
+                # Its first failure (the load's own error, even after a rollback), then how it ended.
+                why = e.get("failure") or e.get("detail") or "-"
                 click.echo(
-                    f"  {safe(e['worker_id'])} {safe(str(e.get('url')))}: {safe(str(e.get('detail') or e.get('status')))}"
+                    f"  {safe(e['worker_id'])} {safe(str(e.get('url')))}: {safe(str(e.get('status')))}: {safe(str(why))}"
                 )
         sys.exit(1)
     except RlError as exc:

@@ -183,7 +183,8 @@ class ControlService:
                 await self._record_cut_short(op, len(targets), sum(o.ok for o in outcomes), started)
         modes = {w.id: w.connection_mode for w in targets}
         status, body = fanout_body(outcomes, modes)
-        result = "ok" if status == 200 else "partial"
+        # failed: no target succeeded (a load refused everywhere is not "partial").
+        result = "ok" if status == 200 else "partial" if body["succeeded"] else "failed"
         elapsed = trio.current_time() - started
         if self.metrics.rl_enabled:
             self.metrics.fanout(result, elapsed)

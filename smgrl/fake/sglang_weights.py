@@ -85,6 +85,15 @@ class SGLangWeights:
             self.served_model_name = path
             if args["load_format"] is not None:
                 self.load_format = args["load_format"]
+        if ok and self.knobs.fail_loads_after_swap > 0:
+            # The weights and the version changed, and the caller is told it failed.
+            self.knobs.fail_loads_after_swap -= 1
+            if args["weight_version"] is not None:
+                self.weight_version = args["weight_version"]
+            self.changed.notify()
+            return json_response(
+                {"success": False, "message": "internal error after the load (fake knob)"}, 500
+            )
         return self._weights_answer(ok, message, args["weight_version"], disk=True)
 
     def _weights_answer(self, ok: bool, message: str, version: str | None, disk: bool = False) -> Response:

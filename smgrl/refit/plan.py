@@ -158,6 +158,15 @@ def version_call(kind: str, version: str, abort: bool) -> Call:
     return Call("POST", "update_weight_version", body={"new_version": version})
 
 
+def refusal_keeps_weights(kind: str, source: str) -> bool:
+    """Whether a refused load leaves the engine on its old weights, provably: the load sets the
+    weights and the version in one call and refuses before touching either (SGLang from disk
+    answers ``success: false`` before it replaces a tensor), so reading the version back tells.
+    vLLM's reload sets no version (a failed one may have replaced some weights) and a
+    distributed transfer sets the version only at its end: there a refusal leaves them unknown."""
+    return source == "disk" and kind == "sglang"
+
+
 def readback_call(kind: str) -> Call:
     """The version read from a route other than the one that set it."""
     if kind == "sglang":

@@ -105,7 +105,7 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
         wait_for(lambda: inflight() == [0, 0, 0, 0], what="the rollouts leaving the in-flight column")
         req = urllib.request.Request(
             urls[2] + "/_fake/knobs",
-            data=json.dumps({"fail_loads": 1}).encode(),
+            data=json.dumps({"fail_loads_after_swap": 1}).encode(),  # weights changed: quarantined
             method="POST",
             headers={"content-type": "application/json"},
         )

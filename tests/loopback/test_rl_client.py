@@ -861,3 +861,30 @@ def test_a_trainer_hand_off_is_retried_while_the_sagas_driver_is_replaced(rl, ga
     with pytest.raises(RlError) as info:
         rl.refit_transfer("r1", ["w"], ["float32"], [[1]], retry_secs=0)
     assert info.value.code == "refit_driver_unavailable" and len(gateway.seen) == 5
+
+
+def test_a_fanout_failed_on_every_target_says_failed_as_the_journal_does(rl, gateway):
+    """A load refused by every engine is ``failed``, not ``partial``: ``FanoutError.outcome`` and
+    its text say so (the journal records the operation ``failed``); the payload stays SMG's."""
+    failed = [
+        {
+            "worker_id": w,
+            "url": f"http://{w}:1",
+            "error": "upstream_error",
+            "message": "HTTP 400",
+            "status": 400,
+        }
+        for w in ("w1", "w2")
+    ]
+    outcomes = {w: outcome(w, status=400, body={"message": "no such dir"}) for w in ("w1", "w2")}
+    gateway.on("POST", "/v1/rl/engine/update_weights_from_disk", 207, fanout_body(outcomes, failed, 2))
+    with pytest.raises(FanoutError) as info:
+        rl.fanout("update_weights_from_disk", {"model_path": "/x"}, selector="engine=sglang")
+    err = info.value
+    assert err.outcome == "failed" and err.result.outcome == "failed"
+    assert str(err).splitlines()[-1] == "  failed on every target (2 of 2)"
+    assert err.payload == {"error": "fanout_partial", "message": "failed workers: w1, w2"}
+    gateway.on("POST", "/v1/rl/engine/pause_generation", 207, PARTIAL)
+    with pytest.raises(FanoutError) as info:
+        rl.fanout("pause_generation", {}, selector="worker_type=regular")
+    assert info.value.outcome == "partial" and "every target" not in str(info.value)

@@ -93,13 +93,15 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
         first: list[int] = []  # the first cycle's seq: quarantines outside sagas are read from there
         ids: list[str] = []  # the sagas behind the cycles shown (few: one per saga refit)
 
+        told: dict[str, dict[str, Any] | None] = {}
+
         def noted(cycles: Iterable[Cycle]) -> Iterator[Cycle]:
             for c in cycles:
                 if not first:
                     first.append(c.index)
                 for op in c.ops:  # few cycles belong to a saga: saga_ids only for those
                     if op.selector and op.selector.startswith(sv.PREFIX):
-                        ids.extend(sv.saga_ids([c]))
+                        ids.extend(_settle(store, [c], told))
                         break
                 yield c
 
@@ -116,7 +118,7 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
                 click.echo(head + ",".join(texts), nl=False)
                 shown += len(chunk)
             click.echo('{"cycles": [' if shown == 0 else "", nl=False)
-            sagas = _sagas(store, ids, first, since_ts is not None)
+            sagas = _sagas(store, ids, first, since_ts is not None, told)
             click.echo("]," + json_text(sagas, lines=True)[1:])
         else:
             # A narrow terminal drops phase columns (the total stays) and then the engine count;
@@ -134,7 +136,7 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
                 shown += len(chunk)
             if shown == 0:
                 click.echo("no refit cycles")
-            _print_sagas(_sagas(store, ids, first, since_ts is not None))
+            _print_sagas(_sagas(store, ids, first, since_ts is not None, told))
 
 
 CHUNK = 500  # cycles per printed chunk: the output is streamed, never held whole
@@ -206,10 +208,30 @@ def _picture(ctx: Ctx, store, stream: Iterable[Cycle], last, html_path, svg_path
             click.echo(f"wrote {path} ({total} cycles, {len(detail)} in detail)")
 
 
-def _sagas(store, ids: Iterable[str], first: list[int], ranged: bool) -> dict[str, Any]:
+def _settle(store, cycles: Iterable[Cycle], told: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Tell each saga's cycle in its saga's words (``Cycle.settle``: the saga's result and
+    reasons, the same vocabulary as ``GET /v1/rl/refits/{id}``); the saga ids, in order. Each
+    saga is read once (``told``)."""
+    ids = list(sv.saga_ids(cycles))
+    for c in cycles:
+        for rid in sv.saga_ids([c]):
+            if rid not in told:
+                told[rid] = sv.read_saga(store, rid)
+            if told[rid] is not None:
+                c.settle(told[rid])
+    return ids
+
+
+def _sagas(
+    store, ids: Iterable[str], first: list[int], ranged: bool, told: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The sagas behind the cycles shown, and the quarantines set outside them since the first
     cycle shown (the whole journal when nothing narrowed it)."""
-    sagas = [s for s in (sv.read_saga(store, rid) for rid in dict.fromkeys(ids)) if s is not None]
+    told = {} if told is None else told
+    for rid in dict.fromkeys(ids):
+        if rid not in told:
+            told[rid] = sv.read_saga(store, rid)
+    sagas = [told[rid] for rid in dict.fromkeys(ids) if told[rid] is not None]
     after = first[0] - 1 if first else (store.last_seq() if ranged else 0)
     return {"sagas": sagas, "quarantines": sv.other_quarantines(store, max(0, after))}
 
@@ -237,6 +259,8 @@ def _output(
     # the first cycle shown on (the (type, seq) index; nothing else is parsed).
     looped = per_cycle(cycles, read_loopbacks(ctx.path, cycles[0].index - 1)) if cycles else {}
     any_looped = any(n for n, _ in looped.values())
+    told: dict[str, dict[str, Any] | None] = {}
+    ids = _settle(store, cycles, told)  # before the rows: a saga's cycle says what the saga says
     if rows is None:
         seen = {p for c in cycles for p in c.phases()}
         phases = [p for p in PHASE_ORDER if p in seen]
@@ -246,7 +270,7 @@ def _output(
         _write(html_path, render_html(cycles, rows, title=title, detail=len(detail), total=total))
     if svg_path:
         _write(svg_path, render_svg(cycles, title=title, detail=len(detail)))
-    found = _sagas(store, sv.saga_ids(cycles), [cycles[0].index] if cycles else [], False)
+    found = _sagas(store, ids, [cycles[0].index] if cycles else [], False, told)
     if ctx.json:
         ctx.emit({"cycles": [_with_loopbacks(c.to_json(), looped[c.index]) for c in cycles], **found})
         return
