@@ -268,7 +268,7 @@ class SqliteStore:
         so commits go on during the checkpoint's fsyncs (SQLite lets a writer append to the WAL
         while a PASSIVE checkpoint copies it). On the store's connection, every commit arriving
         during a checkpoint waited for it: 20 ms and more on a loaded disk, every 62 fan-outs to
-        64 engines (docs/benchmarks.md, "Session 4: fan-out")."""
+        64 engines (docs/benchmarks.md, "fan-out (control plane)")."""
         if self._readonly:
             return
         with self._checkpoint_lock:

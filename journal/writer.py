@@ -445,7 +445,7 @@ class JournalWriter(Following):
         nothing queued or in flight, commits inline); False, with nothing done, otherwise or
         when SQLite's lock is taken (the group then goes through the writer as usual).
 
-        Measured (docs/benchmarks.md, "Session 4: fan-out"): the hand-off to the writer task and
+        Measured (docs/benchmarks.md, "fan-out (control plane)"): the hand-off to the writer task and
         back cost about 45 us per commit. Grouping is unchanged: a sealed group never shares its
         transaction with a later append, and with the writer idle there is no earlier one to
         join. Order is unchanged too: nothing else is queued, and the commit has no await."""
@@ -572,7 +572,7 @@ class JournalWriter(Following):
         The checkpoint (the fsyncing part of WAL mode) runs beside the commits, on a connection of
         the store's own (SqliteStore.checkpoint): awaited in the writer task, as it was, every
         batch arriving meanwhile waited for its fsyncs, 20 ms and more on a loaded disk every
-        4,096 events (docs/benchmarks.md, "Session 4: fan-out"). A plain thread, not a task:
+        4,096 events (docs/benchmarks.md, "fan-out (control plane)"). A plain thread, not a task:
         nothing awaits it until run() ends (``_checkpoint_done``)."""
         with self._checkpoint_mutex:
             thread = self._checkpoint_thread

@@ -104,13 +104,13 @@ class ControlService:
     # -- targets -------------------------------------------------------------------------------
 
     def targets(self, selector: Selector) -> list[Worker]:
-        """§7: the DP-collapsed representatives whose merged label view matches, in row order.
+        """The DP-collapsed representatives whose merged label view matches, in row order.
         No implicit health or type filter.
 
         Computed once per selector and projection revision (the registry's, the engine facts'
         and the routing state's: everything a worker's view is made of, as the discovery
         render's cache in rl_routes.py): collapsing and matching 64 workers took about 225 us
-        of every 64-engine fan-out (docs/benchmarks.md, "Session 4: fan-out"). The selectors
+        of every 64-engine fan-out (docs/benchmarks.md, "fan-out (control plane)"). The selectors
         come from clients, so at most ``_TARGETS_CACHED`` are kept per revision."""
         revision = self.fleet.revision
         cached_at, cache = self._targets

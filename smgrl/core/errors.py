@@ -1,7 +1,7 @@
 """Every error smgrl answers with, its stable machine code, and the envelopes that render it.
 
 Clients branch on the code, never on the message, so codes never change once shipped. The RL codes
-and their HTTP statuses are SMG 1.13.0's (``rl-control-plane.md`` §2); the data plane's are SMG's
+and their HTTP statuses are SMG 1.13.0's (docs/rl-control-plane.md, "Errors"); the data plane's are SMG's
 OpenAI-style codes (``x-smg-error-code``)::
 
     SmgrlError

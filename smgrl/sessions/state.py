@@ -1,6 +1,6 @@
 """One session's in-memory state: its capture tree, routing memory and the hang/continue machine.
 
-State machine (PSRL SessionRouter §4.5-4.6): ``running`` -hang, idle-> ``hung``; ``running``
+State machine (PSRL SessionRouter's hang and continue controls, docs/sessions.md): ``running`` -hang, idle-> ``hung``; ``running``
 -hang, busy-> ``running`` + ``marked_for_hang`` -last turn ends-> ``hung``; ``hung``/marked
 -continue-> ``running`` (optionally arming a one-shot instance pin); any -delete-> ``closing``
 (new turns 409, waiters released, in-flight turns drain, then it is removed). A hang never
