@@ -4,22 +4,29 @@
 - ``connection``: one TCP/TLS connection: open, idle check, synchronous close.
 - ``pool``: ``EnginePool`` (one per engine origin) and ``PoolSet``.
 - ``response``: ``Response``, the head plus the body read on demand.
+- ``batch``: ``Batch``, many exchanges on kept-alive connections driven by one task (fan-outs).
 - ``errors``: ``UpstreamError`` > ``ConnectError`` / ``ReadError`` > ``ProtocolError``.
 
 No HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's cancel scopes
 bound every call; every await here is cancellation-safe).
 """
 
+from smgrl.upstream.batch import Batch, Done
 from smgrl.upstream.errors import ConnectError, ProtocolError, ReadError, UpstreamError
+from smgrl.upstream.http11 import request_wants_close, serialize_request
 from smgrl.upstream.pool import EnginePool, PoolSet
 from smgrl.upstream.response import Response
 
 __all__ = [
+    "Batch",
     "ConnectError",
+    "Done",
     "EnginePool",
     "PoolSet",
     "ProtocolError",
     "ReadError",
     "Response",
     "UpstreamError",
+    "request_wants_close",
+    "serialize_request",
 ]
