@@ -175,7 +175,8 @@ def start_smgrl_src(urls: list[str], journal: str, src: str, log) -> tuple[Child
 
     port = free_port()
     argv = [sys.executable, "-m", "smgrl", "launch", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--enable-rl", "--disable-health-check", "--disable-load-monitoring", "--worker-urls", *urls]
+    argv += ["--enable-rl", "--disable-health-check", "--disable-load-monitoring", *LOG_LEVEL]
+    argv += ["--worker-urls", *urls] if urls else []
     argv += ["--journal", journal, "--prometheus-port", str(free_port())]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src)
@@ -266,7 +267,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,8,64,256")
     ap.add_argument("--rounds", type=int, default=None, help="default 200; 10 with --compare")
-    ap.add_argument("--compare", action="store_true", help="smgrl, SMG and direct interleaved (fanout_compare.py)")
+    ap.add_argument(
+        "--compare", action="store_true", help="smgrl, SMG and direct interleaved (fanout_compare.py)"
+    )
     ap.add_argument("--engine", choices=["min", "smgrl"], default="min", help="--compare's engines")
     ap.add_argument("--register", choices=["urls", "labels"], default="urls", help="--compare's registration")
     ap.add_argument("--iters", type=int, default=30, help="--compare: fan-outs per participant and round")
@@ -283,7 +286,7 @@ def main() -> None:
         from fanout_compare import compare
 
         args.rounds = args.rounds or 10
-        compare(args, smg, start_smg, start_smgrl)
+        compare(args, smg, start_smg, start_smgrl, start_smgrl_src)
         return
     args.rounds = args.rounds or 200
     if args.baseline_src:

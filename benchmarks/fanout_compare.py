@@ -162,7 +162,7 @@ def register(port: int, urls: list[str]) -> None:
     conn.close()
 
 
-def compare(args, smg: str | None, start_smg, start_smgrl) -> None:
+def compare(args, smg: str | None, start_smg, start_smgrl, start_smgrl_src=None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     work = tempfile.mkdtemp(prefix="smgrl-bench-compare-")
     log = open(os.path.join(work, "children.log"), "w")  # noqa: SIM115 - the children share it
@@ -174,11 +174,15 @@ def compare(args, smg: str | None, start_smg, start_smgrl) -> None:
     labels = args.register == "labels"
     path = "/v1/rl/engine/flush_cache?selector=" + ("bench%3Dyes" if labels else "engine%3Dsglang")
     lines = [
-        f"engines: {args.engine}; registration: {args.register}; {args.rounds} rounds x {args.iters} "
-        f"fan-outs per participant, order reversed every other round; direct bound {args.concurrency}",
+        (
+            f"engines: {args.engine}; registration: {args.register}; {args.rounds} rounds x {args.iters} "
+            f"fan-outs per participant, order reversed every other round; direct bound {args.concurrency}"
+        ),
         "",
-        "| engines | participant | p50 ms | p99 ms | spread of round p50s | added ms | CPU us | "
-        "p50 / SMG | added / SMG |",
+        (
+            "| engines | participant | p50 ms | p99 ms | spread of round p50s | added ms | CPU us | "
+            "p50 / SMG | added / SMG |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     try:
@@ -188,6 +192,11 @@ def compare(args, smg: str | None, start_smg, start_smgrl) -> None:
             try:
                 reg = [] if labels else urls
                 children["smgrl"] = start_smgrl(reg, os.path.join(work, f"j{n}.db"), log)
+                if args.baseline_src:
+                    src = os.path.abspath(args.baseline_src)
+                    children["smgrl (baseline)"] = start_smgrl_src(
+                        reg, os.path.join(work, f"b{n}.db"), src, log
+                    )
                 if smg:
                     children["SMG 1.13.0"] = start_smg(smg, reg, log)
                 for child, port in children.values():
@@ -237,14 +246,14 @@ def _rows(n: int, lat: dict, rounds: dict, cpu: dict) -> list[str]:
     added = {k: p50[k] - p50["direct"] for k in lat}
     ref = "SMG 1.13.0" if "SMG 1.13.0" in lat else None
     out = []
-    for name in lat:
-        us = f"{cpu[name] / len(lat[name]) * 1e6:.0f}" if name != "direct" else "-"
+    for name, samples in lat.items():
+        us = f"{cpu[name] / len(samples) * 1e6:.0f}" if name != "direct" else "-"
         vs = vs_added = ""
         if ref and name != "direct":
             vs = f"{p50[name] / p50[ref]:.2f}x"
             vs_added = f"{added[name] / added[ref]:.2f}x" if added[ref] > 0 else "-"
         out.append(
-            f"| {n} | {name} | {p50[name]:.2f} | {pct(lat[name], 0.99):.2f} | "
+            f"| {n} | {name} | {p50[name]:.2f} | {pct(samples, 0.99):.2f} | "
             f"{min(rounds[name]):.2f}-{max(rounds[name]):.2f} | "
             f"{added[name]:.2f} | {us} | {vs} | {vs_added} |"
         )

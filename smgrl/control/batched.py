@@ -62,6 +62,9 @@ async def run_batched(
     calls: dict[int, tuple[Worker, str, float]] = {}  # token -> (worker, endpoint, started)
     body = request.body if request.body else None
     tokens = iter(range(len(targets)))
+    # The request's bytes differ between targets only by their host header (and a path prefix
+    # or API key, rarely): serialised once per prefix and key, the host spliced in per target.
+    templates: dict[tuple[str, str | None], tuple[bytes, bytes, bool]] = {}
 
     async def runner(first: Worker) -> None:
         try:
@@ -84,16 +87,18 @@ async def run_batched(
         endpoint = endpoint.rstrip("/")
         try:
             pool = pools.get(origin_of(endpoint))
-            headers = request.headers_for(api_key_of(worker))
-            raw = serialize_request(
-                request.method, path_prefix(endpoint) + request.target, pool.host_header, headers, body
-            )
+            key = api_key_of(worker)
+            prefix = path_prefix(endpoint)
+            template = templates.get((prefix, key))
+            if template is None:
+                template = templates[(prefix, key)] = _template(request, prefix, key, body)
+            head, tail, keep_alive = template
+            raw = head + pool.host_header + tail
         except (OSError, ValueError):
             to_runner(worker)  # call_worker words the failure
             return
         started = trio.current_time()
         token = next(tokens)
-        keep_alive = not request_wants_close(headers)
         result = batch.start(token, pool, request.method, raw, started + timeout, keep_alive=keep_alive)
         if result is True:
             calls[token] = (worker, endpoint, started)
@@ -121,6 +126,19 @@ async def run_batched(
                     on_outcome(worker, _outcome(worker, endpoint, request, latency_ms, timeout, done))
         finally:
             batch.close()  # synchronous: connections still in flight are closed, never pooled
+
+
+_HOST = b"\x00host\x00"  # a placeholder no real host header can contain
+
+
+def _template(
+    request: ControlRequest, prefix: str, key: str | None, body: bytes | None
+) -> tuple[bytes, bytes, bool]:
+    """(bytes before the host, bytes after it, keep-alive) of this request to any engine."""
+    headers = request.headers_for(key)
+    raw = serialize_request(request.method, prefix + request.target, _HOST, headers, body)
+    head, _, tail = raw.partition(_HOST)
+    return head, tail, not request_wants_close(headers)
 
 
 def _outcome(
