@@ -10,13 +10,14 @@
 - ``errors``: its error codes.
 - ``testing``: helpers for tests (a gateway on loopback, a scripted engine).
 
-The HTTP side is ``smgrl.api.dataplane`` (raw ASGI in front of Quart); the routing rules are
+The HTTP side is ``smgrl.http.fronts.dataplane`` (raw ASGI in front of Quart); the routing rules are
 ``smgrl.routing``.
 """
 
 # The face: its users' import lists name the same things (`duplicates` pairs them), nothing to share.
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.hook import HookError, resolve
+from smgrl.dataplane.pins import PinJournal, gone_releases
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest, from_obj
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
@@ -40,12 +41,14 @@ __all__ = [
     "Entry",
     "FingerprintEvents",
     "HookError",
+    "PinJournal",
     "RolloutRequest",
     "Routed",
     "Stamp",
     "TokenTail",
     "first_event_version",
     "from_obj",
+    "gone_releases",
     "resolve",
     "stamp_generate",
     "stamp_openai",

@@ -23,7 +23,7 @@ import attrs
 
 from smgrl.core import Version
 from smgrl.routing import InstanceId, RoutingMeta
-from smgrl.state.group_pins import GroupPinsState, Pin
+from smgrl.state import GroupPinsState, Pin
 
 
 class GroupPins:

@@ -16,14 +16,23 @@ table-tested (``tests/unit/test_routing*.py``). ``smgrl.dataplane`` is the I/O s
 
 from smgrl.routing.eligibility import effective_version, hold_reason
 from smgrl.routing.instance import Instance, from_worker, routable
-from smgrl.routing.metadata import InstanceId, RoutingMeta
+from smgrl.routing.metadata import FALSE, TRUE, InstanceId, RoutingMeta
 from smgrl.routing.policy import POLICIES, CacheAwareConfig, make_policy, sticky
 from smgrl.routing.staged import identity, matches
-from smgrl.routing.version_policy import ANY, InvalidVersionPolicy, VersionPolicy, floor_reason, parse_floor
+from smgrl.routing.version_policy import (
+    ANY,
+    InvalidVersionPolicy,
+    VersionPolicy,
+    floor_reason,
+    parse_floor,
+    parse_version,
+)
 
 __all__ = [
     "ANY",
+    "FALSE",
     "POLICIES",
+    "TRUE",
     "CacheAwareConfig",
     "Instance",
     "InstanceId",
@@ -38,6 +47,7 @@ __all__ = [
     "make_policy",
     "matches",
     "parse_floor",
+    "parse_version",
     "routable",
     "sticky",
 ]

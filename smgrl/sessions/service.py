@@ -17,7 +17,9 @@ import attrs
 import trio
 
 from journal import JournalConflict
-from journal.events import (
+from smgrl.core.numbers import parse_uint
+from smgrl.dataplane import GENERATE, ROUTING_TEXT_LIMIT, DataPlane, RolloutRequest, Routed, loopback
+from smgrl.events import (
     SessionContinued,
     SessionCreated,
     SessionDeleted,
@@ -25,20 +27,22 @@ from journal.events import (
     SessionHung,
     SessionTurn,
 )
-from smgrl.core.numbers import parse_uint
-from smgrl.dataplane import loopback
-from smgrl.dataplane.affinity import Routed
-from smgrl.dataplane.request import GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest
-from smgrl.dataplane.service import DataPlane
 from smgrl.routing import InstanceId, InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
 from smgrl.sessions import errors
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
-from smgrl.tito.capture import assistant_message, captured, validate
-from smgrl.tito.chat import ChatTokenizer, TitoError
-from smgrl.tito.merge import Boundary, prepare_turn
-from smgrl.tito.store import CaptureTree, PrefixMismatch
-from smgrl.tito.toolcalls import parser_for
+from smgrl.tito import (
+    Boundary,
+    CaptureTree,
+    ChatTokenizer,
+    PrefixMismatch,
+    TitoError,
+    assistant_message,
+    captured,
+    parser_for,
+    prepare_turn,
+    validate,
+)
 
 log = logging.getLogger("smgrl.sessions")
 

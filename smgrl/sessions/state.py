@@ -14,7 +14,7 @@ import uuid
 import attrs
 import trio
 
-from smgrl.tito.store import CaptureTree
+from smgrl.tito import CaptureTree
 
 # Default headers a session stores at creation (lower-cased), PSRL's allow-list.
 DEFAULT_HEADERS = (
