@@ -4,6 +4,7 @@
 - ``connection``: one TCP/TLS connection: open, idle check, synchronous close.
 - ``pool``: ``EnginePool`` (one per engine origin) and ``PoolSet``.
 - ``response``: ``Response``, the head plus the body read on demand.
+- ``batch``: ``Batch``, many exchanges on kept-alive connections driven by one task (fan-outs).
 - ``errors``: ``UpstreamError`` > ``ConnectError`` / ``ReadError`` > ``ProtocolError``.
 - ``psmanager``: PSRL's PSManager over gRPC (``PSManager``), on the gRPC client (``grpc/``).
 
@@ -11,13 +12,17 @@ No HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's
 bound every call; every await here is cancellation-safe).
 """
 
+from smgrl.upstream.batch import Batch, Done
 from smgrl.upstream.errors import ConnectError, ProtocolError, ReadError, UpstreamError
+from smgrl.upstream.http11 import request_wants_close, serialize_request
 from smgrl.upstream.pool import EnginePool, PoolSet
 from smgrl.upstream.psmanager import InvalidPsManagerAddress, PSManager, PSManagerError, parse_ps_manager_addr
 from smgrl.upstream.response import Response
 
 __all__ = [
+    "Batch",
     "ConnectError",
+    "Done",
     "EnginePool",
     "InvalidPsManagerAddress",
     "PSManager",
@@ -28,4 +33,6 @@ __all__ = [
     "Response",
     "UpstreamError",
     "parse_ps_manager_addr",
+    "request_wants_close",
+    "serialize_request",
 ]
