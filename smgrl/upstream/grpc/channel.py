@@ -33,14 +33,17 @@ from smgrl.upstream.grpc.status import (
 )
 
 DEADLINE_MESSAGE = "Deadline Exceeded"
+MAX_RESTARTS = 10
 
 
 class Stream:
     """The response side of a server-streaming call: iterate for messages; a status other than
     OK raises :class:`GrpcError` after the messages that came before it."""
 
-    def __init__(self, call: Call, response_type: Any, deadline: float):
+    def __init__(self, call: Call, response_type: Any, deadline: float, restart=None):
         self._call = call
+        self._restart = restart
+        self._restarts = 0
         self._parse = response_type.FromString
         self._deadline = deadline
 
@@ -69,6 +72,16 @@ class Stream:
         """The next message, None at a clean end."""
         try:
             data = await self._call.next_message(self._deadline)
+            while (
+                data is None and self._call.state.refused and self._restart and self._restarts < MAX_RESTARTS
+            ):
+                # REFUSED_STREAM before any answer: the server never processed the call (its
+                # stream limit was reached as streams ended), so it is sent again, as grpcio's
+                # transparent retry does.
+                self._restarts += 1
+                with trio.fail_at(self._deadline):
+                    self._call = await self._restart()
+                data = await self._call.next_message(self._deadline)
         except trio.TooSlowError:
             self._call.cancel()
             self._call.state.finish(StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
@@ -169,8 +182,14 @@ class Channel:
                 call = await self._start(path, request, timeout, metadata)
         except trio.TooSlowError:
             raise DeadlineExceeded(StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE) from None
+
+        async def restart() -> Call:
+            nonlocal call
+            call = await self._start(path, request, timeout, metadata)
+            return call
+
         try:
-            yield Stream(call, response_type, deadline)
+            yield Stream(call, response_type, deadline, restart)
         finally:
             # Left early (break, an exception, a cancel): the server must stop the call. A
             # synchronous RST_STREAM, so it also happens inside a cancelled scope.
