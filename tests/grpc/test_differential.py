@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import trio
+from grpc_reference import SERVICE, Msg, grpcio_call, serve
 
 from smgrl.upstream.grpc import Channel, DeadlineExceeded, GrpcError, StatusCode, Unavailable
-from grpc_reference import SERVICE, Msg, grpcio_call, serve
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ async def test_reconnects_after_the_server_came_back():
     await trio.to_thread.run_sync(lambda: srv.stop(None).wait())
     with pytest.raises(Unavailable):
         await ch.unary(f"/{SERVICE}/Echo", Msg(data=b"2"), Msg)
-    srv2, port2, _ = serve_on(port)
+    srv2, _port2, _ = serve_on(port)
     assert (await ch.unary(f"/{SERVICE}/Echo", Msg(data=b"3"), Msg)).data == b"3"
     assert ch.connections_opened == 2
     await ch.aclose()
@@ -218,7 +218,6 @@ async def test_reconnects_after_the_server_came_back():
 
 def serve_on(port):
     import grpc
-
     import grpc_reference as reference
 
     srv, _, ref = reference.serve()
