@@ -99,6 +99,7 @@ class GrpcFront:
             raise OSError(f"cannot listen on {host}:{port}")
         self.host = host
         self.aborts: list[str] = []  # request ids the Abort RPC named (tests read it)
+        self.ranks: dict[str, int | None] = {}  # request id -> the DP rank it was pinned to
 
     @property
     def url(self) -> str:
@@ -270,6 +271,15 @@ class GrpcFront:
         prompt = list(request.tokenized.input_ids) if request.HasField("tokenized") else []
         if not prompt:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request has no input_ids")
+        # PSRL's fork has a plain int32 (0 = rank 0); upstream marks a pin by presence.
+        pinned = self.wire.name == "vllm-psrl" or request.HasField("data_parallel_rank")
+        rank = request.data_parallel_rank if pinned else None
+        if rank is not None and not 0 <= rank < self.engine.config.dp_size:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"data_parallel_rank {rank} is out of range [0, {self.engine.config.dp_size})",
+            )
+        self.ranks[request.request_id] = rank
         sp = request.sampling_params
         max_new = sp.max_tokens if self.wire.name.startswith("vllm") else sp.max_new_tokens
         has_max = sp.HasField("max_tokens" if self.wire.name.startswith("vllm") else "max_new_tokens")
