@@ -94,7 +94,7 @@ async def test_abort_rpc_ends_the_stream_with_an_abort_complete(kind, wire):
                 lambda: any(len(j.output_ids) >= 2 for j in engine.scheduler.jobs.values()), 5
             )
             await client.abort("long", "stop now", timeout=2)
-        chunks, complete = got[0]
+        _, complete = got[0]
         assert complete.finish_reason == "abort"
         assert 2 <= len(complete.output_ids) < 1000
         assert front.aborts == ["long"]
@@ -168,7 +168,8 @@ async def test_get_tokenizer_streams_a_verified_bundle(tmp_path):
 
 async def test_fake_engine_cli_serves_grpc_with_http_control():
     smgrl = os.path.join(os.path.dirname(sys.executable), "smgrl")
-    proc = subprocess.Popen([smgrl, "fake-engine", "--kind", "tokenspeed", "--grpc"], stdout=subprocess.PIPE)
+    # A real process, its ready line read in a worker thread (the loop never blocks on it).
+    proc = subprocess.Popen([smgrl, "fake-engine", "--kind", "tokenspeed", "--grpc"], stdout=subprocess.PIPE)  # noqa: ASYNC220
     try:
         with trio.fail_after(30):
             line = json.loads(await trio.to_thread.run_sync(proc.stdout.readline))
