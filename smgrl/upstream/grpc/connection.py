@@ -52,12 +52,12 @@ class _H2Client(h2.connection.H2Connection):
         return [], [event]
 
 
-class Call:
+class GrpcCall:
     """One stream's side of a call: its response state and the wake-up of the task reading it."""
 
     __slots__ = ("_conn", "_event", "id", "state", "unacked")
 
-    def __init__(self, conn: Connection, stream_id: int, max_message_bytes: int):
+    def __init__(self, conn: GrpcConnection, stream_id: int, max_message_bytes: int):
         self._conn = conn
         self.id = stream_id
         self.state = CallState(max_message_bytes)
@@ -91,7 +91,7 @@ class Call:
         self._conn.reset(self, error_code)
 
 
-class Connection:
+class GrpcConnection:
     def __init__(
         self,
         stream: trio.abc.Stream,
@@ -118,7 +118,7 @@ class Connection:
         )
         conn.initiate_connection()
         conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
-        self.calls: dict[int, Call] = {}
+        self.calls: dict[int, GrpcCall] = {}
         self.failure: GrpcError | None = None
         self.goaway = False
         self.settings_received = False
@@ -294,7 +294,7 @@ class Connection:
         if self.goaway:
             raise Unavailable(StatusCode.UNAVAILABLE, "connection is going away")
 
-    async def open(self, headers: list, body: bytes) -> Call:
+    async def open(self, headers: list, body: bytes) -> GrpcCall:
         """Start a call (waits for a stream slot under the server's MAX_CONCURRENT_STREAMS and
         for flow-control window to send ``body``)."""
         conn = self.h2
@@ -310,7 +310,7 @@ class Connection:
             await self._changed.park()
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, headers)
-        call = Call(self, sid, self.max_message_bytes)
+        call = GrpcCall(self, sid, self.max_message_bytes)
         self.calls[sid] = call
         try:
             await self._send_body(call, body)
@@ -321,7 +321,7 @@ class Connection:
             raise
         return call
 
-    async def _send_body(self, call: Call, body: bytes) -> None:
+    async def _send_body(self, call: GrpcCall, body: bytes) -> None:
         conn = self.h2
         view = memoryview(body)
         while True:
@@ -341,7 +341,7 @@ class Connection:
             if last:
                 return
 
-    def acknowledge(self, call: Call) -> None:
+    def acknowledge(self, call: GrpcCall) -> None:
         if self.failure is None and call.unacked:
             try:
                 self.h2.acknowledge_received_data(call.unacked, call.id)
@@ -350,7 +350,7 @@ class Connection:
             call.unacked = 0
             self.kick()
 
-    def reset(self, call: Call, error_code: int) -> None:
+    def reset(self, call: GrpcCall, error_code: int) -> None:
         self.calls.pop(call.id, None)
         if self.failure is not None:
             return
