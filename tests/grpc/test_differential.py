@@ -51,6 +51,8 @@ CASES = [
     ("Echo", Msg(sha256="code:INTERNAL:boom"), False),
     ("Echo", Msg(sha256="big:1048576"), False),
     ("Nope", Msg(), False),
+    # A request far over the server's 64 KiB initial window: sent as WINDOW_UPDATEs allow.
+    ("Echo", Msg(data=b"r" * 3_000_000), False),
     ("Count", Msg(data=b"abcdef"), True),
     ("Count", Msg(data=b""), True),
     ("Count", Msg(data=b"abc", sha256="code:ABORTED:stopped midway"), True),
@@ -244,3 +246,53 @@ async def test_connection_refused_is_unavailable():
     ours = await smgrl_call(port, "Echo", Msg())
     theirs = await trio.to_thread.run_sync(grpcio_call, port, "Echo", Msg(), 2.0)
     assert ours[:2] == theirs[:2] == ("error", StatusCode.UNAVAILABLE.name)
+
+
+async def test_graceful_goaway_lets_a_running_stream_finish():
+    # stop(grace) sends GOAWAY; a stream the server already runs, and that ends within the
+    # grace, ends OK with every message (h2 alone would stop reading at the GOAWAY).
+    srv, port, _ = serve()
+    ch = Channel("127.0.0.1", port)
+    got: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+
+        async def stream():
+            async with ch.server_stream(
+                f"/{SERVICE}/Count", Msg(data=b"x" * 30, sha256="sleep:0.6"), Msg
+            ) as s:
+                async for m in s:
+                    got.append(m.data)
+
+        nursery.start_soon(stream)
+        await trio.sleep(0.2)
+        stopped = await trio.to_thread.run_sync(lambda: srv.stop(5.0))
+        with pytest.raises(Unavailable):
+            await ch.unary(f"/{SERVICE}/Echo", Msg(), Msg, timeout=2)
+    assert len(got) == 30
+    await trio.to_thread.run_sync(stopped.wait)
+    await ch.aclose()
+
+
+async def test_keepalive_pings_are_answered_and_a_silent_peer_fails_the_connection(server):
+    port, _ = server
+    ch = Channel("127.0.0.1", port, keepalive_secs=0.05, keepalive_timeout_secs=1)
+    async with ch.server_stream(f"/{SERVICE}/Count", Msg(data=b"ka", sha256="slow"), Msg) as s:
+        async for m in s:
+            if ch._conn.pings_acked >= 2:
+                break
+    await ch.aclose()
+    # A peer that accepts and then says nothing (no SETTINGS, no PING ACK): the watchdog ends the
+    # call UNAVAILABLE rather than letting it hang.
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, _silent, 0)
+        silent_port = listeners[0].socket.getsockname()[1]
+        ch = Channel("127.0.0.1", silent_port, keepalive_secs=0.1, keepalive_timeout_secs=0.2)
+        with trio.fail_after(5), pytest.raises(Unavailable) as info:
+            await ch.unary(f"/{SERVICE}/Echo", Msg(), Msg)
+        assert "keepalive" in info.value.message
+        await ch.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def _silent(stream):
+    await trio.sleep_forever()
