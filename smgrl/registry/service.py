@@ -30,6 +30,7 @@ from smgrl.core import (
 )
 from smgrl.core.config import Config
 from smgrl.core.errors import WorkerApiError
+from smgrl.registry.grpc_probe import TokenizerCache, discover_grpc
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, probe_control_app, probe_http
 from smgrl.telemetry.journaling import ev
@@ -71,6 +72,8 @@ class RegistryService:
         self._lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._jobs: dict[str, trio.CancelScope] = {}
+        sessions = getattr(cfg, "sessions", None)
+        self.tokenizers = TokenizerCache(fixed_path=getattr(sessions, "tokenizer_path", None))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # This nursery owns every discovery job; it lives as long as the gateway's root nursery.
@@ -342,6 +345,8 @@ class RegistryService:
             return await probe_http(
                 self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS, worker.runtime, self.instance_id
             )
+        if worker.connection_mode == "grpc":
+            return await discover_grpc(self.pools, worker, key, PROBE_TIMEOUT_SECS, self.tokenizers)
         return await probe_control_app(
             self.pools,
             worker.url,
