@@ -94,7 +94,7 @@ async def serve(
 
 async def _start_fronts(nursery, engines, ports, wire_name, config, tokenizer_path):
     from smgrl.fake.grpc_front import GrpcFront
-    from smgrl.upstream.grpc.engines import WIRES
+    from smgrl.upstream import WIRES
 
     fronts = []
     for engine, port in zip(engines, ports, strict=True):

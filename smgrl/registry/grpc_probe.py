@@ -25,8 +25,7 @@ from google.protobuf.json_format import MessageToDict
 
 from smgrl.core import Discovery, grpc_labels
 from smgrl.core.control_url import host_of, split_host_port
-from smgrl.upstream.grpc import Channel, GrpcError, StatusCode
-from smgrl.upstream.grpc.engines import WIRES, EngineClient, TokenizerMismatch, Wire
+from smgrl.upstream import WIRES, Channel, EngineClient, GrpcError, StatusCode, TokenizerMismatch, Wire
 
 WIRE_LABEL = "grpc_wire"
 _RUNTIME_OF = {"sglang": "sglang", "vllm": "vllm", "vllm-psrl": "vllm", "tokenspeed": "tokenspeed"}

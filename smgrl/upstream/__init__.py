@@ -6,20 +6,32 @@
 - ``response``: ``Response``, the head plus the body read on demand.
 - ``errors``: ``UpstreamError`` > ``ConnectError`` / ``ReadError`` > ``ProtocolError``.
 
-No HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's cancel scopes
+gRPC (``upstream/grpc/``): ``Channel``, the wires and their RPCs (``EngineClient``, ``WIRES``),
+the error tree (``GrpcError``, ``StatusCode``).
+
+The HTTP/1.1 client: no HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's cancel scopes
 bound every call; every await here is cancellation-safe).
 """
 
 from smgrl.upstream.errors import ConnectError, ProtocolError, ReadError, UpstreamError
+from smgrl.upstream.grpc import Channel, GrpcError, StatusCode
+from smgrl.upstream.grpc.engines import WIRES, EngineClient, TokenizerMismatch, Wire
 from smgrl.upstream.pool import EnginePool, PoolSet
 from smgrl.upstream.response import Response
 
 __all__ = [
+    "WIRES",
+    "Channel",
     "ConnectError",
+    "EngineClient",
     "EnginePool",
+    "GrpcError",
     "PoolSet",
     "ProtocolError",
     "ReadError",
     "Response",
+    "StatusCode",
+    "TokenizerMismatch",
     "UpstreamError",
+    "Wire",
 ]
