@@ -125,6 +125,11 @@ def _discovery(wire: Wire, model: dict, server: Any, loads: Any) -> Discovery:
     info: dict[str, Any] = {}
     if server is not None:
         info = MessageToDict(server, preserving_proto_field_name=True)
+        # A protobuf Struct (SGLang's and TokenSpeed's server_args) holds every number as a
+        # double: dp_size 2 arrives as 2.0, which is no size.
+        args = info.get("server_args")
+        if isinstance(args, dict):
+            info["server_args"] = {k: _integral(v) for k, v in args.items()}
     for key in ("sglang_version", "tokenspeed_version"):
         if key in info:
             info.setdefault("version", info[key])
@@ -143,6 +148,10 @@ def _discovery(wire: Wire, model: dict, server: Any, loads: Any) -> Discovery:
             value = info[key]
             labels[key] = value if isinstance(value, str) else ",".join(map(str, value))
     return attrs.evolve(found, labels=labels)
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 async def _fetch_tokenizer(

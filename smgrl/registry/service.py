@@ -25,6 +25,7 @@ from smgrl.core import (
     control_url,
     new_worker_id,
     origin_key,
+    parse_size,
     redact_url,
     strip_rank,
 )
@@ -288,13 +289,13 @@ class RegistryService:
                 delay = min(delay * 2, self.cfg.registration_backoff_max_secs)
                 continue
             rank_ids: list[str] = []
-            if (
-                worker.dp_aware
-                and found.dp_size
-                and found.dp_size > 1
-                and strip_rank(worker.url) == worker.url
-            ):
-                rank_ids = [worker_id] + [new_worker_id() for _ in range(found.dp_size - 1)]
+            dp_size = found.dp_size
+            if worker.connection_mode == "grpc" and worker.labels.get("dp_size"):
+                # A gRPC worker's ranks: its registration's dp_size label (as PSRL sends it)
+                # first, else what the engine reported.
+                dp_size = parse_size(worker.labels["dp_size"]) or dp_size
+            if worker.dp_aware and dp_size and dp_size > 1 and strip_rank(worker.url) == worker.url:
+                rank_ids = [worker_id] + [new_worker_id() for _ in range(dp_size - 1)]
             async with self._lock:
                 if self.fleet.registry.get(worker_id) is None:
                     return  # removed while we probed
