@@ -287,8 +287,8 @@ def start_bare(port: int, log, engines: list[str] = (), src: str | None = None) 
 BARE_APP = r"""
 import itertools, sys, trio
 from hypercorn.trio import serve
-from smgrl.config import Config
-from smgrl.server import hypercorn_config
+from smgrl.core.config import Config
+from smgrl.runtime.server import hypercorn_config
 from smgrl.upstream import EnginePool
 
 POOLS = itertools.cycle([EnginePool(url, max_idle=1024) for url in sys.argv[2:]] or [None])
@@ -347,18 +347,18 @@ def wait_routable(base: str, deadline_s: float = 60.0) -> None:
 
 def serve(front: str, argv: list[str]) -> None:
     """Child entry: ``smgrl launch`` with the data plane behind the chosen front."""
-    import smgrl.server
-    from smgrl.cli import main
+    import smgrl.runtime.server
+    from smgrl.cli.main import main
 
     if front == "quart":
-        original = smgrl.server.create_app
+        original = smgrl.runtime.server.create_app
 
         def create_app(gateway, journal_routes=None):
             app = original(gateway, journal_routes)
             _quart_front(app)
             return app
 
-        smgrl.server.create_app = create_app
+        smgrl.runtime.server.create_app = create_app
     main(["launch", *argv])
 
 

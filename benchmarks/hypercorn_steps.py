@@ -3,7 +3,7 @@
 vs smgrl's patches (docs/hypercorn-patches.md), on one loopback connection in one trio run.
 
     python benchmarks/hypercorn_steps.py stock      # hypercorn as installed
-    python benchmarks/hypercorn_steps.py patched    # after smgrl.hypercorn_patches.apply()
+    python benchmarks/hypercorn_steps.py patched    # after smgrl.http.hypercorn_patches.apply()
 """
 
 import collections
@@ -18,7 +18,7 @@ from hypercorn.trio import serve
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if sys.argv[1:] == ["patched"]:
-    from smgrl import hypercorn_patches
+    from smgrl.http import hypercorn_patches
 
     assert hypercorn_patches.apply()
 

@@ -52,17 +52,12 @@ import trio
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from journal import (
-    Append,
+from journal import Append, ControlStarted, EventStore, JournalWriter, Recorded, SqliteStore
+from smgrl.events import (
     AuditControlPlane,
     ControlFinished,
     ControlOutcome,
-    ControlStarted,
-    EventStore,
-    JournalWriter,
-    Recorded,
     SnapshotTaken,
-    SqliteStore,
     WorkerDiscovered,
     WorkerHealthChanged,
     WorkerProbeFailed,
@@ -235,7 +230,7 @@ def generate_with_snapshots(
 
     The fold runs on the events as appended (no decode), so 5M events take minutes, not hours.
     """
-    from smgrl.snapshots import SNAPSHOT_EVERY
+    from smgrl.runtime.snapshots import SNAPSHOT_EVERY
     from smgrl.state import snapshot
     from smgrl.state.fleet import FleetState
 
@@ -400,9 +395,9 @@ def bench_replay(path: Path, n: int) -> list[tuple[str, float, int]]:
 
 # -- issue 4: startup from snapshots, `smgrl journal refits`, the registry projection alone ---------
 
-# The gateway snapshots every SNAPSHOT_EVERY events (smgrl/snapshots.py): the worst case it
+# The gateway snapshots every SNAPSHOT_EVERY events (smgrl/runtime/snapshots.py): the worst case it
 # starts from is a snapshot that far behind the head.
-from smgrl.snapshots import SNAPSHOT_EVERY as SNAPSHOT_LAG
+from smgrl.runtime.snapshots import SNAPSHOT_EVERY as SNAPSHOT_LAG
 
 
 def _startup(path: Path, *, checked: bool = True) -> tuple[float, Any]:
@@ -412,8 +407,8 @@ def _startup(path: Path, *, checked: bool = True) -> tuple[float, Any]:
     are measured separately). ``checked=False``: the previous startup (``restore``, no chain
     check), for comparison on the same machine at the same time."""
     from journal import JournalLock
+    from smgrl.history.replay import restore, restore_verified
     from smgrl.registry.keys import KeyRing
-    from smgrl.state.replay import restore, restore_verified
 
     t0 = time.perf_counter()
     with JournalLock.acquire(str(path)):
@@ -439,9 +434,9 @@ def _chain_check(path: Path, after: int) -> float:
 def _save_snapshot(path: Path, lag: int) -> tuple[int, str, str]:
     """Store a fleet snapshot ``lag`` events behind the head, as the gateway's snapshotter does;
     (its seq, its description, what taking it cost)."""
+    from smgrl.history.replay import replay as fleet_replay
     from smgrl.state import snapshot
     from smgrl.state.fleet import FleetState
-    from smgrl.state.replay import replay as fleet_replay
 
     store = SqliteStore.open(path)
     upto = max(1, store.last_seq() - lag)
@@ -506,7 +501,7 @@ def bench_startup(path: Path, n: int) -> list[tuple[str, str]]:
 def bench_refits(path: Path) -> list[tuple[str, str]]:
     import subprocess
 
-    from smgrl.journal_cli.reading import load_ops
+    from smgrl.history.reading import load_ops
     from smgrl.state.refits import group_cycles
 
     store = SqliteStore.open(path, readonly=True)
@@ -529,9 +524,9 @@ def bench_refits(path: Path) -> list[tuple[str, str]]:
 
 
 def bench_registry(path: Path) -> list[tuple[str, str]]:
-    from journal.events import decode
+    from smgrl.events import decode
+    from smgrl.history.replay import read_types
     from smgrl.state import registry
-    from smgrl.state.replay import read_types
 
     store = SqliteStore.open(path, readonly=True)
     t0 = time.perf_counter()
@@ -570,7 +565,7 @@ def bench_launch(path: Path) -> list[tuple[str, str]]:
         proc.terminate()
         proc.wait(30)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import smgrl.server"], check=True)
+    subprocess.run([sys.executable, "-c", "import smgrl.runtime.server"], check=True)
     imports = time.perf_counter() - t0
     return [
         (

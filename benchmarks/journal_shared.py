@@ -41,7 +41,8 @@ sys.path[:] = [str(_HERE.parent), str(_HERE.parent / "tests" / "journal")] + [
     p for p in sys.path if Path(p or ".").resolve() != _HERE
 ]
 
-from journal import Append, ControlOutcome, open_store
+from journal import Append, open_store
+from smgrl.events import ControlOutcome
 
 
 def _event(tag: str) -> ControlOutcome:

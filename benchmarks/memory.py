@@ -38,7 +38,7 @@ from smgrl.upstream import EnginePool, UpstreamError
 MIB = 1 << 20
 ENGINE = """
 import json, sys, trio
-from smgrl.dataplane.testing import ScriptedEngine
+from smgrl.testing.dataplane import ScriptedEngine
 hold, size = float(sys.argv[1]), int(sys.argv[2])
 answer = json.dumps({"text": "a" * size}).encode()
 small = json.dumps({"text": "ok"}).encode()

@@ -31,7 +31,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from journal import ChangeWatcher, SqliteStore
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

@@ -39,17 +39,17 @@ from smgrl.upstream import EnginePool
 # Buckets, first match wins: a prefix of the frame's file as py-spy prints it (the path below
 # site-packages or the repository).
 BUCKETS = [
-    ("smgrl raw front (api/dataplane.py)", "smgrl/api/dataplane.py"),
-    ("smgrl hypercorn patches", "smgrl/hypercorn_patches.py"),
+    ("smgrl raw front (api/dataplane.py)", "smgrl/http/fronts/dataplane.py"),
+    ("smgrl hypercorn patches", "smgrl/http/hypercorn_patches.py"),
     ("smgrl data plane service", "smgrl/dataplane/"),
     ("smgrl upstream pool + parser", "smgrl/upstream/"),
     ("smgrl routing", "smgrl/routing/"),
-    ("smgrl control plane routes (api/)", "smgrl/api/"),
+    ("smgrl control plane routes (api/)", "smgrl/http/"),
     ("smgrl control (fan-out)", "smgrl/control/"),
     ("smgrl registry", "smgrl/registry/"),
     ("smgrl state/projections", "smgrl/state/"),
-    ("smgrl logs", "smgrl/logs.py"),
-    ("smgrl metrics", "smgrl/metrics.py"),
+    ("smgrl logs", "smgrl/telemetry/logs.py"),
+    ("smgrl metrics", "smgrl/telemetry/metrics.py"),
     ("journal", "journal/"),
     ("h11", "h11/"),
     ("hypercorn", "hypercorn/"),
@@ -63,7 +63,7 @@ BUCKETS = [
     ("json", "json/"),
 ]
 # Frames that only wrap everything (the entry point, trio.run): not a bucket of their own.
-OUTER = ("smgrl/__main__.py", "smgrl/cli.py", "smgrl/server.py", "<string>", "runpy.py")
+OUTER = ("smgrl/__main__.py", "smgrl/cli/main.py", "smgrl/runtime/server.py", "<string>", "runpy.py")
 
 
 def _file(frame: str) -> str:

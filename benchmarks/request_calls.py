@@ -43,7 +43,7 @@ def flip(*_):
         prof[0].disable(); prof[0].dump_stats(OUT); prof[0] = None
 signal.signal(signal.SIGUSR1, flip)
 """
-LAUNCH = WRAP + 'sys.argv = ["smgrl", "launch", *sys.argv[2:]]\nfrom smgrl.entry import main\nmain()\n'
+LAUNCH = WRAP + 'sys.argv = ["smgrl", "launch", *sys.argv[2:]]\nfrom smgrl.cli.entry import main\nmain()\n'
 BODY = json.dumps(
     {"text": "The quick brown fox jumps over the lazy dog.", "sampling_params": {"max_new_tokens": 8}}
 ).encode()

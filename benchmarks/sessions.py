@@ -31,7 +31,7 @@ sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p or ".").resolv
 
 import trio
 
-from smgrl.config import Config, SessionsConfig
+from smgrl.core.config import Config, SessionsConfig
 from smgrl.fake import fake_fleet, model
 from smgrl.testing import gateway_in_process
 from smgrl.tito.capture import assistant_message, captured

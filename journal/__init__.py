@@ -1,10 +1,11 @@
-"""The smgrl event journal: an append-only SQLite event store with a hash chain.
+"""The smgrl event journal: an append-only event store with a hash chain (SQLite, PostgreSQL, memory).
 
 Everything the gateway knows is a projection of this journal. The public surface, re-exported
 here explicitly (the submodules are the implementation):
 
 * events: :class:`Event`, :func:`event_type`, :func:`encode`, :func:`decode`, :class:`UnknownEvent`,
-  :class:`Recorded` and the catalogue (``WorkerRegistered`` ... ``SnapshotTaken``)
+  :class:`Recorded`, and :class:`ControlStarted` (the one event the file format knows); the
+  catalogue of smgrl's events is ``smgrl.events``, apart from the store
 * stores: :class:`SqliteStore` (the file), :class:`MemoryStore` (tests), both :class:`EventStore`;
   :class:`Append` (one event to append, with its secrets), :class:`VerifyReport`
 * writing from trio: :class:`JournalWriter` (group commit), :class:`Pending`
@@ -20,6 +21,18 @@ here explicitly (the submodules are the implementation):
 
 from ._chain import snapshot_hash
 from .base import Append, EventStore, Expect, Lease, RawRow, VerifyReport
+from .codec import (
+    ControlStarted,
+    Event,
+    Recorded,
+    UnknownEvent,
+    decode,
+    decode_parsed,
+    encode,
+    event_class,
+    event_type,
+    event_types,
+)
 from .errors import (
     JournalBusyError,
     JournalClosedError,
@@ -33,46 +46,10 @@ from .errors import (
     LeaseLost,
     ProjectionError,
 )
-from .events import (
-    AuditControlPlane,
-    AuditControlPlaneCounts,
-    ControlFinished,
-    ControlInterrupted,
-    ControlOutcome,
-    ControlStarted,
-    Event,
-    GatewayStarted,
-    GatewayStopped,
-    Recorded,
-    SnapshotTaken,
-    UnknownEvent,
-    WorkerDiscovered,
-    WorkerHealthChanged,
-    WorkerLabelsChanged,
-    WorkerProbeFailed,
-    WorkerRegistered,
-    WorkerRemoved,
-    decode,
-    decode_parsed,
-    encode,
-    event_class,
-    event_type,
-    event_types,
-)
 from .lock import JournalLock, JournalLocked
 from .memory import MemoryStore
 from .opening import describe, is_postgres_url, open_store
 from .postgres import PgStore
-from .refit_events import (
-    RefitFinished,
-    RefitStarted,
-    RefitState,
-    RefitStep,
-    RefitStepDone,
-    WorkerIdentitySeen,
-    WorkerQuarantined,
-    WorkerReleased,
-)
 from .store import SqliteStore
 
 # JournalWriter and Pending need trio (0.15 s to import): loaded when first used, so a process
@@ -90,21 +67,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# The package's face in one list (names from several modules; journal/events.py lists its own).
+# The package's face in one list (names from several modules; journal/codec.py lists its own).
 __all__ = [
     "Append",
-    "AuditControlPlane",
-    "AuditControlPlaneCounts",
     "ChangeWatcher",
-    "ControlFinished",
-    "ControlInterrupted",
-    "ControlOutcome",
     "ControlStarted",
     "Event",
     "EventStore",
     "Expect",
-    "GatewayStarted",
-    "GatewayStopped",
     "JournalBusyError",
     "JournalClosedError",
     "JournalConflict",
@@ -125,24 +95,9 @@ __all__ = [
     "ProjectionError",
     "RawRow",
     "Recorded",
-    "RefitFinished",
-    "RefitStarted",
-    "RefitState",
-    "RefitStep",
-    "RefitStepDone",
-    "SnapshotTaken",
     "SqliteStore",
     "UnknownEvent",
     "VerifyReport",
-    "WorkerDiscovered",
-    "WorkerHealthChanged",
-    "WorkerIdentitySeen",
-    "WorkerLabelsChanged",
-    "WorkerProbeFailed",
-    "WorkerQuarantined",
-    "WorkerRegistered",
-    "WorkerReleased",
-    "WorkerRemoved",
     "decode",
     "decode_parsed",
     "describe",

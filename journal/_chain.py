@@ -17,14 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import attrs
 
-from .events import ControlStarted, Event, Recorded, UnknownEvent, _body_bytes, _dumps, encode
-
-if TYPE_CHECKING:
-    from .base import Append
+from .codec import ControlStarted, Event, Recorded, UnknownEvent, _body_bytes, _dumps, encode
 
 GENESIS = "0" * 64
 BODY_EVENT = ControlStarted.TYPE
@@ -105,12 +102,23 @@ class Head(NamedTuple):
 
 EMPTY_HEAD = Head(0, 0.0, GENESIS)
 
+
+class Batchable(Protocol):
+    """What a batch item offers (``journal.base.Append``; named by its shape, so that this module,
+    which the store contract builds on, does not import it back)."""
+
+    stream: str
+    event: Any
+    secrets: Any
+    _prepared: Prepared
+
+
 Row = tuple[int, float, str, str, int, str, str, str]  # seq, ts, stream, type, schema, payload, prev, hash
 SecretOp = tuple[str, "str | None", int]  # worker_id, api_key (None: delete), seq
 
 
 def build_batch(
-    items: Sequence[Append], head: Head, now: float
+    items: Sequence[Batchable], head: Head, now: float
 ) -> tuple[list[Row], list[Recorded], list[SecretOp]]:
     """Rows, receipts and secret writes for one batch appended after ``head``.
 

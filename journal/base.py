@@ -9,7 +9,7 @@ from typing import Protocol
 import attrs
 
 from ._chain import Prepared, VerifyReport, prepare
-from .events import Event, Recorded, UnknownEvent
+from .codec import Event, Recorded, UnknownEvent
 
 __all__ = ["MAX_SEQ", "Append", "EventStore", "Expect", "Lease", "RawRow", "VerifyReport", "clamp_seq"]
 

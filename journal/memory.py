@@ -30,8 +30,8 @@ from ._chain import (
     verify_journal,
 )
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
+from .codec import ControlStarted, Event, Recorded, decode
 from .errors import JournalConflict, JournalReadOnlyError
-from .events import ControlStarted, Event, Recorded, decode
 from .retention import DEFAULT as DEFAULT_RETENTION
 from .retention import Retention
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .memory import MemoryStore
-from .postgres import is_postgres_url, redact_url
 from .store import SqliteStore
+from .urls import is_postgres_url, redact_url
 
 __all__ = ["describe", "is_postgres_url", "open_store"]
 

@@ -37,7 +37,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from .events import _dumps as _canonical
+from .codec import _dumps as _canonical
 
 __all__ = [
     "COLUMNS",

@@ -70,6 +70,7 @@ from ._chain import (
 )
 from ._schema_names import FORMAT_VERSION, initial_meta
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
+from .codec import ControlStarted, Event, Recorded, decode
 from .errors import (
     JournalBusyError,
     JournalConflict,
@@ -78,9 +79,9 @@ from .errors import (
     JournalReadOnlyError,
     JournalTooNewError,
 )
-from .events import ControlStarted, Event, Recorded, decode
 from .retention import DEFAULT as DEFAULT_RETENTION
 from .retention import Retention
+from .urls import is_postgres_url, redact_url
 
 __all__ = ["PgStore", "is_postgres_url", "redact_url"]
 
@@ -107,23 +108,6 @@ def _stop_listeners() -> None:
 
 
 atexit.register(_stop_listeners)
-
-
-def is_postgres_url(value: str) -> bool:
-    return isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (if any) replaced by ``***``: what may be shown anywhere."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "postgresql://***"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = urllib.parse.quote(urllib.parse.unquote(parts.username or ""), safe="")
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def _split_url(url: str) -> tuple[str, str, str | None]:

@@ -36,7 +36,7 @@ __all__ = ["DEFAULT", "Retention"]
 
 @attrs.frozen
 class Retention:
-    # The gateway's cadence (smgrl.snapshots.SNAPSHOT_EVERY; journal/ does not import smgrl), only
+    # The gateway's cadence (smgrl.runtime.snapshots.SNAPSHOT_EVERY; journal/ does not import smgrl), only
     # used to state the count bound.
     every: int = 25_000
     recent: int = 1_000_000  # events from the head within which every snapshot is kept

@@ -111,6 +111,7 @@ from ._chain import (
 )
 from ._schema_names import FORMAT_VERSION, MIGRATION_NAMES, MIGRATION_SET
 from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
+from .codec import ControlStarted, Event, Recorded, decode
 from .errors import (
     JournalBusyError,
     JournalConflict,
@@ -119,7 +120,6 @@ from .errors import (
     JournalReadOnlyError,
     JournalTooNewError,
 )
-from .events import ControlStarted, Event, Recorded, decode
 from .retention import DEFAULT as DEFAULT_RETENTION
 from .retention import Retention
 

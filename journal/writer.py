@@ -56,6 +56,7 @@ import attrs
 import trio
 
 from .base import Append, EventStore, Expect
+from .codec import Event, Recorded, UnknownEvent
 from .errors import (
     JournalBusyError,
     JournalClosedError,
@@ -64,7 +65,6 @@ from .errors import (
     JournalWriteError,
     ProjectionError,
 )
-from .events import Event, Recorded, UnknownEvent
 
 __all__ = ["JournalWriter", "Pending"]
 

@@ -1,3 +1,3 @@
-from smgrl.entry import main
+from smgrl.cli.entry import main
 
 main()

@@ -13,7 +13,7 @@ import trio
 from smgrl.control.outcome import BODY_CAP, Outcome, decode_engine_body
 from smgrl.core import Worker, origin_of
 from smgrl.core import control_url as control_url_of
-from smgrl.errors import NoControlEndpoint, UpstreamTimeout, UpstreamUnreachable
+from smgrl.core.errors import NoControlEndpoint, UpstreamTimeout, UpstreamUnreachable
 from smgrl.upstream import ConnectError, PoolSet, UpstreamError
 
 # SMG's text for ANY failure while reading the engine's body (cut short, bad chunking, or the

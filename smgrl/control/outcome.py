@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from smgrl.core import redact_doc
-from smgrl.errors import RlError
+from smgrl.core.errors import RlError
 
 BODY_CAP = 1_048_576  # 1 MiB kept per engine answer, as SMG
 EXCERPT_CAP = 2048  # characters of an answer kept in the journal

@@ -27,8 +27,7 @@ import attrs
 import trio
 
 from journal import JournalWriteError
-from journal.events import ControlStarted
-from smgrl.config import RlConfig
+from journal.codec import ControlStarted
 from smgrl.control.call import ControlRequest, call_worker
 from smgrl.control.fanout import run_fanout
 from smgrl.control.outcome import Outcome, fanout_body
@@ -42,9 +41,10 @@ from smgrl.core import (
     new_operation_id,
     selector_view,
 )
-from smgrl.errors import JournalUnavailable
-from smgrl.journaling import ev
-from smgrl.logs import event as log_event
+from smgrl.core.config import RlConfig
+from smgrl.core.errors import JournalUnavailable
+from smgrl.telemetry.journaling import ev
+from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.rl")
 
@@ -59,7 +59,7 @@ class CallContext:
     principal: str | None = None
     request_id: str | None = None
     # The request's audit event for a given HTTP status (``Check.audit_event`` in
-    # smgrl/api/guard.py), committed with the operation's final records.
+    # smgrl/http/routes/guard.py), committed with the operation's final records.
     audit: Callable[[int], object] | None = None
 
 
@@ -94,7 +94,7 @@ class ControlService:
         # Set by the server when the gateway starts stopping: an operation cut short from then on
         # is the gateway's doing, and the server records it interrupted (reason shutdown).
         self.stopping = False
-        # Several gateway processes on one journal (smgrl/sharing.py): this process's identity,
+        # Several gateway processes on one journal (smgrl/cluster/sharing.py): this process's identity,
         # recorded in control.started so that another process can record the operation
         # interrupted if this one dies. None for a lone gateway.
         self.identity: str | None = None

@@ -1,11 +1,11 @@
 """Journal-only control writes: no engine is called, one event records the decision.
 
     set_engine       engine.version_set / engine.state_set   (POST /v1/rl/.../version|state,
-                                                              smgrl/api/rl_writes.py)
+                                                              smgrl/http/routes/rl_writes.py)
     set_dispatch     dataplane.dispatch_set                  (POST /routing_loop/pause|resume)
     set_held         engine.state_set                        (POST /workers/pause|resume)
     set_versions     engine.version_set per version          (POST /workers/update_weight_version,
-                                                              smgrl/api/routing_loop.py)
+                                                              smgrl/http/routes/routing_loop.py)
 
 Each event is appended and awaited before the method returns, so the caller's answer, discovery
 and routing already reflect the write; a journal that cannot take it is 503
@@ -21,8 +21,8 @@ from typing import Any
 
 from journal import JournalWriteError
 from smgrl.core import Selector, Worker
-from smgrl.errors import JournalUnavailable, NoWorkersMatch, WorkerNotFound
-from smgrl.journaling import ev
+from smgrl.core.errors import JournalUnavailable, NoWorkersMatch, WorkerNotFound
+from smgrl.telemetry.journaling import ev
 
 ENGINE_WRITES = {
     "version": ("engine.version_set", "weight_version"),

@@ -10,7 +10,7 @@ so, or of a key the caller passes (the worker's own), is cut out of every other 
 that is not JSON gets the known keys cut out of its bytes.
 
 Used where an engine's answer leaves the gateway's hands: relayed on a keyless route
-(``smgrl/api/engine_reads.py``) and kept in the journal (a control call's ``excerpt``,
+(``smgrl/http/routes/engine_reads.py``) and kept in the journal (a control call's ``excerpt``,
 ``smgrl/control/outcome.py``), which a ``user`` key may read.
 
 Pure: bytes in, bytes out; an answer with nothing to mask is returned as it came (same bytes).

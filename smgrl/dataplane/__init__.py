@@ -10,7 +10,7 @@
 - ``errors``: its error codes.
 - ``testing``: helpers for tests (a gateway on loopback, a scripted engine).
 
-The HTTP side is ``smgrl.api.dataplane`` (raw ASGI in front of Quart); the routing rules are
+The HTTP side is ``smgrl.http.fronts.dataplane`` (raw ASGI in front of Quart); the routing rules are
 ``smgrl.routing``.
 """
 

@@ -14,7 +14,7 @@ import os
 import attrs
 import trio
 
-from smgrl.errors import QueueFull, QueueTimeout
+from smgrl.core.errors import QueueFull, QueueTimeout
 
 
 def default_limit() -> int:

@@ -20,7 +20,7 @@ from collections.abc import Container, Iterable
 
 import attrs
 
-from smgrl.config import BreakerConfig
+from smgrl.core.config import BreakerConfig
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 

@@ -12,7 +12,7 @@ the worst case in RSS.
 
 from __future__ import annotations
 
-from smgrl.errors import MemoryBudgetExceeded
+from smgrl.core.errors import MemoryBudgetExceeded
 
 
 class ByteBudget:

@@ -23,7 +23,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from smgrl.core import parse_u64
-from smgrl.metrics import DURATION_BUCKETS, Children
+from smgrl.telemetry.metrics import DURATION_BUCKETS, Children
 
 CONTROL_CODES = {"active": 0, "paused": 1, "asleep": 2, "unknown": 3}
 
@@ -101,7 +101,7 @@ class DataPlaneMetrics:
             ["route", "status"],
             registry=r,
         )
-        # Declarations shaped like smgrl/metrics.py's: each names its own series, nothing to share.
+        # Declarations shaped like smgrl/telemetry/metrics.py's: each names its own series, nothing to share.
         self.duration = Histogram(
             "smgrl_dataplane_request_duration_seconds",
             "Wall time of one rollout request, streamed body included",

@@ -20,7 +20,7 @@ may land on several of them, so the pin is a decision made once, the way a URL r
   of the group run (the hold, ``GroupPins``), so a release never moves requests already routed
   by it;
 * **a gone process's pins** are released by the ``recovery`` holder (``gone_releases``), with
-  its operations (``smgrl.sharing.recover_dead``).
+  its operations (``smgrl.cluster.sharing.recover_dead``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 import trio
 
 from journal import Expect, JournalClosedError, JournalConflict, JournalError
-from journal.events import GroupPinned, GroupReleased
+from smgrl.events import GroupPinned, GroupReleased
 from smgrl.routing import InstanceId
 from smgrl.state.group_pins import TYPES, Pin
 

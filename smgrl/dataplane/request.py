@@ -74,7 +74,7 @@ ROUTING_FIELDS = (
 
 
 def from_obj(route: str, obj: dict[str, Any]) -> RolloutRequest:
-    """The request from its parsed (and checked: ``smgrl.api.dataplane_body``) body. An OpenAI
+    """The request from its parsed (and checked: ``smgrl.http.bodies.dataplane_body``) body. An OpenAI
     request always names its model (SMG's 400 otherwise), even an empty one (a 404); a
     ``/generate`` without one goes to the fleet's single model."""
     model = obj.get("model")

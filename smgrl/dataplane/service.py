@@ -25,8 +25,16 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
-from smgrl.config import Config
 from smgrl.core import Version
+from smgrl.core.config import Config
+from smgrl.core.errors import (
+    ModelNotFound,
+    ModelRequired,
+    NoAvailableWorkers,
+    NoEligibleWorkers,
+    RequestTimeout,
+    UpstreamUnreachable,
+)
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
@@ -37,14 +45,6 @@ from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
-from smgrl.errors import (
-    ModelNotFound,
-    ModelRequired,
-    NoAvailableWorkers,
-    NoEligibleWorkers,
-    RequestTimeout,
-    UpstreamUnreachable,
-)
 from smgrl.registry.keys import KeyRing
 from smgrl.routing import (
     ANY,
@@ -76,7 +76,7 @@ class Dispatch:
     response: Response
     body: bytes | None = None  # buffered answers only
     # The journal's head when the request went to the engine: an aborting control call not
-    # finished by then may have aborted it (partial-rollout loopback, smgrl/dataplane/loopback.py).
+    # finished by then may have aborted it (partial-rollout loopback, smgrl/dataplane/loopback/).
     seq: int = 0
 
     @property

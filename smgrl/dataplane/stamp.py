@@ -30,13 +30,10 @@ import attrs
 
 from smgrl.core import MalformedVersion, Version, validate_version
 from smgrl.core.version import MAX_VERSION_BYTES
+from smgrl.core.wire import json_bytes
 
 DEFAULT_VERSION = "default"
 UNVERSIONED_TAG = "-1"  # PSRL's x-version-tag for "no version"
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def _valid(value: Any) -> str | None:
@@ -220,7 +217,7 @@ def _stamp_parsed(body: bytes, table_version: str | None, single: bool) -> Stamp
         return Stamp(stream_version(table_version), False, body)
     if single and isinstance(obj, list) and len(obj) == 1 and isinstance(obj[0], dict):
         obj = obj[0]
-        body = _dumps(obj)
+        body = json_bytes(obj)
     items = obj if isinstance(obj, list) else [obj]
     reported: list[str] = []
     spans = False
@@ -259,7 +256,7 @@ def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
     tokens = _count(usage.get("completion_tokens")) if isinstance(usage, dict) else None
     if obj.get("system_fingerprint") != version:
         obj["system_fingerprint"] = version
-        body = _dumps(obj)
+        body = json_bytes(obj)
     return Stamp(version, False, body, tokens)
 
 
@@ -359,4 +356,4 @@ class FingerprintEvents:
         if not isinstance(obj, dict) or "error" in obj:
             return event
         obj["system_fingerprint"] = self._version
-        return b"data: " + _dumps(obj)
+        return b"data: " + json_bytes(obj)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from smgrl.core.wire import json_bytes
 from smgrl.fake import model
 from smgrl.fake.base import Reply
-from smgrl.fake.http import Request, Response, dumps, json_response, sse_response
+from smgrl.fake.http import Request, Response, json_response, sse_response
 from smgrl.fake.limits import LimitError, check_tokens, max_tokens_arg
 from smgrl.fake.scheduler import Job
 
@@ -29,7 +30,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 def sse(obj: Any) -> bytes:
-    return b"data: " + dumps(obj) + b"\n\n"
+    return b"data: " + json_bytes(obj) + b"\n\n"
 
 
 def _error(message: str) -> Reply:

@@ -30,6 +30,8 @@ import attrs
 import h11
 import trio
 
+from smgrl.core.wire import json_bytes
+
 MAX_BODY_BYTES = 64 * 1024 * 1024
 _RECV_BYTES = 65536
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
@@ -83,13 +85,8 @@ class Response:
 HANG = Response(status=0)
 
 
-def dumps(obj: Any) -> bytes:
-    # FastAPI's JSONResponse and ORJSONResponse both write compact JSON.
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def json_response(obj: Any, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Response:
-    return Response(status, dumps(obj), "application/json", headers or [])
+    return Response(status, json_bytes(obj), "application/json", headers or [])
 
 
 def text_response(text: str, status: int = 200) -> Response:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from smgrl.errors import RlError
+from smgrl.core.errors import RlError
 
 
-# Shaped like smgrl/errors.py's classes (one per code); the behaviour is ApiError's.
+# Shaped like smgrl/core/errors.py's classes (one per code); the behaviour is ApiError's.
 class RefitUnsupported(RlError):
     """Some selected engines cannot take this refit (their kind, source or pause mode)."""
 
@@ -29,7 +29,7 @@ class RefitNotFound(RlError):
         super().__init__(f"refit `{refit_id}` not found", id=refit_id)
 
 
-class RefitState(RlError):
+class RefitWrongState(RlError):
     """The refit is not in a state that takes this call (e.g. commit when not awaiting a transfer)."""
 
     code, status = "refit_state", 409

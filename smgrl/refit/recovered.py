@@ -11,7 +11,7 @@ restarted on its initial weights (and served rollouts with them elsewhere) is he
 from __future__ import annotations
 
 from smgrl.core.identity import startup_identity
-from smgrl.journaling import ev
+from smgrl.telemetry.journaling import ev
 
 REASON_PREFIX = "recovered"
 STREAM = "quarantine"

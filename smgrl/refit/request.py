@@ -11,7 +11,7 @@ import attrs
 
 from smgrl.core import MalformedVersion as BadVersion
 from smgrl.core import Selector, SelectorError, parse_selector, validate_version
-from smgrl.errors import InvalidBody, InvalidSelector, InvalidVersion
+from smgrl.core.errors import InvalidBody, InvalidSelector, InvalidVersion
 from smgrl.refit.plan import DEFAULT_GROUP, DistributedSource
 
 ON_FAILURE = ("quarantine", "rollback", "abort")

@@ -37,20 +37,20 @@ from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
 from smgrl.core import Worker, facts_for, new_operation_id, parse_size
-from smgrl.errors import JournalUnavailable, NoWorkersMatch
-from smgrl.journaling import ev
-from smgrl.logs import event as log_event
+from smgrl.core.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.refit import plan as P
 from smgrl.refit.errors import (
     RefitDriverUnavailable,
     RefitInProgress,
     RefitNotFound,
-    RefitState,
     RefitUnsupported,
+    RefitWrongState,
     VersionLeft,
 )
 from smgrl.refit.request import RefitRequest
 from smgrl.state.sagas import EngineRun, Saga
+from smgrl.telemetry.journaling import ev
+from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.refit")
 
@@ -316,12 +316,12 @@ class RefitService:
             return
         self._driven_here(saga, transfer)
         if not saga.is_open or saga.state != "awaiting_transfer" or transfer is None:
-            raise RefitState(
+            raise RefitWrongState(
                 f"refit `{refit_id}` is not awaiting a transfer (state `{saga.to_json()['state']}`)",
                 state=saga.to_json()["state"],
             )
         if transfer.decided.is_set():
-            raise RefitState(f"refit `{refit_id}` was already {transfer.verdict}ed", state=saga.state)
+            raise RefitWrongState(f"refit `{refit_id}` was already {transfer.verdict}ed", state=saga.state)
         transfer.verdict, transfer.detail = verdict, detail
         transfer.decided.set()
 
@@ -331,7 +331,9 @@ class RefitService:
         saga = self.get(refit_id)
         self._driven_here(saga, self._transfers.get(refit_id))
         if saga.state != "awaiting_transfer" or not saga.is_open:
-            raise RefitState(f"refit `{refit_id}` is not awaiting a transfer", state=saga.to_json()["state"])
+            raise RefitWrongState(
+                f"refit `{refit_id}` is not awaiting a transfer", state=saga.to_json()["state"]
+            )
         dist = _dist_of(saga)
         runs = self._members(saga, "transfer")
         calls = {r.worker_id: P.transfer_call(r.kind, dist, names, dtypes, shapes) for r in runs}
@@ -608,7 +610,7 @@ class RefitService:
         # The trainer's chunks since the saga last (re)entered awaiting_transfer: those are the
         # only operations of this saga after its last saga event (chunks append none of their own).
         cut = self._chunks_cut_short(saga, saga.last_seq) if prior == "awaiting_transfer" else []
-        # Names this process as the saga's driver from here on (smgrl.sharing.saga_driver): the
+        # Names this process as the saga's driver from here on (smgrl.cluster.sharing.saga_driver): the
         # trainer's hand-off landing on any process is forwarded here.
         await self._append(
             saga.refit_id,

@@ -19,7 +19,6 @@ import attrs
 import trio
 
 from journal import Expect, JournalConflict, JournalWriteError
-from smgrl.config import Config
 from smgrl.core import (
     Worker,
     connection_mode_for,
@@ -29,12 +28,13 @@ from smgrl.core import (
     redact_url,
     strip_rank,
 )
-from smgrl.errors import WorkerApiError
-from smgrl.journaling import ev
-from smgrl.logs import event as log_event
+from smgrl.core.config import Config
+from smgrl.core.errors import WorkerApiError
 from smgrl.registry.grpc_probe import TokenizerCache, discover_grpc
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, probe_control_app, probe_http
+from smgrl.telemetry.journaling import ev
+from smgrl.telemetry.logs import event as log_event
 from smgrl.upstream import PoolSet
 
 log = logging.getLogger("smgrl.registry")
@@ -77,7 +77,7 @@ class RegistryService:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # This nursery owns every discovery job; it lives as long as the gateway's root nursery.
-        # Several processes (smgrl/sharing.py): this runs only while the process holds the
+        # Several processes (smgrl/cluster/sharing.py): this runs only while the process holds the
         # discovery lease; once cancelled no job starts here until it runs again.
         try:
             async with trio.open_nursery() as nursery:

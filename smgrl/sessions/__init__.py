@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # The face: its users' import lists name the same things (`duplicates` pairs them), nothing to share.
-from smgrl.errors import ConfigError
+from smgrl.core.errors import ConfigError
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
     InvalidTurn,

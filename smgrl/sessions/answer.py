@@ -10,9 +10,10 @@ log-probs), as PSRL's SessionRouter does for a client that asked for a stream.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
+
+from smgrl.core.wire import json_bytes
 
 
 def _finish(reason: str, message: dict) -> str:
@@ -58,7 +59,7 @@ def completion(
 
 
 def _event(obj) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + json_bytes(obj) + b"\n\n"
 
 
 # The same keyword arguments as ``completion``: the streamed form of the same answer, built differently.

@@ -16,10 +16,10 @@
 
 from __future__ import annotations
 
-from smgrl.errors import DataPlaneError
+from smgrl.core.errors import DataPlaneError
 
 
-# Shaped like smgrl/errors.py's classes (one per code); the behaviour is ApiError's.
+# Shaped like smgrl/core/errors.py's classes (one per code); the behaviour is ApiError's.
 class SessionNotFound(DataPlaneError):
     code = "session_not_found"
     status = 404

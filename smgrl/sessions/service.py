@@ -17,7 +17,12 @@ import attrs
 import trio
 
 from journal import JournalConflict
-from journal.events import (
+from smgrl.core.numbers import parse_uint
+from smgrl.dataplane import loopback
+from smgrl.dataplane.affinity import Routed
+from smgrl.dataplane.request import GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest
+from smgrl.dataplane.service import DataPlane
+from smgrl.events import (
     SessionContinued,
     SessionCreated,
     SessionDeleted,
@@ -25,11 +30,6 @@ from journal.events import (
     SessionHung,
     SessionTurn,
 )
-from smgrl.core.numbers import parse_uint
-from smgrl.dataplane import loopback
-from smgrl.dataplane.affinity import Routed
-from smgrl.dataplane.request import GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest
-from smgrl.dataplane.service import DataPlane
 from smgrl.routing import InstanceId, InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
 from smgrl.sessions import errors

@@ -3,7 +3,6 @@
 from smgrl.state.fleet import FleetState
 from smgrl.state.operations import Operations
 from smgrl.state.refits import PHASE_ORDER, Cycle, Op, OpsFold, group_cycles, iter_cycles
-from smgrl.state.replay import load_snapshot, read_types, replay, restore, restore_verified
 from smgrl.state.sagas import EngineRun, Saga
 from smgrl.state.version_timeline import Change, VersionFold
 
@@ -20,9 +19,4 @@ __all__ = [
     "VersionFold",
     "group_cycles",
     "iter_cycles",
-    "load_snapshot",
-    "read_types",
-    "replay",
-    "restore",
-    "restore_verified",
 ]

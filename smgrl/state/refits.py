@@ -139,7 +139,7 @@ class OpsFold:
         self.ops: dict[str, Op] = {}
         self._engine_of: dict[str, str] = {}  # url -> engine address (a fleet has few URLs)
         # id(targets list) -> (that list, worker -> engine, engines): readers that hand in the
-        # same parsed list for identical targets (smgrl.journal_cli.opscan) convert it once.
+        # same parsed list for identical targets (smgrl.history.opscan) convert it once.
         # Holding the list keeps its id from being reused.
         self._targets_memo: dict[int, tuple[list, dict[str, str], frozenset[str]]] = {}
 

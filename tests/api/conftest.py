@@ -1,6 +1,6 @@
 import pytest
 
-from smgrl.config import Config, RlConfig
+from smgrl.core.config import Config, RlConfig
 
 
 @pytest.fixture

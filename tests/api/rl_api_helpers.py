@@ -12,7 +12,8 @@ import json
 import re
 from typing import Any, ClassVar
 
-from smgrl.config import Config, ControlPlaneKey, RlConfig, TenantKey
+from smgrl.core.auth import ControlPlaneKey, TenantKey
+from smgrl.core.config import Config, RlConfig
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"

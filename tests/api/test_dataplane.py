@@ -12,11 +12,11 @@ import pytest
 import trio
 import trio.testing
 
-from smgrl.config import Config, RlConfig
-from smgrl.dataplane.testing import PROBE_MODEL, ScriptedEngine, gateway_on_loopback
+from smgrl.core.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.fake.checkpoint import make_checkpoint
 from smgrl.testing import gateway_in_process
+from smgrl.testing.dataplane import PROBE_MODEL, ScriptedEngine, gateway_on_loopback
 
 GEN = {"text": "hello there", "sampling_params": {"max_new_tokens": 4}}
 

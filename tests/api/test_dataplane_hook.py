@@ -10,10 +10,11 @@ import attrs
 import pytest
 import trio
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig, validate
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.errors import ConfigError
 from smgrl.dataplane.hook import HookError, Refusal, resolve
-from smgrl.errors import ConfigError
 from smgrl.fake import fake_fleet
+from smgrl.runtime.startup import validate
 from smgrl.testing import gateway_in_process
 
 GEN = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}}

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from test_dataplane_hook import Hook
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet, make_checkpoint, model
 from smgrl.testing import gateway_in_process
 

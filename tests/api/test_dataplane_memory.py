@@ -11,11 +11,11 @@ import pytest
 import trio
 import trio.testing
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.errors import MemoryBudgetExceeded
 from smgrl.dataplane.budget import ByteBudget
-from smgrl.dataplane.testing import PROBE_MODEL, ScriptedEngine
-from smgrl.errors import MemoryBudgetExceeded
 from smgrl.testing import gateway_in_process
+from smgrl.testing.dataplane import PROBE_MODEL, ScriptedEngine
 
 
 def cfg(budget: int, body: int) -> Config:

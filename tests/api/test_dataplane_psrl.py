@@ -7,7 +7,7 @@ from collections import Counter
 
 import trio
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 
@@ -127,7 +127,7 @@ async def test_bad_routing_metadata_is_a_400_with_a_stable_code():
 
 
 async def test_a_repeated_routing_header_is_read_by_its_first_occurrence():
-    # As every other header of a raw scope (smgrl/api/scope.py) and Quart's headers.get.
+    # As every other header of a raw scope (smgrl/http/fronts/asgi.py, ``header``) and Quart's headers.get.
     async with (
         fake_fleet("sglang", n=1) as fleet,
         gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,

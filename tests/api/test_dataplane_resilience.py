@@ -10,10 +10,10 @@ import json
 import attrs
 import trio
 
-from smgrl.config import BreakerConfig, Config, DataPlaneConfig, RetryConfig, RlConfig
+from smgrl.core.config import BreakerConfig, Config, DataPlaneConfig, RetryConfig, RlConfig
 from smgrl.dataplane.breaker import CLOSED, OPEN
-from smgrl.dataplane.testing import ScriptedEngine, gateway_on_loopback
 from smgrl.testing import gateway_in_process
+from smgrl.testing.dataplane import ScriptedEngine, gateway_on_loopback
 
 GEN = {"text": "hello"}
 OK = json.dumps({"text": "ok", "meta_info": {"weight_version": "default"}}).encode()

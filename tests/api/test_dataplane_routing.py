@@ -7,7 +7,7 @@ from collections import Counter
 import attrs
 import pytest
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

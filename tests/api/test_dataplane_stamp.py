@@ -7,10 +7,10 @@ import json
 
 import trio
 
-from smgrl.config import Config, RlConfig
-from smgrl.dataplane.testing import PROBE_MODEL, ScriptedEngine
+from smgrl.core.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
+from smgrl.testing.dataplane import PROBE_MODEL, ScriptedEngine
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 2}}
 CHAT = {"model": PROBE_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -10,9 +10,9 @@ import uuid
 import attrs
 import trio
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
-from smgrl.journaling import ev
+from smgrl.telemetry.journaling import ev
 from smgrl.testing import gateway_in_process
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}

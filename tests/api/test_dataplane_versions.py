@@ -10,9 +10,10 @@ import attrs
 import pytest
 import trio
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig, validate
-from smgrl.errors import ConfigError
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.errors import ConfigError
 from smgrl.fake import fake_fleet
+from smgrl.runtime.startup import validate
 from smgrl.testing import gateway_in_process
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}

@@ -8,10 +8,10 @@ import attrs
 import pytest
 from rl_api_helpers import ADMIN, KEYS, USER
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
+from smgrl.history.replay import replay
 from smgrl.state.fleet import FleetState
-from smgrl.state.replay import replay
 from smgrl.testing import gateway_in_process
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}

@@ -11,8 +11,8 @@ import json
 import pytest
 import trio
 
-from smgrl.config import Config, RlConfig
-from smgrl.dataplane.testing import gateway_on_loopback
+from smgrl.core.config import Config, RlConfig
+from smgrl.testing.dataplane import gateway_on_loopback
 
 BODY = 2 * 1024 * 1024
 PIECE = 64 * 1024

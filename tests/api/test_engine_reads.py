@@ -5,7 +5,8 @@ import json
 
 from rl_api_helpers import rl_cfg
 
-from smgrl.config import Config, ControlPlaneKey
+from smgrl.core.auth import ControlPlaneKey
+from smgrl.core.config import Config
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

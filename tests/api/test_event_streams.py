@@ -1,4 +1,4 @@
-"""Server-sent event streams are bounded (smgrl/api/event_streams.py) and a stream holds little.
+"""Server-sent event streams are bounded (smgrl/http/routes/event_streams.py) and a stream holds little.
 
 Found against a live gateway: 1,000 idle ``GET /v1/rl/journal/stream`` readers took a control
 call's p90 from 13 ms to 1.9 s (every commit is pushed to every subscriber), and 40 readers of
@@ -69,7 +69,7 @@ async def test_event_streams_are_bounded_and_a_closed_one_frees_its_slot(tmp_pat
 async def test_a_backfill_read_page_by_page_sends_every_record_once_in_order(tmp_path, monkeypatch):
     # The backfill is read in pages (a reader that reads nothing holds one page, not the whole
     # backfill): across page boundaries no record is lost or repeated.
-    from smgrl.api import stream as stream_module
+    from smgrl.http.routes import stream as stream_module
 
     monkeypatch.setattr(stream_module, "BACKFILL_PAGE", 5)
     async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:

@@ -13,9 +13,9 @@ from rl_api_helpers import rl_cfg
 
 from journal import MemoryStore, ProjectionError
 from smgrl.fake import fake_fleet
+from smgrl.history.replay import replay
 from smgrl.state.fleet import FleetState
 from smgrl.state.registry import RegistryState
-from smgrl.state.replay import replay
 from smgrl.testing import gateway_in_process
 
 

@@ -3,7 +3,7 @@ a journaled fan-out."""
 
 from rl_api_helpers import rl_cfg
 
-from smgrl.config import ControlPlaneKey
+from smgrl.core.auth import ControlPlaneKey
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

@@ -11,10 +11,10 @@ import trio
 from test_forwarding_in_process import AUTH, KEY, config, model_dir, turn_body, two_gateways, wait_visible
 
 from journal import SqliteStore
+from smgrl.cluster.forwarding import owner_key
+from smgrl.cluster.sharing import PRESENCE
 from smgrl.fake import fake_fleet, model
-from smgrl.forwarding import owner_key
-from smgrl.journaling import ev
-from smgrl.sharing import PRESENCE
+from smgrl.telemetry.journaling import ev
 
 __all__ = ["model_dir"]  # the module-scoped fixture, shared
 
@@ -155,7 +155,7 @@ async def test_forwarded_hand_offs_log_no_key_and_each_process_checks_its_own(mo
     at DEBUG."""
     import logging
 
-    from smgrl.config import ControlPlaneKey
+    from smgrl.core.auth import ControlPlaneKey
 
     old, new = "old-admin-secret-0001", "new-admin-secret-0002"
     source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}

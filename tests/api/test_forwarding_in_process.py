@@ -1,6 +1,6 @@
 """Two gateway processes on one SQLite journal, run in one trio process (``serve`` with a
 ``Sharing`` each, as two ``--workers`` processes are): a request for a session or a refit saga
-that lands on the process not holding it is forwarded to its owner (smgrl/forwarding.py,
+that lands on the process not holding it is forwarded to its owner (smgrl/cluster/forwarding.py,
 docs/scale-out.md "Forwarding"). Real loopback ports, real fake engines, a real journal file.
 """
 
@@ -15,10 +15,10 @@ import pytest
 import trio
 
 from journal import SqliteStore
-from smgrl.config import Config, HealthConfig, RlConfig, SessionsConfig
+from smgrl.cluster.sharing import PRESENCE, Sharing
+from smgrl.core.config import Config, HealthConfig, RlConfig, SessionsConfig
 from smgrl.fake import fake_fleet, model
-from smgrl.server import serve
-from smgrl.sharing import PRESENCE, Sharing
+from smgrl.runtime.server import serve
 from smgrl.tito.testkit import make_model_dir
 
 KEY = "data-plane-secret-key"
@@ -416,7 +416,7 @@ async def test_an_owner_breaking_off_mid_answer_ends_the_answer_without_an_error
     forwarder, never an "unhandled error" traceback (it is not a bug of this process)."""
     import logging
 
-    from smgrl.forwarding import Peer, owner_key
+    from smgrl.cluster.forwarding import Peer, owner_key
 
     async def breaks_off(stream):
         await stream.receive_some()

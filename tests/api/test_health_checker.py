@@ -2,7 +2,7 @@
 
 import trio
 
-from smgrl.config import Config, HealthConfig, RlConfig
+from smgrl.core.config import Config, HealthConfig, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.registry.health import HealthChecker
 from smgrl.testing import gateway_in_process

@@ -1,7 +1,8 @@
 """GET /v1/rl/operations/{id} and GET /v1/rl/journal (issue 4's HTTP read routes)."""
 
 from journal import SqliteStore
-from smgrl.config import Config, ControlPlaneKey, RlConfig
+from smgrl.core.auth import ControlPlaneKey
+from smgrl.core.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

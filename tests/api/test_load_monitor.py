@@ -5,10 +5,10 @@ import pytest
 import trio
 from rl_api_helpers import rl_cfg
 
-from smgrl.config import Config, HealthConfig
+from smgrl.core.config import Config, HealthConfig
 from smgrl.fake import fake_fleet
 from smgrl.registry.loads import group_key, monitoring_enabled
-from smgrl.server import serve
+from smgrl.runtime.server import serve
 from smgrl.testing import gateway_in_process
 
 CFG = rl_cfg()

@@ -1,6 +1,6 @@
 """Issue 10: what an unauthenticated client sends cannot forge audit log lines or fields.
 
-The real audit path (guard -> smgrl.logs -> the writer thread), both formats: an ``x-request-id``
+The real audit path (guard -> smgrl.telemetry.logs -> the writer thread), both formats: an ``x-request-id``
 with tabs posing as ``key=value`` fields, a newline in the path posing as a whole log line, and
 C1 / Unicode separators sent raw in a header.
 """
@@ -14,10 +14,10 @@ import re
 import pytest
 from rl_api_helpers import KEYS, rl_cfg
 
-from smgrl import logs
+from smgrl.telemetry import logs
 from smgrl.testing import gateway_in_process
 
-FORGED = "2026-01-01T00:00:00.000Z INFO  smgrl.audit: control_plane_audit principal=admin outcome=success"
+FORGED = "2026-01-01T00:00:00.000Z INFO  smgrl.telemetry.audit: control_plane_audit principal=admin outcome=success"
 UNSAFE = [chr(c) for c in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]]
 
 

@@ -1,7 +1,7 @@
 """`GET /openapi.json` is generated from the route tables (``OPENAPI_ROUTES`` beside each family's
-handlers, assembled by ``smgrl/api/openapi.py``) and stays in sync with the gateway: every route the
+handlers, assembled by ``smgrl/http/openapi/document.py``) and stays in sync with the gateway: every route the
 Quart app registers (the explicit `/v1/rl` writes included), every route the `/v1/rl` dispatcher
-knows (`smgrl.api.rl_routes.ALLOW`) and every raw ASGI route (`smgrl.api.dataplane.ALLOW`, the
+knows (`smgrl.http.routes.rl_routes.ALLOW`) and every raw ASGI route (`smgrl.http.fronts.dataplane.ALLOW`, the
 session routes) is in the document with exactly its methods, and vice versa; every error code smgrl
 can answer with is in it; every error class a route family raises is listed on that family's
 routes, and each data-plane and write route documents every code it can answer."""
@@ -17,22 +17,8 @@ import re
 import pytest
 from rl_api_helpers import ADMIN, KEYS, TENANTS, rl_cfg
 
-from smgrl.api import (
-    dataplane,
-    openapi,
-    refits,
-    rl_routes,
-    rl_writes,
-    routing_loop,
-    sessions,
-    stream,
-    workers,
-)
-from smgrl.api.dataplane import ALLOW as DATAPLANE_ALLOW
-from smgrl.api.rl_routes import ALLOW, match
-from smgrl.api.sessions import ROUTES as SESSION_ROUTES
-from smgrl.config import Config
-from smgrl.errors import (
+from smgrl.core.config import Config
+from smgrl.core.errors import (
     INVALID_REQUEST_CODES,
     DataPlaneError,
     InvalidRequest,
@@ -41,6 +27,13 @@ from smgrl.errors import (
     RlError,
     SelectorRequired,
 )
+from smgrl.http.fronts import dataplane_routes as dataplane
+from smgrl.http.fronts import sessions
+from smgrl.http.fronts.dataplane_routes import ALLOW as DATAPLANE_ALLOW
+from smgrl.http.fronts.sessions import ROUTES as SESSION_ROUTES
+from smgrl.http.openapi import document as openapi
+from smgrl.http.routes import refits, rl_routes, rl_writes, routing_loop, stream, workers
+from smgrl.http.routes.rl_routes import ALLOW, match
 from smgrl.testing import gateway_in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -132,11 +125,13 @@ async def test_the_document_is_served_without_a_key_and_is_the_module_document()
 def _codes_in_sources() -> dict[str, set[str]]:
     """Every error code smgrl answers with, read from the sources (so a new one fails this test
     until it is documented)."""
-    errors = (ROOT / "smgrl/errors.py").read_text()
+    errors = (ROOT / "smgrl/core/errors.py").read_text()
     # The rollout routes' RL-envelope error is counted with the data plane (_dataplane_codes).
     rl = {cls.code for cls in _descendants(RlError)} - {InvalidVersionPolicyHeader.code}
     rl |= set(
-        re.findall(r'code, status = "([a-z_]+)", \d+', (ROOT / "smgrl/api/journal_routes.py").read_text())
+        re.findall(
+            r'code, status = "([a-z_]+)", \d+', (ROOT / "smgrl/http/routes/journal_routes.py").read_text()
+        )
     )
     # The docstring's table names codes that are not exceptions (upstream_error).
     # (The data plane's rows are in the same table: _dataplane_codes counts those.)
@@ -148,7 +143,7 @@ def _codes_in_sources() -> dict[str, set[str]]:
     for path in (ROOT / "smgrl").rglob("*.py"):
         text = path.read_text()
         workers |= set(re.findall(r'WorkerApiError\(\s*\d{3},\s*"([A-Z_]+)"', text))
-    envelope = (ROOT / "smgrl/api/envelopes.py").read_text()
+    envelope = (ROOT / "smgrl/http/bodies/envelopes.py").read_text()
     openai_codes = set(re.findall(r'openai_error\(\s*\d{3},\s*"([a-z_]+)"', envelope))
     openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', envelope))
     return {"rl": rl, "workers": workers, "openai": openai_codes}
@@ -185,12 +180,14 @@ def _dataplane_codes() -> dict[str, set[str]]:
     OpenAI-style answers the ASGI handler makes itself."""
     # InvalidRequest answers SMG's codes for a refused body, listed in INVALID_REQUEST_CODES.
     own = {cls.code for cls in _descendants(DataPlaneError) - {InvalidRequest}} | set(INVALID_REQUEST_CODES)
-    handler = (ROOT / "smgrl/api/dataplane.py").read_text()
+    handler = "\n".join(
+        (ROOT / f"smgrl/http/fronts/{name}.py").read_text() for name in ("dataplane", "relay", "asgi")
+    )
     openai_codes = set(re.findall(r'_openai_error\(\s*send, rid, \d+, "([a-z_]+)"', handler))
     openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', handler))
     if "api_key_error_body(" in handler:
         # The 401 body is built by envelopes.api_key_error_body: take its code from there.
-        envelope = (ROOT / "smgrl/api/envelopes.py").read_text()
+        envelope = (ROOT / "smgrl/http/bodies/envelopes.py").read_text()
         builder = envelope.split("def api_key_error_body", 1)[1].split("\ndef ", 1)[0]
         openai_codes |= set(re.findall(r'"code": "([a-z_]+)"', builder))
     return {"own": own, "openai": openai_codes, "rl": {InvalidVersionPolicyHeader.code}}
@@ -328,7 +325,7 @@ async def test_docs_is_the_document_rendered_with_nothing_loaded_from_elsewhere(
 
 def test_docs_page_escapes_what_it_renders():
     """Text from the document is escaped (a description with markup stays text)."""
-    from smgrl.api import openapi_html
+    from smgrl.http.openapi import html as openapi_html
 
     doc = {
         "openapi": "3.0.3",
@@ -342,7 +339,7 @@ def test_docs_page_escapes_what_it_renders():
 
 
 def test_every_session_error_code_is_documented_on_the_session_routes():
-    from smgrl.api.openapi import document
+    from smgrl.http.openapi.document import document
     from smgrl.sessions.errors import ALL
 
     doc = json.dumps(document(False)["paths"])
@@ -357,21 +354,35 @@ def test_every_session_error_code_is_documented_on_the_session_routes():
 FAMILIES = {
     "rl": (
         rl_routes,
-        ["smgrl/api/rl_routes.py", "smgrl/api/rl_front.py", "smgrl/api/journal_routes.py", "smgrl/control"],
+        [
+            "smgrl/http/routes/rl_routes.py",
+            "smgrl/http/fronts/rl_front.py",
+            "smgrl/http/routes/journal_routes.py",
+            "smgrl/control",
+        ],
     ),
-    "rl_writes": (rl_writes, ["smgrl/api/rl_writes.py", "smgrl/control/writes.py"]),
-    "refits": (refits, ["smgrl/api/refits.py", "smgrl/refit"]),
-    "stream": (stream, ["smgrl/api/stream.py"]),
-    "routing_loop": (routing_loop, ["smgrl/api/routing_loop.py"]),
-    "dataplane": (dataplane, ["smgrl/api/dataplane.py", "smgrl/api/dataplane_body.py", "smgrl/dataplane"]),
-    "sessions": (sessions, ["smgrl/api/sessions.py", "smgrl/sessions"]),
+    "rl_writes": (rl_writes, ["smgrl/http/routes/rl_writes.py", "smgrl/control/writes.py"]),
+    "refits": (refits, ["smgrl/http/routes/refits.py", "smgrl/refit"]),
+    "stream": (stream, ["smgrl/http/routes/stream.py"]),
+    "routing_loop": (routing_loop, ["smgrl/http/routes/routing_loop.py"]),
+    "dataplane": (
+        dataplane,
+        [
+            "smgrl/http/fronts/dataplane.py",
+            "smgrl/http/fronts/relay.py",
+            "smgrl/http/fronts/dataplane_routes.py",
+            "smgrl/http/bodies/dataplane_body.py",
+            "smgrl/dataplane",
+        ],
+    ),
+    "sessions": (sessions, ["smgrl/http/fronts/sessions.py", "smgrl/sessions"]),
 }
 
 
 def _error_classes() -> dict[str, type]:
     import smgrl.refit.errors
     import smgrl.sessions.errors  # noqa: F401
-    from smgrl.errors import ApiError
+    from smgrl.core.errors import ApiError
 
     bases = {ApiError, RlError, DataPlaneError}
     return {cls.__name__: cls for cls in _descendants(ApiError) if cls not in bases}

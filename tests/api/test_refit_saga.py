@@ -380,7 +380,7 @@ async def test_a_recovered_engine_is_held_out_until_refitted_or_confirmed(ckpt):
     """Unreachable for at least one health interval, then back: quarantined (reason
     ``recovered``) until a version write confirms it; the same after a second outage until a
     refit loads it."""
-    from smgrl.config import HealthConfig
+    from smgrl.core.config import HealthConfig
     from smgrl.registry.health import HealthChecker
 
     health = HealthConfig(interval_secs=1, timeout_secs=1, failure_threshold=1, success_threshold=1)
@@ -582,7 +582,7 @@ async def test_journal_refits_tells_the_sagas_and_quarantines(ckpt, tmp_path):
     from click.testing import CliRunner
 
     from journal import SqliteStore
-    from smgrl.journal_cli import journal_group
+    from smgrl.cli.journal import journal_group
 
     path = tmp_path / "j.db"
     store = SqliteStore.open(path)
@@ -631,8 +631,8 @@ async def test_the_event_stream_always_ends_with_the_final_record(ckpt):
     """A reader slow to take a record (the generator waits at its yield while the saga runs on
     to its end) still gets the final record: the stream once ended on the saga's later state
     without sending it (seen with 64 engines' records through hypercorn)."""
-    from smgrl.api.event_streams import EventStreams
-    from smgrl.api.refits import RefitsApi
+    from smgrl.http.routes.event_streams import EventStreams
+    from smgrl.http.routes.refits import RefitsApi
 
     async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
         _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="3")

@@ -20,8 +20,8 @@ from rl_api_helpers import (
     row_ids,
 )
 
-from smgrl.audit import route_family
 from smgrl.fake import fake_fleet
+from smgrl.telemetry.audit import route_family
 from smgrl.testing import gateway_in_process
 
 CONTROL_401 = {"content-type", "content-length", "x-request-id", "www-authenticate"}

@@ -15,7 +15,7 @@ from rl_api_helpers import (
     row_ids,
 )
 
-from smgrl.config import Config, RlConfig
+from smgrl.core.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

@@ -16,7 +16,7 @@ from rl_api_helpers import (
     sent_headers,
 )
 
-from smgrl.config import Config, RlConfig
+from smgrl.core.config import Config, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.registry.service import Registration
 from smgrl.testing import gateway_in_process

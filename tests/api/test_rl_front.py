@@ -1,4 +1,4 @@
-"""Discovery answered by the raw front (smgrl/api/rl_front.py) is the answer Quart gives, byte
+"""Discovery answered by the raw front (smgrl/http/fronts/rl_front.py) is the answer Quart gives, byte
 for byte and audit for audit; every other outcome is still Quart's."""
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ import trio.testing
 from rl_api_helpers import journal, op_events, rl_cfg, row_ids
 
 from journal import MemoryStore, SqliteStore
-from smgrl.config import HealthConfig
 from smgrl.control.call import ControlRequest
 from smgrl.control.service import CallContext
+from smgrl.core.config import HealthConfig
 from smgrl.core.selector import parse_selector
 from smgrl.fake import fake_fleet
 from smgrl.registry.service import Registration
-from smgrl.server import serve
+from smgrl.runtime.server import serve
 from smgrl.testing import gateway_in_process
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from rl_api_helpers import rl_cfg, row_ids
 
-from smgrl.config import Config, RlConfig
+from smgrl.core.config import Config, RlConfig
 from smgrl.fake import fake_fleet
-from smgrl.metrics import DURATION_BUCKETS
+from smgrl.telemetry.metrics import DURATION_BUCKETS
 from smgrl.testing import gateway_in_process
 
 HELP = {
@@ -95,7 +95,7 @@ async def test_no_rl_series_without_enable_rl():
 
 
 async def test_no_created_series():
-    """SMG 1.13.0 exposes no *_created series (smgrl/metrics.py turns them off)."""
+    """SMG 1.13.0 exposes no *_created series (smgrl/telemetry/metrics.py turns them off)."""
     async with fake_fleet("sglang", 1) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
         await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang")
         assert "_created" not in gw.gateway.metrics.render().decode()

@@ -455,7 +455,7 @@ async def test_operation_id_names_the_journal_record(rl_config):
 
 
 async def test_control_characters_in_the_engine_path_are_invalid_not_unknown():
-    from smgrl.config import Config, RlConfig
+    from smgrl.core.config import Config, RlConfig
     from smgrl.fake import fake_fleet
     from smgrl.testing import gateway_in_process
 

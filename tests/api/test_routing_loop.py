@@ -8,7 +8,7 @@ import json
 import trio
 import trio.testing
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 

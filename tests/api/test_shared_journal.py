@@ -15,11 +15,11 @@ import pytest
 import trio
 
 from journal import JournalWriter, SqliteStore
-from smgrl.errors import WorkerApiError
-from smgrl.gateway import Gateway
+from smgrl.core.errors import WorkerApiError
+from smgrl.history.replay import restore
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.service import Registration
-from smgrl.state.replay import restore
+from smgrl.runtime.gateway import Gateway
 
 
 @contextlib.asynccontextmanager
@@ -125,9 +125,9 @@ async def test_a_saga_of_a_gone_process_is_resumed_by_the_recovery_holder(tmp_pa
     A is gone, B's recovery round records A's operation interrupted and drives the saga to its end."""
     from rl_api_helpers import rl_cfg
 
+    from smgrl.cluster.sharing import PRESENCE, Sharing, recover_dead
     from smgrl.fake import fake_fleet
     from smgrl.fake.checkpoint import make_checkpoint
-    from smgrl.sharing import PRESENCE, Sharing, recover_dead
     from smgrl.testing import gateway_in_process
 
     ckpt = str(make_checkpoint(tmp_path / "step-7", "fake/model", seed=7))

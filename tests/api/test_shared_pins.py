@@ -14,9 +14,9 @@ import contextlib
 import trio
 
 from journal import SqliteStore
-from smgrl.config import Config, DataPlaneConfig, RlConfig
+from smgrl.cluster.sharing import PRESENCE, Sharing, recover_dead
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig
 from smgrl.fake import fake_fleet
-from smgrl.sharing import PRESENCE, Sharing, recover_dead
 from smgrl.state.group_pins import TYPES
 from smgrl.testing import gateway_in_process
 
@@ -165,7 +165,7 @@ async def test_the_deciding_gateway_releases_the_pin_and_the_others_keep_it_whil
 
 
 async def test_the_recovery_holder_releases_the_pins_of_a_gone_gateway(tmp_path):
-    from journal.events import GroupPinned
+    from smgrl.events import GroupPinned
 
     path = str(tmp_path / "j.db")
     a_id = "host-a:1:aaaa"

@@ -8,11 +8,11 @@ import trio
 from rl_api_helpers import rl_cfg
 
 from journal import Append, SqliteStore
-from smgrl.config import HealthConfig
-from smgrl.journaling import ev
-from smgrl.server import serve
+from smgrl.core.config import HealthConfig
+from smgrl.history.replay import restore_verified
+from smgrl.runtime.server import serve
 from smgrl.state import snapshot
-from smgrl.state.replay import restore_verified
+from smgrl.telemetry.journaling import ev
 
 
 def _journal(path, n: int) -> int:

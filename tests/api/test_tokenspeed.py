@@ -513,7 +513,7 @@ async def test_the_control_url_used_is_part_of_every_recorded_call():
 
 
 async def test_a_tokenspeed_refit_groups_into_one_cycle_like_an_sglang_one():
-    from journal.events import encode
+    from smgrl.events import encode
     from smgrl.state.refits import OpsFold, group_cycles
 
     async with mixed_fleet() as m:

@@ -29,7 +29,7 @@ import pytest
 
 from journal import SqliteStore
 from smgrl.demo.procs import free_port, start_gateway, wait_listening
-from smgrl.state.replay import restore
+from smgrl.history.replay import restore
 
 pytestmark = pytest.mark.e2e
 

@@ -29,7 +29,7 @@ WRAPPER = textwrap.dedent(
         return original(self, seq, event)
 
     RegistryState.apply = buggy
-    from smgrl.cli import main
+    from smgrl.cli.main import main
     main(sys.argv[1:])
     """
 )

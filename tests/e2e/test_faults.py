@@ -31,7 +31,7 @@ import pytest
 import trio
 
 from journal import MemoryStore, SqliteStore
-from smgrl.config import Config, HealthConfig, RlConfig
+from smgrl.core.config import Config, HealthConfig, RlConfig
 from smgrl.demo.procs import free_port, start_fake_engines, wait_for_workers
 from smgrl.fake import fake_fleet
 from smgrl.registry.health import HealthChecker

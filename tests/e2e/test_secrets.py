@@ -31,7 +31,7 @@ import urllib.request
 import pytest
 from click.testing import CliRunner
 
-from smgrl.cli import cli
+from smgrl.cli.main import cli
 from smgrl.demo.procs import free_port, start_fake_engines, start_gateway, wait_for_workers, wait_listening
 
 ADMIN = "adm-S3cr3t-2b6e1f"
@@ -372,7 +372,7 @@ def test_every_journal_command_output_holds_no_key(session):
     )
     assert done.returncode == 0 and session["op_id"] in done.stdout
     problems += _leaks(done.stdout + done.stderr, "`smgrl journal export` (process)")
-    # A failing command fails the process too (it exited 0 before smgrl/cli.py passed the code on).
+    # A failing command fails the process too (it exited 0 before smgrl/cli/main.py passed the code on).
     missing = subprocess.run(
         [sys.executable, "-m", "smgrl", "journal", "--journal", str(work / "none.db"), "verify"],
         capture_output=True,

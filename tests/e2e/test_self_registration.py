@@ -12,8 +12,8 @@ import urllib.request
 
 from click.testing import CliRunner
 
+from smgrl.cli.journal import journal_group
 from smgrl.demo.procs import free_port
-from smgrl.journal_cli import journal_group
 
 
 class Forwarder:
@@ -151,7 +151,7 @@ def test_a_ready_worker_that_leads_back_is_removed_by_the_health_checker(gateway
     the worker was discovered and is ready; the health checker sees the gateway's own id and
     removes it."""
     from journal import Append, SqliteStore
-    from smgrl.journaling import ev
+    from smgrl.telemetry.journaling import ev
 
     (engine,) = fakes("sglang", 1)
     journal = str(tmp_path / "old.db")

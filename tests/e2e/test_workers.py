@@ -89,7 +89,8 @@ def start_supervisor(children, tmp_path, journal: str, *args, env=None):
     line = wait_until(
         "the supervisor's listening line",
         lambda: next(
-            (ln for ln in log_path.read_text().splitlines() if "smgrl.supervisor: listening" in ln), None
+            (ln for ln in log_path.read_text().splitlines() if "smgrl.cluster.supervisor: listening" in ln),
+            None,
         ),
     )
     pids = [int(p) for p in re.search(r"pids=([\d,]+)", line).group(1).split(",")]

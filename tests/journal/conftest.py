@@ -48,6 +48,6 @@ def backend(
 
 @pytest.fixture(autouse=True)
 def _journal_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`smgrl journal` on a postgresql:// URL keeps a cache (smgrl/journal_cli/pgmirror.py): each
+    """`smgrl journal` on a postgresql:// URL keeps a cache (smgrl/cli/journal/pgmirror.py): each
     test's in its own directory (subprocesses inherit it), never the user's ~/.cache."""
     monkeypatch.setenv("SMGRL_JOURNAL_CACHE", str(tmp_path / "journal-cache"))

@@ -15,16 +15,8 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from journal import (
-    Append,
-    ControlFinished,
-    ControlOutcome,
-    ControlStarted,
-    MemoryStore,
-    SqliteStore,
-    WorkerRegistered,
-    WorkerRemoved,
-)
+from journal import Append, ControlStarted, MemoryStore, SqliteStore
+from smgrl.events import ControlFinished, ControlOutcome, WorkerRegistered, WorkerRemoved
 
 
 class FakeClock:

@@ -21,7 +21,8 @@ CHILD = textwrap.dedent(
     """
     import sys
     import trio
-    from journal import ControlOutcome, JournalWriter, SqliteStore
+    from journal import JournalWriter, SqliteStore
+    from smgrl.events import ControlOutcome
 
     async def appender(writer, k):
         i = 0

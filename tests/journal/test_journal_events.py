@@ -14,18 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from journal_helpers import registered, started
 
-from journal import (
-    Append,
+from journal import Append, ControlStarted, Event, UnknownEvent, event_type
+from smgrl.events import (
     AuditControlPlane,
     ControlFinished,
     ControlInterrupted,
     ControlOutcome,
-    ControlStarted,
-    Event,
     GatewayStarted,
     GatewayStopped,
     SnapshotTaken,
-    UnknownEvent,
     WorkerDiscovered,
     WorkerHealthChanged,
     WorkerLabelsChanged,
@@ -35,7 +32,6 @@ from journal import (
     decode,
     encode,
     event_class,
-    event_type,
 )
 
 CATALOGUE = {
@@ -221,7 +217,8 @@ class TestAppend:
 
 def test_control_started_of_schema_1_decodes_without_a_gateway():
     """A journal written before several processes shared one: its operations name no process."""
-    from journal.events import ControlStarted, decode, encode
+    from journal.codec import ControlStarted
+    from smgrl.events import decode, encode
 
     ev = ControlStarted(
         op_id="op", kind="call", method="POST", path="flush_cache", **ControlStarted.body_fields(b"")

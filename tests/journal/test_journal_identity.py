@@ -10,14 +10,8 @@ import sqlite3
 
 import pytest
 
-from journal import (
-    Append,
-    JournalError,
-    JournalForeignError,
-    JournalTooNewError,
-    SqliteStore,
-    WorkerRegistered,
-)
+from journal import Append, JournalError, JournalForeignError, JournalTooNewError, SqliteStore
+from smgrl.events import WorkerRegistered
 
 
 def fingerprint(path) -> tuple[str, int, list[str]]:

@@ -1,5 +1,5 @@
 """``smgrl journal`` on a ``postgresql://`` journal reads an SQLite cache kept between commands
-(smgrl/journal_cli/pgmirror.py): only what was appended since is copied, the seam is checked by
+(smgrl/cli/journal/pgmirror.py): only what was appended since is copied, the seam is checked by
 the hash chain, it is never stale (appends, compaction, dropped snapshots, another journal at the
 same address), it holds no secret and its name no part of the URL. A real server."""
 
@@ -17,7 +17,7 @@ import pytest
 from journal_helpers import finished, outcome, registered, started
 
 from journal import Append, PgStore
-from smgrl.journal_cli import pgmirror
+from smgrl.cli.journal import pgmirror
 
 pytestmark = pytest.mark.usefixtures("pg_server")
 

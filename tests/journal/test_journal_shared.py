@@ -214,7 +214,8 @@ async def test_writer_append_if_refuses_only_its_group():
 APPENDER = textwrap.dedent(
     """
     import sys, time
-    from journal import Append, ControlOutcome, open_store
+    from journal import Append, open_store
+    from smgrl.events import ControlOutcome
     target, name, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store = open_store(target)
     print("ready", flush=True)

@@ -14,20 +14,11 @@ import json
 import pytest
 from journal_helpers import FakeClock, a_few, finished, outcome, registered, removed, started
 
-from journal import (
-    Append,
-    ControlOutcome,
-    ControlStarted,
-    JournalReadOnlyError,
-    Recorded,
-    UnknownEvent,
-    WorkerRegistered,
-    WorkerRemoved,
-    encode,
-)
+from journal import Append, ControlStarted, JournalReadOnlyError, Recorded, UnknownEvent
 from journal._chain import chain_hash
 from journal.retention import Retention
 from journal.store import _PAGE
+from smgrl.events import ControlOutcome, WorkerRegistered, WorkerRemoved, encode
 
 SECRET = "sk-live-0123456789abcdef-do-not-print"
 

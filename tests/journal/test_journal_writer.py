@@ -27,8 +27,8 @@ from journal import (
     ProjectionError,
     Recorded,
     SqliteStore,
-    WorkerProbeFailed,
 )
+from smgrl.events import WorkerProbeFailed
 
 
 class CountingStore:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from journal.retention import DEFAULT, Retention
-from smgrl.snapshots import SNAPSHOT_EVERY
+from smgrl.runtime.snapshots import SNAPSHOT_EVERY
 
 
 @pytest.mark.parametrize(

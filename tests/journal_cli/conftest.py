@@ -2,7 +2,7 @@ import pytest
 from click.testing import CliRunner
 from journal_cli_builder import fleet_journal
 
-from smgrl.journal_cli import journal_group
+from smgrl.cli.journal import journal_group
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import itertools
 import json
 
 from journal import Append, SqliteStore
-from journal.events import ControlStarted
+from journal.codec import ControlStarted
 from smgrl.core.observe import intent_of
-from smgrl.journaling import ev
+from smgrl.telemetry.journaling import ev
 
 SECRET = "sk-THE-WORKER-SECRET-0123456789"
 T0 = 1_800_000_000.0

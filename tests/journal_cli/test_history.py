@@ -19,12 +19,12 @@ from journal_cli_builder import Builder
 from journal import SqliteStore
 from journal.retention import Retention
 from smgrl.core.observe import intent_of
-from smgrl.journal_cli.history import fleet_at, grouped, version_changes
-from smgrl.journaling import ev
+from smgrl.history.queries import fleet_at, grouped, version_changes
+from smgrl.history.replay import restore
 from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState
-from smgrl.state.replay import restore
 from smgrl.state.version_timeline import Change, display
+from smgrl.telemetry.journaling import ev
 
 URLS = [f"http://127.0.0.1:{32000 + i}" for i in range(4)]
 PATHS = ["pause_generation", "update_weights_from_disk", "continue_generation", "update_weight_version"]
@@ -288,7 +288,7 @@ def test_cli_versions_lists_api_writes_and_workers_name_the_registration_source(
     `version_source` printed `-` where the registration label was shown."""
     from click.testing import CliRunner
 
-    from smgrl.journal_cli import journal_group
+    from smgrl.cli.journal import journal_group
 
     path = tmp_path / "j.db"
     build(path, [("register", 0, "default", False), ("register", 1, None, False), ("write", "version", [1])])
@@ -316,7 +316,7 @@ def test_cli_versions_lists_api_writes_and_workers_name_the_registration_source(
 def test_compact_and_retention_never_drop_snapshots_silently(tmp_path, caplog):
     from click.testing import CliRunner
 
-    from smgrl.journal_cli import journal_group
+    from smgrl.cli.journal import journal_group
 
     path = tmp_path / "j.db"
     steps = [("register", 0, "v0", False)] + [
@@ -357,8 +357,8 @@ def test_compact_and_retention_never_drop_snapshots_silently(tmp_path, caplog):
 def test_versions_table_keeps_its_column_widths_across_chunks(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from smgrl.journal_cli import fleet as fleet_cli
-    from smgrl.journal_cli import journal_group
+    from smgrl.cli.journal import fleet as fleet_cli
+    from smgrl.cli.journal import journal_group
 
     path = tmp_path / "j.db"
     steps = [("register", i, "v0", False) for i in range(4)] + [

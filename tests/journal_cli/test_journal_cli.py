@@ -11,11 +11,11 @@ import pytest
 from journal_cli_builder import SECRET, T0
 
 from journal import Append, SqliteStore, UnknownEvent
-from smgrl.journal_cli import events as events_mod
-from smgrl.journal_cli import journal_group
-from smgrl.journaling import ev
+from smgrl.cli.journal import events as events_mod
+from smgrl.cli.journal import journal_group
+from smgrl.history.replay import restore
 from smgrl.state import snapshot
-from smgrl.state.replay import restore
+from smgrl.telemetry.journaling import ev
 
 EVERY_COMMAND = [
     ["events"],
@@ -313,7 +313,7 @@ def test_recent_cycles_and_ops_are_read_from_a_window_at_the_end(tmp_path, monke
     from click.testing import CliRunner
     from journal_cli_builder import Builder
 
-    from smgrl.journal_cli import reading
+    from smgrl.history import reading
 
     path = tmp_path / "long.db"
     b = Builder(path)
@@ -354,7 +354,7 @@ def test_verify_detects_an_edited_snapshot(run, journal):
 
 
 def test_exit_statuses_through_the_smgrl_entry_point(journal, tmp_path, capsys):
-    from smgrl.cli import main
+    from smgrl.cli.main import main
 
     with pytest.raises(SystemExit) as missing:
         main(["journal", "--journal", str(tmp_path / "nope.db"), "events"])

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from journal_cli_builder import Builder
 
-from journal.events import ControlStarted
+from journal.codec import ControlStarted
+from smgrl.cli.journal import journal_group
 from smgrl.core.ids import new_worker_id, uuid7
 from smgrl.core.printable import UNSAFE
-from smgrl.journal_cli import journal_group
-from smgrl.journaling import ev
+from smgrl.telemetry.journaling import ev
 
 OSC = "\x1b]0;pwned\x07"  # sets the terminal title, ends with BEL
 HOSTILE = [OSC, "\r", "\x9b2J", "\x85", "\u2028", "\u202e", "\x1b[2J"]

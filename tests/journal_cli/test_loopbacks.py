@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from journal_cli_builder import Builder
 
-from smgrl.journal_cli import journal_group
-from smgrl.journal_cli.group import EXIT_BAD_VALUE
-from smgrl.journaling import ev
+from smgrl.cli.journal import journal_group
+from smgrl.cli.journal.group import EXIT_BAD_VALUE
+from smgrl.telemetry.journaling import ev
 
 OSC = "\x1b]0;pwned\x07"
 
@@ -131,7 +131,7 @@ def test_loopbacks_lists_every_request_with_its_tokens(looped):
 @pytest.mark.parametrize("window", [1, 3, 4096])
 def test_a_cycle_is_read_whole_whatever_the_first_window(looped, monkeypatch, window):
     """The cycle is read from a window after its first seq, widened until it is closed."""
-    from smgrl.journal_cli import loopbacks
+    from smgrl.cli.journal import loopbacks
 
     monkeypatch.setattr(loopbacks, "CYCLE_WINDOW", window)
     out = json.loads(_run(looped["path"], "loopbacks", "--refit", str(looped["c1"]), "--json").output)

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 from journal import Append, SqliteStore
 from journal._chain import EMPTY_HEAD, build_batch
 from journal._schema import MIGRATIONS
-from journal.events import ControlStarted
-from smgrl.journal_cli import journal_group
-from smgrl.journal_cli.opscan import scan_ops, stream_ops
-from smgrl.journaling import ev
+from journal.codec import ControlStarted
+from smgrl.cli.journal import journal_group
+from smgrl.history.opscan import scan_ops, stream_ops
 from smgrl.state.refits import OpsFold
+from smgrl.telemetry.journaling import ev
 
 IDS = ["op-a", "op-b", "op-c"]
 WORKERS = ["w0", "w1", "w2"]

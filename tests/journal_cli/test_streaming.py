@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from test_history import build, register, step
 
 from journal import SqliteStore
-from smgrl.journal_cli import journal_group
-from smgrl.journal_cli.reading import load_ops, stream_ops
-from smgrl.journal_cli.render import UUID, ChunkedTable, FixedTable, _ids_in_columns, output
+from smgrl.cli.journal import journal_group
+from smgrl.cli.journal.render import UUID, ChunkedTable, FixedTable, _ids_in_columns, output
+from smgrl.history.reading import load_ops, stream_ops
 from smgrl.state.refits import group_cycles, iter_cycles
 
 

@@ -7,7 +7,7 @@ import datetime as dt
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from smgrl.journal_cli.values import fmt_ts
+from smgrl.history.values import fmt_ts
 
 
 def _by_datetime(ts: float) -> str:

@@ -9,7 +9,7 @@ import json
 import pytest
 import trio
 
-from smgrl.config import Config, DataPlaneConfig, RlConfig, SessionsConfig
+from smgrl.core.config import Config, DataPlaneConfig, RlConfig, SessionsConfig
 from smgrl.fake import fake_fleet, model
 from smgrl.testing import gateway_in_process
 

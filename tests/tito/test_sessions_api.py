@@ -9,7 +9,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from smgrl.config import Config, SessionsConfig
+from smgrl.core.config import Config, SessionsConfig
 from smgrl.fake import fake_fleet, model
 from smgrl.tito import training_data
 from smgrl.tito.chat import ChatTokenizer
@@ -280,7 +280,7 @@ async def test_hang_and_continue_with_a_one_shot_pin(tok, model_dirs):
 
 
 async def test_control_routes_need_the_admin_key(tok, model_dirs):
-    from smgrl.config import ControlPlaneKey
+    from smgrl.core.auth import ControlPlaneKey
     from smgrl.testing import gateway_in_process
 
     keys = (ControlPlaneKey.parse("a1:admin:admin:adminkey"), ControlPlaneKey.parse("u1:user:user:userkey"))

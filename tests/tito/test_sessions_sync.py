@@ -10,7 +10,7 @@ import trio
 import trio.testing
 from test_sessions_api import TOOLS, cfg, check_training, say, tok  # noqa: F401 - the fixture
 
-from smgrl.config import RlConfig
+from smgrl.core.config import RlConfig
 from smgrl.fake import fake_fleet
 from smgrl.testing import gateway_in_process
 from smgrl.tito import training_data

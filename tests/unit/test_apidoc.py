@@ -1,5 +1,5 @@
-"""The pieces /openapi.json is generated from (smgrl/api/apidoc.py): attrs models to JSON Schema,
-and the builder (smgrl/api/openapi.py) that turns route tables into operations."""
+"""The pieces /openapi.json is generated from (smgrl/http/openapi/apidoc.py): attrs models to JSON Schema,
+and the builder (smgrl/http/openapi/document.py) that turns route tables into operations."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any, Literal
 
 import pytest
 
-from smgrl.api import openapi
-from smgrl.api.apidoc import (
+from smgrl.core.errors import InvalidSelector, NoWorkersMatch
+from smgrl.core.view import RL_WORKER_ENTRY_ADDITIONS, RL_WORKER_ENTRY_FIELDS
+from smgrl.http.openapi import document as openapi
+from smgrl.http.openapi.apidoc import (
     ANY,
     Body,
     Param,
@@ -22,9 +24,7 @@ from smgrl.api.apidoc import (
     model_schema,
     schema_of,
 )
-from smgrl.api.schemas import RlWorkerEntry, rl_error
-from smgrl.core.view import RL_WORKER_ENTRY_ADDITIONS, RL_WORKER_ENTRY_FIELDS
-from smgrl.errors import InvalidSelector, NoWorkersMatch
+from smgrl.http.openapi.schemas import RlWorkerEntry, rl_error
 
 
 @model(inline=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from smgrl.audit import FAMILIES, MAX_KEYS, AuditCounts, route_family
+from smgrl.telemetry.audit import FAMILIES, MAX_KEYS, AuditCounts, route_family
 
 FAMILY_CASES = [
     ("/v1/rl/workers", "rl.discovery"),

@@ -2,8 +2,17 @@
 
 import pytest
 
-from smgrl.auth import ENGINE, READ, WRITE, AuthPolicy, Denied, Principal, bearer_token
-from smgrl.config import ControlPlaneKey, TenantKey
+from smgrl.core.auth import (
+    ENGINE,
+    READ,
+    WRITE,
+    AuthPolicy,
+    ControlPlaneKey,
+    Denied,
+    Principal,
+    TenantKey,
+    bearer_token,
+)
 
 KEYS = (
     ControlPlaneKey("k1", "trainer", "admin", "adm-secret"),

@@ -9,8 +9,8 @@ import sys
 
 from journal import Append, SqliteStore
 from journal.base import MAX_SEQ
-from journal.events import WorkerRemoved
-from smgrl.journal_cli.values import parse_point, seq_range
+from smgrl.events import WorkerRemoved
+from smgrl.history.values import parse_point, seq_range
 
 HUGE = 10**20 - 1  # 20 digits: what the integer parser still takes
 
@@ -56,6 +56,6 @@ def test_one_clamp_for_every_seq_a_caller_gives():
         if limit.search(p.read_text()) and p.name != "base.py"
     )
     assert own == []
-    users = ("smgrl/api/journal_routes.py", "smgrl/api/stream.py", "smgrl/journal_cli/values.py")
+    users = ("smgrl/http/routes/journal_routes.py", "smgrl/http/routes/stream.py", "smgrl/history/values.py")
     for path in users:
         assert "clamp_seq(" in (root / path).read_text(), path

@@ -2,9 +2,11 @@
 
 import pytest
 
-from smgrl.cli import expand_multi_value
-from smgrl.config import Config, ControlPlaneKey, RlConfig, TenantKey, validate
-from smgrl.errors import ConfigError
+from smgrl.cli.main import expand_multi_value
+from smgrl.core.auth import ControlPlaneKey, TenantKey
+from smgrl.core.config import Config, RlConfig
+from smgrl.core.errors import ConfigError
+from smgrl.runtime.startup import validate
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ import pytest
 import trio
 
 from journal import MemoryStore
-from smgrl.api import stream as stream_api
-from smgrl.config import Config, HealthConfig, RlConfig
-from smgrl.errors import ConfigError
-from smgrl.server import serve
+from smgrl.core.config import Config, HealthConfig, RlConfig
+from smgrl.core.errors import ConfigError
+from smgrl.http.routes import stream as stream_api
+from smgrl.runtime.server import serve
 
 SHORT = 0.3  # the bound under test
 LONG = 60.0  # a bound that must not be the one closing the connection
@@ -162,7 +162,7 @@ async def test_an_idle_sse_stream_is_not_cut(monkeypatch):
 
 @pytest.mark.parametrize("field", ["header_read_timeout_secs", "idle_connection_timeout_secs"])
 def test_a_negative_bound_is_refused(field):
-    from smgrl.config import validate
+    from smgrl.runtime.startup import validate
 
     with pytest.raises(ConfigError, match=field.replace("_", "-").removesuffix("-secs")):
         validate(Config(**{field: -1.0}))

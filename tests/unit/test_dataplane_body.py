@@ -1,4 +1,4 @@
-"""smgrl.api.dataplane_body: SMG's refusals of rollout bodies (pure). The HTTP-level rows are in
+"""smgrl.http.bodies.dataplane_body: SMG's refusals of rollout bodies (pure). The HTTP-level rows are in
 tests/api/test_dataplane.py and, side by side with SMG 1.13.0, tests/conformance."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smgrl.api import dataplane_body as db
-from smgrl.api.serde_body import SerdeError, serde_struct
+from smgrl.core.errors import InvalidRequest
 from smgrl.dataplane import request as rq
-from smgrl.errors import InvalidRequest
+from smgrl.http.bodies import dataplane_body as db
+from smgrl.http.bodies.serde_body import SerdeError, serde_struct
 
 CT = b"application/json"
 MSGS = [{"role": "user", "content": "hi"}]

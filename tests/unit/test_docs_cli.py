@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from smgrl.cli import cli
+from smgrl.cli.main import cli
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
 

@@ -10,9 +10,9 @@ import attrs
 import click
 import pytest
 
-from journal.events import event_class
-from smgrl.journal_cli import journal_group
-from smgrl.journal_cli.filters import catalogue
+from smgrl.cli.journal import journal_group
+from smgrl.events import event_class
+from smgrl.history.filters import catalogue
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "journal.md").read_text()
 

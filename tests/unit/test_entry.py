@@ -12,7 +12,12 @@ import pytest
 
 def _run(*args: str, whole: bool = False) -> subprocess.CompletedProcess:
     if whole:  # the whole `smgrl` group, as before the fast path
-        argv = [sys.executable, "-c", "import sys; from smgrl.cli import main; main(sys.argv[1:])", *args]
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from smgrl.cli.main import main; main(sys.argv[1:])",
+            *args,
+        ]
     else:
         argv = [sys.executable, "-m", "smgrl", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -28,8 +33,8 @@ def test_journal_commands_do_not_import_the_gateway():
     )
     assert result.returncode == 0, result.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
-    assert "smgrl.journal_cli" in imported
-    assert not imported & {"trio", "smgrl.cli", "smgrl.fake", "smgrl.demo"}
+    assert "smgrl.cli.journal" in imported
+    assert not imported & {"trio", "smgrl.cli.main", "smgrl.fake", "smgrl.demo"}
 
 
 @pytest.mark.parametrize(

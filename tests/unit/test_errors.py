@@ -1,12 +1,12 @@
-"""One error tree (smgrl/errors.py): each family's envelope comes from one renderer, and the error
+"""One error tree (smgrl/core/errors.py): each family's envelope comes from one renderer, and the error
 both families meet (UpstreamUnreachable) renders in whichever envelope its route family names."""
 
 from __future__ import annotations
 
 import pytest
 
-from smgrl import app as _every_route  # noqa: F401 - imports every module that defines an error class
-from smgrl import errors as e
+from smgrl.core import errors as e
+from smgrl.http import app as _every_route  # noqa: F401 - imports every module that defines an error class
 
 
 def _tree(cls: type) -> set[type]:

@@ -1,12 +1,12 @@
-"""The forwarding rules (smgrl/forwarding.py): where a request for another process goes, how many
+"""The forwarding rules (smgrl/cluster/forwarding.py): where a request for another process goes, how many
 hops it may take, and the ``x-smgrl-forwarded`` count parsed from the headers."""
 
 from __future__ import annotations
 
 import pytest
 
-from smgrl.config import ConfigError, advertise_url_problem
-from smgrl.forwarding import MAX_HOPS, Forwarder, Peer, PeerGone, hops, owner_key
+from smgrl.cluster.forwarding import MAX_HOPS, Forwarder, Peer, PeerGone, hops, owner_key
+from smgrl.core.config import ConfigError, advertise_url_problem
 from smgrl.sessions.state import owner_of
 
 ME = Peer("host-a:1:aaaa", owner_key("host-a:1:aaaa"), "host-a", "http://127.0.0.1:1001")
@@ -94,7 +94,8 @@ def test_advertise_url_values(url, ok):
 
 
 def test_a_bad_advertise_url_is_a_config_error():
-    from smgrl.config import Config, validate
+    from smgrl.core.config import Config
+    from smgrl.runtime.startup import validate
 
     with pytest.raises(ConfigError, match="--advertise-url"):
         validate(Config(advertise_url="http://u:secret@h:1"))

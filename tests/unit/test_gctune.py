@@ -1,4 +1,4 @@
-"""The gateway process's collector settings (smgrl/gctune.py), each case in a fresh interpreter:
+"""The gateway process's collector settings (smgrl/runtime/gctune.py), each case in a fresh interpreter:
 ``tune`` and ``gc.freeze`` are process-wide, and this test process must keep its own."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_tune_raises_the_young_threshold_and_freezes_what_is_imported() -> None:
     got = _run(
         """
         import gc
-        from smgrl import gctune
+        from smgrl.runtime import gctune
         middle, old = gc.get_threshold()[1:]
         gctune.tune()
         assert gc.get_threshold() == (gctune.YOUNG_THRESHOLD, middle, old), gc.get_threshold()
@@ -40,7 +40,7 @@ def test_freeze_startup_does_nothing_unless_the_process_was_tuned() -> None:
     got = _run(
         """
         import gc
-        from smgrl import gctune
+        from smgrl.runtime import gctune
         threshold = gc.get_threshold()
         gctune.freeze_startup()
         print(gc.get_freeze_count(), gc.get_threshold() == threshold)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from journal.events import GroupPinned, GroupReleased
 from smgrl.dataplane.affinity import GroupPins
+from smgrl.events import GroupPinned, GroupReleased
 from smgrl.routing import InstanceId
 from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState

@@ -15,8 +15,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
-from smgrl import hypercorn_patches
-from smgrl.cli import main as cli_main
+from smgrl.cli.main import main as cli_main
+from smgrl.http import hypercorn_patches
 
 SLOW_SECS = 2.0
 TOO_LARGE = b'{"error":"too large"}'

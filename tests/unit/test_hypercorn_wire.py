@@ -15,7 +15,7 @@ import sys, trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 if sys.argv[1] == "patched":
-    from smgrl import hypercorn_patches
+    from smgrl.http import hypercorn_patches
     assert hypercorn_patches.apply()
 
 BIG = bytes(range(256)) * 4096  # 1 MiB

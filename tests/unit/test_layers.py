@@ -3,8 +3,8 @@ is defined twice in smgrl/, and no module takes a private name from another pack
 
 An import-linter-like check over the source (``ast``, nothing is imported): every module under
 the pure packages, and every first-party module they reach through their import statements
-(followed as import-linter follows them: ``from journal.events import x`` depends on
-``journal.events``), must not import an I/O module.
+(followed as import-linter follows them: ``from journal.codec import x`` depends on
+``journal.codec``), must not import an I/O module.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _imports(path: Path) -> set[str]:
             found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
     # Importing smgrl.a.b runs smgrl/a/__init__ first: a package's face is reached too (a face that
     # loaded an I/O shell would make every module of its package impure). journal's face is not
-    # followed: it loads its stores by design, and the pure folds use only journal.events.
+    # followed: it loads its stores by design, and the pure folds use only journal.codec (through smgrl.events).
     found.update(
         ".".join(name.split(".")[:n])
         for name in list(found)
@@ -84,7 +84,7 @@ def _pure_modules() -> list[str]:
 
 def test_the_check_sees_imports():
     # It must be able to fail: the I/O shells reach every forbidden module.
-    reached = {m.split(".")[0] for shell in ("smgrl.server", "smgrl.testing") for m in _reach(shell)}
+    reached = {m.split(".")[0] for shell in ("smgrl.runtime.server", "smgrl.testing") for m in _reach(shell)}
     assert set(FORBIDDEN) <= reached
     assert len(_pure_modules()) > 20
 
@@ -180,17 +180,17 @@ def _private_uses(source: str, module: str, is_package: bool = False) -> list[st
 def test_the_private_name_check_finds_a_planted_violation():
     planted = (
         "from journal._chain import snapshot_hash\n"
-        "from smgrl.api.rl_routes import _engine_path\n"
+        "from smgrl.http.routes.rl_routes import _engine_path\n"
         "from smgrl.core import printable\n"
-        "import smgrl.api.rl_routes as routes\n"
+        "import smgrl.http.routes.rl_routes as routes\n"
         "printable._code\n"
         "routes._engine_path\n"
     )
     assert _private_uses(planted, "smgrl.control.writes") == [
         "1: from journal._chain import snapshot_hash",
-        "2: from smgrl.api.rl_routes import _engine_path",
+        "2: from smgrl.http.routes.rl_routes import _engine_path",
         "5: smgrl.core.printable._code",
-        "6: smgrl.api.rl_routes._engine_path",
+        "6: smgrl.http.routes.rl_routes._engine_path",
     ]
     # Inside one package a module may use its neighbours' private names.
     assert _private_uses("from smgrl.core.printable import _code\n", "smgrl.core.view") == []

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from smgrl import logs
+from smgrl.telemetry import logs
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_json_lines_are_one_object_each(capture):
 # Issue 10: what a client or an engine sends must not forge fields or lines in either format.
 ATTACKS = [
     "abc\tprincipal=admin\toutcome=success",  # tabs writing fake key=value fields
-    "x\n2026-01-01T00:00:00.000Z INFO  smgrl.audit: control_plane_audit principal=admin",
+    "x\n2026-01-01T00:00:00.000Z INFO  smgrl.telemetry.audit: control_plane_audit principal=admin",
     "a\rb",
     "nel\x85line",
     "ls\u2028ps\u2029",

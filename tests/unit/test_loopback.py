@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from journal.events import ControlFinished, ControlStarted
+from journal.codec import ControlStarted
 from smgrl.core.aborts import aborts_inflight
 from smgrl.dataplane.loopback import read_leg, start
+from smgrl.events import ControlFinished
 from smgrl.routing.instance import Instance
 from smgrl.state.aborts import AbortingOps
 

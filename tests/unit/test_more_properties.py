@@ -16,15 +16,6 @@ import math
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from smgrl.api import envelopes as env
-from smgrl.api.workers_body import (
-    WORKER_SPEC,
-    check_content_type,
-    is_json_content_type,
-    parse_worker_spec,
-    parse_worker_update,
-    uuid_error,
-)
 from smgrl.control import outcome as outcome_rules
 from smgrl.control.outcome import BODY_CAP, EXCERPT_CAP, Outcome, decode_engine_body
 from smgrl.core.discovery import (
@@ -35,7 +26,16 @@ from smgrl.core.discovery import (
     sglang_labels,
     vllm_labels,
 )
-from smgrl.errors import WorkerApiError
+from smgrl.core.errors import WorkerApiError
+from smgrl.core.wire import json_bytes
+from smgrl.http.bodies.workers_body import (
+    WORKER_SPEC,
+    check_content_type,
+    is_json_content_type,
+    parse_worker_spec,
+    parse_worker_update,
+    uuid_error,
+)
 from smgrl.registry.probe import _json as probe_json
 
 # JSON values as Python's json module produces them (NaN and infinities included: json.loads
@@ -183,7 +183,7 @@ def _refused(exc: WorkerApiError) -> None:
     assert (exc.status, exc.code) == (400, "BAD_REQUEST")
     assert exc.body() == {"error": exc.message, "code": "BAD_REQUEST"}
     assert isinstance(exc.message, str) and exc.message
-    env.dumps(exc.body())  # always renderable
+    json_bytes(exc.body())  # always renderable
 
 
 @given(bodies)
@@ -303,7 +303,7 @@ def test_decode_engine_body_never_raises_and_is_always_wire_safe(data, content_t
     if isinstance(value, float):
         assert math.isfinite(value)
     outcome = Outcome("w", "http://e", "http://e", status=200, body=value, body_truncated=truncated)
-    env.dumps(outcome.envelope())
+    json_bytes(outcome.envelope())
     assert len(outcome.excerpt()) <= EXCERPT_CAP
 
 

@@ -55,7 +55,7 @@ def test_bytes_read_as_their_latin1_text(raw):
 def test_header_lengths_go_through_the_one_parser():
     # A Content-Length past int()'s 4,300-digit limit raised ValueError in the /v1/rl body check
     # (bytes.isdigit() then int()); it is simply "too large" now, as parse_uint reads it.
-    from smgrl.api.control_bodies import _large
+    from smgrl.http.bodies.control_bodies import _large
 
     scope = {"headers": [(b"content-length", b"9" * 5000)]}
     assert _large(scope) is True

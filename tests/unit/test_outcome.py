@@ -3,7 +3,7 @@
 import pytest
 
 from smgrl.control.outcome import BODY_CAP, Outcome, decode_engine_body, fanout_body
-from smgrl.errors import NoControlEndpoint, UpstreamTimeout, UpstreamUnreachable
+from smgrl.core.errors import NoControlEndpoint, UpstreamTimeout, UpstreamUnreachable
 
 J = "application/json"
 

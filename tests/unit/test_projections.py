@@ -3,8 +3,8 @@
 import pytest
 
 from smgrl.core.observe import intent_of
-from smgrl.journaling import ev
 from smgrl.state.fleet import FleetState
+from smgrl.telemetry.journaling import ev
 
 
 def registered(wid, url, **kw):
@@ -77,7 +77,7 @@ def test_label_changes(mode, expected):
 
 
 def test_unknown_events_and_unknown_workers_are_skipped():
-    from journal.events import UnknownEvent
+    from journal.codec import UnknownEvent
 
     f = fold(
         UnknownEvent("worker.teleported", 9, {"worker_id": "a"}),

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from smgrl.cli.journal.refits import cycle_row
 from smgrl.core.observe import intent_of
-from smgrl.journal_cli.refits import cycle_row
-from smgrl.journal_cli.values import fmt_ms
+from smgrl.history.values import fmt_ms
 from smgrl.state.refits import PHASE_ORDER, Cycle, OpsFold, _any_ok, _phases_of, group_cycles, phase_of
 
 E1, E2, E3 = "http://e1:1", "http://e2:1", "http://e3:1"

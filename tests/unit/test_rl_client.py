@@ -764,10 +764,10 @@ async def test_writes_against_the_real_gateway(monkeypatch):
     import trio
 
     from journal import MemoryStore
-    from smgrl.config import Config, HealthConfig, RlConfig
+    from smgrl.core.config import Config, HealthConfig, RlConfig
     from smgrl.fake import fake_fleet
     from smgrl.registry.service import Registration
-    from smgrl.server import serve
+    from smgrl.runtime.server import serve
 
     monkeypatch.setenv("no_proxy", "*")
     monkeypatch.setenv("NO_PROXY", "*")

@@ -6,10 +6,10 @@ import pytest
 import trio
 import trio.testing
 
-from smgrl.config import BreakerConfig
+from smgrl.core.config import BreakerConfig
+from smgrl.core.errors import QueueFull, QueueTimeout
 from smgrl.dataplane.admission import Admission, default_limit
 from smgrl.dataplane.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, Breakers
-from smgrl.errors import QueueFull, QueueTimeout
 
 CFG = BreakerConfig(failure_threshold=3, success_threshold=2, timeout_secs=10, window_secs=5)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from smgrl.cli import cli, config_from_options
+from smgrl.cli.main import cli, config_from_options
 
 
 def parse(*argv: str):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from smgrl.metrics_merge import merge_expositions
-from smgrl.supervisor import child_args
+from smgrl.cluster.metrics_merge import merge_expositions
+from smgrl.cluster.supervisor import child_args
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""smgrl/api/serde_body.py: the json fast path against the serde-compatible reader.
+"""smgrl/http/bodies/serde_body.py: the json fast path against the serde-compatible reader.
 
 ``parse_struct`` answers from ``fast_parse`` (json + schema checks) and runs the byte-by-byte
 serde reader (``serde_struct``) only when the fast path declines. The property: on generated
@@ -16,16 +16,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from smgrl.api import dataplane_body
-from smgrl.api.rl_writes import SCHEMAS
-from smgrl.api.serde_body import SerdeError, fast_parse, parse_struct, serde_struct
-from smgrl.api.workers_body import (
+from smgrl.http.bodies import dataplane_body
+from smgrl.http.bodies.serde_body import SerdeError, fast_parse, parse_struct, serde_struct
+from smgrl.http.bodies.workers_body import (
     WORKER_SPEC,
     WORKER_SPEC_ALIASES,
     WORKER_SPEC_FIELDS,
     WORKER_UPDATE,
     WORKER_UPDATE_FIELDS,
 )
+from smgrl.http.routes.rl_writes import SCHEMAS
 
 # (name, fields, required, field count, aliases, options): the production schemas (the data
 # plane's with their flatten map and untagged enums), plus one with every kind they do not use.

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from journal import Append, JournalClosedError, JournalWriter, MemoryStore, SqliteStore
 from smgrl.core.observe import intent_of
-from smgrl.journal_cli.filters import catalogue
-from smgrl.journaling import ev
-from smgrl.snapshots import SNAPSHOT_EVERY, Snapshotter, snapshot_every
+from smgrl.history.filters import catalogue
+from smgrl.history.replay import FOLDED_TYPES, replay, restore
+from smgrl.runtime.snapshots import SNAPSHOT_EVERY, Snapshotter, snapshot_every
 from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState
-from smgrl.state.replay import FOLDED_TYPES, replay, restore
+from smgrl.telemetry.journaling import ev
 
 URLS = [f"http://h{i}:1" for i in range(4)]
 
@@ -208,7 +208,7 @@ def test_fleet_state_ignores_every_type_outside_folded_types():
         ),
         "gateway.started": ev("gateway.started", version="x", pid=1),
         "gateway.stopped": ev("gateway.stopped", clean=True, reason="x"),
-        # Read from the store by the forwarder (smgrl/forwarding.py), never folded.
+        # Read from the store by the forwarder (smgrl/cluster/forwarding.py), never folded.
         "gateway.peer": ev("gateway.peer", gateway="h:1:t", owner="o", host="h", url="http://127.0.0.1:1"),
         "snapshot.taken": ev("snapshot.taken", kind="fleet", upto_seq=3),
         "worker.probe_failed": ev(

@@ -1,4 +1,4 @@
-"""Startup trusts only what verifies (``smgrl.state.replay.restore_verified``): the hash chain of
+"""Startup trusts only what verifies (``smgrl.history.replay.restore_verified``): the hash chain of
 every replayed event is checked from the snapshot, whose own hash binds the chain; a snapshot
 that fails its hash is not used, with one warning line. Real SQLite files, tampered with sqlite3."""
 
@@ -10,10 +10,11 @@ import sqlite3
 
 import pytest
 
-from journal import Append, SqliteStore, WorkerDiscovered, WorkerRegistered
-from smgrl.errors import StartupError
+from journal import Append, SqliteStore
+from smgrl.core.errors import StartupError
+from smgrl.events import WorkerDiscovered, WorkerRegistered
+from smgrl.history.replay import replay, restore_verified
 from smgrl.state import snapshot
-from smgrl.state.replay import replay, restore_verified
 
 
 def worker(n: int) -> list[Append]:
@@ -114,9 +115,9 @@ def test_a_tampered_snapshot_over_a_tampered_history_is_refused(tmp_path):
 
 
 def fanout(op_id: str, targets: list[str], version: str, *, finish: bool = True) -> list[Append]:
-    from journal.events import ControlStarted
+    from journal.codec import ControlStarted
     from smgrl.core.observe import intent_of
-    from smgrl.journaling import ev
+    from smgrl.telemetry.journaling import ev
 
     body = json.dumps({"model_path": "/ckpt", "weight_version": version}).encode()
     stream = f"op:{op_id}"
@@ -210,7 +211,7 @@ def test_the_verified_one_pass_restore_equals_a_full_replay(tmp_path, snapshot_a
 def quarantine_then_snapshot(path: str) -> int:
     """Six workers, w001 quarantined (seq 13), more events, then a snapshot: the seq of the
     quarantine. Snapshots do not hold sagas or quarantines: startup folds those rows from the file."""
-    from journal.refit_events import WorkerQuarantined
+    from smgrl.events import WorkerQuarantined
     from smgrl.state.fleet import FleetState
 
     build(path, 6)

@@ -105,9 +105,9 @@ def test_reaches_listener(url, host, port, reaches):
 
 def test_every_gateway_on_one_journal_has_the_journal_id(tmp_path):
     from journal import JournalWriter, MemoryStore, SqliteStore
-    from smgrl.config import Config
-    from smgrl.gateway import Gateway
+    from smgrl.core.config import Config
     from smgrl.registry.keys import KeyRing
+    from smgrl.runtime.gateway import Gateway
     from smgrl.state.fleet import FleetState
 
     def build(store) -> Gateway:

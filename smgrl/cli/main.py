@@ -1,0 +1,578 @@
+"""``smgrl``: one click group. ``launch`` runs the gateway; ``demo``, ``fake-engine`` and
+``journal`` are the other commands.
+
+``smgrl launch`` accepts SMG's flags with SMG's meaning (``smg launch --help``), including its
+argparse habit of several values after one flag (``--worker-urls URL URL ...``). Bad values exit
+1 with one line on stderr: no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import click
+import trio
+
+from smgrl import __version__
+from smgrl.cli.running import run
+from smgrl.core.auth import ControlPlaneKey, TenantKey
+from smgrl.core.config import (
+    DEFAULT_JOURNAL,
+    BreakerConfig,
+    Config,
+    DataPlaneConfig,
+    HealthConfig,
+    RetryConfig,
+    RlConfig,
+    SessionsConfig,
+)
+from smgrl.routing import POLICIES
+from smgrl.runtime.startup import failure_line, validate
+
+# Flags that take several values after one occurrence, argparse-style (nargs="*"/"+").
+MULTI_VALUE = ("--worker-urls", "--control-plane-api-keys", "--tenant-api-key")
+
+
+def expand_multi_value(args: list[str]) -> list[str]:
+    """``--worker-urls a b --port 1`` -> ``--worker-urls a --worker-urls b --port 1``."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if name in MULTI_VALUE:
+            if eq:
+                out += [name, value]
+                i += 1
+                continue
+            i += 1
+            while i < len(args) and not args[i].startswith("--"):
+                out += [name, args[i]]
+                i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+class _MultiValueCommand(click.Command):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, expand_multi_value(list(args)))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="smgrl")
+def cli() -> None:
+    """smgrl: an RL control plane for fleets of inference engines, with an event journal."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every bad flag value or configuration error is one line on stderr, exit 1."""
+    run(cli, sys.argv[1:] if argv is None else argv, "smgrl")
+
+
+@cli.command(cls=_MultiValueCommand)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind (SMG's default is 0.0.0.0)."
+)
+@click.option("--port", default=30000, show_default=True, type=int)
+@click.option(
+    "--worker-urls", multiple=True, help="Engine URLs to register at startup (several after one flag)."
+)
+@click.option(
+    "--api-key", default=None, help="The worker API key: sent as bearer to engines from --worker-urls."
+)
+@click.option(
+    "--policy",
+    default="cache_aware",
+    show_default=True,
+    type=click.Choice(list(POLICIES)),
+    help="Data-plane load-balancing policy (docs/data-plane.md).",
+)
+@click.option(
+    "--cache-threshold",
+    "--cache-match-threshold",
+    "cache_threshold",
+    default=0.3,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="cache_aware: matched-prefix share above which a request stays with the instance that has it.",
+)
+# Flag declarations like their neighbours': each flag's own type, default and help.
+@click.option(
+    "--balance-abs-threshold",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="cache_aware: in-flight spread (max - min) beyond which the least-loaded instance wins.",
+)
+@click.option(
+    "--balance-rel-threshold",
+    default=1.5,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="cache_aware: ... and max > this x min.",
+)
+# Flags are declarations of one shape (`duplicates` pairs them): each is its own flag, nothing to share.
+@click.option(
+    "--max-tree-size",
+    default=67_108_864,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="cache_aware: prefix-tree size per model (characters or tokens); LRU eviction beyond it.",
+)
+@click.option("--enable-rl", is_flag=True, help="Mount the RL control plane under /v1/rl.")
+@click.option("--rl-control-timeout-secs", default=600, show_default=True, type=int)
+@click.option("--rl-fanout-concurrency", default=32, show_default=True, type=int)
+@click.option(
+    "--rl-version-policy",
+    default="any",
+    show_default=True,
+    help="Which engine versions rollouts may use: any | latest-only | min-version:V | max-staleness:K "
+    "(needs --enable-rl; per request: x-smg-version-policy).",
+)
+@click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
+@click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
+@click.option(
+    "--max-event-streams",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server-sent event streams (journal stream, refit events) open at once; more get 429 "
+    "too_many_streams.",
+)
+@click.option(
+    "--max-concurrent-large-bodies",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Control-plane requests with a body over 1 MiB (tensor refits) served at once; more wait.",
+)
+@click.option(
+    "--dataplane-max-body-size",
+    default=67_108_864,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest rollout request body in bytes (also capped by --max-payload-size); larger gets 413.",
+)
+@click.option(
+    "--dataplane-memory-budget",
+    default=1_073_741_824,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Bytes of rollout request bodies and buffered answers held at once; beyond it a retryable "
+    "503 memory_budget_exceeded (before a declared body is read).",
+)
+@click.option(
+    "--dataplane-body-timeout-secs",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0, min_open=True),
+    help="Seconds a rollout or session request body may take to arrive; after it a 408 "
+    "request_body_stalled (its bytes of the memory budget are released).",
+)
+@click.option(
+    "--stream-body-stall-timeout-secs",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="As SMG: no rollout or session request body bytes for this many seconds is a 408 "
+    "request_body_stalled; 0 disables.",
+)
+@click.option(
+    "--admission-hook",
+    default=None,
+    metavar="MODULE:OBJECT",
+    help="A Python object with async reserve(instance, request) and release(reservation): the "
+    "framework's per-instance capacity logic (refused instances are skipped; default: admit all).",
+)
+@click.option(
+    "--max-loopbacks",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Partial-rollout loopbacks per /generate request (a rollout a weight sync aborted is "
+    "continued from its tokens); past it 503 loopback_limit_exceeded. 0 turns loopback off.",
+)
+@click.option(
+    "--eligible-wait-secs",
+    default=None,
+    type=click.FloatRange(min=0.0),
+    help="How long a rollout request may wait for an eligible engine (all paused by a refit, ...) "
+    "before a retryable 503 (default: --request-timeout-secs).",
+)
+@click.option(
+    "--retry-max-retries",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Data plane: attempts per request (1 = no retry); only before the first byte.",
+)
+@click.option("--retry-initial-backoff-ms", default=50, show_default=True, type=click.IntRange(min=0))
+@click.option("--retry-max-backoff-ms", default=30_000, show_default=True, type=click.IntRange(min=0))
+@click.option("--retry-backoff-multiplier", default=1.5, show_default=True, type=click.FloatRange(min=1.0))
+@click.option("--retry-jitter-factor", default=0.2, show_default=True, type=click.FloatRange(0.0, 1.0))
+@click.option("--disable-retries", is_flag=True, help="Data plane: one attempt per request.")
+@click.option("--cb-failure-threshold", default=10, show_default=True, type=click.IntRange(min=1))
+@click.option("--cb-success-threshold", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--cb-timeout-duration-secs", default=60.0, show_default=True, type=click.FloatRange(min=0.0))
+@click.option("--cb-window-duration-secs", default=120.0, show_default=True, type=click.FloatRange(min=0.0))
+@click.option(
+    "--max-concurrent-requests",
+    default=-1,
+    show_default=True,
+    type=click.IntRange(min=-1),
+    help="Rollout requests in progress at once (-1: 1024 per core, at least 4096; 0: no limit).",
+)
+@click.option(
+    "--queue-size",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests that may wait for a slot; beyond it 429.",
+)
+@click.option("--queue-timeout-secs", default=60.0, show_default=True, type=click.FloatRange(min=0.0))
+@click.option("--disable-health-check", is_flag=True)
+@click.option("--health-check-interval-secs", default=60.0, show_default=True, type=float)
+@click.option("--health-check-timeout-secs", default=5.0, show_default=True, type=float)
+@click.option("--health-failure-threshold", default=3, show_default=True, type=int)
+@click.option("--health-success-threshold", default=2, show_default=True, type=int)
+@click.option("--health-check-endpoint", default="/health", show_default=True)
+@click.option(
+    "--disable-circuit-breaker", is_flag=True, help="No per-engine circuit breaker on the data plane."
+)
+@click.option(
+    "--dp-aware",
+    is_flag=True,
+    help="Register an engine reporting dp_size N as N ranks url@0..N-1; route to (worker, rank).",
+)
+@click.option("--control-plane-api-keys", multiple=True, help="id:name:role:key (role admin or user).")
+@click.option(
+    "--tenant-api-key", multiple=True, help="tenant_id:key (data plane; refused on control routes)."
+)
+@click.option(
+    "--control-plane-audit-enabled",
+    is_flag=True,
+    help="Accepted for SMG compatibility: audit is on by default.",
+)
+@click.option("--disable-audit-logging", is_flag=True, help="Do not journal/log control-plane audit events.")
+@click.option(
+    "--audit-interval-secs",
+    default=60.0,
+    show_default=True,
+    type=float,
+    help="Control-plane reads and denials are journaled as counts, one event per this interval.",
+)
+@click.option("--prometheus-host", default=None)
+@click.option("--prometheus-port", default=29000, show_default=True, type=int)
+@click.option("--shutdown-grace-period-secs", default=180.0, show_default=True, type=float)
+@click.option(
+    "--header-read-timeout-secs",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Close a connection that has not sent a complete request head this many seconds after it "
+    "was accepted (or after the first byte of its next head on keep-alive). 0 disables.",
+)
+@click.option(
+    "--idle-connection-timeout-secs",
+    default=90.0,
+    show_default=True,
+    type=float,
+    help="Close a keep-alive connection with no request in flight for this many seconds (an open "
+    "stream counts as in flight). 0 keeps idle connections open.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warn", "error"], case_sensitive=False),
+)
+@click.option("--log-json", is_flag=True, help="One JSON object per log line.")
+@click.option(
+    "--disable-load-monitoring",
+    is_flag=True,
+    help="Poll engine loads only when the policy (cache_aware, power_of_two, least_load) or overload "
+    "protection needs them (SMG's gate; docs/cli.md).",
+)
+@click.option(
+    "--load-monitor-interval",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Seconds between two reads of an engine's GET /v1/loads (engine_load in GET /workers).",
+)
+@click.option(
+    "--disable-worker-overload-protection",
+    is_flag=True,
+    help="smgrl has no overload protection; with --disable-load-monitoring this lets the load monitor stop.",
+)
+@click.option(
+    "--journal",
+    "journal_path",
+    default=DEFAULT_JOURNAL,
+    show_default=True,
+    envvar="SMGRL_JOURNAL",
+    help="The SQLite journal file, or a postgresql:// URL (env SMGRL_JOURNAL).",
+)
+@click.option(
+    "--journal-lock-wait-secs",
+    default=5.0,
+    show_default=True,
+    type=float,
+    help="How long a journal append waits for another process's write lock before the operation answers 503.",
+)
+@click.option(
+    "--tokenizer-path",
+    default=None,
+    help="Model dir (tokenizer.json + tokenizer_config.json) for agent sessions with token-exact "
+    "capture (docs/sessions.md); without it the session routes answer 503 sessions_disabled.",
+)
+@click.option(
+    "--max-sessions",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Open sessions at most; POST /sessions beyond it gets 429 too_many_sessions.",
+)
+@click.option(
+    "--session-gc-threshold",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Captured turns a session keeps before collecting abandoned branches (0: after every turn).",
+)
+@click.option(
+    "--session-trajectory-strategy",
+    type=click.Choice(["auto", "manual"]),
+    default="auto",
+    show_default=True,
+    help="auto: branches get their own trajectory ids; manual: x-smg-tito-trajectory-id names it.",
+)
+@click.option(
+    "--session-tool-parser",
+    type=click.Choice(["hermes", "qwen", "none"]),
+    default="hermes",
+    show_default=True,
+    help="How tool calls are parsed from generated text.",
+)
+@click.option(
+    "--session-debug",
+    is_flag=True,
+    help="Validate every reused prefix against a full re-tokenization (CPU-heavy; mismatch_report).",
+)
+@click.option(
+    "--advertise-url",
+    default=None,
+    help="With several gateway hosts on one journal: the http://HOST:PORT other hosts forward a "
+    "session's or a refit's requests to (docs/scale-out.md, Forwarding).",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Gateway processes serving one port and one journal (docs/scale-out.md).",
+)
+def launch(**opts) -> None:
+    """Run the gateway."""
+    workers = opts.pop("workers")
+    cfg = config_from_options(opts)
+    if workers > 1:
+        if cfg.journal == ":memory:":
+            raise click.UsageError("--workers needs a journal file or a postgresql:// URL, not :memory:")
+        from smgrl.cluster.supervisor import run_supervisor
+
+        run_supervisor(cfg, _launch_args(), workers)
+        return
+    run_gateway(cfg)
+
+
+def _launch_args() -> list[str]:
+    """The flags given to ``launch`` (for the --workers supervisor's workers)."""
+    argv = sys.argv[1:]
+    return argv[argv.index("launch") + 1 :] if "launch" in argv else argv
+
+
+def config_from_options(o: dict) -> Config:
+    cfg = Config(
+        host=o["host"],
+        port=o["port"],
+        worker_urls=tuple(o["worker_urls"]),
+        api_key=o["api_key"],
+        policy=o["policy"],
+        rl=RlConfig(
+            enabled=o["enable_rl"],
+            control_timeout_secs=o["rl_control_timeout_secs"],
+            fanout_concurrency=o["rl_fanout_concurrency"],
+            version_policy=o["rl_version_policy"],
+        ),
+        health=HealthConfig(
+            enabled=not o["disable_health_check"],
+            interval_secs=o["health_check_interval_secs"],
+            timeout_secs=o["health_check_timeout_secs"],
+            failure_threshold=o["health_failure_threshold"],
+            success_threshold=o["health_success_threshold"],
+            endpoint=o["health_check_endpoint"],
+        ),
+        max_payload_size=o["max_payload_size"],
+        max_concurrent_large_bodies=o["max_concurrent_large_bodies"],
+        request_timeout_secs=o["request_timeout_secs"],
+        max_event_streams=o["max_event_streams"],
+        disable_circuit_breaker=o["disable_circuit_breaker"],
+        dp_aware=o["dp_aware"],
+        dataplane=dataplane_config(o),
+        sessions=SessionsConfig(
+            tokenizer_path=o["tokenizer_path"],
+            max_sessions=o["max_sessions"],
+            gc_threshold=o["session_gc_threshold"],
+            trajectory_strategy=o["session_trajectory_strategy"],
+            tool_parser=o["session_tool_parser"],
+            debug=o["session_debug"],
+        ),
+        control_plane_keys=tuple(ControlPlaneKey.parse(k) for k in o["control_plane_api_keys"]),
+        tenant_keys=tuple(TenantKey.parse(k) for k in o["tenant_api_key"]),
+        prometheus_host=o["prometheus_host"],
+        prometheus_port=o["prometheus_port"],
+        shutdown_grace_period_secs=o["shutdown_grace_period_secs"],
+        header_read_timeout_secs=o["header_read_timeout_secs"],
+        idle_connection_timeout_secs=o["idle_connection_timeout_secs"],
+        log_level=o["log_level"],
+        log_json=o["log_json"],
+        disable_load_monitoring=o["disable_load_monitoring"],
+        load_monitor_interval_secs=o["load_monitor_interval"],
+        disable_worker_overload_protection=o["disable_worker_overload_protection"],
+        journal=o["journal_path"],
+        journal_lock_wait_secs=o["journal_lock_wait_secs"],
+        audit=not o["disable_audit_logging"],
+        audit_interval_secs=o["audit_interval_secs"],
+        advertise_url=o.get("advertise_url"),
+    )
+    cfg = validate(cfg)
+    if cfg.sessions.tokenizer_path:
+        from smgrl.sessions import load_tokenizer
+
+        load_tokenizer(cfg.sessions.tokenizer_path)  # a bad model directory: one line, exit 1
+    return cfg
+
+
+def dataplane_config(o: dict) -> DataPlaneConfig:
+    return DataPlaneConfig(
+        cache_threshold=o["cache_threshold"],
+        balance_abs_threshold=o["balance_abs_threshold"],
+        balance_rel_threshold=o["balance_rel_threshold"],
+        max_tree_size=o["max_tree_size"],
+        eligible_wait_secs=o["eligible_wait_secs"],
+        admission_hook=o["admission_hook"],
+        max_loopbacks=o["max_loopbacks"],
+        max_body_size=o["dataplane_max_body_size"],
+        memory_budget=o["dataplane_memory_budget"],
+        body_timeout_secs=o["dataplane_body_timeout_secs"],
+        stall_timeout_secs=o["stream_body_stall_timeout_secs"],
+        max_concurrent_requests=o["max_concurrent_requests"],
+        queue_size=o["queue_size"],
+        queue_timeout_secs=o["queue_timeout_secs"],
+        retry=RetryConfig(
+            max_retries=o["retry_max_retries"],
+            initial_backoff_ms=o["retry_initial_backoff_ms"],
+            max_backoff_ms=o["retry_max_backoff_ms"],
+            backoff_multiplier=o["retry_backoff_multiplier"],
+            jitter_factor=o["retry_jitter_factor"],
+            enabled=not o["disable_retries"],
+        ),
+        breaker=BreakerConfig(
+            failure_threshold=o["cb_failure_threshold"],
+            success_threshold=o["cb_success_threshold"],
+            timeout_secs=o["cb_timeout_duration_secs"],
+            window_secs=o["cb_window_duration_secs"],
+        ),
+    )
+
+
+def run_gateway(cfg: Config) -> None:
+    from smgrl.http import hypercorn_patches
+    from smgrl.runtime import gctune
+    from smgrl.runtime.server import serve
+    from smgrl.telemetry import logs
+
+    # Before trio.run: a refusal here is a plain ConfigError (one line, exit 1), not wrapped in
+    # the nursery's exception group.
+    hypercorn_patches.require()
+    logs.configure(cfg.log_level, cfg.log_json)
+
+    from smgrl.cluster.sharing import Sharing
+
+    # A --workers N worker (smgrl/cluster/supervisor.py started it): its group, socket and pipes.
+    sharing = Sharing.from_env()
+    gctune.tune()  # everything imported so far lives as long as the process (smgrl/runtime/gctune.py)
+
+    async def main_task() -> None:
+        shutdown, stop_now = trio.Event(), trio.Event()
+        async with trio.open_nursery() as nursery:
+            # The signal watcher sets ``shutdown`` (drain gracefully), then ``stop_now`` (stop
+            # waiting); serve() returns once the journal is closed.
+            nursery.start_soon(_watch_signals, shutdown, stop_now)
+            if sharing is not None and sharing.lifeline_fd is not None:
+                nursery.start_soon(_watch_lifeline, sharing.lifeline_fd, shutdown)
+            await serve(cfg, shutdown=shutdown, stop_now=stop_now, sharing=sharing)
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main_task)
+    except BaseException as exc:  # sorted below: known failures are one line, bugs a traceback
+        failure = failure_line(exc)
+        if failure is None:
+            raise
+        logs.shutdown()  # the log lines written before the failure come first
+        click.echo(f"error: {failure}", err=True)
+        sys.exit(1)
+    finally:
+        logs.shutdown()  # every queued log line is written before the process exits
+
+
+async def _watch_lifeline(fd: int, shutdown: trio.Event) -> None:
+    """A --workers N worker stops gracefully when its supervisor is gone (SIGKILL included): the
+    lifeline pipe, whose write end only the supervisor holds, then reads end-of-file."""
+    async with trio.lowlevel.FdStream(fd) as stream:
+        while await stream.receive_some(64):
+            pass
+    os.write(2, b"the --workers supervisor is gone: stopping\n")
+    shutdown.set()
+
+
+async def _watch_signals(shutdown: trio.Event, stop_now: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        count = 0
+        async for _ in signals:
+            count += 1
+            if count == 1:
+                shutdown.set()  # graceful: in-flight requests get the grace period
+            elif count == 2:
+                stop_now.set()  # stop waiting: serve() records open operations interrupted
+            else:
+                # A third signal while the (bounded, shielded) bookkeeping runs: leave now. The
+                # journal survives a kill; the next start records open operations interrupted.
+                os.write(2, b"error: stopped without closing the journal (third signal)\n")
+                os._exit(1)
+
+
+def _register_subcommands() -> None:
+    try:
+        from smgrl.fake.cli import fake_engine
+    except ImportError:  # pragma: no cover - the fakes ship with the package
+        return
+    cli.add_command(fake_engine, "fake-engine")
+    from smgrl.demo.run import demo
+
+    cli.add_command(demo, "demo")
+    from smgrl.cli.journal import journal_group
+
+    cli.add_command(journal_group, "journal")
+    from smgrl.refit.cli import refit_command
+
+    cli.add_command(refit_command, "refit")
+
+
+_register_subcommands()

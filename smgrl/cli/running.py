@@ -1,0 +1,36 @@
+"""Running a click command the way every ``smgrl`` command runs: one error line, the exit status.
+
+Shared by the entry (``smgrl journal`` fast path) and the main group; imports only click.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from smgrl.core.errors import ConfigError
+
+__all__ = ["run"]
+
+
+def run(command: click.Command, args: list[str], prog_name: str) -> None:
+    """Run a click command: every bad flag value or configuration error is one line on stderr,
+    exit 1."""
+    try:
+        # With standalone_mode=False, click RETURNS the code a command exits with (ctx.exit(n))
+        # instead of raising: pass it on, or `smgrl journal verify` on a bad journal exits 0.
+        code = command.main(args=args, prog_name=prog_name, standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except ConfigError as exc:
+        text = str(exc)
+        click.echo(text if text.startswith("Configuration error") else f"error: {text}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)

@@ -1,0 +1,133 @@
+"""Validation of ``/workers`` requests, with SMG 1.13.0's error texts (pure).
+
+SMG answers ``400 {"error": "<text>", "code": "BAD_REQUEST"}``. Body texts come from axum's JSON
+extractor over serde (``smgrl.http.bodies.serde_body`` reproduces them, positions included):
+``Invalid JSON data: Failed to deserialize the JSON body into the target type: <path>: <problem>
+at line L column C`` or ``JSON syntax error: Failed to parse the request body as JSON: ...``.
+Worker ids are checked with the uuid crate's rules and texts (observed black-box).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smgrl.core import WORKER_TYPES, worker_url_problem
+from smgrl.core.errors import WorkerApiError, bad_request
+from smgrl.http.bodies.serde_body import SerdeError, parse_struct
+
+DESERIALIZE = "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+SYNTAX = "JSON syntax error: Failed to parse the request body as JSON: "
+RUNTIMES = ("unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external")
+
+# The fields of SMG's WorkerSpec (29 in all) whose types smgrl knows; the others are ignored, as
+# unknown fields are. ``runtime`` is an alias of ``runtime_type``. ``model_id`` is NOT a field:
+# SMG ignores it (the model id comes from the engine).
+WORKER_SPEC = {
+    "url": "str",
+    "api_key": "opt_str",
+    "worker_type": "enum:" + ",".join(WORKER_TYPES),
+    "runtime_type": "enum:" + ",".join(RUNTIMES),
+    "connection_mode": "enum:http,grpc,zmq",
+    "labels": "map_str",
+    "bootstrap_port": "opt_u16",
+    "priority": "u32",
+    "cost": "f32",
+    "dp_size": "opt_usize",
+    "max_connection_attempts": "u32",
+    "models": "seq:struct:ModelCard",
+    "health": "struct:HealthCheckUpdate",
+}
+WORKER_SPEC_FIELDS = 29
+WORKER_SPEC_ALIASES = {"runtime": "runtime_type"}
+WORKER_UPDATE = {"labels": "opt_map_str", "priority": "opt_u32", "cost": "opt_f32"}
+WORKER_UPDATE_FIELDS = 5
+
+PAYLOAD_TOO_LARGE = WorkerApiError(
+    413, "PAYLOAD_TOO_LARGE", "Request body exceeded the payload limit (max_payload_size)"
+)
+
+
+def is_json_content_type(content_type: str | None) -> bool:
+    """axum's rule: ``application/json`` or ``application/<anything>+json``, parameters allowed,
+    case-insensitive."""
+    if not content_type:
+        return False
+    mime = content_type.split(";", 1)[0].strip().lower()
+    kind, _, subtype = mime.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def check_content_type(content_type: str | None) -> None:
+    if not is_json_content_type(content_type):
+        raise bad_request("Missing Content-Type: application/json header")
+
+
+def _parse(
+    data: bytes,
+    name: str,
+    schema: dict[str, str],
+    required: tuple[str, ...],
+    count: int,
+    aliases: dict[str, str] | None = None,
+) -> dict:
+    try:
+        return parse_struct(data, name, schema, required, count, aliases)
+    except SerdeError as exc:
+        raise bad_request((SYNTAX if exc.syntax else DESERIALIZE) + exc.message) from None
+
+
+def parse_worker_spec(data: bytes) -> dict[str, Any]:
+    """A worker spec as POST/PUT take it (the content type was checked)."""
+    body = _parse(data, "WorkerSpec", WORKER_SPEC, ("url",), WORKER_SPEC_FIELDS, WORKER_SPEC_ALIASES)
+    url = body["url"]
+    problem = worker_url_problem(url)
+    if problem is not None:
+        raise bad_request(problem)
+    runtime = body.get("runtime_type")
+    return {
+        "url": url,
+        "api_key": body.get("api_key"),
+        "runtime": None if runtime in (None, "unspecified") else runtime,
+        "worker_type": body.get("worker_type", "regular"),
+        "bootstrap_port": body.get("bootstrap_port"),
+        "labels": dict(body.get("labels") or {}),
+    }
+
+
+def parse_worker_update(data: bytes) -> dict[str, Any]:
+    return _parse(data, "WorkerUpdateRequest", WORKER_UPDATE, (), WORKER_UPDATE_FIELDS)
+
+
+_GROUP_LENGTHS = (8, 4, 4, 4, 12)
+
+
+def uuid_error(text: str) -> str | None:
+    """None for a UUID the uuid crate parses (simple, hyphenated, braced, urn), else its error
+    text as SMG 1.13.0 prints it (indices are 0-based character offsets)."""
+    offset, body, simple = 0, text, True
+    if len(text) >= 2 and text[0] == "{" and text[-1] == "}":
+        offset, body, simple = 1, text[1:-1], False
+    elif text.startswith("urn:uuid:"):
+        offset, body, simple = 9, text[9:], False
+    hyphens = []
+    for index, ch in enumerate(body):
+        if ch == "-":
+            hyphens.append(index)
+        elif ch not in "0123456789abcdefABCDEF":
+            return f"invalid character: found `{ch}` at {index + offset}"
+    if not hyphens and simple:
+        return None if len(text) == 32 else f"invalid length: found {len(text)}"
+    if not hyphens:
+        return None if len(body) == 32 else f"invalid length: found {len(body)}"
+    if len(hyphens) != 4:
+        return f"invalid group count: expected 5, found {len(hyphens) + 1}"
+    starts = (0, 9, 14, 19, 24)
+    for group in range(4):
+        if hyphens[group] != starts[group + 1] - 1:
+            return (
+                f"invalid group length in group {group}: expected {_GROUP_LENGTHS[group]}, "
+                f"found {hyphens[group] - starts[group]}"
+            )
+    if len(body) != 36:
+        return f"invalid group length in group 4: expected 12, found {len(body) - starts[4]}"
+    return None

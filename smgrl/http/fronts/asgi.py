@@ -1,0 +1,79 @@
+"""What every raw ASGI front shares: reading a request's headers (one, or several in one scan), and a call cancelled
+when the client disconnects (one watcher for the rollout routes, the engine front and sessions)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from smgrl.http.hypercorn_patches import DISCONNECT_EXTENSION
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """A request header (names are lower-case bytes, as servers pass them); the first occurrence
+    wins, as Quart's ``request.headers.get`` does."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+def header_text(scope: Scope, name: bytes) -> str | None:
+    """The header decoded as latin-1 (what Quart hands its routes), or None."""
+    value = header(scope, name)
+    return None if value is None else value.decode("latin-1")
+
+
+def headers_of(scope: Scope, wanted: frozenset[bytes]) -> dict[bytes, bytes]:
+    """The ``wanted`` headers of a request from one scan (the first occurrence of each wins, as
+    for every other header: ``header``)."""
+    found: dict[bytes, bytes] = {}
+    for key, value in scope["headers"]:
+        if key in wanted and key not in found:
+            found[key] = value
+    return found
+
+
+async def until_disconnect(scope: Scope, receive: Receive, fn: Callable[..., Awaitable[Any]], *args) -> Any:
+    """``await fn(*args)``, cancelled when the client disconnects (then None). What ``fn`` raises
+    comes out as itself, never wrapped in an exception group. The one disconnect watcher of the
+    raw fronts: rollout routes, sessions (turns and forwarded requests), the engine front."""
+    hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+    if hook is not None:
+        # smgrl's hypercorn (hypercorn_patches.DisconnectHook) cancels this scope itself on a
+        # disconnect: no task per request.
+        with trio.CancelScope() as cancel:
+            hook.cancel_on_disconnect(cancel)
+            try:
+                return await fn(*args)
+            finally:
+                hook.cancel_on_disconnect(None)
+        return None
+    # Any other server (the in-process test client): a task waiting in receive() cancels the
+    # nursery when the disconnect arrives; the call's own end cancels that task.
+    result = error = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
+        try:
+            result = await fn(*args)
+        except Exception as exc:  # noqa: BLE001 - raised below as itself, not inside the nursery's group
+            error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result
+
+
+async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return

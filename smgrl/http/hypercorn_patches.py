@@ -1,0 +1,712 @@
+"""Two measured speed-ups for hypercorn 0.18's trio worker (``shared/design/hypercorn-perf.md``), and
+one fix (3, below).
+
+hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace internals:
+
+1. **One idle watcher per connection.** Stock hypercorn, on every request, takes a lock, cancels
+   the connection's keep-alive task and ``nursery.start``s a new one (``TrioSingleTask``): 15-20%
+   of its CPU. ``IdleWatch`` keeps ONE watcher task per connection and only moves its cancel
+   scope's deadline (``restart`` = idle from now, ``stop`` = busy, no deadline). An idle
+   connection closes after its bound (SMG's two bounds, see ``IdleWatch``) or at shutdown; a
+   busy one closes after its response (hypercorn's ``_maybe_recycle``).
+2. **Response head sent with the first body chunk.** Stock hypercorn writes the head, the body
+   and an empty end-of-message separately (three locked, shielded sends, two ``sendto``); ASGI
+   lets a server hold the head until the first body message, so the patched ``stream_send`` sends
+   head + body in one write and skips empty writes. Streaming bodies still go out chunk by chunk.
+3. **The close after an early answer is shielded** (``_shielded_maybe_recycle``): a fix, not a
+   speed-up; see its docstring (the keep-alive hang, docs/hypercorn-patches.md).
+4. **Graceful close of a connection with unread input** (RFC 9112 section 9.6): an answer sent
+   before the request body was read (413, early 401/404) is followed by a half-close, and the
+   rest of the body is read and discarded (at most ``DRAIN_BYTES``, ``DRAIN_SECS``) before the
+   socket is closed. Stock hypercorn closed at once: the kernel answered the client's next body
+   segment with a reset, and a client still sending its body got a connection error instead of
+   the answer. The disconnect message never blocks either (``_spawn_app``): an app that answered
+   without reading its body left hypercorn's bounded queue full, and the close then waited on it.
+5. **The idle watcher ends with its connection** (``IdleWatch.finish``): a connection whose
+   client left while a request was in flight kept its task and its watcher until shutdown.
+6. **A small body in one receive()** (``_merge_queued``, in ``_spawn_app``): the body chunks
+   already queued come with the one taken, so a small body and its end-of-body message cost
+   the app one channel hand-off (one scheduler pass) instead of two.
+7. **Hand-offs without schedule points** (``AppQueue``, ``_direct_protocol_send``,
+   ``_receive_some``): the reader-to-app queue, the response write and the socket read return
+   at once when nothing has to wait (stock: a memory channel, a lock and ``send_all``, trio's
+   ``receive_some``, each yielding). A kept-alive request answered at once costs the server two
+   task steps, against 18 stock (``benchmarks/hypercorn_steps.py``).
+8. **Nothing per request for the cycle collector, one deadline move, no shield** (``_AppPut``,
+   ``IdleWatch``, ``_shielded_maybe_recycle``).
+9. **An early answer says ``connection: close``** (``_coalescing_stream_send``): an answer that
+   starts before the request body has arrived ends the connection; stock hypercorn did not say
+   so, and a keep-alive client's next request raced the close (docs/hypercorn-patches.md, 13).
+
+The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
+version, and tests/unit/test_hypercorn_patches.py hashes the source of every stock function
+replaced or relied on (``STOCK_SOURCES``), so an upgrade fails loudly. ``smgrl launch`` refuses to
+start when the patches cannot be applied (``require``): without them the keep-alive hang is back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from itertools import chain
+from typing import Any
+
+import h11
+import hypercorn
+import trio
+from hypercorn.events import Closed, Updated
+from hypercorn.protocol import h11 as h11_protocol
+from hypercorn.protocol.events import Body, EndBody, Response
+from hypercorn.protocol.http_stream import ASGIHTTPState
+from hypercorn.trio import task_group as trio_task_group
+from hypercorn.trio import tcp_server
+
+from smgrl.core.errors import ConfigError
+
+PATCHED_VERSION = "0.18.0"
+# sha256 (first 16 hex digits) of ``inspect.getsource`` of every stock hypercorn 0.18.0 function
+# this module replaces or whose behaviour it copies; checked by tests/unit/test_hypercorn_patches.py.
+STOCK_SOURCES = {
+    "hypercorn.trio.tcp_server.TCPServer.__init__": "4c1d42457bc197b2",
+    "hypercorn.trio.tcp_server.TCPServer._read_data": "7ca747d922c65cf1",
+    "hypercorn.trio.tcp_server.TCPServer._close": "bc73c4ae25a1ceec",
+    "hypercorn.trio.tcp_server.TCPServer._idle_timeout": "210ce1014d98e1cb",
+    "hypercorn.trio.tcp_server.TCPServer.protocol_send": "225856426bff7be0",
+    "hypercorn.trio.task_group.TaskGroup.spawn_app": "b4c1131427529801",
+    "hypercorn.trio.task_group._handle": "06081a56a9930825",
+    "hypercorn.trio.worker_context.TrioSingleTask.restart": "0170ab8e4418dc0e",
+    "hypercorn.trio.worker_context.TrioSingleTask.stop": "044ad384dfd2f565",
+    "hypercorn.protocol.h11.H11Protocol.stream_send": "56a36254a368d71a",
+    "hypercorn.protocol.http_stream.HTTPStream.handle": "6ed2e34c5e708c6a",
+    "hypercorn.protocol.http_stream.HTTPStream.app_send": "c806044b99736985",
+    "hypercorn.protocol.http_stream.HTTPStream._send_closed": "9aaf2e1ac611e51c",
+    "hypercorn.protocol.h11.H11Protocol._maybe_recycle": "3ac53f52bc4e65de",
+    "hypercorn.protocol.h11.H11Protocol._send_h11_event": "5e40283daa303ec7",
+    # h11's own checks, which ``_checked_response`` makes once per header (patch 12).
+    "h11._headers.normalize_and_validate": "82a8fcccb31d27d4",
+    "h11._events._ResponseBase.__init__": "eccce2371512d41e",
+}
+# Graceful close (RFC 9112 section 9.6): how much of an unread request body is read and dropped
+# after the answer, and for how long, before the connection is closed anyway. 16 MiB covers the
+# bodies clients really send after an early 413/401 (a refit chunk, a long prompt) at loopback
+# and LAN speeds; past either bound the client may see a reset, as before.
+DRAIN_BYTES = 16 * 1024 * 1024
+DRAIN_SECS = 5.0
+# The attribute of hypercorn's Config holding the header-read bound (smgrl.runtime.server sets it).
+HEADER_READ_TIMEOUT = "smgrl_header_read_timeout"
+_applied = False
+
+
+def _header_read_timeout(config) -> float:
+    return getattr(config, HEADER_READ_TIMEOUT, None) or config.keep_alive_timeout
+
+
+class IdleWatch:
+    """Drop-in for ``TrioSingleTask`` as ``TCPServer.idle_task``, enforcing SMG's two connection
+    bounds (``--header-read-timeout-secs``, ``--idle-connection-timeout-secs``, measured on SMG
+    1.13.0: docs/cli.md):
+
+    * before its first request a connection must send a complete head within the header-read
+      bound of being accepted, however slowly bytes trickle in (an idle or slowloris socket
+      cannot hold a connection slot);
+    * between requests a keep-alive connection may stay idle for the idle bound
+      (``keep_alive_timeout``); once the first byte of its next head arrives, that head must be
+      complete within the header-read bound;
+    * a request in flight (its body still arriving, a long answer, an open SSE stream) is never
+      cut by either: its body has its own deadline (the data plane's stall/body timeouts).
+
+    Either bound closes the socket without an answer, as SMG does. ``HEADER_READ_TIMEOUT`` on
+    hypercorn's config holds the header-read bound (absent: the idle bound governs throughout,
+    as in stock hypercorn)."""
+
+    __slots__ = ("_deadline", "_done", "_head_started", "_idle", "_scope", "_served", "_server")
+
+    def __init__(self) -> None:
+        self._scope: trio.CancelScope | None = None
+        self._deadline = math.inf  # the bound in force (the watcher's scope may lag behind it)
+        self._idle = False
+        self._done = False
+        self._served = False  # a request head has been complete on this connection
+        self._head_started = False  # bytes of the next head arrived while idle
+        self._server = None
+
+    async def restart(self, task_group, action) -> None:
+        server = action.__self__  # TCPServer._idle_timeout, bound: the connection's server
+        self._idle = True
+        self._head_started = False
+        if self._served:
+            deadline = trio.current_time() + server.config.keep_alive_timeout
+        else:  # just accepted: the first head is bounded from now on, bytes or not
+            deadline = trio.current_time() + _header_read_timeout(server.config)
+        self._deadline = deadline
+        if self._scope is None:
+            self._server = server
+            # Started once, in the connection's own nursery (hypercorn's TaskGroup): it ends
+            # with the connection.
+            await task_group._nursery.start(self._watch, deadline)
+        else:
+            self._scope.deadline = deadline
+
+    async def stop(self) -> None:
+        # Busy: no bound. The watcher's deadline is left where it is (moving a trio deadline
+        # costs a few microseconds, on every request); should it pass while the connection is
+        # busy, the watcher just waits again without one.
+        self._idle = False
+        self._served = True
+        self._deadline = math.inf
+
+    def data_arrived(self) -> None:
+        """Bytes came in (called by the reader once the protocol has seen them: a head that
+        came whole has made the connection busy by then, and nothing moves). On an idle
+        keep-alive connection the first bytes of the next head switch it to the header-read
+        bound. Before the first request the bound already runs from the accept, and a busy
+        connection has no deadline: nothing to do."""
+        if self._idle and self._served and not self._head_started and self._scope is not None:
+            self._head_started = True
+            self._deadline = trio.current_time() + _header_read_timeout(self._server.config)
+            self._scope.deadline = self._deadline
+
+    def finish(self) -> None:
+        """The connection stopped reading (client gone, closed, drained): end the watcher, or it
+        would hold the connection's nursery (and so its task) open until shutdown."""
+        self._done = True
+        self._idle = False
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _watch(self, deadline: float, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        server = self._server
+        started = False
+        while True:
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._scope = scope
+                if not started:
+                    started = True
+                    task_status.started()
+                await server.context.terminated.wait()
+            if self._done:
+                return
+            terminated = server.context.terminated.is_set()
+            if self._idle and (terminated or trio.current_time() >= self._deadline):
+                # Keep-alive expired, or shutdown while idle: close, shielded as stock hypercorn
+                # does (the close must complete even though this scope was just cancelled).
+                with trio.CancelScope(shield=True):
+                    await server._initiate_server_close()
+                return
+            if terminated:
+                return  # shutdown while busy: the response's _maybe_recycle closes it
+            # Woken by a bound that no longer holds (the connection went busy, or went idle
+            # again with a new bound since): keep watching with the one in force.
+            deadline = self._deadline
+
+
+# h11's header checks (h11/_headers.py), made here in one C call per header (patch 12).
+_FIELD_NAME = getattr(getattr(h11, "_headers", None), "_field_name_re", None)
+_FIELD_VALUE = getattr(getattr(h11, "_headers", None), "_field_value_re", None)
+_GOOD_NAMES: set[bytes] = set()  # header names that passed h11's name check (a few dozen)
+_GOOD_NAMES_MAX = 4096
+
+
+def _checked_response(headers: list, status_code: Any) -> h11.Response:
+    """``h11.Response(headers=headers, status_code=status_code)``, with h11's checks of each
+    header made here, cheaper: a name seen before is known good, a value is one ``fullmatch``
+    of h11's own pattern. h11 then takes the headers as checked (``_parsed``) and still makes
+    its content-length and transfer-encoding checks. Anything unusual (a name or value that is
+    not ``bytes``, a status that is not an ``int``, a header h11 would refuse) goes through the
+    stock construction, which then raises h11's own error."""
+    if _FIELD_VALUE is None or _FIELD_NAME is None or type(status_code) is not int:
+        return h11.Response(headers=headers, status_code=status_code)
+    good = _GOOD_NAMES
+    for name, value in headers:
+        if type(name) is not bytes or type(value) is not bytes or not _FIELD_VALUE.fullmatch(value):
+            return h11.Response(headers=headers, status_code=status_code)
+        if name not in good:
+            if not _FIELD_NAME.fullmatch(name):
+                return h11.Response(headers=headers, status_code=status_code)
+            if len(good) < _GOOD_NAMES_MAX:
+                good.add(name)
+    return h11.Response(headers=headers, status_code=status_code, _parsed=True)
+
+
+async def _coalescing_stream_send(self, event) -> None:
+    pending = getattr(self, "_smgrl_head", None)
+    kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
+    if kind is Response and event.status_code >= 200:
+        headers = list(chain(event.headers, self.config.response_headers("h11")))
+        # An answer that starts before the request body has all arrived (an early 404/401/413)
+        # ends the connection: hypercorn closes it after the answer (the body was never read).
+        # Say so (RFC 9112 section 9.6), or a client reuses the connection and its next request
+        # races our close (patch 13; stock hypercorn and SMG 1.13.0 close without saying so).
+        if (
+            self.keep_alive_requests >= self.config.keep_alive_max_requests
+            or self.connection.their_state is h11.SEND_BODY
+        ):
+            headers.append((b"connection", b"close"))
+        try:
+            self._smgrl_head = self.connection.send(_checked_response(headers, event.status_code))
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+        return
+    if kind is Body or kind is EndBody:
+        if kind is Body:
+            data = self.connection.send(h11.Data(data=event.data))
+        else:
+            data = self.connection.send(h11.EndOfMessage())
+        if pending is not None:
+            self._smgrl_head = None
+            data = pending + data
+        if data:
+            await self.send(h11_protocol.RawData(data=data))
+        return
+    if pending is not None:
+        # Anything else (stream closed without a body, ...): never drop a head we were given.
+        self._smgrl_head = None
+        await self.send(h11_protocol.RawData(data=pending))
+    await _stock_stream_send(self, event)
+
+
+async def _shielded_maybe_recycle(self) -> None:
+    """hypercorn's ``_maybe_recycle`` with its recycle-or-close step shielded from cancellation.
+
+    It runs in the app's task, which quart-trio cancels once the response is sent. When the answer
+    went out before the request body had all arrived (a 404/405, an auth refusal, any error
+    answered before the body is read) the connection must be closed; stock hypercorn's close was
+    cancelled at its first checkpoint (``send_eof``), so the connection was neither closed nor
+    recycled: the client's next request on it hung forever, and the connection and its tasks
+    leaked even after the client left (found by tests/e2e/test_schemathesis.py; checked by
+    tests/e2e/test_faults.py::test_an_answer_sent_before_the_body_arrived_*)."""
+    try:
+        await self._close_stream()
+    finally:
+        conn = self.connection
+        if (
+            not self.context.terminated.is_set()
+            and conn.our_state is h11.DONE
+            and conn.their_state is h11.DONE
+        ):
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                with trio.CancelScope(shield=True):
+                    await self.send(Closed())
+            else:
+                # The kept-alive path has no checkpoint (hypercorn's trio Event.set; the
+                # connection's IdleWatch, started before its first read, only moves a
+                # deadline): a cancellation has nothing to interrupt here, so no shield scope
+                # (one per request, ~9 us). The close below has checkpoints: shielded.
+                self.response = None
+                self.scope = None
+                await self.can_read.set()
+                await self.send(Updated(idle=True))
+        else:
+            with trio.CancelScope(shield=True):
+                await self.can_read.set()
+                await self.send(Closed())
+
+
+# The ASGI scope extensions a patched hypercorn offers an app: ``DisconnectHook``, and
+# ``AppQueue.get_nowait`` (the next message if it is there, else None: no wait, no deadline).
+DISCONNECT_EXTENSION = "smgrl.disconnect"
+RECEIVE_NOWAIT = "smgrl.receive_nowait"
+
+
+class DisconnectHook:
+    """Cancels a scope when the client leaves before its answer is complete, with no task.
+
+    The only way an ASGI app learns of a disconnect is ``http.disconnect`` from ``receive()``,
+    so an app that must stop work when its client leaves (the data plane's engine call) has to
+    keep a second task waiting in ``receive()`` for the whole request: a task spawn, a nursery
+    and a cancellation per request. hypercorn's connection reader already notices the
+    disconnect; through this hook it cancels the app's scope directly. A disconnect that only
+    follows a complete answer (hypercorn's end of every stream) is not a client leaving and
+    cancels nothing."""
+
+    __slots__ = ("_scope", "gone")
+
+    def __init__(self) -> None:
+        self._scope: trio.CancelScope | None = None
+        self.gone = False
+
+    def cancel_on_disconnect(self, scope: trio.CancelScope | None) -> None:
+        """Cancel ``scope`` when the client leaves (at once if it already has); None detaches."""
+        self._scope = scope
+        if self.gone and scope is not None:
+            scope.cancel()
+
+    def _disconnected(self) -> None:
+        self.gone = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+class AppQueue:
+    """What hypercorn's reader hands one request's app (body chunks, then the disconnect): stock
+    hypercorn's bounded memory channel, without its scheduler passes.
+
+    Every ``send`` and every ``receive`` of a trio memory channel ends with a schedule point,
+    even when the message is already there or the buffer has room: a small ``POST`` cost the
+    reader two passes (chunk, end of body) and the app one, and each pass is a trip through
+    trio's run loop (issue 14: 3 of a kept-alive rollout request's 6). Here ``put`` and ``get``
+    return at once when they can, and wait (cancellably) only when they must: ``put`` on a full
+    queue (``max_app_queue_size``: the reader stops reading, as in stock), ``get`` on an empty
+    one. ``close`` is the disconnect: ``get`` returns what was queued, then ``http.disconnect``
+    on every later call; a ``put`` waiting for room, or after the close, drops its message (the
+    stream is over). Channel creation also went through a ``typing`` subscript per request
+    (trio's ``open_memory_channel``).
+
+    ``get`` joins the body chunks already queued behind the one it takes (ASGI gives chunk
+    boundaries no meaning): a small body and its end-of-body message come in one ``receive()``.
+    """
+
+    __slots__ = ("_closed", "_getters", "_items", "_max", "_putters")
+
+    def __init__(self, max_size: int) -> None:
+        self._items: deque = deque()
+        self._max = max(1, max_size)
+        self._closed = False
+        # Parking lots made on first use: almost no request ever waits on either.
+        self._getters: trio.lowlevel.ParkingLot | None = None
+        self._putters: trio.lowlevel.ParkingLot | None = None
+
+    async def put(self, message) -> None:
+        while len(self._items) >= self._max and not self._closed:
+            if self._putters is None:
+                self._putters = trio.lowlevel.ParkingLot()
+            await self._putters.park()
+        if self._closed:
+            return  # the client left (or the app's stream ended): nobody will read it
+        self._items.append(message)
+        if self._getters:
+            self._getters.unpark()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._getters:
+            self._getters.unpark_all()
+        if self._putters:
+            self._putters.unpark_all()
+
+    async def get(self):
+        items = self._items
+        while not items:
+            if self._closed:
+                return {"type": "http.disconnect"}
+            if self._getters is None:
+                self._getters = trio.lowlevel.ParkingLot()
+            await self._getters.park()
+        return self._take()
+
+    def get_nowait(self):
+        """What ``get`` would return without waiting, else None (nothing queued yet)."""
+        if self._items:
+            return self._take()
+        return {"type": "http.disconnect"} if self._closed else None
+
+    def _take(self):
+        items = self._items
+        message = items.popleft()
+        if items and message.get("more_body"):
+            message = _merge_queued(message, items)
+        if self._putters:
+            self._putters.unpark_all()  # room again
+        return message
+
+
+async def _spawn_app(self, app, config, scope, send):
+    """hypercorn's ``TaskGroup.spawn_app`` with a disconnect that never blocks, the
+    ``DisconnectHook`` extension, and ``AppQueue`` instead of a memory channel.
+
+    Stock hypercorn queues ``http.disconnect`` behind the body chunks in a bounded channel. An app
+    that answered without reading its body (413, 401, 404) leaves that channel full, and the
+    disconnect, sent from the app's own task after its answer, waited forever: the connection
+    never closed. Here the disconnect closes the queue instead: the app still receives what was
+    queued, then ``http.disconnect`` on every later ``receive()``; a body chunk still being
+    queued is dropped (the stream is over)."""
+    queue = AppQueue(config.max_app_queue_size)
+    hook = DisconnectHook()
+    scope["extensions"][DISCONNECT_EXTENSION] = hook
+    scope["extensions"][RECEIVE_NOWAIT] = queue.get_nowait
+    # The HTTPStream whose app_send this is (it keeps the returned app_put).
+    app_put = _AppPut(queue, hook, getattr(send, "__self__", None))
+    self._nursery.start_soon(
+        trio_task_group._handle,
+        app,
+        config,
+        scope,
+        queue.get,
+        send,
+        trio.to_thread.run_sync,
+        trio.from_thread.run,
+    )
+    return app_put
+
+
+class _AppPut:
+    """What ``_spawn_app`` gives hypercorn's stream to hand the app its messages.
+
+    The stream keeps it (``HTTPStream.app_put``) and it reads the stream's state at the
+    disconnect: a reference cycle. It is broken at the disconnect, the last message of every
+    stream, so a request's stream, scope and queue are freed by reference counting. Left to the
+    cycle collector they were about 30 objects per request: a young-generation collection every
+    30-odd requests and a full one every few thousand (measured: tens of microseconds per
+    request, and 90 ms pauses)."""
+
+    __slots__ = ("hook", "queue", "stream")
+
+    def __init__(self, queue: AppQueue, hook: DisconnectHook, stream) -> None:
+        self.queue = queue
+        self.hook = hook
+        self.stream = stream
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.disconnect":
+            if self.queue._closed:
+                return  # said once already (the stream reference is gone)
+            self.queue.close()
+            if getattr(self.stream, "state", None) is not ASGIHTTPState.CLOSED:
+                self.hook._disconnected()  # before the answer was complete: the client left
+            self.stream = None
+            return
+        await self.queue.put(message)
+
+
+def _merge_queued(message, items: deque):
+    """``message`` (an ``http.request`` with ``more_body``) joined with the body chunks queued in
+    ``items`` behind it (taken from it); the last one's ``more_body`` is the result's."""
+    chunks = [message.get("body", b"")]
+    more = True
+    while more and items:
+        following = items.popleft()
+        chunks.append(following.get("body", b""))
+        more = following.get("more_body", False)
+    body = b"".join(chunks) if any(chunks[1:]) else chunks[0]
+    return {"type": "http.request", "body": body, "more_body": more}
+
+
+async def _draining_read_data(self) -> None:
+    """hypercorn's ``TCPServer._read_data``, able to drain: once ``_graceful_close`` half-closed
+    the connection, what the client still sends is read and dropped (bounded) instead of handed
+    to the protocol, so the kernel does not reset the connection under the answer."""
+    self._smgrl_drain = None
+    self._smgrl_reading = True
+    read_timeout = self.config.read_timeout
+    idle_watch = self.idle_task if isinstance(self.idle_task, IdleWatch) else None
+    try:
+        # One scope for the connection's whole read loop (not one per read, as stock): the
+        # drain's time bound moves its deadline; cancelled_caught then just ends the loop.
+        with trio.CancelScope() as self._smgrl_read_scope:
+            while True:
+                try:
+                    if read_timeout:
+                        with trio.fail_after(read_timeout):
+                            data = await _receive_some(self)
+                    else:
+                        data = await _receive_some(self)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                drain = self._smgrl_drain
+                if drain is not None:
+                    if not data or drain <= len(data):
+                        break
+                    self._smgrl_drain = drain - len(data)
+                    continue
+                await self.protocol.handle(tcp_server.RawData(bytes(data)))
+                if data == b"":
+                    break
+                if idle_watch is not None:
+                    idle_watch.data_arrived()
+    finally:
+        self._smgrl_reading = False
+        self._smgrl_read_scope = None
+        if isinstance(self.idle_task, IdleWatch):
+            self.idle_task.finish()
+    await self.protocol.handle(Closed())
+
+
+_read = os.read  # the reader's socket read (``_receive_some``); a test can make it fail
+
+
+async def _receive_some(server) -> bytes:
+    """``server.stream.receive_some(MAX_RECV)``; on plain TCP, one wait for readability and one
+    read of the socket.
+
+    trio's ``receive_some`` first tries a ``recv`` (right after an answer it fails with EAGAIN,
+    an exception raised and caught), then waits, reads again and, on its way, enters a context
+    manager, an async context manager and a conflict detector: a visible share of a kept-alive
+    request's CPU. Errors are trio's: a closed socket raises ``ClosedResourceError``, a broken
+    connection ``BrokenResourceError``."""
+    sock = server._smgrl_socket
+    if sock is None:
+        return await server.stream.receive_some(tcp_server.MAX_RECV)
+    if sock.fileno() < 0:
+        raise trio.ClosedResourceError("the connection was closed")
+    await trio.lowlevel.wait_readable(sock)  # cancellable: the checkpoint; a close wakes it
+    # Checked after the wait: a close by another task after the wake-up (the idle watcher, the
+    # server's shutdown) leaves -1 here, never another connection's reused descriptor.
+    fd = sock.fileno()
+    if fd < 0:
+        raise trio.ClosedResourceError("the connection was closed")
+    try:
+        return _read(fd, tcp_server.MAX_RECV)
+    except BlockingIOError:  # woken without data after all: trio's way
+        return await server.stream.receive_some(tcp_server.MAX_RECV)
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
+_stock_close = tcp_server.TCPServer._close
+
+
+async def _graceful_close(self) -> None:
+    """hypercorn's ``TCPServer._close``, but when the client is still sending its request body
+    (an answer went out before the body was read) and the reader is alive: half-close (our FIN
+    follows the answer) and let the reader drain, RFC 9112 section 9.6. The reader closes the
+    socket when the client finishes (EOF) or a drain bound is reached."""
+    if getattr(self, "_smgrl_reading", False) and self._smgrl_drain is None and _body_unread(self):
+        try:
+            await self.stream.send_eof()
+        except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError, AttributeError):
+            await _stock_close(self)  # gone already, or TLS (no half-close): close as stock does
+            return
+        self._smgrl_drain = DRAIN_BYTES
+        scope = self._smgrl_read_scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, trio.current_time() + DRAIN_SECS)
+        return
+    await _stock_close(self)
+
+
+def _body_unread(server) -> bool:
+    protocol = getattr(server.protocol, "protocol", None)
+    conn = getattr(protocol, "connection", None)
+    return isinstance(conn, h11.Connection) and conn.their_state is h11.SEND_BODY
+
+
+_stock_protocol_send = tcp_server.TCPServer.protocol_send
+# The socket write of ``_direct_protocol_send``; a name of its own so a test can make it fail
+# like a broken connection does.
+_write = os.write
+
+
+async def _direct_protocol_send(self, event) -> None:
+    """hypercorn's ``TCPServer.protocol_send``; on plain TCP, bytes go out in one non-blocking
+    write when nothing else is being sent and the kernel takes them all (a response nearly
+    always fits the socket buffer).
+
+    Stock, every write takes the connection's ``trio.Lock`` and calls ``send_all`` in a
+    shielded scope: two schedule points per write (the lock's and the send's), each a pass
+    through trio's run loop, for bytes the kernel took at once. The lock orders the writers
+    (the app's task, and the reader's 100-continue or error answers): the write here happens
+    only while nobody holds it, and never yields, so it cannot interleave with another write;
+    bytes the kernel did not take go through the stock path (lock, shielded ``send_all``)."""
+    if type(event) is tcp_server.RawData:
+        sock = self._smgrl_socket
+        data = event.data
+        if sock is not None and not self.send_lock.locked():
+            fd = sock.fileno()  # -1 once closed (never a reused number: checked every write)
+            if fd >= 0:
+                if not data:
+                    return
+                try:
+                    sent = _write(fd, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    # The client is gone (EPIPE, ECONNRESET): what stock does on a broken stream.
+                    await self.protocol.handle(Closed())
+                    return
+                if sent == len(data):
+                    return
+                if sent:
+                    # Part of these bytes is out: the rest must follow whatever happens to the
+                    # caller (a cancellation here would cut the message short on the wire; stock
+                    # shields its send_all the same way), the stock path behind the lock.
+                    with trio.CancelScope(shield=True):
+                        await _stock_protocol_send(self, tcp_server.RawData(data=data[sent:]))
+                    return
+    await _stock_protocol_send(self, event)
+
+
+_stock_stream_send = h11_protocol.H11Protocol.stream_send
+_stock_tcp_init = tcp_server.TCPServer.__init__
+
+
+def _tcp_init(self, *args, **kwargs) -> None:
+    _stock_tcp_init(self, *args, **kwargs)
+    self.idle_task = IdleWatch()
+    # Plain TCP: the socket written directly (``_direct_protocol_send``); None over TLS.
+    stream = self.stream
+    self._smgrl_socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+    self._smgrl_reading = False
+    self._smgrl_drain = None
+    self._smgrl_read_scope = None
+
+
+def _replacements() -> list[tuple[type, str, Any]]:
+    """(class, attribute, replacement): every hypercorn function apply() swaps out."""
+    return [
+        (tcp_server.TCPServer, "__init__", _tcp_init),
+        (tcp_server.TCPServer, "_read_data", _draining_read_data),
+        (tcp_server.TCPServer, "_close", _graceful_close),
+        (tcp_server.TCPServer, "protocol_send", _direct_protocol_send),
+        (trio_task_group.TaskGroup, "spawn_app", _spawn_app),
+        (h11_protocol.H11Protocol, "stream_send", _coalescing_stream_send),
+        (h11_protocol.H11Protocol, "_maybe_recycle", _shielded_maybe_recycle),
+    ]
+
+
+def stock_function(qualname: str):
+    """The stock hypercorn function named in ``STOCK_SOURCES`` (``module.Class.attr``), as it
+    was before apply() (the originals are kept at import)."""
+    return _ORIGINALS[qualname]
+
+
+def _resolve(qualname: str):
+    import importlib
+
+    parts = qualname.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
+        return obj
+    raise LookupError(qualname)
+
+
+def installed_version() -> str | None:
+    from importlib.metadata import version
+
+    return getattr(hypercorn, "__version__", None) or version("hypercorn")
+
+
+def apply() -> bool:
+    """Patch hypercorn in this process; True if patched (now or before), False on any hypercorn
+    other than ``PATCHED_VERSION`` (nothing is changed then)."""
+    global _applied
+    if _applied:
+        return True
+    if installed_version() != PATCHED_VERSION:
+        return False
+    for owner, name, new in _replacements():
+        setattr(owner, name, new)
+    _applied = True
+    return True
+
+
+def require() -> None:
+    """Apply the patches or refuse to start: without them the keep-alive hang (an early answer
+    wedging its connection) and the connection resets after early answers are back."""
+    if not apply():
+        raise ConfigError(
+            f"hypercorn {installed_version()} is installed but smgrl needs hypercorn=={PATCHED_VERSION} "
+            "(its patches fix a keep-alive hang; see docs/hypercorn-patches.md)"
+        )
+
+
+# Kept before apply() can run (this module is the only place that patches hypercorn).
+_ORIGINALS = {name: _resolve(name) for name in STOCK_SOURCES}

@@ -1,0 +1,518 @@
+"""PSRL coordinator controls of the rollout routing loop (spec psrl-sessions-tito.md 6.4).
+
+The routes PSRL's coordinator calls, backed by the journal's projections (no second version
+table, no state outside the journal but run-time counters)::
+
+    POST /routing_loop/pause[?wait=true]   new rollout requests wait in the gateway; in-flight
+                                           ones finish (``dataplane.dispatch_set``); ``wait``:
+                                           answer once they have (``timeout``, 504 past it)
+    POST /routing_loop/resume              dispatch again (the waiting requests go out)
+    GET  /routing_loop/status              paused, epoch, waiting and running requests
+    GET  /routing_loop/filter?version_tag=N  the waiting requests whose version tag is <= N
+    GET  /workers/stats                    per instance: in flight, queued, dispatched, generated
+                                           tokens, version, state
+    POST /workers/update_weight_version    per-instance version writes (``engine.version_set``)
+    POST /workers/pause | /workers/resume  hold instances out of routing / back in
+                                           (``engine.state_set``; no engine is called)
+
+Writes need the ``write`` (admin) role and are audited like every control-plane write; reads
+need ``read``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import trio
+from quart import Response, request
+
+from smgrl.core import MalformedVersion, validate_version
+from smgrl.core.auth import READ, WRITE
+from smgrl.core.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
+from smgrl.http.bodies import envelopes as env
+from smgrl.http.openapi.apidoc import Body, Param, Resp, Route, as_json, field, model
+from smgrl.http.openapi.schemas import PAYLOAD_TOO_LARGE, rl_error_resp
+from smgrl.http.routes.guard import Guard, who
+from smgrl.routing import identity, matches
+from smgrl.routing.metadata import FALSE, TRUE
+from smgrl.routing.version_policy import InvalidVersionPolicy, parse_floor, parse_version
+
+MAX_ITEMS = 4096
+DEFAULT_WAIT_SECS = 30.0  # POST /routing_loop/pause?wait=true without ``timeout``
+MAX_WAIT_SECS = 3600.0
+
+
+class RoutingLoopRoutes:
+    def __init__(self, gateway, dataplane) -> None:
+        self.gateway = gateway
+        self.dataplane = dataplane
+        self.guard = Guard(gateway)
+
+    def register(self, app) -> None:
+        routes = {
+            "/routing_loop/pause": ("POST", self._pause),
+            "/routing_loop/resume": ("POST", self._resume),
+            "/routing_loop/status": ("GET", self._status),
+            "/routing_loop/filter": ("GET", self._filter),
+            "/workers/pause": ("POST", self._pause_workers),
+            "/workers/resume": ("POST", self._resume_workers),
+            "/workers/stats": ("GET", self._stats),
+            "/workers/update_weight_version": ("POST", self._versions),
+        }
+        for path, (method, handler) in routes.items():
+            methods = ["GET", "HEAD"] if method == "GET" else [method]
+            app.add_url_rule(
+                path, "psrl" + path.replace("/", "_"), self._route(method, handler), methods=methods
+            )
+
+    def _route(self, method: str, handler):
+        async def route() -> Response:
+            shown = (request.scope.get("raw_path") or request.path.encode()).decode("latin-1")
+            action = READ if method == "GET" else WRITE
+            return await self.guard.answer(action, shown, lambda check: handler(check.principal))
+
+        return route
+
+    async def _set(self, paused: bool, principal) -> bool:
+        """Switch dispatch; True when it changed (journaled)."""
+        return await self.gateway.writes.set_dispatch(paused, *who(principal))
+
+    def _switched(self, paused: bool, changed: bool, **extra) -> Response:
+        body = {"action": "pause" if paused else "resume", "changed": changed, **extra, **self._status_body()}
+        return env.json_response(200, body)
+
+    async def _pause(self, principal) -> Response:
+        wait = request.args.get("wait", "false").strip().lower()
+        if wait not in TRUE | FALSE:
+            raise InvalidQuery("`wait` must be true or false")
+        timeout = _seconds(request.args.get("timeout"))
+        changed = await self._set(True, principal)
+        if wait in FALSE:
+            return self._switched(True, changed)
+        # In-flight requests finish on their own (a pause never aborts anything); the answer
+        # says they have, or, past ``timeout``, how many are still running (dispatch stays
+        # paused either way: the journal has it).
+        if not await self.dataplane.wait_idle(trio.current_time() + timeout):
+            raise PauseWaitTimeout(
+                f"dispatch is paused, but {self.dataplane.in_flight} requests were still in flight after "
+                f"{timeout:g}s (wait again, or resume)",
+                running_request_num=self.dataplane.in_flight,
+            )
+        return self._switched(True, changed, drained=True)
+
+    async def _resume(self, principal) -> Response:
+        return self._switched(False, await self._set(False, principal))
+
+    def _status_body(self) -> dict[str, Any]:
+        dataplane = self.dataplane
+        loop = self.gateway.fleet.routing
+        running = sum(dataplane.loads.values())
+        return {
+            "enabled": True,
+            "paused": loop.paused,
+            "routing_epoch": loop.revision,
+            "queue_len": dataplane.waiting,
+            "pending_request_num": dataplane.waiting,
+            "running_request_num": running,
+            "prompt_groups": len(dataplane.groups),
+        }
+
+    async def _status(self, principal) -> Response:
+        return env.json_response(200, self._status_body())
+
+    async def _stats(self, principal) -> Response:
+        dataplane = self.dataplane
+        rows = []
+        hints = [
+            (hint, n) for hint, n in dataplane.queued.items() if n
+        ]  # few: one per waiting pinned request
+        for model_id, slot in sorted(dataplane.table().models.items()):
+            for entry in slot.entries:
+                inst = entry.instance
+                base, rank = identity(inst)
+                rows.append(
+                    {
+                        "worker_id": inst.worker_id,
+                        "base_worker_id": base,
+                        "dp_rank": rank,
+                        "url": inst.url,
+                        "model": model_id,
+                        "weight_version": entry.version,
+                        "control": entry.control,
+                        "held": entry.hold,
+                        "in_flight": dataplane.loads.get(inst.worker_id, 0),
+                        "queued": sum(n for hint, n in hints if matches(inst, hint)),
+                        "dispatched": dataplane.dispatched.get(inst.worker_id, 0),
+                        "tokens": dataplane.tokens.get(inst.worker_id, 0),
+                    }
+                )
+        return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dataplane.waiting})
+
+    async def _filter(self, principal) -> Response:
+        raw = request.args.get("version_tag")
+        if raw is None:
+            raise InvalidQuery("`version_tag` is required (a version, or -1)")
+        try:
+            bound = parse_floor(raw)
+        except InvalidVersionPolicy as exc:
+            raise InvalidQuery(str(exc)) from None
+        rows = []
+        now = trio.current_time()
+        for facts in list(self.dataplane.waiting_requests.values()):
+            tag = facts["version_tag"]
+            # Unversioned requests (-1) are below every bound; -1 as the bound keeps only them.
+            if tag is None or (bound is not None and parse_version(tag) <= bound):
+                rows.append(
+                    {
+                        **{k: v for k, v in facts.items() if k != "waiting_since"},
+                        "version_tag": tag if tag is not None else "-1",
+                        "waiting_secs": round(now - facts["waiting_since"], 3),
+                    }
+                )
+        body = {"version_tag": raw.strip(), "requests": rows, "total": len(rows)}
+        return env.json_response(200, body)
+
+    async def _pause_workers(self, principal) -> Response:
+        return await self._hold(True, principal)
+
+    async def _resume_workers(self, principal) -> Response:
+        return await self._hold(False, principal)
+
+    async def _hold(self, paused: bool, principal) -> Response:
+        """PSRL's /workers/pause|resume: hold instances out of routing (or back in), as the
+        state write ``POST /v1/rl/workers/{id}/state`` does (``ControlWrites.set_held``)."""
+        items = _hold_items(await request.get_data(cache=False))
+        results = await self.gateway.writes.set_held(items, paused, *who(principal))
+        updated = sum(r["status"] != "rejected" for r in results)
+        body = {
+            "action": "pause" if paused else "resume",
+            "total": len(results),
+            "updated": updated,
+            "rejected": len(results) - updated,
+            "results": results,
+        }
+        return env.json_response(200, body)
+
+    async def _versions(self, principal) -> Response:
+        items = _items(await request.get_data(cache=False))
+        results = await self.gateway.writes.set_versions(items, *who(principal))
+        updated = sum(r["status"] == "updated" for r in results)
+        body = {
+            "total": len(results),
+            "updated": updated,
+            "rejected": len(results) - updated,
+            "results": results,
+        }
+        return env.json_response(200, body)
+
+
+def _items(data: bytes) -> list[dict[str, Any]]:
+    """``[{"worker_id", "dp_rank"?, "weight_version"}]``, checked (400 ``invalid_body``)."""
+    try:
+        items = json.loads(data) if data else None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidBody("the body is not valid JSON") from None
+    if not isinstance(items, list) or not items or len(items) > MAX_ITEMS:
+        raise InvalidBody(f"expected a list of 1-{MAX_ITEMS} {{worker_id, dp_rank?, weight_version}} objects")
+    out = []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("worker_id"), str):
+            raise InvalidBody(f"item {n}: expected an object with a string `worker_id`")
+        rank = item.get("dp_rank")
+        if rank is not None and (type(rank) is not int or rank < 0):
+            raise InvalidBody(f"item {n}: `dp_rank` must be a non-negative integer")
+        raw = item.get("weight_version")
+        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+            raise InvalidBody(f"item {n}: `weight_version` must be a string or an integer")
+        try:
+            version = validate_version(str(raw))
+        except MalformedVersion as exc:
+            raise InvalidBody(f"item {n}: {exc}") from None
+        out.append({"worker_id": item["worker_id"], "dp_rank": rank, "weight_version": version})
+    return out
+
+
+def _seconds(raw: str | None) -> float:
+    """``timeout`` of a waiting pause: seconds, 0 < t <= MAX_WAIT_SECS (400 ``invalid_query``)."""
+    if raw is None:
+        return DEFAULT_WAIT_SECS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_WAIT_SECS:  # NaN fails too
+        raise InvalidQuery(f"`timeout` must be a number of seconds in (0, {MAX_WAIT_SECS:g}]")
+    return value
+
+
+def _hold_items(data: bytes) -> list[tuple[str, set[int] | None]]:
+    """PSRL's ``[{"worker_id"? | "base_worker_id"?, "dp_rank"?: int | [int]}]`` as (worker,
+    ranks or None for all), checked (400 ``invalid_body``)."""
+    try:
+        items = json.loads(data) if data else None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidBody("the body is not valid JSON") from None
+    if not isinstance(items, list) or not items or len(items) > MAX_ITEMS:
+        raise InvalidBody(f"expected a list of 1-{MAX_ITEMS} {{worker_id, dp_rank?}} objects")
+    out = []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidBody(f"item {n}: expected an object with a string `worker_id` (or `base_worker_id`)")
+        # Each name that is present must be a non-empty string (null included: the schema says
+        # string), and the two must agree when both are sent.
+        named = [item[key] for key in ("worker_id", "base_worker_id") if key in item]
+        if not named or not all(isinstance(w, str) and w for w in named) or len(set(named)) > 1:
+            raise InvalidBody(f"item {n}: expected an object with a string `worker_id` (or `base_worker_id`)")
+        wid = named[0]
+        if "dp_rank" in item and item["dp_rank"] is None:
+            raise InvalidBody(f"item {n}: `dp_rank` must be a non-negative integer or a list of them")
+        rank = item.get("dp_rank")
+        ranks = [rank] if type(rank) is int else rank
+        if rank is not None and (
+            not isinstance(ranks, list) or not ranks or not all(type(r) is int and r >= 0 for r in ranks)
+        ):
+            raise InvalidBody(f"item {n}: `dp_rank` must be a non-negative integer or a list of them")
+        out.append((wid, None if rank is None else set(ranks)))
+    return out
+
+
+# -- /openapi.json: these routes, their models and their errors (smgrl/http/openapi/apidoc.py) ---------------
+
+
+@model(additional=True, inline=True)
+class _Status:
+    enabled: bool
+    paused: bool
+    routing_epoch: int
+    queue_len: int
+    pending_request_num: int = field(optional=True)
+    running_request_num: int
+    prompt_groups: int = field(optional=True)
+
+
+@model(inline=True)
+class _StatsRow:
+    """One row of GET /workers/stats (``_stats`` above)."""
+
+    worker_id: str
+    base_worker_id: str
+    dp_rank: int
+    url: str
+    model: str = field(optional=True)
+    weight_version: str | None = field(optional=True)
+    control: str = field(optional=True)
+    held: str | None = field("why it is held out, or null", optional=True)
+    in_flight: int
+    queued: int = field(
+        "requests waiting in the gateway for this instance (a sticky or forced hint, a loopback's return, "
+        "a prompt-group pin); requests waiting for any instance count in `waiting` only"
+    )
+    dispatched: int
+    tokens: int = field(
+        "generated tokens its answers reported since start (meta_info.completion_tokens, a stream's last "
+        "count, OpenAI usage)"
+    )
+
+
+@model(inline=True)
+class _Stats:
+    workers: list[_StatsRow]
+    total: int
+    waiting: int = field(optional=True)
+
+
+@model(inline=True)
+class _VersionItem:
+    worker_id: str
+    dp_rank: int = field(optional=True, minimum=0)
+    weight_version: str | int
+
+
+@model(inline=True)
+class _VersionResult:
+    status: Literal["updated", "rejected"]
+    worker_id: str
+    url: str | None
+    weight_version: str
+    dp_rank: int = field(optional=True)
+    reason: str = field(optional=True)
+
+
+@model(inline=True)
+class _VersionResults:
+    total: int
+    updated: int
+    rejected: int
+    results: list[_VersionResult]
+
+
+_JOURNAL_DOWN = rl_error_resp(
+    "The journal cannot record the change (journal_unavailable): nothing changed; retry.", JournalUnavailable
+)
+
+
+def _switch(path: str, op_id: str, summary: str, wait: bool = False) -> Route:
+    responses = {
+        "200": Resp("The routing loop's status after the call.", as_json(_Status)),
+        "503": _JOURNAL_DOWN,
+    }
+    params: tuple[Param, ...] = ()
+    if wait:
+        responses["400"] = rl_error_resp("A bad `wait` or `timeout` (invalid_query).", InvalidQuery)
+        responses["504"] = rl_error_resp(
+            "Paused, but requests were still in flight after `timeout` (pause_wait_timeout; "
+            "`running_request_num` says how many).",
+            PauseWaitTimeout,
+            context={"running_request_num": {"type": "integer"}},
+        )
+        params = (
+            Param(
+                "wait",
+                "query",
+                "answer once the requests in flight have finished (bounded by `timeout`)",
+                {"type": "string", "enum": sorted(TRUE | FALSE)},
+            ),
+            Param("timeout", "query", "seconds the wait may last, in (0, 3600]; default 30"),
+        )
+    return Route(
+        "POST",
+        path,
+        op_id,
+        "psrl",
+        summary,
+        responses,
+        description="Journaled (`dataplane.dispatch_set`) when it changes the state.",
+        role="admin",
+        params=params,
+    )
+
+
+@model(inline=True)
+class _HoldItem:
+    worker_id: str = field("the engine's registry id or URL", optional=True)
+    base_worker_id: str = field("the same, PSRL's other name for it", optional=True)
+    dp_rank: Any = field(
+        "a DP rank or a list of them (all of a replica's, or none)",
+        optional=True,
+        schema={
+            "oneOf": [{"type": "integer", "minimum": 0}, {"type": "array", "items": {"type": "integer"}}]
+        },
+    )
+
+
+@model(inline=True)
+class _HoldResult:
+    status: Literal["paused", "resumed", "rejected"]
+    worker_id: str
+    url: str | None
+    dp_rank: list[int] = field(optional=True)
+    reason: str = field(optional=True)
+
+
+@model(inline=True)
+class _HoldResults:
+    action: Literal["pause", "resume"]
+    total: int
+    updated: int
+    rejected: int
+    results: list[_HoldResult]
+
+
+def _hold_route(path: str, op_id: str, summary: str) -> Route:
+    return Route(
+        "POST",
+        path,
+        op_id,
+        "psrl",
+        summary,
+        {
+            "200": Resp("Per item: paused/resumed or rejected (with the reason).", as_json(_HoldResults)),
+            "400": rl_error_resp("Bad body (invalid_body).", InvalidBody),
+            "503": _JOURNAL_DOWN,
+        },
+        description="Journaled as `engine.state_set` (no engine is called). smgrl holds out whole engines: "
+        "items naming some DP ranks of a replica but not all are rejected.",
+        role="admin",
+        body=Body(list[_HoldItem]),
+    )
+
+
+@model(inline=True)
+class _Waiting:
+    request_id: str | None
+    model: str
+    version_tag: str
+    reason: str
+    loopbacks: int
+    waiting_secs: float
+
+
+@model(inline=True)
+class _Filter:
+    version_tag: str
+    requests: list[_Waiting]
+    total: int
+
+
+# One Route per operation: entries alike in shape stay apart (each is its own route's contract).
+OPENAPI_ROUTES = (
+    _switch(
+        "/routing_loop/pause",
+        "postRoutingLoopPause",
+        "Pause rollout dispatch: new requests wait, in-flight ones finish",
+        wait=True,
+    ),
+    _switch("/routing_loop/resume", "postRoutingLoopResume", "Resume rollout dispatch"),
+    Route(
+        "GET",
+        "/routing_loop/status",
+        "getRoutingLoopStatus",
+        "psrl",
+        "The routing loop's status",
+        {"200": Resp("Status.", as_json(_Status))},
+        role="read",
+    ),
+    Route(
+        "GET",
+        "/routing_loop/filter",
+        "getRoutingLoopFilter",
+        "psrl",
+        "The requests waiting in the gateway whose version tag is at most `version_tag`",
+        {
+            "200": Resp("Unversioned requests (-1) are below every bound.", as_json(_Filter)),
+            "400": rl_error_resp("A missing or bad `version_tag` (invalid_query).", InvalidQuery),
+        },
+        role="read",
+        params=(Param("version_tag", "query", "a version, or -1", required=True),),
+    ),
+    _hold_route("/workers/pause", "postWorkersPause", "Hold instances out of routing (PSRL)"),
+    _hold_route("/workers/resume", "postWorkersResume", "Put held instances back into routing (PSRL)"),
+    Route(
+        "GET",
+        "/workers/stats",
+        "getWorkerStats",
+        "psrl",
+        "Per-instance routing stats: in flight, queued, dispatched, tokens, version, state",
+        {"200": Resp("One row per routable instance (worker, DP rank).", as_json(_Stats))},
+        role="read",
+    ),
+    Route(
+        "POST",
+        "/workers/update_weight_version",
+        "postWorkersUpdateWeightVersion",
+        "psrl",
+        "Per-instance weight-version writes (PSRL); journaled as engine.version_set",
+        {
+            "200": Resp(
+                "Per item: updated or rejected (a replica's DP ranks need one version, all covered).",
+                as_json(_VersionResults),
+            ),
+            "400": rl_error_resp("Bad body (invalid_body).", InvalidBody),
+            "413": PAYLOAD_TOO_LARGE,
+            "503": _JOURNAL_DOWN,
+        },
+        role="admin",
+        body=Body(list[_VersionItem]),
+    ),
+)
