@@ -174,3 +174,32 @@ async def discover_grpc(
     return await probe_control_app(
         pools, worker.url, worker.labels, worker.runtime, api_key, timeout, worker.connection_mode
     )
+
+
+def polls_loads(worker) -> bool:
+    """A discovered gRPC worker whose wire has GetLoads (not PSRL's fork)."""
+    wire = WIRES.get(worker.labels.get(WIRE_LABEL, ""))
+    return worker.connection_mode == "grpc" and wire is not None and wire.has_loads
+
+
+async def read_loads(worker, timeout: float) -> bytes | None:
+    """One ``GetLoads`` answer as the JSON ``/v1/loads`` body it mirrors (the load monitor parses
+    both alike); None when the engine did not answer. A connection per read: a tick is seconds
+    apart, and a removed worker then leaves nothing open."""
+    import json
+
+    try:
+        host, port = address_of(worker.url)
+    except GrpcProbeFailed:
+        return None
+    channel = Channel(host, port, connect_timeout_secs=timeout)
+    try:
+        answer = await EngineClient(channel, WIRES[worker.labels[WIRE_LABEL]]).loads(timeout=timeout)
+    except GrpcError:
+        return None
+    finally:
+        await channel.aclose()
+    if answer is None:
+        return None
+    doc = MessageToDict(answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return json.dumps(doc).encode()

@@ -12,6 +12,7 @@ from rl_api_helpers import ADMIN, rl_cfg
 
 from smgrl.fake import fake_fleet
 from smgrl.fake.grpc_front import GrpcFront
+from smgrl.registry.loads import group_key
 from smgrl.testing import gateway_in_process
 from smgrl.upstream.grpc.engines import WIRES
 
@@ -86,3 +87,17 @@ async def test_psrl_registration_payload_selects_psrl_wire():
                 await trio.sleep(0.02)
         assert rows[0]["labels"]["grpc_wire"] == "vllm-psrl"
         assert rows[0]["model_id"] == "/models/qwen"
+
+
+async def test_the_load_monitor_reads_grpc_workers_with_get_loads():
+    async with (
+        grpc_engine("sglang", "sglang", dp_size=2) as (_, front),
+        gateway_in_process(rl_cfg()) as gw,
+    ):
+        await registered_row(gw, {"url": front.url, "runtime": "sglang"})
+        (worker,) = list(gw.gateway.fleet.registry)
+        await gw.gateway.loads.poll_group(group_key(worker))
+        (row,) = (await gw.client.get("/workers")).json()["workers"]
+        load = row["engine_load"]
+        assert load["version"] == "0.5.23" and load["dp_rank_count"] == 2
+        assert [r["dp_rank"] for r in load["loads"]] == [0, 1]
