@@ -167,13 +167,37 @@ async def discover_grpc(
     from smgrl.registry.probe import ProbeFailed, probe_control_app
 
     try:
-        return await probe_grpc(worker.url, worker.labels, worker.runtime, timeout, tokenizers)
+        found = await probe_grpc(worker.url, worker.labels, worker.runtime, timeout, tokenizers)
     except GrpcProbeFailed as exc:
         if not exc.unreachable:
             raise ProbeFailed(str(exc)) from None
+    else:
+        return await _vllm_weight_version(pools, worker, found, api_key, timeout)
     return await probe_control_app(
         pools, worker.url, worker.labels, worker.runtime, api_key, timeout, worker.connection_mode
     )
+
+
+async def _vllm_weight_version(pools, worker, found: Discovery, api_key, timeout: float) -> Discovery:
+    """vLLM's gRPC messages carry no weight version; its dev control routes do
+    (``GET /weight_info``): read once from the control app when the registration names one.
+    Best effort: no control app, or one that does not answer, leaves the row without it."""
+    from smgrl.core.control_url import control_url_for
+    from smgrl.registry.probe import ProbeFailed, _get_json
+
+    if found.runtime != "vllm" or "weight_version" in found.labels:
+        return found
+    control = control_url_for(worker.connection_mode, worker.url, worker.url, worker.labels)
+    if control is None:
+        return found
+    try:
+        info = await _get_json(pools, control, ["/weight_info"], api_key, timeout)
+    except ProbeFailed:
+        return found
+    version = info.get("weight_version") if info else None
+    if not isinstance(version, str):
+        return found
+    return attrs.evolve(found, labels={**found.labels, "weight_version": version})
 
 
 def polls_loads(worker) -> bool:

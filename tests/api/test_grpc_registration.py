@@ -39,8 +39,9 @@ async def registered_row(gw, payload: dict) -> dict:
     ("kind", "wire", "runtime", "version"),
     [
         ("sglang", "sglang", "sglang", "v7"),
-        ("vllm", "vllm", "vllm", None),
-        ("vllm", "vllm-psrl", "vllm", None),
+        # vLLM's wire has no weight version: read from its control app's /weight_info.
+        ("vllm", "vllm", "vllm", "v7"),
+        ("vllm", "vllm-psrl", "vllm", "v7"),
         ("tokenspeed", "tokenspeed", "tokenspeed", "v7"),
         ("sglang", "sglang", None, "v7"),  # no runtime: the wire is found by asking
     ],
