@@ -24,8 +24,7 @@ import attrs
 from google.protobuf.json_format import MessageToDict
 
 from smgrl.core import Discovery, grpc_labels
-from smgrl.core.control_url import host_of, split_host_port
-from smgrl.upstream.grpc import Channel, GrpcError, StatusCode
+from smgrl.upstream.grpc import Channel, GrpcError, StatusCode, address_of
 from smgrl.upstream.grpc.engines import WIRES, EngineClient, TokenizerMismatch, Wire
 
 WIRE_LABEL = "grpc_wire"
@@ -48,13 +47,11 @@ class TokenizerCache:
     fixed_path: str | None = None  # --tokenizer-path: no bundle is fetched
 
 
-def address_of(url: str) -> tuple[str, int]:
-    rest = url.split("://", 1)[1] if "://" in url else url
-    _, port = split_host_port(rest.split("/", 1)[0].split("@", 1)[0])
-    host = host_of(url).strip("[]")
-    if port is None or not port.isdigit():
-        raise GrpcProbeFailed(f"gRPC worker URL {url!r} has no port")
-    return host, int(port)
+def _address(url: str) -> tuple[str, int]:
+    try:
+        return address_of(url)
+    except ValueError as exc:
+        raise GrpcProbeFailed(str(exc)) from None
 
 
 async def probe_grpc(
@@ -64,7 +61,7 @@ async def probe_grpc(
     timeout: float,
     tokenizers: TokenizerCache | None = None,
 ) -> Discovery:
-    host, port = address_of(url)
+    host, port = _address(url)
     channel = Channel(host, port, connect_timeout_secs=timeout)
     try:
         wire = await _choose_wire(channel, labels, runtime, timeout)
@@ -214,7 +211,7 @@ async def read_loads(worker, timeout: float) -> bytes | None:
 
     try:
         host, port = address_of(worker.url)
-    except GrpcProbeFailed:
+    except ValueError:
         return None
     channel = Channel(host, port, connect_timeout_secs=timeout)
     try:
