@@ -6,7 +6,7 @@
 - ``response``: ``Response``, the head plus the body read on demand.
 - ``errors``: ``UpstreamError`` > ``ConnectError`` / ``ReadError`` > ``ProtocolError``.
 
-No HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's cancel scopes
+gRPC (HTTP/2) to engines is the ``smgrl.upstream.grpc`` package. Here: no HTTP/2, no redirects, no proxies, no decompression, no timeouts (the caller's cancel scopes
 bound every call; every await here is cancellation-safe).
 """
 
