@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 import trio
-from rl_api_helpers import ADMIN, rl_cfg
+from rl_api_helpers import ADMIN, journal, rl_cfg
 
 from smgrl.fake import fake_fleet
 from smgrl.fake.grpc_front import GrpcFront
@@ -102,3 +102,20 @@ async def test_the_load_monitor_reads_grpc_workers_with_get_loads():
         load = row["engine_load"]
         assert load["version"] == "0.5.23" and load["dp_rank_count"] == 2
         assert [r["dp_rank"] for r in load["loads"]] == [0, 1]
+
+
+async def test_a_tokenizer_bundle_whose_sha256_does_not_match_keeps_the_worker_pending():
+    async with (
+        grpc_engine("sglang", "sglang") as (_, front),
+        gateway_in_process(rl_cfg(registration_backoff_initial_secs=0.01)) as gw,
+    ):
+        front._bundle = (b"PK-not-what-it-says", "0" * 64)
+        r = await gw.client.post("/workers", json={"url": front.url, "runtime": "sglang"}, headers=ADMIN)
+        assert r.status_code == 202
+        with trio.fail_after(10):
+            while not journal(gw, "worker.probe_failed"):
+                await trio.sleep(0.01)
+        (failed, *_) = journal(gw, "worker.probe_failed")
+        assert "sha256" in failed.error
+        assert not gw.gateway.registry.tokenizers.bundles
+        assert (await gw.client.get("/v1/rl/workers", headers=ADMIN)).json()["workers"] == []
