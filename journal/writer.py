@@ -51,6 +51,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -413,7 +414,7 @@ class JournalWriter:
             recorded = None
         self._committed(batch, recorded)
 
-    def _committed(self, batch: _Batch, result) -> None:
+    def _committed(self, batch: _Batch, result: Any) -> None:
         """A batch's commit ended (``result`` None: it failed, ``batch.error`` says why): feed
         memory, wake its appenders, count towards the next checkpoint."""
         if result is not None:
@@ -462,7 +463,7 @@ class JournalWriter:
             self._wakeup.unpark_all()  # the writer task raises it: fail-stop, as in run()
         return True
 
-    async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
+    async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict[str, Any]], list[Recorded]]:
         """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
         events other processes appended between ``position`` and the batch with the keys they
         set, read right after the commit."""
@@ -487,7 +488,7 @@ class JournalWriter:
 
     def _append_and_gap(
         self, batch: _Batch, wait: float
-    ) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
+    ) -> tuple[tuple[list[Recorded], dict[str, Any]], list[Recorded]]:
         if batch.expect is None:
             # Stores written before conditional appends existed take no ``expect`` keyword.
             recorded = self._store.append_batch(batch.items, wait=wait)
@@ -615,7 +616,9 @@ class JournalWriter:
                 raise failed from exc
         return len(records)
 
-    async def follow(self, watcher, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def follow(
+        self, watcher: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Several writers: the tail task. Calls ``catch_up()`` whenever ``watcher`` (a
         journal.watch.ChangeWatcher on this store) reports a commit; runs until cancelled."""
         token = self._store.change_token()

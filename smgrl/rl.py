@@ -330,7 +330,7 @@ class RL:
         past it ``RlError`` with code ``pause_wait_timeout``: dispatch is paused all the same)."""
         if not wait:
             return self._json("POST", "/routing_loop/pause")
-        query = "?wait=true" + ("" if timeout is None else f"&timeout={timeout:g}")
+        query = "?wait=drain" + ("" if timeout is None else f"&timeout={timeout:g}")
         budget = (30.0 if timeout is None else timeout) + 30  # the gateway's wait, then its answer
         return self._json("POST", "/routing_loop/pause" + query, timeout=budget)
 
@@ -359,9 +359,10 @@ class RL:
 
     def waiting_requests(self, version_tag: str | int) -> list[dict[str, Any]]:
         """The requests waiting in the gateway whose version tag is at most ``version_tag``
-        (``-1``: the unversioned ones), PSRL's ``/routing_loop/filter``."""
+        (``-1``: the unversioned ones), with why each waits (``/routing_loop/waiting``; PSRL's
+        ``/routing_loop/filter`` lists those with routing metadata, fewer fields)."""
         query = urllib.parse.urlencode({"version_tag": str(version_tag)})
-        return self._json("GET", f"/routing_loop/filter?{query}")["requests"]
+        return self._json("GET", f"/routing_loop/waiting?{query}")["requests"]
 
     # -- refit sagas (smgrl only; docs/refits.md) ------------------------------------------------
 

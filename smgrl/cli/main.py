@@ -189,6 +189,13 @@ def main(argv: list[str] | None = None) -> None:
     "framework's per-instance capacity logic (refused instances are skipped; default: admit all).",
 )
 @click.option(
+    "--psrl-group-sticky/--no-psrl-group-sticky",
+    default=False,
+    show_default=True,
+    help="PSRL's psrl_enable_group_sticky: the requests of one prompt group (x-prompt-id) go to "
+    "the instance its first request took while the group runs; off: the policy spreads them.",
+)
+@click.option(
     "--max-loopbacks",
     default=8,
     show_default=True,
@@ -467,6 +474,7 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         eligible_wait_secs=o["eligible_wait_secs"],
         admission_hook=o["admission_hook"],
         max_loopbacks=o["max_loopbacks"],
+        psrl_group_sticky=o["psrl_group_sticky"],
         max_body_size=o["dataplane_max_body_size"],
         memory_budget=o["dataplane_memory_budget"],
         body_timeout_secs=o["dataplane_body_timeout_secs"],
@@ -570,7 +578,7 @@ def _register_subcommands() -> None:
     from smgrl.cli.journal import journal_group
 
     cli.add_command(journal_group, "journal")
-    from smgrl.refit.cli import refit_command
+    from smgrl.cli.refit import refit_command
 
     cli.add_command(refit_command, "refit")
 

@@ -70,7 +70,10 @@ that can meet an error of both families (``UpstreamUnreachable``) names the rend
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from smgrl.core.version import Version
 
 
 class SmgrlError(Exception):
@@ -90,8 +93,9 @@ class ApiError(SmgrlError):
     """An error answered to a client: a stable ``code``, an HTTP ``status``, a ``message`` and
     ``context`` fields; ``rl_body`` or ``openai_body`` renders it."""
 
-    code: ClassVar[str] = "internal_error"
-    status: ClassVar[int] = 500
+    # Class-level defaults; InvalidRequest sets its own per instance (SMG's codes vary per body).
+    code: str = "internal_error"
+    status: int = 500
     retryable: ClassVar[bool] = False  # said in the OpenAI envelope (and a retry-after header)
 
     def __init__(self, message: str, **context: Any) -> None:
@@ -290,7 +294,11 @@ class NoEligibleWorkers(DataPlaneError):
 
     @classmethod
     def because(
-        cls, reasons: Mapping[str, int], waited: float, floor=None, versions: Sequence[str] = ()
+        cls,
+        reasons: Mapping[str, int],
+        waited: float,
+        floor: Version | None = None,
+        versions: Sequence[str] = (),
     ) -> NoEligibleWorkers:
         named = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
         message = f"no eligible worker after waiting {waited:g}s ({named})"

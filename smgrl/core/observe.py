@@ -68,7 +68,7 @@ class Intent:
         return {"version": self.version, "control": self.control, "phase": self.phase}
 
     @classmethod
-    def from_json(cls, data: dict | None) -> Intent:
+    def from_json(cls, data: dict[str, Any] | None) -> Intent:
         if not data:
             return NO_INTENT
         return cls(data.get("version"), data.get("control"), data.get("phase"))

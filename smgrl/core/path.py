@@ -6,6 +6,8 @@ the wire contract (``invalid engine path: <reason>``), so they are constants her
 
 from __future__ import annotations
 
+from typing import Any
+
 MAX_SEGMENTS = 4
 
 PATH_EMPTY = "path is empty"
@@ -51,7 +53,7 @@ class EnginePathError(ValueError):
         self.reason = reason
         super().__init__(f"invalid engine path: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.reason,))
 
 

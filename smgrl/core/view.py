@@ -9,6 +9,7 @@ so SMG clients keep working.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -52,7 +53,7 @@ def control_url(worker: Worker) -> str | None:
 def collapse(workers: Iterable[Worker]) -> list[Group]:
     """Group DP ranks by ``(True, base_url)`` and others by ``(False, url)``; keep the lowest rank
     (strictly lower replaces, ties keep the first seen); sort rows by base_url, then url."""
-    groups: dict[tuple[bool, str], list] = {}
+    groups: dict[tuple[bool, str], list[Any]] = {}
     for w in workers:
         if not w.is_visible:
             continue
@@ -124,7 +125,7 @@ RL_WORKER_ENTRY_FIELDS = (
 RL_WORKER_ENTRY_ADDITIONS = ("version_source", "control", "version_status")
 
 
-def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict:
+def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict[str, Any]:
     """One ``RlWorkerEntry``, field order as SMG 1.13.0 serialises it; absent optionals are null."""
     labels = worker.labels
     weight_version = labels.get("weight_version")
@@ -165,7 +166,7 @@ def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict
     return entry
 
 
-def workers_response(rows: list[dict]) -> dict:
+def workers_response(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"protocol_version": PROTOCOL_VERSION, "workers": rows, "total": len(rows)}
 
 

@@ -23,7 +23,7 @@ import attrs
 
 from smgrl.core import Version
 from smgrl.routing import InstanceId, RoutingMeta
-from smgrl.state.group_pins import GroupPinsState, Pin
+from smgrl.state import GroupPinsState, Pin
 
 
 class GroupPins:
@@ -93,6 +93,8 @@ class Routed:
     # falling through; only an instance that left the fleet or is quarantined/unhealthy
     # releases it (docs/sessions.md).
     session: bool = False
+    # Does the request carry PSRL routing metadata (``abort_rule``)? None: read from ``meta``.
+    psrl: bool | None = None
 
     def __attrs_post_init__(self) -> None:
         self.floor = self.meta.floor

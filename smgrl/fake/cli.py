@@ -172,7 +172,7 @@ def fake_engine(
     """Serve fake SGLang, vLLM or TokenSpeed engines on many ports from one process."""
     if tokenizer_path is not None:
         from smgrl.fake import model
-        from smgrl.tito.chat import TitoError
+        from smgrl.tito import TitoError
 
         try:
             model.use_tokenizer(tokenizer_path)

@@ -134,7 +134,7 @@ def use_tokenizer(path) -> None:
     if path is None:
         _TOKENIZER, _WORD_IDS, _EOS_ID = None, (), EOS_TOKEN_ID
         return
-    from smgrl.tito.chat import ChatTokenizer
+    from smgrl.tito import ChatTokenizer
 
     chat = ChatTokenizer.load(path)
     if chat.eos_id is None:

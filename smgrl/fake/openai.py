@@ -22,7 +22,7 @@ from smgrl.fake.generate import DONE, run_jobs, sse
 from smgrl.fake.http import Request, Response, json_response, sse_response
 from smgrl.fake.limits import LimitError, check_n, check_tokens, context_length, max_tokens_arg
 from smgrl.fake.scheduler import Job
-from smgrl.tito.chat import TitoError
+from smgrl.tito import TitoError
 
 if TYPE_CHECKING:
     from smgrl.fake.base import BaseEngine

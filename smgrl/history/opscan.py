@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from smgrl.history import sqlview
-from smgrl.state.refits import Op, OpsFold, phase_of
+from smgrl.state import Op, OpsFold, phase_of
 
 __all__ = ["gc_paused", "scan_ops", "stream_ops"]
 

@@ -31,9 +31,7 @@ from smgrl.events import decode, event_class
 from smgrl.history import sqlview
 from smgrl.history.opscan import gc_paused
 from smgrl.history.replay import load_snapshot
-from smgrl.state import engines, registry
-from smgrl.state.fleet import FleetState
-from smgrl.state.version_timeline import OK, SETTLED, UNKNOWN, Change, VersionFold
+from smgrl.state import OK, SETTLED, UNKNOWN, Change, FleetState, VersionFold, engines, registry
 
 __all__ = ["add_times", "fleet_at", "grouped", "version_changes"]
 

@@ -19,7 +19,7 @@ from smgrl.history.filters import WorkerFilter
 from smgrl.history.opscan import scan_ops
 from smgrl.history.replay import read_types
 from smgrl.history.values import Point
-from smgrl.state.refits import Op, OpsFold
+from smgrl.state import Op, OpsFold
 
 MIN_WINDOW = 4096  # events: the smallest window `recent` reads from the end
 

@@ -22,8 +22,7 @@ import attrs
 from journal.base import RawRow
 from smgrl.core.errors import StartupError
 from smgrl.events import decode, decode_parsed
-from smgrl.state import engines, group_pins, registry, routing_loop, sagas, snapshot
-from smgrl.state.fleet import FleetState
+from smgrl.state import FleetState, engines, group_pins, registry, routing_loop, sagas, snapshot
 
 log = logging.getLogger("smgrl.snapshot")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from smgrl.history.values import fmt_ts
-from smgrl.state.sagas import Sagas
+from smgrl.state import Sagas
 
 PREFIX = "refit:"
 QUARANTINE = ("worker.quarantined", "worker.released")

@@ -26,7 +26,7 @@ from smgrl.http.routes.rl_writes import RlWrites
 from smgrl.http.routes.routing_loop import RoutingLoopRoutes
 from smgrl.http.routes.stream import JournalStream
 from smgrl.http.routes.workers import WorkersApi
-from smgrl.registry.probe import GATEWAY_ID_HEADER
+from smgrl.registry import GATEWAY_ID_HEADER
 
 log = logging.getLogger("smgrl.http")
 

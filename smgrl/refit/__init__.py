@@ -2,12 +2,28 @@
 (``request``), the journaled saga runner (``saga``) and crash recovery (a fold of the journal plus
 the remaining steps; see docs/refits.md)."""
 
-from smgrl.refit.recovered import hold_recovered
+from smgrl.refit.errors import (
+    RefitDriverUnavailable,
+    RefitInProgress,
+    RefitNotFound,
+    RefitUnsupported,
+    RefitWrongState,
+    VersionLeft,
+)
+from smgrl.refit.recovered import STREAM, hold_recovered, identity_events
 from smgrl.refit.request import parse_refit
 from smgrl.refit.saga import RefitService
 
 __all__ = [
+    "STREAM",
+    "RefitDriverUnavailable",
+    "RefitInProgress",
+    "RefitNotFound",
     "RefitService",
+    "RefitUnsupported",
+    "RefitWrongState",
+    "VersionLeft",
     "hold_recovered",
+    "identity_events",
     "parse_refit",
 ]

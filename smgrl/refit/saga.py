@@ -34,8 +34,7 @@ import attrs
 import trio
 
 from journal import Expect, JournalConflict, JournalWriteError
-from smgrl.control.call import ControlRequest
-from smgrl.control.service import CallContext
+from smgrl.control import CallContext, ControlRequest
 from smgrl.core import Worker, facts_for, new_operation_id, parse_size
 from smgrl.core.errors import JournalUnavailable, NoWorkersMatch
 from smgrl.refit import plan as P
@@ -48,7 +47,7 @@ from smgrl.refit.errors import (
     VersionLeft,
 )
 from smgrl.refit.request import RefitRequest
-from smgrl.state.sagas import EngineRun, Saga
+from smgrl.state import EngineRun, Saga
 from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 

@@ -3,13 +3,19 @@
 
 from smgrl.registry.health import HealthChecker
 from smgrl.registry.keys import KeyRing
-from smgrl.registry.probe import GATEWAY_ID_HEADER
+from smgrl.registry.loads import LoadMonitor, monitoring_enabled
+from smgrl.registry.probe import GATEWAY_ID_HEADER, ProbeFailed, ReachesSelf, fetch
 from smgrl.registry.service import Registration, RegistryService
 
 __all__ = [
     "GATEWAY_ID_HEADER",
     "HealthChecker",
     "KeyRing",
+    "LoadMonitor",
+    "ProbeFailed",
+    "ReachesSelf",
     "Registration",
     "RegistryService",
+    "fetch",
+    "monitoring_enabled",
 ]

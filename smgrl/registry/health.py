@@ -26,7 +26,7 @@ from journal import JournalWriteError
 from smgrl.core import collapse, control_url
 from smgrl.core.config import HealthConfig
 from smgrl.core.identity import identity_route
-from smgrl.refit.recovered import STREAM, hold_recovered, identity_events
+from smgrl.refit import STREAM, hold_recovered, identity_events
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, _get, _get_json
 from smgrl.telemetry.logs import event as log_event
 

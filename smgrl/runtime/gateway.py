@@ -8,23 +8,18 @@ health checker and the HTTP listeners inside it.
 
 from __future__ import annotations
 
-import uuid
-
 import attrs
 
-from smgrl.control.service import ControlService
-from smgrl.control.writes import ControlWrites
+from smgrl.control import ControlService, ControlWrites
 from smgrl.core.auth import AuthPolicy
 from smgrl.core.config import Config
-from smgrl.dataplane.pins import PinJournal
-from smgrl.dataplane.service import DataPlane
-from smgrl.refit.saga import RefitService
-from smgrl.registry.keys import KeyRing
-from smgrl.registry.loads import LoadMonitor
-from smgrl.registry.service import RegistryService
+from smgrl.core.ids import new_hex_id
+from smgrl.dataplane import DataPlane, PinJournal
+from smgrl.refit import RefitService
+from smgrl.registry import KeyRing, LoadMonitor, RegistryService
 from smgrl.runtime.tail import JournalTail
 from smgrl.sessions import build as build_sessions
-from smgrl.state.fleet import FleetState
+from smgrl.state import FleetState
 from smgrl.telemetry.audit import AuditCounts
 from smgrl.telemetry.metrics import Metrics
 from smgrl.upstream import PoolSet
@@ -124,4 +119,4 @@ class Gateway:
 def _instance_id(store) -> str:
     meta = getattr(store, "meta", None)
     journal_id = meta().get("journal_id") if callable(meta) else None
-    return journal_id or uuid.uuid4().hex
+    return journal_id or new_hex_id()

@@ -64,10 +64,7 @@ from smgrl.history.replay import restore_verified
 from smgrl.http import hypercorn_patches
 from smgrl.http.app import create_app
 from smgrl.http.routes.metrics_server import serve_metrics
-from smgrl.registry.health import HealthChecker
-from smgrl.registry.keys import KeyRing
-from smgrl.registry.loads import monitoring_enabled
-from smgrl.registry.service import Registration
+from smgrl.registry import HealthChecker, KeyRing, Registration, monitoring_enabled
 from smgrl.runtime import gctune
 from smgrl.runtime.gateway import Gateway
 from smgrl.runtime.snapshots import Snapshotter, snapshot_every

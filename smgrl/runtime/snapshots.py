@@ -14,8 +14,7 @@ import time
 import trio
 
 from smgrl.core.numbers import parse_uint
-from smgrl.state import snapshot
-from smgrl.state.fleet import FleetState
+from smgrl.state import FleetState, snapshot
 from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 

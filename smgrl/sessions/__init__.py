@@ -15,6 +15,7 @@ from smgrl.sessions.errors import (
     TooManySessions,
     TurnAborted,
 )
+from smgrl.sessions.state import owner_of
 
 __all__ = [
     "EngineAnswerInvalid",
@@ -28,12 +29,13 @@ __all__ = [
     "TurnAborted",
     "build",
     "load_tokenizer",
+    "owner_of",
 ]
 
 
 def load_tokenizer(path: str):
     """The model's tokenizer and chat template; a bad directory is one ConfigError line."""
-    from smgrl.tito.chat import ChatTokenizer, TitoError
+    from smgrl.tito import ChatTokenizer, TitoError
 
     try:
         return ChatTokenizer.load(path)

@@ -14,7 +14,8 @@ import uuid
 import attrs
 import trio
 
-from smgrl.tito.store import CaptureTree
+from smgrl.core.ids import new_tag
+from smgrl.tito import CaptureTree
 
 # Default headers a session stores at creation (lower-cased), PSRL's allow-list.
 DEFAULT_HEADERS = (
@@ -31,10 +32,12 @@ DEFAULT_HEADERS = (
 
 def new_owner_id() -> str:
     """The id of this gateway process's session store (a restart gets a new one)."""
-    return uuid.uuid4().hex[:12]
+    return new_tag(12)
 
 
 def new_session_id(owner: str) -> str:
+    # Random throughout (uuid4), not a UUIDv7: a session id is the bearer of its session when no
+    # data-plane keys are configured, so it must not be guessable from the time it was made.
     return f"{owner}-{uuid.uuid4().hex}"
 
 

@@ -17,7 +17,7 @@ from journal.codec import Recorded
 from smgrl.events import event_class
 
 if TYPE_CHECKING:
-    from smgrl.state.fleet import FleetState
+    from smgrl.state import FleetState
 
 
 def ev(type_name: str, **fields: Any):

@@ -20,10 +20,9 @@ from journal import JournalWriter, MemoryStore
 from smgrl.core.config import Config
 from smgrl.history.replay import replay
 from smgrl.http.app import create_app
-from smgrl.registry.keys import KeyRing
-from smgrl.registry.service import Registration
+from smgrl.registry import KeyRing, Registration
 from smgrl.runtime.gateway import Gateway
-from smgrl.state.fleet import FleetState
+from smgrl.state import FleetState
 from smgrl.telemetry.journaling import record_interrupted
 
 

@@ -40,7 +40,7 @@ class Loopback:
     def dataplane(self):
         """The app's DataPlane (``serve`` builds the app itself: found through the fleet
         listener it subscribed)."""
-        from smgrl.dataplane.service import DataPlane
+        from smgrl.dataplane import DataPlane
 
         for listener in self.gateway.fleet._listeners:
             owner = getattr(listener, "__self__", None)

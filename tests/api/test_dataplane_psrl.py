@@ -19,7 +19,8 @@ def cfg(dp_aware: bool = False) -> Config:
         rl=RlConfig(enabled=True, control_timeout_secs=5),
         policy="round_robin",
         dp_aware=dp_aware,
-        dataplane=DataPlaneConfig(eligible_wait_secs=0),
+        # Prompt-group pins are a switch (off by default, as in PSRL's fork): these tests are about them.
+        dataplane=DataPlaneConfig(eligible_wait_secs=0, psrl_group_sticky=True),
     )
 
 

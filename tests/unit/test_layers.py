@@ -10,6 +10,7 @@ the pure packages, and every first-party module they reach through their import 
 from __future__ import annotations
 
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -207,3 +208,103 @@ def test_no_module_imports_a_private_name_from_another_package():
         for use in _private_uses(path.read_text(), _module_name(path), path.name == "__init__.py")
     ]
     assert not found, found
+
+
+# -- the layer table of docs/architecture.md, and the faces --------------------------------------
+# The checks themselves live in scripts/layout_report.py (the report prints them with the tree's
+# counts); these tests run them, each beside a planted violation that must be caught.
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import layout_report
+
+# Packages whose face (``__init__``'s ``__all__``) is the only way in from other packages' code.
+# smgrl.core is the base library of small value modules (config, errors, auth, ...): its modules
+# are imported by name, and its face lists the small helpers.
+FACED = (
+    "control",
+    "registry",
+    "refit",
+    "tito",
+    "sessions",
+    "upstream",
+    "dataplane",
+    "state",
+    "routing",
+    "events",
+)
+
+
+def test_the_layer_table_is_read_from_the_docs():
+    layers, exceptions = layout_report.layer_table()
+    names = [name for name, _ in layers]
+    assert names[0] == "entry" and names[-1] == "base" and "services" in names
+    assert "smgrl.dataplane.testing" in exceptions
+    every = {pkg for _, pkgs in layers for pkg in pkgs}
+    assert {"smgrl.http", "smgrl.runtime", "journal", "smgrl.core"} <= every
+
+
+def test_the_layer_check_finds_a_planted_violation():
+    layers, _ = layout_report.layer_table()
+    planted = {
+        "smgrl.core.view": {"smgrl.dataplane.service"},  # the pure core reaching up into a service
+        "smgrl.control.service": {"smgrl.http.app"},  # a service reaching up into the HTTP layer
+        "smgrl.http.app": {"smgrl.control.service"},  # down: allowed
+    }
+    assert layout_report.layer_violations(planted, layers, {}) == [
+        "smgrl.control.service (services) imports smgrl.http.app (http)",
+        "smgrl.core.view (core) imports smgrl.dataplane.service (services)",
+    ]
+
+
+def test_every_import_follows_the_layer_table():
+    assert layout_report.layer_violations(layout_report.graph()) == []
+
+
+def test_the_cycle_check_finds_a_planted_cycle():
+    assert layout_report.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles_not_even_through_function_level_imports():
+    assert layout_report.cycles(layout_report.graph()) == []
+
+
+def test_no_module_outside_the_cli_imports_cli_code():
+    assert layout_report.cli_importers(layout_report.graph()) == []
+
+
+def test_the_package_root_holds_few_modules():
+    assert len(layout_report.root_modules()) <= layout_report.MAX_ROOT_MODULES
+
+
+def _past_faces(source: str, module: str) -> list[str]:
+    """``from smgrl.P.sub import x`` in a module outside package P, for a P in FACED."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            parts = node.module.split(".")
+            if (
+                len(parts) > 2
+                and parts[0] == "smgrl"
+                and parts[1] in FACED
+                and not module.startswith(f"smgrl.{parts[1]}")
+            ):
+                names = [a.name for a in node.names if _module_file(f"{node.module}.{a.name}") is None]
+                if names:
+                    found.append(f"{node.lineno}: from {node.module} import {', '.join(names)}")
+    return found
+
+
+def test_the_face_check_finds_a_planted_walk_around():
+    planted = "from smgrl.control.service import ControlService\nfrom smgrl.control import ControlService\n"
+    assert _past_faces(planted, "smgrl.http.app") == ["1: from smgrl.control.service import ControlService"]
+    assert _past_faces(planted, "smgrl.control.writes") == []  # inside its own package
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "smgrl").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_other_packages_are_used_through_their_faces(path):
+    module = _module_name(path)
+    if module in layout_report.layer_table()[1]:  # a documented exception (a compatibility shim)
+        return
+    assert _past_faces(path.read_text(), module) == []

@@ -27,9 +27,7 @@ from smgrl.history.checks import diff_paths, payload_problem
 from smgrl.history.reading import load_ops
 from smgrl.history.replay import replay as replay_fold
 from smgrl.history.values import fmt_ts
-from smgrl.state import snapshot
-from smgrl.state.fleet import FleetState
-from smgrl.state.refits import group_cycles
+from smgrl.state import FleetState, group_cycles, snapshot
 
 
 def check_schemas(store, upto: int) -> tuple[int | None, str | None, list[str]]:

@@ -26,7 +26,7 @@ from smgrl.cli.journal.render import table
 from smgrl.history import sqlview
 from smgrl.history.reading import load_ops
 from smgrl.history.values import fmt_ts
-from smgrl.state.refits import Cycle, group_cycles
+from smgrl.state import Cycle, group_cycles
 
 __all__ = ["LoopbackRecord", "per_cycle", "read_loopbacks"]
 

@@ -13,8 +13,7 @@ from smgrl.cli.journal.group import Ctx, command, last_or_all, refuse_last_with_
 from smgrl.cli.journal.render import ChunkedTable, chunks, json_text, table
 from smgrl.history.reading import find_op, recent, stream_ops
 from smgrl.history.values import fmt_ms, fmt_ts, parse_time, time_window
-from smgrl.state.operations import Operations
-from smgrl.state.refits import Op, OpsFold
+from smgrl.state import Op, Operations, OpsFold
 
 LAST_DEFAULT = 50  # operations shown unless --last or --all say otherwise
 

@@ -17,7 +17,7 @@ from smgrl.cli.journal.timeline import OVERVIEW_MAX, html_parts, render_html, re
 from smgrl.history import sagas as sv
 from smgrl.history.reading import add_outcomes, recent, seq_at, stream_ops
 from smgrl.history.values import Point, fmt_ms, fmt_ts, parse_time, time_window
-from smgrl.state.refits import PHASE_ORDER, Cycle, OpsFold, group_cycles, iter_cycles
+from smgrl.state import PHASE_ORDER, Cycle, OpsFold, group_cycles, iter_cycles
 
 LAST_DEFAULT = 50  # cycles shown unless --last, --all, --since or --until say otherwise
 DETAIL_DEFAULT = 20  # cycles drawn in detail in a picture unless --last says otherwise

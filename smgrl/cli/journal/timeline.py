@@ -13,7 +13,7 @@ import html
 from collections.abc import Iterable, Iterator, Sequence
 
 from smgrl.history.values import fmt_ms, fmt_ts
-from smgrl.state.refits import PHASE_ORDER, Cycle
+from smgrl.state import PHASE_ORDER, Cycle
 
 __all__ = ["PHASE_COLOURS", "render_html", "render_svg"]
 

@@ -30,7 +30,7 @@ The modules: ``model`` (the values, pure), ``decide`` (which requests and answer
 """
 
 from smgrl.dataplane.loopback.buffered import run_buffered
-from smgrl.dataplane.loopback.decide import loopable, streamable, worth_a_look
+from smgrl.dataplane.loopback.decide import carries_metadata, loop_causes, loopable, streamable, worth_a_look
 from smgrl.dataplane.loopback.legs import current_version, prepare, record
 from smgrl.dataplane.loopback.model import Answer, Leg, Rollout, read_leg, start
 from smgrl.dataplane.loopback.openai_stream import run as run_openai_stream
@@ -40,7 +40,9 @@ __all__ = [
     "Answer",
     "Leg",
     "Rollout",
+    "carries_metadata",
     "current_version",
+    "loop_causes",
     "loopable",
     "prepare",
     "read_leg",

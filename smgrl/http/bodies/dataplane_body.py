@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from smgrl.core.errors import InvalidRequest
-from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, RolloutRequest, from_obj
+from smgrl.dataplane import CHAT, COMPLETIONS, GENERATE, RolloutRequest, from_obj
 from smgrl.http.bodies.serde_body import MAX_DEPTH, SerdeError, fast_parse, field_ok, serde_struct
 
 # SMG's field types (crates/protocols: ChatCompletionRequest, CompletionRequest); kinds as in

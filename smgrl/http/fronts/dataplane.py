@@ -34,8 +34,7 @@ from smgrl.core.errors import (
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.core.wire import json_bytes
-from smgrl.dataplane.affinity import Routed
-from smgrl.dataplane.service import DataPlane
+from smgrl.dataplane import DataPlane, Routed
 from smgrl.http.bodies import dataplane_body
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.fronts.asgi import Receive, Scope, Send, headers_of, until_disconnect

@@ -22,7 +22,7 @@ from smgrl.core.errors import (
     RequestTimeout,
     UpstreamUnreachable,
 )
-from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE
+from smgrl.dataplane import CHAT, COMPLETIONS, GENERATE
 from smgrl.http.openapi.apidoc import (
     ANY,
     STRING,
@@ -48,7 +48,7 @@ from smgrl.http.openapi.schemas import (
     OpenAIErrorModel,
     rl_error,
 )
-from smgrl.sessions.errors import (
+from smgrl.sessions import (
     EngineAnswerInvalid,
     InvalidTurn,
     SessionClosing,

@@ -11,14 +11,15 @@ from smgrl.core.errors import (
     openai_body,
 )
 from smgrl.core.wire import json_bytes
-from smgrl.dataplane import loopback
-from smgrl.dataplane.affinity import Routed
-from smgrl.dataplane.request import GENERATE, RolloutRequest
-from smgrl.dataplane.stamp import (
+from smgrl.dataplane import (
+    GENERATE,
     FingerprintEvents,
+    RolloutRequest,
+    Routed,
     Stamp,
     TokenTail,
     first_event_version,
+    loopback,
     stamp_generate,
     stamp_openai,
     stream_version,

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from smgrl.control.service import CallContext
+from smgrl.control import CallContext
 from smgrl.core import (
     EnginePathError,
     SelectorError,

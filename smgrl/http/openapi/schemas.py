@@ -28,7 +28,7 @@ from smgrl.http.openapi.apidoc import (
     field,
     model,
 )
-from smgrl.refit.errors import RefitInProgress, RefitNotFound, RefitUnsupported, RefitWrongState, VersionLeft
+from smgrl.refit import RefitInProgress, RefitNotFound, RefitUnsupported, RefitWrongState, VersionLeft
 
 # -- error codes ------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from smgrl.core.errors import UpstreamUnreachable, openai_body
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.openapi.apidoc import ANY, Resp, Route, as_json
 from smgrl.http.openapi.schemas import DataPlaneErrorModel
-from smgrl.registry.probe import ProbeFailed, ReachesSelf, fetch
+from smgrl.registry import ProbeFailed, ReachesSelf, fetch
 
 PATHS = ("/get_server_info", "/get_model_info", "/health_generate")
 # SMG's answer without a worker (its type is `server_error`, not the data plane's 503 type).

@@ -15,8 +15,7 @@ from typing import Literal
 
 from quart import Response, g
 
-from smgrl.control.call import ControlRequest
-from smgrl.control.service import CallContext
+from smgrl.control import CallContext, ControlRequest
 from smgrl.core import collapse
 from smgrl.core.auth import WRITE
 from smgrl.core.selector import Selector

@@ -26,7 +26,7 @@ from smgrl.history.filters import catalogue, expand_types
 from smgrl.history.reading import read_events
 from smgrl.history.values import BadValue, parse_time
 from smgrl.http.bodies import envelopes as env
-from smgrl.state.operations import Operations
+from smgrl.state import Operations
 
 PAGE_DEFAULT = 100
 PAGE_MAX = 1000

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from smgrl.http.openapi.apidoc import HTML, OBJECT, TEXT, Resp, Route, as_json, field, model
-from smgrl.registry.probe import GATEWAY_ID_HEADER
+from smgrl.registry import GATEWAY_ID_HEADER
 
 
 @model

@@ -47,15 +47,15 @@ from smgrl.http.openapi.apidoc import (
 from smgrl.http.openapi.schemas import rl_error_resp
 from smgrl.http.routes.event_streams import EventStreams
 from smgrl.http.routes.guard import Guard
-from smgrl.refit.errors import (
+from smgrl.refit import (
     RefitDriverUnavailable,
     RefitInProgress,
     RefitNotFound,
     RefitUnsupported,
     RefitWrongState,
     VersionLeft,
+    parse_refit,
 )
-from smgrl.refit.request import parse_refit
 
 SSE_KEEPALIVE_SECS = 15.0
 PLANS_CACHED = 64  # serialized plans kept (sagas being watched; a plan is fixed per saga)

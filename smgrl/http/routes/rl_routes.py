@@ -14,8 +14,7 @@ from urllib.parse import unquote_plus, unquote_to_bytes
 
 from quart import Response, g, request
 
-from smgrl.control.call import ControlRequest
-from smgrl.control.service import CallContext, OpResult
+from smgrl.control import CallContext, ControlRequest, OpResult
 from smgrl.core import (
     EnginePathError,
     Selector,

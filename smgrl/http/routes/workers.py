@@ -31,7 +31,7 @@ from smgrl.http.openapi.apidoc import STRING, Body, Resp, Route, as_json, field,
 from smgrl.http.openapi.schemas import PAYLOAD_TOO_LARGE as PAYLOAD_TOO_LARGE_RESP
 from smgrl.http.openapi.schemas import WorkerApiErrorModel
 from smgrl.http.routes.guard import Envelope, Guard
-from smgrl.registry.service import Registration
+from smgrl.registry import Registration
 
 VERSION = f"smgrl-{__version__}"  # /get_loads's `version` (SMG: `smg-1.13.0`)
 
@@ -173,6 +173,11 @@ class WorkersApi:
         )
 
     def _lookup(self, worker_id: str):
+        # A registered id is served whatever its form (PSRL's replicas choose "0", "1"...);
+        # any other id gets SMG's answers (400 for a non-UUID, 404 for an unknown UUID).
+        known = self.gateway.fleet.registry.get(worker_id)
+        if known is not None:
+            return known
         problem = uuid_error(worker_id)
         if problem is not None:
             raise bad_request(f"Invalid worker_id '{worker_id}' (expected UUID). Error: {problem}")
