@@ -17,7 +17,7 @@ bound every call; every await here is cancellation-safe).
 
 from smgrl.upstream.batch import Batch, Done
 from smgrl.upstream.errors import ConnectError, ProtocolError, ReadError, UpstreamError
-from smgrl.upstream.grpc import Channel, GrpcError, StatusCode
+from smgrl.upstream.grpc import Channel, ChannelSet, GrpcError, StatusCode, address_of
 from smgrl.upstream.grpc.engines import WIRES, EngineClient, TokenizerMismatch, Wire
 from smgrl.upstream.http11 import request_wants_close, serialize_request
 from smgrl.upstream.pool import EnginePool, PoolSet
@@ -28,6 +28,7 @@ __all__ = [
     "WIRES",
     "Batch",
     "Channel",
+    "ChannelSet",
     "ConnectError",
     "Done",
     "EngineClient",
@@ -44,6 +45,7 @@ __all__ = [
     "TokenizerMismatch",
     "UpstreamError",
     "Wire",
+    "address_of",
     "parse_ps_manager_addr",
     "request_wants_close",
     "serialize_request",
