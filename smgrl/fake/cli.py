@@ -94,12 +94,12 @@ async def serve(
 
 async def _start_fronts(nursery, engines, ports, wire_name, config, tokenizer_path):
     from smgrl.fake.grpc_front import GrpcFront
-    from smgrl.upstream.grpc.engines import WIRES
+    from smgrl.upstream.grpc import engines as grpc_engines
 
     fronts = []
     for engine, port in zip(engines, ports, strict=True):
         try:
-            front = GrpcFront(engine, WIRES[wire_name], port, config["host"], tokenizer_path)
+            front = GrpcFront(engine, grpc_engines.WIRES[wire_name], port, config["host"], tokenizer_path)
         except (OSError, RuntimeError) as exc:
             raise CannotListen(f"cannot listen on {config['host']}:{port} (gRPC): {exc}") from None
         fronts.append(await nursery.start(front.serve))

@@ -24,8 +24,15 @@ import attrs
 from google.protobuf.json_format import MessageToDict
 
 from smgrl.core import Discovery, grpc_labels
-from smgrl.upstream.grpc import Channel, GrpcError, StatusCode, address_of
-from smgrl.upstream.grpc.engines import WIRES, EngineClient, TokenizerMismatch, Wire
+
+# Modules, not names: the upstream face keeps gRPC out of every importer of smgrl.upstream.
+from smgrl.upstream import grpc as grpc_client
+from smgrl.upstream.grpc import engines as grpc_engines
+
+Channel, GrpcError, StatusCode = grpc_client.Channel, grpc_client.GrpcError, grpc_client.StatusCode
+address_of = grpc_client.address_of
+WIRES, EngineClient, Wire = grpc_engines.WIRES, grpc_engines.EngineClient, grpc_engines.Wire
+TokenizerMismatch = grpc_engines.TokenizerMismatch
 
 WIRE_LABEL = "grpc_wire"
 _RUNTIME_OF = {"sglang": "sglang", "vllm": "vllm", "vllm-psrl": "vllm", "tokenspeed": "tokenspeed"}
