@@ -1,7 +1,7 @@
 """What an engine can do for RL control: a static row per engine, overridable by ``rl.*`` labels.
 
-Spec §6, mirroring SMG 1.13.0's ``crates/rl/src/capability.rs``. The six override labels are
-the ones a TokenSpeed engine advertises in its server args (spec §10).
+docs/rl-control-plane.md, "Capabilities", mirroring SMG 1.13.0's ``crates/rl/src/capability.rs``. The six override labels are
+the ones a TokenSpeed engine advertises in its server args (docs/tokenspeed.md).
 """
 
 from __future__ import annotations

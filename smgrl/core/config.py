@@ -69,8 +69,9 @@ class DataPlaneConfig:
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 67_108_864
-    # How long a request may wait in the gateway for an eligible engine (all paused during a
-    # refit, ...) before a retryable 503; None = the whole --request-timeout-secs.
+    # How long a request may wait in the gateway for an eligible engine before a retryable 503.
+    # None: through a sync in progress (paused engines, an open refit...) up to the whole
+    # --request-timeout-secs, and 30 s past it (smgrl/dataplane/waiting.py); a value bounds every wait.
     eligible_wait_secs: float | None = None
     max_concurrent_requests: int = -1
     queue_size: int = 100
@@ -105,6 +106,8 @@ class SessionsConfig:
     trajectory_strategy: str = "auto"  # "auto" | "manual"
     tool_parser: str = "hermes"
     debug: bool = False
+    idle_timeout_secs: float = 3600.0  # 0: sessions never expire
+    max_stored_tokens: int = 2_000_000  # per session, its captured trajectories' ids; 0: no budget
 
 
 SORT_KEYS = ("version", "reserve_capability")

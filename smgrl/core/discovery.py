@@ -1,6 +1,6 @@
 """What an engine reports at registration, turned into registry labels (pure).
 
-The rules are SMG 1.13.0's, observed black-box (``rl-control-plane.md`` Appendix C): which fields
+The rules are SMG 1.13.0's, observed black-box (docs/deviations.md lists where smgrl differs): which fields
 become labels, how values are stringified, how vLLM is told apart, and the gRPC normalisation
 TokenSpeed needs. The registry service does the HTTP; this module only decides.
 """
@@ -39,7 +39,7 @@ MODEL_INFO_KEYS = (
     "architectures",
     "model_type",
 )
-# gRPC server-info normalisation (§5.2). Renames only fill a missing key: a real tp_size wins.
+# gRPC server-info normalisation (docs/tokenspeed.md, "Registering"). Renames only fill a missing key: a real tp_size wins.
 GRPC_RENAMES = (
     ("tensor_parallel_size", "tp_size"),
     ("attn_tp_size", "tp_size"),

@@ -1,4 +1,4 @@
-"""Engine route paths, query passthrough and the bounded metric ``op`` label (spec §4, §8).
+"""Engine route paths, query passthrough and the bounded metric ``op`` label (docs/rl-control-plane.md, "Calling one engine", "Metrics").
 
 Mirrors SMG 1.13.0's ``crates/rl/src/path.rs`` and ``metrics.rs``. The messages are part of
 the wire contract (``invalid engine path: <reason>``), so they are constants here.

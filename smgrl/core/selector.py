@@ -1,6 +1,6 @@
 """Label selectors: ``k=v``, ``k!=v``, ``k in (a,b)``, ``k notin (a,b)``; a comma means AND.
 
-Wire-compatible with SMG 1.13.0's ``crates/rl/src/selector.rs`` (spec §3): the same grammar,
+Wire-compatible with SMG 1.13.0's ``crates/rl/src/selector.rs`` (docs/rl-control-plane.md, "Selectors"): the same grammar,
 the same error reasons and the same **byte** offsets, because clients compare the
 ``invalid selector at byte N: <reason>`` message verbatim.
 

@@ -1,4 +1,4 @@
-"""Weight versions: validation, ordering and passthrough observation (spec Appendix A).
+"""Weight versions: validation, ordering and passthrough observation (docs/data-plane.md, "Version policies").
 
 Mirrors SMG's M2 ``crates/rl/src/version.rs``:
 

@@ -1,4 +1,4 @@
-"""Discovery rows and the label view selectors match against (``rl-control-plane.md`` §5).
+"""Discovery rows and the label view selectors match against (docs/rl-control-plane.md, "Discovery").
 
 Pure functions over registry records: DP collapsing, row order, the merged label view with its
 synthetic keys, and the ``RlWorkerEntry`` JSON row. ``EngineFacts`` carries what the journal's
@@ -45,7 +45,7 @@ class Group:
 
 
 def control_url(worker: Worker) -> str | None:
-    """§10: HTTP workers control themselves (a ``rl.control_url`` label is ignored); gRPC/ZMQ
+    """HTTP workers control themselves (a ``rl.control_url`` label is ignored); gRPC/ZMQ
     workers use the ``rl.control_url`` label resolved against their own host, or have none."""
     return control_url_for(worker.connection_mode, worker.base_url, worker.url, worker.labels)
 
@@ -83,7 +83,7 @@ def dp_ranks_for(worker: Worker, workers: Iterable[Worker]) -> int:
 
 
 def selector_view(worker: Worker, facts: EngineFacts | None = None) -> dict[str, str]:
-    """The merged label view (§5.3): labels, then synthetic keys that shadow spoofed labels."""
+    """The merged label view: labels, then synthetic keys that shadow spoofed labels."""
     view = worker.labels
     view["id"] = worker.id
     view["url"] = worker.url

@@ -31,17 +31,17 @@ from smgrl.core.errors import (
     ModelNotFound,
     ModelRequired,
     NoAvailableWorkers,
-    NoEligibleWorkers,
     RequestTimeout,
     UpstreamUnreachable,
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
-from smgrl.dataplane import vllm_generate
+from smgrl.dataplane import vllm_generate, waiting
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.grpc.exchange import GrpcEngines
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
@@ -128,6 +128,8 @@ class DataPlane:
         self.admission = Admission(
             dataplane_cfg.max_concurrent_requests, dataplane_cfg.queue_size, dataplane_cfg.queue_timeout_secs
         )
+        # gRPC engines (instances with a ``wire``): one channel each; the same dispatch path.
+        self.grpc = GrpcEngines()
         self.budget = ByteBudget(dataplane_cfg.memory_budget)  # rollout bodies and buffered answers held
         self.max_body = min(cfg.max_payload_size, dataplane_cfg.max_body_size)
         self._table: Table | None = None
@@ -306,6 +308,7 @@ class DataPlane:
         policy = policy or self.version_policy
         logged = False
         exclude = exclude or set()
+        quiet_since: float | None = None  # when the fleet was last seen with no sync in progress
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
@@ -359,10 +362,16 @@ class DataPlane:
                 if held:
                     self.metrics.held_out(held)
                 return chosen
-            if self._now() >= wait_until:
+            # A sync in progress: wait up to the deadline; none: a short wait, or none at all
+            # for a version floor above every engine (smgrl/dataplane/waiting.py).
+            now, wants = self._now(), waiting.request_floor(routed, floor)
+            explicit = self.cfg.dataplane.eligible_wait_secs is not None
+            bound, quiet_since = waiting.bound(held, self.fleet, explicit, wait_until, quiet_since, now)
+            unmet = quiet_since is not None and waiting.floor_out_of_reach(slot, wants)
+            if now >= bound or unmet:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
-                raise NoEligibleWorkers.because(held, self._now() - started, floor, fleet_versions(slot))
+                raise waiting.unroutable(slot, held, now - started, policy, wants, self.breakers, unmet)
             reason = wait_reason(held)
             if not logged:
                 # Visible, not silent: a version floor no engine meets can wait for a long time
@@ -376,14 +385,14 @@ class DataPlane:
                     ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
                     floor.raw if floor is not None else "-",
                     ", ".join(fleet_versions(slot)) or "none",
-                    max(0.0, wait_until - self._now()),
+                    max(0.0, bound - self._now()),
                 )
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
             # write, a health change), by an open circuit breaker's timeout (it goes half-open
             # without any event), or by the wait budget running out. A client that goes away
             # cancels the wait (the request's disconnect watcher).
-            wake = wait_until
+            wake = bound
             if self.psrl is not None and not PSRL_QUIET.isdisjoint(held):
                 # Held out by PSManager or the engines' reports, which change without a fleet
                 # event: ask again after the routing loop's check interval.
@@ -437,8 +446,8 @@ class DataPlane:
         key = self.keys.get(instance.group)
         if key:
             out.append((b"authorization", b"Bearer " + key.encode("latin-1")))
-        if instance.dp_rank is not None:
-            # Parsed again here (--dp-aware only): the request does not keep its parsed body.
+        if instance.dp_rank is not None and instance.wire is None:
+            # gRPC: the rank goes in the GenerateRequest (smgrl/dataplane/grpc). HTTP: parsed again here (--dp-aware only): the request does not keep its parsed body.
             body = json.dumps({**json.loads(body), "data_parallel_rank": instance.dp_rank}).encode()
         return out, body
 
@@ -528,9 +537,13 @@ class DataPlane:
             with trio.move_on_at(deadline) as timeout:
                 try:
                     sent_at = self.fleet.last_seq
-                    exchange = self.pools.get(base).stream(
-                        "POST", route, headers=target_headers, body=target_body
-                    )
+                    if instance.wire is not None:
+                        # A gRPC engine: the same answer surface, from Generate RPCs.
+                        exchange = self.grpc.exchange(instance, entry.version, route, target_body)
+                    else:
+                        exchange = self.pools.get(base).stream(
+                            "POST", route, headers=target_headers, body=target_body
+                        )
                     async with exchange as response:
                         if response.status >= 500 and not last:
                             # Not relayed: leaving the block closes the connection unread.

@@ -33,9 +33,7 @@ import trio
 from smg_grpc_proto.generated import common_pb2
 
 from smgrl.fake.scheduler import Job
-from smgrl.upstream.grpc import engines as grpc_engines
-
-WIRES, Wire = grpc_engines.WIRES, grpc_engines.Wire
+from smgrl.upstream import WIRES, Wire
 
 if TYPE_CHECKING:
     from smgrl.fake.base import BaseEngine

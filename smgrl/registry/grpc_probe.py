@@ -24,15 +24,16 @@ import attrs
 from google.protobuf.json_format import MessageToDict
 
 from smgrl.core import Discovery, grpc_labels
-
-# Modules, not names: the upstream face keeps gRPC out of every importer of smgrl.upstream.
-from smgrl.upstream import grpc as grpc_client
-from smgrl.upstream.grpc import engines as grpc_engines
-
-Channel, GrpcError, StatusCode = grpc_client.Channel, grpc_client.GrpcError, grpc_client.StatusCode
-address_of = grpc_client.address_of
-WIRES, EngineClient, Wire = grpc_engines.WIRES, grpc_engines.EngineClient, grpc_engines.Wire
-TokenizerMismatch = grpc_engines.TokenizerMismatch
+from smgrl.upstream import (
+    WIRES,
+    Channel,
+    EngineClient,
+    GrpcError,
+    StatusCode,
+    TokenizerMismatch,
+    Wire,
+    address_of,
+)
 
 WIRE_LABEL = "grpc_wire"
 _RUNTIME_OF = {"sglang": "sglang", "vllm": "vllm", "vllm-psrl": "vllm", "tokenspeed": "tokenspeed"}
@@ -130,6 +131,11 @@ def _discovery(wire: Wire, model: dict, server: Any, loads: Any) -> Discovery:
     info: dict[str, Any] = {}
     if server is not None:
         info = MessageToDict(server, preserving_proto_field_name=True)
+        # A protobuf Struct (SGLang's and TokenSpeed's server_args) holds every number as a
+        # double: dp_size 2 arrives as 2.0, which is no size.
+        args = info.get("server_args")
+        if isinstance(args, dict):
+            info["server_args"] = {k: _integral(v) for k, v in args.items()}
     for key in ("sglang_version", "tokenspeed_version"):
         if key in info:
             info.setdefault("version", info[key])
@@ -148,6 +154,10 @@ def _discovery(wire: Wire, model: dict, server: Any, loads: Any) -> Discovery:
             value = info[key]
             labels[key] = value if isinstance(value, str) else ",".join(map(str, value))
     return attrs.evolve(found, labels=labels)
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 async def _fetch_tokenizer(

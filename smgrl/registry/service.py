@@ -299,8 +299,11 @@ class RegistryService:
                 continue
             rank_ids: list[str] = []
             # The engine's own DP size wins; a registration's ``dp_size`` label (PSRL's replicas
-            # carry one) defines the ranks of an engine that reports none (vLLM, gRPC engines).
+            # carry one) defines the ranks of an engine that reports none (vLLM). A gRPC worker's
+            # ranks are its registration's label first (as PSRL sends it), else what it reported.
             dp_size = found.dp_size or parse_size(worker.caller_labels.get("dp_size"))
+            if worker.connection_mode == "grpc" and worker.caller_labels.get("dp_size"):
+                dp_size = parse_size(worker.caller_labels["dp_size"]) or dp_size
             if worker.dp_aware and dp_size and dp_size > 1 and strip_rank(worker.url) == worker.url:
                 rank_ids = [worker_id] + [new_worker_id() for _ in range(dp_size - 1)]
             async with self._lock:

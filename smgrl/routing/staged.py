@@ -1,4 +1,4 @@
-"""Staged selection (PSRL's worker selector, spec psrl-sessions-tito.md section 6.2). Pure.
+"""Staged selection (PSRL's worker selector, docs/data-plane.md, "PSRL routing"). Pure.
 
 One function over the routing table's candidates of a model (already narrowed by state, the
 version policy and the circuit breakers), in this order:
