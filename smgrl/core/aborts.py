@@ -41,7 +41,7 @@ def aborts_inflight(method: str, path: str, body: bytes | None, query: str | Non
         return False
     path = path.strip("/")
     if path == "pause_generation":
-        return _body(body).get("mode", "abort") == "abort"
+        return bool(_body(body).get("mode", "abort") == "abort")
     if path in ("pause", "sleep"):
         modes = parse_qs(query or "").get("mode", ["abort"])
         return modes[-1] == "abort"

@@ -105,7 +105,7 @@ class Routed:
         return self.meta.staged or self.loop_hint is not None or self.session
 
     def hint(self) -> InstanceId | None:
-        """The instance hint this selection honours, if any. Spec section 11 item 1, decided:
+        """The instance hint this selection honours, if any. Decided (docs/data-plane.md, "When is a hint honoured"):
         a hint pins only when the request opts in (``x-is-sticky``), asks once
         (``x-force-pin-once``: the first selection only), or is a loopback (which sets its
         own hint). A recorded echo re-sent without opting in is ignored, so later turns of a

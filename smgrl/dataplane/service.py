@@ -26,25 +26,26 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from smgrl.core import Version
-from smgrl.core.config import Config
+from smgrl.core.config import Config, PsrlConfig
 from smgrl.core.errors import (
     ModelNotFound,
     ModelRequired,
     NoAvailableWorkers,
-    NoEligibleWorkers,
     RequestTimeout,
     UpstreamUnreachable,
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
-from smgrl.dataplane import vllm_generate
+from smgrl.dataplane import vllm_generate, waiting
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.grpc.exchange import GrpcEngines
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
+from smgrl.dataplane.psrl_select import PSRL_QUIET, PsrlSelection
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry import KeyRing
@@ -103,6 +104,8 @@ class DataPlane:
         self.keys = keys
         self.rng = rng or random.Random()
         dataplane_cfg = cfg.dataplane
+        # Engine snapshots a coordinator pushed (POST /workers/update_stats), per instance.
+        self.instance_stats = InstanceStatsTable()
         self.policy = make_policy(
             cfg.policy,
             self.rng,
@@ -112,7 +115,9 @@ class DataPlane:
                 balance_rel_threshold=dataplane_cfg.balance_rel_threshold,
                 max_tree_size=dataplane_cfg.max_tree_size,
             ),
+            reported=self._reported,
         )
+        self.ranked = getattr(self.policy, "ranked", False)
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
@@ -123,6 +128,8 @@ class DataPlane:
         self.admission = Admission(
             dataplane_cfg.max_concurrent_requests, dataplane_cfg.queue_size, dataplane_cfg.queue_timeout_secs
         )
+        # gRPC engines (instances with a ``wire``): one channel each; the same dispatch path.
+        self.grpc = GrpcEngines()
         self.budget = ByteBudget(dataplane_cfg.memory_budget)  # rollout bodies and buffered answers held
         self.max_body = min(cfg.max_payload_size, dataplane_cfg.max_body_size)
         self._table: Table | None = None
@@ -131,13 +138,15 @@ class DataPlane:
         # --psrl-group-sticky (PSRL's ``psrl_enable_group_sticky``, off by default as in its fork):
         # without it a prompt group's requests are spread by the policy, never pinned.
         self.group_sticky = dataplane_cfg.psrl_group_sticky
+        # PSManager and the KV gate (RouterArgs: smgrl.launch_router); None: neither configured.
+        self.psrl: PsrlSelection | None = None
+        if cfg.psrl is not None:
+            self.use_psrl(cfg.psrl)
         # Gateways sharing the journal: pins are decided once across processes (``share_pins``).
         self.pins: PinJournal | None = None
         self._deciding: dict[str, trio.Event] = {}  # prompt id -> this process's decision in the air
         self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
         self.tokens: Counter = Counter()  # generated tokens per instance, as answers report them
-        # Engine snapshots a coordinator pushed (POST /workers/update_stats), per instance.
-        self.instance_stats = InstanceStatsTable()
         # Waiting requests whose routing names one instance (a hint: sticky, forced once, a
         # loopback's return; or their prompt group's pin): they wait for that instance, so
         # GET /workers/stats shows them as its queue.
@@ -159,6 +168,17 @@ class DataPlane:
             dataplane=self,
         )
         fleet.subscribe(self._fleet_changed)
+
+    def _reported(self, instance) -> int:
+        """Running + waiting requests the instance's engine last reported (0: none)."""
+        stats = self.instance_stats.get(*staged.identity(instance))
+        return 0 if stats is None else stats.requests
+
+    def use_psrl(self, psrl: PsrlConfig) -> None:
+        """PSRL's selection settings: prompt-group stickiness, and PSManager and the KV gate
+        (``smgrl/dataplane/psrl_select.py``; None when neither is configured)."""
+        self.group_sticky = psrl.group_sticky
+        self.psrl = PsrlSelection.build(psrl, self.instance_stats)
 
     def close(self) -> None:
         self.fleet.unsubscribe(self._fleet_changed)
@@ -288,6 +308,7 @@ class DataPlane:
         policy = policy or self.version_policy
         logged = False
         exclude = exclude or set()
+        quiet_since: float | None = None  # when the fleet was last seen with no sync in progress
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
@@ -303,17 +324,26 @@ class DataPlane:
                 # with no eligible engine; the resume's journal commit wakes it.
                 held, chosen = Counter(dispatch_paused=len(slot.entries)), None
             elif routed is not None and routed.staged:
+                if self.psrl is not None:
+                    await self.psrl.check_aborted(routed)  # PSManager may have aborted it
                 selectable, held = self.eligible(slot, policy, None)
                 hint = routed.hint()
                 if hint is not None and routed.session:
                     hint, selectable = held_hint(slot.entries, selectable, hint)
-                decision = staged.select(
+                narrowed = staged.narrow(
                     selectable,
                     floor=routed.floor,
                     hint=hint,
                     group_pin=self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None,
                     refused=routed.refused,
+                )
+                if self.psrl is not None:
+                    narrowed = await self.psrl.admit(routed, narrowed)
+                decision = staged.finish(
+                    narrowed,
+                    floor=routed.floor,
                     choose=lambda group: self._choose(group, req, routing_key, exclude),
+                    ranked=self.ranked,
                 )
                 if decision.held:
                     held = held + decision.held
@@ -332,10 +362,16 @@ class DataPlane:
                 if held:
                     self.metrics.held_out(held)
                 return chosen
-            if self._now() >= wait_until:
+            # A sync in progress: wait up to the deadline; none: a short wait, or none at all
+            # for a version floor above every engine (smgrl/dataplane/waiting.py).
+            now, wants = self._now(), waiting.request_floor(routed, floor)
+            explicit = self.cfg.dataplane.eligible_wait_secs is not None
+            bound, quiet_since = waiting.bound(held, self.fleet, explicit, wait_until, quiet_since, now)
+            unmet = quiet_since is not None and waiting.floor_out_of_reach(slot, wants)
+            if now >= bound or unmet:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
-                raise NoEligibleWorkers.because(held, self._now() - started, floor, fleet_versions(slot))
+                raise waiting.unroutable(slot, held, now - started, policy, wants, self.breakers, unmet)
             reason = wait_reason(held)
             if not logged:
                 # Visible, not silent: a version floor no engine meets can wait for a long time
@@ -349,14 +385,18 @@ class DataPlane:
                     ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
                     floor.raw if floor is not None else "-",
                     ", ".join(fleet_versions(slot)) or "none",
-                    max(0.0, wait_until - self._now()),
+                    max(0.0, bound - self._now()),
                 )
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
             # write, a health change), by an open circuit breaker's timeout (it goes half-open
             # without any event), or by the wait budget running out. A client that goes away
             # cancels the wait (the request's disconnect watcher).
-            wake = wait_until
+            wake = bound
+            if self.psrl is not None and not PSRL_QUIET.isdisjoint(held):
+                # Held out by PSManager or the engines' reports, which change without a fleet
+                # event: ask again after the routing loop's check interval.
+                wake = min(wake, self._now() + self.psrl.recheck_secs)
             if held.get("circuit_open"):
                 reopen = self.breakers.next_reopen(e.instance.base_url for e in slot.selectable)
                 if reopen is not None:
@@ -406,8 +446,8 @@ class DataPlane:
         key = self.keys.get(instance.group)
         if key:
             out.append((b"authorization", b"Bearer " + key.encode("latin-1")))
-        if instance.dp_rank is not None:
-            # Parsed again here (--dp-aware only): the request does not keep its parsed body.
+        if instance.dp_rank is not None and instance.wire is None:
+            # gRPC: the rank goes in the GenerateRequest (smgrl/dataplane/grpc). HTTP: parsed again here (--dp-aware only): the request does not keep its parsed body.
             body = json.dumps({**json.loads(body), "data_parallel_rank": instance.dp_rank}).encode()
         return out, body
 
@@ -475,6 +515,8 @@ class DataPlane:
             if routed is not None:
                 if self.pins is not None and self._unpinned(routed):
                     entry = await self._pin_group(routed, entry, pick)
+                if self.psrl is not None and routed.staged:
+                    await self.psrl.commit(routed, entry)  # PSManager records the selection
                 self.commit(routed, entry)
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
@@ -495,9 +537,13 @@ class DataPlane:
             with trio.move_on_at(deadline) as timeout:
                 try:
                     sent_at = self.fleet.last_seq
-                    exchange = self.pools.get(base).stream(
-                        "POST", route, headers=target_headers, body=target_body
-                    )
+                    if instance.wire is not None:
+                        # A gRPC engine: the same answer surface, from Generate RPCs.
+                        exchange = self.grpc.exchange(instance, entry.version, route, target_body)
+                    else:
+                        exchange = self.pools.get(base).stream(
+                            "POST", route, headers=target_headers, body=target_body
+                        )
                     async with exchange as response:
                         if response.status >= 500 and not last:
                             # Not relayed: leaving the block closes the connection unread.

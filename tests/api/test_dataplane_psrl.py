@@ -1,5 +1,5 @@
-"""PSRL routing headers, in process (issue 15): each header's effect on where a rollout goes
-and what the answer echoes (spec psrl-sessions-tito.md 6.1-6.3)."""
+"""PSRL routing headers, in process: each header's effect on where a rollout goes
+and what the answer echoes (docs/data-plane.md, "PSRL routing")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PSRL's coordinator controls (issue 15, spec 6.4): pause/resume dispatch, status, per-instance
+"""PSRL's coordinator controls (docs/data-plane.md, "Coordinator controls of the routing loop"): pause/resume dispatch, status, per-instance
 stats and version writes, all journaled and backed by the same projections."""
 
 from __future__ import annotations

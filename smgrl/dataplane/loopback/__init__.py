@@ -1,7 +1,7 @@
 """Partial-rollout loopback: a rollout aborted by a weight sync continues where it stopped.
 
 PSRL's gateway keeps every token an engine decoded before a sync aborted the request
-(spec psrl-sessions-tito.md section 7, with the defects of 7.3/7.5 fixed). Here:
+(docs/data-plane.md, "Partial-rollout loopback", without the two defects it names). Here:
 
 - **Which aborts**: an engine's ``finish_reason: abort`` is looped back only when a control call
   that aborts running requests (``smgrl.core.aborts``) went through this gateway to that engine

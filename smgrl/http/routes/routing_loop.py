@@ -1,4 +1,4 @@
-"""PSRL coordinator controls of the rollout routing loop (spec psrl-sessions-tito.md 6.4).
+"""PSRL coordinator controls of the rollout routing loop (docs/data-plane.md).
 
 The routes PSRL's coordinator calls, backed by the journal's projections (no second version
 table, no state outside the journal but run-time counters)::
