@@ -19,6 +19,7 @@ from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.hook import HookError, resolve
 from smgrl.dataplane.instance_stats import InstanceStats, StatsRejected, parse_snapshot
 from smgrl.dataplane.pins import PinJournal, gone_releases
+from smgrl.dataplane.psrl_select import PsrlCommitFailed, PsrlCommitRejected, RequestAbortedByPsManager
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest, from_obj
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.stamp import (
@@ -44,6 +45,9 @@ __all__ = [
     "HookError",
     "InstanceStats",
     "PinJournal",
+    "PsrlCommitFailed",
+    "PsrlCommitRejected",
+    "RequestAbortedByPsManager",
     "RolloutRequest",
     "Routed",
     "Stamp",

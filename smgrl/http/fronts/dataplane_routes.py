@@ -23,7 +23,14 @@ from smgrl.core.errors import (
     UpstreamUnreachable,
     VersionFloorUnmet,
 )
-from smgrl.dataplane import CHAT, COMPLETIONS, GENERATE
+from smgrl.dataplane import (
+    CHAT,
+    COMPLETIONS,
+    GENERATE,
+    PsrlCommitFailed,
+    PsrlCommitRejected,
+    RequestAbortedByPsManager,
+)
 from smgrl.http.openapi.apidoc import (
     ANY,
     STRING,
@@ -186,10 +193,12 @@ ROLLOUT_RESPONSES = {
         "SMG's codes for a refused body (invalid_json, invalid_type, invalid_value, missing_required_parameter, "
         "unknown_parameter, integer_below_min_value, empty_array, prompt_empty, json_parse_error), "
         "invalid_routing_metadata (a malformed PSRL routing header or field), model_required (/generate only), "
-        "or with --enable-rl an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope).",
+        "or with --enable-rl an invalid x-smg-version-policy (invalid_version_policy, RL crate envelope), "
+        "or request_aborted (PSRL's PSManager reports the request aborted: it is not continued).",
         *INVALID_REQUEST_CODES,
         InvalidRoutingMetadataHeader,
         ModelRequired,
+        RequestAbortedByPsManager,
         RlOnly(InvalidVersionPolicyHeader),
         alternatives=(RlOnly(rl_error(InvalidVersionPolicyHeader)),),
     ),
@@ -226,12 +235,15 @@ ROLLOUT_RESPONSES = {
         "with no refit or weight sync in progress: at once) or "
         "memory_budget_exceeded (--dataplane-memory-budget is held by other requests' bodies and buffered "
         "answers) or loopback_limit_exceeded (a rollout aborted by weight syncs more than --max-loopbacks "
-        "times); retryable.",
+        "times) or, with a PSManager, psrl_selection_commit_rejected / psrl_selection_commit_failed (PSManager "
+        "refused or could not record the chosen instance); retryable.",
         NoAvailableWorkers,
         NoEligibleWorkers,
         VersionFloorUnmet,
         MemoryBudgetExceeded,
         LoopbackLimitExceeded,
+        PsrlCommitRejected,
+        PsrlCommitFailed,
     ),
     "408": dp_error(
         "request_body_stalled: no body bytes for --stream-body-stall-timeout-secs, or the body did not "
