@@ -59,7 +59,7 @@ from .store import SqliteStore
 _LAZY = {"JournalWriter": "writer", "Pending": "writer", "ChangeWatcher": "watch"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 

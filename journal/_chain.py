@@ -107,10 +107,14 @@ class Batchable(Protocol):
     """What a batch item offers (``journal.base.Append``; named by its shape, so that this module,
     which the store contract builds on, does not import it back)."""
 
-    stream: str
-    event: Any
-    secrets: Any
-    _prepared: Prepared
+    @property
+    def stream(self) -> str: ...
+    @property
+    def event(self) -> Any: ...
+    @property
+    def secrets(self) -> Any: ...
+    @property
+    def _prepared(self) -> Prepared: ...
 
 
 Row = tuple[int, float, str, str, int, str, str, str]  # seq, ts, stream, type, schema, payload, prev, hash

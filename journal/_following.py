@@ -27,6 +27,18 @@ _TAIL_RETRY = (0.05, 1.0)  # the tail's first and longest pause between failed r
 class Following:
     """Mixed into JournalWriter (which holds the state these methods use)."""
 
+    # JournalWriter's state these methods use (set in its __init__), declared for the type checker.
+    _store: Any
+    position: int | None
+    on_commit: Any
+    on_secrets: Any
+    _deferred: list[Any]
+    _failed: Exception | None
+    _inline: bool
+    _limiter: Any
+    _fail_stop: Any
+    _wakeup: Any
+
     def _foreign_secrets(self, after: int, until: int) -> dict[str, str | None]:
         """The keys other processes' events in (after, until] set or deleted (their Appends
         never passed through this writer)."""
@@ -136,7 +148,9 @@ class Following:
                 raise failed from exc
         return len(records)
 
-    async def follow(self, watcher, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def follow(
+        self, watcher: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Several writers: the tail task. Calls ``catch_up()`` whenever ``watcher`` (a
         journal.watch.ChangeWatcher on this store) reports a commit; runs until cancelled.
 

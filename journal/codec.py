@@ -185,7 +185,7 @@ def encode(ev: Event | UnknownEvent) -> tuple[str, int, str]:
         payload = _dumps({name: getattr(ev, name) for name in cls._FIELDS})
     except TypeError:
         # A field holds something json does not know (e.g. a nested attrs value): asdict() it.
-        payload = _dumps(attrs.asdict(ev, recurse=True))
+        payload = _dumps(attrs.asdict(ev, recurse=True))  # type: ignore[arg-type]  # every Event is an attrs class (event_type checks)
     return cls.TYPE, cls.SCHEMA, payload
 
 
@@ -219,7 +219,7 @@ def decode_parsed(type: str, schema: int, payload: Any) -> Event | UnknownEvent:
         event = cls(**payload)
     except (TypeError, ValueError):
         return UnknownEvent(type, schema, payload)
-    if cls is ControlStarted and not _body_readable(event):
+    if isinstance(event, ControlStarted) and not _body_readable(event):
         return UnknownEvent(type, schema, payload)  # a kept body in no known encoding (edited)
     return event
 

@@ -45,6 +45,8 @@ not an exception: ``verify()`` returns a report.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "JournalBusyError",
     "JournalClosedError",
@@ -151,7 +153,9 @@ class JournalConflict(JournalError):
         self.head = head
         self.seq = seq
 
-    def __reduce__(self):  # pickles (crosses a process boundary) with its fields
+    def __reduce__(
+        self,
+    ) -> tuple[Any, tuple[Any, ...]]:  # pickles (crosses a process boundary) with its fields
         return (_conflict, (str(self), self.head, self.seq))
 
 

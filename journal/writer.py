@@ -51,6 +51,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -420,7 +421,7 @@ class JournalWriter(Following):
             recorded = None
         self._committed(batch, recorded)
 
-    def _committed(self, batch: _Batch, result) -> None:
+    def _committed(self, batch: _Batch, result: Any) -> None:
         """A batch's commit ended (``result`` None: it failed, ``batch.error`` says why): feed
         memory, wake its appenders, count towards the next checkpoint."""
         if result is not None:
@@ -444,7 +445,7 @@ class JournalWriter(Following):
         nothing queued or in flight, commits inline); False, with nothing done, otherwise or
         when SQLite's lock is taken (the group then goes through the writer as usual).
 
-        Measured (docs/benchmarks.md, "Session 4: fan-out"): the hand-off to the writer task and
+        Measured (docs/benchmarks.md, "fan-out (control plane)"): the hand-off to the writer task and
         back cost about 45 us per commit. Grouping is unchanged: a sealed group never shares its
         transaction with a later append, and with the writer idle there is no earlier one to
         join. Order is unchanged too: nothing else is queued, and the commit has no await."""
@@ -472,7 +473,9 @@ class JournalWriter(Following):
             self._wakeup.unpark_all()  # the writer task raises it: fail-stop, as in run()
         return True
 
-    async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
+    async def _commit(
+        self, batch: _Batch
+    ) -> tuple[tuple[list[Recorded] | None, dict[str, Any]], list[Recorded]]:
         """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
         events other processes appended between ``position`` and the batch with the keys they
         set, read right after the commit."""
@@ -497,7 +500,7 @@ class JournalWriter(Following):
 
     def _append_and_gap(
         self, batch: _Batch, wait: float
-    ) -> tuple[tuple[list[Recorded], dict], list[Recorded]]:
+    ) -> tuple[tuple[list[Recorded] | None, dict[str, Any]], list[Recorded]]:
         if batch.expect is None:
             # Stores written before conditional appends existed take no ``expect`` keyword.
             recorded = self._store.append_batch(batch.items, wait=wait)
@@ -569,7 +572,7 @@ class JournalWriter(Following):
         The checkpoint (the fsyncing part of WAL mode) runs beside the commits, on a connection of
         the store's own (SqliteStore.checkpoint): awaited in the writer task, as it was, every
         batch arriving meanwhile waited for its fsyncs, 20 ms and more on a loaded disk every
-        4,096 events (docs/benchmarks.md, "Session 4: fan-out"). A plain thread, not a task:
+        4,096 events (docs/benchmarks.md, "fan-out (control plane)"). A plain thread, not a task:
         nothing awaits it until run() ends (``_checkpoint_done``)."""
         with self._checkpoint_mutex:
             thread = self._checkpoint_thread

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import attrs
 import trio
 
 from journal import JournalWriteError
@@ -27,9 +26,10 @@ from smgrl.events import (
     SessionHung,
     SessionTurn,
 )
-from smgrl.routing import InstanceId, InvalidVersionPolicy, metadata, parse_floor
+from smgrl.routing import InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
-from smgrl.sessions import errors
+from smgrl.sessions import errors, turn_routing
+from smgrl.sessions import logprobs as chat_logprobs
 from smgrl.sessions.checks import check_messages, check_tools, input_size
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
 from smgrl.tito import (
@@ -82,10 +82,12 @@ class TurnResult:
     __slots__ = (
         "completion_tokens",
         "finish_reason",
+        "logprobs",
         "message",
         "model",
         "prompt_tokens",
         "version",
+        "version_tag",
         "worker",
     )
 
@@ -280,6 +282,10 @@ class SessionService:
                 " trajectories (GET) and delete it, or start a new session"
             )
 
+    def default_headers(self, sid: str) -> dict[str, str]:
+        """The session's default routing headers (404/410 as for any session route)."""
+        return dict(self._lookup(sid).headers)
+
     def snapshot(self, sid: str) -> dict:
         s = self._lookup(sid)
         snap = s.tree.snapshot(s.id)
@@ -406,20 +412,26 @@ class SessionService:
         pin = await self._gate(s)
         s.last_active = trio.current_time()
         try:
-            return await self._turn(s, body, messages, tools, kwargs or None, requested, model, pin, rid)
+            return await self._turn(
+                s, body, messages, tools, kwargs or None, requested, model, pin, rid, turn_headers=headers
+            )
         finally:
             s.last_active = trio.current_time()
             if s.end_turn():
                 await self.journal.enqueue(f"session:{s.id}", SessionHung(session_id=s.id, deferred=True))
 
-    async def _turn(self, s, body, messages, tools, kwargs, requested, model, pin, rid) -> TurnResult:
+    async def _turn(
+        self, s, body, messages, tools, kwargs, requested, model, pin, rid, turn_headers=None
+    ) -> TurnResult:
         t0 = trio.current_time()
         plan = await self._prepare(messages, tools, kwargs, s)
         self._check_budget(s, len(plan.prompt_ids), eng.max_tokens(body))
         t1 = trio.current_time()
         tid = s.tree.reserve(plan.parent_hash, requested)
         try:
-            gen, entry, t2, routed, segments = await self._generate(s, body, plan.prompt_ids, model, pin, rid)
+            gen, entry, t2, routed, segments = await self._generate(
+                s, body, plan.prompt_ids, model, pin, rid, turn_headers
+            )
         except BaseException:
             s.tree.release(tid)
             raise
@@ -498,43 +510,39 @@ class SessionService:
             prompt_tokens=len(plan.prompt_ids),
             completion_tokens=len(gen.output_ids),
             version=version,
+            # The echoed ``x-version-tag``: the version the turn's selection pinned (its floor,
+            # else its first instance's version), as for rollouts; the served version without one.
+            version_tag=routed.pinned if routed.pinned is not None else version,
+            logprobs=chat_logprobs.content(self.chat, gen.output_ids, gen.logprobs),
             model=model,
             worker=entry.instance,
         )
 
-    def _routed(self, s: Session, pin: tuple[str, int] | None, rid: str) -> Routed:
-        """The turn's routing, as a rollout's (staged selection): the session's defaults (prompt
-        group, validate flag), its version floor (pinned by the first turn), and the instance
-        hint when honoured: a one-shot continue pin, or the last turn's instance when sticky."""
+    def _routed(self, s: Session, pin: tuple[str, int] | None, rid: str, turn_headers=None) -> Routed:
+        """The turn's routing, as a rollout's (staged selection): the session's defaults with
+        the turn's own routing headers over them, its version floor (never below the one the
+        first turn pinned), and the instance hint when honoured (``turn_routing``)."""
+        headers = turn_routing.merged_headers(s.headers, turn_headers or {})
         try:
-            meta = metadata.parse(s.headers.get)
+            meta, psrl = turn_routing.turn_meta(
+                headers,
+                session_floor=s.floor,
+                session_sticky=s.sticky,
+                last_instance=s.instance,
+                pin=pin,
+                rid=rid,
+            )
         except (metadata.InvalidRoutingMetadata, InvalidVersionPolicy) as e:
-            raise errors.InvalidTurn(f"the session's default headers: {e}") from None
-        floor = None
-        if s.floor is not None:
-            try:
-                floor = parse_floor(s.floor)
-            except InvalidVersionPolicy:
-                floor = None
-        target = pin or (s.instance if s.sticky else None)
-        meta = attrs.evolve(
-            meta,
-            request_id=meta.request_id or rid,
-            version_tag=floor.raw if floor is not None else None,
-            floor=floor,
-            is_sticky=s.sticky and pin is None,
-            hint=InstanceId(*target) if target is not None else None,
-            force_pin_once=pin is not None,
-        )
-        return Routed(meta, session=True)
+            raise errors.InvalidTurn(f"the turn's routing headers: {e}") from None
+        return Routed(meta, session=True, psrl=psrl)
 
-    async def _generate(self, s: Session, body, prompt_ids, model, pin, rid):
+    async def _generate(self, s: Session, body, prompt_ids, model, pin, rid, turn_headers=None):
         """One token-in generation through the data plane: the staged selection (``_routed``),
         the engine's dialect (``adapt``), and the partial-rollout loopback: a leg that a weight
         sync through this gateway aborted continues on the same instance (or any at the turn's
         version floor) from the original prompt plus every id so far, its cap reduced, so the
         turn is captured whole with the version span of every segment."""
-        routed = self._routed(s, pin, rid)
+        routed = self._routed(s, pin, rid, turn_headers)
         registry = self.fleet.registry
         max_loopbacks = self.dataplane.cfg.dataplane.max_loopbacks
         cap = eng.max_tokens(body)
@@ -555,7 +563,10 @@ class SessionService:
 
         def adapt(entry):
             worker = registry.get(entry.instance.worker_id)
-            kind = kinds["kind"] = eng.engine_kind(worker.engine if worker is not None else "")
+            # A gRPC engine answers in SGLang's /generate shape whatever its kind (the data
+            # plane renders its Generate stream so): the ids sent are the ids built here.
+            runtime = "sglang" if entry.instance.wire is not None else (worker.engine if worker else "")
+            kind = kinds["kind"] = eng.engine_kind(runtime)
             return eng.request(kind, rollout.prompt + rollout.ids, body, rollout.remaining())
 
         outcome = "cancelled"
@@ -586,14 +597,15 @@ class SessionService:
                     outcome = "failed"
                     raise errors.EngineAnswerInvalid(str(e)) from None
                 instance = entry.instance
-                ops = (
-                    self.dataplane.fleet.aborts.since(instance.base_url, seq)
+                causes = (
+                    loopback.loop_causes(self.dataplane, routed, instance, seq)
                     if gen.finish_reason == "abort"
-                    else []
+                    else None
                 )
+                ops = causes or []
                 leg = _leg(gen, entry.version)
                 rollout.add(leg, instance, ops[0] if ops else None)
-                if not ops:  # done, or a deliberate abort (answered 503 turn_aborted by the caller)
+                if causes is None:  # done, or a deliberate abort (answered 503 turn_aborted by the caller)
                     outcome = "aborted" if gen.finish_reason == "abort" else "completed"
                     self.dataplane.count_tokens(instance.worker_id, len(leg.ids))
                     break

@@ -1,4 +1,4 @@
-"""One session's capture tree: nodes, trajectories, GC and snapshots (spec §3.6). Pure, no locks:
+"""One session's capture tree: nodes, trajectories, GC and snapshots (docs/sessions.md). Pure, no locks:
 the session service serialises access.
 
 A node is one captured assistant turn, keyed by the hash of ``(render context, messages up to and

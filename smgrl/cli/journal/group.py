@@ -245,7 +245,7 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
     "journal",
     cls=JournalGroup,
     invoke_without_command=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80},
 )
 # click declarations like every command's (events.py): each option is its own, nothing to share.
 @click.option(

@@ -30,11 +30,13 @@ from smgrl.core.errors import (
     RequestBodyStalled,
     RequestTimeout,
     UpstreamUnreachable,
+    VersionFloorUnmet,
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.core.wire import json_bytes
 from smgrl.http.bodies import dataplane_body
 from smgrl.http.bodies import envelopes as env
+from smgrl.http.fronts import session_passthrough as passthrough
 from smgrl.http.fronts.asgi import until_disconnect
 from smgrl.http.openapi.apidoc import ANY, STRING, Body, Resp, Route, allow_table, as_json, model, path_param
 from smgrl.http.openapi.schemas import (
@@ -91,6 +93,8 @@ def match(path: str) -> tuple[str, str | None] | None:
                 return prefix + "{sid}", sid
             if prefix == "/sessions/" and tail == "v1/chat/completions":
                 return "/sessions/{sid}/v1/chat/completions", sid
+            if prefix == "/sessions/" and tail in passthrough.TAILS:
+                return f"/sessions/{{sid}}/{tail}", sid
             return None
     return None
 
@@ -383,6 +387,10 @@ class SessionsASGI:
             for key, values in (await remote()).items():
                 out.setdefault(key, []).extend(values)
             await api._respond(send, 200, json_bytes(out), ok)
+        elif route in passthrough.TEMPLATES:  # the session's other OpenAI routes
+            defaults = svc.default_headers(sid)
+            inner = passthrough.scope_for(scope, passthrough.TEMPLATES[route], defaults, body)
+            await api(inner, passthrough.replay(body), send)
         else:  # a chat turn: /sessions/{sid}/v1/chat/completions or the TITO header
             await self._turn(route, sid, scope, receive, send, rid, body)
 
@@ -422,8 +430,8 @@ class SessionsASGI:
             (b"x-base-worker-id", result.worker.identity[0].encode()),
             (b"x-target-dp-rank", str(result.worker.identity[1]).encode()),
         ]
-        if result.version is not None:
-            head.append((b"x-version-tag", str(result.version).encode()))
+        if result.version_tag is not None:  # the pinned version, as rollouts echo it
+            head.append((b"x-version-tag", str(result.version_tag).encode()))
         rid_text = rid.decode("latin-1")
         fields = {
             # A generated id already carries SMG's "chatcmpl-" prefix; a caller's own gets it once.
@@ -434,6 +442,7 @@ class SessionsASGI:
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,
             "version": result.version,
+            "logprobs": result.logprobs,
         }
         if obj.get("stream") is True:
             opts = obj.get("stream_options") if isinstance(obj.get("stream_options"), dict) else {}
@@ -574,11 +583,12 @@ _TURN = {
     "409": _error("session_closing: DELETE is draining the session.", SessionClosing),
     "502": _error("engine_answer_invalid or upstream_unreachable.", EngineAnswerInvalid, UpstreamUnreachable),
     "503": _error(
-        "sessions_disabled, no_eligible_workers, no_available_workers, turn_aborted (a deliberate abort: the "
+        "sessions_disabled, no_eligible_workers, version_floor_unmet, no_available_workers, turn_aborted (a deliberate abort: the "
         "trainer's abort_request or one sent straight to the engine; send it again; a weight sync's abort is "
         "looped back) or loopback_limit_exceeded (aborted by syncs more than --max-loopbacks times); retryable.",
         SessionsDisabled,
         NoEligibleWorkers,
+        VersionFloorUnmet,
         NoAvailableWorkers,
         TurnAborted,
         LoopbackLimitExceeded,
@@ -625,6 +635,21 @@ OPENAPI_ROUTES = (
         "One agent turn (OpenAI chat), captured token-exact",
         _TURN,
         body=Body(ChatCompletionRequest),
+    ),
+    _route(
+        "GET",
+        "/sessions/{sid}/v1/models",
+        "getSessionModels",
+        "The models, for an agent pointed at the session (as GET /v1/models)",
+        {"200": Resp("`{object: list, data: [...]}`.", as_json(ANY)), **_GONE},
+    ),
+    _route(
+        "POST",
+        "/sessions/{sid}/v1/completions",
+        "postSessionCompletion",
+        "A completion with the session's routing headers (as POST /v1/completions; not captured)",
+        {"200": Resp("An OpenAI completion.", as_json(ANY)), **_GONE},
+        body=Body(ANY),
     ),
     _route("POST", "/tito/sessions", "postTitoSession", "SMG TITO: open a session", _CREATED),
     _route(
