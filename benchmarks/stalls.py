@@ -13,9 +13,10 @@ single trio task step while one hostile request of ``--mb`` megabytes is served,
     python benchmarks/stalls.py [--mb 1 8] [--shape content deep-json ...]
 
 One gateway in process with ``--tokenizer-path`` (the in-process test tokenizer) and one fake
-SGLang engine (real loopback socket, context length raised so the prompt is accepted); a trio
+SGLang engine in a process of its own (real loopback socket; a prompt longer than its context is
+refused after the gateway prepared and sent it, which is the work measured); a trio
 instrument times every task step and keeps the longest per task name, plus the longest gap of a
-10 ms heartbeat task. The fake engine runs on the same loop: its own steps are listed too, apart.
+10 ms heartbeat task.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p or ".").resolv
 import trio
 
 from smgrl.core.config import Config, SessionsConfig
-from smgrl.fake import fake_fleet, model
+from smgrl.demo.procs import start_fake_engines
 from smgrl.testing import gateway_in_process
 from smgrl.tito.testkit import make_model_dir
 
@@ -142,11 +143,11 @@ SHAPES = (
 
 async def one(model_dir, name: str, mb: float) -> dict:
     cfg = Config(policy="round_robin", sessions=SessionsConfig(tokenizer_path=str(model_dir)))
-    with model.tokenizer_scope(model_dir):
-        async with (
-            fake_fleet("sglang", n=1, context_length=10_000_000) as fleet,
-            gateway_in_process(cfg, worker_urls=fleet.urls) as gw,
-        ):
+    # The engine in a process of its own: its tokenization must not count as the gateway's stall.
+    # A prompt longer than its context is refused (a 502 here) after the gateway did all its work.
+    engine, urls = start_fake_engines("sglang", 1, ["--tokenizer-path", str(model_dir)])
+    try:
+        async with gateway_in_process(cfg, worker_urls=urls) as gw:
             sid = (await gw.client.post("/sessions")).json()["session_id"]
             if name == "session-snapshot":
                 # A session holding about mb MB of captured turn: its snapshot is what is sent.
@@ -208,6 +209,8 @@ async def one(model_dir, name: str, mb: float) -> dict:
                 "longest_steps": [(n.rsplit(".", 1)[-1][:60], round(d, 3)) for n, d in worst],
                 "stall_samples_5ms": sampler.hits.most_common(4),
             }
+    finally:
+        engine.stop()
 
 
 def main() -> None:

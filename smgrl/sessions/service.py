@@ -130,6 +130,7 @@ class SessionService:
         self.idle_timeout = idle_timeout  # 0: sessions never expire
         self.max_stored_tokens = max_stored_tokens  # 0: no budget
         self._swept = 0.0  # when idle sessions were last looked for
+        self._pending: dict[str, trio.Event] = {}  # ids being created (set once their append ended)
         # Tokenization threads: at most two at once (the machine's other work is the event loop).
         self.limiter = trio.CapacityLimiter(2)
 
@@ -169,7 +170,12 @@ class SessionService:
     ) -> Session:
         """``expect`` (several processes, a client-chosen id): appended only if it holds
         (``journal.Expect``); JournalConflict, and no session here, when another process created
-        it first."""
+        it first. A client-chosen id whose creation is in progress (its first turns sent at once)
+        waits for it: one session, held by whichever call created it."""
+        while sid is not None and sid in self._pending:
+            await self._pending[sid].wait()
+        if sid is not None and sid in self.sessions:
+            return self.sessions[sid]
         await self._end_idle()
         if len(self.sessions) + self.creating >= self.max_sessions:
             raise errors.TooManySessions(
@@ -217,6 +223,7 @@ class SessionService:
         end it at the next start, and a journal that cannot take it leaves nothing behind (no
         slot of --max-sessions, no id). Its slot is counted meanwhile (``creating``)."""
         self.creating += 1
+        done = self._pending[s.id] = trio.Event()
         try:
             if expect is None:
                 await self.journal.append(f"session:{s.id}", event)
@@ -229,6 +236,8 @@ class SessionService:
             ) from None
         finally:
             self.creating -= 1
+            del self._pending[s.id]
+            done.set()
 
     async def _end_idle(self) -> None:
         """End the sessions idle for longer than ``idle_timeout`` (journaled ``session.ended``,

@@ -269,3 +269,29 @@ async def test_a_tito_id_shaped_like_a_gateway_id_gets_one_answer_whichever_proc
                 "/v1/chat/completions", json=body, headers={"x-smg-tito-session-id": "agent-7"}
             )
             assert r.status_code == 200, r.text
+
+
+async def test_with_data_plane_keys_sessions_need_one_and_without_keys_they_are_open(tok, model_dirs):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with trio.fail_after(30):
+        async with fake_fleet("sglang", n=1) as fleet:
+            async with gateway_in_process(
+                cfg(model_dirs["chatml"], api_key="dp-key"), worker_urls=fleet.urls
+            ) as gw:
+                assert (await gw.client.post("/sessions")).status_code == 401
+                assert (await gw.client.post("/tito/sessions")).status_code == 401
+                key = {"authorization": "Bearer dp-key"}
+                sid = (await gw.client.post("/sessions", headers=key)).json()["session_id"]
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+                assert r.status_code == 401
+                r = await gw.client.post(
+                    "/v1/chat/completions", json=body, headers={"x-smg-tito-session-id": "t1"}
+                )
+                assert r.status_code == 401 and gw.app.sessions.sessions.keys() == {sid}
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body, headers=key)
+                assert r.status_code == 200, r.text
+            # No keys configured: open, as PSRL's SessionRouter creates sessions without one.
+            async with gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw:
+                sid = (await gw.client.post("/sessions")).json()["session_id"]
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text

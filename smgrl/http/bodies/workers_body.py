@@ -46,6 +46,16 @@ WORKER_UPDATE_FIELDS = 5
 PAYLOAD_TOO_LARGE = WorkerApiError(
     413, "PAYLOAD_TOO_LARGE", "Request body exceeded the payload limit (max_payload_size)"
 )
+# A /workers body is a worker spec or a label update: a few hundred bytes, a few KiB with many
+# labels. SMG takes up to --max-payload-size (512 MiB); smgrl refuses anything over this before
+# parsing it (docs/deviations.md): serde's exact reading costs about 0.5 us per byte on the event
+# loop, so a 2 MB invalid body held it for a second, on a route open when no keys are configured.
+WORKERS_BODY_LIMIT = 64 * 1024
+WORKERS_BODY_TOO_LARGE = WorkerApiError(
+    413,
+    "PAYLOAD_TOO_LARGE",
+    f"a /workers body is at most {WORKERS_BODY_LIMIT // 1024} KiB (a worker spec is a few hundred bytes)",
+)
 
 
 def is_json_content_type(content_type: str | None) -> bool:

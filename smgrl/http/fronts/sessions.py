@@ -228,8 +228,8 @@ class SessionsASGI:
             owner, position = await fwd.session_owner(sid)
             if sid in self.svc.sessions:
                 # Another first turn of this id created it here during that read (the journal
-                # read yields): it is this process's, served here. From this check to create()
-                # adding the session there is no await, so no third turn can slip in between.
+                # read yields): it is this process's, served here. One still creating it is
+                # waited for by create(), which then returns that session.
                 return True
             if owner is not None and owner != self.svc.owner:
                 return False

@@ -22,6 +22,8 @@ from smgrl.core.errors import WorkerApiError, bad_request
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.bodies.workers_body import (
     PAYLOAD_TOO_LARGE,
+    WORKERS_BODY_LIMIT,
+    WORKERS_BODY_TOO_LARGE,
     check_content_type,
     parse_worker_spec,
     parse_worker_update,
@@ -100,6 +102,20 @@ WORKERS_ENVELOPE = Envelope(
 )
 
 
+async def _bounded_body() -> bytes:
+    """The request body, refused (413) past WORKERS_BODY_LIMIT: declared or as it arrives."""
+    length = request.content_length
+    if length is not None and length > WORKERS_BODY_LIMIT:
+        raise WORKERS_BODY_TOO_LARGE
+    chunks, size = [], 0
+    async for chunk in request.body:
+        size += len(chunk)
+        if size > WORKERS_BODY_LIMIT:
+            raise WORKERS_BODY_TOO_LARGE
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class WorkersApi:
     def __init__(self, gateway) -> None:
         self.gateway = gateway
@@ -148,7 +164,7 @@ class WorkersApi:
         # SMG's JSON extractor runs before the handler: content type, then the body, then the
         # handler's own checks (the worker id included).
         check_content_type(request.headers.get("content-type"))
-        return parse(await request.get_data(cache=False))
+        return parse(await _bounded_body())
 
     async def _create(self) -> Response:
         spec = await self._body(parse_worker_spec)
