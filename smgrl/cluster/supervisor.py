@@ -327,7 +327,7 @@ def run_supervisor(cfg, args: list[str], workers: int) -> None:
         if failure is None:
             raise
         logs.shutdown()
-        click.echo(f"error: {failure}", err=True)
+        click.echo(f"error: {failure.removeprefix('Configuration error: ')}", err=True)
         sys.exit(1)
     finally:
         logs.shutdown()

@@ -1,7 +1,7 @@
 """Every error smgrl answers with, its stable machine code, and the envelopes that render it.
 
 Clients branch on the code, never on the message, so codes never change once shipped. The RL codes
-and their HTTP statuses are SMG 1.13.0's (``rl-control-plane.md`` §2); the data plane's are SMG's
+and their HTTP statuses are SMG 1.13.0's (docs/rl-control-plane.md, "Errors"); the data plane's are SMG's
 OpenAI-style codes (``x-smg-error-code``)::
 
     SmgrlError
@@ -70,7 +70,10 @@ that can meet an error of both families (``UpstreamUnreachable``) names the rend
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from smgrl.core.version import Version
 
 
 class SmgrlError(Exception):
@@ -90,8 +93,9 @@ class ApiError(SmgrlError):
     """An error answered to a client: a stable ``code``, an HTTP ``status``, a ``message`` and
     ``context`` fields; ``rl_body`` or ``openai_body`` renders it."""
 
-    code: ClassVar[str] = "internal_error"
-    status: ClassVar[int] = 500
+    # Class-level defaults; InvalidRequest sets its own per instance (SMG's codes vary per body).
+    code: str = "internal_error"
+    status: int = 500
     retryable: ClassVar[bool] = False  # said in the OpenAI envelope (and a retry-after header)
 
     def __init__(self, message: str, **context: Any) -> None:
@@ -293,7 +297,7 @@ class NoEligibleWorkers(DataPlaneError):
         cls,
         reasons: Mapping[str, int],
         waited: float,
-        floor=None,
+        floor: Version | None = None,
         versions: Sequence[str] = (),
         engines: Sequence[Mapping[str, Any]] = (),
     ) -> NoEligibleWorkers:
@@ -321,7 +325,9 @@ class VersionFloorUnmet(NoEligibleWorkers):
     code, status, retryable = "version_floor_unmet", 503, True
 
     @classmethod
-    def at(cls, floor, versions: Sequence[str], engines: Sequence[Mapping[str, Any]]) -> VersionFloorUnmet:
+    def at(
+        cls, floor: Version, versions: Sequence[str], engines: Sequence[Mapping[str, Any]]
+    ) -> VersionFloorUnmet:
         message = (
             f"x-version-tag {floor.raw} asks for that version or newer, no engine has it (the fleet "
             f"has versions {', '.join(versions) or 'none'}) and no refit or weight sync is in progress"

@@ -43,3 +43,21 @@ def new_tag(length: int) -> str:
     if not 1 <= length <= 18:
         raise ValueError("a tag is 1 to 18 hex digits")
     return new_hex_id()[-length:]
+
+
+MAX_WORKER_ID = 128
+_WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def worker_id_problem(text: object) -> str | None:
+    """None for a worker id a registration may choose (PSRL names its replicas ``"0"``,
+    ``"1"``...): 1-128 characters of letters, digits and ``. _ : -`` (safe in a URL path, a
+    journal stream name and a log line); else what is wrong with it."""
+    if not isinstance(text, str):
+        return "must be a string"
+    if not 0 < len(text) <= MAX_WORKER_ID:
+        return f"must be 1-{MAX_WORKER_ID} characters"
+    bad = next((ch for ch in text if ch not in _WORKER_ID_CHARS), None)
+    if bad is not None:
+        return f"may hold letters, digits and . _ : - only (found {bad!r})"
+    return None

@@ -1,4 +1,4 @@
-"""SGLang's weight routes (engines.md §1.1-§1.2): refits from disk, tensor and distributed,
+"""SGLang's weight routes (docs/engines.md, SGLang): refits from disk, tensor and distributed,
 process groups, begin/end sessions, weight versions, and memory release/resume.
 
 A mixin of :class:`smgrl.fake.sglang.SGLangEngine` (it uses the engine's ``struct`` parser,
@@ -213,7 +213,7 @@ class SGLangWeights:
         )
 
     async def weights_checker(self, req: Request) -> Response:
-        """``/weights_checker`` (engines.md §1): ``checksum`` hashes all weights into one value per
+        """``/weights_checker`` (docs/engines.md): ``checksum`` hashes all weights into one value per
         engine (``per_engine_checksum``) and keeps it; ``compare`` says whether the weights still
         hash to it; ``reset`` forgets it. One hash of everything: a trainer's per-tensor checksums
         cannot be compared with it (docs/refits.md, Verification)."""

@@ -338,7 +338,7 @@ class AppQueue:
     Every ``send`` and every ``receive`` of a trio memory channel ends with a schedule point,
     even when the message is already there or the buffer has room: a small ``POST`` cost the
     reader two passes (chunk, end of body) and the app one, and each pass is a trip through
-    trio's run loop (issue 14: 3 of a kept-alive rollout request's 6). Here ``put`` and ``get``
+    trio's run loop (3 of a kept-alive rollout request's 6, docs/benchmarks.md). Here ``put`` and ``get``
     return at once when they can, and wait (cancellably) only when they must: ``put`` on a full
     queue (``max_app_queue_size``: the reader stops reading, as in stock), ``get`` on an empty
     one. ``close`` is the disconnect: ``get`` returns what was queued, then ``http.disconnect``

@@ -1,4 +1,4 @@
-"""Inference-side resilience (issue 7 step 7): retries only before the first byte and only on
+"""Inference-side resilience: retries only before the first byte and only on
 connection errors / 5xx, per-engine circuit breakers, in-flight load counters, the request
 timeout, admission with a bounded queue, and proof that control calls touch none of it."""
 
@@ -298,7 +298,7 @@ async def test_a_queue_wait_that_runs_out_is_a_429():
 
 
 async def test_an_open_breaker_of_a_held_out_engine_never_makes_a_waiting_request_spin():
-    # Issue 10: the wait for an engine held out by its breaker woke at the earliest reopen time
+    # The wait for an engine held out by its breaker woke at the earliest reopen time
     # of ANY open breaker, including one of an engine the table holds out (paused: never
     # consulted, so its reopen time stays in the past): the wait returned at once and selection
     # spun (15,309 passes in 0.3 s where 2 are expected).

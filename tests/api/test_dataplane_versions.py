@@ -1,4 +1,4 @@
-"""Version-aware routing (issue 7 step 6; spec Appendix A.2/A.3): --rl-version-policy, the
+"""Version-aware routing (docs/data-plane.md, "Version policies"): --rl-version-policy, the
 x-smg-version-policy header, and PSRL's x-version-tag floor."""
 
 from __future__ import annotations

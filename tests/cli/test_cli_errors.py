@@ -1,11 +1,13 @@
-"""`smgrl launch` refuses bad flag values with exit status 1 and exactly one line on stderr."""
+"""Every `smgrl` error is one line on stderr that starts with `error: `: a configuration error
+exits 1, a usage error (an unknown command or flag, a value of the wrong type) exits 2 and names
+the help to read; `smgrl refit` names the gateway URL it could not use and what to do."""
 
 import subprocess
 import sys
 
 import pytest
 
-RL = "Configuration error: Invalid value for field 'rl': "
+RL = "error: Invalid value for field 'rl': "
 
 
 @pytest.mark.parametrize(
@@ -19,23 +21,21 @@ RL = "Configuration error: Invalid value for field 'rl': "
             ["--enable-rl", "--rl-control-timeout-secs", "0", "--rl-fanout-concurrency", "0"],
             RL + "control_timeout_secs=0 fanout_concurrency=0 - rl.control_timeout_secs must be >= 1",
         ),
-        (["--port", "abc"], "error: Invalid value for '--port': 'abc' is not a valid integer."),
         (["--control-plane-api-keys", "k:n:root:s"], None),
         (["--tenant-api-key", "nokey"], "error: Invalid --tenant-api-key entry (expected 'tenant_id:key')"),
-        (["--no-such-flag"], "error: No such option '--no-such-flag'."),
-        # issue 12: a scheme-less URL was accepted and stayed pending forever (SMG refuses it).
+        # A scheme-less URL was accepted and stayed pending forever (SMG refuses it).
         (
             ["--worker-urls", "http://127.0.0.1:31001", "127.0.0.1:31002"],
             (
-                "Configuration error: Invalid value for field 'worker_url': 127.0.0.1:31002 - URL must start "
+                "error: Invalid value for field 'worker_url': 127.0.0.1:31002 - URL must start "
                 "with a lowercase http://, https://, grpc://, grpcs://, or ipc:// scheme"
             ),
         ),
-        # issue 10: userinfo is refused, and the password is never echoed.
+        # Userinfo is refused, and the password is never echoed.
         (
             ["--worker-urls", "http://u:PASS-9f2c@127.0.0.1:31002"],
             (
-                "Configuration error: Invalid value for field 'worker_url': http://***@127.0.0.1:31002 - a worker "
+                "error: Invalid value for field 'worker_url': http://***@127.0.0.1:31002 - a worker "
                 "URL must not carry credentials (user:password@); give the engine's key as api_key (POST /workers) "
                 "or --api-key (smgrl launch)"
             ),
@@ -70,3 +70,62 @@ def test_zero_values_are_accepted_without_enable_rl(tmp_path):
     )
     cfg = config_from_options(ctx.params)
     assert cfg.rl.fanout_concurrency == 0 and not cfg.rl.enabled
+
+
+def _smgrl(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "smgrl", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["lanch"], "error: No such command 'lanch'. Did you mean 'launch'? (see 'smgrl --help')"),
+        (
+            ["journal", "wrkers"],
+            "error: No such command 'wrkers'. Did you mean 'workers'? (see 'smgrl journal --help')",
+        ),
+        (
+            ["launch", "--port", "abc"],
+            "error: Invalid value for '--port': 'abc' is not a valid integer. (see 'smgrl launch --help')",
+        ),
+        (["launch", "--no-such-flag"], "error: No such option '--no-such-flag'. (see 'smgrl launch --help')"),
+        (["fake-engine", "--kind", "x"], None),
+        (
+            ["refit", "--gateway", "http://127.0.0.1:1"],
+            "error: Missing option '--selector'. (see 'smgrl refit --help')",
+        ),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line_everywhere(args, line):
+    proc = _smgrl(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    if line is not None:
+        assert lines[0] == line
+
+
+REFIT = ["--selector", "engine=sglang", "--model-path", "/ckpt/x", "--version", "1"]
+
+
+def test_refit_names_a_gateway_url_without_a_scheme():
+    proc = _smgrl("refit", "--gateway", "127.0.0.1:30000", *REFIT)
+    assert proc.returncode == 2
+    want = "error: Invalid value for '--gateway': '127.0.0.1:30000' needs http:// or https:// "
+    want += "(e.g. http://127.0.0.1:30000) (see 'smgrl refit --help')"
+    assert proc.stderr.strip().splitlines() == [want]
+
+
+def test_refit_names_a_dead_gateway_and_what_to_check():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _smgrl("refit", "--gateway", f"http://127.0.0.1:{port}", *REFIT)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: cannot reach the gateway at http://127.0.0.1:{port} (")
+    assert "smgrl launch" in line and "urlopen" not in line

@@ -323,14 +323,29 @@ def test_head_call_has_no_envelope(rl, gateway):
     assert info.value.code == "unexpected_response"
 
 
-def test_transport_errors_are_not_wrapped():
+def test_an_unreachable_gateway_is_one_clear_urlerror():
+    """Connection refused: one exception that names the URL and what to check, a subclass of
+    URLError (code written for smg.rl catches it), raised without urllib's chain."""
     import socket
+
+    from smgrl.rl import GatewayUnreachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(urllib.error.URLError):
-        RL(f"http://127.0.0.1:{port}", timeout=2).workers()
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(urllib.error.URLError) as info:
+        RL(url, timeout=2).workers()
+    assert isinstance(info.value, GatewayUnreachable)
+    assert info.value.url == url and info.value.__cause__ is None and info.value.__suppress_context__
+    assert str(info.value).startswith(f"cannot reach the gateway at {url} (")
+    assert "smgrl launch" in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:30000", "localhost", "ftp://127.0.0.1:30000"])
+def test_a_gateway_url_without_an_http_scheme_is_refused_when_the_client_is_made(url):
+    with pytest.raises(ValueError, match="needs http:// or https://"):
+        RL(url)
 
 
 # -- fan-out --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import click
 
 from smgrl.cli.journal.group import Ctx, command, last_or_all, refuse_last_with_all
 from smgrl.cli.journal.loopbacks import per_cycle, read_loopbacks
-from smgrl.cli.journal.render import ChunkedTable, chunks, json_text, table
+from smgrl.cli.journal.render import ChunkedTable, chunks, current, json_text, notes, table
 from smgrl.cli.journal.timeline import OVERVIEW_MAX, html_parts, render_html, render_svg
 from smgrl.history import sagas as sv
 from smgrl.history.reading import add_outcomes, recent, seq_at, stream_ops
@@ -121,12 +121,18 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
             sagas = _sagas(store, ids, first, since_ts is not None, told)
             click.echo("]," + json_text(sagas, lines=True)[1:])
         else:
-            shown, layout, seen = 0, ChunkedTable(limits=LIMITS), set()
+            # A narrow terminal drops phase columns (the total stays) and then the engine count;
+            # a failure's engine and reason are never cut (the terminal wraps the line).
+            optional = [*reversed(PHASE_ORDER), "engines"]
+            shown, layout, seen = 0, ChunkedTable(limits=LIMITS, optional=optional), set()
             for chunk in chunks(stream, CHUNK):
                 for c in chunk:
                     seen.update(c.phases())
                 phases = [p for p in PHASE_ORDER if p in seen]
-                click.echo(layout.render([cycle_row(c, phases) for c in chunk], _columns(phases)))
+                rows, failures = terminal_rows([cycle_row(c, phases) for c in chunk])
+                click.echo(layout.render(rows, _columns(phases)))
+                if failures:
+                    click.echo(notes(failures))
                 shown += len(chunk)
             if shown == 0:
                 click.echo("no refit cycles")
@@ -135,6 +141,23 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
 
 CHUNK = 500  # cycles per printed chunk: the output is streamed, never held whole
 LIMITS = {"failed": 120, "version": 24}
+
+
+def terminal_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows for a terminal table, and the lines printed under it: a failed cycle's ``failed`` cell
+    holds how many engines failed, and a line under the table names each one with its reason in
+    full (wrapped, never cut: a cut URL or id would name another engine). ``--wide`` keeps the
+    full text in the cell."""
+    if current().wide:
+        return rows, []
+    shown, lines = [], []
+    for row in rows:
+        failed = row.get("failed", "-")
+        if failed and failed != "-":
+            lines.append(f"cycle {row['cycle']} failed: {failed}")
+            row = {**row, "failed": f"{len(failed.split('), '))} below"}
+        shown.append(row)
+    return shown, lines
 
 
 def _columns(phases: list[str]) -> list[str]:
@@ -259,7 +282,10 @@ def _output(
     if not rows:
         click.echo("no refit cycles")
     else:
-        click.echo(table(rows, list(rows[0]), limits=LIMITS))
+        shown, failures = terminal_rows(rows)
+        click.echo(table(shown, list(shown[0]), limits=LIMITS, optional=[*reversed(PHASE_ORDER), "engines"]))
+        if failures:
+            click.echo(notes(failures))
     _print_sagas(found)
 
 
