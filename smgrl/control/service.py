@@ -28,8 +28,8 @@ import trio
 
 from journal import Expect, JournalConflict, JournalWriteError
 from journal.codec import ControlStarted
+from smgrl.control.batched import run_batched
 from smgrl.control.call import ControlRequest, call_worker
-from smgrl.control.fanout import run_fanout
 from smgrl.control.outcome import Outcome, fanout_body
 from smgrl.core import (
     Selector,
@@ -171,11 +171,21 @@ class ControlService:
         done = False
         try:
             await self._intent_durable(op)
-            await run_fanout(
+            await run_batched(
                 targets,
-                lambda w: self._call_one(w, req, op, quiet_ok=True),
+                req,
+                lambda w: self.keys.get(w.group),
+                self.pools,
+                self.rl.control_timeout_secs,
                 self.rl.fanout_concurrency,
-                lambda w, o: (outcomes.append(o), on_outcome and on_outcome(w, o)),
+                lambda w: call_worker(
+                    w, self.keys.get(w.group), req, self.pools, self.rl.control_timeout_secs
+                ),
+                lambda w, o: (
+                    self._record(w, req, op, o, quiet_ok=True),
+                    outcomes.append(o),
+                    on_outcome and on_outcome(w, o),
+                ),
             )
             done = True
         finally:
@@ -290,6 +300,14 @@ class ControlService:
         outcome = await call_worker(
             worker, self.keys.get(worker.group), req, self.pools, self.rl.control_timeout_secs
         )
+        self._record(worker, req, op, outcome, quiet_ok=quiet_ok)
+        return outcome
+
+    def _record(
+        self, worker: Worker, req: ControlRequest, op: _Op, outcome: Outcome, *, quiet_ok: bool
+    ) -> None:
+        """An outcome's metric, log line and journal record (the latter held for the final
+        transaction)."""
         result = outcome.metric_result
         if result is not None and self.metrics.rl_enabled:
             self.metrics.control_call(metric_op(req.path), result, outcome.latency_ms / 1000)
@@ -327,7 +345,6 @@ class ControlService:
                 stage=outcome.stage,
             )
         )
-        return outcome
 
     async def _start(
         self,

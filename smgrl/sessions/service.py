@@ -554,7 +554,10 @@ class SessionService:
 
         def adapt(entry):
             worker = registry.get(entry.instance.worker_id)
-            kind = kinds["kind"] = eng.engine_kind(worker.engine if worker is not None else "")
+            # A gRPC engine answers in SGLang's /generate shape whatever its kind (the data
+            # plane renders its Generate stream so): the ids sent are the ids built here.
+            runtime = "sglang" if entry.instance.wire is not None else (worker.engine if worker else "")
+            kind = kinds["kind"] = eng.engine_kind(runtime)
             return eng.request(kind, rollout.prompt + rollout.ids, body, rollout.remaining())
 
         outcome = "cancelled"
