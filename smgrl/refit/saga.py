@@ -62,7 +62,7 @@ REPEATABLE = frozenset({"pause", "version", "flush", "verify", "checksum", "resu
 _SAGA_DECISIONS = ("refit.started", "refit.finished")
 DECIDE_ROUNDS = 8
 # How long a restart waits, at most, for a load it cut short to end on the engine (read back).
-RECHECK_MAX_SECS = 300.0
+RECHECK_MAX_SECS = 120.0
 
 
 @attrs.frozen
