@@ -61,6 +61,8 @@ REPEATABLE = frozenset({"pause", "version", "flush", "verify", "checksum", "resu
 # What deciding to start a refit depends on (several processes: another process's saga).
 _SAGA_DECISIONS = ("refit.started", "refit.finished")
 DECIDE_ROUNDS = 8
+# How long a restart waits, at most, for a load it cut short to end on the engine (read back).
+RECHECK_MAX_SECS = 120.0
 
 
 @attrs.frozen
@@ -678,8 +680,7 @@ class RefitService(FailSafe):
     async def _recheck(self, saga: Saga, phase: str, runs: list[EngineRun]) -> None:
         """Read each engine's version back: the new version -> the phase counts as done; anything
         else (other version, no answer, no version route) -> unknown."""
-        calls = {r.worker_id: P.readback_call(r.kind) for r in runs}
-        seen = await self._calls(saga, "recheck", runs, calls)
+        seen = await self._read_back(saga, runs, patient=phase in P.WEIGHT_PHASES)
         results = []
         for r, x in zip(runs, seen, strict=True):
             if x["result"] == "ok" and x.get("version") == saga.weight_version:
@@ -703,6 +704,36 @@ class RefitService(FailSafe):
         await self._append(
             saga.refit_id, [ev("refit.step_done", refit_id=saga.refit_id, phase=phase, results=results)]
         )
+
+    async def _read_back(self, saga: Saga, runs: list[EngineRun], *, patient: bool) -> list[dict[str, Any]]:
+        """Each engine's version, read back. ``patient``: a load the crash cut short may still be
+        running on the engine (it outlives the gateway), and until it ends the engine reports
+        its previous version; such engines are asked again, less and less often, until they
+        report the refit's version or for as long as the load itself could have taken
+        (``--rl-control-timeout-secs``, at most ``RECHECK_MAX_SECS``). Any other answer is final."""
+        calls = {r.worker_id: P.readback_call(r.kind) for r in runs}
+        seen = dict(
+            zip([r.worker_id for r in runs], await self._calls(saga, "recheck", runs, calls), strict=True)
+        )
+        deadline = trio.current_time() + min(float(self.cfg.rl.control_timeout_secs), RECHECK_MAX_SECS)
+        pause = 0.5
+        while patient:
+            again = [
+                r
+                for r in runs
+                if r.previous_version is not None
+                and seen[r.worker_id].get("version") == r.previous_version
+                and r.previous_version != saga.weight_version
+            ]
+            if not again or trio.current_time() + pause > deadline:
+                break
+            await trio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+            fresh = await self._calls(
+                saga, "recheck", again, {r.worker_id: calls[r.worker_id] for r in again}
+            )
+            seen.update(zip([r.worker_id for r in again], fresh, strict=True))
+        return [seen[r.worker_id] for r in runs]
 
     async def _finish(self, saga: Saga, result: str | None = None, detail: str | None = None) -> None:
         if not saga.is_open:

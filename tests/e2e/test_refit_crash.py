@@ -47,7 +47,9 @@ def set_knobs(url: str, **knobs) -> None:
     urllib.request.urlopen(req, timeout=10).read()
 
 
-def wait_finished(http, refit_id: str, timeout: float = 60.0) -> dict:
+def wait_finished(http, refit_id: str, timeout: float = 180.0) -> dict:
+    # 180 s: a kill between the load's intent and its call reaching an engine leaves that engine
+    # on its old version; the restart re-reads it for up to 120 s before quarantining it.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status, _, body = http.request("GET", f"/v1/rl/refits/{refit_id}")

@@ -48,10 +48,17 @@ def start_refit(base: str, ckpt: str, version: str) -> str:
     return body["refit_id"]
 
 
-def loading(base: str, refit_id: str) -> bool:
-    """Every engine is inside its load call (its outcome not known yet)."""
+def loading(base: str, refit_id: str, urls: list[str]) -> bool:
+    """Every engine is inside its load call: the saga's step is running (its outcome not known
+    yet) and each engine received the call (it loads for LOAD_DELAY_MS)."""
     st, _, record = request(base, "GET", f"/v1/rl/refits/{refit_id}")
-    return st == 200 and all(e["phase"] == "load" and e["status"] == "running" for e in record["engines"])
+    if st != 200 or not all(e["phase"] == "load" and e["status"] == "running" for e in record["engines"]):
+        return False
+    for url in urls:
+        calls = request(url, "GET", "/_fake/calls?path=/update_weights_from_disk")[2]["calls"]
+        if not calls:
+            return False
+    return True
 
 
 def finished(base: str, refit_id: str) -> dict | None:
@@ -107,7 +114,7 @@ def test_a_saga_recovered_after_a_gateway_crash_mid_load_leaves_the_fleet_servin
     )
     ckpt = str(make_checkpoint(tmp_path / "ckpt", "fake/model", seed=2))
     refit_id = start_refit(base, ckpt, "2")
-    wait_until("the engines loading", lambda: loading(base, refit_id))
+    wait_until("the engines loading", lambda: loading(base, refit_id, urls))
     child.kill()
     child, _, port = gateway(*args, journal=journal, port=port)
     done = wait_until("the recovered saga to finish", lambda: finished(base, refit_id), timeout=60)
@@ -145,7 +152,7 @@ def test_a_saga_whose_driver_worker_is_killed_mid_load_leaves_the_fleet_serving(
         )
     ckpt = str(make_checkpoint(tmp_path / "ckpt", "fake/model", seed=2))
     refit_id = start_refit(a.url, ckpt, "2")
-    wait_until("the engines loading", lambda: loading(a.url, refit_id))
+    wait_until("the engines loading", lambda: loading(a.url, refit_id, urls))
     driver = int(a.gateway.split(":")[1])
     assert driver in pids
     os.kill(driver, signal.SIGKILL)
