@@ -219,7 +219,7 @@ def interleaved(args, smg: str | None) -> None:
                     for turn in range(max(1, args.rounds // block)):
                         # The rotation's order reversed every other block: on a busy 2-core VM the
                         # gateway measured first (right after another's block) had a worse p50
-                        # (docs/benchmarks.md, issue 14 session 3), which a fixed order charged
+                        # (docs/benchmarks.md, 2026-12-01 07:00 UTC), which a fixed order charged
                         # to the same gateway every time.
                         order = list(children.items())
                         if turn % 2:

@@ -25,11 +25,13 @@ from smgrl.core import (
     control_url,
     new_worker_id,
     origin_key,
+    parse_size,
     redact_url,
     strip_rank,
 )
 from smgrl.core.config import Config
 from smgrl.core.errors import WorkerApiError
+from smgrl.registry.grpc_probe import TokenizerCache, discover_grpc
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, probe_control_app, probe_http
 from smgrl.telemetry.journaling import ev
@@ -53,6 +55,8 @@ class Registration:
     runtime: str | None = None
     api_key: str | None = attrs.field(default=None, repr=False)
     bootstrap_port: int | None = None
+    # A worker id the caller chose (PSRL: its replica index); None: the gateway makes one.
+    worker_id: str | None = None
 
 
 class RegistryService:
@@ -71,6 +75,8 @@ class RegistryService:
         self._lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._jobs: dict[str, trio.CancelScope] = {}
+        sessions = getattr(cfg, "sessions", None)
+        self.tokenizers = TokenizerCache(fixed_path=getattr(sessions, "tokenizer_path", None))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # This nursery owns every discovery job; it lives as long as the gateway's root nursery.
@@ -114,7 +120,14 @@ class RegistryService:
                 f"Worker already exists at URL '{reg.url}' with ID {existing.id}. Use PUT "
                 f"/workers/{existing.id} to replace or PATCH /workers/{existing.id} to update.",
             )
-        worker_id = new_worker_id()
+        if reg.worker_id is not None and self.fleet.registry.get(reg.worker_id) is not None:
+            raise WorkerApiError(
+                409,
+                "WORKER_ALREADY_EXISTS",
+                f"Worker ID '{reg.worker_id}' is already registered. Use PUT /workers/{reg.worker_id} to "
+                f"replace or PATCH /workers/{reg.worker_id} to update.",
+            )
+        worker_id = reg.worker_id or new_worker_id()
         event = ev(
             "worker.registered",
             worker_id=worker_id,
@@ -285,13 +298,14 @@ class RegistryService:
                 delay = min(delay * 2, self.cfg.registration_backoff_max_secs)
                 continue
             rank_ids: list[str] = []
-            if (
-                worker.dp_aware
-                and found.dp_size
-                and found.dp_size > 1
-                and strip_rank(worker.url) == worker.url
-            ):
-                rank_ids = [worker_id] + [new_worker_id() for _ in range(found.dp_size - 1)]
+            # The engine's own DP size wins; a registration's ``dp_size`` label (PSRL's replicas
+            # carry one) defines the ranks of an engine that reports none (vLLM). A gRPC worker's
+            # ranks are its registration's label first (as PSRL sends it), else what it reported.
+            dp_size = found.dp_size or parse_size(worker.caller_labels.get("dp_size"))
+            if worker.connection_mode == "grpc" and worker.caller_labels.get("dp_size"):
+                dp_size = parse_size(worker.caller_labels["dp_size"]) or dp_size
+            if worker.dp_aware and dp_size and dp_size > 1 and strip_rank(worker.url) == worker.url:
+                rank_ids = [worker_id] + [new_worker_id() for _ in range(dp_size - 1)]
             async with self._lock:
                 if self.fleet.registry.get(worker_id) is None:
                     return  # removed while we probed
@@ -342,6 +356,8 @@ class RegistryService:
             return await probe_http(
                 self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS, worker.runtime, self.instance_id
             )
+        if worker.connection_mode == "grpc":
+            return await discover_grpc(self.pools, worker, key, PROBE_TIMEOUT_SECS, self.tokenizers)
         return await probe_control_app(
             self.pools,
             worker.url,

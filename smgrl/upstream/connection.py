@@ -54,7 +54,7 @@ class Connection:
         """``stream.send_all(data)``, for plain TCP without its schedule point when the kernel
         takes every byte at once (a request almost always fits the socket buffer).
 
-        Measured (docs/benchmarks.md, issue 14): trio's ``send_all`` ends every send with a
+        Measured (docs/benchmarks.md, "rollout (data plane)"): trio's ``send_all`` ends every send with a
         ``cancel_shielded_checkpoint``, a task switch per engine call; the caller's next step
         is a receive that waits anyway, which is its checkpoint. Errors are trio's: a broken
         connection raises ``trio.BrokenResourceError`` (one of ``STREAM_ERRORS``)."""
