@@ -100,6 +100,9 @@ class ControlService:
         self.identity: str | None = None
         # targets() per selector, valid for one projection revision (see targets()).
         self._targets: tuple[object, dict[Selector, tuple[Worker, ...]]] = (None, {})
+        # Each target's control endpoint and pool for the batched calls (run_batched), emptied
+        # with the targets whenever the projections change.
+        self._routes: dict[str, tuple] = {}
 
     # -- targets -------------------------------------------------------------------------------
 
@@ -117,6 +120,7 @@ class ControlService:
         if cached_at != revision:
             cache = {}
             self._targets = (revision, cache)
+            self._routes = {}
         found = cache.get(selector)
         if found is None:
             facts = self.fleet.facts()
@@ -186,6 +190,7 @@ class ControlService:
                     outcomes.append(o),
                     on_outcome and on_outcome(w, o),
                 ),
+                self._routes,
             )
             done = True
         finally:

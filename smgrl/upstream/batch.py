@@ -36,7 +36,7 @@ import trio
 
 from smgrl.upstream.connection import RECEIVE_SIZE
 from smgrl.upstream.errors import UpstreamError
-from smgrl.upstream.http11 import NEED_DATA, Data, EndOfMessage, Head, ResponseParser
+from smgrl.upstream.http11 import NEED_DATA, Data, EndOfMessage, Head, ResponseParser, simple_response
 from smgrl.upstream.pool import EnginePool
 
 __all__ = ["Batch", "Done"]
@@ -65,8 +65,21 @@ class Done:
 
 
 class _Pending:
-    __slots__ = ("connection", "deadline", "fd", "head", "keep_alive", "out", "parser", "pieces", "pool",
-                 "received", "size", "token")  # fmt: skip
+    __slots__ = (
+        "connection",
+        "deadline",
+        "fd",
+        "head",
+        "keep_alive",
+        "method",
+        "out",
+        "parser",
+        "pieces",
+        "pool",
+        "received",
+        "size",
+        "token",
+    )  # fmt: skip
 
     def __init__(self, token, pool, connection, fd, out, method, deadline, keep_alive) -> None:
         self.token = token
@@ -75,6 +88,7 @@ class _Pending:
         self.fd = fd
         self.out = out  # request bytes not yet taken by the kernel
         self.parser = ResponseParser(method)
+        self.method = method
         self.deadline = deadline
         self.keep_alive = keep_alive
         self.head: Head | None = None
@@ -192,6 +206,10 @@ class Batch:
                 return Done(pending.token, "read", pending.head is not None, why)
             pending.parser.feed_eof()
         else:
+            if not pending.received and pending.method != "HEAD":
+                whole = simple_response(data)
+                if whole is not None:  # the usual answer, read without the parser's events
+                    return self._whole(pending, *whole)
             pending.received = True
             pending.parser.feed(data)
         try:
@@ -219,6 +237,20 @@ class Batch:
             elif kind is EndOfMessage:
                 self._forget(pending, reusable=pending.keep_alive and parser.reusable)
                 return self._answer(pending, truncated=False)
+
+    def _whole(self, pending: _Pending, status: int, headers: list, data: bytes) -> Done:
+        truncated = len(data) > self._limit
+        # As ``_parse`` would end it: pooled unless the body is over the limit (then closed).
+        self._forget(pending, reusable=pending.keep_alive and not truncated)
+        done = Done(pending.token, None, True)
+        done.status = status
+        for key, value in headers:
+            if key == b"content-type":
+                done.content_type = value
+                break
+        done.data = data[: self._limit] if truncated else data
+        done.truncated = truncated
+        return done
 
     def _answer(self, pending: _Pending, *, truncated: bool) -> Done:
         head = pending.head

@@ -46,6 +46,7 @@ __all__ = [
     "ResponseParser",
     "request_wants_close",
     "serialize_request",
+    "simple_response",
 ]
 
 # Limits on what an engine may send before we call it broken rather than slow. Engines send a
@@ -532,3 +533,48 @@ def _content_length(values: list[bytes]) -> int:
             length = number
     assert length is not None
     return length
+
+
+def simple_response(data: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    """``(status, headers, body)`` when ``data`` is exactly one whole, plain response, else None.
+
+    The common answer to a small control call, read at once without the event machinery of
+    ``ResponseParser``: HTTP/1.1, CRLF line ends, a final status that has a body (not 1xx, 204
+    or 304), one ``content-length`` and no ``transfer-encoding`` or ``connection`` field, the
+    whole body and not a byte more. Such a response is reusable. Anything else (including every
+    malformed or unusual head) is None, and the caller hands the same bytes to a
+    ``ResponseParser``, which accepts or refuses them by the full rules. Never for a response to
+    HEAD (its content-length is not followed by a body). ``tests/unit/test_http11.py`` checks that
+    every response accepted here reads the same through ``ResponseParser``.
+    """
+    end = data.find(b"\r\n\r\n")
+    if end < 0 or end + 4 > MAX_HEAD_BYTES or not data.startswith(b"HTTP/1.1 "):
+        return None
+    block = data[:end]
+    if b"\n" in block.replace(b"\r\n", b"") or b"\r" in block.replace(b"\r\n", b"") or b"\0" in block:
+        return None
+    lines = block.split(b"\r\n")
+    if len(lines) > MAX_HEADERS + 1:
+        return None
+    match = _STATUS_LINE.fullmatch(lines[0])
+    if match is None:
+        return None
+    status = int(match.group(2))
+    if status < 200 or status == 204 or status == 304:
+        return None
+    headers = []
+    length = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or _TOKEN.fullmatch(name) is None:
+            return None
+        name = name.lower()
+        value = value.strip(b" \t")
+        if name in _FRAMING_FIELDS:
+            if name != b"content-length" or length is not None or not value.isdigit() or len(value) > 18:
+                return None
+            length = int(value)
+        headers.append((name, value))
+    if length is None or len(data) != end + 4 + length:
+        return None
+    return status, headers, data[end + 4 :]

@@ -14,6 +14,7 @@ from smgrl.upstream.http11 import (
     ResponseParser,
     request_wants_close,
     serialize_request,
+    simple_response,
 )
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -622,3 +623,63 @@ def test_serialize_rejects_what_could_split_or_reframe_the_request(args):
 )
 def test_request_wants_close(headers, expected):
     assert request_wants_close(headers) is expected
+
+
+# -- simple_response: the whole-response shortcut of the batched fan-out ----------------------
+
+
+def _variants() -> list[bytes]:
+    """Every corpus response, and each with its last byte cut, a byte more, and small edits."""
+    base = [g[1] for g in GOOD] + [b[1] for b in BAD] + [e[1] for e in EARLY_EOF]
+    base += [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 500 \r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length:  3 \t\r\nx-a:\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n x-fold\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nbad name: 1\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nx: a\rb\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nx: a\x00b\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 2000 OK\r\ncontent-length: 2\r\n\r\nok",
+    ]
+    out = []
+    for raw in base:
+        out += [raw, raw[:-1], raw + b"x", raw.replace(b"\r\n", b"\n", 1), raw.lower(), raw.upper()]
+    return out
+
+
+@pytest.mark.parametrize("raw", _variants())
+def test_a_simple_response_reads_as_the_parser_reads_it(raw):
+    got = simple_response(raw)
+    if got is None:
+        return  # the parser's own tests cover what it does with these bytes
+    status, headers, body = got
+    events, parser = parse(raw)
+    assert [type(e) for e in events] == [Head, Data, EndOfMessage] or (
+        not body and [type(e) for e in events] == [Head, EndOfMessage]
+    )
+    assert (events[0].status, events[0].headers) == (status, headers)
+    assert (events[1].data if body else b"") == body
+    assert parser.reusable
+
+
+def test_a_plain_answer_is_simple_and_others_are_not():
+    assert simple_response(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: a/b\r\n\r\nok") == (
+        200,
+        [(b"content-length", b"2"), (b"content-type", b"a/b")],
+        b"ok",
+    )
+    for raw in (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok",  # not all here yet
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nok",  # a byte too many
+    ):
+        assert simple_response(raw) is None

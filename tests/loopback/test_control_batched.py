@@ -265,3 +265,27 @@ async def test_a_cancelled_batch_closes_its_connections(nursery):
         pool = pools.get(w.base_url)
         assert pool.active_connections == 0 and pool.idle_connections == 0
     await pools.aclose()
+
+
+async def test_a_cached_route_is_not_used_once_its_pool_is_discarded(nursery):
+    ws = workers([await serve(nursery, partial(answer, ok(b"second"))) for _ in range(2)])
+    pools = PoolSet()
+    routes: dict = {}
+    got = {}
+
+    async def run():
+        await run_batched(
+            ws, REQUEST, lambda w: None, pools, TIMEOUT, 32,
+            lambda w: call_worker(w, None, REQUEST, pools, TIMEOUT),
+            lambda w, o: got.__setitem__(w.id, o), routes,
+        )  # fmt: skip
+
+    with trio.fail_after(SAFETY):
+        await run()
+        assert set(routes) == {"w0", "w1"}
+        old = routes["w0"][3]
+        await pools.discard(ws[0].base_url)
+        await run()
+    assert routes["w0"][3] is not old and not routes["w0"][3].closed
+    assert got["w0"].status == 200 and got["w1"].body == "second"
+    await pools.aclose()
