@@ -13,7 +13,7 @@ that is not a load response) is not asked again; it and any engine whose read fa
 ``/metrics`` (SGLang's or vLLM's gauges) instead. An answer too large to keep (over 1 MiB or 1024
 ranks, ``core.engine_load.MAX_*``; SMG keeps any) is a failed read, asked again at the next tick.
 DP-aware rank rows never get one (SMG 1.13.0 shows none on them). gRPC/ZMQ workers are not polled
-(SMG asks their gRPC servers; smgrl has no gRPC client).
+(SMG asks their gRPC servers; smgrl reads GetLoads at discovery only).
 
 ``--disable-load-monitoring`` turns polling off only when nothing else needs the data, SMG's
 gate: the policy is not load-aware (``cache_aware``, ``power_of_two`` and ``least_load`` are)
