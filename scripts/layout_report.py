@@ -53,7 +53,8 @@ def imports_of(path: Path) -> set[str]:
     typing_only = {
         id(inner)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+        if isinstance(node, ast.If)
+        and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
         for inner in ast.walk(node)
     }
     for node in ast.walk(tree):
@@ -218,7 +219,11 @@ def report(out=sys.stdout) -> int:
     )
     rows: Iterable[tuple[str, object, str]] = [
         ("modules directly in smgrl/", len(roots), f"target <= {MAX_ROOT_MODULES}: {', '.join(roots)}"),
-        ("import cycles (function-level imports count)", len(cyc), "target 0 (type-checking-only imports left out)"),
+        (
+            "import cycles (function-level imports count)",
+            len(cyc),
+            "target 0 (type-checking-only imports left out)",
+        ),
         (f"modules over {MAX_LINES} lines outside tests", len(long), "target 0"),
         ("non-CLI modules importing CLI code", len(cli), "target 0"),
         ("imports against the layer table", len(viol), "target 0"),

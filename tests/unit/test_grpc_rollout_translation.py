@@ -102,7 +102,7 @@ def test_the_final_stream_event_does_not_repeat_the_last_token(tok):
     pb = WIRES["tokenspeed"].pb
     item = GenItem(p, 0, "r", "old", None)
     answer = RenderedAnswer(p, [item], "m", "r")
-    new, delta = item.chunk(pb.GenerateStreamChunk(token_ids=[7, 8], weight_version="v9"))
+    new, _ = item.chunk(pb.GenerateStreamChunk(token_ids=[7, 8], weight_version="v9"))
     assert new == [7, 8] and item.version == "v9"  # TokenSpeed names each chunk's weights
     new, _ = item.complete(pb.GenerateComplete(output_ids=[7, 8], finish_reason="length"), streamed=True)
     assert new == []  # the Complete frame's ids were all streamed already
