@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/journal.py                       # 100k and 1M events replayed
     .venv/bin/python benchmarks/journal.py --events 100000 --append-events 50000
-    .venv/bin/python benchmarks/journal.py --skip-appends --launch  # issue 4's numbers, real launch too
+    .venv/bin/python benchmarks/journal.py --skip-appends --launch  # journal at scale, real launch too
 
 (a) Appends. Many trio tasks call ``await JournalWriter.append`` concurrently (each waits for its
     own durable commit, as a request handler does); the writer batches them. Also one task
@@ -15,11 +15,11 @@
     read with a type filter (what a registry projection needs), and verified. The fan-outs
     rotate through pause_generation / update_weights_from_disk (with a weight version) /
     continue_generation, with their recorded intents, so they form refit cycles.
-(d) With --history SIZES (issue 19): journals written through the store in batches with the
+(d) With --history SIZES: journals written through the store in batches with the
     gateway's snapshot cadence (``generate_with_snapshots``), then `workers --at` (middle and near the head, each
     just below a snapshot: the worst case), `versions`, `refits --all`, `events --type 'worker.*'`
     and `ops --all` run as real commands, three times each: wall time, CPU time and peak RSS.
-(c) On the same journals (issue 4): the registry projection alone; `smgrl journal refits` (the
+(c) On the same journals: the registry projection alone; `smgrl journal refits` (the
     whole journal grouped in process; the command for the last 50 cycles and for --all);
     gateway startup (open, restore the projections, load the keys) without a snapshot and with
     one SNAPSHOT_EVERY (25,000) events behind the head (how often the gateway snapshots: the worst
@@ -95,7 +95,7 @@ def _body(op: int) -> bytes:
 
 # Operations rotate through a refit cycle (pause, update from disk with a weight version, resume)
 # so that `smgrl journal refits` and the engine projection have real work; the event shapes and
-# sizes are those of issue 2's mix (every op carries the same body).
+# sizes are those of the journal's first benchmark mix (every op carries the same body).
 REFIT = ("pause_generation", "update_weights_from_disk", "continue_generation")
 
 
@@ -393,7 +393,7 @@ def bench_replay(path: Path, n: int) -> list[tuple[str, float, int]]:
     return rows
 
 
-# -- issue 4: startup from snapshots, `smgrl journal refits`, the registry projection alone ---------
+# -- journal at scale: startup from snapshots, `smgrl journal refits`, the registry projection alone ---------
 
 # The gateway snapshots every SNAPSHOT_EVERY events (smgrl/runtime/snapshots.py): the worst case it
 # starts from is a snapshot that far behind the head.
@@ -479,7 +479,7 @@ def bench_startup(path: Path, n: int) -> list[tuple[str, str]]:
         assert info.snapshot_seq == upto, info
         rows.append(
             (
-                f"startup, snapshot {lag:,} events behind, unchecked (`restore`, before issue 10)",
+                f"startup, snapshot {lag:,} events behind, unchecked (`restore`, before startup checked the chain)",
                 f"{min(unchecked):.2f} s",
             )
         )
@@ -575,7 +575,7 @@ def bench_launch(path: Path) -> list[tuple[str, str]]:
     ]
 
 
-# -- issue 19: time travel at scale, as real commands --------------------------------------------------
+# -- time travel at scale, as real commands --------------------------------------------------
 
 
 def run_command(args: list[str]) -> tuple[float, float, float]:
@@ -607,7 +607,7 @@ def run_command(args: list[str]) -> tuple[float, float, float]:
 
 
 def history_targets(path: Path) -> list[tuple[str, list[str]]]:
-    """The commands of issue 19 on one journal. ``--at`` targets are the worst case of their
+    """The time-travel commands on one journal. ``--at`` targets are the worst case of their
     region: the seq just below a stored snapshot, so the whole gap since the previous one replays."""
     import sqlite3
 
@@ -739,7 +739,7 @@ def main() -> None:
         "--history",
         default="",
         metavar="SIZES",
-        help="issue 19: journals of these sizes (e.g. 1000000,5000000) written with the gateway's "
+        help="time travel: journals of these sizes (e.g. 1000000,5000000) written with the gateway's "
         "snapshot cadence; `workers --at`, `versions`, `refits --all`, `events --type GLOB` as commands",
     )
     parser.add_argument("--history-runs", type=int, default=3, help="runs of each history command")
@@ -835,7 +835,7 @@ def main() -> None:
 def bench_history_sizes(
     sizes: list[int], runs: int, where: str | None, keep: str | None = None, verify: bool = True
 ) -> None:
-    print("\n## Time travel at scale (issue 19): commands as a user runs them\n")
+    print("\n## Time travel at scale: commands as a user runs them\n")
     print(f"{runs} runs each (ranges); the journals are written with the gateway's snapshot cadence")
     print("(every 25,000 events, thinned by the retention policy).\n")
     print("| events | command | wall s | CPU s | peak MB |")

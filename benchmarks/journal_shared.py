@@ -1,4 +1,4 @@
-"""Several writers on one journal (issue 18): append rate with 1 and 2 processes appending, and
+"""Several writers on one journal: append rate with 1 and 2 processes appending, and
 the cross-process visibility lag, on SQLite and on PostgreSQL.
 
     .venv/bin/python benchmarks/journal_shared.py                  # both stores

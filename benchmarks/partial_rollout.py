@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Partial-rollout loopback (issue 15): useful decoded tokens per second with a weight sync
+"""Partial-rollout loopback: useful decoded tokens per second with a weight sync
 every few seconds, with loopback versus without, and the staged selection's cost.
 
 1. **Throughput.** In one trio process: E fake SGLang engines (``--token-latency-ms`` per

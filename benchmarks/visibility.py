@@ -18,7 +18,7 @@ prints every run and the range.
 
 ``--push``: instead of polling B, read B's journal stream (``GET /v1/rl/journal/stream``, the
 gateways get ``--enable-rl``), whose records are published once B's projections hold them; the
-lag is a record's arrival minus its ``ts`` (A's append, same host clock): issue 18's "append in
+lag is a record's arrival minus its ``ts`` (A's append, same host clock): the scale-out target's "append in
 one process to projection applied in the other", without the poll loop's load on B.
 
     python benchmarks/visibility.py [--rounds 300] [--postgres] [--push] [--baseline-src DIR] [--repeat 3]

@@ -21,6 +21,20 @@ agent (tool calls on odd turns). ``--check`` (with the tokenizer's directory) ve
 the captured ids decode to exactly a full render of the final conversation, masks and log-probs
 align, the mask counts exactly the generated tokens, and every token carries the version of the
 turn that produced it; exit 1 on a failure.
+
+What it needs (checked at the start; exit 2 with what to do when something is missing):
+
+* a gateway started with ``--tokenizer-path DIR`` (sessions) and, for ``--refit-at``,
+  ``--enable-rl``, with a ready engine ``--selector`` matches;
+* ``--scripted`` and ``--check``: fake engines started with the same ``--tokenizer-path``;
+* ``--abort-sync``: engines still decoding when the sync arrives. Fake engines answer at once
+  unless given a per-token latency: start them with ``--token-latency-ms 5`` (or set the knob,
+  ``POST /_fake/knobs {"token_latency_ms": 5}``);
+* ``--refit-at``: a checkpoint every engine reads (the engines' own ``model_path`` by default).
+
+It runs as often as you like on the same fleet: the refit's version defaults to one of its own
+(``session-<random>``), so a second run refits again instead of re-publishing the first run's
+version, and the report reads what each turn recorded, whatever the fleet did before.
 """
 
 from __future__ import annotations
@@ -28,13 +42,14 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import secrets
 import sys
 import time
 
 import httpx
 from openai import OpenAI
 
-from smgrl.rl import RL
+from smgrl.rl import RL, RlError
 from smgrl.tito import training_data
 
 TOOLS = [
@@ -57,7 +72,9 @@ def say(n: int, text: str) -> str:
     return f"\n[[fake-say:{n}:{json.dumps(text)}]]"
 
 
-def scripted_reply(turn: int, turns: int) -> str:
+def scripted_reply(turn: int, turns: int, long: bool = False) -> str:
+    if long:  # the turn a sync interrupts: long enough to be still decoding when the sync arrives
+        return f"I read it; step {turn} takes a while." + " Let me think it through carefully." * 12
     if turn == turns:
         return "The bug is fixed."
     if turn % 2:
@@ -151,6 +168,39 @@ def turn_during_sync(args, client: OpenAI, model: str, messages: list, stream: b
         return future.result(timeout=120)
 
 
+def preflight(args) -> str | None:
+    """What the run needs and the fleet lacks, in one sentence, or None."""
+    if args.check and not args.tokenizer_path:
+        return "--check needs --tokenizer-path DIR (the tokenizer the gateway and the engines use)"
+    with httpx.Client(base_url=args.gateway, timeout=10) as http:
+        # An unknown session id: 404 when sessions are on, 503 sessions_disabled when they are off
+        # (nothing is created, so the journal holds only this run's session).
+        probe = http.get("/sessions/preflight-unknown-session")
+        if probe.status_code == 503 or probe.status_code >= 500:
+            return (
+                f"the gateway's sessions are off ({probe.status_code} {probe.text[:200]!r}): start it "
+                "with --tokenizer-path DIR"
+            )
+        if not args.refit_at:
+            return None
+        try:
+            workers = [w for w in RL(args.gateway, timeout=30).workers() if w.health == "ready"]
+        except RlError as exc:
+            return (
+                f"--refit-at needs the control plane: the gateway answered {exc} (start it with --enable-rl)"
+            )
+        if not workers:
+            return "--refit-at needs a ready engine: register one (smgrl launch --worker-urls ...)"
+        if args.abort_sync:
+            knobs = http.get(f"{workers[0].url}/_fake/knobs")
+            if knobs.status_code == 200 and not float(knobs.json().get("token_latency_ms") or 0):
+                return (
+                    "--abort-sync needs engines still decoding when the sync arrives; these fake engines "
+                    "answer at once: start them with --token-latency-ms 5 (or POST /_fake/knobs)"
+                )
+    return None
+
+
 def check(args, snapshot: dict, messages: list, versions: list) -> list[str]:
     from smgrl.tito.chat import ChatTokenizer
 
@@ -195,7 +245,9 @@ def main() -> int:
     p.add_argument("--api-key", default="none")
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--refit-at", type=int, default=0, help="refit the fleet after this turn (0: never)")
-    p.add_argument("--refit-version", default="2")
+    p.add_argument(
+        "--refit-version", default=None, help="the version the refit publishes (default: session-<random>)"
+    )
     p.add_argument(
         "--abort-sync", action="store_true", help="refit during turn K+1, aborting it (pause mode abort)"
     )
@@ -204,6 +256,12 @@ def main() -> int:
     p.add_argument("--check", action="store_true")
     p.add_argument("--tokenizer-path", default=None)
     args = p.parse_args()
+    if args.refit_version is None:
+        args.refit_version = f"session-{secrets.token_hex(3)}"
+    missing = preflight(args)
+    if missing:
+        print(f"agent_session: {missing}", file=sys.stderr)
+        return 2
 
     http = httpx.Client(base_url=args.gateway, timeout=120)
     sid = http.post("/sessions", headers={"x-prompt-id": "1"}).raise_for_status().json()["session_id"]
@@ -230,7 +288,8 @@ def main() -> int:
             )
             if turn == args.turns:
                 break
-            directive = say(turn + 1, scripted_reply(turn + 1, args.turns)) if args.scripted else ""
+            synced = args.abort_sync and turn + 1 == args.refit_at + 1
+            directive = say(turn + 1, scripted_reply(turn + 1, args.turns, synced)) if args.scripted else ""
             if msg.get("tool_calls"):
                 for call in msg["tool_calls"]:
                     path = json.loads(call["function"]["arguments"]).get("path", "")
@@ -249,7 +308,10 @@ def main() -> int:
         for i, record in enumerate(traj["records"], 1):
             segments = record.get("segments") or ()
             if len(segments) > 1:
-                spans = [(s["version"], s["end"] - s["start"]) for s in record["weight_versions"]]
+                spans = [(s["version"], s["end"] - s["start"]) for s in record.get("weight_versions") or ()]
+                spans = spans or [
+                    (record.get("weight_version"), sum(s["end"] - s["start"] for s in segments))
+                ]
                 print(f"turn {i}: looped back {len(segments) - 1}x across a sync; (version, tokens) {spans}")
     for t in training_data(snapshot):
         print(

@@ -36,6 +36,20 @@ contiguous and add up, every token is named by a ``meta_info.weight_versions`` s
 published version, and rollouts were in fact looped back.
 
 ``smgrl demo --rollouts`` starts fake engines and a gateway and runs this against them.
+
+What it needs (checked at the start; exit 2 with what to do when something is missing):
+
+* a gateway started with ``--enable-rl`` and at least one ready engine that ``--selector``
+  (default ``engine=sglang``) matches;
+* a checkpoint directory every selected engine can read: ``--model-path``, or by default the
+  ``model_path`` the engines report (refused when the engines run on this host and it is not a
+  directory here, as after a refit from a temporary directory that is gone);
+* with ``--partial-rollout``, engines still decoding when a sync arrives: for fake engines, a
+  per-token latency (``smgrl fake-engine --token-latency-ms 2``), else no sync aborts anything.
+
+It runs as often as you like on the same fleet: each run publishes versions of its own
+(``--version-prefix``, default ``loop-<random>-``, then 1, 2, ...), never one an earlier run or
+another document published.
 """
 
 from __future__ import annotations
@@ -43,15 +57,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import secrets
 import sys
 import threading
 import time
+import urllib.parse
 
 import attrs
 import httpx
 import trio
 
-from smgrl.rl import RL
+from smgrl.rl import RL, RlError
 
 
 @attrs.define
@@ -250,16 +267,65 @@ def check_partial(samples: list[Sample], refits: list[Refit], initial: str | Non
     return problems
 
 
+def _local(url: str) -> bool:
+    return (urllib.parse.urlsplit(url).hostname or "") in ("127.0.0.1", "::1", "localhost")
+
+
+def _fake_token_latency(workers) -> float | None:
+    """The smallest per-token latency of fake engines (their ``/_fake/knobs``), None for real ones."""
+    latencies = []
+    with httpx.Client(timeout=5) as http:
+        for w in workers:
+            try:
+                r = http.get(f"{w.url}/_fake/knobs")
+            except httpx.HTTPError:
+                return None
+            if r.status_code != 200:
+                return None
+            latencies.append(float(r.json().get("token_latency_ms") or 0))
+    return min(latencies, default=None)
+
+
+def preflight(rl: RL, args) -> tuple[list, str] | str:
+    """The ready engines the selector matches and the checkpoint to load, or what is missing."""
+    try:
+        workers = rl.workers()
+    except RlError as exc:
+        return f"the gateway answered {exc}: start it with --enable-rl"
+    workers = [w for w in workers if w.health == "ready"]
+    if args.selector.startswith("engine=") and "," not in args.selector:  # the common case, checked here
+        workers = [w for w in workers if w.engine == args.selector.removeprefix("engine=")]
+    if not workers:
+        return f"no ready engine matches {args.selector!r}: register engines (smgrl launch --worker-urls ...)"
+    if args.partial_rollout:
+        slow = _fake_token_latency(workers)
+        if slow is not None and slow <= 0:
+            return (
+                "--partial-rollout needs engines still decoding when a sync arrives; these fake engines "
+                "decode instantly: start them with --token-latency-ms 2 (or POST /_fake/knobs)"
+            )
+    if args.model_path:
+        return workers, args.model_path
+    model_path = workers[0].labels.get("model_path")
+    if not model_path:
+        return "the engines report no model_path: pass --model-path DIR (a checkpoint every engine reads)"
+    if os.path.isabs(model_path) and all(_local(w.url) for w in workers) and not os.path.isdir(model_path):
+        return (
+            f"the engines' model_path {model_path} is not a directory on this host (an earlier refit "
+            "from a temporary directory?): pass --model-path DIR"
+        )
+    return workers, model_path
+
+
 async def run(args) -> int:
     rl = RL(args.gateway, api_key=args.api_key, timeout=120)
-    workers = [w for w in rl.workers() if w.health == "ready"]
-    if not workers:
-        print("no ready workers", file=sys.stderr)
-        return 1
-    model_path = args.model_path or workers[0].labels.get("model_path")
-    if not model_path:
-        print("no --model-path and the engines report none", file=sys.stderr)
-        return 1
+    found = preflight(rl, args)
+    if isinstance(found, str):
+        print(f"async_rl_loop: {found}", file=sys.stderr)
+        return 2
+    workers, model_path = found
+    if args.version_prefix is None:
+        args.version_prefix = f"loop-{secrets.token_hex(3)}-"
     # OpenAI routes need `model`: the name the gateway registered (GET /v1/models), which stays
     # routable after refits even when the engine then reports its checkpoint path.
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -279,9 +345,16 @@ async def run(args) -> int:
                 nursery.start_soon(rollout_client, i, args, stop_at, samples)
             try:
                 await trio.to_thread.run_sync(trainer, rl, args, refits, model_path, stop)
+            except RlError as exc:  # a refit the engines refused: say which and why, in one place
+                trainer_error = f"refit {len(refits) + 1} failed: {exc}"
+            else:
+                trainer_error = None
             finally:
                 stop.set()
                 stop_at[0] = time.monotonic() + args.tail
+    if trainer_error:
+        print(f"async RL loop FAILED: {trainer_error}")
+        return 1
     t0 = min((s.started for s in samples), default=0.0)
     if args.partial_rollout:
         problems = check_partial(samples, refits, initial_version or "default", args.tokens)
@@ -319,7 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tail", type=float, default=1.0, help="seconds of rollouts after the last refit")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--model-path", default=None, help="checkpoint to load (default: the engines' own)")
-    ap.add_argument("--version-prefix", default="step-")
+    ap.add_argument(
+        "--version-prefix",
+        default=None,
+        help="versions published: PREFIX1, PREFIX2, ... (default loop-<random>-)",
+    )
     ap.add_argument(
         "--grace", type=float, default=0.05, help="seconds between holding rollouts and the refit"
     )

@@ -37,11 +37,13 @@ from .errors import (
     JournalBusyError,
     JournalClosedError,
     JournalConflict,
+    JournalCorrupt,
     JournalError,
     JournalForeignError,
     JournalFullError,
     JournalReadOnlyError,
     JournalTooNewError,
+    JournalUnreachable,
     JournalWriteError,
     LeaseLost,
     ProjectionError,
@@ -57,7 +59,7 @@ from .store import SqliteStore
 _LAZY = {"JournalWriter": "writer", "Pending": "writer", "ChangeWatcher": "watch"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 
@@ -78,6 +80,7 @@ __all__ = [
     "JournalBusyError",
     "JournalClosedError",
     "JournalConflict",
+    "JournalCorrupt",
     "JournalError",
     "JournalForeignError",
     "JournalFullError",
@@ -85,6 +88,7 @@ __all__ = [
     "JournalLocked",
     "JournalReadOnlyError",
     "JournalTooNewError",
+    "JournalUnreachable",
     "JournalWriteError",
     "JournalWriter",
     "Lease",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -28,7 +28,7 @@ def clamp_seq(seq: int) -> int:
 RawRow = tuple[int, float, str, str, int, str]
 
 
-def _check_stream(_inst: object, _attr: object, value: object) -> None:
+def _check_stream(_inst: object, _attr: object, value: str) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError("stream must be a non-empty string")
 
@@ -134,6 +134,8 @@ class EventStore(Protocol):
     store says commits are cheap, and in its worker thread otherwise (or when the lock is taken).
     """
 
+    def checkpoint(self) -> None: ...  # fold the write-ahead log (SQLite); a no-op elsewhere
+
     def append_batch(
         self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None
     ) -> list[Recorded]:
@@ -183,7 +185,12 @@ class EventStore(Protocol):
     def latest_snapshot(self, kind: str, max_seq: int | None = None) -> tuple[int, str] | None: ...
 
     def verify(
-        self, *, upto: int | None = None, after: int = 0, anchor: str | None = None, on_row=None
+        self,
+        *,
+        upto: int | None = None,
+        after: int = 0,
+        anchor: str | None = None,
+        on_row: Callable[..., Any] | None = None,
     ) -> VerifyReport: ...
 
     def snapshot_seqs(self, kind: str) -> list[int]: ...

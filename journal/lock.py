@@ -333,7 +333,7 @@ class JournalLock:
             try:
                 st, now = os.fstat(fd), os.stat(self._journal_path)
             except OSError:
-                st = now = None
+                st = now = None  # type: ignore[assignment]  # both or neither: checked below
             if st and now and st.st_size == 0 and (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
                 with contextlib.suppress(OSError):
                     os.unlink(self._journal_path)

@@ -190,7 +190,7 @@ class MemoryStore:
             updates = compacted_payloads(candidates)
             for payload, seq in updates:
                 i = index[seq]
-                self._rows[i] = (*self._rows[i][:5], payload, *self._rows[i][6:])  # type: ignore[assignment]
+                self._rows[i] = (*self._rows[i][:5], payload, *self._rows[i][6:])
             self._meta["bodies_compacted_before"] = stop
             self._changes[0] += 1
             return len(updates)
@@ -287,7 +287,7 @@ class MemoryStore:
     ) -> Iterator[RawRow]:
         names = type_names(types)
         wanted = None if names is None else frozenset(names)
-        return (row[:6] for row in self._scan(after_seq) if wanted is None or row[3] in wanted)  # type: ignore[misc]
+        return (row[:6] for row in self._scan(after_seq) if wanted is None or row[3] in wanted)
 
     def latest_snapshot(self, kind: str, max_seq: int | None = None) -> tuple[int, str] | None:
         with self._lock:
@@ -303,7 +303,12 @@ class MemoryStore:
         return None
 
     def verify(
-        self, *, upto: int | None = None, after: int = 0, anchor: str | None = None, on_row=None
+        self,
+        *,
+        upto: int | None = None,
+        after: int = 0,
+        anchor: str | None = None,
+        on_row: Callable[..., Any] | None = None,
     ) -> VerifyReport:
         def scan(start: int, limit: int) -> Iterator[Row]:
             return itertools.takewhile(lambda row: row[0] <= limit, self._scan(start))

@@ -98,19 +98,19 @@ def _scalar(value: Any) -> Any:
     return _dumps(value)
 
 
-def _split(payload: str) -> dict | None:
+def _split(payload: str) -> dict[str, Any] | None:
     """A canonical control.started payload without its body (up to 64 KiB) and with its targets
     as text, parsed cheaply; None when it does not have the canonical shape (parse it whole)."""
     b = payload.find(',"body_encoding":')
     t = payload.find(',"targets":', b)
     if b < 0 or t < 0 or not payload.startswith('{"body":') or not payload.endswith("]}"):
         return None
-    head = json.loads("{" + payload[b + 1 : t] + "}")
+    head: dict[str, Any] = json.loads("{" + payload[b + 1 : t] + "}")
     head["targets"] = payload[t + 11 : -1]  # canonical already: the payload is canonical JSON
     return head
 
 
-def fields_of(type_: str, payload: str) -> dict | None:
+def fields_of(type_: str, payload: str) -> dict[str, Any] | None:
     """The payload as a dict (a started one's targets as canonical JSON text), or None when the
     row is no operation event (not a JSON object with a string op_id)."""
     p = _split(payload) if type_ == "control.started" else None
@@ -158,7 +158,7 @@ _FROM_EVENT = {
 }  # fmt: skip
 
 
-def _fields(type_: str, payload: str, event: Any) -> dict | None:
+def _fields(type_: str, payload: str, event: Any) -> dict[str, Any] | None:
     make = _FROM_EVENT.get(type(event).__name__) if event is not None else None
     if make is None or getattr(event, "TYPE", None) != type_:
         return fields_of(type_, payload)
@@ -166,7 +166,7 @@ def _fields(type_: str, payload: str, event: Any) -> dict | None:
     return p if isinstance(p["op_id"], str) else None
 
 
-def _started_row(seq: int, ts: float, p: dict) -> list[Any]:
+def _started_row(seq: int, ts: float, p: dict[str, Any]) -> list[Any]:
     intent = p.get("intent")
     intent = intent if isinstance(intent, dict) else {}
     row: list[Any] = [None] * len(COLUMNS)
@@ -201,8 +201,8 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
             stored = conn.execute(_NEWEST, (op_id,)).fetchone()
             target = latest[op_id] = stored[0] if stored else None
             if stored:
-                touched[target] = list(stored)
-                stored_seqs.add(target)
+                touched[stored[0]] = list(stored)
+                stored_seqs.add(stored[0])
         if target is None:
             continue  # its start is not in the journal: no operation (as OpsFold)
         row = touched[target]
@@ -252,10 +252,10 @@ def rebuild(src: sqlite3.Connection, dst: sqlite3.Connection, upto: int | None =
         stop = min(upto, after + _CHUNK)
         apply_rows(dst, list(_control_rows(src, after, stop)))
         after = stop
-    return dst.execute("SELECT count(*) FROM op_index").fetchone()[0]
+    return int(dst.execute("SELECT count(*) FROM op_index").fetchone()[0])
 
 
-def rows_of(conn: sqlite3.Connection) -> Iterator[tuple]:
+def rows_of(conn: sqlite3.Connection) -> Iterator[tuple[Any, ...]]:
     """Every op_index row in seq order (a cursor: streamed)."""
     return conn.execute(f"SELECT {', '.join(COLUMNS)} FROM op_index ORDER BY seq")
 

@@ -65,6 +65,7 @@ from ._chain import (
     VerifyReport,
     build_batch,
     compacted_payloads,
+    rows_before_the_first,
     snapshot_hash,
     verify_journal,
 )
@@ -717,7 +718,7 @@ class PgStore:
         row = conn.execute(f"SELECT value FROM {self._s}.meta WHERE key = %s", (key,)).fetchone()
         if row is None:
             raise JournalError(f"journal meta key {key!r} is missing")
-        return row[0]
+        return str(row[0])
 
     def _anchor(self, conn: Any, upto_seq: int) -> str | None:
         if upto_seq == 0:
@@ -727,16 +728,17 @@ class PgStore:
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock, self._errors():
-            return self._live().execute(sql, params).fetchall()
+            rows: list[Any] = self._live().execute(sql, params).fetchall()
+            return rows
 
     def meta(self) -> dict[str, str]:
         return dict(self._query(f"SELECT key, value FROM {self._s}.meta"))
 
     def last_seq(self) -> int:
-        return self._query(f"SELECT max(seq) FROM {self._s}.events")[0][0] or 0
+        return int(self._query(f"SELECT max(seq) FROM {self._s}.events")[0][0] or 0)
 
     def count(self) -> int:
-        return self._query(f"SELECT count(*) FROM {self._s}.events")[0][0]
+        return int(self._query(f"SELECT count(*) FROM {self._s}.events")[0][0])
 
     def secrets(self) -> dict[str, str]:
         return dict(
@@ -823,7 +825,7 @@ class PgStore:
     ) -> Iterator[RawRow]:
         where, params = _filters(type_names(types), None, None)
         pages = self._pages("seq, ts, stream, type, schema, payload", after_seq, where, params, None)
-        return (tuple(row) for page in pages for row in page)  # type: ignore[misc]
+        return (tuple(row) for page in pages for row in page)
 
     def latest_snapshot(self, kind: str, max_seq: int | None = None) -> tuple[int, str] | None:
         s = self._s
@@ -848,14 +850,19 @@ class PgStore:
         return None
 
     def verify(
-        self, *, upto: int | None = None, after: int = 0, anchor: str | None = None, on_row=None
+        self,
+        *,
+        upto: int | None = None,
+        after: int = 0,
+        anchor: str | None = None,
+        on_row: Callable[..., Any] | None = None,
     ) -> VerifyReport:
         def scan(start: int, limit: int) -> Iterator[Row]:
             where, params = _filters(None, None, limit)
             pages = self._pages(
                 "seq, ts, stream, type, schema, payload, prev_hash, hash", start, where, params, None
             )
-            return (tuple(row) for page in pages for row in page)  # type: ignore[misc]
+            return (tuple(row) for page in pages for row in page)
 
         if anchor is None:
             with self._lock, self._errors():
@@ -864,6 +871,9 @@ class PgStore:
                 return VerifyReport(
                     ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
                 )
+        before_first = self._query(f"SELECT min(seq) FROM {self._s}.events WHERE seq < 1")[0][0]
+        if before_first is not None:
+            return rows_before_the_first(before_first)
         return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
 
     def snapshot_seqs(self, kind: str) -> list[int]:
@@ -901,7 +911,7 @@ class PgStore:
         anchor: str | None = None,
         known_snapshots: Iterable[int] = (),
         compacted_from: int = 0,
-    ) -> Iterator[tuple[str, list[tuple]]]:
+    ) -> Iterator[tuple[str, list[tuple[Any, ...]]]]:
         """The journal as ``(table, rows)`` chunks, read in ONE repeatable-read transaction (a
         consistent view while gateways append); never the ``secrets`` table. In this order:
 
@@ -972,7 +982,7 @@ class PgStore:
 _NOTIFY_MAX = 1000
 
 
-def _notify_payload(rows: Sequence[tuple], secret_ops: Sequence[tuple]) -> str:
+def _notify_payload(rows: Sequence[tuple[Any, ...]], secret_ops: Sequence[tuple[Any, ...]]) -> str:
     """What an append's NOTIFY says: its events as JSON ``[[seq, ts, stream, type, schema,
     payload, hash], ...]`` when they fit and set no key (the listeners' tail then needs no query;
     keys never travel in a notification), else its last seq."""
@@ -983,7 +993,7 @@ def _notify_payload(rows: Sequence[tuple], secret_ops: Sequence[tuple]) -> str:
     return str(rows[-1][0])
 
 
-def _rows_of(payload: str) -> list[tuple] | None:
+def _rows_of(payload: str) -> list[tuple[Any, ...]] | None:
     """The events a notification carries, None if it names a seq only (or is not understood)."""
     if not payload.startswith("["):
         return None
@@ -1015,7 +1025,7 @@ def _scrub(text: str, password: str | None) -> str:
 
 
 def _filters(types: list[str] | None, stream: str | None, until_seq: int | None) -> tuple[str, list[Any]]:
-    where, params = "", []
+    where, params = "", list[Any]()
     if until_seq is not None:
         where += " AND seq <= %s"
         params.append(until_seq)

@@ -54,7 +54,7 @@ class Retention:
 
     def width(self, level: int) -> int:
         """Bucket width (seqs) of a level >= 1."""
-        return max(1, self.recent * 2 ** (level - 1) // self.per_level)
+        return max(1, int(self.recent * 2 ** (level - 1) // self.per_level))
 
     def keep(self, seqs: Iterable[int], head: int) -> set[int]:
         """The ``upto_seq`` values to keep among ``seqs`` for a journal whose last seq is ``head``."""

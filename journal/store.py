@@ -92,7 +92,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from . import lease as leases
@@ -106,6 +106,7 @@ from ._chain import (
     VerifyReport,
     build_batch,
     compacted_payloads,
+    rows_before_the_first,
     snapshot_hash,
     verify_journal,
 )
@@ -115,6 +116,7 @@ from .codec import ControlStarted, Event, Recorded, decode
 from .errors import (
     JournalBusyError,
     JournalConflict,
+    JournalCorrupt,
     JournalError,
     JournalForeignError,
     JournalReadOnlyError,
@@ -266,7 +268,7 @@ class SqliteStore:
         so commits go on during the checkpoint's fsyncs (SQLite lets a writer append to the WAL
         while a PASSIVE checkpoint copies it). On the store's connection, every commit arriving
         during a checkpoint waited for it: 20 ms and more on a loaded disk, every 62 fan-outs to
-        64 engines (docs/benchmarks.md, "Session 4: fan-out")."""
+        64 engines (docs/benchmarks.md, "fan-out (control plane)")."""
         if self._readonly:
             return
         with self._checkpoint_lock:
@@ -322,7 +324,7 @@ class SqliteStore:
                 uri = pathlib.Path(self.path).resolve().as_uri() + "?mode=ro"
                 self._watch = sqlite3.connect(uri, uri=True, check_same_thread=False)
             # fetchall: the statement is finished, so no read snapshot stays open on this connection.
-            return self._watch.execute("PRAGMA data_version").fetchall()[0][0]
+            return int(self._watch.execute("PRAGMA data_version").fetchall()[0][0])
 
     def __enter__(self) -> Self:
         return self
@@ -541,7 +543,7 @@ class SqliteStore:
         row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         if row is None:
             raise JournalError(f"journal meta key {key!r} is missing")
-        return row[0]
+        return str(row[0])
 
     @staticmethod
     def _anchor(conn: sqlite3.Connection, upto_seq: int) -> str | None:
@@ -561,10 +563,10 @@ class SqliteStore:
         return dict(self._query("SELECT key, value FROM meta"))
 
     def last_seq(self) -> int:
-        return self._query("SELECT max(seq) FROM events")[0][0] or 0
+        return int(self._query("SELECT max(seq) FROM events")[0][0] or 0)
 
     def count(self) -> int:
-        return self._query("SELECT count(*) FROM events")[0][0]
+        return int(self._query("SELECT count(*) FROM events")[0][0])
 
     def secrets(self) -> dict[str, str]:
         return dict(
@@ -682,7 +684,12 @@ class SqliteStore:
         return None
 
     def verify(
-        self, *, upto: int | None = None, after: int = 0, anchor: str | None = None, on_row=None
+        self,
+        *,
+        upto: int | None = None,
+        after: int = 0,
+        anchor: str | None = None,
+        on_row: Callable[..., Any] | None = None,
     ) -> VerifyReport:
         """Recompute the hash chain (up to ``upto``) and report the first bad seq, if any.
 
@@ -706,6 +713,10 @@ class SqliteStore:
                 return VerifyReport(
                     ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
                 )
+        with self._lock:
+            before_first = self._conn.execute("SELECT min(seq) FROM events WHERE seq < 1").fetchone()[0]
+        if before_first is not None:
+            return rows_before_the_first(before_first)
         return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
 
     def check_op_index(self) -> opindex.IndexReport:
@@ -729,7 +740,7 @@ class SqliteStore:
             return opindex.rebuild(conn, conn)
 
     def count_op_index(self) -> int:
-        return self._query("SELECT count(*) FROM op_index")[0][0]
+        return int(self._query("SELECT count(*) FROM op_index")[0][0])
 
     def snapshot_seqs(self, kind: str) -> list[int]:
         """The ``upto_seq`` of every stored snapshot of ``kind``, valid or not, newest first: lets
@@ -879,7 +890,7 @@ def _insert_events(conn: sqlite3.Connection, rows: list[Row]) -> None:
 
 
 def _filters(types: list[str] | None, stream: str | None, until_seq: int | None) -> tuple[str, list[Any]]:
-    where, params = "", []
+    where, params = "", list[Any]()
     if until_seq is not None:
         where += " AND seq <= ?"
         params.append(until_seq)
@@ -895,4 +906,18 @@ def _filters(types: list[str] | None, stream: str | None, until_seq: int | None)
 def _decoded(pages: Iterator[list[Any]]) -> Iterator[Recorded]:
     for page in pages:
         for seq, ts, stream, type_, schema, payload, hash_ in page:
+            if type(ts) is not float and type(ts) is not int:
+                raise edited_row(seq, f"its ts is not a number ({_shown(ts)})")
             yield Recorded(seq, ts, stream, decode(type_, schema, payload), hash_)
+
+
+def edited_row(seq: int, what: str) -> JournalCorrupt:
+    return JournalCorrupt(
+        f"the journal's row at seq {seq} was edited outside the journal: {what}; run `smgrl journal verify`",
+        seq=seq,
+    )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

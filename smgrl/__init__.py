@@ -1,7 +1,8 @@
 """smgrl: an RL control plane for fleets of LLM inference engines.
 
 Wire-compatible with SMG 1.13.0's ``/v1/rl`` control plane; every registration, control call
-and outcome is an event in a SQLite journal (the ``journal`` package), and everything the
+and outcome is an event in the journal (the ``journal`` package: a SQLite file, or PostgreSQL for
+gateways on several hosts), and everything the
 gateway knows is a projection of that journal.
 """
 

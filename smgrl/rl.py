@@ -14,11 +14,17 @@ Errors::
     RlError            the gateway answered with an error (``.status``, ``.code``, ``.payload``);
      |                 a non-JSON error body has code ``http_error``, an answer of the wrong
      |                 shape ``unexpected_response``
-     +-- FanoutError   a fan-out where some target failed (code ``fanout_partial``, ``.result``),
-                       raised unless ``allow_partial=True``
+     +-- FanoutError   a fan-out where some target failed (code ``fanout_partial``, ``.result``,
+                       ``.outcome``: ``failed`` when no target succeeded, else ``partial``, as
+                       the journal records the operation), raised unless ``allow_partial=True``
 
-Transport failures (connection refused, socket timeout) are not wrapped: they surface as
-``urllib.error.URLError`` / ``TimeoutError``, exactly as with ``smg.rl``.
+    GatewayUnreachable a subclass of ``urllib.error.URLError``: the gateway could not be reached
+                       (connection refused or reset, unknown host); the message names the URL
+                       and what to check. Code written for ``smg.rl``, which lets ``URLError``
+                       through, catches it unchanged.
+
+A read that times out surfaces as ``TimeoutError``, as with ``smg.rl``. A base URL without
+``http://`` or ``https://`` is a ``ValueError`` when the client is made.
 
 Engine answers are data, not errors: ``call`` returns a :class:`CallResult` for an engine
 4xx/5xx, because the gateway mirrors the engine's status and wraps its body in an envelope.
@@ -42,7 +48,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-# SMG's public names exactly (a drop-in copy); the smgrl-only RefitError is imported by name.
+# SMG's public names exactly (a drop-in copy); the smgrl-only RefitError and GatewayUnreachable are
+# imported by name.
 __all__ = [
     "RL",
     "CallResult",
@@ -63,6 +70,23 @@ class RlError(Exception):
         self.payload = payload
         self.code = str(payload.get("error", "unknown"))
         super().__init__(f"{self.code} (HTTP {status}): {payload.get('message', '')}")
+
+
+class GatewayUnreachable(urllib.error.URLError):
+    """The gateway at ``url`` could not be reached (``reason``: the socket's error)."""
+
+    def __init__(self, url: str, reason: Any):
+        super().__init__(reason)
+        self.url = url
+
+    def __str__(self) -> str:
+        why = (
+            self.reason.strerror if isinstance(self.reason, OSError) and self.reason.strerror else self.reason
+        )
+        return (
+            f"cannot reach the gateway at {self.url} ({why}): is `smgrl launch` running there, "
+            "and are the host and port right?"
+        )
 
 
 @dataclass
@@ -161,6 +185,14 @@ class FanoutResult:
     total: int
     succeeded: int
 
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``partial`` (some target failed) or ``failed`` (no target succeeded): the
+        operation's result in the journal (``smgrl journal ops --result``)."""
+        if not self.failed:
+            return "ok"
+        return "partial" if self.succeeded else "failed"
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FanoutResult:
         results = {}
@@ -185,12 +217,16 @@ class FanoutError(RlError):
 
     def __init__(self, result: FanoutResult, status: int = 207):
         self.result = result
+        self.outcome = result.outcome
         names = ", ".join(failure.worker_id for failure in result.failed)
         super().__init__(status, {"error": "fanout_partial", "message": f"failed workers: {names}"})
         lines = [str(self.args[0])]
         lines += [
             f"  {_failure_line(failure, result.results.get(failure.worker_id))}" for failure in result.failed
         ]
+        if self.outcome == "failed":
+            # The payload is SMG's (its code says partial whatever failed); the text says it all.
+            lines.append(f"  failed on every target ({len(result.failed)} of {result.total})")
         self.args = ("\n".join(lines),)
 
 
@@ -198,6 +234,11 @@ class RL:
     """A connection to one gateway. ``timeout`` (seconds, > 0) bounds each HTTP request."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0):
+        scheme = urllib.parse.urlsplit(base_url).scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ValueError(
+                f"gateway URL {base_url!r} needs http:// or https:// (e.g. http://127.0.0.1:30000)"
+            )
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = _checked_timeout(timeout)
@@ -231,6 +272,11 @@ class RL:
                 return error.code, _decoded(error.read())
             finally:
                 error.close()
+        except urllib.error.URLError as error:
+            # No answer at all: one exception naming the gateway, without urllib's chain.
+            raise GatewayUnreachable(self.base_url, error.reason) from None
+        except ConnectionError as error:  # refused or reset after the connection was made
+            raise GatewayUnreachable(self.base_url, error) from None
 
     def workers(self) -> list[Worker]:
         """Every discovery row (DP ranks collapsed). Registration is asynchronous: poll."""
@@ -330,7 +376,7 @@ class RL:
         past it ``RlError`` with code ``pause_wait_timeout``: dispatch is paused all the same)."""
         if not wait:
             return self._json("POST", "/routing_loop/pause")
-        query = "?wait=true" + ("" if timeout is None else f"&timeout={timeout:g}")
+        query = "?wait=drain" + ("" if timeout is None else f"&timeout={timeout:g}")
         budget = (30.0 if timeout is None else timeout) + 30  # the gateway's wait, then its answer
         return self._json("POST", "/routing_loop/pause" + query, timeout=budget)
 
@@ -359,9 +405,10 @@ class RL:
 
     def waiting_requests(self, version_tag: str | int) -> list[dict[str, Any]]:
         """The requests waiting in the gateway whose version tag is at most ``version_tag``
-        (``-1``: the unversioned ones), PSRL's ``/routing_loop/filter``."""
+        (``-1``: the unversioned ones), with why each waits (``/routing_loop/waiting``; PSRL's
+        ``/routing_loop/filter`` lists those with routing metadata, fewer fields)."""
         query = urllib.parse.urlencode({"version_tag": str(version_tag)})
-        return self._json("GET", f"/routing_loop/filter?{query}")["requests"]
+        return self._json("GET", f"/routing_loop/waiting?{query}")["requests"]
 
     # -- refit sagas (smgrl only; docs/refits.md) ------------------------------------------------
 
@@ -518,7 +565,8 @@ class RefitError(RlError):
         self.refit = refit
         self.engines = [e["worker_id"] for e in engines]
         names = ", ".join(
-            f"{e['worker_id']} ({e.get('url')}): {e.get('detail') or e.get('status')}" for e in engines
+            f"{e['worker_id']} ({e.get('url')}): {e.get('status')}: {e.get('failure') or e.get('detail') or '-'}"
+            for e in engines
         )
         super().__init__(
             409,

@@ -16,7 +16,8 @@ import click
 import trio
 
 from smgrl import __version__
-from smgrl.cli.running import run
+from smgrl.cli.help import CONTEXT, GroupedHelpCommand
+from smgrl.cli.running import config_text, run
 from smgrl.core.auth import ControlPlaneKey, TenantKey
 from smgrl.core.config import (
     DEFAULT_JOURNAL,
@@ -57,12 +58,12 @@ def expand_multi_value(args: list[str]) -> list[str]:
     return out
 
 
-class _MultiValueCommand(click.Command):
+class _MultiValueCommand(GroupedHelpCommand):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, expand_multi_value(list(args)))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="smgrl")
 def cli() -> None:
     """smgrl: an RL control plane for fleets of inference engines, with an event journal."""
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to bind (SMG's default is 0.0.0.0)."
 )
-@click.option("--port", default=30000, show_default=True, type=int)
+@click.option("--port", default=30000, show_default=True, type=int, help="HTTP port (0: any free port).")
 @click.option(
     "--worker-urls", multiple=True, help="Engine URLs to register at startup (several after one flag)."
 )
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     default="cache_aware",
     show_default=True,
     type=click.Choice(list(POLICIES)),
-    help="Data-plane load-balancing policy (docs/data-plane.md).",
+    metavar="POLICY",
+    help="Data-plane load balancing: " + ", ".join(POLICIES) + " (docs/data-plane.md).",
 )
 @click.option(
     "--cache-threshold",
@@ -124,8 +126,20 @@ def main(argv: list[str] | None = None) -> None:
     help="cache_aware: prefix-tree size per model (characters or tokens); LRU eviction beyond it.",
 )
 @click.option("--enable-rl", is_flag=True, help="Mount the RL control plane under /v1/rl.")
-@click.option("--rl-control-timeout-secs", default=600, show_default=True, type=int)
-@click.option("--rl-fanout-concurrency", default=32, show_default=True, type=int)
+@click.option(
+    "--rl-control-timeout-secs",
+    default=600,
+    show_default=True,
+    type=int,
+    help="Deadline of one engine control call (>= 1 with --enable-rl).",
+)
+@click.option(
+    "--rl-fanout-concurrency",
+    default=32,
+    show_default=True,
+    type=int,
+    help="Engine calls in flight in one fan-out (>= 1 with --enable-rl).",
+)
 @click.option(
     "--rl-version-policy",
     default="any",
@@ -133,8 +147,20 @@ def main(argv: list[str] | None = None) -> None:
     help="Which engine versions rollouts may use: any | latest-only | min-version:V | max-staleness:K "
     "(needs --enable-rl; per request: x-smg-version-policy).",
 )
-@click.option("--max-payload-size", default=536_870_912, show_default=True, type=int)
-@click.option("--request-timeout-secs", default=1800.0, show_default=True, type=float)
+@click.option(
+    "--max-payload-size",
+    default=536_870_912,
+    show_default=True,
+    type=int,
+    help="Largest request body in bytes; larger gets 413.",
+)
+@click.option(
+    "--request-timeout-secs",
+    default=1800.0,
+    show_default=True,
+    type=float,
+    help="Data plane: the whole request (waiting, engine call, relay) and its body's arrival.",
+)
 @click.option(
     "--max-event-streams",
     default=64,
@@ -189,6 +215,13 @@ def main(argv: list[str] | None = None) -> None:
     "framework's per-instance capacity logic (refused instances are skipped; default: admit all).",
 )
 @click.option(
+    "--psrl-group-sticky/--no-psrl-group-sticky",
+    default=False,
+    show_default=True,
+    help="PSRL's psrl_enable_group_sticky: the requests of one prompt group (x-prompt-id) go to "
+    "the instance its first request took while the group runs; off: the policy spreads them.",
+)
+@click.option(
     "--max-loopbacks",
     default=8,
     show_default=True,
@@ -200,8 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     "--eligible-wait-secs",
     default=None,
     type=click.FloatRange(min=0.0),
-    help="How long a rollout request may wait for an eligible engine (all paused by a refit, ...) "
-    "before a retryable 503 (default: --request-timeout-secs).",
+    help="How long a rollout request may wait for an eligible engine before a retryable 503. "
+    "Default: through a sync in progress (paused engines, an open refit, dispatch paused) up to "
+    "--request-timeout-secs, and 30 s otherwise; a value bounds every wait.",
 )
 @click.option(
     "--retry-max-retries",
@@ -210,15 +244,63 @@ def main(argv: list[str] | None = None) -> None:
     type=click.IntRange(min=1),
     help="Data plane: attempts per request (1 = no retry); only before the first byte.",
 )
-@click.option("--retry-initial-backoff-ms", default=50, show_default=True, type=click.IntRange(min=0))
-@click.option("--retry-max-backoff-ms", default=30_000, show_default=True, type=click.IntRange(min=0))
-@click.option("--retry-backoff-multiplier", default=1.5, show_default=True, type=click.FloatRange(min=1.0))
-@click.option("--retry-jitter-factor", default=0.2, show_default=True, type=click.FloatRange(0.0, 1.0))
+@click.option(
+    "--retry-initial-backoff-ms",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="First retry delay.",
+)
+@click.option(
+    "--retry-max-backoff-ms",
+    default=30_000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Largest retry delay.",
+)
+@click.option(
+    "--retry-backoff-multiplier",
+    default=1.5,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Delay growth per retry.",
+)
+@click.option(
+    "--retry-jitter-factor",
+    default=0.2,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="+/- share of randomness on each delay.",
+)
 @click.option("--disable-retries", is_flag=True, help="Data plane: one attempt per request.")
-@click.option("--cb-failure-threshold", default=10, show_default=True, type=click.IntRange(min=1))
-@click.option("--cb-success-threshold", default=3, show_default=True, type=click.IntRange(min=1))
-@click.option("--cb-timeout-duration-secs", default=60.0, show_default=True, type=click.FloatRange(min=0.0))
-@click.option("--cb-window-duration-secs", default=120.0, show_default=True, type=click.FloatRange(min=0.0))
+@click.option(
+    "--cb-failure-threshold",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Failures (connection errors, 5xx) in the window that open an engine's breaker.",
+)
+@click.option(
+    "--cb-success-threshold",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Successes while half-open that close it.",
+)
+@click.option(
+    "--cb-timeout-duration-secs",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="How long an open breaker keeps the engine out of routing.",
+)
+@click.option(
+    "--cb-window-duration-secs",
+    default=120.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="The window failures are counted in.",
+)
 @click.option(
     "--max-concurrent-requests",
     default=-1,
@@ -233,13 +315,52 @@ def main(argv: list[str] | None = None) -> None:
     type=click.IntRange(min=0),
     help="Requests that may wait for a slot; beyond it 429.",
 )
-@click.option("--queue-timeout-secs", default=60.0, show_default=True, type=click.FloatRange(min=0.0))
-@click.option("--disable-health-check", is_flag=True)
-@click.option("--health-check-interval-secs", default=60.0, show_default=True, type=float)
-@click.option("--health-check-timeout-secs", default=5.0, show_default=True, type=float)
-@click.option("--health-failure-threshold", default=3, show_default=True, type=int)
-@click.option("--health-success-threshold", default=2, show_default=True, type=int)
-@click.option("--health-check-endpoint", default="/health", show_default=True)
+@click.option(
+    "--queue-timeout-secs",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="Longest wait for a slot; then 429 queue_timeout.",
+)
+@click.option(
+    "--disable-health-check",
+    is_flag=True,
+    help="No periodic health probes of the engines.",
+)
+@click.option(
+    "--health-check-interval-secs",
+    default=60.0,
+    show_default=True,
+    type=float,
+    help="Seconds between two health probes of an engine.",
+)
+@click.option(
+    "--health-check-timeout-secs",
+    default=5.0,
+    show_default=True,
+    type=float,
+    help="Deadline of one probe.",
+)
+@click.option(
+    "--health-failure-threshold",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Failed probes in a row before an engine is not_ready.",
+)
+@click.option(
+    "--health-success-threshold",
+    default=2,
+    show_default=True,
+    type=int,
+    help="Good probes in a row before it is ready again.",
+)
+@click.option(
+    "--health-check-endpoint",
+    default="/health",
+    show_default=True,
+    help="The path probed (paused, asleep or unknown engines are not probed).",
+)
 @click.option(
     "--disable-circuit-breaker", is_flag=True, help="No per-engine circuit breaker on the data plane."
 )
@@ -265,9 +386,25 @@ def main(argv: list[str] | None = None) -> None:
     type=float,
     help="Control-plane reads and denials are journaled as counts, one event per this interval.",
 )
-@click.option("--prometheus-host", default=None)
-@click.option("--prometheus-port", default=29000, show_default=True, type=int)
-@click.option("--shutdown-grace-period-secs", default=180.0, show_default=True, type=float)
+@click.option(
+    "--prometheus-host",
+    default=None,
+    help="Metrics listener address (default: --host).",
+)
+@click.option(
+    "--prometheus-port",
+    default=29000,
+    show_default=True,
+    type=int,
+    help="Metrics listener port (GET /metrics; 0: any free port, logged).",
+)
+@click.option(
+    "--shutdown-grace-period-secs",
+    default=180.0,
+    show_default=True,
+    type=float,
+    help="How long SIGTERM waits for in-flight requests.",
+)
 @click.option(
     "--header-read-timeout-secs",
     default=30.0,
@@ -289,6 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     default="info",
     show_default=True,
     type=click.Choice(["debug", "info", "warn", "error"], case_sensitive=False),
+    help="Log lines at this level and above.",
 )
 @click.option("--log-json", is_flag=True, help="One JSON object per log line.")
 @click.option(
@@ -336,6 +474,22 @@ def main(argv: list[str] | None = None) -> None:
     show_default=True,
     type=click.IntRange(min=1),
     help="Open sessions at most; POST /sessions beyond it gets 429 too_many_sessions.",
+)
+@click.option(
+    "--session-idle-timeout-secs",
+    default=3600.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="A session unused this long (no turn, no continue) is ended (session.ended, reason idle); never "
+    "a hung session or one with a turn in flight. 0: never.",
+)
+@click.option(
+    "--session-max-stored-tokens",
+    default=2_000_000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Token ids one session's captured trajectories may hold; a turn that could pass it answers 400 "
+    "session_budget_exceeded. 0: no budget.",
 )
 @click.option(
     "--session-gc-threshold",
@@ -431,6 +585,8 @@ def config_from_options(o: dict) -> Config:
             trajectory_strategy=o["session_trajectory_strategy"],
             tool_parser=o["session_tool_parser"],
             debug=o["session_debug"],
+            idle_timeout_secs=o["session_idle_timeout_secs"],
+            max_stored_tokens=o["session_max_stored_tokens"],
         ),
         control_plane_keys=tuple(ControlPlaneKey.parse(k) for k in o["control_plane_api_keys"]),
         tenant_keys=tuple(TenantKey.parse(k) for k in o["tenant_api_key"]),
@@ -467,6 +623,7 @@ def dataplane_config(o: dict) -> DataPlaneConfig:
         eligible_wait_secs=o["eligible_wait_secs"],
         admission_hook=o["admission_hook"],
         max_loopbacks=o["max_loopbacks"],
+        psrl_group_sticky=o["psrl_group_sticky"],
         max_body_size=o["dataplane_max_body_size"],
         memory_budget=o["dataplane_memory_budget"],
         body_timeout_secs=o["dataplane_body_timeout_secs"],
@@ -526,7 +683,7 @@ def run_gateway(cfg: Config) -> None:
         if failure is None:
             raise
         logs.shutdown()  # the log lines written before the failure come first
-        click.echo(f"error: {failure}", err=True)
+        click.echo(f"error: {config_text(failure)}", err=True)
         sys.exit(1)
     finally:
         logs.shutdown()  # every queued log line is written before the process exits

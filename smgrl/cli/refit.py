@@ -1,8 +1,9 @@
 """``smgrl refit``: run a disk refit through a gateway's saga and show it phase by phase.
 
-Exit 0 when every engine resumed on the new version; 1 when the refit ended otherwise (the
-quarantined or paused engines are named, one per line); 2 when the gateway refused it (the
-reason printed, e.g. engines whose kind cannot load from disk).
+Exit 0 when every engine resumed on the new version; 1 when the refit ended otherwise (each
+engine that did not is named, one per line, with how it ended and its first failure: the
+engine's own refusal of the load, even after a rollback); 2 when the gateway refused it (the
+reason printed, e.g. engines whose kind cannot load from disk, a checkpoint missing here).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import urllib.error
 import click
 
 from smgrl.core import escape as safe
-from smgrl.rl import RL, RefitError, RlError
+from smgrl.rl import RL, GatewayUnreachable, RefitError, RlError
 
 BAR = 20
 
@@ -49,8 +50,17 @@ class Progress:
                 self.out(f"  {phase:<8} [{_bar(done, total)}] {done}/{total}")
 
 
+def _gateway_url(ctx, param, value: str) -> str:
+    """A URL the client can use: ``127.0.0.1:30000`` gets a usage error saying what to write."""
+    if value and not value.lower().startswith(("http://", "https://")):
+        raise click.BadParameter(f"{value!r} needs http:// or https:// (e.g. http://{value})")
+    return value
+
+
 @click.command("refit")
-@click.option("--gateway", required=True, help="The gateway's base URL.")
+@click.option(
+    "--gateway", required=True, callback=_gateway_url, help="The gateway's base URL (http://HOST:PORT)."
+)
 @click.option("--selector", required=True, help="Which engines (a /v1/rl label selector).")
 @click.option("--model-path", required=True, help="The checkpoint directory every engine loads.")
 @click.option("--version", "weight_version", required=True, help="The weight version to publish.")
@@ -61,6 +71,7 @@ class Progress:
     type=click.Choice(["quarantine", "rollback", "abort"]),
     default="quarantine",
     show_default=True,
+    help="An engine whose load fails: hold it out, roll the fleet back, or stop.",
 )
 @click.option("--force", is_flag=True, help="Allow a version the fleet already left.")
 @click.option("--no-flush", is_flag=True, help="Do not flush the engines' caches.")
@@ -87,20 +98,28 @@ def refit_command(
         click.echo(
             f"refit {safe(str(exc.refit.get('refit_id')))} ended {safe(str(exc.refit.get('result')))}:"
         )
+        if exc.refit.get("detail"):
+            click.echo(f"  {safe(str(exc.refit['detail']))}")
         for e in exc.refit.get("engines", []):
             if e.get("status") != "resumed":
+                # Its first failure (the load's own error, even after a rollback), then how it ended.
+                why = e.get("failure") or e.get("detail") or "-"
                 click.echo(
-                    f"  {safe(e['worker_id'])} {safe(str(e.get('url')))}: {safe(str(e.get('detail') or e.get('status')))}"
+                    f"  {safe(e['worker_id'])} {safe(str(e.get('url')))}: {safe(str(e.get('status')))}: {safe(str(why))}"
                 )
         sys.exit(1)
     except RlError as exc:
         click.echo(
-            f"refused: {safe(str(exc.payload.get('error')))}: {safe(str(exc.payload.get('message')))}",
+            f"error: the gateway refused the refit: {safe(str(exc.payload.get('error')))}: "
+            f"{safe(str(exc.payload.get('message')))}",
             err=True,
         )
         sys.exit(2)
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+    except GatewayUnreachable as exc:  # names the URL and what to check
         click.echo(f"error: {safe(str(exc))}", err=True)
+        sys.exit(1)
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        click.echo(f"error: the gateway at {safe(gateway)} did not answer ({safe(str(exc))})", err=True)
         sys.exit(1)
     click.echo(
         f"refit {safe(final['refit_id'])} succeeded: {len(final['engines'])} engine(s) on {safe(weight_version)}"

@@ -31,13 +31,13 @@ import logging
 import os
 import socket
 import sqlite3
-import uuid
 from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
 from journal import JournalError, LeaseLost
+from smgrl.core.ids import new_tag
 from smgrl.dataplane import gone_releases
 from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
@@ -58,7 +58,7 @@ ENV_LIFELINE_FD = "SMGRL_WORKER_LIFELINE_FD"  # a pipe: end-of-file once the sup
 
 def new_identity() -> str:
     """``host:pid:tag`` (the tag tells a restarted process with a reused pid apart)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{socket.gethostname()}:{os.getpid()}:{new_tag(8)}"
 
 
 @attrs.define(eq=False)

@@ -28,7 +28,6 @@ import logging
 import os
 import signal
 import sys
-import uuid
 from collections import deque
 
 import attrs
@@ -36,6 +35,7 @@ import trio
 
 from smgrl.cluster.sharing import ENV_FD, ENV_GROUP, ENV_INDEX, ENV_LIFELINE_FD, ENV_READY_FD
 from smgrl.core.errors import StartupError
+from smgrl.core.ids import new_hex_id
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.supervisor")
@@ -87,7 +87,7 @@ class Supervisor:
         self.cfg = cfg
         self.args = child_args(args)
         self.count = workers
-        self.group = uuid.uuid4().hex
+        self.group = new_hex_id()
         self.workers = [_Worker(i) for i in range(workers)]
         self.stopping = False
         self.restarts: deque[float] = deque()
@@ -327,7 +327,7 @@ def run_supervisor(cfg, args: list[str], workers: int) -> None:
         if failure is None:
             raise
         logs.shutdown()
-        click.echo(f"error: {failure}", err=True)
+        click.echo(f"error: {failure.removeprefix('Configuration error: ')}", err=True)
         sys.exit(1)
     finally:
         logs.shutdown()

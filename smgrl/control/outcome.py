@@ -1,7 +1,7 @@
 """How one engine answer (or transport failure) becomes an ``RlCallOutcome`` and a fan-out entry.
 
-Pure: no I/O. The decoding rules are SMG 1.13.0's, observed black-box (Appendix C, "Per-worker call
-envelope"): JSON is embedded only when the engine's content-type contains ``json`` (case-
+Pure: no I/O. The decoding rules are SMG 1.13.0's, observed black-box (docs/rl-control-plane.md, "Calling
+one engine"): JSON is embedded only when the engine's content-type contains ``json`` (case-
 sensitive) and the bytes parse as serde_json would parse them; otherwise the body is lossy UTF-8
 text, ``""`` when empty (never null). Bodies beyond the cap are cut and never parsed.
 """

@@ -34,7 +34,7 @@ class ControlWrites:
     def __init__(self, *, fleet, journal, control) -> None:
         self.fleet = fleet
         self.journal = journal
-        self.control = control  # ControlService: its ``targets`` resolves a selector (§7)
+        self.control = control  # ControlService: its ``targets`` resolves a selector
 
     async def set_worker(
         self, kind: str, value: str, worker_id: str, principal: str | None, request_id: str | None

@@ -3,10 +3,11 @@
 No I/O and no clock but where an id is made (``ids``). Every module is table-tested in
 ``tests/unit``; the names other packages use are listed here."""
 
-from smgrl.core.aborts import aborts_inflight
+from smgrl.core.aborts import ALL as CANCEL_ALL
+from smgrl.core.aborts import aborts_inflight, cancelled_requests
 from smgrl.core.control_url import control_url_for
 from smgrl.core.discovery import Discovery, grpc_labels, is_vllm, sglang_labels, vllm_labels
-from smgrl.core.ids import new_operation_id, new_worker_id
+from smgrl.core.ids import new_operation_id, new_worker_id, worker_id_problem
 from smgrl.core.observe import PHASES, Intent, intent_of
 from smgrl.core.origin import origin_key, origin_of
 from smgrl.core.path import EnginePathError, metric_op, passthrough_query, validate_engine_path
@@ -36,6 +37,7 @@ from smgrl.core.worker import (
     WORKER_TYPES,
     Worker,
     connection_mode_for,
+    on_this_host,
     parse_size,
     reaches_listener,
     redact_url,
@@ -45,6 +47,7 @@ from smgrl.core.worker import (
 )
 
 __all__ = [
+    "CANCEL_ALL",
     "PHASES",
     "RL_WORKER_ENTRY_FIELDS",
     "WORKER_TYPES",
@@ -58,6 +61,7 @@ __all__ = [
     "Version",
     "Worker",
     "aborts_inflight",
+    "cancelled_requests",
     "collapse",
     "connection_mode_for",
     "control_url",
@@ -75,6 +79,7 @@ __all__ = [
     "metric_op",
     "new_operation_id",
     "new_worker_id",
+    "on_this_host",
     "origin_key",
     "origin_of",
     "parse_selector",
@@ -94,6 +99,7 @@ __all__ = [
     "validate_engine_path",
     "validate_version",
     "vllm_labels",
+    "worker_id_problem",
     "worker_url_problem",
     "workers_response",
 ]

@@ -10,6 +10,8 @@ aborted it BECAUSE of such a call made through this gateway while the request ra
 - ``update_weights_from_disk|tensor|distributed`` with ``abort_all_requests: true``.
 
 ``abort_request`` / ``abort`` are deliberate cancellations by the trainer: never looped back.
+``cancelled_requests`` says which requests such a call names (a request with PSRL routing
+metadata is looped back on any other abort: ``smgrl.dataplane.abort_rule``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 from typing import Any
 from urllib.parse import parse_qs
 
+ALL = "*"  # ``cancelled_requests``: the call cancels every request of the engine
+CANCELS = ("abort_request", "abort_requests", "inference/v1/abort_requests")
 REFITS = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed")
 
 
@@ -37,7 +41,7 @@ def aborts_inflight(method: str, path: str, body: bytes | None, query: str | Non
         return False
     path = path.strip("/")
     if path == "pause_generation":
-        return _body(body).get("mode", "abort") == "abort"
+        return bool(_body(body).get("mode", "abort") == "abort")
     if path in ("pause", "sleep"):
         modes = parse_qs(query or "").get("mode", ["abort"])
         return modes[-1] == "abort"
@@ -46,3 +50,24 @@ def aborts_inflight(method: str, path: str, body: bytes | None, query: str | Non
     if path in REFITS:
         return _body(body).get("abort_all_requests", False) is True
     return False
+
+
+def cancelled_requests(method: str, path: str, body: bytes | None) -> frozenset[str] | None:
+    """The request ids a deliberate cancellation names (SGLang's ``abort_request`` ``rid``, a
+    prefix as SGLang matches it; vLLM's ``request_ids``), ``{ALL}`` for one that cancels
+    everything (``abort_all: true``, vLLM's call without ids), None for any other call."""
+    path = path.strip("/")
+    if method != "POST" or path not in CANCELS:
+        return None
+    obj = _body(body)
+    if path == "abort_request":
+        if obj.get("abort_all") is True:
+            return frozenset({ALL})
+        rid = obj.get("rid")
+        return frozenset({rid}) if isinstance(rid, str) and rid else frozenset()
+    ids = obj.get("request_ids")
+    if ids is None:
+        return frozenset({ALL})
+    if not isinstance(ids, list):
+        return frozenset()
+    return frozenset(str(i) for i in ids if isinstance(i, (str, int)) and not isinstance(i, bool))

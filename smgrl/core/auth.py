@@ -1,4 +1,5 @@
-"""Control-plane authentication and roles (spec §9, decision D3). Pure: no I/O.
+"""Control-plane authentication and roles (docs/rl-control-plane.md, "Auth"; decision D3 of
+docs/deviations.md). Pure: no I/O.
 
 Order (SMG's ``apply_control_plane_auth``):
 

@@ -1,12 +1,12 @@
 """What an engine can do for RL control: a static row per engine, overridable by ``rl.*`` labels.
 
-Spec §6, mirroring SMG 1.13.0's ``crates/rl/src/capability.rs``. The six override labels are
-the ones a TokenSpeed engine advertises in its server args (spec §10).
+docs/rl-control-plane.md, "Capabilities", mirroring SMG 1.13.0's ``crates/rl/src/capability.rs``. The six override labels are
+the ones a TokenSpeed engine advertises in its server args (docs/tokenspeed.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -17,11 +17,16 @@ LIST_LABELS = ("rl.pause_modes", "rl.update_from")
 BOOL_LABELS = ("rl.abort", "rl.flush_cache", "rl.sleep_wake", "rl.reports_weight_version")
 
 
+def str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    """A tuple of strings (an attrs converter with a type mypy can read, unlike ``tuple``)."""
+    return tuple(values)
+
+
 @attrs.frozen
 class Capabilities:
     source: str  # "static" (table row as is) or "label" (any rl.* label overrode it)
-    pause_modes: tuple[str, ...] = attrs.field(converter=tuple)
-    update_from: tuple[str, ...] = attrs.field(converter=tuple)
+    pause_modes: tuple[str, ...] = attrs.field(converter=str_tuple)
+    update_from: tuple[str, ...] = attrs.field(converter=str_tuple)
     abort: bool
     flush_cache: bool
     sleep_wake: bool

@@ -7,6 +7,8 @@ them. Nothing here does I/O.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from journal.urls import redact_url
@@ -67,8 +69,9 @@ class DataPlaneConfig:
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 67_108_864
-    # How long a request may wait in the gateway for an eligible engine (all paused during a
-    # refit, ...) before a retryable 503; None = the whole --request-timeout-secs.
+    # How long a request may wait in the gateway for an eligible engine before a retryable 503.
+    # None: through a sync in progress (paused engines, an open refit...) up to the whole
+    # --request-timeout-secs, and 30 s past it (smgrl/dataplane/waiting.py); a value bounds every wait.
     eligible_wait_secs: float | None = None
     max_concurrent_requests: int = -1
     queue_size: int = 100
@@ -88,6 +91,9 @@ class DataPlaneConfig:
     admission_hook: str | None = None
     # Partial-rollout loopbacks per request (smgrl/dataplane/loopback/); 0 turns them off.
     max_loopbacks: int = 8
+    # --psrl-group-sticky (PSRL's psrl_enable_group_sticky): pin a prompt group's requests to the
+    # instance its first request took while the group runs; off by default, as in PSRL's fork.
+    psrl_group_sticky: bool = False
 
 
 @attrs.frozen
@@ -100,6 +106,34 @@ class SessionsConfig:
     trajectory_strategy: str = "auto"  # "auto" | "manual"
     tool_parser: str = "hermes"
     debug: bool = False
+    idle_timeout_secs: float = 3600.0  # 0: sessions never expire
+    max_stored_tokens: int = 2_000_000  # per session, its captured trajectories' ids; 0: no budget
+
+
+SORT_KEYS = ("version", "reserve_capability")
+STRATEGIES = ("naive", "psrl")
+
+
+@attrs.frozen
+class PsrlConfig:
+    # "psrl": requests carrying routing metadata take the staged selection; "naive" as well
+    # (smgrl stages every request that carries metadata: docs/psrl.md).
+    strategy: str = "psrl"
+    # Pin a prompt group's requests to the instance its first request went to (off: the fork's
+    # default; PSRL's launch turns it on).
+    group_sticky: bool = False
+    # Stage 5's order: "version" (newest first / lowest acceptable first) or PSManager's
+    # reserve indicator ("reserve_capability", needs ps_manager_addr).
+    candidate_sort_key: str = "version"
+    # PSManager's gRPC address (host:port, grpc:// or http:// accepted); None: no PSManager.
+    ps_manager_addr: str | None = None
+    # The bound on one PSManager call; past it the call counts as failed (the fork's fallback).
+    ps_manager_timeout_secs: float = 0.5
+    # How often a request held out by PSManager or the KV gate asks again (the fork's routing
+    # loop re-polls its queue every check interval).
+    recheck_secs: float = 0.01
+    reject_on_waiting: bool = False
+    kv_capacity_threshold: float = 1.0
 
 
 @attrs.frozen
@@ -155,7 +189,11 @@ class Config:
     # process's sessions and refits to (docs/scale-out.md, "Forwarding"); None: same host only.
     advertise_url: str | None = None
 
-    def scrubbed(self) -> dict:
+    # PSRL's selection settings (RouterArgs, smgrl.launch_router; docs/psrl.md): None leaves the
+    # data plane as the flags set it.
+    psrl: PsrlConfig | None = None
+
+    def scrubbed(self) -> dict[str, Any]:
         """The configuration as JSON with every secret removed (for the journal's gateway.started)."""
         return {
             "host": self.host,
@@ -177,6 +215,7 @@ class Config:
             "audit": self.audit,
             "audit_interval_secs": self.audit_interval_secs,
             "advertise_url": self.advertise_url,
+            "psrl": attrs.asdict(self.psrl) if self.psrl is not None else None,
         }
 
 

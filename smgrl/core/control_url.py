@@ -1,4 +1,4 @@
-"""Where a worker's RL control routes live (spec §10).
+"""Where a worker's RL control routes live (docs/tokenspeed.md, "Registering").
 
 For an HTTP worker that is the worker itself. A gRPC or ZMQ worker (TokenSpeed) advertises a
 control URL in its ``rl.control_url`` label; an engine that bound a wildcard address advertises

@@ -1,6 +1,6 @@
 """What an engine reports at registration, turned into registry labels (pure).
 
-The rules are SMG 1.13.0's, observed black-box (``rl-control-plane.md`` Appendix C): which fields
+The rules are SMG 1.13.0's, observed black-box (docs/deviations.md lists where smgrl differs): which fields
 become labels, how values are stringified, how vLLM is told apart, and the gRPC normalisation
 TokenSpeed needs. The registry service does the HTTP; this module only decides.
 """
@@ -39,7 +39,7 @@ MODEL_INFO_KEYS = (
     "architectures",
     "model_type",
 )
-# gRPC server-info normalisation (§5.2). Renames only fill a missing key: a real tp_size wins.
+# gRPC server-info normalisation (docs/tokenspeed.md, "Registering"). Renames only fill a missing key: a real tp_size wins.
 GRPC_RENAMES = (
     ("tensor_parallel_size", "tp_size"),
     ("attn_tp_size", "tp_size"),
@@ -84,14 +84,14 @@ def label_value(value: Any) -> str | None:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _first_model(models: Mapping | None) -> Mapping:
+def _first_model(models: Mapping[str, Any] | None) -> Mapping[str, Any]:
     data = (models or {}).get("data") if isinstance(models, Mapping) else None
     if isinstance(data, list) and data and isinstance(data[0], Mapping):
         return data[0]
     return {}
 
 
-def is_vllm(models: Mapping | None) -> bool:
+def is_vllm(models: Mapping[str, Any] | None) -> bool:
     return _first_model(models).get("owned_by") == "vllm"
 
 
@@ -102,7 +102,9 @@ def _put(labels: dict[str, str], key: str, value: Any) -> None:
 
 
 def sglang_labels(
-    server_info: Mapping | None, model_info: Mapping | None, models: Mapping | None
+    server_info: Mapping[str, Any] | None,
+    model_info: Mapping[str, Any] | None,
+    models: Mapping[str, Any] | None,
 ) -> Discovery:
     labels: dict[str, str] = {}
     for key in SERVER_INFO_KEYS:
@@ -137,7 +139,7 @@ def _routing_dp_size(labels: Mapping[str, str]) -> int | None:
     return dp * (attn if attn is not None else 1)
 
 
-def vllm_labels(models: Mapping | None, version: Mapping | None) -> Discovery:
+def vllm_labels(models: Mapping[str, Any] | None, version: Mapping[str, Any] | None) -> Discovery:
     labels: dict[str, str] = {}
     card = _first_model(models)
     if "max_model_len" in card:
@@ -151,7 +153,7 @@ def vllm_labels(models: Mapping | None, version: Mapping | None) -> Discovery:
     return Discovery(runtime="vllm", labels=labels, model_id=labels.get("served_model_name"), dp_size=None)
 
 
-def grpc_labels(server_info: Mapping | None, runtime: str) -> Discovery:
+def grpc_labels(server_info: Mapping[str, Any] | None, runtime: str) -> Discovery:
     """Labels for a gRPC worker from its (SGLang-shaped, flattened) server info, as SMG builds
     them from the server-info RPC: renames, transient keys dropped, ``rl.*`` advertisement kept."""
     info = dict(server_info or {})

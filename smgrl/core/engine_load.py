@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 # /v1/loads: the query SMG sends, and the statuses that mean "this engine has no such route"
 # (remembered per engine: the monitor stops asking and reads /metrics instead).
@@ -79,7 +79,7 @@ _RANK: tuple[tuple[str, Any, bool], ...] = (
 _DEFAULTS = {_I32: 0, _F64: 0.0, _STR: ""}
 
 
-def _value(kind, value: Any, where: str) -> Any:
+def _value(kind: Any, value: Any, where: str) -> Any:
     if isinstance(kind, tuple):  # a nested struct, every field defaulted
         if not isinstance(value, dict):
             raise NotALoadResponse(f"{where}: not an object")
@@ -116,7 +116,7 @@ def _rank(row: Any, i: int) -> dict[str, Any]:
     return out
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
@@ -222,7 +222,8 @@ def metrics_load(runtime: str | None, text: str) -> dict[str, Any] | None:
     else:
         return None
     row = {name: rank.get(name, _DEFAULTS[kind]) for name, kind, optional in _RANK if not optional}
-    return _finite({"timestamp": "", "version": "", "dp_rank_count": 1, "loads": [row]})
+    summary: dict[str, Any] = _finite({"timestamp": "", "version": "", "dp_rank_count": 1, "loads": [row]})
+    return summary
 
 
 def _finite(value: Any) -> Any:
@@ -255,7 +256,9 @@ def rfc3339_now(ns: int) -> str:
     return f"{head}{frac}+00:00"
 
 
-def loads_summary(samples: list[tuple[str, str, dict]], timestamp: str, version: str) -> dict[str, Any]:
+def loads_summary(
+    samples: list[tuple[str, str, dict[str, Any]]], timestamp: str, version: str
+) -> dict[str, Any]:
     """SMG's ``GET /get_loads``: every rank of every sample (``(url, worker_type, engine_load)``,
     in order) flattened behind its worker's URL and type, and their totals and means."""
     rows = [

@@ -1,7 +1,7 @@
 """Every error smgrl answers with, its stable machine code, and the envelopes that render it.
 
 Clients branch on the code, never on the message, so codes never change once shipped. The RL codes
-and their HTTP statuses are SMG 1.13.0's (``rl-control-plane.md`` §2); the data plane's are SMG's
+and their HTTP statuses are SMG 1.13.0's (docs/rl-control-plane.md, "Errors"); the data plane's are SMG's
 OpenAI-style codes (``x-smg-error-code``)::
 
     SmgrlError
@@ -70,7 +70,10 @@ that can meet an error of both families (``UpstreamUnreachable``) names the rend
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from smgrl.core.version import Version
 
 
 class SmgrlError(Exception):
@@ -90,8 +93,9 @@ class ApiError(SmgrlError):
     """An error answered to a client: a stable ``code``, an HTTP ``status``, a ``message`` and
     ``context`` fields; ``rl_body`` or ``openai_body`` renders it."""
 
-    code: ClassVar[str] = "internal_error"
-    status: ClassVar[int] = 500
+    # Class-level defaults; InvalidRequest sets its own per instance (SMG's codes vary per body).
+    code: str = "internal_error"
+    status: int = 500
     retryable: ClassVar[bool] = False  # said in the OpenAI envelope (and a retry-after header)
 
     def __init__(self, message: str, **context: Any) -> None:
@@ -290,15 +294,50 @@ class NoEligibleWorkers(DataPlaneError):
 
     @classmethod
     def because(
-        cls, reasons: Mapping[str, int], waited: float, floor=None, versions: Sequence[str] = ()
+        cls,
+        reasons: Mapping[str, int],
+        waited: float,
+        floor: Version | None = None,
+        versions: Sequence[str] = (),
+        engines: Sequence[Mapping[str, Any]] = (),
     ) -> NoEligibleWorkers:
+        """``engines``: each instance with why it was held out (``{worker_id, url, reason,
+        version}``), named in the message too (the first few)."""
         named = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
         message = f"no eligible worker after waiting {waited:g}s ({named})"
         if floor is not None:
             message += f"; x-version-tag {floor.raw} asks for that version or newer"
         if versions:
             message += "; the fleet has versions " + ", ".join(versions)
-        return cls(message, reasons=dict(sorted(reasons.items())), versions=list(versions))
+        if engines:
+            shown = ", ".join(f"{e['url']}: {e['reason']}" for e in engines[:8])
+            message += f"; held out: {shown}" + (f" (+{len(engines) - 8} more)" if len(engines) > 8 else "")
+        return cls(
+            message, reasons=dict(sorted(reasons.items())), versions=list(versions), engines=list(engines)
+        )
+
+
+class VersionFloorUnmet(NoEligibleWorkers):
+    """A version floor (``x-version-tag``) above every engine's version while no sync is in
+    progress (no refit, no paused engine, no version-setting call running): nothing will bring
+    the fleet there, so the request is answered at once instead of waiting."""
+
+    code, status, retryable = "version_floor_unmet", 503, True
+
+    @classmethod
+    def at(
+        cls, floor: Version, versions: Sequence[str], engines: Sequence[Mapping[str, Any]]
+    ) -> VersionFloorUnmet:
+        message = (
+            f"x-version-tag {floor.raw} asks for that version or newer, no engine has it (the fleet "
+            f"has versions {', '.join(versions) or 'none'}) and no refit or weight sync is in progress"
+        )
+        reasons: dict[str, int] = {}
+        for e in engines:
+            reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
+        return cls(
+            message, reasons=dict(sorted(reasons.items())), versions=list(versions), engines=list(engines)
+        )
 
 
 class MemoryBudgetExceeded(DataPlaneError):

@@ -2,11 +2,11 @@
 
 The recovered-engine rule (docs/refits.md) holds an engine out of routing when this changed: a
 restarted engine is back on its initial weights, whatever its address says. Where each kind has
-it (``../shared/spec/engines.md``):
+it (docs/engines.md):
 
 - SGLang: ``GET /server_info`` (``/get_server_info`` on 404) -> ``startup_time`` (scheduler init
-  info, §1.4);
-- TokenSpeed: the control app's ``GET /get_server_info`` -> ``start_time`` (§3.2);
+  info);
+- TokenSpeed: the control app's ``GET /get_server_info`` -> ``start_time``;
 - vLLM: none (the dev ``/server_info`` holds configuration and environment only, and ``/v1/models``
   stamps ``created`` per request), so only an outage the health checker saw can tell.
 """

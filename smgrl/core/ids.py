@@ -1,5 +1,6 @@
-"""The ids smgrl makes: worker ids and operation ids, both UUIDv7 (pure but for the clock and
-``os.urandom``). SMG's worker ids are UUIDv7; operation ids follow suit so that both sort by when
+"""The ids smgrl makes, all from UUIDv7 (pure but for the clock and ``os.urandom``): worker ids,
+operation ids, process and group ids (``new_hex_id``) and short tags (``new_tag``). The one
+exception is a session id, a bearer of its session: random throughout (smgrl/sessions/state.py). SMG's worker ids are UUIDv7; operation ids follow suit so that both sort by when
 they were made. (Request ids are the HTTP layer's: ``x-request-id``, SMG's format.)"""
 
 from __future__ import annotations
@@ -29,3 +30,34 @@ def new_worker_id() -> str:
 def new_operation_id() -> str:
     """An operation id (one control call or fan-out, as the journal records it)."""
     return uuid7()
+
+
+def new_hex_id() -> str:
+    """A UUIDv7 as 32 hex digits (process, group and gateway ids)."""
+    return uuid.UUID(uuid7()).hex
+
+
+def new_tag(length: int) -> str:
+    """A short id: the random end of a UUIDv7 (its start is the clock, alike for ids made in the
+    same millisecond), ``length`` hex digits (at most 18: the 74 random bits' whole hex digits)."""
+    if not 1 <= length <= 18:
+        raise ValueError("a tag is 1 to 18 hex digits")
+    return new_hex_id()[-length:]
+
+
+MAX_WORKER_ID = 128
+_WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def worker_id_problem(text: object) -> str | None:
+    """None for a worker id a registration may choose (PSRL names its replicas ``"0"``,
+    ``"1"``...): 1-128 characters of letters, digits and ``. _ : -`` (safe in a URL path, a
+    journal stream name and a log line); else what is wrong with it."""
+    if not isinstance(text, str):
+        return "must be a string"
+    if not 0 < len(text) <= MAX_WORKER_ID:
+        return f"must be 1-{MAX_WORKER_ID} characters"
+    bad = next((ch for ch in text if ch not in _WORKER_ID_CHARS), None)
+    if bad is not None:
+        return f"may hold letters, digits and . _ : - only (found {bad!r})"
+    return None

@@ -1,7 +1,7 @@
 """What a control call means for an engine's state, read from its path and request body (pure).
 
-These are the passthrough-observation rules of SMG's next milestone (spec Appendix A.2), which the
-issue adopts: a 2xx answer to one of these calls confirms the intent; any other answer changes
+These are the passthrough-observation rules of SMG's next milestone (M2, docs/data-plane.md), which
+smgrl adopts: a 2xx answer to one of these calls confirms the intent; any other answer changes
 nothing. The intent is computed once, when the call is made, and stored in the journal's
 ``control.started`` event, so replay never needs the (possibly compacted) request body.
 """
@@ -68,7 +68,7 @@ class Intent:
         return {"version": self.version, "control": self.control, "phase": self.phase}
 
     @classmethod
-    def from_json(cls, data: dict | None) -> Intent:
+    def from_json(cls, data: dict[str, Any] | None) -> Intent:
         if not data:
             return NO_INTENT
         return cls(data.get("version"), data.get("control"), data.get("phase"))

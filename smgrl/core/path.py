@@ -1,10 +1,12 @@
-"""Engine route paths, query passthrough and the bounded metric ``op`` label (spec §4, §8).
+"""Engine route paths, query passthrough and the bounded metric ``op`` label (docs/rl-control-plane.md, "Calling one engine", "Metrics").
 
 Mirrors SMG 1.13.0's ``crates/rl/src/path.rs`` and ``metrics.rs``. The messages are part of
 the wire contract (``invalid engine path: <reason>``), so they are constants here.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 MAX_SEGMENTS = 4
 
@@ -51,7 +53,7 @@ class EnginePathError(ValueError):
         self.reason = reason
         super().__init__(f"invalid engine path: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.reason,))
 
 

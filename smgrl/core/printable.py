@@ -20,7 +20,7 @@ _UNSAFE_BUT_NEWLINE = re.compile(
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def _code(match: re.Match) -> str:
+def _code(match: re.Match[str]) -> str:
     ch = match.group()
     short = _SHORT.get(ch)
     if short is not None:
@@ -29,7 +29,7 @@ def _code(match: re.Match) -> str:
     return f"\\x{point:02x}" if point < 0x100 else f"\\u{point:04x}"
 
 
-def _json_code(match: re.Match) -> str:
+def _json_code(match: re.Match[str]) -> str:
     return f"\\u{ord(match.group()):04x}"
 
 

@@ -1,6 +1,6 @@
 """Label selectors: ``k=v``, ``k!=v``, ``k in (a,b)``, ``k notin (a,b)``; a comma means AND.
 
-Wire-compatible with SMG 1.13.0's ``crates/rl/src/selector.rs`` (spec §3): the same grammar,
+Wire-compatible with SMG 1.13.0's ``crates/rl/src/selector.rs`` (docs/rl-control-plane.md, "Selectors"): the same grammar,
 the same error reasons and the same **byte** offsets, because clients compare the
 ``invalid selector at byte N: <reason>`` message verbatim.
 
@@ -13,7 +13,8 @@ Two Rust behaviours are reproduced on purpose rather than approximated with Pyth
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -60,8 +61,15 @@ class SelectorError(ValueError):
         self.reason = reason
         super().__init__(f"invalid selector at byte {offset}: {reason}")
 
-    def __reduce__(self):  # keep pickling (e.g. across processes) working with two args
+    def __reduce__(
+        self,
+    ) -> tuple[Any, tuple[Any, ...]]:  # keep pickling (e.g. across processes) working with two args
         return (type(self), (self.offset, self.reason))
+
+
+def str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    """A tuple of strings (an attrs converter with a type mypy can read, unlike ``tuple``)."""
+    return tuple(values)
 
 
 @attrs.frozen
@@ -70,7 +78,7 @@ class Term:
 
     key: str
     op: str = attrs.field(validator=attrs.validators.in_(OPS))
-    values: tuple[str, ...] = attrs.field(converter=tuple)
+    values: tuple[str, ...] = attrs.field(converter=str_tuple)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         actual = labels.get(self.key)

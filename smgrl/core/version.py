@@ -1,4 +1,4 @@
-"""Weight versions: validation, ordering and passthrough observation (spec Appendix A).
+"""Weight versions: validation, ordering and passthrough observation (docs/data-plane.md, "Version policies").
 
 Mirrors SMG's M2 ``crates/rl/src/version.rs``:
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from decimal import Decimal
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
@@ -42,7 +42,7 @@ class MalformedVersion(ValueError):
         self.reason = reason
         super().__init__(self.MESSAGES[reason])
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.reason,))
 
 

@@ -1,4 +1,4 @@
-"""Discovery rows and the label view selectors match against (``rl-control-plane.md`` §5).
+"""Discovery rows and the label view selectors match against (docs/rl-control-plane.md, "Discovery").
 
 Pure functions over registry records: DP collapsing, row order, the merged label view with its
 synthetic keys, and the ``RlWorkerEntry`` JSON row. ``EngineFacts`` carries what the journal's
@@ -9,6 +9,7 @@ so SMG clients keep working.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -44,7 +45,7 @@ class Group:
 
 
 def control_url(worker: Worker) -> str | None:
-    """§10: HTTP workers control themselves (a ``rl.control_url`` label is ignored); gRPC/ZMQ
+    """HTTP workers control themselves (a ``rl.control_url`` label is ignored); gRPC/ZMQ
     workers use the ``rl.control_url`` label resolved against their own host, or have none."""
     return control_url_for(worker.connection_mode, worker.base_url, worker.url, worker.labels)
 
@@ -52,7 +53,7 @@ def control_url(worker: Worker) -> str | None:
 def collapse(workers: Iterable[Worker]) -> list[Group]:
     """Group DP ranks by ``(True, base_url)`` and others by ``(False, url)``; keep the lowest rank
     (strictly lower replaces, ties keep the first seen); sort rows by base_url, then url."""
-    groups: dict[tuple[bool, str], list] = {}
+    groups: dict[tuple[bool, str], list[Any]] = {}
     for w in workers:
         if not w.is_visible:
             continue
@@ -82,7 +83,7 @@ def dp_ranks_for(worker: Worker, workers: Iterable[Worker]) -> int:
 
 
 def selector_view(worker: Worker, facts: EngineFacts | None = None) -> dict[str, str]:
-    """The merged label view (§5.3): labels, then synthetic keys that shadow spoofed labels."""
+    """The merged label view: labels, then synthetic keys that shadow spoofed labels."""
     view = worker.labels
     view["id"] = worker.id
     view["url"] = worker.url
@@ -124,7 +125,7 @@ RL_WORKER_ENTRY_FIELDS = (
 RL_WORKER_ENTRY_ADDITIONS = ("version_source", "control", "version_status")
 
 
-def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict:
+def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict[str, Any]:
     """One ``RlWorkerEntry``, field order as SMG 1.13.0 serialises it; absent optionals are null."""
     labels = worker.labels
     weight_version = labels.get("weight_version")
@@ -165,7 +166,7 @@ def row(worker: Worker, dp_ranks: int, facts: EngineFacts | None = None) -> dict
     return entry
 
 
-def workers_response(rows: list[dict]) -> dict:
+def workers_response(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"protocol_version": PROTOCOL_VERSION, "workers": rows, "total": len(rows)}
 
 

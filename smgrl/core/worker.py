@@ -144,6 +144,16 @@ def _is_loopback(host: str) -> bool:
     return host in _LOOPBACK_NAMES or host.endswith(".localhost") or host.startswith("127.")
 
 
+def on_this_host(url: str) -> bool:
+    """Whether a worker URL names a loopback host (so the engine runs here and reads this host's
+    filesystem; decided from the text alone, no DNS)."""
+    if "://" not in url:
+        return False
+    authority = authority_of(strip_rank(url)).rsplit("@", 1)[-1]
+    host, _ = split_host_port(authority)
+    return _is_loopback(host.strip("[]").lower().rstrip("."))
+
+
 def reaches_listener(url: str, listen_host: str | None, listen_port: int | None) -> bool:
     """Whether an HTTP worker URL names the listener ``(listen_host, listen_port)``: the same
     port, and the listener's own host, or a loopback name when the listener is on loopback or a

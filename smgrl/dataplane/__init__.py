@@ -17,6 +17,7 @@ The HTTP side is ``smgrl.http.fronts.dataplane`` (raw ASGI in front of Quart); t
 # The face: its users' import lists name the same things (`duplicates` pairs them), nothing to share.
 from smgrl.dataplane.affinity import Routed
 from smgrl.dataplane.hook import HookError, resolve
+from smgrl.dataplane.instance_stats import InstanceStats, StatsRejected, parse_snapshot
 from smgrl.dataplane.pins import PinJournal, gone_releases
 from smgrl.dataplane.request import CHAT, COMPLETIONS, GENERATE, ROUTING_TEXT_LIMIT, RolloutRequest, from_obj
 from smgrl.dataplane.service import DataPlane
@@ -41,14 +42,17 @@ __all__ = [
     "Entry",
     "FingerprintEvents",
     "HookError",
+    "InstanceStats",
     "PinJournal",
     "RolloutRequest",
     "Routed",
     "Stamp",
+    "StatsRejected",
     "TokenTail",
     "first_event_version",
     "from_obj",
     "gone_releases",
+    "parse_snapshot",
     "resolve",
     "stamp_generate",
     "stamp_openai",

@@ -93,6 +93,8 @@ class Routed:
     # falling through; only an instance that left the fleet or is quarantined/unhealthy
     # releases it (docs/sessions.md).
     session: bool = False
+    # Does the request carry PSRL routing metadata (``abort_rule``)? None: read from ``meta``.
+    psrl: bool | None = None
 
     def __attrs_post_init__(self) -> None:
         self.floor = self.meta.floor
@@ -103,7 +105,7 @@ class Routed:
         return self.meta.staged or self.loop_hint is not None or self.session
 
     def hint(self) -> InstanceId | None:
-        """The instance hint this selection honours, if any. Spec section 11 item 1, decided:
+        """The instance hint this selection honours, if any. Decided (docs/data-plane.md, "When is a hint honoured"):
         a hint pins only when the request opts in (``x-is-sticky``), asks once
         (``x-force-pin-once``: the first selection only), or is a loopback (which sets its
         own hint). A recorded echo re-sent without opting in is ignored, so later turns of a

@@ -56,6 +56,10 @@ class HookRequest:
     # PSRL's ``x-response-token-count``: tokens the request's earlier legs generated (what a
     # loopback continues from; 0 for the first dispatch), for admit-time token estimates.
     response_tokens: int = 0
+    # The candidate's last snapshot pushed through POST /workers/update_stats (running, waiting,
+    # KV usage, per-request tokens), and its requests in flight through this gateway.
+    engine_stats: Any = None
+    in_flight: int = 0
 
 
 class AdmissionHook(Protocol):

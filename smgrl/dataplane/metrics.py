@@ -5,7 +5,7 @@ Always: ``smgrl_dataplane_requests_total{route,status}``,
 ``smgrl_dataplane_waiting_requests`` (and ``..._by_reason{reason}``) and
 ``smgrl_dataplane_inflight_requests{worker}``.
 
-With ``--enable-rl``, SMG M2's families (spec Appendix A.2) under an ``smgrl_rl_`` prefix: SMG
+With ``--enable-rl``, SMG M2's families (docs/data-plane.md, "Metrics") under an ``smgrl_rl_`` prefix: SMG
 1.13.0 has no M2, and its ``smg_rl_*`` set is pinned by ``tests/api/test_rl_metrics.py`` (rename
 when SMG ships M2):
 ``smgrl_rl_worker_weight_version{worker}`` (numeric versions only),

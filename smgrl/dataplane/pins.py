@@ -26,12 +26,12 @@ may land on several of them, so the pin is a decision made once, the way a URL r
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 
 import trio
 
 from journal import Expect, JournalClosedError, JournalConflict, JournalError
+from smgrl.core.ids import new_tag
 from smgrl.events import GroupPinned, GroupReleased
 from smgrl.routing import InstanceId
 from smgrl.state import TYPES, Pin
@@ -54,7 +54,7 @@ class PinJournal:
     def __init__(self, journal, identity: Callable[[], str | None]) -> None:
         self.journal = journal
         self._identity = identity
-        self._fallback = f"local:{uuid.uuid4().hex[:12]}"
+        self._fallback = f"local:{new_tag(12)}"
         self.decided = 0  # pins this process wrote
         self.conflicts = 0  # decisions refused because another process pinned first
         # Releases not journaled yet, by stream (they ride with the next decision or flush).

@@ -132,7 +132,7 @@ def _ids(value: Any) -> tuple[int, ...] | None:
         return None
     head = value[:ROUTING_TEXT_LIMIT]
     # Every id an int (not a bool, float or string), checked at C speed: a generator over a
-    # 4,096-token prompt cost ~170 us per request, this ~40 (docs/benchmarks.md, issue 14).
+    # 4,096-token prompt cost ~170 us per request, this ~40 (docs/benchmarks.md, "Where the CPU goes").
     if list(map(type, head)).count(int) != len(head):
         return None
     return tuple(head)

@@ -26,24 +26,26 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from smgrl.core import Version
-from smgrl.core.config import Config
+from smgrl.core.config import Config, PsrlConfig
 from smgrl.core.errors import (
     ModelNotFound,
     ModelRequired,
     NoAvailableWorkers,
-    NoEligibleWorkers,
     RequestTimeout,
     UpstreamUnreachable,
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import hook as admission_hook
+from smgrl.dataplane import vllm_generate, waiting
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.grpc.exchange import GrpcEngines
+from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
+from smgrl.dataplane.psrl_select import PSRL_QUIET, PsrlSelection
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry import KeyRing
@@ -102,6 +104,8 @@ class DataPlane:
         self.keys = keys
         self.rng = rng or random.Random()
         dataplane_cfg = cfg.dataplane
+        # Engine snapshots a coordinator pushed (POST /workers/update_stats), per instance.
+        self.instance_stats = InstanceStatsTable()
         self.policy = make_policy(
             cfg.policy,
             self.rng,
@@ -111,7 +115,9 @@ class DataPlane:
                 balance_rel_threshold=dataplane_cfg.balance_rel_threshold,
                 max_tree_size=dataplane_cfg.max_tree_size,
             ),
+            reported=self._reported,
         )
+        self.ranked = getattr(self.policy, "ranked", False)
         # --rl-version-policy (with --enable-rl only: without it nothing is version-filtered).
         self.version_policy = VersionPolicy.parse(cfg.rl.version_policy) if cfg.rl.enabled else ANY
         self.loads: dict[str, int] = {}
@@ -129,6 +135,13 @@ class DataPlane:
         self._table: Table | None = None
         self._changed = trio.Event()
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
+        # --psrl-group-sticky (PSRL's ``psrl_enable_group_sticky``, off by default as in its fork):
+        # without it a prompt group's requests are spread by the policy, never pinned.
+        self.group_sticky = dataplane_cfg.psrl_group_sticky
+        # PSManager and the KV gate (RouterArgs: smgrl.launch_router); None: neither configured.
+        self.psrl: PsrlSelection | None = None
+        if cfg.psrl is not None:
+            self.use_psrl(cfg.psrl)
         # Gateways sharing the journal: pins are decided once across processes (``share_pins``).
         self.pins: PinJournal | None = None
         self._deciding: dict[str, trio.Event] = {}  # prompt id -> this process's decision in the air
@@ -155,6 +168,17 @@ class DataPlane:
             dataplane=self,
         )
         fleet.subscribe(self._fleet_changed)
+
+    def _reported(self, instance) -> int:
+        """Running + waiting requests the instance's engine last reported (0: none)."""
+        stats = self.instance_stats.get(*staged.identity(instance))
+        return 0 if stats is None else stats.requests
+
+    def use_psrl(self, psrl: PsrlConfig) -> None:
+        """PSRL's selection settings: prompt-group stickiness, and PSManager and the KV gate
+        (``smgrl/dataplane/psrl_select.py``; None when neither is configured)."""
+        self.group_sticky = psrl.group_sticky
+        self.psrl = PsrlSelection.build(psrl, self.instance_stats)
 
     def close(self) -> None:
         self.fleet.unsubscribe(self._fleet_changed)
@@ -284,6 +308,7 @@ class DataPlane:
         policy = policy or self.version_policy
         logged = False
         exclude = exclude or set()
+        quiet_since: float | None = None  # when the fleet was last seen with no sync in progress
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
@@ -299,17 +324,26 @@ class DataPlane:
                 # with no eligible engine; the resume's journal commit wakes it.
                 held, chosen = Counter(dispatch_paused=len(slot.entries)), None
             elif routed is not None and routed.staged:
+                if self.psrl is not None:
+                    await self.psrl.check_aborted(routed)  # PSManager may have aborted it
                 selectable, held = self.eligible(slot, policy, None)
                 hint = routed.hint()
                 if hint is not None and routed.session:
                     hint, selectable = held_hint(slot.entries, selectable, hint)
-                decision = staged.select(
+                narrowed = staged.narrow(
                     selectable,
                     floor=routed.floor,
                     hint=hint,
-                    group_pin=self.groups.pin(routed.meta.prompt_id),
+                    group_pin=self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None,
                     refused=routed.refused,
+                )
+                if self.psrl is not None:
+                    narrowed = await self.psrl.admit(routed, narrowed)
+                decision = staged.finish(
+                    narrowed,
+                    floor=routed.floor,
                     choose=lambda group: self._choose(group, req, routing_key, exclude),
+                    ranked=self.ranked,
                 )
                 if decision.held:
                     held = held + decision.held
@@ -328,10 +362,16 @@ class DataPlane:
                 if held:
                     self.metrics.held_out(held)
                 return chosen
-            if self._now() >= wait_until:
+            # A sync in progress: wait up to the deadline; none: a short wait, or none at all
+            # for a version floor above every engine (smgrl/dataplane/waiting.py).
+            now, wants = self._now(), waiting.request_floor(routed, floor)
+            explicit = self.cfg.dataplane.eligible_wait_secs is not None
+            bound, quiet_since = waiting.bound(held, self.fleet, explicit, wait_until, quiet_since, now)
+            unmet = quiet_since is not None and waiting.floor_out_of_reach(slot, wants)
+            if now >= bound or unmet:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
-                raise NoEligibleWorkers.because(held, self._now() - started, floor, fleet_versions(slot))
+                raise waiting.unroutable(slot, held, now - started, policy, wants, self.breakers, unmet)
             reason = wait_reason(held)
             if not logged:
                 # Visible, not silent: a version floor no engine meets can wait for a long time
@@ -345,14 +385,18 @@ class DataPlane:
                     ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
                     floor.raw if floor is not None else "-",
                     ", ".join(fleet_versions(slot)) or "none",
-                    max(0.0, wait_until - self._now()),
+                    max(0.0, bound - self._now()),
                 )
             changed = self._changed
             # Woken by the next committed change to the fleet (a continue_generation, a version
             # write, a health change), by an open circuit breaker's timeout (it goes half-open
             # without any event), or by the wait budget running out. A client that goes away
             # cancels the wait (the request's disconnect watcher).
-            wake = wait_until
+            wake = bound
+            if self.psrl is not None and not PSRL_QUIET.isdisjoint(held):
+                # Held out by PSManager or the engines' reports, which change without a fleet
+                # event: ask again after the routing loop's check interval.
+                wake = min(wake, self._now() + self.psrl.recheck_secs)
             if held.get("circuit_open"):
                 reopen = self.breakers.next_reopen(e.instance.base_url for e in slot.selectable)
                 if reopen is not None:
@@ -363,7 +407,9 @@ class DataPlane:
             hint = None
             if routed is not None and routed.staged:
                 # Read again at each pass: a group pin can be written or released meanwhile.
-                hint = routed.hint() or self.groups.pin(routed.meta.prompt_id)
+                hint = routed.hint() or (
+                    self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None
+                )
             if hint is not None:
                 self.queued[hint] += 1
             token = object()
@@ -374,6 +420,7 @@ class DataPlane:
                 "reason": reason,
                 "loopbacks": routed.loopbacks if routed is not None else 0,
                 "waiting_since": started,
+                "routed": routed,  # PSRL's /routing_loop/filter reads its metadata
             }
             try:
                 with trio.move_on_at(wake):
@@ -468,10 +515,15 @@ class DataPlane:
             if routed is not None:
                 if self.pins is not None and self._unpinned(routed):
                     entry = await self._pin_group(routed, entry, pick)
+                if self.psrl is not None and routed.staged:
+                    await self.psrl.commit(routed, entry)  # PSManager records the selection
                 self.commit(routed, entry)
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
             wid, base = instance.worker_id, instance.base_url
+            vllm = vllm_generate.outbound(self.fleet.registry.get(wid), route, body_out, req.stream)
+            if vllm is not None:  # /generate on a vLLM engine: its token-in route, SGLang's answer
+                route, body_out = vllm.route, vllm.body
             target_headers, target_body = self._upstream(entry, req, body_out, headers)
             last = attempt + 1 == attempts
             relaying = False
@@ -508,7 +560,7 @@ class DataPlane:
                                 raise UpstreamUnreachable(
                                     f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
                                 )
-                            dispatched.body = data
+                            dispatched.body = data if vllm is None else vllm.answer(data)
                         self._record(base, response.status < 500)
                         relaying = True
                         yield dispatched
@@ -563,7 +615,7 @@ class DataPlane:
         if routed.pinned is None and entry.version is not None:
             routed.pinned = entry.version
             routed.floor = Version.parse(entry.version)
-        prompt = routed.meta.prompt_id
+        prompt = routed.meta.prompt_id if self.group_sticky else None
         if prompt is not None and routed.joined is None:
             self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
             routed.joined = prompt
@@ -575,7 +627,8 @@ class DataPlane:
         anywhere in view (so its pick must be decided once, ``_pin_group``)?"""
         prompt = routed.meta.prompt_id
         return (
-            prompt is not None
+            self.group_sticky
+            and prompt is not None
             and routed.joined is None
             and routed.staged
             and routed.hint() is None
@@ -653,6 +706,8 @@ class DataPlane:
             version=entry.version,
             loopback=routed.loopbacks,
             response_tokens=routed.kept,
+            engine_stats=self.instance_stats.get(*ident),
+            in_flight=self.loads.get(entry.instance.worker_id, 0),
         )
         result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
         if admission_hook.refused(result):

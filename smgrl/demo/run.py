@@ -11,11 +11,14 @@
 
 from __future__ import annotations
 
+import bisect
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,12 +37,64 @@ def say(text: str = "", **style) -> None:
     click.secho(text, **style)
 
 
-def fleet_table(rl: RL) -> None:
+def say_wrapped(text: str) -> None:
+    """An indented line, wrapped at 78 columns (long words, such as URLs, are never broken)."""
+    say(textwrap.fill(text, 78, initial_indent="  ", subsequent_indent="    ", break_long_words=False))
+
+
+MIN_ID = 8  # as ``smgrl journal``: ids shortened to their shortest unique prefix, at least 8
+
+
+class Ids:
+    """Ids cut as ``smgrl journal`` cuts them: one length for every id shown, the shortest that
+    tells them apart and at least 8 characters, so an id copied from the demo works in its
+    commands. UUIDv7 ids made in one second share their first 8 characters: the length grows
+    until they differ, and only grows (an id printed earlier stays unambiguous)."""
+
+    def __init__(self) -> None:
+        self.known: list[str] = []
+        self.length = MIN_ID
+
+    def add(self, *ids: str) -> None:
+        for new in {i.lower() for i in ids if i} - set(self.known):
+            at = bisect.bisect(self.known, new)
+            for other in self.known[max(0, at - 1) : at + 1]:  # only sorted neighbours share more
+                common = next(
+                    (k for k, (a, b) in enumerate(zip(new, other, strict=False)) if a != b), len(new)
+                )
+                self.length = max(self.length, min(36, common + 1))
+            self.known.insert(at, new)
+
+    def short(self, value: str) -> str:
+        self.add(value)
+        return value.lower()[: self.length]
+
+
+def rows_text(headers: list[str], rows: list[list[str]], indent: int = 2) -> list[str]:
+    """Columns as wide as their widest cell, two spaces apart; nothing is cut."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+    out = []
+    for row in [headers, *rows]:
+        cells = [str(c).ljust(w) for c, w in zip(row, widths, strict=True)]
+        out.append((" " * indent + "  ".join(cells)).rstrip())
+    return out
+
+
+def fleet_table(rl: RL, ids: Ids) -> None:
     rows = rl.workers()
-    say(f"  {'worker':<38} {'engine':<8} {'weight_version':<16} {'control':<8} url")
-    for w in rows:
-        extra = getattr(w, "extra", {}) or {}
-        say(f"  {w.id:<38} {w.engine:<8} {w.weight_version!s:<16} {extra.get('control', '-')!s:<8} {w.url}")
+    ids.add(*(w.id for w in rows))
+    cells = [
+        [
+            ids.short(w.id),
+            w.engine,
+            str(w.weight_version),
+            str((getattr(w, "extra", {}) or {}).get("control", "-")),
+            w.url,
+        ]
+        for w in rows
+    ]
+    for line in rows_text(["worker", "engine", "weight_version", "control", "url"], cells):
+        say(line)
 
 
 def generate(rl: RL, worker_id: str) -> tuple[str, str]:
@@ -79,7 +134,15 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
         say(f"[1/5] starting {engines} fake SGLang engines and the gateway", bold=True)
         fakes, urls = start_fake_engines("sglang", engines)
         children.append(fakes)
-        say(f"  engines: {', '.join(urls)} (pid {fakes.pid})")
+        ports = ", ".join(u.rsplit(":", 1)[-1] for u in urls)
+        say(
+            textwrap.fill(
+                f"engines: 127.0.0.1, ports {ports} (pid {fakes.pid})",
+                78,
+                initial_indent="  ",
+                subsequent_indent="    ",
+            )
+        )
         port, prom = free_port(), free_port()
         if os.path.exists(journal) and not keep_journal:
             for suffix in ("", "-wal", "-shm"):
@@ -102,14 +165,15 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
         children.append(gateway_proc)
         base = f"http://127.0.0.1:{port}"
         wait_for_workers(base, engines, child=gateway_proc)
-        say(f"  gateway: {base} (pid {gateway_proc.pid}), journal {journal}")
+        say_wrapped(f"gateway: {base} (pid {gateway_proc.pid}), journal {journal}")
         rl = RL(base, timeout=60)
 
         say("[2/5] before the refit", bold=True)
-        fleet_table(rl)
+        ids = Ids()
+        fleet_table(rl, ids)
         first = rl.workers()[0].id
         text, version = generate(rl, first)
-        say(f"  generate on {first[:8]}…: weight_version={version!r} text={text!r}")
+        say_wrapped(f"generate on {ids.short(first)}: weight_version={version!r} text={text!r}")
 
         say("[3/5] refit: pause -> update_weights_from_disk -> continue (through smgrl.rl)", bold=True)
         t0 = time.monotonic()
@@ -124,20 +188,18 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
         say(f"  resumed; refit took {(time.monotonic() - t0) * 1000:.0f} ms")
 
         say("[4/5] after the refit", bold=True)
-        fleet_table(rl)
+        fleet_table(rl, ids)
         new_text, new_version = generate(rl, first)
-        say(f"  generate on {first[:8]}…: weight_version={new_version!r} text={new_text!r}")
+        say_wrapped(f"generate on {ids.short(first)}: weight_version={new_version!r} text={new_text!r}")
         ok = new_version == "step-1" and new_text != text
 
         say("[5/5] what the journal recorded", bold=True)
         gateway_proc.stop()
         children.remove(gateway_proc)
-        summarize_journal(journal)
+        summarize_journal(journal, ids)
+        next_commands(journal)
         if ok:
-            say(
-                "demo passed: every engine serves weight_version step-1, and the journal has the whole refit",
-                fg="green",
-            )
+            say("demo passed: every engine serves step-1, and the journal has the whole refit", fg="green")
             return 0
         say(f"demo FAILED: expected weight_version 'step-1' and new text, got {new_version!r}", fg="red")
         return 1
@@ -147,9 +209,10 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
         log.close()
 
 
-def summarize_journal(path: str) -> None:
+def summarize_journal(path: str, ids: Ids | None = None) -> None:
     from journal import SqliteStore
 
+    ids = ids or Ids()
     with SqliteStore.open(path, readonly=True) as store:
         kinds: Counter = Counter()
         ops = []
@@ -158,16 +221,34 @@ def summarize_journal(path: str) -> None:
             if getattr(rec.event, "TYPE", "") == "control.finished":
                 ops.append(rec.event)
         say(f"  {store.count()} events; chain {'verified' if store.verify().ok else 'BROKEN'}")
-        for kind, n in sorted(kinds.items()):
-            say(f"    {kind:<24} {n}")
+        for line in rows_text(["event", "count"], [[k, str(n)] for k, n in sorted(kinds.items())], indent=4):
+            say(line)
         starts = {rec.event.op_id: rec.event for rec in store.read(types=["control.started"])}
-        say("  operations:")
+        ids.add(*(f.op_id for f in ops))
+        cells = []
         for f in ops:
             s = starts.get(f.op_id)
-            what = (
-                f"{s.method} {s.path}" + (f" selector={s.selector}" if s and s.selector else "") if s else "?"
+            request = f"{s.method} {s.path}" if s else "?"
+            selector = (s.selector if s else None) or "-"
+            cells.append(
+                [
+                    ids.short(f.op_id),
+                    request,
+                    selector,
+                    f"{f.result} {f.succeeded}/{f.total}",
+                    str(f.latency_ms),
+                ]
             )
-            say(f"    …{f.op_id[-8:]} {what:<58} {f.result:<8} {f.succeeded}/{f.total} in {f.latency_ms} ms")
+        say("  operations:")
+        for line in rows_text(["op", "request", "selector", "result", "ms"], cells, indent=4):
+            say(line)
+
+
+def next_commands(journal: str) -> None:
+    """Commands to look closer, one per line, whole (copy and paste them)."""
+    say("  look closer (the gateway has stopped; the journal stays):")
+    for args in (["refits"], ["ops"], ["workers"], ["verify"]):
+        say("    " + shlex.join(["smgrl", "journal", "--journal", journal, *args]))
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "async_rl_loop.py"
@@ -202,7 +283,7 @@ def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, cli
         children.append(gateway_proc)
         base = f"http://127.0.0.1:{port}"
         wait_for_workers(base, engines, child=gateway_proc)
-        say(f"  gateway: {base} (pid {gateway_proc.pid}), journal {journal}")
+        say_wrapped(f"gateway: {base} (pid {gateway_proc.pid}), journal {journal}")
         say("[2/3] rollouts stream through smgrl while the trainer refits every 2 s", bold=True)
         code = subprocess.run(
             [sys.executable, str(EXAMPLE), "--gateway", base, "--clients", str(clients)],
@@ -213,6 +294,7 @@ def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, cli
         gateway_proc.stop()
         children.remove(gateway_proc)
         summarize_journal(journal)
+        next_commands(journal)
         if code == 0:
             say(
                 "demo passed: rollouts never failed and every sample names the weights that made it",
@@ -228,7 +310,13 @@ def _run_rollouts(work: str, engines: int, journal: str, keep_journal: bool, cli
 
 
 @click.command("demo")
-@click.option("--engines", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option(
+    "--engines",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="How many fake SGLang engines.",
+)
 @click.option(
     "--journal",
     default="./smgrl-demo-journal.db",

@@ -198,7 +198,7 @@ class SnapshotTaken(Event):
     upto_seq: int
 
 
-# -- explicit version/state writes (the data plane's table; rl-control-plane.md Appendix A.1) ---
+# -- explicit version/state writes (the data plane's version table, docs/data-plane.md) --------
 
 EngineControl = Literal["active", "paused", "asleep"]
 

@@ -123,21 +123,54 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
 
 
 @click.command("fake-engine")
-@click.option("--kind", type=click.Choice(sorted(ENGINE_KINDS)), default="sglang", show_default=True)
+@click.option(
+    "--kind",
+    type=click.Choice(sorted(ENGINE_KINDS)),
+    default="sglang",
+    show_default=True,
+    help="Which engine to imitate (docs/engines.md).",
+)
 @click.option(
     "--ports", default="0", show_default=True, help="Ports: 31000-31063, 31000,31001; 0 = ephemeral."
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address to listen on.")
-@click.option("--dp-size", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--tp-size", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--pp-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--dp-size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Data-parallel ranks it reports.",
+)
+@click.option(
+    "--tp-size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tensor-parallel size it reports.",
+)
+@click.option(
+    "--pp-size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Pipeline-parallel size it reports.",
+)
 @click.option("--model-path", default=None, help="Checkpoint dir (default: a fresh fake checkpoint).")
-@click.option("--served-model-name", default=None)
-@click.option("--weight-version", default="default", show_default=True)
+@click.option(
+    "--served-model-name", default=None, help="The model name it serves (default: from --model-path)."
+)
+@click.option(
+    "--weight-version", default="default", show_default=True, help="The weight version it starts with."
+)
 @click.option("--api-key", default=None, help="SGLang: bearer for control routes; TokenSpeed: control key.")
 @click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Added to every answer.")
 @click.option("--token-latency-ms", type=float, default=0.0, show_default=True, help="Per generated token.")
-@click.option("--require-weight-session/--no-require-weight-session", default=True, show_default=True)
+@click.option(
+    "--require-weight-session/--no-require-weight-session",
+    default=True,
+    show_default=True,
+    help="SGLang 0.5.23: distributed and tensor updates need begin/end_weight_update.",
+)
 @click.option("--real-distributed", is_flag=True, help="Receive tensors over torch gloo (needs torch).")
 @click.option("--vllm-server-info", is_flag=True, help="vLLM: serve the dev /server_info instead of 404.")
 @click.option(

@@ -1,4 +1,4 @@
-"""SGLang's native ``/generate`` (engines.md §1.3), shared by the SGLang and TokenSpeed fakes.
+"""SGLang's native ``/generate`` (docs/engines.md, SGLang), shared by the SGLang and TokenSpeed fakes.
 
 Single prompt -> one object, batch -> a list. ``stream: true`` -> SSE events carrying the
 cumulative text/output_ids (only the new ones with ``incremental_streaming_output``, SGLang's

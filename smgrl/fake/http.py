@@ -2,7 +2,7 @@
 
 Why not Quart/hypercorn here: one fake process must serve hundreds of engine ports at a few
 hundred microseconds of CPU per request (hypercorn costs 700-900 us, see
-shared/design/hypercorn-perf.md). So: one trio task per connection, no task per request,
+docs/hypercorn-patches.md). So: one trio task per connection, no task per request,
 the response head and body written with one ``send_all``.
 
 The server knows nothing about engines. It parses a request into a frozen :class:`Request`,

@@ -40,7 +40,10 @@ class Knobs:
     huge_body_bytes: int | None = None  # next control call streams a body this large (one-shot)
     redirect_to: str | None = None  # answer every engine route with a redirect to this base URL
     redirect_status: int = 307
-    fail_loads: int = 0  # the next N weight loads from disk fail (refit saga tests)
+    fail_loads: int = 0  # the next N weight loads from disk fail, weights untouched (refit saga tests)
+    # The next N disk loads replace the weights (and set the version), then answer 500: the
+    # engine's weights changed although the call failed (an engine that crashed mid-answer).
+    fail_loads_after_swap: int = 0
     load_delay_ms: float = 0.0  # added to every weight load (fixed load time for benchmarks)
     corrupt_transfers: bool = False  # received tensors get wrong checksums (checksum route tests)
 
@@ -58,6 +61,7 @@ _KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "redirect_to": (str, type(None)),
     "redirect_status": (int,),
     "fail_loads": (int,),
+    "fail_loads_after_swap": (int,),
     "load_delay_ms": (int, float),
     "corrupt_transfers": (bool,),
     "down_for_s": (int, float, type(None)),

@@ -1,4 +1,4 @@
-"""Fake SGLang 0.5.23 HTTP server (engines.md §1): control plane, discovery and inference.
+"""Fake SGLang 0.5.23 HTTP server (docs/engines.md): control plane, discovery and inference.
 
 Models the tokenizer-manager rules that matter to a gateway:
 

@@ -1,4 +1,4 @@
-"""SGLang's discovery documents: /server_info, /model_info, /v1/models, /v1/loads (§1.4).
+"""SGLang's discovery documents: /server_info, /model_info, /v1/models, /v1/loads.
 
 Top-level /server_info keys are the server args as launched (so ``weight_version`` there is
 the startup value); ``internal_states`` carries the live values, one dict per DP rank.

@@ -1,4 +1,4 @@
-"""SGLang's weight routes (engines.md §1.1-§1.2): refits from disk, tensor and distributed,
+"""SGLang's weight routes (docs/engines.md, SGLang): refits from disk, tensor and distributed,
 process groups, begin/end sessions, weight versions, and memory release/resume.
 
 A mixin of :class:`smgrl.fake.sglang.SGLangEngine` (it uses the engine's ``struct`` parser,
@@ -85,6 +85,15 @@ class SGLangWeights:
             self.served_model_name = path
             if args["load_format"] is not None:
                 self.load_format = args["load_format"]
+        if ok and self.knobs.fail_loads_after_swap > 0:
+            # The weights and the version changed, and the caller is told it failed.
+            self.knobs.fail_loads_after_swap -= 1
+            if args["weight_version"] is not None:
+                self.weight_version = args["weight_version"]
+            self.changed.notify()
+            return json_response(
+                {"success": False, "message": "internal error after the load (fake knob)"}, 500
+            )
         return self._weights_answer(ok, message, args["weight_version"], disk=True)
 
     def _weights_answer(self, ok: bool, message: str, version: str | None, disk: bool = False) -> Response:
@@ -204,7 +213,7 @@ class SGLangWeights:
         )
 
     async def weights_checker(self, req: Request) -> Response:
-        """``/weights_checker`` (engines.md §1): ``checksum`` hashes all weights into one value per
+        """``/weights_checker`` (docs/engines.md): ``checksum`` hashes all weights into one value per
         engine (``per_engine_checksum``) and keeps it; ``compare`` says whether the weights still
         hash to it; ``reset`` forgets it. One hash of everything: a trainer's per-tensor checksums
         cannot be compared with it (docs/refits.md, Verification)."""

@@ -1,5 +1,5 @@
-"""Fake TokenSpeed 0.1.1: the in-engine RL control app (engines.md §3.1) on its own port,
-plus the sidecar routes a gateway needs for discovery (§3.2) merged into the same app.
+"""Fake TokenSpeed 0.1.1: the in-engine RL control app (docs/engines.md, TokenSpeed) on its own port,
+plus the sidecar routes a gateway needs for discovery merged into the same app.
 
 Control app rules: errors are ``{"success": false, "message": ...}``; the default pause mode
 is ``wait`` (``retract``/``in_place`` are 400); disk/tensor refits are 501 before the body is

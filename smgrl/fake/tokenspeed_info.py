@@ -1,4 +1,4 @@
-"""TokenSpeed's sidecar discovery documents (engines.md §3.0, §3.2).
+"""TokenSpeed's sidecar discovery documents (docs/engines.md, TokenSpeed; docs/tokenspeed.md).
 
 ``/get_server_info`` is GetServerInfo flattened: the ``server_args`` keys copied to the top
 level (and kept nested), the ``rl.*`` capability advertisement, plus ``scheduler_info``,

@@ -1,4 +1,4 @@
-"""Fake vLLM 0.33.0 OpenAI server in dev mode (engines.md §2).
+"""Fake vLLM 0.33.0 OpenAI server in dev mode (docs/engines.md, vLLM).
 
 * ``/pause`` takes **query** params; abort/wait pauses make new inference requests fail 503,
   ``keep`` freezes in-flight requests and queues new ones.

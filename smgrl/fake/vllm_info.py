@@ -1,6 +1,6 @@
 """vLLM's documents and smaller routes: /v1/models, dev /server_info, /weight_checker, and the
 token-in-token-out ``/inference/v1/generate`` (the one vLLM route that reports weight-version
-spans; its exact payload is [inferred] from engines.md §2.4, not probed)."""
+spans; its exact payload is [inferred] from vLLM's source, not probed)."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def create_app(gateway, journal_routes=None) -> QuartTrio:
     rl = None
     if cfg.rl.enabled:
         rl = RlApi(gateway, journal_routes or JournalRoutes(gateway))
-        # The explicit version/state writes (Appendix A.1): more specific rules than the /v1/rl
+        # The explicit version/state writes (docs/data-plane.md): more specific rules than the /v1/rl
         # catch-all below, so werkzeug routes them here.
         RlWrites(gateway).register(app)
         streams = EventStreams(cfg.max_event_streams)  # one bound for both kinds of SSE stream

@@ -1,45 +1,35 @@
-"""Two measured speed-ups for hypercorn 0.18's trio worker (``shared/design/hypercorn-perf.md``), and
-one fix (3, below).
+"""Patches to hypercorn 0.18's trio worker: fixes and measured speed-ups, numbered as in
+docs/hypercorn-patches.md (which has each one's reason, measurement and stock reproduction).
 
 hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace internals:
 
-1. **One idle watcher per connection.** Stock hypercorn, on every request, takes a lock, cancels
-   the connection's keep-alive task and ``nursery.start``s a new one (``TrioSingleTask``): 15-20%
-   of its CPU. ``IdleWatch`` keeps ONE watcher task per connection and only moves its cancel
-   scope's deadline (``restart`` = idle from now, ``stop`` = busy, no deadline). An idle
-   connection closes after its bound (SMG's two bounds, see ``IdleWatch``) or at shutdown; a
-   busy one closes after its response (hypercorn's ``_maybe_recycle``).
-2. **Response head sent with the first body chunk.** Stock hypercorn writes the head, the body
-   and an empty end-of-message separately (three locked, shielded sends, two ``sendto``); ASGI
-   lets a server hold the head until the first body message, so the patched ``stream_send`` sends
-   head + body in one write and skips empty writes. Streaming bodies still go out chunk by chunk.
-3. **The close after an early answer is shielded** (``_shielded_maybe_recycle``): a fix, not a
-   speed-up; see its docstring (the keep-alive hang, docs/hypercorn-patches.md).
-4. **Graceful close of a connection with unread input** (RFC 9112 section 9.6): an answer sent
-   before the request body was read (413, early 401/404) is followed by a half-close, and the
-   rest of the body is read and discarded (at most ``DRAIN_BYTES``, ``DRAIN_SECS``) before the
-   socket is closed. Stock hypercorn closed at once: the kernel answered the client's next body
-   segment with a reset, and a client still sending its body got a connection error instead of
-   the answer. The disconnect message never blocks either (``_spawn_app``): an app that answered
-   without reading its body left hypercorn's bounded queue full, and the close then waited on it.
-5. **The idle watcher ends with its connection** (``IdleWatch.finish``): a connection whose
-   client left while a request was in flight kept its task and its watcher until shutdown.
-6. **A small body in one receive()** (``_merge_queued``, in ``_spawn_app``): the body chunks
-   already queued come with the one taken, so a small body and its end-of-body message cost
-   the app one channel hand-off (one scheduler pass) instead of two.
-7. **Hand-offs without schedule points** (``AppQueue``, ``_direct_protocol_send``,
-   ``_receive_some``): the reader-to-app queue, the response write and the socket read return
-   at once when nothing has to wait (stock: a memory channel, a lock and ``send_all``, trio's
-   ``receive_some``, each yielding). A kept-alive request answered at once costs the server two
-   task steps, against 18 stock (``benchmarks/hypercorn_steps.py``).
-8. **Nothing per request for the cycle collector, one deadline move, no shield** (``_AppPut``,
-   ``IdleWatch``, ``_shielded_maybe_recycle``).
-9. **An early answer says ``connection: close``** (``_coalescing_stream_send``): an answer that
-   starts before the request body has arrived ends the connection; stock hypercorn did not say
-   so, and a keep-alive client's next request raced the close (docs/hypercorn-patches.md, 13).
+1. The close after an early answer is shielded (``_shielded_maybe_recycle``): the keep-alive
+   hang (fix).
+2. Graceful close of a connection with unread input (RFC 9112 section 9.6): an answer sent before
+   the request body was read is followed by a half-close, and the rest of the body is read and
+   discarded (at most ``DRAIN_BYTES``, ``DRAIN_SECS``) before the socket closes (fix).
+3. The disconnect message never blocks (``_spawn_app``): an app that answered without reading
+   its body no longer leaves the close waiting on a full queue (fix).
+4. One idle watcher per connection (``IdleWatch``: one task, its deadline moved, instead of a
+   task started per request; speed-up), and it ends with its connection (``IdleWatch.finish``;
+   fix).
+5. The response head goes out with the first body chunk (``stream_send``; speed-up).
+6. ``DisconnectHook``: a request's cancel scope cancelled on disconnect, without a task (an
+   smgrl extension the raw fronts use).
+7. A small body in one ``receive()`` (``_merge_queued``; speed-up).
+8. The reader-to-app hand-off without schedule points (``AppQueue``; and ``smgrl.receive_nowait``
+   for a body that came with its head; speed-up).
+9. A response in one non-blocking write (``_direct_protocol_send``; speed-up).
+10. The reader waits for readability, then reads once (``_receive_some``; speed-up).
+11. Nothing per request for the cycle collector, one deadline move, no shield (``_AppPut``;
+    speed-up).
+12. Response headers checked once each, by one pattern match per value (speed-up; anything
+    unusual goes through h11's own path).
+13. An early answer says ``connection: close`` (``_coalescing_stream_send``; fix, RFC 9112
+    section 9.6).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
-version, and tests/unit/test_hypercorn_patches.py hashes the source of every stock function
+version, and tests/loopback/test_hypercorn_patches.py hashes the source of every stock function
 replaced or relied on (``STOCK_SOURCES``), so an upgrade fails loudly. ``smgrl launch`` refuses to
 start when the patches cannot be applied (``require``): without them the keep-alive hang is back.
 """
@@ -66,7 +56,7 @@ from smgrl.core.errors import ConfigError
 
 PATCHED_VERSION = "0.18.0"
 # sha256 (first 16 hex digits) of ``inspect.getsource`` of every stock hypercorn 0.18.0 function
-# this module replaces or whose behaviour it copies; checked by tests/unit/test_hypercorn_patches.py.
+# this module replaces or whose behaviour it copies; checked by tests/loopback/test_hypercorn_patches.py.
 STOCK_SOURCES = {
     "hypercorn.trio.tcp_server.TCPServer.__init__": "4c1d42457bc197b2",
     "hypercorn.trio.tcp_server.TCPServer._read_data": "7ca747d922c65cf1",
@@ -348,7 +338,7 @@ class AppQueue:
     Every ``send`` and every ``receive`` of a trio memory channel ends with a schedule point,
     even when the message is already there or the buffer has room: a small ``POST`` cost the
     reader two passes (chunk, end of body) and the app one, and each pass is a trip through
-    trio's run loop (issue 14: 3 of a kept-alive rollout request's 6). Here ``put`` and ``get``
+    trio's run loop (3 of a kept-alive rollout request's 6, docs/benchmarks.md). Here ``put`` and ``get``
     return at once when they can, and wait (cancellably) only when they must: ``put`` on a full
     queue (``max_app_queue_size``: the reader stops reading, as in stock), ``get`` on an empty
     one. ``close`` is the disconnect: ``get`` returns what was queued, then ``http.disconnect``

@@ -3,6 +3,7 @@
 the remaining steps; see docs/refits.md)."""
 
 from smgrl.refit.errors import (
+    CheckpointMissing,
     RefitDriverUnavailable,
     RefitInProgress,
     RefitNotFound,
@@ -16,6 +17,7 @@ from smgrl.refit.saga import RefitService
 
 __all__ = [
     "STREAM",
+    "CheckpointMissing",
     "RefitDriverUnavailable",
     "RefitInProgress",
     "RefitNotFound",

@@ -12,6 +12,13 @@ class RefitUnsupported(RlError):
     code, status = "refit_unsupported", 409
 
 
+class CheckpointMissing(RlError):
+    """A disk refit names an absolute checkpoint path that does not exist, and every selected
+    engine runs on this host (reads the same filesystem): refused before any engine is paused."""
+
+    code, status = "checkpoint_not_found", 409
+
+
 class VersionLeft(RlError):
     """The fleet already left this version (published earlier, per the journal) and force is off."""
 

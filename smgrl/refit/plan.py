@@ -1,7 +1,7 @@
 """The refit plan per engine kind: which native calls, in what order (pure, no I/O).
 
 A refit is a fixed sequence of neutral phases; each engine kind maps a phase to zero or more
-native calls (``../shared/spec/engines.md`` §6). Phases with no call for a kind are skipped for
+native calls (docs/engines.md, "One refit, engine by engine"). Phases with no call for a kind are skipped for
 that engine. The saga runner (``smgrl.refit.saga``) runs one phase across the whole fleet before
 the next, so a failed load is known for every engine before any engine resumes.
 
@@ -151,11 +151,20 @@ def refusal(kind: str, source: str, pause_mode: str | None) -> Refused | None:
 
 def version_call(kind: str, version: str, abort: bool) -> Call:
     if kind == "sglang":
-        # SGLang aborts every request in flight unless told not to (engines.md §1.2).
+        # SGLang aborts every request in flight unless told not to (docs/engines.md, checklist 5).
         return Call(
             "POST", "update_weight_version", body={"new_version": version, "abort_all_requests": abort}
         )
     return Call("POST", "update_weight_version", body={"new_version": version})
+
+
+def refusal_keeps_weights(kind: str, source: str) -> bool:
+    """Whether a refused load leaves the engine on its old weights, provably: the load sets the
+    weights and the version in one call and refuses before touching either (SGLang from disk
+    answers ``success: false`` before it replaces a tensor), so reading the version back tells.
+    vLLM's reload sets no version (a failed one may have replaced some weights) and a
+    distributed transfer sets the version only at its end: there a refusal leaves them unknown."""
+    return source == "disk" and kind == "sglang"
 
 
 def readback_call(kind: str) -> Call:
@@ -247,7 +256,7 @@ def plan(
 
 
 def checksum_call(kind: str) -> Call | None:
-    """The kind's per-tensor weight-checksum route, or None (engines.md §2: vLLM dev mode's
+    """The kind's per-tensor weight-checksum route, or None (docs/engines.md, vLLM: dev mode's
     ``/weight_checker``; SGLang's ``/weights_checker`` returns one hash of all weights per engine,
     which a trainer's per-tensor checksums cannot be compared with; TokenSpeed has none)."""
     if kind == "vllm":

@@ -46,6 +46,7 @@ from smgrl.refit.errors import (
     RefitWrongState,
     VersionLeft,
 )
+from smgrl.refit.failsafe import FailSafe, summary
 from smgrl.refit.request import RefitRequest
 from smgrl.state import EngineRun, Saga
 from smgrl.telemetry.journaling import ev
@@ -82,7 +83,7 @@ class _Transfer:
     detail: str | None = None
 
 
-class RefitService:
+class RefitService(FailSafe):
     def __init__(self, *, fleet, journal, control, cfg) -> None:
         self.fleet = fleet
         self.journal = journal
@@ -178,6 +179,7 @@ class RefitService:
                 f"{len(refused)} selected engine(s) cannot take a {req.source} refit: {names}",
                 engines=refused,
             )
+        await self._check_checkpoint(req, targets)
         sagas = self.fleet.sagas
         if sagas.left(req.weight_version) and not req.force:
             raise VersionLeft(
@@ -389,13 +391,13 @@ class RefitService:
 
     def _members(self, saga: Saga, phase: str) -> list[EngineRun]:
         """Engines that take ``phase`` now: still healthy in this saga, the phase in their plan
-        (``transfer`` is every healthy engine) and not done yet."""
+        (``transfer`` is every healthy engine) and not done yet. An engine that refused its load
+        and still serves its old weights takes only ``resume``."""
+        takes = ("pending", "ok", "refused") if phase == "resume" else ("pending", "ok")
         return [
             r
             for r in saga.engines.values()
-            if r.status in ("pending", "ok")
-            and (phase == "transfer" or phase in r.phases)
-            and phase not in r.done
+            if r.status in takes and (phase == "transfer" or phase in r.phases) and phase not in r.done
         ]
 
     @staticmethod
@@ -472,7 +474,15 @@ class RefitService:
             done = ev(
                 "refit.step_done", refit_id=saga.refit_id, phase=phase, results=ordered, rollback=rollback
             )
-            await self._append(saga.refit_id, [done])
+            confirm = []
+            if phase == "verify":
+                seen = [
+                    (r, x["version"])
+                    for r, x in zip(runs, ordered, strict=True)
+                    if x["result"] == "ok" and x.get("verification") == "verified" and x.get("version")
+                ]
+                confirm = self._confirmations(saga, seen)
+            await self._append(saga.refit_id, [done, *confirm])
         return ordered
 
     def _verdict(self, saga: Saga, phase: str, call: P.Call, outcome) -> dict[str, Any]:
@@ -544,8 +554,19 @@ class RefitService:
         if saga.on_failure == "rollback":
             await self._rollback(saga)
             return True
-        await self._quarantine(saga, [(r, _why(r)) for r in failed])
+        await self._keep_refused(saga)
+        failed = self._failed(saga)
+        if failed:
+            await self._quarantine(saga, [(r, _why(r)) for r in failed])
         if not any(r.status in ("pending", "ok") for r in saga.engines.values()):
+            # Nothing goes on to the new version: the engines that kept their old weights are
+            # resumed on them now (never left paused for a refit that is over).
+            kept = self._members(saga, "resume")
+            if kept:
+                await self._step(saga, "resume", kept)
+                bad = self._failed(saga)
+                if bad:
+                    await self._quarantine(saga, [(r, _why(r)) for r in bad])
             await self._finish(saga)
             return True
         return False
@@ -688,10 +709,18 @@ class RefitService:
             return
         quarantined = [r.worker_id for r in saga.engines.values() if r.status == "quarantined"]
         if result is None:
+            # succeeded: every engine on the new version; failed: none (every load failed, the
+            # engines quarantined or resumed on their old weights); otherwise quarantined (some
+            # held out) or partial (some resumed on the weights they kept).
             ok = [r for r in saga.engines.values() if r.status == "resumed"]
-            result = "quarantined" if quarantined else "succeeded" if ok else "failed"
+            kept = [r for r in saga.engines.values() if r.status == "refused"]
+            result = (
+                "failed" if not ok else "quarantined" if quarantined else "partial" if kept else "succeeded"
+            )
+            if detail is None and result != "succeeded":
+                detail = summary(saga)
         events = []
-        if result in ("succeeded", "quarantined"):
+        if result in ("succeeded", "quarantined", "partial"):
             # A refit that loaded, verified and resumed an engine ends its EARLIER quarantine. One
             # set after the refit started (by hand while it ran, or an engine that went away and
             # came back mid-refit) is a decision the refit knows nothing about: it stays.

@@ -24,8 +24,16 @@ import attrs
 from google.protobuf.json_format import MessageToDict
 
 from smgrl.core import Discovery, grpc_labels
-from smgrl.core.control_url import host_of, split_host_port
-from smgrl.upstream import WIRES, Channel, EngineClient, GrpcError, StatusCode, TokenizerMismatch, Wire
+from smgrl.upstream import (
+    WIRES,
+    Channel,
+    EngineClient,
+    GrpcError,
+    StatusCode,
+    TokenizerMismatch,
+    Wire,
+    address_of,
+)
 
 WIRE_LABEL = "grpc_wire"
 _RUNTIME_OF = {"sglang": "sglang", "vllm": "vllm", "vllm-psrl": "vllm", "tokenspeed": "tokenspeed"}
@@ -47,13 +55,11 @@ class TokenizerCache:
     fixed_path: str | None = None  # --tokenizer-path: no bundle is fetched
 
 
-def address_of(url: str) -> tuple[str, int]:
-    rest = url.split("://", 1)[1] if "://" in url else url
-    _, port = split_host_port(rest.split("/", 1)[0].split("@", 1)[0])
-    host = host_of(url).strip("[]")
-    if port is None or not port.isdigit():
-        raise GrpcProbeFailed(f"gRPC worker URL {url!r} has no port")
-    return host, int(port)
+def _address(url: str) -> tuple[str, int]:
+    try:
+        return address_of(url)
+    except ValueError as exc:
+        raise GrpcProbeFailed(str(exc)) from None
 
 
 async def probe_grpc(
@@ -63,7 +69,7 @@ async def probe_grpc(
     timeout: float,
     tokenizers: TokenizerCache | None = None,
 ) -> Discovery:
-    host, port = address_of(url)
+    host, port = _address(url)
     channel = Channel(host, port, connect_timeout_secs=timeout)
     try:
         wire = await _choose_wire(channel, labels, runtime, timeout)
@@ -175,10 +181,63 @@ async def discover_grpc(
     from smgrl.registry.probe import ProbeFailed, probe_control_app
 
     try:
-        return await probe_grpc(worker.url, worker.labels, worker.runtime, timeout, tokenizers)
+        found = await probe_grpc(worker.url, worker.labels, worker.runtime, timeout, tokenizers)
     except GrpcProbeFailed as exc:
         if not exc.unreachable:
             raise ProbeFailed(str(exc)) from None
+    else:
+        return await _vllm_weight_version(pools, worker, found, api_key, timeout)
     return await probe_control_app(
         pools, worker.url, worker.labels, worker.runtime, api_key, timeout, worker.connection_mode
     )
+
+
+async def _vllm_weight_version(pools, worker, found: Discovery, api_key, timeout: float) -> Discovery:
+    """vLLM's gRPC messages carry no weight version; its dev control routes do
+    (``GET /weight_info``): read once from the control app when the registration names one.
+    Best effort: no control app, or one that does not answer, leaves the row without it."""
+    from smgrl.core.control_url import control_url_for
+    from smgrl.registry.probe import ProbeFailed, _get_json
+
+    if found.runtime != "vllm" or "weight_version" in found.labels:
+        return found
+    control = control_url_for(worker.connection_mode, worker.url, worker.url, worker.labels)
+    if control is None:
+        return found
+    try:
+        info = await _get_json(pools, control, ["/weight_info"], api_key, timeout)
+    except ProbeFailed:
+        return found
+    version = info.get("weight_version") if info else None
+    if not isinstance(version, str):
+        return found
+    return attrs.evolve(found, labels={**found.labels, "weight_version": version})
+
+
+def polls_loads(worker) -> bool:
+    """A discovered gRPC worker whose wire has GetLoads (not PSRL's fork)."""
+    wire = WIRES.get(worker.labels.get(WIRE_LABEL, ""))
+    return worker.connection_mode == "grpc" and wire is not None and wire.has_loads
+
+
+async def read_loads(worker, timeout: float) -> bytes | None:
+    """One ``GetLoads`` answer as the JSON ``/v1/loads`` body it mirrors (the load monitor parses
+    both alike); None when the engine did not answer. A connection per read: a tick is seconds
+    apart, and a removed worker then leaves nothing open."""
+    import json
+
+    try:
+        host, port = address_of(worker.url)
+    except ValueError:
+        return None
+    channel = Channel(host, port, connect_timeout_secs=timeout)
+    try:
+        answer = await EngineClient(channel, WIRES[worker.labels[WIRE_LABEL]]).loads(timeout=timeout)
+    except GrpcError:
+        return None
+    finally:
+        await channel.aclose()
+    if answer is None:
+        return None
+    doc = MessageToDict(answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return json.dumps(doc).encode()

@@ -8,7 +8,7 @@ known (TokenSpeed serves it SGLang-shaped).
 
 Where that lives differs between TokenSpeed deployments: the ``ts serve`` control sidecar serves
 ``/get_server_info`` (and forwards the RL routes), while the in-engine RL control app behind
-``--rl-control-port`` only has ``/model_info`` (engines.md §3). A label may name either, so a
+``--rl-control-port`` only has ``/model_info`` (docs/engines.md, TokenSpeed). A label may name either, so a
 control app that answers 404 to both server-info paths is asked for ``/model_info`` instead (model
 path and weight version; no ``rl.*`` advertisement, so the static TokenSpeed row applies).
 """

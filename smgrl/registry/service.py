@@ -55,6 +55,8 @@ class Registration:
     runtime: str | None = None
     api_key: str | None = attrs.field(default=None, repr=False)
     bootstrap_port: int | None = None
+    # A worker id the caller chose (PSRL: its replica index); None: the gateway makes one.
+    worker_id: str | None = None
 
 
 class RegistryService:
@@ -118,7 +120,14 @@ class RegistryService:
                 f"Worker already exists at URL '{reg.url}' with ID {existing.id}. Use PUT "
                 f"/workers/{existing.id} to replace or PATCH /workers/{existing.id} to update.",
             )
-        worker_id = new_worker_id()
+        if reg.worker_id is not None and self.fleet.registry.get(reg.worker_id) is not None:
+            raise WorkerApiError(
+                409,
+                "WORKER_ALREADY_EXISTS",
+                f"Worker ID '{reg.worker_id}' is already registered. Use PUT /workers/{reg.worker_id} to "
+                f"replace or PATCH /workers/{reg.worker_id} to update.",
+            )
+        worker_id = reg.worker_id or new_worker_id()
         event = ev(
             "worker.registered",
             worker_id=worker_id,
@@ -289,11 +298,12 @@ class RegistryService:
                 delay = min(delay * 2, self.cfg.registration_backoff_max_secs)
                 continue
             rank_ids: list[str] = []
-            dp_size = found.dp_size
-            if worker.connection_mode == "grpc" and worker.labels.get("dp_size"):
-                # A gRPC worker's ranks: its registration's dp_size label (as PSRL sends it)
-                # first, else what the engine reported.
-                dp_size = parse_size(worker.labels["dp_size"]) or dp_size
+            # The engine's own DP size wins; a registration's ``dp_size`` label (PSRL's replicas
+            # carry one) defines the ranks of an engine that reports none (vLLM). A gRPC worker's
+            # ranks are its registration's label first (as PSRL sends it), else what it reported.
+            dp_size = found.dp_size or parse_size(worker.caller_labels.get("dp_size"))
+            if worker.connection_mode == "grpc" and worker.caller_labels.get("dp_size"):
+                dp_size = parse_size(worker.caller_labels["dp_size"]) or dp_size
             if worker.dp_aware and dp_size and dp_size > 1 and strip_rank(worker.url) == worker.url:
                 rank_ids = [worker_id] + [new_worker_id() for _ in range(dp_size - 1)]
             async with self._lock:

@@ -7,6 +7,7 @@
 - ``version_policy``: ``any | latest-only | min-version:V | max-staleness:K`` and PSRL's
   ``x-version-tag`` floor.
 - ``metadata``: PSRL's routing headers (and the body fields they override), parsed.
+- ``psrl``: how PSManager's answers and the engines' reports narrow and order PSRL's candidates.
 - ``staged``: PSRL's staged selection (floor, admission refusals, instance hint, prompt-group
   pin, version sort, then the policy), one pure function.
 
@@ -18,6 +19,15 @@ from smgrl.routing.eligibility import effective_version, hold_reason
 from smgrl.routing.instance import Instance, from_worker, routable
 from smgrl.routing.metadata import FALSE, TRUE, InstanceId, RoutingMeta
 from smgrl.routing.policy import POLICIES, CacheAwareConfig, make_policy, sticky
+from smgrl.routing.psrl import (
+    by_indicator,
+    kv_gate_on,
+    kv_refusal,
+    psm_request_id,
+    psm_version,
+    reservable,
+    unique_versions,
+)
 from smgrl.routing.staged import identity, matches
 from smgrl.routing.version_policy import (
     ANY,
@@ -39,15 +49,22 @@ __all__ = [
     "InvalidVersionPolicy",
     "RoutingMeta",
     "VersionPolicy",
+    "by_indicator",
     "effective_version",
     "floor_reason",
     "from_worker",
     "hold_reason",
     "identity",
+    "kv_gate_on",
+    "kv_refusal",
     "make_policy",
     "matches",
     "parse_floor",
     "parse_version",
+    "psm_request_id",
+    "psm_version",
+    "reservable",
     "routable",
     "sticky",
+    "unique_versions",
 ]

@@ -1,6 +1,6 @@
 """PSRL routing metadata, read from a rollout request's headers and body. Pure.
 
-Headers win over the body fields they name (spec psrl-sessions-tito.md section 6.1)::
+Headers win over the body fields they name (docs/data-plane.md, "PSRL routing")::
 
     x-request-id      request_id                  the request's identity (any string; smgrl
                                                   generates one when absent; one that is not

@@ -4,6 +4,10 @@ no global randomness: ``rng`` and ``now`` are arguments), so every rule is table
 - ``round_robin``: the next candidate in turn.
 - ``random``: uniform.
 - ``power_of_two``: two distinct random candidates, the one with fewer requests in flight.
+- ``request_num_balance`` (PSRL's default): the candidate with the fewest requests in flight
+  through this gateway; a tie goes to the one its engine last reported fewer requests for
+  (``POST /workers/update_stats``: running + waiting), then to the first in the order given (the
+  staged selection's sort, as PSRL's fork breaks ties by candidate order).
 - ``cache_aware``: prefix affinity (SGLang router's algorithm): while the fleet is balanced, a
   request whose prompt shares more than ``cache_threshold`` of its length with what an instance
   was recently sent goes there; otherwise to the instance holding the least cached text; when
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import random as _random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -35,6 +39,7 @@ POLICIES = (
     "power_of_two",
     "cache_aware",
     "least_load",
+    "request_num_balance",
     "consistent_hashing",
     "prefix_hash",
     "manual",
@@ -128,6 +133,29 @@ class LeastLoad:
         pass
 
 
+class RequestNumBalance:
+    """``reported(instance)``: the engine's last reported running + waiting requests for the
+    instance (0 when it reported none). The gateway's own count leads: it is exact at every
+    moment (up on dispatch, down when the request leaves), where a report lags by its push
+    interval; the report only separates instances the gateway counts alike (requests another
+    gateway or a direct client sent)."""
+
+    name = "request_num_balance"
+    # The staged selection hands this policy every kept candidate in sort order, not only the
+    # first sort group: the fork's policy ranks all of them by load and uses the order for ties.
+    ranked = True
+
+    def __init__(self, reported: Callable[[Instance], int] | None = None) -> None:
+        self._reported = reported or (lambda instance: 0)
+
+    def select(self, candidates, loads, prefix, now) -> Instance:
+        reported = self._reported
+        return min(candidates, key=lambda c: (loads.get(c.worker_id, 0), reported(c)))
+
+    def forget(self, worker_id: str) -> None:
+        pass
+
+
 class CacheAware:
     name = "cache_aware"
 
@@ -171,8 +199,12 @@ class CacheAware:
 
 
 def make_policy(
-    name: str, rng: _random.Random | None = None, cache: CacheAwareConfig | None = None
+    name: str,
+    rng: _random.Random | None = None,
+    cache: CacheAwareConfig | None = None,
+    reported: Callable[[Instance], int] | None = None,
 ) -> Policy:
+    """``reported``: the engines' own request counts per instance (``request_num_balance``)."""
     rng = rng or _random.Random()
     name = ALIASES.get(name, name)
     if name == "round_robin":
@@ -183,6 +215,8 @@ def make_policy(
         return PowerOfTwo(rng)
     if name == "least_load":
         return LeastLoad()
+    if name == "request_num_balance":
+        return RequestNumBalance(reported)
     if name == "cache_aware":
         return CacheAware(cache)
     raise ValueError(f"unknown policy {name!r}")

@@ -1,4 +1,4 @@
-"""Staged selection (PSRL's worker selector, spec psrl-sessions-tito.md section 6.2). Pure.
+"""Staged selection (PSRL's worker selector, docs/data-plane.md, "PSRL routing"). Pure.
 
 One function over the routing table's candidates of a model (already narrowed by state, the
 version policy and the circuit breakers), in this order:
@@ -12,7 +12,9 @@ version policy and the circuit breakers), in this order:
 4. **prompt-group pin**: restrict to the group's pinned instance if it is a candidate, else
    fall through;
 5. **version sort**: newest first for an unversioned request, lowest acceptable first for a
-   versioned one; the candidates sharing the first key go to the configured policy.
+   versioned one; the candidates sharing the first key go to the configured policy (a
+   ``ranked`` policy, ``request_num_balance``, gets them all in that order instead: PSRL's
+   fork ranks every candidate by load and uses the order only to break ties).
 
 Version order for the sort, a total order consistent with ``fleet_max``: unversioned < text
 versions (lexically, bytewise) < numeric versions (by value). (The floor of stage 1 keeps the
@@ -78,6 +80,19 @@ def sort_key(version: str | None) -> tuple:
     return (2, parsed.numeric, "")
 
 
+@attrs.frozen(slots=True)
+class Narrowed:
+    """Stages 1-4's result: the candidates left, the stage that narrowed them last, what was
+    held out. ``order``: a complete stage-5 order decided elsewhere (PSManager's reserve
+    indicators), best first, with ``ties``: how many at its head share the best key."""
+
+    kept: Sequence[Candidate]
+    stage: str
+    held: Counter
+    order: Sequence[Candidate] | None = None
+    ties: int = 1
+
+
 def select(
     candidates: Sequence[Candidate],
     *,
@@ -86,8 +101,23 @@ def select(
     group_pin: InstanceId | None,
     refused: Collection[tuple[str, int]],
     choose: Callable[[Sequence[Candidate]], Candidate],
+    ranked: bool = False,
 ) -> Decision:
     """Stages 1-5 over ``candidates``; ``hint`` is only passed when it is to be honoured."""
+    narrowed = narrow(candidates, floor=floor, hint=hint, group_pin=group_pin, refused=refused)
+    return finish(narrowed, floor=floor, choose=choose, ranked=ranked)
+
+
+def narrow(
+    candidates: Sequence[Candidate],
+    *,
+    floor: Version | None,
+    hint: InstanceId | None,
+    group_pin: InstanceId | None,
+    refused: Collection[tuple[str, int]],
+) -> Narrowed:
+    """Stages 1-4: floor, refusals, then the instance hint or the group pin when they name a
+    candidate."""
     held: Counter = Counter()
     if floor is None and not refused:
         kept = list(candidates)  # the common case: nothing to filter
@@ -101,13 +131,39 @@ def select(
                 kept.append(c)
             else:
                 held[reason] += 1
+    if kept:
+        for pin, stage in ((hint, "hint"), (group_pin, "group")):
+            if pin is not None:
+                pinned = [c for c in kept if matches(c.instance, pin)]
+                if pinned:
+                    return Narrowed(pinned, stage, held)
+    return Narrowed(kept, "version", held)
+
+
+def finish(
+    narrowed: Narrowed,
+    *,
+    floor: Version | None,
+    choose: Callable[[Sequence[Candidate]], Candidate],
+    ranked: bool = False,
+) -> Decision:
+    """Stage 5: sort, then the policy (``choose``) over the first sort group (all of them, in
+    order, for a ``ranked`` policy)."""
+    kept, stage, held = narrowed.kept, narrowed.stage, narrowed.held
     if not kept:
-        return Decision(None, "version", held)
-    for pin, stage in ((hint, "hint"), (group_pin, "group")):
-        if pin is not None:
-            pinned = [c for c in kept if matches(c.instance, pin)]
-            if pinned:
-                return Decision(pinned[0] if len(pinned) == 1 else choose(pinned), stage, held)
+        return Decision(None, stage, held)
+    if len(kept) == 1:
+        return Decision(kept[0], stage, held)
+    if narrowed.order is not None:
+        order = narrowed.order
+        group = order if ranked else order[: narrowed.ties]
+        return Decision(group[0] if len(group) == 1 else choose(group), stage, held)
+    if stage != "version":
+        return Decision(choose(kept), stage, held)
+    if ranked:
+        # A stable sort: candidates of one version keep the table's order.
+        order = sorted(kept, key=lambda c: sort_key(c.version), reverse=floor is None)
+        return Decision(choose(order), "version", held)
     keys = [sort_key(c.version) for c in kept]
     best = min(keys) if floor is not None else max(keys)
     group = [c for c, k in zip(kept, keys, strict=True) if k == best]

@@ -1,4 +1,4 @@
-"""Version policies (spec Appendix A.2) and PSRL's ``x-version-tag`` floor. Pure.
+"""Version policies (docs/data-plane.md, "Version policies") and PSRL's ``x-version-tag`` floor. Pure.
 
 ``--rl-version-policy`` sets the default, the ``x-smg-version-policy`` header overrides it per
 request (both need ``--enable-rl``; without it the header is ignored and nothing is filtered)::

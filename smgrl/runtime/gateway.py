@@ -8,13 +8,12 @@ health checker and the HTTP listeners inside it.
 
 from __future__ import annotations
 
-import uuid
-
 import attrs
 
 from smgrl.control import ControlService, ControlWrites
 from smgrl.core.auth import AuthPolicy
 from smgrl.core.config import Config
+from smgrl.core.ids import new_hex_id
 from smgrl.dataplane import DataPlane, PinJournal
 from smgrl.refit import RefitService
 from smgrl.registry import KeyRing, LoadMonitor, RegistryService
@@ -123,4 +122,4 @@ class Gateway:
 def _instance_id(store) -> str:
     meta = getattr(store, "meta", None)
     journal_id = meta().get("journal_id") if callable(meta) else None
-    return journal_id or uuid.uuid4().hex
+    return journal_id or new_hex_id()

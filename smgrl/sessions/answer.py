@@ -4,7 +4,8 @@ Non-streaming: one ``chat.completion``. Streaming: the completed turn re-emitted
 ``chat.completion.chunk`` events (role, content, tool calls, finish, optional usage) then
 ``data: [DONE]``: the turn is generated whole (token-exact capture needs the final ids and
 log-probs), as PSRL's SessionRouter does for a client that asked for a stream.
-``choices[0].logprobs`` is null, as from SMG's TITO (the log-probs live in the capture).
+``choices[0].logprobs`` carries the sampled tokens' log-probs (``smgrl.sessions.logprobs``; SMG's
+TITO answers null, which PSRL's TITO verifier fails).
 ``system_fingerprint`` carries the weight version, as elsewhere in the data plane.
 """
 
@@ -39,6 +40,7 @@ def completion(
     prompt_tokens: int,
     completion_tokens: int,
     version,
+    logprobs: dict | None = None,
 ) -> dict:
     return {
         "id": rid,
@@ -50,7 +52,7 @@ def completion(
             {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": _finish(finish_reason, message),
             }
         ],
@@ -73,6 +75,7 @@ def chunks(
     completion_tokens: int,
     version,
     include_usage: bool,
+    logprobs: dict | None = None,
 ) -> Iterator[bytes]:
     head = {
         "id": rid,
@@ -82,14 +85,14 @@ def chunks(
         "system_fingerprint": version,
     }
 
-    def chunk(delta: dict, finish=None) -> bytes:
+    def chunk(delta: dict, finish=None, lps=None) -> bytes:
         return _event(
-            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}]}
         )
 
     yield chunk({"role": "assistant", "content": ""})
     if message.get("content"):
-        yield chunk({"content": message["content"]})
+        yield chunk({"content": message["content"]}, lps=logprobs)
     for i, call in enumerate(message.get("tool_calls") or ()):
         yield chunk({"tool_calls": [{"index": i, **call}]})
     yield chunk({}, _finish(finish_reason, message))

@@ -7,7 +7,7 @@
 - vLLM: ``POST /inference/v1/generate`` with ``token_ids`` and ``sampling_params`` (``logprobs: 0``
   asks for the sampled token's log-prob); the answer's ``choices[0].token_ids``, ``logprobs``,
   ``finish_reason`` and ``weight_versions`` spans: vLLM reports versions only there
-  (engines.md §2), which is why sessions never use its chat route.
+  (docs/engines.md, vLLM), which is why sessions never use its chat route.
 """
 
 from __future__ import annotations

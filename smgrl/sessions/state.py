@@ -1,6 +1,6 @@
 """One session's in-memory state: its capture tree, routing memory and the hang/continue machine.
 
-State machine (PSRL SessionRouter §4.5-4.6): ``running`` -hang, idle-> ``hung``; ``running``
+State machine (PSRL SessionRouter's hang and continue controls, docs/sessions.md): ``running`` -hang, idle-> ``hung``; ``running``
 -hang, busy-> ``running`` + ``marked_for_hang`` -last turn ends-> ``hung``; ``hung``/marked
 -continue-> ``running`` (optionally arming a one-shot instance pin); any -delete-> ``closing``
 (new turns 409, waiters released, in-flight turns drain, then it is removed). A hang never
@@ -14,6 +14,7 @@ import uuid
 import attrs
 import trio
 
+from smgrl.core.ids import new_tag
 from smgrl.tito import CaptureTree
 
 # Default headers a session stores at creation (lower-cased), PSRL's allow-list.
@@ -31,10 +32,12 @@ DEFAULT_HEADERS = (
 
 def new_owner_id() -> str:
     """The id of this gateway process's session store (a restart gets a new one)."""
-    return uuid.uuid4().hex[:12]
+    return new_tag(12)
 
 
 def new_session_id(owner: str) -> str:
+    # Random throughout (uuid4), not a UUIDv7: a session id is the bearer of its session when no
+    # data-plane keys are configured, so it must not be guessable from the time it was made.
     return f"{owner}-{uuid.uuid4().hex}"
 
 
@@ -68,6 +71,7 @@ class Session:
     turns: int = 0
     total_tokens: int = 0
     created: float = 0.0
+    last_active: float = 0.0  # when a turn last began or ended, or it was created or continued
     drained: trio.Event = attrs.field(factory=trio.Event)
     continue_event: trio.Event = attrs.field(factory=trio.Event)
 
@@ -129,6 +133,14 @@ class Session:
         self.hang_state = "running"
         self.marked_for_hang = False
         self.continue_event.set()  # waiters wake, see closing, answer 409
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds since it was last used, or None while something holds it: a turn in flight,
+        a hang (PSRL hangs sessions across a weight sync, for as long as the sync takes), a
+        deferred hang, or a delete draining it. Only an idle session may expire."""
+        if self.inflight or self.closing or self.hang_state == "hung" or self.marked_for_hang:
+            return None
+        return now - self.last_active
 
     def control_view(self) -> dict:
         return {

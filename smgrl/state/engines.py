@@ -79,6 +79,11 @@ class EngineStates:
     def get(self, base_url: str) -> EngineFacts | None:
         return self.engines.get(base_url)
 
+    def changing(self) -> bool:
+        """Whether a control call that sets a version or a control state is still running (a
+        sync under way: rollouts held out by it wait for it to end)."""
+        return bool(self._open)
+
     # -- the snapshot contract (smgrl.state.snapshot) -------------------------------------------
 
     def to_snapshot(self) -> EnginesSnapshot:

@@ -206,9 +206,12 @@ class Cycle:
     engines: dict[str, None] = attrs.Factory(dict)  # insertion-ordered set
     resumed: set[str] = attrs.Factory(set)
     stage: str = "pausing"  # pausing | updating | resuming | done
-    status: str = "open"  # open | ok | failed | abandoned
+    # open | ok | failed | abandoned; a refit saga's cycle, once told by it (``settle``): the
+    # saga's result (succeeded | quarantined | partial | failed | rolled_back | aborted)
+    status: str = "open"
     _phases: dict[str, tuple[float, float, int]] | None = None  # cache, reset by add()
     _clean: bool = False  # finished without failures (iter_cycles): failures() is {}
+    _told: dict[str, list[str]] | None = None  # the saga's own failures (``settle``)
 
     def add(self, op: Op) -> None:
         self._phases, self._clean = None, False
@@ -261,8 +264,27 @@ class Cycle:
                 }
         return _phases_of(ops)
 
+    def settle(self, saga: dict[str, Any]) -> None:
+        """Tell a refit saga's cycle in the saga's words (``GET /v1/rl/refits/{id}`` record): its
+        result, and per engine the saga's reason for the engines it did not resume on the new
+        version. The saga decided from more than these operations: a load cut short by a crash
+        that it read back and confirmed is not a failure, and an engine it quarantined is
+        ``quarantined`` here too. An open saga's cycle keeps what its operations say."""
+        if saga.get("result") is None:
+            return
+        self.status = saga["result"]
+        told: dict[str, list[str]] = {}
+        for e in saga.get("engines", ()):
+            if e.get("status") == "resumed" or (e.get("status") == "rolled_back" and not e.get("failure")):
+                continue
+            why = e.get("failure") or e.get("detail") or "-"
+            told.setdefault(strip_rank(e.get("url") or ""), []).append(f"{e.get('status')}: {why}")
+        self._told = told
+
     def failures(self) -> dict[str, list[str]]:
         """engine -> what went wrong there (failed or unanswered calls, never resumed)."""
+        if self._told is not None:
+            return self._told
         if self._clean:
             return {}
         out: dict[str, list[str]] = {}

@@ -30,6 +30,8 @@ TYPES = frozenset(
     }
 )
 QUARANTINE_TYPES = frozenset({"worker.quarantined", "worker.released"})
+# Results of a saga that left some engine on its version (so the version was published).
+PUBLISHED = ("succeeded", "quarantined", "partial")
 RECENT = 256  # finished sagas kept in memory (open ones are always kept)
 RECOVERED = "recovered"  # smgrl.refit.recovered.REASON_PREFIX (the state layer imports nothing above it)
 
@@ -47,10 +49,14 @@ class EngineRun:
     previous_version: str | None = None
     previous_model_path: str | None = None
     done: list[str] = attrs.Factory(list)  # phases finished ok, in order
-    # pending | running | ok | failed | unknown | quarantined | resumed | paused | rolled_back
+    # pending | running | ok | failed | unknown | quarantined | resumed | refused | rolled_back
+    # (``refused``: it refused the load and still serves ``kept``, read back; resumed on it at the
+    # resume phase, when ``resume`` is in ``done``)
     status: str = "pending"
     phase: str | None = None  # the phase running or last run
     detail: str | None = None
+    failure: str | None = None  # the first failure, ``phase: detail``: kept whatever comes after
+    kept: str | None = None  # the previous version a refused engine still serves
     readback: str | None = None
     verified: str | None = None  # verified | unverified | mismatch
     checksums: str | None = None  # trainer checksums: pending | verified | unverified | mismatch
@@ -67,6 +73,7 @@ class EngineRun:
             "status": self.status,
             "done": list(self.done),
             "detail": self.detail,
+            "failure": self.failure,
             "verification": self.verified,
             "checksums": self.checksums,
             "reported_version": self.readback,
@@ -239,7 +246,7 @@ class Sagas:
         elif kind == "refit.finished":
             saga.result, saga.detail, saga.quarantined = event.result, event.detail, tuple(event.quarantined)
             saga.state = event.result
-            if event.result in ("succeeded", "quarantined"):
+            if event.result in PUBLISHED:
                 self.published[event.weight_version] = seq
             del self.open[event.refit_id]
             self.recent[event.refit_id] = saga
@@ -296,16 +303,25 @@ def _step_result(run: EngineRun, phase: str, r: dict[str, Any], rollback: bool) 
         run.verified = r["verification"]
     if r.get("checksums") is not None:
         run.checksums = r["checksums"]
+    if result in ("failed", "unknown", "refused") and run.failure is None:
+        what = f"rollback {phase}" if rollback else phase
+        run.failure = f"{what}: {run.detail}" if run.detail else what
     if result == "ok":
         if rollback:
             run.status = "rolled_back" if phase == "resume" else "running"
             return
         if phase not in run.done:
             run.done.append(phase)
-        run.status = "resumed" if phase == "resume" else "ok"
+        if run.kept is not None:
+            run.status = "refused"  # resumed (or still paused) on the version it kept
+        else:
+            run.status = "resumed" if phase == "resume" else "ok"
     elif result == "quarantined":
         run.status = "quarantined"
+    elif result == "refused":
+        run.status, run.kept = "refused", r.get("version")
     elif result == "retry":
-        run.status = "ok" if run.done else "pending"  # cut short by a restart: run it again
+        # Cut short by a restart: run it again.
+        run.status = "refused" if run.kept is not None else "ok" if run.done else "pending"
     else:
         run.status = "unknown" if result == "unknown" else "failed"

@@ -130,7 +130,7 @@ def configure(level: str = "info", json_lines: bool = False, stream=None) -> Non
     A write to a regular file cannot block on a reader, like the journal's inline commits on the
     event loop (journal/writer.py), so the line is formatted and written where it was logged: no
     queue put and no thread wake per line. Measured on 8-engine fan-outs (docs/benchmarks.md,
-    "Session 4: fan-out"), the wake was the largest logging cost. A pipe or a terminal may
+    "fan-out (control plane)"), the wake was the largest logging cost. A pipe or a terminal may
     stall a writer whenever its reader lags: the event loop must never wait on one, so those
     keep the writer thread."""
     global _listener, _before

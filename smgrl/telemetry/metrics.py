@@ -1,6 +1,6 @@
 """Prometheus metrics: one registry per gateway, served on the ``--prometheus-port`` listener.
 
-The ``smg_rl_*`` families, labels, HELP texts and buckets are SMG 1.13.0's (spec §8) so existing
+The ``smg_rl_*`` families, labels, HELP texts and buckets are SMG 1.13.0's (docs/rl-control-plane.md, "Metrics") so existing
 dashboards keep working; with ``--enable-rl`` off none of them exist (no HELP/TYPE either).
 No label ever carries a secret or an unbounded value (``op`` is normalised, never the raw path).
 """

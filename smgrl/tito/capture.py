@@ -4,7 +4,7 @@
   gateway answers the agent with exactly this message, so the agent's echo hashes the same.
 - ``captured``: the node key (the request's hash extended with that message), the full ids
   (prompt + output), the render text of the conversation it closes (no generation prompt) and the
-  turn record (spec §2.3 plus smgrl's ``weight_versions`` spans and ``engine``).
+  turn record (docs/sessions.md, "The snapshot and the training arrays", plus smgrl's ``weight_versions`` spans and ``engine``).
 - ``validate``: the debug-mode comparison of merged ids against a full render's ids (a simplified
   port of SMG's validator): both sequences are split into special-token and content segments;
   a different structure is ``special_token_count``, a different special id ``special_token_type``,

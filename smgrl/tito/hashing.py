@@ -1,4 +1,4 @@
-"""Identity of a conversation prefix: render context + message hashes (spec §3.2).
+"""Identity of a conversation prefix: render context + message hashes (docs/sessions.md, "How a turn is built").
 
 The running hash folds a context preamble (tools canonicalised with sorted keys, template kwargs
 sorted by key, or the marker ``none``), then each message: its role and text content (multi-part:

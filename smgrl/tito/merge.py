@@ -1,6 +1,6 @@
 """Building a turn's prompt ids: reuse the longest captured prefix, tokenize only what was appended.
 
-``prepare_turn`` (spec §3.3-3.4, with the decisions of docs/sessions.md):
+``prepare_turn`` (docs/sessions.md, "How a turn is built", and its decisions):
 
 1. Hash the conversation prefixes; candidates are the assistant boundaries before the last message;
    the longest one stored in the session is the hit.

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from typing import Protocol
 
 import attrs
+
+from smgrl.core.ids import new_hex_id
 
 
 @attrs.frozen
@@ -32,7 +33,7 @@ class ToolCallParser(Protocol):
 
 
 def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+    return "call_" + new_hex_id()[8:]  # 24 hex digits, as OpenAI's call ids
 
 
 @attrs.frozen

@@ -1,4 +1,4 @@
-"""Training arrays from a session snapshot (spec §5, PSRL's ``build_training_data``), plus provenance.
+"""Training arrays from a session snapshot (docs/sessions.md, PSRL's ``build_training_data``), plus provenance.
 
 ``build_training_data(accumulated_token_ids, records, max_trim_tokens=0, prompt_ids_override=None)``
 has PSRL's signature and results: ``prompt_ids``, ``response_ids``, ``response_mask`` (1 = a token

@@ -45,11 +45,16 @@ class Connection:
         # (``open_connection`` sets it only for a connection that stays plain).
         self._fd: int | None = None
 
+    @property
+    def fd(self) -> int | None:
+        """The socket's fd for a plain-TCP connection (non-blocking), None for TLS."""
+        return self._fd
+
     async def send(self, data: bytes) -> None:
         """``stream.send_all(data)``, for plain TCP without its schedule point when the kernel
         takes every byte at once (a request almost always fits the socket buffer).
 
-        Measured (docs/benchmarks.md, issue 14): trio's ``send_all`` ends every send with a
+        Measured (docs/benchmarks.md, "rollout (data plane)"): trio's ``send_all`` ends every send with a
         ``cancel_shielded_checkpoint``, a task switch per engine call; the caller's next step
         is a receive that waits anyway, which is its checkpoint. Errors are trio's: a broken
         connection raises ``trio.BrokenResourceError`` (one of ``STREAM_ERRORS``)."""

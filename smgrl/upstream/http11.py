@@ -370,7 +370,7 @@ class ResponseParser:
             self._state = _CHUNK_SIZE
             if content_length is not None or not http11:
                 # Rule 3: chunked overrides content-length, but such a message "ought to be
-                # handled as an error" (smuggling); and §6.1: transfer-encoding in an HTTP/1.0
+                # handled as an error" (smuggling); and RFC 9112 §6.1: transfer-encoding in an HTTP/1.0
                 # message means faulty framing. Read it, then drop the connection.
                 self._keep_alive = False
         elif length is not None:

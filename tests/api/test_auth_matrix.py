@@ -1,4 +1,4 @@
-"""The auth matrix (spec §9, D3) as ONE table: every route x every credential x every auth mode.
+"""The auth matrix (docs/rl-control-plane.md, "Auth"; D3 in docs/deviations.md) as ONE table: every route x every credential x every auth mode.
 
 Credentials (columns, in this order):
 

@@ -1,5 +1,5 @@
 """Rollout routes on the gateway's port: /generate, /v1/completions, /v1/chat/completions,
-/v1/models (issue 7, step 1): passthrough, the model rules of the TokenSpeed/slime work, streams
+/v1/models: passthrough, the model rules of the TokenSpeed/slime work, streams
 relayed chunk by chunk, and a client disconnect cancelling the engine call."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ async def test_a_generate_without_model_is_forwarded_without_one_and_openai_rout
             assert "authorization" not in seen.headers and "x-custom" not in seen.headers
             # /generate without a content type (SMG: 415) is forwarded as JSON (deviations.md).
             assert seen.headers["content-type"] == "application/json"
-            # Issue 11: an OpenAI request without `model` is SMG's 400, the engine never sees it.
+            # An OpenAI request without `model` is SMG's 400, the engine never sees it.
             calls = len(engine.seen)
             r = await gw.client.post(
                 "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
@@ -107,7 +107,7 @@ async def test_a_generate_without_model_is_forwarded_without_one_and_openai_rout
         nursery.cancel_scope.cancel()
 
 
-# Issue 11's rows on the OpenAI routes: SMG 1.13.0's status, code, param and text (checked side by
+# The OpenAI routes' refusals: SMG 1.13.0's status, code, param and text (checked side by
 # side: tests/conformance/cases/dataplane.jsonl), answered before any engine is called.
 MSGS = [{"role": "user", "content": "hi"}]
 OPENAI_REFUSALS = [
@@ -170,7 +170,7 @@ OPENAI_REFUSALS = [
         "prompt",
         None,
     ),
-    # Issue 10: a lone surrogate and 1,000-deep nesting are SMG's 400 invalid_json, not a 500.
+    # A lone surrogate and 1,000-deep nesting are SMG's 400 invalid_json, not a 500.
     (
         "/v1/chat/completions",
         b'{"model": "\\ud800", "messages": []}',
@@ -433,7 +433,7 @@ async def test_an_unexpected_error_in_the_raw_front_is_the_internal_error_envelo
 
 
 async def test_request_ids_follow_smgs_headers_and_prefixes_and_models_are_self_hosted():
-    # Issue 10 (conformance): SMG 1.13.0 takes the id from x-request-id, x-correlation-id,
+    # SMG 1.13.0 takes the id from x-request-id, x-correlation-id,
     # x-trace-id, request-id (the first present) and echoes it; a generated id has OpenAI's prefix.
     async with trio.open_nursery() as nursery:
         engine = await nursery.start(ScriptedEngine().serve)
@@ -467,7 +467,7 @@ async def test_request_ids_follow_smgs_headers_and_prefixes_and_models_are_self_
 
 
 async def test_a_refit_from_disk_never_makes_the_registered_model_name_404(tmp_path):
-    # Issue 12: after update_weights_from_disk SGLang names the checkpoint path in its answers'
+    # After update_weights_from_disk SGLang names the checkpoint path in its answers'
     # `model` (and its own /v1/models); clients that keep sending the registered name must still
     # be routed, and the engine's own `model` field is relayed untouched, as SMG does.
     name = "fake/Qwen3-0.6B"

@@ -1,4 +1,4 @@
-"""The admission hook (--admission-hook module:object, issue 15): refused instances are skipped,
+"""The admission hook (--admission-hook module:object): refused instances are skipped,
 a request every instance refuses waits, reservations are given back exactly once."""
 
 from __future__ import annotations

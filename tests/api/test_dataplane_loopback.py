@@ -1,4 +1,4 @@
-"""Partial-rollout loopback, in process (issue 15): a /generate that a sync through the gateway
+"""Partial-rollout loopback, in process: a /generate that a sync through the gateway
 aborts is continued from its tokens; the answer is checked token by token against the
 autoregressive fake model, and deliberate cancellations are not looped back."""
 

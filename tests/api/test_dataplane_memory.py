@@ -1,4 +1,4 @@
-"""Memory bounds on the data plane's hot paths (issue 10): every byte of a rollout body or a
+"""Memory bounds on the data plane's hot paths: every byte of a rollout body or a
 buffered answer is taken from --dataplane-memory-budget before it is kept; a declared body that
 would not fit is refused before it is read."""
 

@@ -1,4 +1,4 @@
-"""Data-plane metrics on the gateway's registry (issue 7): request counts, the M2 families."""
+"""Data-plane metrics on the gateway's registry: request counts, the M2 families."""
 
 from __future__ import annotations
 

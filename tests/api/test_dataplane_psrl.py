@@ -1,5 +1,5 @@
-"""PSRL routing headers, in process (issue 15): each header's effect on where a rollout goes
-and what the answer echoes (spec psrl-sessions-tito.md 6.1-6.3)."""
+"""PSRL routing headers, in process: each header's effect on where a rollout goes
+and what the answer echoes (docs/data-plane.md, "PSRL routing")."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def cfg(dp_aware: bool = False) -> Config:
         rl=RlConfig(enabled=True, control_timeout_secs=5),
         policy="round_robin",
         dp_aware=dp_aware,
-        dataplane=DataPlaneConfig(eligible_wait_secs=0),
+        # Prompt-group pins are a switch (off by default, as in PSRL's fork): these tests are about them.
+        dataplane=DataPlaneConfig(eligible_wait_secs=0, psrl_group_sticky=True),
     )
 
 

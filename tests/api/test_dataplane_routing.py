@@ -1,4 +1,4 @@
-"""Policies through the gateway (issue 7 step 2): --policy, x-smg-routing-key, --dp-aware."""
+"""Policies through the gateway: --policy, x-smg-routing-key, --dp-aware."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stamping through the gateway (issue 7 step 4): x-smg-weight-version, x-smg-routed-worker-id,
+"""Stamping through the gateway: x-smg-weight-version, x-smg-routed-worker-id,
 x-smg-mixed-version, x-version-tag and system_fingerprint, buffered and streamed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The state-aware filter (issue 7 step 3): paused/asleep engines are never selected, engines whose
+"""The state-aware filter: paused/asleep engines are never selected, engines whose
 state is unknown or whose last refit failed are held out until a later call confirms them, and
 while every engine is held out requests wait in the gateway (woken by the journal's commit, not a
 timer) until one resumes, or get a retryable 503 naming why once the budget is spent."""

@@ -1,4 +1,4 @@
-"""Version-aware routing (issue 7 step 6; spec Appendix A.2/A.3): --rl-version-policy, the
+"""Version-aware routing (docs/data-plane.md, "Version policies"): --rl-version-policy, the
 x-smg-version-policy header, and PSRL's x-version-tag floor."""
 
 from __future__ import annotations
@@ -121,8 +121,11 @@ async def test_psrl_version_tag_is_a_floor_and_is_echoed():
             )
             expected = "3" if r.headers["x-smgrl-worker-id"] == a else "5"
             assert r.headers["x-version-tag"] == expected
+        # A floor above every engine while no sync is in progress: answered at once, named.
         r = await gw.client.post("/generate", json=GEN, headers={"x-version-tag": "6"})
-        assert r.status_code == 503 and r.json()["error"]["reasons"] == {"stale": 2}
+        error = r.json()["error"]
+        assert r.status_code == 503 and error["code"] == "version_floor_unmet", error
+        assert error["reasons"] == {"stale": 2} and {e["reason"] for e in error["engines"]} == {"stale"}
         r = await gw.client.post("/generate", json=GEN, headers={"x-version-tag": "bad tag"})
         assert r.status_code == 400 and r.json()["error"] == "invalid_version_policy"
 
@@ -158,8 +161,9 @@ def test_an_invalid_launch_policy_is_refused(policy):
 
 
 async def test_a_request_waiting_for_a_version_floor_is_visible_and_its_503_names_why(caplog):
-    # Issue 12: the wait stays (PSRL's loops rely on it) but is counted by reason, logged when it
-    # starts, and its 503 names the floor and the versions the fleet has.
+    # While a sync is in progress (one engine paused) a floor no engine meets yet waits (PSRL's
+    # loops rely on it), counted by reason, logged when it starts; its 503 names the floor, the
+    # versions the fleet has and why each engine was held out.
     async with (
         fake_fleet("sglang", n=2) as fleet,
         gateway_in_process(cfg(wait=1), worker_urls=fleet.urls) as gw,
@@ -167,6 +171,7 @@ async def test_a_request_waiting_for_a_version_floor_is_visible_and_its_503_name
         a, b = (gw.gateway.fleet.registry.id_for_url(u) for u in fleet.urls)
         await set_version(gw, a, "3")
         await set_version(gw, b, "5")
+        await gw.client.post(f"/v1/rl/workers/{b}/state", json={"control": "paused"})
         dp = gw.app.dataplane
         result = []
 
@@ -179,12 +184,15 @@ async def test_a_request_waiting_for_a_version_floor_is_visible_and_its_503_name
                 while dp.waiting < 1:
                     await trio.sleep(0.001)
                 text = gw.gateway.metrics.render().decode()
-                assert 'smgrl_dataplane_waiting_requests_by_reason{reason="stale"} 1.0' in text
+                assert 'smgrl_dataplane_waiting_requests_by_reason{reason="paused"} 1.0' in text
                 logged = [r.getMessage() for r in caplog.records if "waits for an eligible" in r.getMessage()]
-                assert len(logged) == 1 and "stale" in logged[0] and "3, 5" in logged[0]
+                assert len(logged) == 1 and "1 stale" in logged[0] and "3, 5" in logged[0]
         r = result[0]
         assert r.status_code == 503
         error = r.json()["error"]
-        assert error["reasons"] == {"stale": 2} and error["versions"] == ["3", "5"]
+        assert error["code"] == "no_eligible_workers"
+        assert error["reasons"] == {"paused": 1, "stale": 1} and error["versions"] == ["3", "5"]
         assert "x-version-tag 6" in error["message"] and "versions 3, 5" in error["message"]
+        held = {e["worker_id"]: e["reason"] for e in error["engines"]}
+        assert held == {a: "stale", b: "paused"}
         assert dp.waiting == 0 and "waiting_requests_by_reason{" not in gw.gateway.metrics.render().decode()

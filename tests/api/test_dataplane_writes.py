@@ -1,4 +1,4 @@
-"""Explicit version and state writes (issue 7 step 5; spec Appendix A.1): bodies, validation
+"""Explicit version and state writes (docs/data-plane.md, "The version table and explicit writes"): bodies, validation
 order, errors, journal events, and the engine projection (``version_source: api``) that routing
 reads."""
 

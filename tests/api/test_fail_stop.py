@@ -1,4 +1,4 @@
-"""Memory and journal agree, or the gateway stops (issue 10).
+"""Memory and journal agree, or the gateway stops.
 
 A batch that committed but could not be applied to the projections must not leave a gateway
 serving state that misses events: the writer stops, the request that wrote it gets 503, the

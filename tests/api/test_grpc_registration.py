@@ -8,10 +8,11 @@ import contextlib
 
 import pytest
 import trio
-from rl_api_helpers import ADMIN, rl_cfg
+from rl_api_helpers import ADMIN, journal, rl_cfg
 
 from smgrl.fake import fake_fleet
 from smgrl.fake.grpc_front import GrpcFront
+from smgrl.registry.loads import group_key
 from smgrl.testing import gateway_in_process
 from smgrl.upstream.grpc.engines import WIRES
 
@@ -38,8 +39,9 @@ async def registered_row(gw, payload: dict) -> dict:
     ("kind", "wire", "runtime", "version"),
     [
         ("sglang", "sglang", "sglang", "v7"),
-        ("vllm", "vllm", "vllm", None),
-        ("vllm", "vllm-psrl", "vllm", None),
+        # vLLM's wire has no weight version: read from its control app's /weight_info.
+        ("vllm", "vllm", "vllm", "v7"),
+        ("vllm", "vllm-psrl", "vllm", "v7"),
         ("tokenspeed", "tokenspeed", "tokenspeed", "v7"),
         ("sglang", "sglang", None, "v7"),  # no runtime: the wire is found by asking
     ],
@@ -86,3 +88,34 @@ async def test_psrl_registration_payload_selects_psrl_wire():
                 await trio.sleep(0.02)
         assert rows[0]["labels"]["grpc_wire"] == "vllm-psrl"
         assert rows[0]["model_id"] == "/models/qwen"
+
+
+async def test_the_load_monitor_reads_grpc_workers_with_get_loads():
+    async with (
+        grpc_engine("sglang", "sglang", dp_size=2) as (_, front),
+        gateway_in_process(rl_cfg()) as gw,
+    ):
+        await registered_row(gw, {"url": front.url, "runtime": "sglang"})
+        (worker,) = list(gw.gateway.fleet.registry)
+        await gw.gateway.loads.poll_group(group_key(worker))
+        (row,) = (await gw.client.get("/workers")).json()["workers"]
+        load = row["engine_load"]
+        assert load["version"] == "0.5.23" and load["dp_rank_count"] == 2
+        assert [r["dp_rank"] for r in load["loads"]] == [0, 1]
+
+
+async def test_a_tokenizer_bundle_whose_sha256_does_not_match_keeps_the_worker_pending():
+    async with (
+        grpc_engine("sglang", "sglang") as (_, front),
+        gateway_in_process(rl_cfg(registration_backoff_initial_secs=0.01)) as gw,
+    ):
+        front._bundle = (b"PK-not-what-it-says", "0" * 64)
+        r = await gw.client.post("/workers", json={"url": front.url, "runtime": "sglang"}, headers=ADMIN)
+        assert r.status_code == 202
+        with trio.fail_after(10):
+            while not journal(gw, "worker.probe_failed"):
+                await trio.sleep(0.01)
+        (failed, *_) = journal(gw, "worker.probe_failed")
+        assert "sha256" in failed.error
+        assert not gw.gateway.registry.tokenizers.bundles
+        assert (await gw.client.get("/v1/rl/workers", headers=ADMIN)).json()["workers"] == []

@@ -1,4 +1,4 @@
-"""GET /v1/rl/operations/{id} and GET /v1/rl/journal (issue 4's HTTP read routes)."""
+"""GET /v1/rl/operations/{id} and GET /v1/rl/journal (the journal's HTTP read routes)."""
 
 from journal import SqliteStore
 from smgrl.core.auth import ControlPlaneKey
@@ -62,7 +62,7 @@ async def test_journal_pages(tmp_path):
 
 
 async def test_journal_history_queries(tmp_path):
-    """Issue 19: types (names and globs), a seq range and a time window, as `events` reads them."""
+    """Types (names and globs), a seq range and a time window, as `events` reads them."""
     async with fake_fleet("sglang", 2) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
         for _ in range(3):
             r = await gw.client.post("/v1/rl/engine/flush_cache?selector=engine%3Dsglang", headers=ADMIN)

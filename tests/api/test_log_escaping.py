@@ -1,4 +1,4 @@
-"""Issue 10: what an unauthenticated client sends cannot forge audit log lines or fields.
+"""What an unauthenticated client sends cannot forge audit log lines or fields.
 
 The real audit path (guard -> smgrl.telemetry.logs -> the writer thread), both formats: an ``x-request-id``
 with tabs posing as ``key=value`` fields, a newline in the path posing as a whole log line, and

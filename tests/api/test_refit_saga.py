@@ -62,7 +62,8 @@ def ckpt(tmp_path):
 
 async def test_one_of_eight_fails_its_load_and_is_quarantined(ckpt):
     async with fake_fleet("sglang", 8) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
-        fleet[3].set_knobs(fail_loads=1)
+        # Its weights changed although the load answered an error: unknown, so quarantined.
+        fleet[3].set_knobs(fail_loads_after_swap=1)
         status, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="7")
         assert status == 202, body
         done = await wait_done(gw, body["refit_id"])
@@ -70,8 +71,9 @@ async def test_one_of_eight_fails_its_load_and_is_quarantined(ckpt):
         assert done["result"] == "quarantined" and done["quarantined"] == [bad["id"]]
         assert bad["quarantined"] is True and bad["quarantine"]["refit_id"] == body["refit_id"]
         assert "load failed" in bad["quarantine"]["reason"]
-        # Never resumed: its last control call is the failed load (no flush, no continue).
-        assert [c.path for c in fleet[3].calls][-1] == "/update_weights_from_disk"
+        # Never resumed: after the failed load only its version was read (no flush, no continue).
+        paths = [c.path for c in fleet[3].calls]
+        assert paths[paths.index("/update_weights_from_disk") + 1 :] == ["/model_info"]
         assert fleet[3].paused is not None
         for i, e in enumerate(fleet):
             if i != 3:
@@ -82,6 +84,109 @@ async def test_one_of_eight_fails_its_load_and_is_quarantined(ckpt):
         engines = {e["worker_id"]: e for e in done["engines"]}
         assert engines[bad["id"]]["status"] == "quarantined"
         assert {e["verification"] for i, e in engines.items() if i != bad["id"]} == {"verified"}
+
+
+async def test_an_engine_that_refused_its_load_is_resumed_on_its_old_version_not_quarantined(ckpt):
+    """A load the engine refused before touching its weights (SGLang answers ``success: false``;
+    its version, read back, is still the old one) leaves it on its old weights: it is resumed on
+    them, not quarantined, and the refit's answer names its refusal."""
+    async with (
+        fake_fleet("sglang", 3, weight_version="6") as fleet,
+        gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        fleet[1].set_knobs(fail_loads=1)
+        status, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="7")
+        assert status == 202, body
+        done = await wait_done(gw, body["refit_id"])
+        assert done["result"] == "partial" and done["quarantined"] == [], done
+        row = next(w for w in (await rows(gw)).values() if w["url"] == fleet[1].url)
+        engine = next(e for e in done["engines"] if e["url"] == fleet[1].url)
+        assert engine["status"] == "refused" and engine["reported_version"] == "6", engine
+        assert "load failed (fake knob fail_loads)" in engine["failure"], engine
+        assert "resume" in engine["done"]
+        assert not row.get("quarantined") and row["weight_version"] == "6"
+        assert fleet[1].paused is None and fleet[1].weight_version == "6"
+        assert {e.weight_version for i, e in enumerate(fleet) if i != 1} == {"7"}
+        # Routable on its old version (the version policy then decides who gets what).
+        assert row["version_status"] == "consistent" and row.get("control", "active") == "active", row
+        assert all(not slot.held for slot in gw.gateway.dataplane.table().models.values())
+
+
+async def test_a_load_refused_everywhere_fails_the_refit_and_the_fleet_serves_on(ckpt):
+    """Every engine refused the load (a checkpoint none can read): the refit is ``failed``, no
+    engine is quarantined or left paused, and rollouts go on at the old version at once."""
+    async with (
+        fake_fleet("sglang", 3, weight_version="6") as fleet,
+        gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        for e in fleet:
+            e.set_knobs(fail_loads=1)
+        _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="7")
+        done = await wait_done(gw, body["refit_id"])
+        assert done["result"] == "failed" and done["quarantined"] == [], done
+        assert {e["status"] for e in done["engines"]} == {"refused"}
+        assert all("load failed" in e["failure"] for e in done["engines"]), done["engines"]
+        assert all(e.paused is None and e.weight_version == "6" for e in fleet)
+        assert {w["control"] for w in (await rows(gw)).values()} == {"active"}
+        assert set(await served_versions(gw, 6)) == {"6"}
+        ops = gw.gateway.fleet.operations
+        load = next(
+            op
+            for op in (*ops.recent.values(), *ops.open.values())
+            if op.path.endswith("update_weights_from_disk")
+        )
+        assert load.result == "failed", load  # not partial: it failed on every engine
+
+
+async def test_a_checkpoint_path_missing_on_a_local_fleet_is_refused_before_any_pause(ckpt):
+    """A typo in the checkpoint path is refused before anything is journaled or called when
+    every engine runs on this host (so it reads the same filesystem)."""
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        fleet.clear_calls()
+        status, body = await refit(gw, source={"disk": {"model_path": "/no/such/dir"}}, weight_version="7")
+        assert status == 409 and body["error"] == "checkpoint_not_found", body
+        assert "/no/such/dir" in body["message"]
+        assert [c.path for e in fleet for c in e.calls if c.method == "POST"] == []
+        assert gw.gateway.fleet.sagas.open == {} and not gw.gateway.fleet.sagas.recent
+
+
+async def test_rollback_names_the_load_failure_it_rolled_back_from(ckpt):
+    async with (
+        fake_fleet("sglang", 2, weight_version="6") as fleet,
+        gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        fleet[0].set_knobs(fail_loads_after_swap=1)
+        _, body = await refit(
+            gw, source={"disk": {"model_path": ckpt}}, weight_version="7", on_failure="rollback"
+        )
+        done = await wait_done(gw, body["refit_id"])
+        assert done["result"] == "rolled_back", done
+        engine = next(e for e in done["engines"] if e["url"] == fleet[0].url)
+        assert engine["status"] == "rolled_back" and "internal error after the load" in engine["failure"]
+
+
+async def test_get_refits_lists_the_sagas_newest_first(ckpt, tmp_path):
+    other = str(make_checkpoint(tmp_path / "b", "fake/model", seed=2))
+    async with fake_fleet("sglang", 2) as fleet, gateway_in_process(rl_cfg(), worker_urls=fleet.urls) as gw:
+        ids = []
+        for version, path in (("8", ckpt), ("9", other)):
+            _, body = await refit(gw, source={"disk": {"model_path": path}}, weight_version=version)
+            ids.append(body["refit_id"])
+            await wait_done(gw, body["refit_id"])
+        r = await gw.client.get("/v1/rl/refits")
+        assert r.status_code == 200, r.text
+        listed = r.json()["refits"]
+        assert [x["refit_id"] for x in listed] == ids[::-1]
+        assert listed[0]["state"] == "succeeded" and listed[0]["engines"] == {"resumed": 2}
+        assert listed[0]["weight_version"] == "9" and "plan" not in listed[0]
+        r = await gw.client.get("/v1/rl/refits?limit=1&state=succeeded")
+        assert [x["refit_id"] for x in r.json()["refits"]] == ids[-1:]
+        assert (await gw.client.get("/v1/rl/refits?state=failed")).json()["refits"] == []
+        for bad in ("limit=0", "limit=x", "limit=100000", "state=nope", "other=1"):
+            r = await gw.client.get(f"/v1/rl/refits?{bad}")
+            assert r.status_code == 400 and r.json()["error"] == "invalid_query", (bad, r.text)
+        r = await gw.client.put("/v1/rl/refits")
+        assert r.status_code == 405 and r.headers["allow"] == "POST,GET,HEAD"
 
 
 async def test_rollback_resumes_all_eight_on_the_old_version(ckpt):
@@ -239,7 +344,8 @@ async def test_a_transfer_that_never_commits_times_out_into_quarantine():
         source = {"distributed": {"master_address": "127.0.0.1", "master_port": 29500}}
         _, body = await refit(gw, source=source, weight_version="9", transfer_timeout_secs=0.2)
         done = await wait_done(gw, body["refit_id"])
-        assert done["result"] == "quarantined" and len(done["quarantined"]) == 2
+        # Every engine failed (none reached the new version): the refit failed, both quarantined.
+        assert done["result"] == "failed" and len(done["quarantined"]) == 2
         assert "did not commit" in done["engines"][0]["detail"]
         assert all(e.paused is not None for e in sg)
 
@@ -591,7 +697,7 @@ async def test_journal_refits_tells_the_sagas_and_quarantines(ckpt, tmp_path):
             fake_fleet("sglang", 3) as fleet,
             gateway_in_process(rl_cfg(), store=store, worker_urls=fleet.urls) as gw,
         ):
-            fleet[1].set_knobs(fail_loads=1)
+            fleet[1].set_knobs(fail_loads_after_swap=1)
             _, body = await refit(gw, source={"disk": {"model_path": ckpt}}, weight_version="5")
             rid = body["refit_id"]
             assert (await wait_done(gw, rid))["result"] == "quarantined"
@@ -619,7 +725,10 @@ async def test_journal_refits_tells_the_sagas_and_quarantines(ckpt, tmp_path):
         assert [(q["worker"], q["action"], q["reason"]) for q in data["quarantines"]] == [
             (other, "held", "odd logits")
         ]
-        assert len(data["cycles"]) == 1
+        # One vocabulary: the saga's cycle says what the saga says, with the saga's reason.
+        (cycle,) = data["cycles"]
+        assert cycle["status"] == "quarantined", cycle
+        assert list(cycle["failed"].values()) == [[engines[held]["status"] + ": " + engines[held]["failure"]]]
     text = run("refits", "--wide")
     assert (
         "refit sagas" in text and "pause 3/3 load 2/3" in text and f"{held} quarantined: load failed" in text

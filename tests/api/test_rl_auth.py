@@ -1,4 +1,4 @@
-"""Control-plane auth on `/v1/rl/*` and `/workers*` (spec §9; Appendix C "Auth"; D2, D3)."""
+"""Control-plane auth on `/v1/rl/*` and `/workers*` (docs/rl-control-plane.md, "Auth"; D2, D3 in docs/deviations.md)."""
 
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ async def test_no_key_text_in_the_journal():
 
 async def test_audit_log_levels_and_long_paths(caplog):
     """Every control-plane request has its audit log line. Without any control-plane auth, an
-    allowed read's line is DEBUG (issue 12: a discovery poll is not INFO news); writes and every
+    allowed read's line is DEBUG (a discovery poll is not INFO news); writes and every
     line of a gateway with keys stay INFO. Paths are cut in the line."""
     import logging
 

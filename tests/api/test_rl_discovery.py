@@ -1,5 +1,5 @@
 """Discovery (`GET /v1/rl/workers`, `GET /v1/rl/workers/{id}`) and the routing envelopes around
-`/v1/rl` (spec §1.1, §1.2, §1.5, §5; Appendix C "Discovery rows", "DP-aware")."""
+`/v1/rl` (docs/rl-control-plane.md, "Discovery"; SMG 1.13.0's observed rows, DP-aware included)."""
 
 from __future__ import annotations
 

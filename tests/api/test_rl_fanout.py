@@ -1,5 +1,5 @@
-"""The fan-out `GET|POST|HEAD /v1/rl/engine/{path}?selector=` (spec §1.4, §3, §7; Appendix C
-"Fan-out", "Selectors", "DP-aware")."""
+"""The fan-out `GET|POST|HEAD /v1/rl/engine/{path}?selector=` (docs/rl-control-plane.md,
+"Fan-out", "Selectors"; SMG 1.13.0's observed answers, DP-aware included)."""
 
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ class CountingSqlite:
 
 
 async def test_a_fanout_costs_two_journal_transactions(tmp_path):
-    """Issue 14: the intent (durable before any engine is called), then the 8 outcomes, the finish
+    """The intent (durable before any engine is called), then the 8 outcomes, the finish
     and the audit event together (durable before the answer)."""
     store = CountingSqlite(SqliteStore.open(tmp_path / "j.db"))
     async with fake_fleet("sglang", 8) as fleet, gateway_in_process(rl_cfg(), store=store) as gw:

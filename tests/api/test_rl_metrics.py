@@ -1,4 +1,4 @@
-"""`smg_rl_*` metrics after a mixed session (spec §8; Appendix C "Metrics")."""
+"""`smg_rl_*` metrics after a mixed session (docs/rl-control-plane.md, "Metrics")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The per-worker proxy `GET|POST|HEAD /v1/rl/workers/{id}/engine/{path}` (spec §1.3, §2, §4;
-Appendix C "Per-worker call envelope", "Engine paths", "Query string", "Headers sent to engines")."""
+"""The per-worker proxy `GET|POST|HEAD /v1/rl/workers/{id}/engine/{path}` (docs/rl-control-plane.md,
+"Calling one engine", "Errors"; SMG 1.13.0's observed envelope, paths, query and headers)."""
 
 from __future__ import annotations
 

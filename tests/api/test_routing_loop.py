@@ -1,4 +1,4 @@
-"""PSRL's coordinator controls (issue 15, spec 6.4): pause/resume dispatch, status, per-instance
+"""PSRL's coordinator controls (docs/data-plane.md, "Coordinator controls of the routing loop"): pause/resume dispatch, status, per-instance
 stats and version writes, all journaled and backed by the same projections."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from smgrl.testing import gateway_in_process
 GEN = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
 
 
-def cfg() -> Config:
+def cfg(group_sticky: bool = False) -> Config:
     return Config(
         rl=RlConfig(enabled=True, control_timeout_secs=5),
         policy="round_robin",
         dp_aware=True,
-        dataplane=DataPlaneConfig(eligible_wait_secs=30),
+        dataplane=DataPlaneConfig(eligible_wait_secs=30, psrl_group_sticky=group_sticky),
     )
 
 
@@ -156,7 +156,7 @@ async def test_worker_stats_show_requests_queued_for_an_instance():
 async def test_worker_stats_show_a_prompt_groups_waiting_requests_on_its_pinned_instance():
     async with (
         fake_fleet("sglang", n=2, token_latency_ms=2) as fleet,
-        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+        gateway_in_process(cfg(group_sticky=True), worker_urls=fleet.urls) as gw,
     ):
         await gw.wait_visible(2)
         group = {"x-prompt-id": "g"}
@@ -183,7 +183,9 @@ async def test_worker_stats_show_a_prompt_groups_waiting_requests_on_its_pinned_
         assert answers == [200, 200, 200]
 
 
-async def test_pause_with_wait_answers_once_in_flight_requests_finished_or_says_it_timed_out():
+async def test_pause_with_wait_drain_answers_once_in_flight_requests_finished_or_says_it_timed_out():
+    """``wait=drain`` is smgrl's wait for the generations (``wait=true`` is PSRL's fork's: it
+    waits for selection only, and answers at once)."""
     async with (
         fake_fleet("sglang", n=1, token_latency_ms=5) as fleet,
         gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
@@ -204,15 +206,15 @@ async def test_pause_with_wait_answers_once_in_flight_requests_finished_or_says_
             nursery.start_soon(rollout)
             assert await engine.wait_until(lambda: bool(engine.scheduler.jobs), timeout=30)
             # A timeout shorter than the generation: a clear 504, dispatch paused all the same.
-            await pause("?wait=true&timeout=0.05")
+            await pause("?wait=drain&timeout=0.05")
             kind, status, body = order[-1]
             assert (kind, status, body["error"]) == ("pause", 504, "pause_wait_timeout")
             assert body["running_request_num"] == 1 and gw.gateway.fleet.routing.paused
-            nursery.start_soon(pause, "?wait=true")
+            nursery.start_soon(pause, "?wait=drain")
         assert [o[0] for o in order] == ["pause", "rollout", "pause"]  # answered after the rollout
         assert order[-1][1] == 200 and order[-1][2]["drained"] is True
         assert order[-1][2]["running_request_num"] == 0
-        for query in ("?wait=maybe", "?wait=true&timeout=0", "?wait=true&timeout=nan"):
+        for query in ("?wait=maybe", "?wait=drain&timeout=0", "?wait=true&timeout=nan"):
             r = await gw.client.post("/routing_loop/pause" + query)
             assert r.status_code == 400 and r.json()["error"] == "invalid_query", query
 
@@ -264,7 +266,9 @@ async def test_workers_pause_and_resume_hold_instances_out_of_routing():
             assert r.status_code == 400 and r.json()["error"] == "invalid_body", bad
 
 
-async def test_filter_lists_the_waiting_requests_at_or_below_a_version():
+async def test_waiting_lists_the_waiting_requests_at_or_below_a_version():
+    """``/routing_loop/waiting`` (smgrl's view, every waiting request; PSRL's ``/filter`` lists
+    those with routing metadata: tests/psrl)."""
     async with fake_fleet("sglang", n=1) as fleet, gateway_in_process(cfg(), worker_urls=fleet.urls) as gw:
         await gw.client.post("/routing_loop/pause")
         dp = gw.app.dataplane
@@ -280,7 +284,7 @@ async def test_filter_lists_the_waiting_requests_at_or_below_a_version():
             assert dp.waiting == 3
 
             async def listed(bound):
-                r = await gw.client.get(f"/routing_loop/filter?version_tag={bound}")
+                r = await gw.client.get(f"/routing_loop/waiting?version_tag={bound}")
                 assert r.status_code == 200, r.text
                 return sorted((x["request_id"], x["version_tag"]) for x in r.json()["requests"])
 
@@ -288,8 +292,10 @@ async def test_filter_lists_the_waiting_requests_at_or_below_a_version():
             assert await listed("5") == [("r3", "3"), ("r5", "5"), ("rNone", "-1")]
             assert await listed("-1") == [("rNone", "-1")]
             for bad in ("", "a%20b"):
-                r = await gw.client.get(f"/routing_loop/filter?version_tag={bad}")
-                assert r.status_code == 400 and r.json()["error"] == "invalid_query"
+                for route in ("waiting", "filter"):
+                    r = await gw.client.get(f"/routing_loop/{route}?version_tag={bad}")
+                    assert r.status_code == 400 and r.json()["error"] == "invalid_query"
+            assert (await gw.client.get("/routing_loop/waiting")).status_code == 400
             assert (await gw.client.get("/routing_loop/filter")).status_code == 400
             await gw.client.post("/routing_loop/resume")
 

@@ -27,7 +27,8 @@ def cfg() -> Config:
     return Config(
         rl=RlConfig(enabled=True, control_timeout_secs=5),
         policy="round_robin",
-        dataplane=DataPlaneConfig(eligible_wait_secs=0),
+        # Prompt-group pins are a switch (off by default, as in PSRL's fork): these tests are about them.
+        dataplane=DataPlaneConfig(eligible_wait_secs=0, psrl_group_sticky=True),
     )
 
 

@@ -1,4 +1,4 @@
-"""gRPC/ZMQ workers behind their control endpoint: TokenSpeed (spec §10, §5.2, §6; §11 the
+"""gRPC/ZMQ workers behind their control endpoint: TokenSpeed (docs/tokenspeed.md; SMG's
 ``rl_adapter.rs`` cases, ``rl_tokenspeed_control_endpoint_test.rs`` and the TokenSpeed e2e cases).
 
 A TokenSpeed engine serves rollouts over gRPC, so its registry URL (``grpc://...``) takes no HTTP

@@ -1,5 +1,5 @@
-"""The SMG-compatible worker API `/workers` and `/workers/{id}` (Appendix C "POST /workers",
-"Capabilities and labels"); texts observed on SMG 1.13.0 (serde/axum/uuid wording)."""
+"""The SMG-compatible worker API `/workers` and `/workers/{id}` (SMG 1.13.0's
+`POST /workers`, capabilities and labels, observed); texts observed on SMG 1.13.0 (serde/axum/uuid wording)."""
 
 from __future__ import annotations
 
@@ -364,7 +364,7 @@ async def test_runtime_hint_chooses_the_discovery(rl_config):
 
 
 async def test_post_workers_cancelled_after_its_event_is_queued_still_loads_the_key_and_discovers(tmp_path):
-    """Issue 10: the key ring and the discovery job follow from the commit, not from the handler
+    """The key ring and the discovery job follow from the commit, not from the handler
     after its await. The client goes away while worker.registered waits for the journal's write
     lock (held by another process); once written, the engine (which requires its key) is
     discovered."""

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Differential conformance run: every case file in cases/ is sent to SMG 1.13.0 and to smgrl by
-# /work/shared/tools/smg-diff, both launched with the same flags against the same engines.
+# smg-diff (a differential request replayer, not in this repository: SMG_DIFF names it), both
+# launched with the same flags against the same engines.
 # Results go to last-run/<case>.txt; RESULTS.md explains every remaining difference (D1-D5).
 #
 #   tests/conformance/run_smg_diff.sh [case ...]      # default: all case files
@@ -14,7 +15,8 @@ ROOT=$(cd "$HERE/../.." && pwd)
 SMG=${SMG_BIN:-/tmp/smgvenv/bin/smg}
 SMGRL=${SMGRL_BIN:-$ROOT/.venv/bin/smgrl}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
-DIFF=${SMG_DIFF:-/work/shared/tools/smg-diff}
+DIFF=${SMG_DIFF:-smg-diff}
+DIFF=$(command -v "$DIFF" || echo "$DIFF")
 OUT=$HERE/last-run
 if [ ! -x "$SMG" ] || [ ! -x "$DIFF" ]; then
     echo "smg ($SMG) or smg-diff ($DIFF) not available: conformance run skipped"

@@ -143,12 +143,26 @@ def _tokenspeed(doc: Doc) -> None:
     doc.subs += [("127.0.0.1:30400", f"127.0.0.1:{port}")]
 
 
+def _scale_out(doc: Doc) -> None:
+    # The --workers recipe starts its own engines (31000-31001) and supervisor (30000, 29000).
+    base = _consecutive_free_ports(2)
+    doc.subs += _gateway_subs(free_port())
+    doc.subs += [("--ports 31000-31001", f"--ports {base}-{base + 1}")]
+    doc.subs += [(f"127.0.0.1:{31000 + i}", f"127.0.0.1:{base + i}") for i in range(2)]
+    metrics = free_port()
+    doc.subs += [
+        ("--prometheus-port 29000", f"--prometheus-port {metrics}"),
+        ("127.0.0.1:29000", f"127.0.0.1:{metrics}"),
+    ]
+
+
 SETUPS: dict[str, Callable[[Doc], None]] = {
     "README.md": _readme,
     "docs/rl-control-plane.md": _control_plane,
     # Its PSRL example asks for version 118 or newer: a fleet at 120.
     "docs/data-plane.md": lambda doc: _default_fleet(doc, ("--weight-version", "120")),
     "docs/tokenspeed.md": _tokenspeed,
+    "docs/scale-out.md": _scale_out,
 }
 
 

@@ -1,4 +1,4 @@
-"""The journal cannot be grown by strangers (issue 10, decision D2), with a real gateway process.
+"""The journal cannot be grown by strangers (decision D2), with a real gateway process.
 
 10,000 unauthenticated requests with 8 KB paths against a gateway with control-plane keys: every
 one is refused (401) and logged, but the journal gets only counts (one small

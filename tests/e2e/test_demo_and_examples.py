@@ -1,6 +1,9 @@
 """The README's main command and the examples, run as a user would, against real processes."""
 
+import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +34,30 @@ def test_demo_exits_zero_and_shows_the_refit(tmp_path):
     assert proc.stdout.count("step-1") >= 3  # two rows after the refit, and the generation
     assert "chain verified" in proc.stdout
     assert journal.exists()
-    # Issue 12: a demo that passed leaves no smgrl-demo-* directory behind.
+    lines = proc.stdout.splitlines()
+    # 80 columns, except the commands it suggests, which are printed whole (below: they run).
+    commands = [line.strip() for line in lines if line.startswith("    smgrl journal ")]
+    assert [line for line in lines if len(line) > 80 and line.strip() not in commands] == []
+    # Distinct worker ids in the fleet tables, cut like every op id: one length, prefixes of
+    # the journal's ids (the length smgrl journal's own commands accept).
+    uuid_cut = re.compile(r"^( {2}| {4})([0-9a-f]{8}-[0-9a-f-]*) ")
+    tables = [m.group(2) for m in map(uuid_cut.match, lines) if m]
+    workers = [m.group(2) for m in map(uuid_cut.match, lines) if m and m.group(1) == "  "]
+    assert len(workers) == 4 and len(set(workers)) == 2  # 2 engines, before and after the refit
+    assert len({len(i) for i in tables}) == 1 and len(tables[0]) >= 8
+    ops = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "smgrl", "journal", "--journal", str(journal), "--json", "ops"],
+            check=True, capture_output=True, text=True, timeout=60,
+        ).stdout
+    )  # fmt: skip
+    op_ids = [o["id"] for o in ops["operations"]]
+    assert all(any(full.startswith(i) for full in op_ids) for i in tables if not i.startswith(tuple(workers)))
+    assert len(commands) == 4
+    for command in commands:
+        argv = [sys.executable, "-m", *shlex.split(command)]  # the smgrl of this interpreter
+        assert subprocess.run(argv, check=False, capture_output=True, timeout=60).returncode == 0, command
+    # A demo that passed leaves no smgrl-demo-* directory behind.
     assert sorted(p.name for p in temp.glob("smgrl-demo-*")) == []
 
 
@@ -57,24 +83,25 @@ def test_refit_from_disk_example(fakes, gateway, tmp_path):
     gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--worker-urls", *urls)
     wait_for_workers(http.base, 2, child=gw)
     ckpt = make_checkpoint(tmp_path / "step-7", "example/step-7")
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "refit_from_disk.py"),
-            "--gateway",
-            http.base,
-            "--model-path",
-            str(ckpt),
-            "--weight-version",
-            "7",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "weight_version '7'" in run.stdout
+    for _ in range(2):  # twice in a row on the same fleet: the second run refits to 7 again
+        run = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "refit_from_disk.py"),
+                "--gateway",
+                http.base,
+                "--model-path",
+                str(ckpt),
+                "--weight-version",
+                "7",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "weight_version '7'" in run.stdout
     # A checkpoint that does not exist: the fan-out fails, paused() still resumes, exit 1.
     bad = subprocess.run(
         [

@@ -1,4 +1,4 @@
-"""Fail-stop with a real process (issue 10): a projection that cannot apply a committed event stops
+"""Fail-stop with a real process: a projection that cannot apply a committed event stops
 `smgrl launch` with one error line and exit status 1; the journal keeps the event and verifies.
 
 The projection bug is injected by a wrapper script that patches the registry fold before running

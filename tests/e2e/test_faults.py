@@ -1,4 +1,4 @@
-"""Fault injection with real processes on loopback (issue 6): a real `smgrl launch`, real fake-engine
+"""Fault injection with real processes on loopback: a real `smgrl launch`, real fake-engine
 processes, real sockets. Each test is bounded (every wait has a deadline; timeouts are safety bounds,
 never assertions): statuses, error codes, journal records and memory are what is asserted.
 

@@ -2,8 +2,9 @@
 
 A gateway with control-plane keys fronts 4 fake SGLang engines; the page asks for a key, keeps it
 for the tab, and follows the journal stream. A refit in which one engine fails its load runs
-through the client; the table must show the new version on 3 engines and the quarantined one,
-and the refit timeline must gain the cycle. Slow rollouts in flight show in the in-flight column
+through the client; the table must show the new version on 3 engines and the quarantined one
+(its reason as text), the refit timeline must gain the cycle with a time axis and a legend, and
+the last operations list the refit and a fan-out with time, path, selector and result, once each. Slow rollouts in flight show in the in-flight column
 (the data plane's counters), and leave it when they finish. ``.ci/run`` installs Debian's ``chromium`` and
 ``chromium-driver``; elsewhere the test skips saying what is missing. With
 ``SMGRL_FLEET_SCREENSHOT=PATH`` it saves a screenshot there (docs/fleet-page.png was made so).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -103,7 +105,7 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
         wait_for(lambda: inflight() == [0, 0, 0, 0], what="the rollouts leaving the in-flight column")
         req = urllib.request.Request(
             urls[2] + "/_fake/knobs",
-            data=json.dumps({"fail_loads": 1}).encode(),
+            data=json.dumps({"fail_loads_after_swap": 1}).encode(),  # weights changed: quarantined
             method="POST",
             headers={"content-type": "application/json"},
         )
@@ -134,6 +136,42 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
         phases = {r.get_attribute("data-phase") for r in cycle[-1].find_elements(By.CSS_SELECTOR, "rect")}
         assert {"pause", "load", "resume"} <= phases
         assert "quarantined" in cycle[-1].text
+        # The quarantine's reason is the cell's text, whole (no hover needed).
+        (row,) = [w for w in rl.workers() if w.id == bad]
+        reason = (row.extra.get("quarantine") or {}).get("reason")
+        assert reason and rows[bad][1] == reason
+        # The timeline has a time axis (5 ticks from 0) and a legend of the phases drawn.
+        ticks = wait_for(
+            lambda: browser.execute_script(
+                "return [...document.querySelectorAll('#timeline g.axis text.tick')].map(t => t.textContent)"
+            ),
+            what="the time axis",
+        )
+        assert len(ticks) == 5 and ticks[0] == "0 ms" and all(t.endswith(("ms", " s")) for t in ticks)
+        legend = browser.execute_script(
+            "return [...document.querySelectorAll('#legend .item')].map(i => i.dataset.phase)"
+        )
+        assert {"pause", "load", "resume"} <= set(legend) and len(legend) == len(set(legend))
+        # Last operations: time, what (the refit, a fan-out's method and path), selector and
+        # result, one entry per operation.
+        rl.fanout("model_info", method="GET", selector="engine=sglang")
+
+        def operations():
+            return browser.execute_script(
+                "return [...document.querySelectorAll('#ops tbody tr')].map(tr => [tr.dataset.id,"
+                " ...[...tr.cells].map(c => c.textContent)])"
+            )
+
+        ops = wait_for(
+            lambda: (o := operations()) and any(r[2] == "GET model_info" for r in o) and o,
+            what="the fan-out in the last operations",
+        )
+        assert len({r[0] for r in ops}) == len(ops)
+        assert all(re.fullmatch(r"\d\d:\d\d:\d\d", r[1]) for r in ops)
+        (refit,) = [r for r in ops if r[2] == "refit to 9"]
+        assert refit[3] == "engine=sglang" and refit[4].startswith("quarantined (held out: ")
+        (fan,) = [r for r in ops if r[2] == "GET model_info"]
+        assert fan[3] == "engine=sglang" and re.fullmatch(r"ok 4/4 in \d+ ms", fan[4])
         shot = os.environ.get("SMGRL_FLEET_SCREENSHOT")
         if shot:
             browser.save_screenshot(shot)

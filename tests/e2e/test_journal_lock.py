@@ -1,4 +1,4 @@
-"""The event loop never waits on SQLite's lock (issue 10), with real processes.
+"""The event loop never waits on SQLite's lock, with real processes.
 
 A second process takes the journal's write lock (`BEGIN IMMEDIATE`, as `smgrl journal compact` or
 any SQLite tool may) and holds it until the test says so. Meanwhile a journal append

@@ -1,4 +1,4 @@
-"""Issue 2's promise: SIGKILL the gateway, restart it on the same journal, get the same fleet back,
+"""The journal's promise: SIGKILL the gateway, restart it on the same journal, get the same fleet back,
 and the worker key still reaches its engine as a bearer."""
 
 import json

@@ -3,7 +3,7 @@ engines: every answer must match `GET /openapi.json` (status, content type, head
 and no answer may be a gateway 5xx.
 
 Engine-mirrored statuses are the one exception to "no 5xx", and only on the per-worker route: the
-gateway's status there IS the engine's (spec §1.3), so an engine's own 5xx comes back as a 5xx
+gateway's status there IS the engine's (docs/rl-control-plane.md, "Calling one engine"), so an engine's own 5xx comes back as a 5xx
 with an `RlCallOutcome` body naming the worker. Such an answer is recognised by its body (a dict
 with `worker_id` and `status` equal to the HTTP status) and counted, never excused otherwise. A
 502/503/504 the gateway makes itself (unreachable, journal, timeout) fails the run: the engines

@@ -142,7 +142,7 @@ def session(tmp_path_factory):
             admin, user = anon.as_(ADMIN), anon.as_(USER)
             st, _, reg = admin.request("POST", "/workers", {"url": keyed_by_api, "api_key": WORKER})
             assert st == 202
-            # A password in the URL: refused with a pointer to api_key (issue 10), echoed nowhere.
+            # A password in the URL: refused with a pointer to api_key, echoed nowhere.
             with_password = keyed_by_api.replace("://", f"://trainer:{PASSWORD}@")
             st, _, refused = admin.request("POST", "/workers", {"url": with_password})
             assert st == 400 and "api_key" in refused["error"], refused

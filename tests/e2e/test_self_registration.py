@@ -1,4 +1,4 @@
-"""Issue 10: a gateway asked to register its own URL as a worker refuses it, so /generate can never
+"""A gateway asked to register its own URL as a worker refuses it, so /generate can never
 loop through itself. Real processes: the gateway, a TCP forwarder standing for another name of the
 same listener (a second address, a port-forward, a load balancer), and `smgrl journal`."""
 
@@ -138,7 +138,7 @@ def test_launch_refuses_its_own_address(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         (
-            f"Configuration error: Invalid value for field 'worker_url': http://127.0.0.1:{port} - this URL reaches "
+            f"error: Invalid value for field 'worker_url': http://127.0.0.1:{port} - this URL reaches "
             "this gateway itself; register the engines' own URLs (a gateway routing to itself loops until the "
             "request times out)"
         )

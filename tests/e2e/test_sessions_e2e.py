@@ -52,6 +52,20 @@ def test_agent_session_example_across_a_refit(engines, gateway, tmp_path):
     assert sum("tool call" in line for line in turns) == 5
     assert "versions ['1', '2']" in run.stdout
     assert "check: token-exact capture" in run.stdout
+    # A second run on the same fleet, with the example's own default version: it refits again.
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "agent_session.py"), "--gateway", http.base]
+        + ["--turns", "4", "--refit-at", "2", "--scripted", "--check", "--tokenizer-path", str(tok)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    turns = [line for line in again.stdout.splitlines() if line.startswith("turn ")]
+    assert all("version 2" in line for line in turns[:2]) and all(
+        "version session-" in line for line in turns[2:]
+    )
     # The journal tells the story: smgrl journal sessions lists it, deleted, with both versions.
     listing = subprocess.run(
         [
@@ -69,7 +83,7 @@ def test_agent_session_example_across_a_refit(engines, gateway, tmp_path):
         text=True,
         timeout=60,
     )
-    (session,) = json.loads(listing.stdout)["sessions"]
+    session, _second = sorted(json.loads(listing.stdout)["sessions"], key=lambda s: s["turns"], reverse=True)
     assert session["state"] == "deleted" and session["turns"] == 10 and session["versions"] == ["1", "2"]
     detail = subprocess.run(
         [
@@ -108,7 +122,7 @@ def test_a_turn_survives_a_fleet_sync_that_aborts_it(fakes, gateway, tmp_path):
     args = ["--turns", "8", "--refit-at", "5", "--abort-sync", "--scripted", "--check"]
     run = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "agent_session.py"), "--gateway", http.base, *args]
-        + ["--tokenizer-path", str(tok)],
+        + ["--tokenizer-path", str(tok), "--refit-version", "2"],
         check=False,
         capture_output=True,
         text=True,
@@ -117,10 +131,24 @@ def test_a_turn_survives_a_fleet_sync_that_aborts_it(fakes, gateway, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     turns = [line for line in lines if line.startswith("turn ") and "version " in line]
-    assert all("version 1" in line for line in turns[:5]) and all("version 2" in line for line in turns[5:])
+    assert all("version 1" in line for line in turns[:5]) and all(
+        "version 2" in line for line in turns[5:]
+    ), run.stdout
     (looped,) = [line for line in lines if "looped back" in line]
     assert looped.startswith("turn 6: looped back 1x") and "('1', " in looped and "('2', " in looped
     assert "check: token-exact capture" in run.stdout
+    # Again on the same fleet (engines at 2 now, the default version of its own for the sync).
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "agent_session.py"), "--gateway", http.base, *args]
+        + ["--tokenizer-path", str(tok)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    (looped,) = [line for line in again.stdout.splitlines() if "looped back" in line]
+    assert looped.startswith("turn 6: looped back 1x") and "('2', " in looped and "('session-" in looped
     events = subprocess.run(
         [sys.executable, "-m", "smgrl", "journal", "--journal", str(tmp_path / "journal.db"), "--json"]
         + ["loopbacks"],
@@ -129,8 +157,8 @@ def test_a_turn_survives_a_fleet_sync_that_aborts_it(fakes, gateway, tmp_path):
         text=True,
         timeout=60,
     )
-    (rec,) = json.loads(events.stdout)["loopbacks"]
-    assert rec["outcome"] == "completed" and rec["tokens_kept"] >= 4
+    recs = json.loads(events.stdout)["loopbacks"]
+    assert len(recs) == 2 and all(r["outcome"] == "completed" and r["tokens_kept"] >= 4 for r in recs)
 
 
 def test_a_restart_ends_open_sessions_explicitly(fakes, gateway, tmp_path):
@@ -156,5 +184,5 @@ def test_a_restart_ends_open_sessions_explicitly(fakes, gateway, tmp_path):
         text=True,
         timeout=60,
     )
-    (session,) = json.loads(listing.stdout)["sessions"]
+    session, _second = sorted(json.loads(listing.stdout)["sessions"], key=lambda s: s["turns"], reverse=True)
     assert session["session_id"] == sid and session["state"] == "ended (restart)"

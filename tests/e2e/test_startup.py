@@ -1,7 +1,7 @@
 """`smgrl launch` as a real process: every startup failure is ONE line on stderr naming the port
 or the path, exit 1, and the journal file unchanged; one owner per journal (a crashed owner does
 not block a restart, readers work beside the owner); `--prometheus-port 0`; the second Ctrl-C
-while an engine call hangs (issues 10 and 12)."""
+while an engine call hangs."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ import urllib.request
 
 import pytest
 
+import smgrl.events  # noqa: F401 - registers the event catalogue: the journal is read below
 from journal import SqliteStore
 from smgrl.demo.procs import free_port, start_gateway, wait_listening
 
@@ -89,7 +90,7 @@ def start_supervisor(children, tmp_path, journal: str, *args, env=None):
     line = wait_until(
         "the supervisor's listening line",
         lambda: next(
-            (ln for ln in log_path.read_text().splitlines() if "smgrl.cluster.supervisor: listening" in ln),
+            (ln for ln in log_path.read_text().splitlines() if "smgrl.supervisor: listening" in ln),
             None,
         ),
     )

@@ -70,7 +70,9 @@ def where_groups_went(urls: list[str], total: int) -> dict[str, set[str]]:
 def test_a_prompt_group_over_several_connections_lands_on_one_instance(fakes, children, tmp_path):
     urls = fakes("sglang", 4)
     journal = str(tmp_path / "j.db")
-    _, base, murl, _, _ = start_supervisor(children, tmp_path, journal, "--enable-rl", "--policy", "random")
+    _, base, murl, _, _ = start_supervisor(
+        children, tmp_path, journal, "--enable-rl", "--policy", "random", "--psrl-group-sticky"
+    )
     for url in urls:
         st, _, body = request(base, "POST", "/workers", {"url": url})
         assert st == 202, body

@@ -6,6 +6,7 @@ to say what to do and to carry any payload):
 - ``Echo`` (unary): answers the request; ``sha256 = "code:CODE:message"`` fails with that status
   (trailing metadata ``x-why: <message>``); ``sha256 = "sleep:S"`` sleeps S seconds first;
   ``sha256 = "big:N"`` answers N bytes.
+  ``sha256 = "meta"`` answers the request's ``x-*`` metadata and sends initial metadata.
 - ``Count`` (server stream): ``len(data)`` messages, then the status ``sha256`` names (as Echo);
   ``sha256 = "slow"``: one message, then one every 20 ms until the client cancels (recorded).
 """
@@ -36,6 +37,11 @@ class Reference:
             time.sleep(float(spec[6:]))
 
     def echo(self, req: Msg, context) -> Msg:
+        if req.sha256 == "meta":
+            # The request's metadata back, and initial metadata of our own.
+            context.send_initial_metadata((("x-initial", "yes"),))
+            seen = sorted(f"{k}={v}" for k, v in context.invocation_metadata() if k.startswith("x-"))
+            return Msg(data=";".join(seen).encode())
         self._status(req.sha256, context)
         if req.sha256.startswith("big:"):
             return Msg(data=b"x" * int(req.sha256[4:]))

@@ -296,3 +296,38 @@ async def test_keepalive_pings_are_answered_and_a_silent_peer_fails_the_connecti
 
 async def _silent(stream):
     await trio.sleep_forever()
+
+
+async def test_metadata_both_ways_like_grpcio(server):
+    import grpc
+
+    port, _ = server
+    metadata = (("x-trace", "abc"), ("x-worker", "w1"))
+    ch = Channel("127.0.0.1", port)
+    async with ch.server_stream(f"/{SERVICE}/Echo", Msg(sha256="meta"), Msg, metadata=metadata) as s:
+        ours = [m.data async for m in s]
+        initial = s.initial_metadata
+    await ch.aclose()
+
+    def theirs():
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(f"/{SERVICE}/Echo", Msg.SerializeToString, Msg.FromString)
+            answer, info = call.with_call(Msg(sha256="meta"), metadata=metadata)
+            return [answer.data], tuple(info.initial_metadata())
+
+    their_messages, their_initial = await trio.to_thread.run_sync(theirs)
+    assert ours == their_messages == [b"x-trace=abc;x-worker=w1"]
+    assert ("x-initial", "yes") in initial and ("x-initial", "yes") in their_initial
+
+
+async def test_channel_set_shares_one_channel_per_address(server):
+    from smgrl.upstream.grpc import ChannelSet
+
+    port, _ = server
+    channels = ChannelSet()
+    a = channels.get(f"grpc://127.0.0.1:{port}")
+    assert channels.get(f"grpc://127.0.0.1:{port}@1") is a  # a DP rank is the same engine
+    assert (await a.unary(f"/{SERVICE}/Echo", Msg(data=b"z"), Msg)).data == b"z"
+    await channels.aclose()
+    with pytest.raises(Unavailable):
+        await a.unary(f"/{SERVICE}/Echo", Msg(data=b"z"), Msg)

@@ -185,3 +185,14 @@ async def test_fake_engine_cli_serves_grpc_with_http_control():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize(("kind", "wire"), WIRE_KINDS)
+async def test_generate_request_builds_each_wires_request(kind, wire):
+    from smgrl.upstream.grpc.engines import generate_request
+
+    async with engine_client(kind, wire, dp_size=2) as (_, front, client):
+        req = generate_request(WIRES[wire], "b", PROMPT, max_new_tokens=3, dp_rank=1, seed=7)
+        chunks, complete = await run(client, req)
+        assert len(chunks) == 3 and complete.finish_reason == "length"
+        assert front.ranks["b"] == 1

@@ -111,3 +111,26 @@ def test_refused_stream_is_retryable_only_before_an_answer():
     call.on_headers(OK_HEADERS)
     call.on_reset(7)
     assert not call.refused
+
+
+@pytest.mark.parametrize(
+    ("url", "address"),
+    [
+        ("grpc://127.0.0.1:30001", ("127.0.0.1", 30001)),
+        ("grpc://h:5@2", ("h", 5)),
+        ("grpc://[::1]:7/x", ("::1", 7)),
+        ("grpcs://engine.local:443", ("engine.local", 443)),
+    ],
+)
+def test_address_of_grpc_urls(url, address):
+    from smgrl.upstream.grpc import address_of
+
+    assert address_of(url) == address
+
+
+@pytest.mark.parametrize("url", ["grpc://h", "grpc://h:x", "grpc://:5", "grpc://h:70000", "grpc://[::1]"])
+def test_address_of_refuses_urls_without_host_port(url):
+    from smgrl.upstream.grpc import address_of
+
+    with pytest.raises(ValueError):
+        address_of(url)

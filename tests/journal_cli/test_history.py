@@ -1,4 +1,4 @@
-"""History at scale (issue 19): ``workers --at`` from a historical snapshot equals a full replay,
+"""History at scale: ``workers --at`` from a historical snapshot equals a full replay,
 and the ``versions`` timeline read through SQLite equals the full ``FleetState`` fold; explicit
 version writes (``engine.version_set``) are in it; the registration label's source is named.
 
@@ -284,7 +284,7 @@ def test_change_rows_group_one_operations_engines():
 
 
 def test_cli_versions_lists_api_writes_and_workers_name_the_registration_source(tmp_path):
-    """Issue 12: `versions` omitted versions set through POST /v1/rl/version, and
+    """`versions` once omitted versions set through POST /v1/rl/version, and
     `version_source` printed `-` where the registration label was shown."""
     from click.testing import CliRunner
 

@@ -1,4 +1,4 @@
-"""`smgrl journal` readers import only what reading needs (issue 19): the gateway's server stack
+"""`smgrl journal` readers import only what reading needs: the gateway's server stack
 and the schema migrations' library are for the gateway and for writers, and their imports are
 a fixed cost of every command an operator runs after something went wrong."""
 

@@ -1,4 +1,4 @@
-"""``smgrl journal`` output in a terminal (issues 10 and 12): nothing a client or an engine wrote is
+"""``smgrl journal`` output in a terminal: nothing a client or an engine wrote is
 printed raw, tables fit 80 and 120 columns with short unique ids (full with --wide / --json), the
 `events` columns never change width partway, `engine.*` globs work, and the bare group shows help.
 """
@@ -242,3 +242,25 @@ def test_the_bare_group_shows_its_help(hostile):
     result = _run(hostile["path"])
     assert result.exit_code == 0
     assert "Commands:" in result.output and "events" in result.output and "error" not in result.output
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_workers_and_refits_keep_their_key_columns_whole(run, journal, width):
+    """At 80 and 120 columns: the workers table keeps id, url, engine and weight_version, drops
+    optional columns rather than cut, never cuts a URL or a header (no two headers alike); the
+    refits table names each failed engine and its reason in full, under the table."""
+    workers = run("workers", "--width", str(width)).output.splitlines()
+    header = workers[1].split()
+    assert header[:3] == ["id", "url", "engine"] and "weight_version" in header
+    assert len(set(header)) == len(header) and not any("…" in h for h in header)
+    urls = [line.split()[1] for line in workers[2:]]
+    assert urls and all(u.startswith("http://127.0.0.1:") and "…" not in u for u in urls)
+    assert all(len(line) <= width for line in workers)
+    refits = run("refits", "--width", str(width)).output
+    table = refits.splitlines()
+    assert not any("…" in h for h in table[0].split()) and len(set(table[0].split())) == len(table[0].split())
+    failures = [line for line in table if line.startswith("  cycle ")]
+    assert failures and any("http://127.0.0.1:31002 (update: HTTP 500)" in line for line in failures)
+    assert all(len(line) <= width for line in table if not line.startswith(" "))
+    wide = run("refits", "--wide").output
+    assert "http://127.0.0.1:31002 (update: HTTP 500)" in wide and "  cycle " not in wide

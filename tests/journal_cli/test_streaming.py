@@ -1,4 +1,4 @@
-"""Streamed history (issue 19): ``ops --all`` and ``refits --all`` read operations in start order
+"""Streamed history: ``ops --all`` and ``refits --all`` read operations in start order
 with bounded state (``opscan.stream_ops``, ``refits.iter_cycles``) and print per chunk
 (``render.ChunkedTable``). They must say exactly what the whole read says (``load_ops`` +
 ``group_cycles``) on hypothesis-generated journals (test_history's generator: fan-outs that pause,

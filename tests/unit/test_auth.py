@@ -1,4 +1,4 @@
-"""Control-plane auth decisions (§9, D3): every configuration x credential x action."""
+"""Control-plane auth decisions (docs/rl-control-plane.md, "Auth"; D3): every configuration x credential x action."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Static capability rows and `rl.*` label overrides (spec §6, Appendix C, crate capability.rs)."""
+"""Static capability rows and `rl.*` label overrides (docs/rl-control-plane.md, "Capabilities"; SMG's capability.rs)."""
 
 import pytest
 

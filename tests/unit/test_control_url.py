@@ -1,4 +1,4 @@
-"""Control URL resolution (spec §10, crate control.rs, gateway rl_adapter.rs)."""
+"""Control URL resolution (docs/tokenspeed.md; SMG's control.rs, gateway rl_adapter.rs)."""
 
 import pytest
 

@@ -101,8 +101,8 @@ def _normalised(result, fold_whitespace: bool = False):
 
     h11 lower-cases a transfer-encoding value (smgrl keeps it as sent; both compare it
     case-insensitively); reuse (None when the body ended at EOF) is compared only for HTTP/1.1:
-    h11 never reuses an HTTP/1.0 connection, smgrl does with ``connection: keep-alive`` (RFC
-    9112 §9.3). ``fold_whitespace``: runs of SP/HTAB inside a value count as one, for folds
+    h11 never reuses an HTTP/1.0 connection, smgrl does with ``connection: keep-alive``
+    (RFC 9112 §9.3). ``fold_whitespace``: runs of SP/HTAB inside a value count as one, for folds
     after trailing whitespace (h11 keeps it, smgrl drops it; RFC 9112 §5.2 allows both).
     """
     if result[0] != "ok":
@@ -253,7 +253,9 @@ def lenient(raw: bytes, h11_error: str) -> str | None:
     if h11_error.startswith("illegal chunk header"):
         line = _quoted(h11_error)
         if b"\n" in line[:-2] or re.match(rb"[0-9A-Fa-f]+[ \t]+;", line):
-            return "a chunk line may end in a bare LF (RFC 9112 §2.2) and have BWS before ';' (§7.1.1)"
+            return (
+                "a chunk line may end in a bare LF (RFC 9112 §2.2) and have BWS before ';' (RFC 9112 §7.1.1)"
+            )
     if h11_error.startswith("malformed chunk footer") and _quoted(h11_error).startswith(b"\n"):
         return "chunk data may end in a bare LF (RFC 9112 §2.2)"
     if h11_error == "Only Transfer-Encoding: chunked is supported":

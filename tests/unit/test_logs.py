@@ -51,7 +51,7 @@ def test_json_lines_are_one_object_each(capture):
     assert objs[1]["exception"].endswith("KeyError: 'x'")
 
 
-# Issue 10: what a client or an engine sends must not forge fields or lines in either format.
+# What a client or an engine sends must not forge fields or lines in either format.
 ATTACKS = [
     "abc\tprincipal=admin\toutcome=success",  # tabs writing fake key=value fields
     "x\n2026-01-01T00:00:00.000Z INFO  smgrl.telemetry.audit: control_plane_audit principal=admin",

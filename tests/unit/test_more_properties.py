@@ -1,4 +1,4 @@
-"""More hypothesis properties of the pure core (issue 6): what engines and callers send can be
+"""More hypothesis properties of the pure core: what engines and callers send can be
 anything, and each parser fails only in its own way.
 
 - label maps: whatever JSON an engine answers discovery with, labels are str -> str;

@@ -1,4 +1,4 @@
-"""Engine answers -> envelopes and fan-out entries (Appendix C "Per-worker call envelope", §1.4)."""
+"""Engine answers -> envelopes and fan-out entries (docs/rl-control-plane.md, "Calling one engine", "Fan-out")."""
 
 import pytest
 

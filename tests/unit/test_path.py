@@ -1,10 +1,11 @@
-"""Engine path validation, query passthrough and the metric `op` label (spec §4, §8, Appendix C)."""
+"""Engine path validation, query passthrough and the metric `op` label (docs/rl-control-plane.md,
+"Calling one engine", "Metrics")."""
 
 import pytest
 
 from smgrl.core.path import EnginePathError, metric_op, passthrough_query, validate_engine_path
 
-# -- crate: accepts_engine_route_shapes (+ spec §4.1 and Appendix C extras) ----------------------
+# -- crate: accepts_engine_route_shapes (+ SMG 1.13.0's observed shapes) ---------------------------
 
 
 @pytest.mark.parametrize(
@@ -32,7 +33,7 @@ def test_accepts_engine_route_shapes(raw, want):
     assert validate_engine_path(raw) == want
 
 
-# -- crate: rejects_bad_paths (the 11 of §4.1) with their exact reasons --------------------------
+# -- crate: rejects_bad_paths (all 11) with their exact reasons ------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -90,7 +91,7 @@ def test_only_one_leading_slash_is_stripped():
         validate_engine_path("//x")
 
 
-# -- crate: query_passthrough_drops_only_selector (+ spec §4.2, Appendix C) ----------------------
+# -- crate: query_passthrough_drops_only_selector (+ SMG 1.13.0's observed queries) ----------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Load-balancing policies and the approximate prefix tree (pure; issue 7 step 2)."""
+"""Load-balancing policies and the approximate prefix tree (pure)."""
 
 from __future__ import annotations
 

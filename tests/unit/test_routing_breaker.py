@@ -1,4 +1,4 @@
-"""Circuit breakers (pure, time injected) and the admission queue (issue 7 step 7)."""
+"""Circuit breakers (pure, time injected) and the admission queue."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_breakers_per_engine_and_disabled():
 
 
 def test_only_the_engines_a_request_could_use_set_the_wake_up_time_and_removed_ones_are_pruned():
-    # Issue 10: an open breaker of an engine the table holds out (or removed) is never consulted,
+    # An open breaker of an engine the table holds out (or removed) is never consulted,
     # so its reopen time stays in the past: waiting on it returned at once and selection spun.
     bs = Breakers(CFG)
     for url in ("held", "live"):

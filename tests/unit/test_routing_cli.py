@@ -1,4 +1,4 @@
-"""The data-plane flags of `smgrl launch` reach the configuration (issue 7)."""
+"""The data-plane flags of `smgrl launch` reach the configuration."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PSRL routing metadata (spec psrl-sessions-tito.md 6.1): headers, the body fields they
+"""PSRL routing metadata (docs/data-plane.md, "PSRL routing"): headers, the body fields they
 override, and the stable 400 for bad values."""
 
 from __future__ import annotations

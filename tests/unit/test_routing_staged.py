@@ -1,4 +1,4 @@
-"""Staged selection (spec psrl-sessions-tito.md 6.2): table cases per stage and hypothesis
+"""Staged selection (docs/data-plane.md, "PSRL routing"): table cases per stage and hypothesis
 properties (never below the floor, a pin is honoured while eligible, sort order)."""
 
 from __future__ import annotations

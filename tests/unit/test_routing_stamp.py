@@ -1,4 +1,4 @@
-"""Response stamping (pure; issue 7 step 4): which version an answer names, the mixed flag,
+"""Response stamping (pure): which version an answer names, the mixed flag,
 system_fingerprint on OpenAI answers, and the single-prompt rule."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_first_event_version():
 
 @pytest.mark.parametrize("newline", [b"\r\n", b"\r", b"\n"])
 def test_fingerprint_events_with_any_legal_line_end_are_relayed_as_each_event_completes(newline):
-    # Issue 10: an engine framing its SSE with CRLF (legal) was held until a `\n\n` that never
+    # An engine framing its SSE with CRLF (legal) was held until a `\n\n` that never
     # came: the whole stream reached the client at its end.
     blank = newline + newline
     first = b'data: {"id":"a","choices":[]}' + blank

@@ -1,4 +1,4 @@
-"""Version policies and PSRL's version floor (pure; issue 7 step 6, spec Appendix A.2)."""
+"""Version policies and PSRL's version floor (pure; docs/data-plane.md, "Version policies")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Selector grammar, errors and matching (spec §3, Appendix C "Selectors", crate selector.rs)."""
+"""Selector grammar, errors and matching (docs/rl-control-plane.md, "Selectors"; SMG's selector.rs)."""
 
 import pytest
 
@@ -72,7 +72,7 @@ def test_parsed_terms():
     )
 
 
-# -- errors: every row of the spec §3 table plus the crate's offsets ----------------------------
+# -- errors: every row of SMG's error table plus the crate's offsets ----------------------------
 
 ERROR_CASES = [
     ("", 0, "expected key"),
@@ -136,7 +136,7 @@ def test_reports_parse_errors_with_offsets(expr, offset, reason):
         ("k=é x", 5, "expected `,` or end of selector"),  # é is two bytes
         ("k=\u3000x y", 7, "expected `,` or end of selector"),  # U+3000 is whitespace, 3 bytes
         ("k=v,\u00e9=x", 4, "expected key"),
-        ("%ZZ", 0, "expected key"),  # Appendix C: `%ZZ` stays literal and fails at 0
+        ("%ZZ", 0, "expected key"),  # as SMG 1.13.0: `%ZZ` stays literal and fails at 0
     ],
 )
 def test_more_error_offsets(expr, offset, reason):

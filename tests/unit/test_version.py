@@ -1,4 +1,4 @@
-"""Weight-version validation, ordering and observation (spec Appendix A.1/A.2, crate version.rs)."""
+"""Weight-version validation, ordering and observation (docs/data-plane.md, "Version policies"; SMG's version.rs)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Discovery rows, DP collapsing and the selector view (spec §5, crate discovery.rs tests)."""
+"""Discovery rows, DP collapsing and the selector view (docs/rl-control-plane.md, "Discovery"; SMG's discovery.rs tests)."""
 
 import pytest
 

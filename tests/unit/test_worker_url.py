@@ -19,7 +19,7 @@ CREDS = "must not carry credentials"
         ("grpc://10.0.0.5:50051", None),
         ("http://h/path@x", None),  # an @ in the path is not userinfo
         ("http://h/?q=a@b", None),
-        ("127.0.0.1:31002", SCHEME),  # issue 12: SMG refuses it too, at launch and POST
+        ("127.0.0.1:31002", SCHEME),  # SMG refuses it too, at launch and POST
         ("localhost:31002", SCHEME),
         ("HTTP://h:1", SCHEME),
         ("http://u:PASS@127.0.0.1:31002", CREDS),

@@ -75,7 +75,9 @@ def workers(ctx: Ctx, at: str | None) -> None:
             "control",
             "version_status",
         )
-        click.echo(table(rows, cols))
+        # Narrow terminals drop the journal's extra columns first; id, url, engine and the
+        # version are always shown whole.
+        click.echo(table(rows, cols, optional=WORKER_OPTIONAL))
 
 
 def _engine_cell(row: dict[str, Any]) -> str:
@@ -113,6 +115,7 @@ def versions(ctx: Ctx, engine: str | None) -> None:
         click.echo("no weight-version changes recorded" + (f" for {engine}" if engine else ""))
 
 
+WORKER_OPTIONAL = ("version_source", "version_status", "control", "status")
 VERSION_COLUMNS = ("seq", "time", "engine", "weight_version", "version_source", "version_status", "via")
 CHUNK = 500  # rows per printed chunk: the output is streamed, never held whole
 

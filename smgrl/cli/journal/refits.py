@@ -12,7 +12,7 @@ import click
 
 from smgrl.cli.journal.group import Ctx, command, last_or_all, refuse_last_with_all
 from smgrl.cli.journal.loopbacks import per_cycle, read_loopbacks
-from smgrl.cli.journal.render import ChunkedTable, chunks, json_text, table
+from smgrl.cli.journal.render import ChunkedTable, chunks, current, json_text, notes, table
 from smgrl.cli.journal.timeline import OVERVIEW_MAX, html_parts, render_html, render_svg
 from smgrl.history import sagas as sv
 from smgrl.history.reading import add_outcomes, recent, seq_at, stream_ops
@@ -93,13 +93,15 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
         first: list[int] = []  # the first cycle's seq: quarantines outside sagas are read from there
         ids: list[str] = []  # the sagas behind the cycles shown (few: one per saga refit)
 
+        told: dict[str, dict[str, Any] | None] = {}
+
         def noted(cycles: Iterable[Cycle]) -> Iterator[Cycle]:
             for c in cycles:
                 if not first:
                     first.append(c.index)
                 for op in c.ops:  # few cycles belong to a saga: saga_ids only for those
                     if op.selector and op.selector.startswith(sv.PREFIX):
-                        ids.extend(sv.saga_ids([c]))
+                        ids.extend(_settle(store, [c], told))
                         break
                 yield c
 
@@ -116,23 +118,46 @@ def refits(ctx: Ctx, since, until, last, everything, html_path, svg_path) -> Non
                 click.echo(head + ",".join(texts), nl=False)
                 shown += len(chunk)
             click.echo('{"cycles": [' if shown == 0 else "", nl=False)
-            sagas = _sagas(store, ids, first, since_ts is not None)
+            sagas = _sagas(store, ids, first, since_ts is not None, told)
             click.echo("]," + json_text(sagas, lines=True)[1:])
         else:
-            shown, layout, seen = 0, ChunkedTable(limits=LIMITS), set()
+            # A narrow terminal drops phase columns (the total stays) and then the engine count;
+            # a failure's engine and reason are never cut (the terminal wraps the line).
+            optional = [*reversed(PHASE_ORDER), "engines"]
+            shown, layout, seen = 0, ChunkedTable(limits=LIMITS, optional=optional), set()
             for chunk in chunks(stream, CHUNK):
                 for c in chunk:
                     seen.update(c.phases())
                 phases = [p for p in PHASE_ORDER if p in seen]
-                click.echo(layout.render([cycle_row(c, phases) for c in chunk], _columns(phases)))
+                rows, failures = terminal_rows([cycle_row(c, phases) for c in chunk])
+                click.echo(layout.render(rows, _columns(phases)))
+                if failures:
+                    click.echo(notes(failures))
                 shown += len(chunk)
             if shown == 0:
                 click.echo("no refit cycles")
-            _print_sagas(_sagas(store, ids, first, since_ts is not None))
+            _print_sagas(_sagas(store, ids, first, since_ts is not None, told))
 
 
 CHUNK = 500  # cycles per printed chunk: the output is streamed, never held whole
 LIMITS = {"failed": 120, "version": 24}
+
+
+def terminal_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows for a terminal table, and the lines printed under it: a failed cycle's ``failed`` cell
+    holds how many engines failed, and a line under the table names each one with its reason in
+    full (wrapped, never cut: a cut URL or id would name another engine). ``--wide`` keeps the
+    full text in the cell."""
+    if current().wide:
+        return rows, []
+    shown, lines = [], []
+    for row in rows:
+        failed = row.get("failed", "-")
+        if failed and failed != "-":
+            lines.append(f"cycle {row['cycle']} failed: {failed}")
+            row = {**row, "failed": f"{len(failed.split('), '))} below"}
+        shown.append(row)
+    return shown, lines
 
 
 def _columns(phases: list[str]) -> list[str]:
@@ -183,10 +208,30 @@ def _picture(ctx: Ctx, store, stream: Iterable[Cycle], last, html_path, svg_path
             click.echo(f"wrote {path} ({total} cycles, {len(detail)} in detail)")
 
 
-def _sagas(store, ids: Iterable[str], first: list[int], ranged: bool) -> dict[str, Any]:
+def _settle(store, cycles: Iterable[Cycle], told: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Tell each saga's cycle in its saga's words (``Cycle.settle``: the saga's result and
+    reasons, the same vocabulary as ``GET /v1/rl/refits/{id}``); the saga ids, in order. Each
+    saga is read once (``told``)."""
+    ids = list(sv.saga_ids(cycles))
+    for c in cycles:
+        for rid in sv.saga_ids([c]):
+            if rid not in told:
+                told[rid] = sv.read_saga(store, rid)
+            if told[rid] is not None:
+                c.settle(told[rid])
+    return ids
+
+
+def _sagas(
+    store, ids: Iterable[str], first: list[int], ranged: bool, told: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The sagas behind the cycles shown, and the quarantines set outside them since the first
     cycle shown (the whole journal when nothing narrowed it)."""
-    sagas = [s for s in (sv.read_saga(store, rid) for rid in dict.fromkeys(ids)) if s is not None]
+    told = {} if told is None else told
+    for rid in dict.fromkeys(ids):
+        if rid not in told:
+            told[rid] = sv.read_saga(store, rid)
+    sagas = [told[rid] for rid in dict.fromkeys(ids) if told[rid] is not None]
     after = first[0] - 1 if first else (store.last_seq() if ranged else 0)
     return {"sagas": sagas, "quarantines": sv.other_quarantines(store, max(0, after))}
 
@@ -214,6 +259,8 @@ def _output(
     # the first cycle shown on (the (type, seq) index; nothing else is parsed).
     looped = per_cycle(cycles, read_loopbacks(ctx.path, cycles[0].index - 1)) if cycles else {}
     any_looped = any(n for n, _ in looped.values())
+    told: dict[str, dict[str, Any] | None] = {}
+    ids = _settle(store, cycles, told)  # before the rows: a saga's cycle says what the saga says
     if rows is None:
         seen = {p for c in cycles for p in c.phases()}
         phases = [p for p in PHASE_ORDER if p in seen]
@@ -223,7 +270,7 @@ def _output(
         _write(html_path, render_html(cycles, rows, title=title, detail=len(detail), total=total))
     if svg_path:
         _write(svg_path, render_svg(cycles, title=title, detail=len(detail)))
-    found = _sagas(store, sv.saga_ids(cycles), [cycles[0].index] if cycles else [], False)
+    found = _sagas(store, ids, [cycles[0].index] if cycles else [], False, told)
     if ctx.json:
         ctx.emit({"cycles": [_with_loopbacks(c.to_json(), looped[c.index]) for c in cycles], **found})
         return
@@ -235,7 +282,10 @@ def _output(
     if not rows:
         click.echo("no refit cycles")
     else:
-        click.echo(table(rows, list(rows[0]), limits=LIMITS))
+        shown, failures = terminal_rows(rows)
+        click.echo(table(shown, list(shown[0]), limits=LIMITS, optional=[*reversed(PHASE_ORDER), "engines"]))
+        if failures:
+            click.echo(notes(failures))
     _print_sagas(found)
 
 

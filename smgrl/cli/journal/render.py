@@ -1,14 +1,14 @@
 """Human tables and one-line event summaries (strings in, strings out, under the table settings
 of the running command), and the terminal guard every ``smgrl journal`` command writes through.
 
-Tables read well in a terminal (issue 12): every UUID in a cell is shortened to the shortest
+Tables read well in a terminal: every UUID in a cell is shortened to the shortest
 prefix, at least 8 characters, that tells apart every id shown so far (as git abbreviates
 hashes; every command that takes an id accepts such a prefix), times lose their year, seconds
 fraction and ``Z`` when the full form does not fit, and the widest columns are cut with an
 ellipsis until a line fits the terminal (``COLUMNS`` / ``--width``; 120 when there is no
 terminal). ``--wide`` (and ``--json``) show everything in full.
 
-Nothing a client or an engine wrote reaches the terminal raw (issue 10): cells escape control
+Nothing a client or an engine wrote reaches the terminal raw: cells escape control
 characters (``\\n``, ``\\x1b``, ``\\x85``, ...) and ``SafeOutput`` escapes whatever else a
 command prints, so an OSC, BEL or CR sequence in a selector, request id or engine answer is
 shown, never executed.
@@ -24,6 +24,7 @@ import json
 import operator
 import re
 import shutil
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -75,6 +76,11 @@ class Settings:
 
 
 _settings = Settings()
+
+
+def current() -> Settings:
+    """The table settings of the running command."""
+    return _settings
 
 
 def terminal_width(option: int | None) -> int:
@@ -205,10 +211,15 @@ def table(
     columns: Sequence[str],
     *,
     limits: Mapping[str, int] | None = None,
+    optional: Sequence[str] = (),
+    whole: Sequence[str] = (),
 ) -> str:
     """A plain-text table with a header, fitted to the invocation's settings (module docstring);
-    ``limits`` caps a column's width even when there is room."""
-    layout, cells = fit(rows, columns, limits=limits)
+    ``limits`` caps a column's width even when there is room. On a narrow terminal the
+    ``optional`` columns are dropped, first listed first, before anything is cut; ``whole``
+    columns (and ids, URLs, times, headers) are never cut: a line that still does not fit is
+    left for the terminal to wrap."""
+    layout, cells = fit(rows, columns, limits=limits, optional=optional, whole=whole)
     return layout.render(cells, header=True)
 
 
@@ -218,10 +229,15 @@ def fit(
     *,
     limits: Mapping[str, int] | None = None,
     abbrev: Abbrev | None = None,
+    optional: Sequence[str] = (),
+    whole: Sequence[str] = (),
 ) -> tuple[FixedTable, list[list[str]]]:
-    """The layout ``table()`` prints ``rows`` with, and their cells. ``abbrev`` (else one of these
-    rows' ids) shortens the ids."""
+    """The layout ``table()`` prints ``rows`` with, and their cells (of the columns it keeps:
+    ``layout.columns``). ``abbrev`` (else one of these rows' ids) shortens the ids."""
     wide = _settings.wide
+    width = _settings.width
+    if not wide and width is not None and optional:
+        columns = _keep(rows, columns, limits or {}, abbrev, optional, whole, width)
     limits = {} if wide else (limits or {})
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     if not wide:
@@ -232,7 +248,6 @@ def fit(
         [_cut(v, limits.get(c, _MAX_CELL) if not wide else None) for c, v in zip(columns, row)]
         for row in cells
     ]
-    width = _settings.width
 
     def natural(cells_: list[list[str]]) -> list[int]:
         return [max([len(c), *(len(row[i]) for row in cells_)]) for i, c in enumerate(columns)]
@@ -242,7 +257,12 @@ def fit(
         cells = [[_compact_time(v) for v in row] for row in cells]
         widths = natural(cells)
         values = [max([0, *(len(row[i]) for row in cells)]) for i in range(len(columns))]
-        floors = [min(w, _floor(cells, i)) for i, w in enumerate(widths)]
+        # Tables that name their optional or whole columns keep their headers and URLs whole too.
+        strict = bool(optional or whole)
+        floors = [
+            w if c in whole else min(w, _floor(cells, i, c if strict else "", urls=strict))
+            for i, (c, w) in enumerate(zip(columns, widths, strict=True))
+        ]
         # Many narrow columns (refits): one space between them rather than cut every one.
         gap = 2 if sum(floors) + 2 * (len(floors) - 1) <= width else 1
         widths = _fit(widths, values, floors, width, gap)
@@ -250,15 +270,51 @@ def fit(
     return FixedTable(columns, widths), cells
 
 
-# Cells never cut: (shortened) ids, which must stay typable, and times.
+# Cells never cut: (shortened) ids, which must stay typable, and times; in the tables that ask
+# for it (``optional``/``whole``), URLs too (a cut one names another host or port).
 _WHOLE = re.compile(
     r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{1,4}){0,3}(?:-[0-9a-fA-F]{1,12})?|"
     r"(?:\d{4}-)?\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{3}Z)?"
 )
+_URL = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
 
 
-def _floor(cells: list[list[str]], index: int) -> int:
-    return max([MIN_COLUMN, *(len(row[index]) for row in cells if _WHOLE.fullmatch(row[index]))])
+def _floor(cells: list[list[str]], index: int, header: str = "", *, urls: bool = False) -> int:
+    """The narrowest a column may get: its whole cells (ids, times; URLs with ``urls``) and
+    ``header`` (two cut headers could read the same)."""
+    whole = [
+        len(row[index])
+        for row in cells
+        if _WHOLE.fullmatch(row[index]) or (urls and _URL.fullmatch(row[index]))
+    ]
+    return max([MIN_COLUMN, len(header), *whole])
+
+
+def _keep(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    limits: Mapping[str, int],
+    abbrev: Abbrev | None,
+    optional: Sequence[str],
+    whole: Sequence[str],
+    width: int,
+) -> list[str]:
+    """``columns`` without the optional ones (first listed, first dropped) a terminal of
+    ``width`` has no room for: what is kept must fit without cutting below a column's floor."""
+    ab = abbrev if abbrev is not None else Abbrev(ids_in(rows, columns))
+    cells = [[_cut(ab.text(_cell(r.get(c))), limits.get(c, _MAX_CELL)) for c in columns] for r in rows]
+    cells = [[_compact_time(v) for v in row] for row in cells]
+    need = {}
+    for i, c in enumerate(columns):
+        natural = max([len(c), *(len(row[i]) for row in cells)])
+        need[c] = natural if c in whole else min(natural, _floor(cells, i, c, urls=True))
+    kept = list(columns)
+    for c in optional:
+        if sum(need[k] for k in kept) + 2 * (len(kept) - 1) <= width:
+            break
+        if c in kept:
+            kept.remove(c)
+    return kept
 
 
 @attrs.frozen
@@ -324,8 +380,12 @@ class ChunkedTable:
     value is cut that the whole table would show. ``columns`` may change between chunks too (a
     refit phase seen for the first time): fitted again, with a header."""
 
-    def __init__(self, limits: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, limits: Mapping[str, int] | None = None, optional: Sequence[str] = (), whole: Sequence[str] = ()
+    ) -> None:
         self.limits = limits
+        self.optional, self.whole = tuple(optional), tuple(whole)
+        self.asked: tuple[str, ...] = ()  # the columns asked for; the layout keeps some of them
         self.layout: FixedTable | None = None
         self.capped: list[bool] = []  # per column: the fit narrowed it below its values
         self.widest: dict[str, Mapping[str, Any]] = {}  # column -> the row with its longest cell
@@ -334,12 +394,13 @@ class ChunkedTable:
     def render(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
         columns = tuple(columns)
         wide = _settings.wide
-        values = [_values(rows, c) for c in columns]
+        layout = self.layout
+        same = layout is not None and self.asked == columns
+        values = [_values(rows, c) for c in (layout.columns if same else columns)]
         if not wide:
             self.abbrev.add(_ids_in_columns(values))
-        layout = self.layout
-        if layout is not None and tuple(layout.columns) == columns:
-            cols = self._columns(values, columns, layout.compact)
+        if same:
+            cols = self._columns(values, tuple(layout.columns), layout.compact)
             widths, capped = layout.widths, self.capped
             # Column by column in C (map, max): a million cells at --all.
             longest = [max(map(len, column), default=0) for column in cols]
@@ -347,9 +408,18 @@ class ChunkedTable:
                 return layout.render_fitting(zip(*cols), header=False)
             if all(capped[i] or not widths[i] or most <= widths[i] for i, most in enumerate(longest)):
                 return layout.render([list(row) for row in zip(*cols)], header=False)
+        self.asked = columns
         sample = [self.widest[c] for c in columns if c in self.widest]
-        layout, cells = fit([*sample, *rows], columns, limits=self.limits, abbrev=self.abbrev)
+        layout, cells = fit(
+            [*sample, *rows],
+            columns,
+            limits=self.limits,
+            abbrev=self.abbrev,
+            optional=self.optional,
+            whole=self.whole,
+        )
         self.layout = layout
+        columns = tuple(layout.columns)
         natural = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
         self.capped = [w < n for w, n in zip(layout.widths, natural, strict=True)]
         for i, c in enumerate(columns):
@@ -430,6 +500,23 @@ class EventsLayout:
         if self.short_time:
             cells = [[_compact_time(v) for v in row] for row in cells]
         return self.table.render(cells, header=header)
+
+
+def notes(lines: Iterable[str]) -> str:
+    """Lines under a table, indented and wrapped at the width (never inside a word: a URL or an
+    id stays whole), for what a cell holds in full (a refit's failed engines)."""
+    width = _settings.width or DEFAULT_WIDTH
+    return "\n".join(
+        textwrap.fill(
+            escape(line),
+            width,
+            initial_indent="  ",
+            subsequent_indent="    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        for line in lines
+    )
 
 
 def short_id(value: str | None) -> str:

@@ -1,7 +1,7 @@
 """Partial-rollout loopback: a rollout aborted by a weight sync continues where it stopped.
 
 PSRL's gateway keeps every token an engine decoded before a sync aborted the request
-(spec psrl-sessions-tito.md section 7, with the defects of 7.3/7.5 fixed). Here:
+(docs/data-plane.md, "Partial-rollout loopback", without the two defects it names). Here:
 
 - **Which aborts**: an engine's ``finish_reason: abort`` is looped back only when a control call
   that aborts running requests (``smgrl.core.aborts``) went through this gateway to that engine
@@ -30,7 +30,7 @@ The modules: ``model`` (the values, pure), ``decide`` (which requests and answer
 """
 
 from smgrl.dataplane.loopback.buffered import run_buffered
-from smgrl.dataplane.loopback.decide import loopable, streamable, worth_a_look
+from smgrl.dataplane.loopback.decide import carries_metadata, loop_causes, loopable, streamable, worth_a_look
 from smgrl.dataplane.loopback.legs import current_version, prepare, record
 from smgrl.dataplane.loopback.model import Answer, Leg, Rollout, read_leg, start
 from smgrl.dataplane.loopback.openai_stream import run as run_openai_stream
@@ -40,7 +40,9 @@ __all__ = [
     "Answer",
     "Leg",
     "Rollout",
+    "carries_metadata",
     "current_version",
+    "loop_causes",
     "loopable",
     "prepare",
     "read_leg",

@@ -8,7 +8,7 @@ import logging
 
 from smgrl.core.errors import DataPlaneError
 from smgrl.core.wire import json_bytes
-from smgrl.dataplane.loopback.decide import begin, reader
+from smgrl.dataplane.loopback.decide import begin, loop_causes, reader
 from smgrl.dataplane.loopback.legs import current_version, prepare, record
 from smgrl.dataplane.loopback.model import Answer, Rollout, versioned
 
@@ -46,20 +46,19 @@ async def run_buffered(
             dispatched = answer.dispatched
             instance = dispatched.instance
             leg = versioned(leg, current_version(dataplane, dispatched))
-            ops = (
-                dataplane.fleet.aborts.since(instance.base_url, dispatched.seq)
-                if leg.finish == "abort"
-                else []
+            causes = (
+                loop_causes(dataplane, routed, instance, dispatched.seq) if leg.finish == "abort" else None
             )
             if rollout is None:
-                if not ops:
-                    return answer  # not a sync's abort: answered as the engine gave it
+                if causes is None:
+                    return answer  # not an abort to loop back: answered as the engine gave it
                 rollout = begin(req, body, dataplane.cfg.dataplane.max_loopbacks, tokenizer)
                 if rollout is None:
                     return answer
                 read = rollout.read  # a chat rollout's continuations answer as completions
+            ops = causes or []
             rollout.add(leg, instance, ops[0] if ops else None)
-            if not ops:
+            if causes is None:
                 outcome = "aborted" if leg.finish == "abort" else "completed"
                 answer.data = json_bytes(rollout.stitch(leg))
                 return answer

@@ -26,8 +26,8 @@ import attrs
 
 from smgrl.core.wire import json_bytes
 from smgrl.dataplane.loopback.model import Leg, Rollout
+from smgrl.dataplane.request import COMPLETIONS
 
-COMPLETIONS = "/v1/completions"
 # Sampling fields a continuation keeps (both routes name them alike).
 SAMPLING = (
     "temperature",

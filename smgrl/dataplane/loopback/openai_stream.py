@@ -19,6 +19,7 @@ from typing import Any
 
 from smgrl.core.errors import DataPlaneError
 from smgrl.core.wire import json_bytes
+from smgrl.dataplane.loopback.decide import loop_causes
 from smgrl.dataplane.loopback.legs import current_version, prepare, record
 from smgrl.dataplane.loopback.model import Leg, preview
 from smgrl.dataplane.loopback.openai import start as start_openai
@@ -95,10 +96,10 @@ class _ChunkSeam:
             self.state["first"] = obj  # the shape every later event takes
         if finish == "abort" and not leg.held:
             instance = self.dispatched.instance
-            ops = self.dataplane.fleet.aborts.since(instance.base_url, self.dispatched.seq)
-            if ops and self.state["rollout"] is None:
+            ops = loop_causes(self.dataplane, self.state.get("routed"), instance, self.dispatched.seq)
+            if ops is not None and self.state["rollout"] is None:
                 self.state["rollout"] = self.state["start"]()
-            if ops and self.state["rollout"] is not None:
+            if ops is not None and self.state["rollout"] is not None:
                 leg.held, leg.ops = True, ops
                 return self._out(text, None) if text else b""
         if leg.held:
@@ -185,6 +186,7 @@ async def run(
         "first": None,
         "tokenizer": tokenizer,
         "usage": isinstance(options, dict) and options.get("include_usage") is True,
+        "routed": routed,
         "start": lambda: start_openai(req.route, obj, dataplane.cfg.dataplane.max_loopbacks, tokenizer),
     }
     leg_body, adapt = body, None
@@ -225,7 +227,7 @@ async def run(
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
                 outcome = "completed"
                 return
-            rollout.add(leg, dispatched.instance, seam.leg.ops[0])
+            rollout.add(leg, dispatched.instance, seam.leg.ops[0] if seam.leg.ops else None)
             if rollout.remaining() == 0:
                 dataplane.count_tokens(dispatched.instance.worker_id, leg.tokens)
                 final = seam._out("", "length", done=rollout)

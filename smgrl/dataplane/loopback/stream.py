@@ -8,6 +8,7 @@ import logging
 
 from smgrl.core.errors import DataPlaneError, UpstreamUnreachable
 from smgrl.core.wire import json_bytes
+from smgrl.dataplane.loopback.decide import loop_causes
 from smgrl.dataplane.loopback.legs import prepare, record
 from smgrl.dataplane.loopback.model import (
     CUMULATIVE,
@@ -34,8 +35,11 @@ class _Seam:
     shared across legs; an incremental leg is parsed event by event (its ids are needed to
     continue it)."""
 
-    def __init__(self, dataplane, rollout_ref: list, dispatched, body: bytes, tokenizer=None) -> None:
+    def __init__(
+        self, dataplane, rollout_ref: list, dispatched, body: bytes, tokenizer=None, routed=None
+    ) -> None:
         self.dataplane = dataplane
+        self.routed = routed
         self.tokenizer = tokenizer
         self.ref = rollout_ref  # [Rollout | None, mode | None]: shared across legs
         self.dispatched = dispatched
@@ -96,8 +100,8 @@ class _Seam:
         whole = self.acc if incremental else leg  # this leg so far
         if leg.finish == "abort":
             instance = self.dispatched.instance
-            ops = self.dataplane.fleet.aborts.since(instance.base_url, self.dispatched.seq)
-            if ops:
+            ops = loop_causes(self.dataplane, self.routed, instance, self.dispatched.seq)
+            if ops is not None:
                 if rollout is None:
                     rollout = self.ref[0] = start(
                         json.loads(self.body),
@@ -192,7 +196,7 @@ async def run_stream(
                     outcome = "failed"
                     await relay_failed_leg(send, started, response.status, chunks)
                     return
-                seam = _Seam(dataplane, ref, dispatched, body, tokenizer)
+                seam = _Seam(dataplane, ref, dispatched, body, tokenizer, routed)
                 tail = TokenTail()  # what the relayed events say was generated (stitched: in all)
                 for chunk in (first,) if first else ():
                     out = seam.feed(chunk)
@@ -218,7 +222,7 @@ async def run_stream(
                     rollout.add(seam.last, dispatched.instance, None)  # the final segment
                 return
             leg, ops = seam.held
-            rollout.add(leg, dispatched.instance, ops[0])
+            rollout.add(leg, dispatched.instance, ops[0] if ops else None)
             if rollout.remaining() == 0:
                 final = rollout.stitch(leg, length_reached=True)
                 if ref[1] == INCREMENTAL:  # its tokens went out already, event by event

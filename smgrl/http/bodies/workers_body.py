@@ -9,9 +9,10 @@ Worker ids are checked with the uuid crate's rules and texts (observed black-box
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from smgrl.core import WORKER_TYPES, worker_url_problem
+from smgrl.core import WORKER_TYPES, worker_id_problem, worker_url_problem
 from smgrl.core.errors import WorkerApiError, bad_request
 from smgrl.http.bodies.serde_body import SerdeError, parse_struct
 
@@ -84,6 +85,7 @@ def parse_worker_spec(data: bytes) -> dict[str, Any]:
     if problem is not None:
         raise bad_request(problem)
     runtime = body.get("runtime_type")
+    models = body.get("models") or []
     return {
         "url": url,
         "api_key": body.get("api_key"),
@@ -91,7 +93,27 @@ def parse_worker_spec(data: bytes) -> dict[str, Any]:
         "worker_type": body.get("worker_type", "regular"),
         "bootstrap_port": body.get("bootstrap_port"),
         "labels": dict(body.get("labels") or {}),
+        # PSRL's registration (docs/psrl.md): the first model card names the worker's model.
+        "model_id": models[0]["id"] if models and models[0].get("id") else None,
+        "worker_id": chosen_worker_id(data),
     }
+
+
+def chosen_worker_id(data: bytes) -> str | None:
+    """The ``id`` a registration chose (PSRL: the replica index), or None. SMG 1.13.0 ignores
+    the field; smgrl makes it the worker id (a string, or an integer taken as its digits)."""
+    try:
+        value = json.loads(data).get("id")
+    except (ValueError, AttributeError):
+        return None
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    problem = worker_id_problem(value)
+    if problem is not None:
+        raise bad_request(f"Invalid worker id: `id` {problem}")
+    return value
 
 
 def parse_worker_update(data: bytes) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from smgrl.core.errors import (
     RequestBodyStalled,
     RequestTimeout,
     UpstreamUnreachable,
+    VersionFloorUnmet,
 )
 from smgrl.dataplane import CHAT, COMPLETIONS, GENERATE
 from smgrl.http.openapi.apidoc import (
@@ -220,12 +221,15 @@ ROLLOUT_RESPONSES = {
     ),
     "503": dp_error(
         "no_available_workers (no routable worker serves the model) or no_eligible_workers (every worker held "
-        "out by state, version policy, floor or circuit breaker, after waiting; `reasons` counts them) or "
+        "out by state, version policy, floor or circuit breaker, after waiting; `reasons` counts them, `engines` "
+        "names each with its reason) or version_floor_unmet (an x-version-tag floor above every engine's version "
+        "with no refit or weight sync in progress: at once) or "
         "memory_budget_exceeded (--dataplane-memory-budget is held by other requests' bodies and buffered "
         "answers) or loopback_limit_exceeded (a rollout aborted by weight syncs more than --max-loopbacks "
         "times); retryable.",
         NoAvailableWorkers,
         NoEligibleWorkers,
+        VersionFloorUnmet,
         MemoryBudgetExceeded,
         LoopbackLimitExceeded,
     ),

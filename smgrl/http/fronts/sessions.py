@@ -30,10 +30,13 @@ from smgrl.core.errors import (
     RequestBodyStalled,
     RequestTimeout,
     UpstreamUnreachable,
+    VersionFloorUnmet,
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.core.wire import json_bytes
+from smgrl.http.bodies import dataplane_body
 from smgrl.http.bodies import envelopes as env
+from smgrl.http.fronts import session_passthrough as passthrough
 from smgrl.http.fronts.asgi import until_disconnect
 from smgrl.http.openapi.apidoc import ANY, STRING, Body, Resp, Route, allow_table, as_json, model, path_param
 from smgrl.http.openapi.schemas import (
@@ -47,8 +50,10 @@ from smgrl.http.openapi.schemas import (
 from smgrl.sessions import (
     EngineAnswerInvalid,
     InvalidTurn,
+    SessionBudgetExceeded,
     SessionClosing,
     SessionGone,
+    SessionJournalUnavailable,
     SessionNotFound,
     SessionsDisabled,
     TemplateRefused,
@@ -88,6 +93,8 @@ def match(path: str) -> tuple[str, str | None] | None:
                 return prefix + "{sid}", sid
             if prefix == "/sessions/" and tail == "v1/chat/completions":
                 return "/sessions/{sid}/v1/chat/completions", sid
+            if prefix == "/sessions/" and tail in passthrough.TAILS:
+                return f"/sessions/{{sid}}/{tail}", sid
             return None
     return None
 
@@ -338,7 +345,7 @@ class SessionsASGI:
             return None
         try:
             return json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # 100,000-deep: not a body either
             raise InvalidTurn("the request body is not valid JSON") from None
 
     async def _route(self, route, sid, scope, receive, send, rid, body) -> None:
@@ -380,13 +387,15 @@ class SessionsASGI:
             for key, values in (await remote()).items():
                 out.setdefault(key, []).extend(values)
             await api._respond(send, 200, json_bytes(out), ok)
+        elif route in passthrough.TEMPLATES:  # the session's other OpenAI routes
+            defaults = svc.default_headers(sid)
+            inner = passthrough.scope_for(scope, passthrough.TEMPLATES[route], defaults, body)
+            await api(inner, passthrough.replay(body), send)
         else:  # a chat turn: /sessions/{sid}/v1/chat/completions or the TITO header
             await self._turn(route, sid, scope, receive, send, rid, body)
 
     async def _turn(self, route, sid, scope, receive, send, rid, body) -> None:
-        obj = self._obj(body)
-        if not isinstance(obj, dict):
-            raise InvalidTurn("the request body must be a JSON object")
+        obj = _turn_body(body)
         if route == "tito-chat":
             if not _valid_sid(sid):
                 raise InvalidTurn("x-smg-tito-session-id must be 1-128 printable ASCII characters")
@@ -394,6 +403,7 @@ class SessionsASGI:
                 if hops(scope["headers"]):
                     # Forwarded here as the owner's, but not held here: never a new session.
                     raise SessionGone(f"session {sid} is not held by this gateway process any more")
+                _not_created_lazily(sid)
                 try:
                     self.svc._lookup(sid)
                 except SessionNotFound:
@@ -420,8 +430,8 @@ class SessionsASGI:
             (b"x-base-worker-id", result.worker.identity[0].encode()),
             (b"x-target-dp-rank", str(result.worker.identity[1]).encode()),
         ]
-        if result.version is not None:
-            head.append((b"x-version-tag", str(result.version).encode()))
+        if result.version_tag is not None:  # the pinned version, as rollouts echo it
+            head.append((b"x-version-tag", str(result.version_tag).encode()))
         rid_text = rid.decode("latin-1")
         fields = {
             # A generated id already carries SMG's "chatcmpl-" prefix; a caller's own gets it once.
@@ -432,6 +442,7 @@ class SessionsASGI:
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,
             "version": result.version,
+            "logprobs": result.logprobs,
         }
         if obj.get("stream") is True:
             opts = obj.get("stream_options") if isinstance(obj.get("stream_options"), dict) else {}
@@ -441,6 +452,31 @@ class SessionsASGI:
             )
             return
         await self.api._respond(send, 200, json_bytes(answer.completion(**fields)), head)
+
+
+def _not_created_lazily(sid: str) -> None:
+    """A TITO id shaped like the ids gateway processes issue (``<owner>-<32 hex>``) names the
+    process that issued it: held nowhere, it is a session that ended (a restart, a delete), and
+    every process answers the same 410, never creating it (the one whose owner part it carries
+    would otherwise create it while the others answer 410). Other client-chosen ids are created
+    lazily, as SMG does."""
+    if owner_of(sid) is not None:
+        raise SessionGone(
+            f"session {sid} is not held by any gateway process (an id shaped like the ones gateways issue is"
+            " never created by its first turn; choose another id, or POST /tito/sessions)"
+        )
+
+
+def _turn_body(body: bytes) -> dict:
+    """A turn's body, checked as the OpenAI chat route checks its own (``max_tokens: -5``,
+    nesting deeper than serde's limit, a lone surrogate escape...): 400 ``invalid_turn`` with
+    the same words."""
+    if not body.strip():
+        raise InvalidTurn("the request body must be a JSON object")
+    try:
+        return dataplane_body.parse_turn(body)
+    except DataPlaneError as exc:  # the OpenAI route's refusal (InvalidRequest), in this route's code
+        raise InvalidTurn(exc.message) from None
 
 
 def _valid_sid(sid: str) -> bool:
@@ -517,8 +553,17 @@ _SNAPSHOT = Resp(
 )
 _CREATED = {
     "201": Resp("Created.", as_json(_SessionId)),
-    "400": _error("invalid_turn: an invalid x-version-tag.", InvalidTurn),
+    "400": _error(
+        "invalid_turn: an invalid x-version-tag, or a default header longer than a session stores.",
+        InvalidTurn,
+    ),
     "429": _error("too_many_sessions: --max-sessions are open; retry-after.", TooManySessions),
+    "503": _error(
+        "sessions_disabled, or journal_unavailable (the journal cannot record the session: nothing was "
+        "created; retryable).",
+        SessionsDisabled,
+        SessionJournalUnavailable,
+    ),
 }
 _TURN = {
     "200": Resp(
@@ -527,20 +572,23 @@ _TURN = {
         {"application/json": ANY, "text/event-stream": STRING},
     ),
     "400": _error(
-        "invalid_turn (messages missing or not a list, bad x-smg-tito-trajectory-id) or chat_template_error "
-        "(the template refused the conversation).",
+        "invalid_turn (the body refused as the OpenAI chat route refuses it, a message field of the wrong "
+        "type, bad x-smg-tito-trajectory-id), chat_template_error (the template refused the conversation) or "
+        "session_budget_exceeded (the session's captured trajectories reached --session-max-stored-tokens).",
         InvalidTurn,
         TemplateRefused,
+        SessionBudgetExceeded,
     ),
     **_GONE,
     "409": _error("session_closing: DELETE is draining the session.", SessionClosing),
     "502": _error("engine_answer_invalid or upstream_unreachable.", EngineAnswerInvalid, UpstreamUnreachable),
     "503": _error(
-        "sessions_disabled, no_eligible_workers, no_available_workers, turn_aborted (a deliberate abort: the "
+        "sessions_disabled, no_eligible_workers, version_floor_unmet, no_available_workers, turn_aborted (a deliberate abort: the "
         "trainer's abort_request or one sent straight to the engine; send it again; a weight sync's abort is "
         "looped back) or loopback_limit_exceeded (aborted by syncs more than --max-loopbacks times); retryable.",
         SessionsDisabled,
         NoEligibleWorkers,
+        VersionFloorUnmet,
         NoAvailableWorkers,
         TurnAborted,
         LoopbackLimitExceeded,
@@ -553,6 +601,7 @@ _TURN = {
     "504": _error("request_timeout.", RequestTimeout),
 }
 _DELETED = {"204": Resp("Deleted (after in-flight turns drained).")}
+_CONTROL_BAD = {"400": _error("invalid_turn: the body is not JSON.", InvalidTurn)}
 
 
 def _route(method: str, path: str, op_id: str, summary: str, responses: dict, **kw: Any) -> Route:
@@ -587,6 +636,21 @@ OPENAPI_ROUTES = (
         _TURN,
         body=Body(ChatCompletionRequest),
     ),
+    _route(
+        "GET",
+        "/sessions/{sid}/v1/models",
+        "getSessionModels",
+        "The models, for an agent pointed at the session (as GET /v1/models)",
+        {"200": Resp("`{object: list, data: [...]}`.", as_json(ANY)), **_GONE},
+    ),
+    _route(
+        "POST",
+        "/sessions/{sid}/v1/completions",
+        "postSessionCompletion",
+        "A completion with the session's routing headers (as POST /v1/completions; not captured)",
+        {"200": Resp("An OpenAI completion.", as_json(ANY)), **_GONE},
+        body=Body(ANY),
+    ),
     _route("POST", "/tito/sessions", "postTitoSession", "SMG TITO: open a session", _CREATED),
     _route(
         "GET", "/tito/sessions/{sid}", "getTitoSession", "SMG TITO: the snapshot", {"200": _SNAPSHOT, **_GONE}
@@ -610,7 +674,7 @@ OPENAPI_ROUTES = (
         "/control/hang",
         "postControlHang",
         "Hang sessions at their next turn boundary (never aborts work in flight)",
-        {"200": Resp("`{hung, deferred, missing}`.", as_json(ANY))},
+        {"200": Resp("`{hung, deferred, missing}`.", as_json(ANY)), **_CONTROL_BAD},
         body=_CONTROL_ITEMS,
     ),
     _route(
@@ -618,7 +682,7 @@ OPENAPI_ROUTES = (
         "/control/continue",
         "postControlContinue",
         "Continue sessions, optionally pinning the next turn to an instance",
-        {"200": Resp("`{continued, missing}`.", as_json(ANY))},
+        {"200": Resp("`{continued, missing}`.", as_json(ANY)), **_CONTROL_BAD},
         body=_CONTROL_ITEMS,
     ),
 )

@@ -23,7 +23,11 @@ PAGE = r"""<!doctype html>
   .pill { display: inline-block; padding: 0 .5em; border-radius: 1em; font-size: .85em; background: #e3e6ea; }
   .pill.active { background: #d9f2e3; } .pill.paused { background: #ffe8a8; } .pill.q { background: #f7c3bd; }
   #status { color: #667; font-size: .9em; } #keyform { display: none; margin: 1em 0; padding: 1em; background: #fff; border: 1px solid #e3e6ea; }
-  #ops li { margin: .15em 0; } svg text { font: 11px system-ui, sans-serif; fill: #334; }
+  svg text { font: 11px system-ui, sans-serif; fill: #334; } svg .axis line { stroke: #99a; }
+  td.quarantine .reason { white-space: normal; overflow-wrap: anywhere; color: #8a1f11; }
+  #legend { font-size: .85em; margin: .2em 0 .4em; } #legend .item { margin-right: 1em; white-space: nowrap; }
+  #legend .swatch { display: inline-block; width: .9em; height: .9em; margin-right: .3em; vertical-align: -.1em; }
+  #ops td.time { white-space: nowrap; } #ops tr.failed td.result, #ops tr.partial td.result { color: #b3261e; }
   .mono { font-family: ui-monospace, monospace; font-size: .9em; }
 </style>
 </head>
@@ -35,9 +39,11 @@ PAGE = r"""<!doctype html>
 <table id="fleet"><thead><tr><th>engine</th><th>kind</th><th>url</th><th>version</th><th>state</th>
   <th>quarantine</th><th>health</th><th>in flight</th></tr></thead><tbody></tbody></table>
 <h2>Refit timeline</h2>
+<div id="legend"></div>
 <svg id="timeline" width="100%" height="40" role="img" aria-label="refit timeline"></svg>
 <h2>Last operations</h2>
-<ul id="ops"></ul>
+<table id="ops"><thead><tr><th>time</th><th>operation</th><th>selector</th><th>result</th></tr></thead>
+  <tbody></tbody></table>
 <script>
 "use strict";
 const KEY = "smgrl-key";
@@ -45,7 +51,9 @@ const PHASE_COLORS = {pause: "#f2b134", load: "#4f81bd", init: "#8064a2", begin:
   end: "#4f81bd", version: "#4bacc6", flush: "#c0504d", verify: "#2c7f5f", checksum: "#1f6f5f", destroy: "#8064a2", resume: "#3a9d5d",
   recheck: "#888", quarantine: "#d9534f"};
 const cycles = new Map();   // refit id -> {id, version, result, steps: [{phase, start, end}], started}
-const ops = [];
+const ops = new Map();      // op or refit id -> {id, ts, what, selector, result, cls}: one entry per id
+const started = new Map();  // op id -> its control.started (method, path, selector), for its entry
+const MAX_OPS = 20, MAX_STARTED = 2000;
 let lastSeq = null, refreshTimer = null, inflight = new Map(), polling = false;
 
 function headers() {
@@ -85,7 +93,7 @@ async function loadWorkers() {
     tr.append(el("td", {"class": "mono", title: w.id}, w.id.slice(0, 13)), el("td", {}, w.engine),
       el("td", {"class": "mono"}, w.url), el("td", {"class": "version"}, w.weight_version || "-"),
       el("td", {"class": "state"}, el("span", {"class": "pill " + state}, state)),
-      el("td", {"class": "quarantine"}, q ? el("span", {"class": "pill q", title: q}, q.slice(0, 80)) : ""),
+      el("td", {"class": "quarantine"}, q ? el("span", {"class": "reason"}, q) : ""),
       el("td", {}, w.health), el("td", {"class": "inflight"}, inflight.has(w.id) ? String(inflight.get(w.id)) : "-"));
     tbody.append(tr);
   }
@@ -125,6 +133,7 @@ function onRecord(rec) {
   if (t.startsWith("refit.")) {
     let c = cycles.get(p.refit_id);
     if (!c) { c = {id: p.refit_id, version: p.weight_version, result: null, steps: [], started: rec.ts}; cycles.set(p.refit_id, c); }
+    if (t === "refit.started") c.selector = p.selector;
     if (t === "refit.step") c.steps.push({phase: p.phase, start: rec.ts, end: null});
     if (t === "refit.step_done") {
       const s = [...c.steps].reverse().find((x) => x.phase === p.phase && x.end === null);
@@ -132,48 +141,98 @@ function onRecord(rec) {
     }
     if (t === "refit.finished") {
       c.result = p.result; c.ended = rec.ts;
-      ops.unshift({what: "refit " + (c.version || "") + ": " + p.result, detail: p.quarantined.length ?
-        "quarantined: " + p.quarantined.join(", ") : "", id: p.refit_id});
+      const held = p.quarantined.length ? " (held out: " + p.quarantined.join(", ") + ")" : "";
+      addOp({id: p.refit_id, ts: c.started, what: "refit to " + (c.version || "?"), selector: c.selector,
+        result: p.result + held, cls: p.result === "succeeded" ? "ok" : "failed"});
     }
     drawTimeline();
+  } else if (t === "control.started") {
+    started.set(p.op_id, {method: p.method, path: p.path, selector: p.selector, ts: rec.ts});
+    if (started.size > MAX_STARTED) started.delete(started.keys().next().value);
   } else if (t === "control.finished") {
-    ops.unshift({what: "operation " + p.op_id.slice(0, 13) + ": " + p.result, detail: p.succeeded + "/" + p.total + " engines", id: p.op_id});
+    const s = started.get(p.op_id);
+    started.delete(p.op_id);
+    addOp({id: p.op_id, ts: s ? s.ts : rec.ts, what: s ? s.method + " " + s.path : "operation " + p.op_id.slice(0, 13),
+      selector: s && s.selector, cls: p.result,
+      result: p.result + " " + p.succeeded + "/" + p.total + " in " + p.latency_ms + " ms"});
   }
-  if (ops.length > 20) ops.length = 20;
-  drawOps();
   if (/^(worker|engine|control|refit)\./.test(t)) scheduleRefresh();
 }
-function drawOps() {
-  const ul = document.getElementById("ops");
-  ul.replaceChildren(...ops.map((o) => el("li", {"data-id": o.id}, o.what + (o.detail ? " (" + o.detail + ")" : ""))));
+function addOp(o) {
+  // Keyed by id: a record seen twice (a reconnect, a replay) updates its entry, never adds one.
+  ops.set(o.id, o);
+  if (ops.size > MAX_OPS) {
+    const oldest = [...ops.values()].sort((a, b) => a.ts - b.ts)[0];
+    ops.delete(oldest.id);
+  }
+  drawOps();
 }
+function clock(ts) {
+  const d = new Date(ts * 1000), two = (n) => String(n).padStart(2, "0");
+  return two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds());
+}
+function drawOps() {
+  const rows = [...ops.values()].sort((a, b) => b.ts - a.ts).map((o) => el("tr", {"data-id": o.id, "class": o.cls || ""},
+    el("td", {"class": "time", title: new Date(o.ts * 1000).toISOString()}, clock(o.ts)),
+    el("td", {"class": "what mono"}, o.what), el("td", {"class": "selector mono"}, o.selector || "-"),
+    el("td", {"class": "result"}, o.result)));
+  document.querySelector("#ops tbody").replaceChildren(...rows);
+}
+function span(s) { return s < 1 ? Math.round(s * 1000) + " ms" : (s < 10 ? s.toFixed(1) : Math.round(s)) + " s"; }
 function drawTimeline() {
+  // Every cycle on one time scale (seconds since its start), an axis under them, a legend above.
   const svg = document.getElementById("timeline"), ns = "http://www.w3.org/2000/svg";
   const list = [...cycles.values()].slice(-8);
   svg.replaceChildren();
-  svg.setAttribute("height", String(Math.max(40, list.length * 26 + 10)));
-  const width = svg.clientWidth || 900, left = 190;
+  const rowsHeight = list.length * 26;
+  svg.setAttribute("height", String(Math.max(40, rowsHeight + 44)));
+  const width = svg.clientWidth || 900, left = 190, plot = width - left - 20;
+  const endOf = (c) => c.ended || Math.max(c.started, ...c.steps.map((s) => s.end || s.start)) + 0.001;
+  const longest = Math.max(0.001, ...list.map((c) => endOf(c) - c.started));
+  const x = (c, ts) => left + (ts - c.started) / longest * plot;
+  const seen = new Set();
+  const node = (tag, attrs) => {
+    const e = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+    return e;
+  };
   list.forEach((c, i) => {
-    const g = document.createElementNS(ns, "g");
-    g.setAttribute("class", "cycle"); g.setAttribute("data-refit-id", c.id);
-    const end = c.ended || Math.max(c.started, ...c.steps.map((s) => s.end || s.start)) + 0.001;
-    const span = Math.max(end - c.started, 0.001), y = 8 + i * 26;
-    const label = document.createElementNS(ns, "text");
-    label.setAttribute("x", "0"); label.setAttribute("y", String(y + 13));
-    label.textContent = "v" + (c.version || "?") + " " + (c.result || "running");
+    const g = node("g", {"class": "cycle", "data-refit-id": c.id});
+    const end = endOf(c), y = 8 + i * 26;
+    const label = node("text", {x: 0, y: y + 13});
+    label.textContent = "v" + (c.version || "?") + " " + (c.result || "running") + " (" + span(end - c.started) + ")";
     g.append(label);
     for (const s of c.steps) {
-      const r = document.createElementNS(ns, "rect");
-      const x0 = left + (s.start - c.started) / span * (width - left - 10);
-      const x1 = left + ((s.end || end) - c.started) / span * (width - left - 10);
-      r.setAttribute("x", String(x0)); r.setAttribute("y", String(y)); r.setAttribute("height", "18");
-      r.setAttribute("width", String(Math.max(2, x1 - x0))); r.setAttribute("fill", PHASE_COLORS[s.phase] || "#999");
-      r.setAttribute("data-phase", s.phase);
-      const tip = document.createElementNS(ns, "title"); tip.textContent = s.phase; r.append(tip);
+      seen.add(s.phase);
+      const x0 = x(c, s.start), x1 = x(c, s.end || end);
+      const r = node("rect", {x: x0, y: y, height: 18, width: Math.max(2, x1 - x0), fill: PHASE_COLORS[s.phase] || "#999",
+        "data-phase": s.phase});
+      const tip = document.createElementNS(ns, "title");
+      tip.textContent = s.phase + ": " + span((s.end || end) - s.start);
+      r.append(tip);
       g.append(r);
     }
     svg.append(g);
   });
+  if (list.length) {
+    const axis = node("g", {"class": "axis"}), y = 12 + rowsHeight;
+    axis.append(node("line", {x1: left, x2: left + plot, y1: y, y2: y}));
+    for (let k = 0; k <= 4; k++) {
+      const tx = left + plot * k / 4;
+      axis.append(node("line", {x1: tx, x2: tx, y1: y, y2: y + 4}));
+      const tick = node("text", {x: tx, y: y + 16, "text-anchor": k === 0 ? "start" : (k === 4 ? "end" : "middle"),
+        "class": "tick"});
+      tick.textContent = span(longest * k / 4);
+      axis.append(tick);
+    }
+    const name = node("text", {x: 0, y: y + 16, "class": "axis-label"});
+    name.textContent = "time since the refit began";
+    axis.append(name);
+    svg.append(axis);
+  }
+  const legend = document.getElementById("legend");
+  legend.replaceChildren(...Object.keys(PHASE_COLORS).filter((p) => seen.has(p)).map((p) =>
+    el("span", {"class": "item", "data-phase": p}, el("span", {"class": "swatch", style: "background:" + PHASE_COLORS[p]}), p)));
 }
 
 async function follow() {

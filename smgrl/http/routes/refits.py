@@ -1,6 +1,7 @@
 """Refit and quarantine routes (docs/refits.md): parse, authorize, call ``RefitService``, render.
 
 POST   /v1/rl/refits                      (admin) start a refit saga -> 202 {refit_id, ...}
+GET    /v1/rl/refits                      the sagas, newest first (?limit, ?state)
 GET    /v1/rl/refits/{id}                 the plan and each engine's phase
 GET    /v1/rl/refits/{id}/events          server-sent events: the same record on every change
 POST   /v1/rl/refits/{id}/commit          (admin) the trainer's transfer is done
@@ -23,6 +24,7 @@ from smgrl.cluster.forwarding import PeerGone, PeerUnreachable, hops
 from smgrl.core.auth import READ, WRITE
 from smgrl.core.errors import (
     InvalidBody,
+    InvalidQuery,
     InvalidSelector,
     InvalidVersion,
     JournalUnavailable,
@@ -36,6 +38,7 @@ from smgrl.http.openapi.apidoc import (
     OBJECT,
     STRING,
     Body,
+    Param,
     Resp,
     Route,
     allow_table,
@@ -48,6 +51,7 @@ from smgrl.http.openapi.schemas import rl_error_resp
 from smgrl.http.routes.event_streams import EventStreams
 from smgrl.http.routes.guard import Guard
 from smgrl.refit import (
+    CheckpointMissing,
     RefitDriverUnavailable,
     RefitInProgress,
     RefitNotFound,
@@ -81,6 +85,30 @@ def _small_json(data: bytes, fields: dict[str, type]) -> dict:
         if value is not None and not isinstance(value, fields[key]):
             raise InvalidBody(f"`{key}` has the wrong type")
     return body
+
+
+LIST_DEFAULT, LIST_MAX = 50, 256  # sagas listed by GET /v1/rl/refits (the projection keeps 256)
+STATES = frozenset(
+    {"running", "awaiting_transfer", "committing", "transfer_failed", "rolling_back", "recovering"}
+    | {"succeeded", "quarantined", "partial", "failed", "rolled_back", "aborted"}
+)
+
+
+def _listing_query(args) -> tuple[int, str | None]:
+    """``?limit=N`` (1..256, default 50) and ``?state=S`` (a state or a result)."""
+    unknown = sorted(set(args) - {"limit", "state"})
+    if unknown:
+        raise InvalidQuery(f"unknown query parameter `{unknown[0]}` (limit, state)")
+    raw = args.get("limit")
+    limit = LIST_DEFAULT
+    if raw is not None:
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 4 and 1 <= int(raw) <= LIST_MAX):
+            raise InvalidQuery(f"`limit` must be an integer in 1..{LIST_MAX}")
+        limit = int(raw)
+    state = args.get("state")
+    if state is not None and state not in STATES:
+        raise InvalidQuery(f"`state` must be one of {', '.join(sorted(STATES))}")
+    return limit, state
 
 
 class RefitsApi:
@@ -128,13 +156,22 @@ class RefitsApi:
         return await self.guard.answer(action, shown, call)
 
     async def refits(self) -> Response:
+        allow = ALLOW["refit_create"]
+        if request.method in ("GET", "HEAD"):
+
+            async def listing(_principal):
+                limit, state = _listing_query(request.args)
+                return env.json_response(200, {"refits": self.service.listing(limit, state)})
+
+            return await self._guarded(READ, allow, listing)
+
         async def start(principal):
             req = parse_refit(await request.get_data(cache=False))
             refit_id = await self.service.start(req, principal, getattr(g, "request_id", None))
             body = self.service.view(self.service.get(refit_id))
             return env.json_response(202, body, {"location": f"/v1/rl/refits/{refit_id}"})
 
-        return await self._guarded(WRITE, "POST", start)
+        return await self._guarded(WRITE, allow, start)
 
     def _render(self, saga) -> bytes:
         """The record (``RefitService.view``) as JSON, its plan serialized once per saga: the plan
@@ -467,15 +504,38 @@ OPENAPI_ROUTES = (
             ),
             "409": rl_error_resp(
                 "Engines that cannot take the source (refit_unsupported, with `engines`), a version the fleet "
-                "already left (version_left), or a refit already running (refit_in_progress).",
+                "already left (version_left), a refit already running (refit_in_progress), or a checkpoint "
+                "path missing on this host where every engine runs (checkpoint_not_found): nothing paused.",
                 RefitUnsupported,
                 VersionLeft,
                 RefitInProgress,
+                CheckpointMissing,
             ),
             "503": _JOURNAL_DOWN,
         },
         role="admin",
         body=Body(_RefitRequest, required=False),
+        rl_only=True,
+        name="refit_create",
+    ),
+    Route(
+        "GET",
+        "/v1/rl/refits",
+        "getRefits",
+        "rl",
+        "The refit sagas in memory (open ones and the last finished), newest first",
+        {
+            "200": Resp(
+                "`{refits: [...]}`: each saga's summary (no plan; engines counted by status).",
+                as_json(OBJECT),
+            ),
+            "400": rl_error_resp("A bad `limit` or `state` (invalid_query).", InvalidQuery),
+        },
+        role="read",
+        params=(
+            Param("limit", "query", f"at most this many, 1..{LIST_MAX} (default {LIST_DEFAULT})"),
+            Param("state", "query", "only sagas in this state or with this result"),
+        ),
         rl_only=True,
         name="refit_create",
     ),

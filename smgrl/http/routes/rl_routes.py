@@ -1,4 +1,4 @@
-"""``/v1/rl/*``: discovery, the per-worker proxy and the fan-out (spec §1), routed by hand.
+"""``/v1/rl/*``: discovery, the per-worker proxy and the fan-out (docs/rl-control-plane.md), routed by hand.
 
 The routes are matched on the RAW path so that the engine catch-all is percent-decoded exactly
 once, as SMG's framework does (``a%2Fb`` is two segments, ``%2e%2e`` is ``..``, ``%FF`` is a

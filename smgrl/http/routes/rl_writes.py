@@ -1,4 +1,5 @@
-"""Explicit version and state writes (spec Appendix A.1): SMG-local, journaled, no engine call.
+"""Explicit version and state writes (docs/data-plane.md, "The version table and explicit
+writes"): SMG-local, journaled, no engine call.
 
     POST /v1/rl/workers/{id}/version   {"weight_version": "<v>"}     -> 200 the worker's row
     POST /v1/rl/workers/{id}/state     {"control": "active|paused|asleep"} -> 200 the row

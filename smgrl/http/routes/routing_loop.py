@@ -1,4 +1,4 @@
-"""PSRL coordinator controls of the rollout routing loop (spec psrl-sessions-tito.md 6.4).
+"""PSRL coordinator controls of the rollout routing loop (docs/data-plane.md).
 
 The routes PSRL's coordinator calls, backed by the journal's projections (no second version
 table, no state outside the journal but run-time counters)::
@@ -27,18 +27,31 @@ from typing import Any, Literal
 import trio
 from quart import Response, request
 
+from smgrl.cluster.forwarding import PeerGone, hops
 from smgrl.core import MalformedVersion, validate_version
 from smgrl.core.auth import READ, WRITE
 from smgrl.core.errors import InvalidBody, InvalidQuery, JournalUnavailable, PauseWaitTimeout
+from smgrl.dataplane import StatsRejected, loopback, parse_snapshot
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.openapi.apidoc import Body, Param, Resp, Route, as_json, field, model
 from smgrl.http.openapi.schemas import PAYLOAD_TOO_LARGE, rl_error_resp
 from smgrl.http.routes.guard import Guard, who
-from smgrl.routing import FALSE, TRUE, InvalidVersionPolicy, identity, matches, parse_floor, parse_version
+from smgrl.routing import (
+    FALSE,
+    TRUE,
+    InstanceId,
+    InvalidVersionPolicy,
+    identity,
+    matches,
+    parse_floor,
+    parse_version,
+)
 
 MAX_ITEMS = 4096
 DEFAULT_WAIT_SECS = 30.0  # POST /routing_loop/pause?wait=true without ``timeout``
 MAX_WAIT_SECS = 3600.0
+SHARE_PUSH_SECS = 2.0  # how long a stats push waits for the other processes to take it
+DRAIN = "drain"  # POST /routing_loop/pause?wait=drain: until no request is at an engine
 
 
 class RoutingLoopRoutes:
@@ -53,6 +66,8 @@ class RoutingLoopRoutes:
             "/routing_loop/resume": ("POST", self._resume),
             "/routing_loop/status": ("GET", self._status),
             "/routing_loop/filter": ("GET", self._filter),
+            "/routing_loop/waiting": ("GET", self._waiting),
+            "/workers/update_stats": ("POST", self._push_stats),
             "/workers/pause": ("POST", self._pause_workers),
             "/workers/resume": ("POST", self._resume_workers),
             "/workers/stats": ("GET", self._stats),
@@ -82,11 +97,13 @@ class RoutingLoopRoutes:
 
     async def _pause(self, principal) -> Response:
         wait = request.args.get("wait", "false").strip().lower()
-        if wait not in TRUE | FALSE:
-            raise InvalidQuery("`wait` must be true or false")
+        if wait not in TRUE | FALSE | {DRAIN}:
+            raise InvalidQuery("`wait` must be true, false or drain")
         timeout = _seconds(request.args.get("timeout"))
         changed = await self._set(True, principal)
-        if wait in FALSE:
+        if wait != DRAIN:
+            # ``wait=true`` (PSRL's fork): answer once in-progress selection has drained. A
+            # selection here is one synchronous step, so none is ever half-done: at once.
             return self._switched(True, changed)
         # In-flight requests finish on their own (a pause never aborts anything); the answer
         # says they have, or, past ``timeout``, how many are still running (dispatch stays
@@ -109,10 +126,20 @@ class RoutingLoopRoutes:
         return {
             "enabled": True,
             "paused": loop.paused,
+            "routing": not loop.paused,
+            # PSRL's fork counts decisions in progress and hand-offs to dispatch; a selection
+            # here never spans an await, so neither is ever in progress when this is read.
+            "selecting": False,
+            "active_dispatch_handoffs": 0,
             "routing_epoch": loop.revision,
             "queue_len": dataplane.waiting,
             "pending_request_num": dataplane.waiting,
+            "running_tasks": running,
             "running_request_num": running,
+            "max_running_dispatch_tasks": None,
+            # One queue partition (key 0): smgrl has no per-version queues.
+            "queue_keys": [0] if dataplane.waiting else [],
+            "partition_queue_lens": {"0": dataplane.waiting} if dataplane.waiting else {},
             "prompt_groups": len(dataplane.groups),
         }
 
@@ -143,11 +170,44 @@ class RoutingLoopRoutes:
                         "queued": sum(n for hint, n in hints if matches(inst, hint)),
                         "dispatched": dataplane.dispatched.get(inst.worker_id, 0),
                         "tokens": dataplane.tokens.get(inst.worker_id, 0),
+                        # PSRL's fork's fields: the version as a number (-1: none) and the
+                        # requests running on the instance.
+                        "version_tag": _number(entry.version) if entry.version is not None else -1,
+                        "running_requests": dataplane.loads.get(inst.worker_id, 0),
+                        "engine_stats": _engine_stats(dataplane, base, rank),
                     }
                 )
         return env.json_response(200, {"workers": rows, "total": len(rows), "waiting": dataplane.waiting})
 
     async def _filter(self, principal) -> Response:
+        """PSRL's fork: a list of ``{request_id, prompt_id, version_tag, is_validate}``, the
+        waiting requests with routing metadata whose version tag is at most ``version_tag``."""
+        raw = request.args.get("version_tag")
+        if raw is None:
+            raise InvalidQuery("`version_tag` is required (a version, or -1)")
+        try:
+            bound = parse_floor(raw)
+        except InvalidVersionPolicy as exc:
+            raise InvalidQuery(str(exc)) from None
+        rows = []
+        for facts in list(self.dataplane.waiting_requests.values()):
+            routed = facts.get("routed")
+            if not loopback.carries_metadata(routed):
+                continue
+            tag = facts["version_tag"]
+            if tag is None or (bound is not None and parse_version(tag) <= bound):
+                meta = routed.meta
+                rows.append(
+                    {
+                        "request_id": _number(meta.request_id),
+                        "prompt_id": _number(meta.prompt_id),
+                        "version_tag": _number(tag) if tag is not None else -1,
+                        "is_validate": meta.is_validate,
+                    }
+                )
+        return env.json_response(200, rows)
+
+    async def _waiting(self, principal) -> Response:
         raw = request.args.get("version_tag")
         if raw is None:
             raise InvalidQuery("`version_tag` is required (a version, or -1)")
@@ -163,13 +223,79 @@ class RoutingLoopRoutes:
             if tag is None or (bound is not None and parse_version(tag) <= bound):
                 rows.append(
                     {
-                        **{k: v for k, v in facts.items() if k != "waiting_since"},
+                        **{k: v for k, v in facts.items() if k not in ("waiting_since", "routed")},
                         "version_tag": tag if tag is not None else "-1",
                         "waiting_secs": round(now - facts["waiting_since"], 3),
                     }
                 )
         body = {"version_tag": raw.strip(), "requests": rows, "total": len(rows)}
         return env.json_response(200, body)
+
+    async def _push_stats(self, principal) -> Response:
+        """PSRL's ``POST /workers/update_stats``: the newest engine snapshot per instance, kept
+        in this process's memory (``smgrl.dataplane.instance_stats``), never journaled."""
+        data = await request.get_data(cache=False)
+        items = _stats_items(data)
+        results = [self._push_one(item) for item in items]
+        await self._share_push(data)
+        counts = {k: sum(r["status"] == k for r in results) for k in ("updated", "stale_ignored", "rejected")}
+        return env.json_response(200, {"total": len(results), **counts, "results": results})
+
+    async def _share_push(self, data: bytes) -> None:
+        """Several processes (``--workers N``, shared journal): the push reached this one; the
+        others get it too (one hop, ``x-smgrl-forwarded``), so every process routes with the same
+        snapshots. Bounded (a peer that does not answer within the bound misses this push, and
+        gets the next), never an error for the caller."""
+        fwd = self.gateway.forwarder
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        if fwd is None or hops(headers):
+            return
+
+        async def one(peer) -> None:
+            try:
+                await fwd.request(peer, "POST", "/workers/update_stats", headers, data, 0)
+            except (PeerGone, OSError):
+                pass  # gone or unreachable: its next push comes at the next interval
+
+        # The peers are asked at once, each bounded: this nursery ends within SHARE_PUSH_SECS.
+        with trio.move_on_after(SHARE_PUSH_SECS):
+            peers = await fwd.live_peers()
+            async with trio.open_nursery() as nursery:
+                for peer in peers:
+                    nursery.start_soon(one, peer)
+
+    def _push_one(self, item: dict[str, Any]) -> dict[str, Any]:
+        worker_id, rank = item.get("worker_id"), item.get("dp_rank")
+        out: dict[str, Any] = {"status": "rejected", "worker_id": worker_id, "url": "", "applied": False}
+        if rank is not None:
+            out["dp_rank"] = rank
+        found = self._instance(worker_id, rank)
+        if found is None:
+            return {**out, "stale_reason": f"no instance ({worker_id}, {rank if rank is not None else 0})"}
+        (base, at), url = found
+        try:
+            stats = parse_snapshot(item)
+        except StatsRejected as exc:
+            return {**out, "worker_id": base, "url": url, "stale_reason": str(exc)}
+        kept = self.dataplane.instance_stats.put(base, at, stats)
+        status = "updated" if kept else "stale_ignored"
+        out.update(status=status, worker_id=base, url=url, applied=kept)
+        if not kept:
+            out["stale_reason"] = "older than the snapshot kept for this instance"
+        return out
+
+    def _instance(self, worker_id: Any, rank: Any) -> tuple[tuple[str, int], str] | None:
+        """The routable instance an item names: the registry id (or URL) of the engine's rank-0
+        record with ``dp_rank``, or a rank's own record without one."""
+        if not isinstance(worker_id, str) or (rank is not None and (type(rank) is not int or rank < 0)):
+            return None
+        hint = InstanceId(worker_id, rank if rank is not None else 0)
+        for slot in self.dataplane.table().models.values():
+            for entry in slot.entries:
+                inst = entry.instance
+                if matches(inst, hint) or (rank is None and worker_id in (inst.worker_id, inst.url)):
+                    return identity(inst), inst.url
+        return None
 
     async def _pause_workers(self, principal) -> Response:
         return await self._hold(True, principal)
@@ -203,6 +329,32 @@ class RoutingLoopRoutes:
             "results": results,
         }
         return env.json_response(200, body)
+
+
+def _number(value: str | None):
+    """An id or version as PSRL's fork answers it: a number when it is a decimal integer."""
+    if value is not None and value.lstrip("-").isdigit() and value.isascii():
+        return int(value)
+    return value
+
+
+def _engine_stats(dataplane, base: str, rank: int) -> dict[str, Any] | None:
+    stats = dataplane.instance_stats.get(base, rank)
+    return stats.to_json() if stats is not None else None
+
+
+def _stats_items(data: bytes) -> list[dict[str, Any]]:
+    """PSRL's ``[{worker_id, dp_rank?, timestamp?, scheduler_stats?}]`` (400 ``invalid_body``
+    for anything but a list of objects; each item's own problems reject that item only)."""
+    try:
+        items = json.loads(data) if data else None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidBody("the body is not valid JSON") from None
+    if not isinstance(items, list) or len(items) > MAX_ITEMS or not all(isinstance(i, dict) for i in items):
+        raise InvalidBody(
+            f"expected a list of at most {MAX_ITEMS} {{worker_id, dp_rank?, scheduler_stats}} objects"
+        )
+    return items
 
 
 def _items(data: bytes) -> list[dict[str, Any]]:
@@ -287,6 +439,23 @@ class _Status:
     pending_request_num: int = field(optional=True)
     running_request_num: int
     prompt_groups: int = field(optional=True)
+    routing: bool = field("dispatch is on (PSRL's fork)", optional=True)
+    selecting: bool = field("always false: a selection is one synchronous step", optional=True)
+    active_dispatch_handoffs: int = field("always 0, for the same reason", optional=True)
+    running_tasks: int = field("requests at an engine (= running_request_num)", optional=True)
+    queue_keys: list[int] = field("the queue partitions holding requests: [0] or []", optional=True)
+    partition_queue_lens: dict = field('requests waiting per partition: {"0": n} or {}', optional=True)
+
+
+@model(inline=True)
+class _EngineStats:
+    running: int
+    waiting: int
+    kv_usage: float | None
+    prompt_tokens: int
+    response_tokens: int
+    requests_tracked: int
+    timestamp: str | None
 
 
 @model(inline=True)
@@ -310,6 +479,11 @@ class _StatsRow:
     tokens: int = field(
         "generated tokens its answers reported since start (meta_info.completion_tokens, a stream's last "
         "count, OpenAI usage)"
+    )
+    version_tag: int | str = field("the version as PSRL's fork gives it (a number; -1: none)", optional=True)
+    running_requests: int = field("requests at the instance (PSRL's fork's name)", optional=True)
+    engine_stats: _EngineStats | None = field(
+        "the last snapshot POST /workers/update_stats pushed for the instance, or null", optional=True
     )
 
 
@@ -368,8 +542,9 @@ def _switch(path: str, op_id: str, summary: str, wait: bool = False) -> Route:
             Param(
                 "wait",
                 "query",
-                "answer once the requests in flight have finished (bounded by `timeout`)",
-                {"type": "string", "enum": sorted(TRUE | FALSE)},
+                "true (PSRL's fork): answer once in-progress selection drained (at once: selections are "
+                "atomic); drain: once no request is at an engine (bounded by `timeout`)",
+                {"type": "string", "enum": sorted(TRUE | FALSE | {DRAIN})},
             ),
             Param("timeout", "query", "seconds the wait may last, in (0, 3600]; default 30"),
         )
@@ -453,6 +628,45 @@ class _Filter:
     total: int
 
 
+@model(inline=True)
+class _FilterItem:
+    request_id: int | str
+    prompt_id: int | str
+    version_tag: int | str
+    is_validate: bool
+
+
+@model(inline=True)
+class _StatsPushItem:
+    worker_id: str = field("the engine's registry id (or URL); with dp_rank, of its rank-0 record")
+    dp_rank: int = field(optional=True, minimum=0)
+    timestamp: str = field("RFC 3339; an older snapshot than the one kept is ignored", optional=True)
+    scheduler_stats: dict = field(
+        "num_running_reqs, num_waiting_reqs, kv_cache_usage, req_id_to_prompt_token_num, "
+        "req_id_to_response_token_num",
+        optional=True,
+    )
+
+
+@model(inline=True)
+class _StatsPushResult:
+    status: Literal["updated", "stale_ignored", "rejected"]
+    worker_id: str | None
+    url: str
+    applied: bool
+    dp_rank: int = field(optional=True)
+    stale_reason: str = field(optional=True)
+
+
+@model(inline=True)
+class _StatsPushResults:
+    total: int
+    updated: int
+    stale_ignored: int
+    rejected: int
+    results: list[_StatsPushResult]
+
+
 # One Route per operation: entries alike in shape stay apart (each is its own route's contract).
 OPENAPI_ROUTES = (
     _switch(
@@ -476,13 +690,42 @@ OPENAPI_ROUTES = (
         "/routing_loop/filter",
         "getRoutingLoopFilter",
         "psrl",
-        "The requests waiting in the gateway whose version tag is at most `version_tag`",
+        "PSRL's fork: the waiting requests with routing metadata whose version tag is at most `version_tag`",
+        {
+            "200": Resp(
+                "A list; unversioned requests (-1) are below every bound.", as_json(list[_FilterItem])
+            ),
+            "400": rl_error_resp("A missing or bad `version_tag` (invalid_query).", InvalidQuery),
+        },
+        role="read",
+        params=(Param("version_tag", "query", "a version, or -1", required=True),),
+    ),
+    Route(
+        "GET",
+        "/routing_loop/waiting",
+        "getRoutingLoopWaiting",
+        "psrl",
+        "Every request waiting in the gateway whose version tag is at most `version_tag`, and why",
         {
             "200": Resp("Unversioned requests (-1) are below every bound.", as_json(_Filter)),
             "400": rl_error_resp("A missing or bad `version_tag` (invalid_query).", InvalidQuery),
         },
         role="read",
         params=(Param("version_tag", "query", "a version, or -1", required=True),),
+    ),
+    Route(
+        "POST",
+        "/workers/update_stats",
+        "postWorkersUpdateStats",
+        "psrl",
+        "PSRL's engine snapshots per instance (kept in memory, never journaled)",
+        {
+            "200": Resp("Per item: updated, stale_ignored or rejected.", as_json(_StatsPushResults)),
+            "400": rl_error_resp("Bad body (invalid_body).", InvalidBody),
+            "413": PAYLOAD_TOO_LARGE,
+        },
+        role="admin",
+        body=Body(list[_StatsPushItem]),
     ),
     _hold_route("/workers/pause", "postWorkersPause", "Hold instances out of routing (PSRL)"),
     _hold_route("/workers/resume", "postWorkersResume", "Put held instances back into routing (PSRL)"),

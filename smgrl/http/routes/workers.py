@@ -173,6 +173,11 @@ class WorkersApi:
         )
 
     def _lookup(self, worker_id: str):
+        # A registered id is served whatever its form (PSRL's replicas choose "0", "1"...);
+        # any other id gets SMG's answers (400 for a non-UUID, 404 for an unknown UUID).
+        known = self.gateway.fleet.registry.get(worker_id)
+        if known is not None:
+            return known
         problem = uuid_error(worker_id)
         if problem is not None:
             raise bad_request(f"Invalid worker_id '{worker_id}' (expected UUID). Error: {problem}")

@@ -124,6 +124,7 @@ class GrpcConnection:
         self.settings_received = False
         self.pings_acked = 0
         self._wake_writer = trio.Event()
+        self._outbox = bytearray()
         self._changed = trio.lowlevel.ParkingLot()  # window, settings, slots, failure
         self._scope = trio.CancelScope()
         self._ping_acked = trio.Event()
@@ -262,7 +263,7 @@ class GrpcConnection:
         while True:
             await self._wake_writer.wait()
             self._wake_writer = trio.Event()
-            data = self.h2.data_to_send()
+            data, self._outbox = self._outbox, bytearray()
             if data:
                 try:
                     await self.stream.send_all(data)
@@ -286,7 +287,12 @@ class GrpcConnection:
 
     # -- what calls use -----------------------------------------------------------------------------
     def kick(self) -> None:
-        self._wake_writer.set()
+        """Hand what h2 has to send to the writer; wake it only when there is something (most
+        reads produce nothing to send, and a wake-up is a task switch)."""
+        data = self.h2.data_to_send()
+        if data:
+            self._outbox += data
+            self._wake_writer.set()
 
     def _check(self) -> None:
         if self.failure is not None:

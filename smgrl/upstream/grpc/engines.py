@@ -147,3 +147,56 @@ class EngineClient:
 
 def wire_named(name: str) -> Wire:
     return WIRES[name]
+
+
+def generate_request(
+    wire: Wire,
+    request_id: str,
+    input_ids: list[int],
+    *,
+    max_new_tokens: int | None = None,
+    stream: bool = True,
+    dp_rank: int | None = None,
+    temperature: float | None = None,
+    stop: tuple[str, ...] = (),
+    stop_token_ids: tuple[int, ...] = (),
+    ignore_eos: bool = False,
+    seed: int | None = None,
+) -> Any:
+    """A GenerateRequest on ``wire``, the differences between wires in one place: vLLM names the
+    budget ``max_tokens`` and the seed ``seed``, SGLang and TokenSpeed ``max_new_tokens`` (and
+    TokenSpeed ``sampling_seed``; SGLang's wire carries no seed, so it is not sent there);
+    SGLang's proto defaults are not its semantics, so its sampling values are always set; PSRL's DP rank is a plain int (no way to say "no pin" but to
+    leave it 0), upstream's is marked by presence."""
+    pb = wire.pb
+    sp: dict[str, Any] = {
+        "stop": list(stop),
+        "stop_token_ids": list(stop_token_ids),
+        "ignore_eos": ignore_eos,
+    }
+    vllm = wire.name.startswith("vllm")
+    if max_new_tokens is not None:
+        sp["max_tokens" if vllm else "max_new_tokens"] = max_new_tokens
+    if wire.name == "sglang":
+        sp.update(
+            temperature=1.0 if temperature is None else temperature,
+            top_p=1.0,
+            top_k=-1,
+            repetition_penalty=1.0,
+        )
+    elif temperature is not None:
+        sp["temperature"] = temperature
+    if seed is not None:
+        if vllm:
+            sp["seed"] = seed
+        elif wire.name == "tokenspeed":
+            sp["sampling_seed"] = seed
+    request = pb.GenerateRequest(
+        request_id=request_id,
+        tokenized=pb.TokenizedInput(input_ids=input_ids),
+        sampling_params=pb.SamplingParams(**sp),
+        stream=stream,
+    )
+    if dp_rank is not None:
+        request.data_parallel_rank = dp_rank
+    return request

@@ -1,4 +1,4 @@
-"""The fake vLLM 0.33.0 engine (dev mode) against engines.md §2 and checklist item 7."""
+"""The fake vLLM 0.33.0 engine (dev mode) against docs/engines.md (vLLM, checklist item 7)."""
 
 from __future__ import annotations
 

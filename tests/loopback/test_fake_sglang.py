@@ -1,4 +1,4 @@
-"""The fake SGLang 0.5.23 engine against engines.md §1 and the §7 checklist (items 1-6).
+"""The fake SGLang 0.5.23 engine against docs/engines.md (SGLang, and checklist items 1-6).
 
 Everything runs over real loopback sockets; blocking behaviour is observed through the
 engine's state (``wait_until``), never through wall-clock measurements.
@@ -73,7 +73,7 @@ def envelope_ok(r: httpx.Response) -> None:
     assert (body["object"], body["type"], body["param"], body["code"]) == ("error", "Bad Request", None, 400)
 
 
-# -- §7.1 request validation and routing ---------------------------------------------------------
+# -- checklist 1: request validation and routing ---------------------------------------------------
 @pytest.mark.parametrize("path", STRUCT_ROUTES)
 async def test_bodyless_post_to_struct_route_is_400_envelope(sg, path):
     _engine, c = sg
@@ -155,7 +155,7 @@ async def test_head_answers_like_get_without_body(sg):
     assert head.headers["content-length"] == str(len(get.content))
 
 
-# -- §7.2 flush_cache ----------------------------------------------------------------------------
+# -- checklist 2: flush_cache ----------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["GET", "POST"])
 async def test_flush_cache_idle_is_text_200(sg, method):
     _engine, c = sg
@@ -245,7 +245,7 @@ async def test_refit_with_flush_can_fail_after_replacing_weights(sg, tmp_path):
         await c.post("/continue_generation", json={})
 
 
-# -- §7.5 refit from disk, update_weight_version -------------------------------------------------
+# -- checklist 5: refit from disk ------------------------------------------------------------------
 async def test_refit_from_disk_changes_text_paths_and_version(sg, tmp_path):
     engine, c = sg
     ckpt = make_checkpoint(tmp_path / "step1", "fake/Qwen3-0.6B", seed=1)
@@ -337,7 +337,7 @@ async def test_update_weight_version_aborts_by_default(sg, body, aborted):
         assert "weight_versions" not in meta
 
 
-# -- §7.3 pause semantics, /ready, /health ----------------------------------------------------
+# -- checklist 3: pause semantics ------------------------------------------------------------------
 async def test_generate_blocks_while_paused_and_ready_is_503(sg):
     engine, c = sg
     assert (await c.get("/ready")).status_code == 200
@@ -422,7 +422,7 @@ async def test_abort_request_by_rid_prefix_empty_body(sg):
     assert b["r"].json()["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
 
-# -- §7.4 weight-update sessions -----------------------------------------------------------------
+# -- checklist 4: weight-update sessions -----------------------------------------------------------
 GROUP = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2}
 DIST = {
     "names": ["w"],
@@ -488,7 +488,7 @@ async def test_dp2_asserts_on_distributed_routes():
         assert [row["dp_rank"] for row in loads] == [0, 1]
 
 
-# -- memory occupation ---------------------------------------------------------------------------
+# -- memory occupation -----------------------------------------------------------------------------
 async def test_release_resume_memory(sg):
     engine, c = sg
     r = await c.post("/release_memory_occupation", json={})
@@ -514,7 +514,7 @@ async def test_release_while_busy_is_500(sg):
         await c.post("/abort_request", json={"abort_all": True})
 
 
-# -- discovery and auth --------------------------------------------------------------------------
+# -- discovery and auth ----------------------------------------------------------------------------
 async def test_discovery_documents(sg):
     _engine, c = sg
     info = (await c.get("/server_info")).json()
@@ -545,7 +545,7 @@ async def test_api_key_guards_everything_but_health():
         assert ok.status_code == 200
 
 
-# -- §7.6 generation shapes ----------------------------------------------------------------------
+# -- checklist 6: generation shapes ----------------------------------------------------------------
 async def test_generate_single_batch_logprobs(sg):
     _engine, c = sg
     one = (await c.post("/generate", json={**SHORT, "return_logprob": True, "rid": "r1"})).json()
@@ -616,7 +616,7 @@ async def test_openai_routes(sg):
 
 
 async def test_weights_checker_hashes_all_weights_into_one_value(sg, tmp_path):
-    """/weights_checker (engines.md §1): one checksum per engine, kept for ``compare``; a load
+    """/weights_checker (docs/engines.md): one checksum per engine, kept for ``compare``; a load
     changes it; ``reset`` forgets it; a bad action is a 400."""
     _engine, c = sg
     first = (await c.post("/weights_checker", json={"action": "checksum"})).json()

@@ -1,4 +1,4 @@
-"""``smgrl journal`` runs with the journal reader's imports only (issue 19: the interpreter and
+"""``smgrl journal`` runs with the journal reader's imports only (the interpreter and
 imports are the floor of every history command), and behaves as through the whole ``smgrl``
 group: same output, same exit codes."""
 

@@ -1,4 +1,4 @@
-"""Registration labels from what engines report (Appendix C "Discovery rows", §5.2 gRPC rules)."""
+"""Registration labels from what engines report (SMG 1.13.0's observed rows, the gRPC rules of docs/tokenspeed.md)."""
 
 import json
 

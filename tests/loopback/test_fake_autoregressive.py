@@ -1,4 +1,4 @@
-"""The fakes are autoregressive (issue 15): the next token is a function of the weights and the
+"""The fakes are autoregressive: the next token is a function of the weights and the
 whole context, so a generation continued from ``prompt + first k outputs`` is the uninterrupted
 generation's tail; that is what the partial-rollout tests check token by token."""
 

@@ -323,14 +323,29 @@ def test_head_call_has_no_envelope(rl, gateway):
     assert info.value.code == "unexpected_response"
 
 
-def test_transport_errors_are_not_wrapped():
+def test_an_unreachable_gateway_is_one_clear_urlerror():
+    """Connection refused: one exception that names the URL and what to check, a subclass of
+    URLError (code written for smg.rl catches it), raised without urllib's chain."""
     import socket
+
+    from smgrl.rl import GatewayUnreachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(urllib.error.URLError):
-        RL(f"http://127.0.0.1:{port}", timeout=2).workers()
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(urllib.error.URLError) as info:
+        RL(url, timeout=2).workers()
+    assert isinstance(info.value, GatewayUnreachable)
+    assert info.value.url == url and info.value.__cause__ is None and info.value.__suppress_context__
+    assert str(info.value).startswith(f"cannot reach the gateway at {url} (")
+    assert "smgrl launch" in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:30000", "localhost", "ftp://127.0.0.1:30000"])
+def test_a_gateway_url_without_an_http_scheme_is_refused_when_the_client_is_made(url):
+    with pytest.raises(ValueError, match="needs http:// or https://"):
+        RL(url)
 
 
 # -- fan-out --------------------------------------------------------------------------------------
@@ -846,3 +861,30 @@ def test_a_trainer_hand_off_is_retried_while_the_sagas_driver_is_replaced(rl, ga
     with pytest.raises(RlError) as info:
         rl.refit_transfer("r1", ["w"], ["float32"], [[1]], retry_secs=0)
     assert info.value.code == "refit_driver_unavailable" and len(gateway.seen) == 5
+
+
+def test_a_fanout_failed_on_every_target_says_failed_as_the_journal_does(rl, gateway):
+    """A load refused by every engine is ``failed``, not ``partial``: ``FanoutError.outcome`` and
+    its text say so (the journal records the operation ``failed``); the payload stays SMG's."""
+    failed = [
+        {
+            "worker_id": w,
+            "url": f"http://{w}:1",
+            "error": "upstream_error",
+            "message": "HTTP 400",
+            "status": 400,
+        }
+        for w in ("w1", "w2")
+    ]
+    outcomes = {w: outcome(w, status=400, body={"message": "no such dir"}) for w in ("w1", "w2")}
+    gateway.on("POST", "/v1/rl/engine/update_weights_from_disk", 207, fanout_body(outcomes, failed, 2))
+    with pytest.raises(FanoutError) as info:
+        rl.fanout("update_weights_from_disk", {"model_path": "/x"}, selector="engine=sglang")
+    err = info.value
+    assert err.outcome == "failed" and err.result.outcome == "failed"
+    assert str(err).splitlines()[-1] == "  failed on every target (2 of 2)"
+    assert err.payload == {"error": "fanout_partial", "message": "failed workers: w1, w2"}
+    gateway.on("POST", "/v1/rl/engine/pause_generation", 207, PARTIAL)
+    with pytest.raises(FanoutError) as info:
+        rl.fanout("pause_generation", {}, selector="worker_type=regular")
+    assert info.value.outcome == "partial" and "every target" not in str(info.value)

@@ -1,4 +1,4 @@
-"""The fake TokenSpeed 0.1.1 control app (+ sidecar discovery) against engines.md §3, item 8."""
+"""The fake TokenSpeed 0.1.1 control app (+ sidecar discovery) against docs/engines.md (TokenSpeed, checklist item 8)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,27 @@
+"""The ids smgrl makes come from one scheme (UUIDv7); short tags take its random end."""
+
+import uuid
+
+import pytest
+
+from smgrl.core import ids
+
+
+def test_a_hex_id_is_a_uuid7():
+    value = uuid.UUID(ids.new_hex_id())
+    assert value.version == 7 and len(value.hex) == 32
+
+
+def test_tags_made_in_one_millisecond_differ(monkeypatch):
+    # The start of a UUIDv7 is the clock: a tag cut from it would be the same for every id made in
+    # one millisecond (two processes starting together would share their "unique" tag).
+    monkeypatch.setattr(ids.time, "time", lambda: 1_700_000_000.123)
+    tags = {ids.new_tag(8) for _ in range(200)}
+    assert len(tags) == 200
+    assert all(len(t) == 8 and int(t, 16) >= 0 for t in tags)
+
+
+@pytest.mark.parametrize("length", [0, 19])
+def test_a_tag_longer_than_the_random_bits_is_refused(length):
+    with pytest.raises(ValueError):
+        ids.new_tag(length)

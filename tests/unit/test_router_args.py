@@ -1,0 +1,121 @@
+"""``RouterArgs`` -> smgrl's configuration: every field classified once, PSRL's namespaces accepted
+and mapped, a value smgrl cannot honour refused in one line naming the field."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+
+import pytest
+
+from smgrl.cli.router_config import DEFAULT_ONLY, INERT, MAPPED, NO_TIMEOUT_SECS, default_journal
+from smgrl.launch_router import RouterArgs, RouterArgsError, plan
+from tests.e2e.test_launch_router import reward_namespace, rollout_namespace
+
+
+def test_every_field_has_exactly_one_meaning():
+    names = {f.name for f in dataclasses.fields(RouterArgs)}
+    assert not set(INERT) & set(DEFAULT_ONLY)
+    assert set(INERT) <= names and set(DEFAULT_ONLY) <= names
+    assert MAPPED == names - set(INERT) - set(DEFAULT_ONLY)
+
+
+def test_defaults_launch_quietly():
+    launch = plan(RouterArgs())
+    assert (launch.config.host, launch.config.port, launch.config.policy) == ("0.0.0.0", 30000, "cache_aware")
+    assert launch.config.prometheus_port is None
+
+
+def test_psrl_rollout_namespace_maps_as_psrl_means_it():
+    launch = plan(rollout_namespace("127.0.0.1", 8100, "10.0.0.1:50051", "/logs"))
+    cfg, psrl = launch.config, launch.psrl
+    assert cfg.policy == "request_num_balance"
+    assert cfg.dp_aware and not cfg.health.enabled and not cfg.dataplane.retry.enabled
+    assert cfg.prometheus_port is None
+    assert cfg.request_timeout_secs == NO_TIMEOUT_SECS  # 2**64 - 1: no timeout, no overflow
+    assert cfg.log_level == "warn"
+    assert cfg.sessions.trajectory_strategy == "manual"
+    assert (psrl.strategy, psrl.group_sticky, psrl.ps_manager_addr) == ("psrl", True, "10.0.0.1:50051")
+    assert psrl.recheck_secs == 0.01
+    assert launch.log_file == "/logs/smgrl-gateway-8100.log"
+    # TITO without a tokenizer: launched, with one line saying what is missing.
+    assert [n.split(":")[0] for n in launch.notes] == ["RouterArgs.enable_tito"]
+    assert cfg.sessions.tokenizer_path is None
+    with_tokenizer = plan(
+        rollout_namespace("127.0.0.1", 8100, "x:1", None), env={"SMGRL_TOKENIZER_PATH": "/m"}
+    )
+    assert with_tokenizer.config.sessions.tokenizer_path == "/m" and not with_tokenizer.notes
+
+
+def test_psrl_reward_namespace_keeps_its_metrics_port_and_no_ps_manager():
+    launch = plan(reward_namespace("127.0.0.1", 8300, 4100, None))
+    assert (launch.config.policy, launch.config.prometheus_port) == ("round_robin", 4100)
+    assert launch.psrl.ps_manager_addr is None and not launch.psrl.group_sticky
+    assert launch.log_file is None
+
+
+def test_prefixed_keys_win_and_fall_back_to_plain_ones():
+    ns = argparse.Namespace(router_policy="random", policy="round_robin", router_port=None, port=9000)
+    args = RouterArgs.from_cli_args(ns, use_router_prefix=True)
+    assert (args.policy, args.port) == ("random", 9000)
+    ns.router_disable_arg_fallback = True
+    assert RouterArgs.from_cli_args(ns, use_router_prefix=True).port == 30000
+    # An empty plain value keeps the default, as the fork reads it.
+    assert RouterArgs.from_cli_args(argparse.Namespace(psrl_ps_manager_addr="")).psrl_ps_manager_addr == ""
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("pd_disaggregation", True),
+        ("enable_igw", True),
+        ("psrl_kv_transfer_enable", True),
+        ("policy", "throughput_optimal"),
+        ("routing_loop_request_sort_key", "longest"),
+        ("worker_selection_strategy", "fancy"),
+        ("routing_loop_dispatch_batch_size", 0),
+        ("connection_mode", "carrier-pigeon"),
+    ],
+)
+def test_a_value_smgrl_cannot_honour_is_one_line_naming_the_field(field, value):
+    ns = rollout_namespace("127.0.0.1", 8100, "x:1", None)
+    setattr(ns, field, value)
+    with pytest.raises(RouterArgsError) as info:
+        plan(ns)
+    message = str(info.value)
+    assert f"RouterArgs.{field}" in message and "\n" not in message
+
+
+def test_kv_usage_triggers_refused_only_where_they_would_act():
+    ns = rollout_namespace("127.0.0.1", 8100, "x:1", None)
+    ns.balance_token_usage_threshold = 0.5
+    plan(ns)  # request_num_balance: the fork's cache_aware triggers do nothing
+    ns.policy = "cache_aware"
+    with pytest.raises(RouterArgsError, match="RouterArgs.balance_token_usage_threshold"):
+        plan(ns)
+
+
+def test_reserve_capability_needs_a_ps_manager():
+    ns = reward_namespace("127.0.0.1", 8300, None, None)
+    ns.psrl_candidate_sort_key = "reserve_capability"
+    with pytest.raises(RouterArgsError, match="psrl_candidate_sort_key"):
+        plan(ns)
+
+
+def test_secrets_are_not_echoed():
+    ns = reward_namespace("127.0.0.1", 8300, None, None)
+    ns.control_plane_api_keys = ["id:name:boss:s3cret"]
+    with pytest.raises(RouterArgsError) as info:
+        RouterArgs.from_cli_args(ns)
+    assert "s3cret" not in str(info.value)
+
+
+def test_the_default_journal_is_per_port_and_per_launch():
+    args = RouterArgs(port=8100)
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    path = default_journal(args, {"SMGRL_JOURNAL_DIR": "/j"}, when)
+    assert path.startswith("/j/gateway-8100-20260102T030405-") and path.endswith(".db")
+    assert default_journal(RouterArgs(port=8300), {"SMGRL_JOURNAL_DIR": "/j"}, when) != path
+    named = plan(RouterArgs(port=8100, smgrl_journal=":memory:"))
+    assert named.config.journal == ":memory:" and named.journal_dir is None
