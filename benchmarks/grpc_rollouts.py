@@ -41,12 +41,12 @@ for path in (ROOT, os.path.join(ROOT, "benchmarks")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from dataplane import closed_loop, cpu_seconds, pct  # noqa: E402
+from dataplane import closed_loop, cpu_seconds, pct
 
-from smgrl.dataplane.grpc.build import message, plan  # noqa: E402
-from smgrl.demo.procs import Child, free_port, start_fake_engines, wait_listening  # noqa: E402
-from smgrl.tito.testkit import make_model_dir  # noqa: E402
-from smgrl.upstream import WIRES, Channel, EngineClient, EnginePool, UpstreamError  # noqa: E402
+from smgrl.dataplane.grpc.build import message, plan
+from smgrl.demo.procs import Child, free_port, start_fake_engines, wait_listening
+from smgrl.tito.testkit import make_model_dir
+from smgrl.upstream import WIRES, Channel, EngineClient, EnginePool, UpstreamError
 
 MODEL = "fake/Qwen3-0.6B"
 TOKENS = 8
