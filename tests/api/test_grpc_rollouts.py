@@ -123,14 +123,45 @@ async def test_text_and_openai_routes_are_tokenized_by_the_gateway(model_dir, ki
         assert text == want["choices"][0]["text"]
 
 
-async def test_a_psrl_registration_pins_its_dp_rank(model_dir):
-    labels = {"dp_size": "2"}
-    async with grpc_gateway(model_dir, "vllm", "vllm-psrl", labels, dp_size=2) as (gw, _ref, front):
-        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}
-        for _ in range(4):
-            r = await gw.client.post("/generate", json=body)
-            assert r.status_code == 200, r.text
-        assert len(front.ranks) == 4
+async def test_a_psrl_registration_serves_rollouts_on_its_dp_ranks_and_sessions(model_dir):
+    # The payload PSRL's rollout server posts: grpc://, connection_mode grpc, runtime_type vllm,
+    # models, a dp_size label; with --dp-aware its two ranks are two instances.
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("vllm", 1, dp_size=2) as fleet, trio.open_nursery() as nursery:
+            front = await nursery.start(GrpcFront(fleet[0], WIRES["vllm-psrl"]).serve)
+            cfg = rl_cfg(sessions=SessionsConfig(tokenizer_path=str(model_dir)), dp_aware=True,
+                         policy="round_robin")  # fmt: skip
+            async with gateway_in_process(cfg) as gw:
+                payload = {"url": front.url, "worker_type": "regular", "connection_mode": "grpc",
+                           "runtime_type": "vllm", "models": [{"id": fleet[0].served_model_name}],
+                           "labels": {"dp_size": "2", "rl.control_url": fleet[0].url}}  # fmt: skip
+                r = await gw.client.post("/workers", json=payload, headers=ADMIN)
+                assert r.status_code == 202, r.text
+                await wait_routable(gw)
+                while len(gw.gateway.dataplane.table().models[fleet[0].served_model_name].entries) < 2:
+                    await trio.sleep(0.02)
+                body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}
+                for _ in range(4):
+                    r = await gw.client.post("/generate", json=body)
+                    assert r.status_code == 200, r.text
+                assert sorted(front.ranks.values()) == [0, 0, 1, 1]  # PSRL's field 8 reached the engine
+                front.ranks.clear()
+                stats = (await gw.client.get("/workers/stats")).json()["workers"]
+                base = stats[0]["base_worker_id"]
+                pin = {"x-base-worker-id": base, "x-target-dp-rank": "1", "x-is-sticky": "1"}
+                for _ in range(3):
+                    r = await gw.client.post("/generate", json=body, headers=pin)
+                    assert r.status_code == 200, r.text
+                assert list(front.ranks.values()) == [1, 1, 1]  # the (worker, rank) pin holds
+                # A session turn on it: the gateway's ids go in the Generate request.
+                r = await gw.client.post("/sessions", headers={"x-prompt-id": "p1"})
+                sid = r.json()["session_id"]
+                chat = {"model": fleet[0].served_model_name, "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 6}  # fmt: skip
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=chat)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] is not None
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir):
