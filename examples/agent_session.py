@@ -132,7 +132,8 @@ def refit(gateway: str, version: str, selector: str) -> None:
 def wait_decoding(rl: RL, tokens: int, timeout: float = 30.0) -> None:
     """Until some engine is generating and (fake engines) has decoded ``tokens`` tokens."""
     deadline = time.monotonic() + timeout
-    urls = [w.url for w in rl.workers()]
+    # A gRPC engine's fake state is on its HTTP control side (its ``rl.control_url``).
+    urls = [w.labels.get("rl.control_url") or w.url for w in rl.workers()]
     with httpx.Client(timeout=5) as http:
         while time.monotonic() < deadline:
             for url in urls:

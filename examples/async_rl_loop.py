@@ -277,7 +277,8 @@ def _fake_token_latency(workers) -> float | None:
     with httpx.Client(timeout=5) as http:
         for w in workers:
             try:
-                r = http.get(f"{w.url}/_fake/knobs")
+                # A gRPC engine's HTTP side is its control URL (``rl.control_url``).
+                r = http.get(f"{w.labels.get('rl.control_url') or w.url}/_fake/knobs")
             except httpx.HTTPError:
                 return None
             if r.status_code != 200:

@@ -288,9 +288,13 @@ class GrpcFront:
             seed = sp.seed
         elif self.wire.name == "tokenspeed" and sp.HasField("sampling_seed"):
             seed = sp.sampling_seed
-        return Job(rid=request.request_id or uuid.uuid4().hex, prompt_ids=prompt,
-                   max_new_tokens=max_new if has_max else 128, stop=tuple(sp.stop),
-                   stop_token_ids=tuple(sp.stop_token_ids), ignore_eos=sp.ignore_eos, seed=seed)  # fmt: skip
+        job = Job(rid=request.request_id or uuid.uuid4().hex, prompt_ids=prompt,
+                  max_new_tokens=max_new if has_max else 128, stop=tuple(sp.stop),
+                  stop_token_ids=tuple(sp.stop_token_ids), ignore_eos=sp.ignore_eos, seed=seed)  # fmt: skip
+        # Log-probs asked for: vLLM's SamplingParams.logprobs (presence), the others' return_logprob.
+        asked = sp.HasField("logprobs") if self.wire.name.startswith("vllm") else request.return_logprob
+        job.opts = {"return_logprob": bool(asked)}
+        return job
 
     def _start_generation(self, job: Job, stream: bool, out: queue.SimpleQueue, scope_box: list) -> None:
         scope = trio.CancelScope()
@@ -322,6 +326,8 @@ class GrpcFront:
     def _chunk(self, job: Job, sent: int):
         pb = self.pb
         chunk = pb.GenerateStreamChunk(token_ids=job.output_ids[sent:], **self._common(job))
+        if job.opts.get("return_logprob"):
+            chunk.output_logprobs.CopyFrom(self._logprobs(job, sent))
         if self.wire.name == "tokenspeed":
             chunk.weight_version = job.weight_version or self.engine.weight_version
         return self._response(job, chunk=chunk)
@@ -333,6 +339,8 @@ class GrpcFront:
         complete = self.pb.GenerateComplete(
             output_ids=job.output_ids, finish_reason=reason, **self._common(job)
         )
+        if job.opts.get("return_logprob"):
+            complete.output_logprobs.CopyFrom(self._logprobs(job, 0))
         matched = finish.get("matched")
         if isinstance(matched, bool) or matched is None:
             pass
@@ -343,6 +351,11 @@ class GrpcFront:
         if self.wire.name == "tokenspeed":
             complete.weight_version = job.weight_version or self.engine.weight_version
         return self._response(job, complete=complete)
+
+    def _logprobs(self, job: Job, start: int):
+        return self.pb.OutputLogProbs(
+            token_logprobs=job.output_logprobs[start:], token_ids=job.output_ids[start:]
+        )
 
     def _response(self, job: Job, **kw):
         if self.wire.name.startswith("vllm"):

@@ -17,6 +17,7 @@ from smgrl.core.config import SessionsConfig
 from smgrl.fake import fake_fleet, model
 from smgrl.fake.grpc_front import GrpcFront
 from smgrl.testing import gateway_in_process
+from smgrl.testing.dataplane import gateway_on_loopback
 from smgrl.tito.testkit import make_model_dir
 from smgrl.upstream import WIRES
 
@@ -29,7 +30,7 @@ def model_dir(tmp_path_factory):
 
 
 @contextlib.asynccontextmanager
-async def grpc_gateway(model_dir, kind: str, wire: str, labels=None, **config):
+async def grpc_gateway(model_dir, kind: str, wire: str, labels=None, policy="cache_aware", **config):
     """A fake engine of ``kind`` served over ``wire``, an HTTP SGLang fake with the same weights
     (the reference), and a gateway with the gRPC one registered."""
     with model.tokenizer_scope(model_dir), trio.fail_after(60):
@@ -39,7 +40,7 @@ async def grpc_gateway(model_dir, kind: str, wire: str, labels=None, **config):
             trio.open_nursery() as nursery,
         ):
             front = await nursery.start(GrpcFront(fleet[0], WIRES[wire]).serve)
-            cfg = rl_cfg(sessions=SessionsConfig(tokenizer_path=str(model_dir)))
+            cfg = rl_cfg(sessions=SessionsConfig(tokenizer_path=str(model_dir)), policy=policy)
             async with gateway_in_process(cfg) as gw:
                 payload = {"url": front.url, "connection_mode": "grpc", "runtime": kind,
                            "labels": {"rl.control_url": fleet[0].url, **(labels or {})}}  # fmt: skip
@@ -122,11 +123,87 @@ async def test_text_and_openai_routes_are_tokenized_by_the_gateway(model_dir, ki
         assert text == want["choices"][0]["text"]
 
 
-async def test_a_psrl_registration_pins_its_dp_rank(model_dir):
-    labels = {"dp_size": "2"}
-    async with grpc_gateway(model_dir, "vllm", "vllm-psrl", labels, dp_size=2) as (gw, _ref, front):
-        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}
-        for _ in range(4):
+async def test_a_psrl_registration_serves_rollouts_on_its_dp_ranks_and_sessions(model_dir):
+    # The payload PSRL's rollout server posts: grpc://, connection_mode grpc, runtime_type vllm,
+    # models, a dp_size label; with --dp-aware its two ranks are two instances.
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("vllm", 1, dp_size=2) as fleet, trio.open_nursery() as nursery:
+            front = await nursery.start(GrpcFront(fleet[0], WIRES["vllm-psrl"]).serve)
+            cfg = rl_cfg(sessions=SessionsConfig(tokenizer_path=str(model_dir)), dp_aware=True,
+                         policy="round_robin")  # fmt: skip
+            async with gateway_in_process(cfg) as gw:
+                payload = {"url": front.url, "worker_type": "regular", "connection_mode": "grpc",
+                           "runtime_type": "vllm", "models": [{"id": fleet[0].served_model_name}],
+                           "labels": {"dp_size": "2", "rl.control_url": fleet[0].url}}  # fmt: skip
+                r = await gw.client.post("/workers", json=payload, headers=ADMIN)
+                assert r.status_code == 202, r.text
+                await wait_routable(gw)
+                while len(gw.gateway.dataplane.table().models[fleet[0].served_model_name].entries) < 2:
+                    await trio.sleep(0.02)
+                body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}
+                for _ in range(4):
+                    r = await gw.client.post("/generate", json=body)
+                    assert r.status_code == 200, r.text
+                assert sorted(front.ranks.values()) == [0, 0, 1, 1]  # PSRL's field 8 reached the engine
+                front.ranks.clear()
+                stats = (await gw.client.get("/workers/stats")).json()["workers"]
+                base = stats[0]["base_worker_id"]
+                pin = {"x-base-worker-id": base, "x-target-dp-rank": "1", "x-is-sticky": "1"}
+                for _ in range(3):
+                    r = await gw.client.post("/generate", json=body, headers=pin)
+                    assert r.status_code == 200, r.text
+                assert list(front.ranks.values()) == [1, 1, 1]  # the (worker, rank) pin holds
+                # A session turn on it: the gateway's ids go in the Generate request.
+                r = await gw.client.post("/sessions", headers={"x-prompt-id": "p1"})
+                sid = r.json()["session_id"]
+                chat = {"model": fleet[0].served_model_name, "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 6}  # fmt: skip
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=chat)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] is not None
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir):
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1, token_latency_ms=20) as fleet, trio.open_nursery() as nursery:
+            front = await nursery.start(GrpcFront(fleet[0], WIRES["sglang"]).serve)
+            async with gateway_on_loopback(rl_cfg()) as gw, httpx.AsyncClient(base_url=gw.base) as client:
+                payload = {"url": front.url, "connection_mode": "grpc", "runtime": "sglang",
+                           "labels": {"rl.control_url": fleet[0].url}}  # fmt: skip
+                assert (await client.post("/workers", json=payload, headers=ADMIN)).status_code == 202
+                await wait_routable(gw)
+                body = {"input_ids": [4, 5], "stream": True,
+                        "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}  # fmt: skip
+                async with client.stream("POST", "/generate", json=body) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            break  # the first event arrived: the client leaves
+                with trio.fail_after(10):
+                    while not front.aborts:
+                        await trio.sleep(0.02)
+                assert len(front.aborts) == 1  # RST_STREAM and the engine's Abort for that request
+                while fleet[0].scheduler.jobs:
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_mixed_fleet_routes_across_http_and_grpc_workers(model_dir):
+    async with grpc_gateway(model_dir, "sglang", "sglang", policy="round_robin") as (gw, ref, _front):
+        r = await gw.client.post("/workers", json={"url": str(ref.base_url).rstrip("/")}, headers=ADMIN)
+        assert r.status_code == 202, r.text
+        with trio.fail_after(10):
+            while (
+                len(gw.gateway.dataplane.table().models.get(gw.gateway.dataplane.served_models()[0]).entries)
+                < 2
+            ):
+                await trio.sleep(0.02)
+        body = {"input_ids": [9, 8, 7], "sampling_params": {"max_new_tokens": 4}}
+        routed, answers = set(), []
+        for _ in range(6):
             r = await gw.client.post("/generate", json=body)
             assert r.status_code == 200, r.text
-        assert len(front.ranks) == 4
+            routed.add(r.headers["x-smg-routed-worker-id"].split("://")[0])
+            answers.append(r.json()["output_ids"])
+        assert routed == {"grpc", "http"}  # both transports served
+        assert all(a == answers[0] for a in answers)  # the same weights: the same tokens either way

@@ -14,12 +14,13 @@ from smgrl.tito.testkit import make_model_dir
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_agent_session_example_across_a_refit(fakes, gateway, tmp_path):
+def test_agent_session_example_across_a_refit(engines, gateway, tmp_path):
     tok = make_model_dir(tmp_path / "tok")
-    urls = fakes("sglang", 2, "--tokenizer-path", str(tok), "--weight-version", "1")
+    fleet = engines("sglang", 2, "--tokenizer-path", str(tok), "--weight-version", "1")
     gw, http, _port = gateway(
-        "--enable-rl", "--disable-health-check", "--tokenizer-path", str(tok), "--worker-urls", *urls
+        "--enable-rl", "--disable-health-check", "--tokenizer-path", str(tok), *fleet.gateway_args()
     )
+    fleet.register(http)  # over gRPC: each turn's token ids go in a Generate request
     wait_for_workers(http.base, 2, child=gw)
     run = subprocess.run(
         [
