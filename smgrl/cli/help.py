@@ -94,7 +94,7 @@ LAUNCH_GROUPS: dict[str, str] = {
         ),
         "Routing (data plane)",
     ),
-    **dict.fromkeys(("--max-loopbacks", "--admission-hook"), "PSRL rollouts"),
+    **dict.fromkeys(("--max-loopbacks", "--admission-hook", "--psrl-group-sticky"), "PSRL rollouts"),
     **dict.fromkeys(
         (
             "--dataplane-max-body-size",
