@@ -29,6 +29,8 @@ is bounded (a request count or a deadline).
     python benchmarks/dataplane.py [--engines 4] [--requests 2000] [--concurrency 1,64,256]
         [--streams 1000] [--fronts] [--out FILE]
 
+``--wrk RUNS``: the load from ``wrk`` (one thread, 64 connections, 8 s), see ``dataplane_wrk.py``.
+
 ``--interleaved-p50 ROUNDS`` (with ``--workers 1,2``, optionally ``--baseline-src``): only the
 added p50 at 1 client, measured so that a busy machine's noise cancels out: every gateway runs at
 once, and each round sends ``--round-requests`` sequential requests (one client) directly to the
@@ -744,9 +746,19 @@ def main() -> None:
         help="send prompt groups (x-prompt-id) of this many requests running together (0: none);"
         " with --workers, the pins journaled per request are reported",
     )
+    ap.add_argument(
+        "--wrk", type=int, default=0, metavar="RUNS", help="load from wrk instead (dataplane_wrk.py)"
+    )
+    ap.add_argument("--wrk-connections", type=int, default=64)
+    ap.add_argument("--wrk-secs", type=int, default=8)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    if args.wrk:
+        from benchmarks.dataplane_wrk import run_wrk
+
+        run_wrk(args, start_smgrl, start_smg, start_bare, wait_routable, cpu_seconds)
+        return
     if args.interleaved_p50:
         run_interleaved(args)
         return

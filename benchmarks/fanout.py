@@ -25,6 +25,11 @@ latency it reports each gateway's CPU per request (``/proc/<pid>/stat``), which 
 disturbs less than latency.
 
     python benchmarks/fanout.py --baseline-src /tmp/base --sizes 1,8,64 --rounds 400
+
+smgrl, SMG and the direct fan-out interleaved on a minimal stdlib engine (``min_engine.py``), with
+the added time (p50 minus direct's) and the spread across rounds (``fanout_compare.py``):
+
+    python benchmarks/fanout.py --compare --sizes 8,64 --rounds 10 --iters 30 [--register labels]
 """
 
 from __future__ import annotations
@@ -92,6 +97,9 @@ def direct(urls: list[str], rounds: int, warmup: int = 10) -> list[float]:
     return trio.run(run)
 
 
+LOG_LEVEL = ["--log-level", "info"]  # both gateways' (--log-level)
+
+
 def start_smg(binary: str, urls: list[str], log) -> tuple[Child, int]:
     import subprocess
 
@@ -103,8 +111,8 @@ def start_smg(binary: str, urls: list[str], log) -> tuple[Child, int]:
         "127.0.0.1",
         "--port",
         str(port),
-        "--worker-urls",
-        *urls,
+        *(["--worker-urls", *urls] if urls else []),
+        *LOG_LEVEL,
         "--enable-rl",
         "--disable-health-check",
         "--disable-circuit-breaker",
@@ -141,8 +149,8 @@ def start_smgrl(urls: list[str], journal: str, log) -> tuple[Child, int]:
             "--enable-rl",
             "--disable-health-check",
             "--disable-load-monitoring",
-            "--worker-urls",
-            *urls,
+            *(["--worker-urls", *urls] if urls else []),
+            *LOG_LEVEL,
             "--journal",
             journal,
             "--prometheus-port",
@@ -167,7 +175,8 @@ def start_smgrl_src(urls: list[str], journal: str, src: str, log) -> tuple[Child
 
     port = free_port()
     argv = [sys.executable, "-m", "smgrl", "launch", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--enable-rl", "--disable-health-check", "--disable-load-monitoring", "--worker-urls", *urls]
+    argv += ["--enable-rl", "--disable-health-check", "--disable-load-monitoring", *LOG_LEVEL]
+    argv += ["--worker-urls", *urls] if urls else []
     argv += ["--journal", journal, "--prometheus-port", str(free_port())]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src)
@@ -257,13 +266,29 @@ def find_smg(explicit: str | None) -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,8,64,256")
-    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=None, help="default 200; 10 with --compare")
+    ap.add_argument(
+        "--compare", action="store_true", help="smgrl, SMG and direct interleaved (fanout_compare.py)"
+    )
+    ap.add_argument("--engine", choices=["min", "smgrl"], default="min", help="--compare's engines")
+    ap.add_argument("--register", choices=["urls", "labels"], default="urls", help="--compare's registration")
+    ap.add_argument("--iters", type=int, default=30, help="--compare: fan-outs per participant and round")
+    ap.add_argument("--concurrency", type=int, default=32, help="--compare: the direct fan-out's bound")
+    ap.add_argument("--log-level", default="info", help="both gateways' log level")
     ap.add_argument("--smg-bin", default=None)
     ap.add_argument("--out", default=None, help="also write the table to this file")
     ap.add_argument("--baseline-src", default=None, help="interleave with the smgrl of this checkout")
     args = ap.parse_args()
+    LOG_LEVEL[1] = args.log_level
     sizes = [int(s) for s in args.sizes.split(",")]
     smg = find_smg(args.smg_bin)
+    if args.compare:
+        from fanout_compare import compare
+
+        args.rounds = args.rounds or 10
+        compare(args, smg, start_smg, start_smgrl, start_smgrl_src)
+        return
+    args.rounds = args.rounds or 200
     if args.baseline_src:
         interleaved(args, smg)
         return

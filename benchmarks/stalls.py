@@ -1,8 +1,16 @@
 #!/usr/bin/env python3
-"""Event-loop stalls: the longest single trio task step while one session turn with a large prompt
-(``--mb`` megabytes of message text) is served, and which task ran it.
+"""Event-loop stalls: the worst ``GET /health`` latency, the longest heartbeat gap and the longest
+single trio task step while one hostile request of ``--mb`` megabytes is served, per shape:
 
-    python benchmarks/stalls.py [--mb 1 4]
+* ``content``, ``tool-description``, ``tool-arguments``: a session turn whose text is in the
+  message content, in a tool's description, in a tool call's arguments;
+* ``deep-json``: a turn body nested ``--mb`` million levels deep;
+* ``workers-invalid``, ``workers-valid-large``: a ``POST /workers`` body invalid only at its end,
+  and a valid one carrying a large label;
+* ``session-snapshot``: ``GET /sessions/{id}`` of a session holding a turn of ``--mb / 4`` MB of
+  text (the snapshot carries its token ids and records).
+
+    python benchmarks/stalls.py [--mb 1 8] [--shape content deep-json ...]
 
 One gateway in process with ``--tokenizer-path`` (the in-process test tokenizer) and one fake
 SGLang engine (real loopback socket, context length raised so the prompt is accepted); a trio
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import random
 import sys
 import tempfile
@@ -82,16 +91,73 @@ def text(mb: float) -> str:
     return " ".join(rnd.choice(WORDS) for _ in range(n))
 
 
-async def one(model_dir, mb: float) -> dict:
+def _assistant_call(arguments: str) -> list[dict]:
+    call = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+
+
+def shape(name: str, mb: float) -> tuple[str, str, bytes]:
+    """(method, path, body) of one hostile request of about ``mb`` MB."""
+    size = int(mb * 1_000_000)
+    turn = "/sessions/{sid}/v1/chat/completions"
+    if name == "content":
+        body = {"messages": [{"role": "user", "content": text(mb)}], "max_tokens": 8}
+    elif name == "tool-description":
+        tool = {"type": "function", "function": {"name": "f", "description": text(mb)}}
+        body = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool], "max_tokens": 8}
+    elif name == "tool-arguments":
+        body = {"messages": _assistant_call(text(mb)), "max_tokens": 8}
+    elif name == "deep-json":
+        return "POST", turn, b'{"messages": ' + b"[" * size + b"]" * size + b"}"
+    elif name == "workers-invalid":
+        # A registration body that is JSON-shaped but invalid only at its very end.
+        return "POST", "/workers", b'{"url": "http://127.0.0.1:1", "labels": {"a": "' + b"x" * size + b'", }'
+    elif name == "workers-valid-large":
+        return (
+            "POST",
+            "/workers",
+            json.dumps({"url": "http://127.0.0.1:1", "labels": {"a": "x" * size}}).encode(),
+        )
+    elif name == "session-snapshot":
+        return "GET", "/sessions/{sid}", b""
+    else:
+        raise SystemExit(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+    return "POST", turn, json.dumps(body).encode()
+
+
+SHAPES = (
+    "content",
+    "tool-description",
+    "tool-arguments",
+    "deep-json",
+    "workers-invalid",
+    "workers-valid-large",
+    "session-snapshot",
+)
+
+
+async def one(model_dir, name: str, mb: float) -> dict:
     cfg = Config(policy="round_robin", sessions=SessionsConfig(tokenizer_path=str(model_dir)))
-    content = text(mb)
     with model.tokenizer_scope(model_dir):
         async with (
             fake_fleet("sglang", n=1, context_length=10_000_000) as fleet,
             gateway_in_process(cfg, worker_urls=fleet.urls) as gw,
         ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            if name == "session-snapshot":
+                # A session holding about mb MB of captured turn: its snapshot is what is sent.
+                body = {"messages": [{"role": "user", "content": text(mb / 4)}], "max_tokens": 8}
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text[:300]
+            method, path, payload = shape(name, mb)
+            path = path.format(sid=sid)
             steps = Steps()
             gap = [0.0]
+            health = [0.0, 0]
             done = trio.Event()
 
             sampler = Sampler()
@@ -106,37 +172,54 @@ async def one(model_dir, mb: float) -> dict:
                     gap[0] = max(gap[0], now - last - 0.01)
                     last = now
 
-            body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8}
+            async def prober():
+                # GET /health every 10 ms through the same gateway. Its latency is counted from
+                # when the probe was due (a client outside the process sends on time; a stalled
+                # loop only reads it late): what an operator's probe sees meanwhile.
+                while not done.is_set():
+                    due = time.perf_counter() + 0.01
+                    await trio.sleep(0.01)
+                    await gw.client.get("/health")
+                    health[0] = max(health[0], time.perf_counter() - due)
+                    health[1] += 1
+
             t0 = time.perf_counter()
             trio.lowlevel.add_instrument(steps)
             async with trio.open_nursery() as n:
                 n.start_soon(heartbeat)
-                r = await gw.client.post(
-                    "/v1/chat/completions", json=body, headers={"x-smg-tito-session-id": f"stall-{mb}"}
+                n.start_soon(prober)
+                await trio.sleep(0.05)  # the prober's first answers: the loop's baseline
+                r = await gw.client.request(
+                    method, path, content=payload, headers={"content-type": "application/json"}
                 )
                 done.set()
             trio.lowlevel.remove_instrument(steps)
             sampler.stop.set()
             watcher.join()
-            assert r.status_code == 200, r.text[:300]
-            worst = sorted(steps.worst.items(), key=lambda kv: -kv[1])[:6]
+            worst = sorted(steps.worst.items(), key=lambda kv: -kv[1])[:4]
             return {
+                "shape": name,
                 "mb": mb,
-                "turn_s": round(time.perf_counter() - t0, 2),
-                "heartbeat_max_gap_s": round(gap[0], 3),
-                "longest_steps": [(name.rsplit(".", 1)[-1][:60], round(d, 3)) for name, d in worst],
-                "stall_samples_5ms": sampler.hits.most_common(8),
+                "status": r.status_code,
+                "request_s": round(time.perf_counter() - t0, 2),
+                "health_worst_ms": round(health[0] * 1000, 1),
+                "health_probes": health[1],
+                "heartbeat_max_gap_ms": round(gap[0] * 1000, 1),
+                "longest_steps": [(n.rsplit(".", 1)[-1][:60], round(d, 3)) for n, d in worst],
+                "stall_samples_5ms": sampler.hits.most_common(4),
             }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, nargs="+", default=[1.0, 4.0])
+    ap.add_argument("--mb", type=float, nargs="+", default=[1.0, 8.0])
+    ap.add_argument("--shape", nargs="+", default=list(SHAPES), choices=SHAPES)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp) / "tok")
-        for mb in args.mb:
-            print(trio.run(one, model_dir, mb))
+        for name in args.shape:
+            for mb in args.mb:
+                print(json.dumps(trio.run(one, model_dir, name, mb)), flush=True)
 
 
 if __name__ == "__main__":

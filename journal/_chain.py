@@ -222,6 +222,16 @@ def verify_journal(
     return report
 
 
+def rows_before_the_first(seq: int) -> VerifyReport:
+    """A row at seq 0 or below: no store writes one (seqs start at 1), so it was added outside."""
+    return VerifyReport(
+        ok=False,
+        checked=0,
+        first_bad_seq=seq,
+        reason=f"a row at seq {seq}, before the first, was added outside the journal",
+    )
+
+
 def verify_rows(
     rows: Iterable[Row],
     *,
@@ -255,10 +265,16 @@ def verify_rows(
             return bad(expected, f"row {expected} is missing (next row is {seq})")
         if stored_prev != prev:
             return bad(seq, "prev_hash does not link to the previous row")
+        if type(payload) is not str:
+            return bad(seq, f"payload is stored as {type(payload).__name__}, not text")
+        if type(ts) is not float and type(ts) is not int:
+            return bad(seq, "ts is not a number")
         try:
             obj = loads(payload)
         except (ValueError, TypeError):
             return bad(seq, "payload is not valid JSON")
+        except RecursionError:
+            return bad(seq, "payload is nested too deeply to be an event")
         if ts != ts_of or not ts:  # (0.0 == -0.0, but their texts differ)
             ts_of, ts_text = ts, repr(ts)
         try:

@@ -191,9 +191,18 @@ def encode(ev: Event | UnknownEvent) -> tuple[str, int, str]:
 
 def decode(type: str, schema: int, payload_json: str) -> Event | UnknownEvent:
     """The event for a stored row; an UnknownEvent instead of any error (see the module docstring)."""
+    if not isinstance(payload_json, str):
+        # A payload stored as a BLOB (edited outside the journal): shown as text, never decoded.
+        text = (
+            bytes(payload_json).decode("utf-8", "replace")
+            if isinstance(payload_json, (bytes, bytearray, memoryview))
+            else repr(payload_json)
+        )
+        return UnknownEvent(type, schema, text)
     try:
         payload = json.loads(payload_json)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
+        # Not JSON, or nested deeper than any event (100,000 levels): not an event of this catalogue.
         return UnknownEvent(type, schema, payload_json)
     return decode_parsed(type, schema, payload)
 
@@ -207,9 +216,12 @@ def decode_parsed(type: str, schema: int, payload: Any) -> Event | UnknownEvent:
     try:
         # The fast path: keyword construction, no validators. Missing optional fields take their
         # defaults; an unexpected or missing required key raises TypeError -> UnknownEvent.
-        return cls(**payload)
+        event = cls(**payload)
     except (TypeError, ValueError):
         return UnknownEvent(type, schema, payload)
+    if isinstance(event, ControlStarted) and not _body_readable(event):
+        return UnknownEvent(type, schema, payload)  # a kept body in no known encoding (edited)
+    return event
 
 
 def tuple_field(**kwargs: Any) -> Any:
@@ -276,6 +288,11 @@ class ControlStarted(Event):
     def body_bytes(self) -> bytes | None:
         """The kept request body as bytes; None when not kept (too large, empty or compacted)."""
         return _body_bytes(self.body, self.body_encoding)
+
+
+def _body_readable(event: ControlStarted) -> bool:
+    """A kept body is a string in a known encoding (its bytes are read by whoever needs them)."""
+    return event.body is None or (type(event.body) is str and event.body_encoding in ("utf8", "base64"))
 
 
 def _body_bytes(body: Any, encoding: Any) -> bytes | None:

@@ -11,6 +11,9 @@
      │    │                                                     event was not accepted at all
      │    ├── JournalFullError      code "journal_unavailable"  ``append_nowait`` found the writer's queue
      │    │                                                     full (its bound holds for every path)
+     │    ├── JournalUnreachable    code "journal_unavailable"  catching up with other processes failed
+     │    │                                                     (the store could not be read); nothing
+     │    │                                                     was applied, a later call retries
      │    └── ProjectionError       code "journal_unavailable"  the batch committed but applying it to
      │                                                          the projections failed: the writer
      │                                                          stops (fail-stop, see writer.py)
@@ -24,6 +27,9 @@
      │                                                          database): it is never modified
      ├── JournalTooNewError         code "journal_too_new"      written by a newer smgrl (format or
      │                                                          migrations this code does not know)
+     ├── JournalCorrupt             code "journal_corrupt"      a stored row no smgrl wrote (a text
+     │                                                          ``ts``...): edited outside the journal;
+     │                                                          ``seq`` names it (``verify`` says more)
      ├── JournalConflict            code "journal_conflict"     a conditional append found the position
      │                                                          it was decided on moved: nothing was
      │                                                          written; ``head`` says where to catch up to
@@ -45,11 +51,13 @@ __all__ = [
     "JournalBusyError",
     "JournalClosedError",
     "JournalConflict",
+    "JournalCorrupt",
     "JournalError",
     "JournalForeignError",
     "JournalFullError",
     "JournalReadOnlyError",
     "JournalTooNewError",
+    "JournalUnreachable",
     "JournalWriteError",
     "LeaseLost",
     "ProjectionError",
@@ -77,6 +85,23 @@ class JournalClosedError(JournalWriteError):
 
 class JournalFullError(JournalWriteError):
     """``append_nowait`` refused an event: the writer's queue holds ``max_queue`` events already."""
+
+
+class JournalCorrupt(JournalError):
+    """A row read from the store holds what no smgrl writes (a ``ts`` that is not a number):
+    it was edited outside the journal. ``seq`` names the row."""
+
+    code = "journal_corrupt"
+
+    def __init__(self, message: str, *, seq: int) -> None:
+        super().__init__(message)
+        self.seq = seq
+
+
+class JournalUnreachable(JournalWriteError):
+    """``catch_up()`` could not read what other processes appended (a lost connection, a server
+    restarting). Nothing was applied; the projections stay where they were, and the next call
+    (the tail retries on its own) reads the same range again."""
 
 
 class ProjectionError(JournalWriteError):

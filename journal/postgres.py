@@ -65,6 +65,7 @@ from ._chain import (
     VerifyReport,
     build_batch,
     compacted_payloads,
+    rows_before_the_first,
     snapshot_hash,
     verify_journal,
 )
@@ -870,6 +871,9 @@ class PgStore:
                 return VerifyReport(
                     ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
                 )
+        before_first = self._query(f"SELECT min(seq) FROM {self._s}.events WHERE seq < 1")[0][0]
+        if before_first is not None:
+            return rows_before_the_first(before_first)
         return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
 
     def snapshot_seqs(self, kind: str) -> list[int]:

@@ -106,6 +106,7 @@ from ._chain import (
     VerifyReport,
     build_batch,
     compacted_payloads,
+    rows_before_the_first,
     snapshot_hash,
     verify_journal,
 )
@@ -115,6 +116,7 @@ from .codec import ControlStarted, Event, Recorded, decode
 from .errors import (
     JournalBusyError,
     JournalConflict,
+    JournalCorrupt,
     JournalError,
     JournalForeignError,
     JournalReadOnlyError,
@@ -711,6 +713,10 @@ class SqliteStore:
                 return VerifyReport(
                     ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
                 )
+        with self._lock:
+            before_first = self._conn.execute("SELECT min(seq) FROM events WHERE seq < 1").fetchone()[0]
+        if before_first is not None:
+            return rows_before_the_first(before_first)
         return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
 
     def check_op_index(self) -> opindex.IndexReport:
@@ -900,4 +906,18 @@ def _filters(types: list[str] | None, stream: str | None, until_seq: int | None)
 def _decoded(pages: Iterator[list[Any]]) -> Iterator[Recorded]:
     for page in pages:
         for seq, ts, stream, type_, schema, payload, hash_ in page:
+            if type(ts) is not float and type(ts) is not int:
+                raise edited_row(seq, f"its ts is not a number ({_shown(ts)})")
             yield Recorded(seq, ts, stream, decode(type_, schema, payload), hash_)
+
+
+def edited_row(seq: int, what: str) -> JournalCorrupt:
+    return JournalCorrupt(
+        f"the journal's row at seq {seq} was edited outside the journal: {what}; run `smgrl journal verify`",
+        seq=seq,
+    )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

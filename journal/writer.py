@@ -56,12 +56,14 @@ from typing import Any
 import attrs
 import trio
 
+from ._following import Following
 from .base import Append, EventStore, Expect
 from .codec import Event, Recorded, UnknownEvent
 from .errors import (
     JournalBusyError,
     JournalClosedError,
     JournalConflict,
+    JournalError,
     JournalFullError,
     JournalWriteError,
     ProjectionError,
@@ -122,7 +124,7 @@ def _result(batch: _Batch, index: int) -> Recorded:
     return batch.recorded[index]
 
 
-class JournalWriter:
+class JournalWriter(Following):
     """Group-commit writer over a synchronous store (SqliteStore, MemoryStore). See the module docstring.
 
     ``max_batch``: events per transaction. ``max_queue``: queued events beyond which ``append``
@@ -183,6 +185,9 @@ class JournalWriter:
         # when other processes append too: on_commit then receives EVERY event in seq order (the
         # others' included, read from the store), and ``position`` is the last seq it received.
         self.position: int | None = None
+        # Several writers: committed batches whose appenders wait for the projections to reach
+        # them, because what came before them could not be read at commit time (``_defer``).
+        self._deferred: list[_Batch] = []
 
     @property
     def failed(self) -> bool:
@@ -272,6 +277,8 @@ class JournalWriter:
             if self._commit_here(batch):
                 # Committed: a schedule point that cannot raise Cancelled (the events are written).
                 await trio.lowlevel.cancel_shielded_checkpoint()
+                if not batch.done.is_set():
+                    await batch.done.wait()  # deferred (_defer): written even if this is cancelled
                 return [_result(batch, i) for i in range(len(appends))]
         batch, first = self._enqueue(appends)
         await batch.done.wait()  # enqueued: written even if this wait is cancelled (see append)
@@ -421,9 +428,12 @@ class JournalWriter:
             self.commits += 1
             (gap, gap_secrets), recorded = result
             batch.recorded = recorded
-            self._apply(batch, recorded, gap, gap_secrets)
+            if not self._apply(batch, recorded, gap, gap_secrets):
+                self._defer(batch)
         self._inflight = None
-        batch.done.set()
+        if batch not in self._deferred:
+            batch.done.set()
+        self._release_deferred()
         if self._failed is None and self._inline and batch.error is None:
             self._since_checkpoint += len(batch.items)
             if self._since_checkpoint >= self._checkpoint_every:
@@ -463,7 +473,9 @@ class JournalWriter:
             self._wakeup.unpark_all()  # the writer task raises it: fail-stop, as in run()
         return True
 
-    async def _commit(self, batch: _Batch) -> tuple[tuple[list[Recorded], dict[str, Any]], list[Recorded]]:
+    async def _commit(
+        self, batch: _Batch
+    ) -> tuple[tuple[list[Recorded] | None, dict[str, Any]], list[Recorded]]:
         """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
         events other processes appended between ``position`` and the batch with the keys they
         set, read right after the commit."""
@@ -488,7 +500,7 @@ class JournalWriter:
 
     def _append_and_gap(
         self, batch: _Batch, wait: float
-    ) -> tuple[tuple[list[Recorded], dict[str, Any]], list[Recorded]]:
+    ) -> tuple[tuple[list[Recorded] | None, dict[str, Any]], list[Recorded]]:
         if batch.expect is None:
             # Stores written before conditional appends existed take no ``expect`` keyword.
             recorded = self._store.append_batch(batch.items, wait=wait)
@@ -500,43 +512,27 @@ class JournalWriter:
         if position is not None and recorded[0].seq > position + 1:
             # Others appended since our projections' position: read them now, in the same thread
             # hop as the commit (a network round trip for PostgreSQL), so they are applied first.
-            gap = list(self._store.read(after_seq=position, until_seq=recorded[0].seq - 1))
-            gap_secrets = self._foreign_secrets(position, recorded[0].seq - 1)
+            try:
+                gap = list(self._store.read(after_seq=position, until_seq=recorded[0].seq - 1))
+                gap_secrets = self._foreign_secrets(position, recorded[0].seq - 1)
+            except JournalError as exc:
+                # The batch IS committed, but what precedes it cannot be read now (the connection
+                # died right after the commit): memory takes it later, in order (``_defer``).
+                logger.warning("journal gap read after a commit failed, applied later: %s", exc)
+                return (None, {}), recorded
         return (gap, gap_secrets), recorded
-
-    def _foreign_secrets(self, after: int, until: int) -> dict[str, str | None]:
-        """The keys other processes' events in (after, until] set or deleted (their Appends
-        never passed through this writer)."""
-        changes = getattr(self._store, "secret_changes", None)
-        return changes(after, until) if changes is not None else {}
-
-    def _in_order(self, records: list[Recorded]) -> list[Recorded]:
-        """Several writers: ``records`` trimmed to what follows ``position``, without a hole."""
-        position = self.position
-        if position is None:
-            return records
-        records = [r for r in records if r.seq > position]
-        if records and records[0].seq != position + 1:
-            # A hole: a catch_up() applied a newer range while this batch's gap was read in the
-            # thread (the two take turns on the store, not on the projections). Rare; filled with
-            # a synchronous read, on the event loop, rather than applying out of order.
-            hole = list(self._store.read(after_seq=position, until_seq=records[0].seq - 1))
-            secrets = self._foreign_secrets(position, records[0].seq - 1)
-            if secrets and self.on_secrets is not None:
-                self.on_secrets(secrets)
-            records = hole + records
-        if records:
-            self.position = records[-1].seq
-        return records
 
     def _apply(
         self,
         batch: _Batch,
         recorded: list[Recorded],
-        gap: Sequence[Recorded] = (),
+        gap: Sequence[Recorded] | None = (),
         gap_secrets: Mapping[str, str | None] | None = None,
-    ) -> None:
-        """Feed the committed batch to memory (secrets, then projections), or fail stop."""
+    ) -> bool:
+        """Feed the committed batch to memory (secrets, then projections), or fail stop; False
+        when it must wait (``_defer``)."""
+        if gap is None:
+            return False
         try:
             if self.on_secrets is not None:
                 own = {wid: key for item in batch.items for wid, key in item.secrets.items()}
@@ -548,12 +544,15 @@ class JournalWriter:
                 if changes:
                     self.on_secrets(changes)
             records = self._in_order([*gap, *recorded])
+            if records is None:
+                return False
             if self.on_commit is not None and records:
                 self.on_commit(records)
         except Exception as exc:  # noqa: BLE001 - logged with its traceback by _fail_stop
             # The events ARE committed but memory missed (part of) them: serving on would answer
             # from state the journal contradicts. Stop: appenders get an error, run() raises.
             batch.error = self._fail_stop(recorded, exc)
+        return True
 
     def _fail_stop(self, records: Sequence[Recorded], exc: Exception) -> ProjectionError:
         """Applying ``records`` to memory failed: the writer stops (logged once, here)."""
@@ -566,67 +565,6 @@ class JournalWriter:
         )
         self._failed = ProjectionError(f"applying journal events {first}-{last} to memory failed: {exc!r}")
         return self._failed
-
-    # -- several writers: following the others -----------------------------------------------------
-
-    async def catch_up(self, *, cached: bool = False) -> int:
-        """Several writers: feed ``on_commit`` what other processes appended after ``position``
-        (in seq order, after anything this writer already fed); return how many events.
-
-        Read on the event loop for a local store (``commits_are_cheap``: SQLite WAL, memory), in
-        the writer's thread otherwise (PostgreSQL). A failure to apply is the writer's fail-stop.
-        ``cached=True`` (the tail, ``follow``): take the events from the store's cache of what its
-        notifications announced (``store.recent``, PostgreSQL) when it covers ``position``: no
-        query, no thread hop. Not for a caller that must see a given commit (after a conflict):
-        the cache may not have it yet.
-        """
-        if self.position is None:
-            raise RuntimeError("catch_up() needs writer.position (several writers)")
-        if self._failed is not None:
-            raise self._failed
-        after = self.position
-
-        def read() -> tuple[list[Recorded], dict[str, str | None]]:
-            records = list(self._store.read(after_seq=after))
-            return records, (self._foreign_secrets(after, records[-1].seq) if records else {})
-
-        recent = getattr(self._store, "recent", None) if cached else None
-        got = recent(after) if recent is not None else None
-        if got is not None:
-            records, secrets = got
-        elif self._inline:
-            records, secrets = read()
-        else:
-            # abandon_on_cancel=False: the thread holds the store's lock until the read ends.
-            records, secrets = await trio.to_thread.run_sync(
-                read, limiter=self._limiter, abandon_on_cancel=False
-            )
-        if records:
-            try:
-                if secrets and self.on_secrets is not None and self.position < records[-1].seq:
-                    # Idempotent: a key may arrive twice. Skipped when a commit applied this whole
-                    # range meanwhile (its keys, read later, may be newer than these).
-                    self.on_secrets(secrets)
-                records = self._in_order(records)
-                if records and self.on_commit is not None:
-                    self.on_commit(records)
-            except Exception as exc:
-                failed = self._fail_stop(records, exc)
-                self._wakeup.unpark_all()  # run() raises it (the gateway stops)
-                raise failed from exc
-        return len(records)
-
-    async def follow(
-        self, watcher: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Several writers: the tail task. Calls ``catch_up()`` whenever ``watcher`` (a
-        journal.watch.ChangeWatcher on this store) reports a commit; runs until cancelled."""
-        token = self._store.change_token()
-        await self.catch_up()  # what was appended before the token was taken
-        task_status.started()
-        while True:
-            token = await watcher.wait(token)
-            await self.catch_up(cached=True)
 
     def _checkpoint_due(self) -> None:
         """Start a checkpoint in a thread of its own, or ask the one in progress for another round.
@@ -694,6 +632,9 @@ class JournalWriter:
 
     def _finish(self) -> None:
         self._state = _CLOSED
+        for batch in self._deferred:  # committed (their Recorded stands); memory is moot now
+            batch.done.set()
+        self._deferred = []
         leftovers = list(self._queue)
         if self._inflight is not None:
             leftovers.append(self._inflight)

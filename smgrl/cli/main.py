@@ -476,6 +476,22 @@ def main(argv: list[str] | None = None) -> None:
     help="Open sessions at most; POST /sessions beyond it gets 429 too_many_sessions.",
 )
 @click.option(
+    "--session-idle-timeout-secs",
+    default=3600.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="A session unused this long (no turn, no continue) is ended (session.ended, reason idle); never "
+    "a hung session or one with a turn in flight. 0: never.",
+)
+@click.option(
+    "--session-max-stored-tokens",
+    default=2_000_000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Token ids one session's captured trajectories may hold; a turn that could pass it answers 400 "
+    "session_budget_exceeded. 0: no budget.",
+)
+@click.option(
     "--session-gc-threshold",
     default=0,
     show_default=True,
@@ -569,6 +585,8 @@ def config_from_options(o: dict) -> Config:
             trajectory_strategy=o["session_trajectory_strategy"],
             tool_parser=o["session_tool_parser"],
             debug=o["session_debug"],
+            idle_timeout_secs=o["session_idle_timeout_secs"],
+            max_stored_tokens=o["session_max_stored_tokens"],
         ),
         control_plane_keys=tuple(ControlPlaneKey.parse(k) for k in o["control_plane_api_keys"]),
         tenant_keys=tuple(TenantKey.parse(k) for k in o["tenant_api_key"]),

@@ -84,7 +84,7 @@ async def call_worker(
             pool = pools.get(origin_of(endpoint))
             async with pool.stream(
                 request.method,
-                _path_prefix(endpoint) + request.target,
+                path_prefix(endpoint) + request.target,
                 headers=request.headers_for(api_key),
                 body=request.body if request.body else None,
             ) as response:
@@ -103,31 +103,52 @@ async def call_worker(
             stage = "body" if got_head else "connect"
     latency_ms = int((trio.current_time() - started) * 1000)
     if scope.cancelled_caught:
-        if not got_head:
-            return Outcome(
-                worker.id,
-                worker.url,
-                endpoint,
-                latency_ms=latency_ms,
-                stage="head",
-                error=UpstreamTimeout(
-                    f"upstream `{worker.url}` timed out after {_secs(timeout)}s",
-                    worker_id=worker.id,
-                    url=worker.url,
-                ),
-            )
-        failure, stage = BODY_READ_FAILURE, "body"
+        return timed_out(worker, endpoint, latency_ms, timeout, got_head)
     if failure is not None:
-        return Outcome(
-            worker.id,
-            worker.url,
-            endpoint,
-            latency_ms=latency_ms,
-            stage=stage,
-            error=UpstreamUnreachable(
-                f"upstream `{worker.url}` unreachable: {failure}", worker_id=worker.id, url=worker.url
-            ),
-        )
+        return unreachable(worker, endpoint, latency_ms, failure, stage)
+    return answered(worker, endpoint, latency_ms, status, data, ctype, truncated)
+
+
+# The three endings of a call, shared with the batched fan-out (smgrl/control/batched.py).
+
+
+def timed_out(worker: Worker, endpoint: str, latency_ms: int, timeout: float, got_head: bool) -> Outcome:
+    if got_head:
+        return unreachable(worker, endpoint, latency_ms, BODY_READ_FAILURE, "body")
+    return Outcome(
+        worker.id,
+        worker.url,
+        endpoint,
+        latency_ms=latency_ms,
+        stage="head",
+        error=UpstreamTimeout(
+            f"upstream `{worker.url}` timed out after {_secs(timeout)}s", worker_id=worker.id, url=worker.url
+        ),
+    )
+
+
+def unreachable(worker: Worker, endpoint: str, latency_ms: int, failure: str, stage: str) -> Outcome:
+    return Outcome(
+        worker.id,
+        worker.url,
+        endpoint,
+        latency_ms=latency_ms,
+        stage=stage,
+        error=UpstreamUnreachable(
+            f"upstream `{worker.url}` unreachable: {failure}", worker_id=worker.id, url=worker.url
+        ),
+    )
+
+
+def answered(
+    worker: Worker,
+    endpoint: str,
+    latency_ms: int,
+    status: int | None,
+    data: bytes,
+    ctype: str | None,
+    truncated: bool,
+) -> Outcome:
     return Outcome(
         worker.id,
         worker.url,
@@ -143,7 +164,7 @@ def _secs(timeout: float) -> str:
     return str(int(timeout)) if float(timeout).is_integer() else str(timeout)
 
 
-def _path_prefix(url: str) -> str:
+def path_prefix(url: str) -> str:
     """A control URL may carry a path (``http://ctl:8001/engine``): calls go below it."""
     rest = url.partition("://")[2]
     _, slash, path = rest.partition("/")

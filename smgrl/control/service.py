@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from journal import JournalWriteError
+from journal import Expect, JournalConflict, JournalWriteError
 from journal.codec import ControlStarted
+from smgrl.control.batched import run_batched
 from smgrl.control.call import ControlRequest, call_worker
-from smgrl.control.fanout import run_fanout
 from smgrl.control.outcome import Outcome, fanout_body
 from smgrl.core import (
     Selector,
@@ -171,11 +171,21 @@ class ControlService:
         done = False
         try:
             await self._intent_durable(op)
-            await run_fanout(
+            await run_batched(
                 targets,
-                lambda w: self._call_one(w, req, op, quiet_ok=True),
+                req,
+                lambda w: self.keys.get(w.group),
+                self.pools,
+                self.rl.control_timeout_secs,
                 self.rl.fanout_concurrency,
-                lambda w, o: (outcomes.append(o), on_outcome and on_outcome(w, o)),
+                lambda w: call_worker(
+                    w, self.keys.get(w.group), req, self.pools, self.rl.control_timeout_secs
+                ),
+                lambda w, o: (
+                    self._record(w, req, op, o, quiet_ok=True),
+                    outcomes.append(o),
+                    on_outcome and on_outcome(w, o),
+                ),
             )
             done = True
         finally:
@@ -245,9 +255,43 @@ class ControlService:
         # Shielded and bounded like the cancelled record: the gateway is going down.
         with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_RECORD_SECS):
             try:
-                await self.journal.append_many(items)
+                await self._append_fenced(op, items)
             except JournalWriteError:
                 pass  # the interrupted record then names these targets as cut short
+
+    async def _append_fenced(self, op: _Op, items: list) -> bool:
+        """Append an operation's closing records; False (nothing of the operation written, the
+        audit kept) when another process closed it already.
+
+        Several processes: fenced, as a saga's records are. A process whose presence lease
+        lapsed (dead, or its event loop stalled) has its open operations recorded
+        ``control.interrupted`` by the recovery lease's holder; if it was only stalled, it must
+        not then record outcomes and a finish beside that close (the journal would say both).
+        Refused when this process's projection has the operation closed, or when a close was
+        appended since its position (the conditional append)."""
+        position = getattr(self.journal, "position", None)
+        if not self.identity or position is None:  # a lone gateway: nobody else closes its operations
+            await self.journal.append_many(items)
+            return True
+        stream = f"op:{op.op_id}"
+        closed = self.fleet.operations.open.get(op.op_id) is None
+        if not closed:
+            expect = Expect(
+                after=position, types=("control.finished", "control.interrupted"), streams=(stream,)
+            )
+            try:
+                await self.journal.append_if(expect, items)
+                return True
+            except JournalConflict:
+                closed = True
+        log.warning(
+            "operation closed by another gateway process meanwhile; its outcomes here are not recorded",
+            extra={"fields": {"op_id": op.op_id}},
+        )
+        rest = [(name, e) for name, e in items if name != stream]  # the request's audit
+        if rest:
+            await self.journal.append_many(rest)
+        return False
 
     async def _call_one(self, worker: Worker, req: ControlRequest, op: _Op, *, quiet_ok: bool) -> Outcome:
         """``quiet_ok``: inside a fan-out, an engine's 2xx answer is logged at DEBUG (docs/deviations.md,
@@ -256,6 +300,14 @@ class ControlService:
         outcome = await call_worker(
             worker, self.keys.get(worker.group), req, self.pools, self.rl.control_timeout_secs
         )
+        self._record(worker, req, op, outcome, quiet_ok=quiet_ok)
+        return outcome
+
+    def _record(
+        self, worker: Worker, req: ControlRequest, op: _Op, outcome: Outcome, *, quiet_ok: bool
+    ) -> None:
+        """An outcome's metric, log line and journal record (the latter held for the final
+        transaction)."""
         result = outcome.metric_result
         if result is not None and self.metrics.rl_enabled:
             self.metrics.control_call(metric_op(req.path), result, outcome.latency_ms / 1000)
@@ -293,7 +345,6 @@ class ControlService:
                 stage=outcome.stage,
             )
         )
-        return outcome
 
     async def _start(
         self,
@@ -366,8 +417,7 @@ class ControlService:
             items.append(("audit", op.ctx.audit(http_status)))
         try:
             # Outcomes, finish and audit: one transaction, durable before the answer.
-            await self.journal.append_many(items)
-            return True
+            return await self._append_fenced(op, items)
         except JournalWriteError:
             # The engines were already called: hiding their answers would be worse than
             # answering without a durable record. The response says so (x-smgrl-journal).

@@ -106,6 +106,8 @@ class SessionsConfig:
     trajectory_strategy: str = "auto"  # "auto" | "manual"
     tool_parser: str = "hermes"
     debug: bool = False
+    idle_timeout_secs: float = 3600.0  # 0: sessions never expire
+    max_stored_tokens: int = 2_000_000  # per session, its captured trajectories' ids; 0: no budget
 
 
 SORT_KEYS = ("version", "reserve_capability")

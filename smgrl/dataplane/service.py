@@ -41,6 +41,7 @@ from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.grpc.exchange import GrpcEngines
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
@@ -127,6 +128,8 @@ class DataPlane:
         self.admission = Admission(
             dataplane_cfg.max_concurrent_requests, dataplane_cfg.queue_size, dataplane_cfg.queue_timeout_secs
         )
+        # gRPC engines (instances with a ``wire``): one channel each; the same dispatch path.
+        self.grpc = GrpcEngines()
         self.budget = ByteBudget(dataplane_cfg.memory_budget)  # rollout bodies and buffered answers held
         self.max_body = min(cfg.max_payload_size, dataplane_cfg.max_body_size)
         self._table: Table | None = None
@@ -443,8 +446,8 @@ class DataPlane:
         key = self.keys.get(instance.group)
         if key:
             out.append((b"authorization", b"Bearer " + key.encode("latin-1")))
-        if instance.dp_rank is not None:
-            # Parsed again here (--dp-aware only): the request does not keep its parsed body.
+        if instance.dp_rank is not None and instance.wire is None:
+            # gRPC: the rank goes in the GenerateRequest (smgrl/dataplane/grpc). HTTP: parsed again here (--dp-aware only): the request does not keep its parsed body.
             body = json.dumps({**json.loads(body), "data_parallel_rank": instance.dp_rank}).encode()
         return out, body
 
@@ -534,9 +537,13 @@ class DataPlane:
             with trio.move_on_at(deadline) as timeout:
                 try:
                     sent_at = self.fleet.last_seq
-                    exchange = self.pools.get(base).stream(
-                        "POST", route, headers=target_headers, body=target_body
-                    )
+                    if instance.wire is not None:
+                        # A gRPC engine: the same answer surface, from Generate RPCs.
+                        exchange = self.grpc.exchange(instance, entry.version, route, target_body)
+                    else:
+                        exchange = self.pools.get(base).stream(
+                            "POST", route, headers=target_headers, body=target_body
+                        )
                     async with exchange as response:
                         if response.status >= 500 and not last:
                             # Not relayed: leaving the block closes the connection unread.

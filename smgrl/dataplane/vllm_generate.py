@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from smgrl.core.errors import InvalidRequest
+from smgrl.dataplane.grpc.build import Untranslatable
 
 ROUTE = "/inference/v1/generate"
 # SGLang sampling_params names -> vLLM's (the same name where it is not listed).
@@ -39,10 +40,6 @@ _PASSED = frozenset(
 )  # fmt: skip
 
 
-class Untranslatable(ValueError):
-    """A ``/generate`` vLLM's token-in route cannot serve (a text prompt, a batch)."""
-
-
 def prompt_ids(obj: Mapping[str, Any]) -> list[int]:
     ids = obj.get("input_ids")
     if isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], list):
@@ -53,8 +50,9 @@ def prompt_ids(obj: Mapping[str, Any]) -> list[int]:
         or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
     ):
         raise Untranslatable(
+            "invalid_request",
             "a /generate for a vLLM worker needs one prompt of token ids (`input_ids`): vLLM serves no "
-            "/generate, and its token-in route takes no text and no batch"
+            "/generate, and its token-in route takes no text and no batch",
         )
     return ids
 
@@ -157,7 +155,7 @@ def outbound(worker, route: str, body: bytes, stream: bool) -> Outbound | None:
     try:
         obj = json.loads(body)
         if not isinstance(obj, dict):
-            raise Untranslatable("the body is not a JSON object")
+            raise Untranslatable("invalid_request", "the body is not a JSON object")
         ids = prompt_ids(obj)
     except (ValueError, Untranslatable) as exc:
         raise InvalidRequest(str(exc), "invalid_request", "input_ids") from None

@@ -31,6 +31,8 @@ def free_port() -> int:
 class Child:
     proc: subprocess.Popen
     name: str
+    # Fake engines serving gRPC (``--grpc``): each engine's HTTP control URL, beside its gRPC URL.
+    control_urls: list[str] = attrs.Factory(list)
 
     @property
     def pid(self) -> int:
@@ -70,6 +72,7 @@ def start_fake_engines(kind: str, count: int, extra: Sequence[str] = (), log=Non
     except ValueError:
         child.kill()
         raise RuntimeError(f"fake {kind} engines did not report ready: {line!r}") from None
+    child.control_urls = list(ready.get("control_urls", ready["urls"]))
     return child, list(ready["urls"])
 
 

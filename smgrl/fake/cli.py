@@ -59,10 +59,14 @@ def _loopback(host: str) -> str:
     raise click.BadParameter(f"fake engines listen on loopback only, not {host!r}")
 
 
-async def serve(kind: str, ports: list[int], config: dict[str, Any]) -> None:
+async def serve(
+    kind: str, ports: list[int], config: dict[str, Any], grpc_wire: str | None = None, tokenizer_path=None
+) -> None:
     gauge = Gauge()
     with tempfile.TemporaryDirectory(prefix="smgrl-fake-engine-") as root:
-        engines = build_engines(kind, ports, config, root, gauge)
+        # Over gRPC the listed ports serve gRPC and each engine's HTTP (control) side an
+        # ephemeral port, printed as its control URL.
+        engines = build_engines(kind, [0] * len(ports) if grpc_wire else ports, config, root, gauge)
         # Installed before the ready line: a supervisor may signal us the moment it reads it.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             # The root nursery owns every engine; cancelling it on a signal closes them all.
@@ -77,11 +81,29 @@ async def serve(kind: str, ports: list[int], config: dict[str, Any]) -> None:
                         where = f"{engine.server.host}:{engine.server.port}"
                         raise CannotListen(f"cannot listen on {where}: {bind.strerror or bind}") from None
                 line = {"ready": True, "kind": kind, "urls": [e.url for e in engines], "pid": os.getpid()}
+                if grpc_wire:
+                    fronts = await _start_fronts(nursery, engines, ports, grpc_wire, config, tokenizer_path)
+                    line = {**line, "urls": [f.url for f in fronts], "control_urls": line["urls"],
+                            "grpc_wire": grpc_wire}  # fmt: skip
                 sys.stdout.write(json.dumps(line) + "\n")
                 sys.stdout.flush()
                 async for _ in signals:
                     break
                 nursery.cancel_scope.cancel()
+
+
+async def _start_fronts(nursery, engines, ports, wire_name, config, tokenizer_path):
+    from smgrl.fake.grpc_front import GrpcFront
+    from smgrl.upstream import WIRES
+
+    fronts = []
+    for engine, port in zip(engines, ports, strict=True):
+        try:
+            front = GrpcFront(engine, WIRES[wire_name], port, config["host"], tokenizer_path)
+        except (OSError, RuntimeError) as exc:
+            raise CannotListen(f"cannot listen on {config['host']}:{port} (gRPC): {exc}") from None
+        fronts.append(await nursery.start(front.serve))
+    return fronts
 
 
 class CannotListen(Exception):
@@ -156,6 +178,10 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
     default=None,
     help="Model dir (tokenizer.json + tokenizer_config.json): tokenize, generate and decode with it.",
 )
+@click.option(
+    "--grpc", "grpc_flag", is_flag=True, help="Serve gRPC on --ports (HTTP control on other ports)."
+)
+@click.option("--psrl", is_flag=True, help="With --kind vllm --grpc: PSRL's vLLM wire (its fork's messages).")
 def fake_engine(
     kind: str,
     ports: str,
@@ -173,6 +199,8 @@ def fake_engine(
     real_distributed: bool,
     vllm_server_info: bool,
     tokenizer_path: str | None,
+    grpc_flag: bool,
+    psrl: bool,
 ) -> None:
     """Serve fake SGLang, vLLM or TokenSpeed engines on many ports from one process."""
     if tokenizer_path is not None:
@@ -198,8 +226,11 @@ def fake_engine(
         "real_distributed": real_distributed,
         "vllm_server_info": vllm_server_info,
     }
+    if psrl and not (grpc_flag and kind == "vllm"):
+        raise click.BadParameter("--psrl needs --kind vllm --grpc", param_hint="--psrl")
+    wire = ("vllm-psrl" if psrl else kind) if grpc_flag else None
     try:
-        trio.run(serve, kind, parse_ports(ports), config)
+        trio.run(serve, kind, parse_ports(ports), config, wire, tokenizer_path)
     except BaseException as exc:
         failed = _find(exc, CannotListen)
         if failed is None:

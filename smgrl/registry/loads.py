@@ -12,8 +12,9 @@ removed shows no ``engine_load`` (never a stale one). An engine that answers 404
 that is not a load response) is not asked again; it and any engine whose read failed are read from
 ``/metrics`` (SGLang's or vLLM's gauges) instead. An answer too large to keep (over 1 MiB or 1024
 ranks, ``core.engine_load.MAX_*``; SMG keeps any) is a failed read, asked again at the next tick.
-DP-aware rank rows never get one (SMG 1.13.0 shows none on them). gRPC/ZMQ workers are not polled
-(SMG asks their gRPC servers; smgrl has no gRPC client).
+DP-aware rank rows never get one (SMG 1.13.0 shows none on them). gRPC workers whose wire has
+``GetLoads`` (SGLang, vLLM upstream, TokenSpeed; not PSRL's fork) are read with it
+(``grpc_probe.read_loads``, the same parse as the JSON it mirrors); ZMQ workers are not polled.
 
 ``--disable-load-monitoring`` turns polling off only when nothing else needs the data, SMG's
 gate: the policy is not load-aware (``cache_aware``, ``power_of_two`` and ``least_load`` are)
@@ -42,6 +43,7 @@ from smgrl.core.engine_load import (
     parse_loads,
     rfc3339_now,
 )
+from smgrl.registry.grpc_probe import polls_loads, read_loads
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, _get
 
 log = logging.getLogger("smgrl.loads")
@@ -185,7 +187,14 @@ class LoadMonitor:
             out[worker.id] = sample
 
     async def read(self, worker) -> dict | None:
-        """``/v1/loads`` (unless the engine has none), else ``/metrics``; ``None`` if neither."""
+        """``/v1/loads`` (unless the engine has none), else ``/metrics``; ``None`` if neither.
+        A gRPC worker: ``GetLoads``."""
+        if worker.connection_mode == "grpc":
+            data = await read_loads(worker, READ_TIMEOUT_SECS)
+            try:
+                return None if data is None else await _parse(parse_loads, data)
+            except (NotALoadResponse, LoadsTooLarge):
+                return None
         key = self.keys.get(worker.group)
         if worker.base_url not in self._no_loads_route:
             try:
@@ -222,5 +231,8 @@ def _metrics_load(engine: str, data: bytes) -> dict | None:
 
 
 def _polled(worker) -> bool:
-    # Ready HTTP workers; DP-aware ranks share one engine address and show no sample in SMG.
-    return worker.status == "ready" and worker.connection_mode == "http" and not worker.dp_aware
+    # Ready HTTP workers (and gRPC ones with GetLoads); DP-aware ranks share one engine address
+    # and show no sample in SMG.
+    if worker.status != "ready" or worker.dp_aware:
+        return False
+    return worker.connection_mode == "http" or polls_loads(worker)

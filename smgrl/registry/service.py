@@ -31,6 +31,7 @@ from smgrl.core import (
 )
 from smgrl.core.config import Config
 from smgrl.core.errors import WorkerApiError
+from smgrl.registry.grpc_probe import TokenizerCache, discover_grpc
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, probe_control_app, probe_http
 from smgrl.telemetry.journaling import ev
@@ -74,6 +75,8 @@ class RegistryService:
         self._lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._jobs: dict[str, trio.CancelScope] = {}
+        sessions = getattr(cfg, "sessions", None)
+        self.tokenizers = TokenizerCache(fixed_path=getattr(sessions, "tokenizer_path", None))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # This nursery owns every discovery job; it lives as long as the gateway's root nursery.
@@ -296,8 +299,11 @@ class RegistryService:
                 continue
             rank_ids: list[str] = []
             # The engine's own DP size wins; a registration's ``dp_size`` label (PSRL's replicas
-            # carry one) defines the ranks of an engine that reports none (vLLM, gRPC engines).
+            # carry one) defines the ranks of an engine that reports none (vLLM). A gRPC worker's
+            # ranks are its registration's label first (as PSRL sends it), else what it reported.
             dp_size = found.dp_size or parse_size(worker.caller_labels.get("dp_size"))
+            if worker.connection_mode == "grpc" and worker.caller_labels.get("dp_size"):
+                dp_size = parse_size(worker.caller_labels["dp_size"]) or dp_size
             if worker.dp_aware and dp_size and dp_size > 1 and strip_rank(worker.url) == worker.url:
                 rank_ids = [worker_id] + [new_worker_id() for _ in range(dp_size - 1)]
             async with self._lock:
@@ -350,6 +356,8 @@ class RegistryService:
             return await probe_http(
                 self.pools, worker.base_url, key, PROBE_TIMEOUT_SECS, worker.runtime, self.instance_id
             )
+        if worker.connection_mode == "grpc":
+            return await discover_grpc(self.pools, worker, key, PROBE_TIMEOUT_SECS, self.tokenizers)
         return await probe_control_app(
             self.pools,
             worker.url,

@@ -14,8 +14,9 @@ import attrs
 
 from smgrl.core import Worker, label_version
 
-# Only HTTP engines carry rollout traffic: smgrl has no gRPC client (see docs/deviations.md).
-ROUTABLE_MODES = ("http",)
+# HTTP and gRPC engines carry rollout traffic (gRPC: the wire its discovery chose, below).
+ROUTABLE_MODES = ("http", "grpc")
+WIRE_LABEL = "grpc_wire"  # set by gRPC discovery: sglang | vllm | vllm-psrl | tokenspeed
 ROUTABLE_TYPES = ("regular",)
 
 
@@ -28,6 +29,9 @@ class Instance:
     dp_rank: int | None  # set only when routing DP-aware
     model: str
     label_version: str | None  # the registration label's version (None: unversioned)
+    # A gRPC engine's wire (None: HTTP). The data plane sends it Generate RPCs; its DP rank
+    # (``dp_rank``) goes in each request's ``data_parallel_rank``.
+    wire: str | None = None
 
     @property
     def identity(self) -> tuple[str, int]:
@@ -44,14 +48,18 @@ def from_worker(worker: Worker, dp_aware: bool) -> Instance:
         dp_rank=worker.dp_rank if dp_aware else None,
         model=worker.effective_model_id,
         label_version=label_version(worker.labels.get("weight_version")),
+        wire=worker.labels.get(WIRE_LABEL) if worker.connection_mode == "grpc" else None,
     )
 
 
 def routable(worker: Worker) -> bool:
-    """Could this registry entry ever take rollout traffic (health aside)?"""
+    """Could this registry entry ever take rollout traffic (health aside)? A gRPC worker only
+    once its discovery named its wire (a worker discovered through its control app only has no
+    Generate to call)."""
     return (
         worker.is_visible
         and worker.connection_mode in ROUTABLE_MODES
+        and (worker.connection_mode != "grpc" or worker.labels.get(WIRE_LABEL) is not None)
         and worker.worker_type in ROUTABLE_TYPES
     )
 

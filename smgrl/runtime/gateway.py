@@ -94,6 +94,9 @@ class Gateway:
         gateway.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
         gateway.writes = ControlWrites(fleet=fleet, journal=journal, control=control)
         gateway.sessions = build_sessions(gateway, dataplane)
+        if gateway.sessions is not None:
+            # gRPC engines take token ids: the gateway tokenizes text and chat, detokenizes answers.
+            dataplane.grpc.tokenizer = gateway.sessions.chat
         gateway.loads = LoadMonitor(
             fleet=fleet,
             pools=pools,

@@ -7,8 +7,10 @@ from smgrl.core.errors import ConfigError
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
     InvalidTurn,
+    SessionBudgetExceeded,
     SessionClosing,
     SessionGone,
+    SessionJournalUnavailable,
     SessionNotFound,
     SessionsDisabled,
     TemplateRefused,
@@ -20,8 +22,10 @@ from smgrl.sessions.state import owner_of
 __all__ = [
     "EngineAnswerInvalid",
     "InvalidTurn",
+    "SessionBudgetExceeded",
     "SessionClosing",
     "SessionGone",
+    "SessionJournalUnavailable",
     "SessionNotFound",
     "SessionsDisabled",
     "TemplateRefused",
@@ -62,4 +66,6 @@ def build(gateway, dataplane):
         strategy=cfg.trajectory_strategy,
         debug=cfg.debug,
         tool_parser=cfg.tool_parser,
+        idle_timeout=cfg.idle_timeout_secs,
+        max_stored_tokens=cfg.max_stored_tokens,
     )

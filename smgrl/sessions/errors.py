@@ -12,6 +12,10 @@
     EngineAnswerInvalid  engine_answer_invalid   502  the engine's token-in answer has the wrong shape
     TurnAborted          turn_aborted            503  retryable: the engine aborted the generation
                                                       (a weight sync); nothing was captured
+    SessionJournalUnavailable journal_unavailable 503  retryable: the journal cannot record the new
+                                                      session; nothing was created
+    SessionBudgetExceeded session_budget_exceeded 400 the session's captured trajectories reached
+                                                      its token budget; nothing was sent to an engine
 """
 
 from __future__ import annotations
@@ -67,6 +71,17 @@ class TurnAborted(DataPlaneError):
     retryable = True
 
 
+class SessionJournalUnavailable(DataPlaneError):
+    code = "journal_unavailable"
+    status = 503
+    retryable = True
+
+
+class SessionBudgetExceeded(DataPlaneError):
+    code = "session_budget_exceeded"
+    status = 400
+
+
 ALL = (
     SessionNotFound,
     SessionGone,
@@ -77,4 +92,6 @@ ALL = (
     TemplateRefused,
     EngineAnswerInvalid,
     TurnAborted,
+    SessionJournalUnavailable,
+    SessionBudgetExceeded,
 )

@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from journal import JournalConflict
+from journal import JournalWriteError
 from smgrl.core.numbers import parse_uint
 from smgrl.dataplane import GENERATE, ROUTING_TEXT_LIMIT, DataPlane, RolloutRequest, Routed, loopback
 from smgrl.events import (
@@ -30,6 +30,7 @@ from smgrl.routing import InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
 from smgrl.sessions import errors, turn_routing
 from smgrl.sessions import logprobs as chat_logprobs
+from smgrl.sessions.checks import check_messages, check_tools, input_size
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
 from smgrl.tito import (
     Boundary,
@@ -46,17 +47,16 @@ from smgrl.tito import (
 
 log = logging.getLogger("smgrl.sessions")
 
-# A conversation longer than this (characters of message text) is tokenized in a worker thread.
+# A turn whose rendered input is longer than this (characters of every field the template
+# renders: messages, tools, template kwargs) is checked, rendered and tokenized in a worker thread.
 THREAD_CHARS = 16_384
 DEFAULT_MAX_TOKENS = 2048
-
-
-def _chars(messages: Sequence[Any]) -> int:
-    n = 0
-    for m in messages:
-        c = m.get("content") if isinstance(m, dict) else None
-        n += len(c) if isinstance(c, str) else 64
-    return n
+# What one session may make the gateway hold (docs/sessions.md, "Bounds"): each default header a
+# session stores (and journals in session.created), the token ids of its captured trajectories,
+# and how long it may sit idle before it is ended (session.ended, reason ``idle``).
+HEADER_VALUE_LIMIT = 512
+DEFAULT_MAX_STORED_TOKENS = 2_000_000
+DEFAULT_IDLE_TIMEOUT_SECS = 3600.0
 
 
 def _leg(gen: eng.Generated, table_version: str | None) -> loopback.Leg:
@@ -110,6 +110,8 @@ class SessionService:
         debug: bool = False,
         tool_parser: str = "hermes",
         owner: str | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECS,
+        max_stored_tokens: int = DEFAULT_MAX_STORED_TOKENS,
     ) -> None:
         self.chat = chat
         self.boundary = Boundary.derive(chat)
@@ -124,6 +126,10 @@ class SessionService:
         self.debug = debug
         self.owner = owner or new_owner_id()
         self.sessions: dict[str, Session] = {}
+        self.creating = 0  # creations waiting for their session.created to commit (count in the bound)
+        self.idle_timeout = idle_timeout  # 0: sessions never expire
+        self.max_stored_tokens = max_stored_tokens  # 0: no budget
+        self._swept = 0.0  # when idle sessions were last looked for
         # Tokenization threads: at most two at once (the machine's other work is the event loop).
         self.limiter = trio.CapacityLimiter(2)
 
@@ -164,11 +170,17 @@ class SessionService:
         """``expect`` (several processes, a client-chosen id): appended only if it holds
         (``journal.Expect``); JournalConflict, and no session here, when another process created
         it first."""
-        if len(self.sessions) >= self.max_sessions:
+        await self._end_idle()
+        if len(self.sessions) + self.creating >= self.max_sessions:
             raise errors.TooManySessions(
                 f"{self.max_sessions} sessions are open (--max-sessions); retry later"
             )
         defaults = {k: headers[k] for k in DEFAULT_HEADERS if k in headers}
+        for name, value in defaults.items():
+            if len(value) > HEADER_VALUE_LIMIT:
+                raise errors.InvalidTurn(
+                    f"{name} is {len(value)} characters long; a session stores at most {HEADER_VALUE_LIMIT}"
+                )
         floor = defaults.get("x-version-tag")
         if floor is not None:
             try:
@@ -183,11 +195,11 @@ class SessionService:
             sticky=truthy(defaults.get("x-is-sticky")),
             floor=floor,
             created=trio.current_time(),
+            last_active=trio.current_time(),
         )
         base, rank = defaults.get("x-base-worker-id"), defaults.get("x-target-dp-rank")
         if base and rank is not None and (dp_rank := parse_uint(rank.strip())) is not None:
             s.instance = (base, dp_rank)
-        self.sessions[s.id] = s
         event = SessionCreated(
             session_id=s.id,
             owner=self.owner,
@@ -196,18 +208,70 @@ class SessionService:
             version_floor=floor,
             default_headers=defaults,
         )
-        # Durable before the 201: a crash right after must still end this session at the next start.
-        if expect is None:
-            await self.journal.append(f"session:{s.id}", event)
-            return s
+        await self._journal_created(s, event, expect)
+        self.sessions[s.id] = s
+        return s
+
+    async def _journal_created(self, s: Session, event: SessionCreated, expect) -> None:
+        """Durable before the session is held and answered 201: a crash right after must still
+        end it at the next start, and a journal that cannot take it leaves nothing behind (no
+        slot of --max-sessions, no id). Its slot is counted meanwhile (``creating``)."""
+        self.creating += 1
         try:
-            await self.journal.append_if(expect, [(f"session:{s.id}", event)])
-        except JournalConflict:
-            # Another process created it first: not held here.
+            if expect is None:
+                await self.journal.append(f"session:{s.id}", event)
+            else:
+                # JournalConflict: another process created it first; it is not held here.
+                await self.journal.append_if(expect, [(f"session:{s.id}", event)])
+        except JournalWriteError as exc:
+            raise errors.SessionJournalUnavailable(
+                f"the journal cannot record the new session ({exc}); nothing was created, retry"
+            ) from None
+        finally:
+            self.creating -= 1
+
+    async def _end_idle(self) -> None:
+        """End the sessions idle for longer than ``idle_timeout`` (journaled ``session.ended``,
+        reason ``idle``): looked for at a session's creation, at most every eighth of the
+        timeout (a minute at most), and always when the bound is reached, so an agent that never
+        deleted its sessions does not fill the gateway for good. Never a session something holds
+        (``Session.idle_for``)."""
+        if not self.idle_timeout:
+            return
+        now = trio.current_time()
+        full = len(self.sessions) + self.creating >= self.max_sessions
+        if not full and now - self._swept < min(self.idle_timeout / 8, 60.0):
+            return
+        self._swept = now
+        idle = [
+            s
+            for s in self.sessions.values()
+            if (held := s.idle_for(now)) is not None and held > self.idle_timeout
+        ]
+        for s in idle:
             if self.sessions.get(s.id) is s:
                 del self.sessions[s.id]
-            raise
-        return s
+        if idle:
+            log.info("ended %d idle session(s) (no use for %g s)", len(idle), self.idle_timeout)
+            await self.journal.append_many(
+                [
+                    (f"session:{s.id}", SessionEnded(session_id=s.id, reason="idle", owner=self.owner))
+                    for s in idle
+                ]
+            )
+
+    def _check_budget(self, s: Session, prompt_tokens: int, cap: int | None) -> None:
+        """Refused before any engine is called when the turn's capture could take the session's
+        stored trajectories past ``max_stored_tokens`` (each captured turn stores its whole ids)."""
+        if not self.max_stored_tokens:
+            return
+        wanted = s.tree.stored_tokens + prompt_tokens + (DEFAULT_MAX_TOKENS if cap is None else cap)
+        if wanted > self.max_stored_tokens:
+            raise errors.SessionBudgetExceeded(
+                f"session {s.id} holds {s.tree.stored_tokens} captured token ids; this turn could take it"
+                f" past its budget of {self.max_stored_tokens} (--session-max-stored-tokens): read its"
+                " trajectories (GET) and delete it, or start a new session"
+            )
 
     def default_headers(self, sid: str) -> dict[str, str]:
         """The session's default routing headers (404/410 as for any session route)."""
@@ -266,6 +330,7 @@ class SessionService:
                 out["missing"].append(sid)
                 continue
             s.resume(pin)
+            s.last_active = trio.current_time()
             out["continued"].append(sid)
             event = SessionContinued(
                 session_id=sid, pin_worker_id=pin[0] if pin else None, pin_dp_rank=pin[1] if pin else None
@@ -295,18 +360,28 @@ class SessionService:
 
     async def _prepare(self, messages, tools, kwargs, s: Session):
         def run():
+            check_messages(messages)
+            check_tools(tools)
             return prepare_turn(
                 self.chat, self.boundary, messages, tools=tools, kwargs=kwargs, lookup=s.tree.lookup
             )
 
         try:
-            if _chars(messages) > THREAD_CHARS:
-                # Long conversations: render + tokenize off the event loop (tokenizers releases
+            if input_size(messages, tools, kwargs, limit=THREAD_CHARS) > THREAD_CHARS:
+                # Long turns: check + render + tokenize off the event loop (tokenizers releases
                 # the GIL); cancellation abandons the thread's result, which is pure.
                 return await trio.to_thread.run_sync(run, limiter=self.limiter, abandon_on_cancel=True)
             return run()
         except TitoError as e:
             raise errors.TemplateRefused(e.message) from None
+        except errors.InvalidTurn:
+            raise
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+            # A template meeting a value it cannot render (checks above cover the known shapes):
+            # the conversation's fault, refused in its own words, never a 500.
+            raise errors.TemplateRefused(
+                f"the chat template could not render the conversation ({type(e).__name__})"
+            ) from None
 
     async def turn(self, sid: str, body: dict, headers: Mapping[str, str], rid: str) -> TurnResult:
         s = self._lookup(sid)
@@ -326,11 +401,13 @@ class SessionService:
             body.get("model") if isinstance(body.get("model"), str) else None
         )
         pin = await self._gate(s)
+        s.last_active = trio.current_time()
         try:
             return await self._turn(
                 s, body, messages, tools, kwargs or None, requested, model, pin, rid, turn_headers=headers
             )
         finally:
+            s.last_active = trio.current_time()
             if s.end_turn():
                 await self.journal.enqueue(f"session:{s.id}", SessionHung(session_id=s.id, deferred=True))
 
@@ -339,6 +416,7 @@ class SessionService:
     ) -> TurnResult:
         t0 = trio.current_time()
         plan = await self._prepare(messages, tools, kwargs, s)
+        self._check_budget(s, len(plan.prompt_ids), eng.max_tokens(body))
         t1 = trio.current_time()
         tid = s.tree.reserve(plan.parent_hash, requested)
         try:
@@ -476,7 +554,10 @@ class SessionService:
 
         def adapt(entry):
             worker = registry.get(entry.instance.worker_id)
-            kind = kinds["kind"] = eng.engine_kind(worker.engine if worker is not None else "")
+            # A gRPC engine answers in SGLang's /generate shape whatever its kind (the data
+            # plane renders its Generate stream so): the ids sent are the ids built here.
+            runtime = "sglang" if entry.instance.wire is not None else (worker.engine if worker else "")
+            kind = kinds["kind"] = eng.engine_kind(runtime)
             return eng.request(kind, rollout.prompt + rollout.ids, body, rollout.remaining())
 
         outcome = "cancelled"

@@ -71,6 +71,7 @@ class Session:
     turns: int = 0
     total_tokens: int = 0
     created: float = 0.0
+    last_active: float = 0.0  # when a turn last began or ended, or it was created or continued
     drained: trio.Event = attrs.field(factory=trio.Event)
     continue_event: trio.Event = attrs.field(factory=trio.Event)
 
@@ -132,6 +133,14 @@ class Session:
         self.hang_state = "running"
         self.marked_for_hang = False
         self.continue_event.set()  # waiters wake, see closing, answer 409
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds since it was last used, or None while something holds it: a turn in flight,
+        a hang (PSRL hangs sessions across a weight sync, for as long as the sync takes), a
+        deferred hang, or a delete draining it. Only an idle session may expire."""
+        if self.inflight or self.closing or self.hang_state == "hung" or self.marked_for_hang:
+            return None
+        return now - self.last_active
 
     def control_view(self) -> dict:
         return {

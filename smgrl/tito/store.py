@@ -47,6 +47,7 @@ class CaptureTree:
     trajectories: dict[int, bytes] = attrs.field(factory=dict)
     reserved: set[int] = attrs.field(factory=set)
     seq: int = 0
+    stored_tokens: int = 0  # sum of len(token_ids) over entries (kept as they come and go)
 
     def lookup(self, h: bytes) -> Prefix | None:
         node = self.entries.get(h)
@@ -90,7 +91,11 @@ class CaptureTree:
         if parent is not None:
             self.leaves.discard(parent)
         self.leaves.add(h)
+        replaced = self.entries.get(h)
+        if replaced is not None:
+            self.stored_tokens -= len(replaced.token_ids)
         self.entries[h] = node
+        self.stored_tokens += len(node.token_ids)
         self.trajectories[tid] = h
         self.reserved.discard(tid)
         self._gc()
@@ -100,6 +105,7 @@ class CaptureTree:
         if not self.trajectories:
             self.entries.clear()
             self.leaves.clear()
+            self.stored_tokens = 0
             return
         if self.gc_threshold > 0 and len(self.entries) <= self.gc_threshold:
             return
@@ -112,6 +118,7 @@ class CaptureTree:
                 keep.add(h)
                 h = self.entries[h].parent
         self.entries = {h: n for h, n in self.entries.items() if h in keep}
+        self.stored_tokens = sum(len(n.token_ids) for n in self.entries.values())
         self.leaves &= keep
 
     def path(self, leaf: bytes) -> list[Node]:
@@ -145,4 +152,4 @@ class CaptureTree:
         }
 
     def token_count(self) -> int:
-        return sum(len(n.token_ids) for n in self.entries.values())
+        return self.stored_tokens

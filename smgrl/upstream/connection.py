@@ -45,6 +45,11 @@ class Connection:
         # (``open_connection`` sets it only for a connection that stays plain).
         self._fd: int | None = None
 
+    @property
+    def fd(self) -> int | None:
+        """The socket's fd for a plain-TCP connection (non-blocking), None for TLS."""
+        return self._fd
+
     async def send(self, data: bytes) -> None:
         """``stream.send_all(data)``, for plain TCP without its schedule point when the kernel
         takes every byte at once (a request almost always fits the socket buffer).

@@ -146,6 +146,26 @@ class EnginePool:
         for connection in idle:
             connection.close()
 
+    # -- for a Batch (batch.py): one task driving many exchanges ---------------------------
+
+    @property
+    def host_header(self) -> bytes:
+        return self._host_header
+
+    def take_idle(self) -> Connection | None:
+        """An idle plain-TCP connection, now owned by the caller (counted as in use), or None:
+        nothing idle, a TLS pool, or a closed one. It goes back through ``give_back`` only."""
+        if self._closed or self._ssl_context is not None:
+            return None
+        connection = self._checkout()
+        if connection is not None:
+            self._active += 1
+        return connection
+
+    def give_back(self, connection: Connection, *, reusable: bool) -> None:
+        """End a ``take_idle`` ownership: pooled again when ``reusable``, else closed."""
+        self._release(connection, reusable=reusable)
+
     # -- connection ownership --------------------------------------------------------------
 
     async def _open_exchange(self, request: bytes, method: str, keep_alive: bool) -> Response:

@@ -76,3 +76,54 @@ def gateway(children, tmp_path):
         return child, Http(f"http://127.0.0.1:{port}"), port
 
     return start
+
+
+class Engines:
+    """Fake engines on one transport: the URLs to register, their HTTP control URLs, and how
+    a gateway gets them (``--worker-urls`` over HTTP; over gRPC a registration naming each
+    engine's control URL, then a wait until discovery chose its wire)."""
+
+    def __init__(self, transport: str, urls: list[str], control_urls: list[str], runtime: str):
+        self.transport = transport
+        self.urls = urls
+        self.control_urls = control_urls
+        self.runtime = runtime
+
+    def gateway_args(self) -> list[str]:
+        return ["--worker-urls", *self.urls] if self.transport == "http" else []
+
+    def register(self, http: Http, labels: dict | None = None, timeout: float = 30.0) -> None:
+        import time
+
+        if self.transport == "http":
+            return
+        for url, control in zip(self.urls, self.control_urls, strict=True):
+            body = {"url": url, "connection_mode": "grpc", "runtime": self.runtime,
+                    "labels": {"rl.control_url": control, **(labels or {})}}  # fmt: skip
+            status, _, payload = http.request("POST", "/workers", body)
+            assert status == 202, payload
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # bounded: discovery is asynchronous
+            status, _, payload = http.request("GET", "/v1/rl/workers")
+            rows = payload.get("workers", []) if status == 200 else []
+            if len(rows) >= len(self.urls) and all(r["labels"].get("grpc_wire") for r in rows):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"gRPC workers not discovered: {payload}")
+
+
+@pytest.fixture(params=["http", "grpc"])
+def transport(request):
+    """The scenario runs on both transports: HTTP engines, and the same fakes served over gRPC."""
+    return request.param
+
+
+@pytest.fixture
+def engines(children, transport):
+    def start(kind="sglang", count=1, *extra):
+        args = [*extra, "--grpc"] if transport == "grpc" else list(extra)
+        child, urls = start_fake_engines(kind, count, args)
+        children.append(child)
+        return Engines(transport, urls, child.control_urls or urls, kind)
+
+    return start

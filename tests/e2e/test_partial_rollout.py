@@ -90,21 +90,25 @@ def check(events: list[dict], old: str, new: str) -> int:
     return k
 
 
-def test_a_sync_aborts_a_stream_mid_way_and_the_tokens_are_exact(fakes, gateway, tmp_path):
-    (url,) = fakes("sglang", 1, "--token-latency-ms", "4")
-    gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--worker-urls", url)
+def test_a_sync_aborts_a_stream_mid_way_and_the_tokens_are_exact(engines, gateway, tmp_path):
+    fleet = engines("sglang", 1, "--token-latency-ms", "4")
+    (control,) = fleet.control_urls
+    gw, http, _ = gateway("--enable-rl", "--disable-health-check", *fleet.gateway_args())
+    fleet.register(http)
     wait_for_workers(http.base, 1, child=gw)
-    old = digest(http, url)
+    old = digest(http, control)
     ckpt = make_checkpoint(tmp_path / "v2", "fake/Qwen3-0.6B", seed=7)
     events, _ = streamed(http.base, {"x-prompt-id": "g1"}, ckpt, http, after=20)
-    assert check(events, old, digest(http, url)) >= 20
+    assert check(events, old, digest(http, control)) >= 20
 
 
-def test_dp_aware_loopback_returns_to_the_pinned_rank(fakes, gateway, tmp_path):
-    (url,) = fakes("sglang", 1, "--token-latency-ms", "4", "--dp-size", "2")
-    gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--dp-aware", "--worker-urls", url)
+def test_dp_aware_loopback_returns_to_the_pinned_rank(engines, gateway, tmp_path):
+    fleet = engines("sglang", 1, "--token-latency-ms", "4", "--dp-size", "2")
+    (url,), (control,) = fleet.urls, fleet.control_urls
+    gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--dp-aware", *fleet.gateway_args())
+    fleet.register(http)
     wait_for_workers(http.base, 1, child=gw)  # discovery rows collapse DP ranks
-    old = digest(http, url)
+    old = digest(http, control)
     for _ in range(300):  # bounded: the ranks are routable once discovery expanded them
         status, _, stats = http.request("GET", "/workers/stats")
         if status == 200 and len(stats["workers"]) == 2:
@@ -116,7 +120,7 @@ def test_dp_aware_loopback_returns_to_the_pinned_rank(fakes, gateway, tmp_path):
     pin = {"x-base-worker-id": base, "x-target-dp-rank": "1", "x-is-sticky": "1", "x-prompt-id": "g2"}
     events, head = streamed(http.base, pin, ckpt, http, after=15)
     assert head["x-smg-routed-worker-id"] == f"{url}@1"
-    check(events, old, digest(http, url))
+    check(events, old, digest(http, control))
     segments = events[-1]["meta_info"]["segments"]
     assert [s["dp_rank"] for s in segments] == [1, 1]  # the loopback went back to (worker, 1)
     # Every decoded token counted once, on the rank that decoded it (both legs: rank 1).

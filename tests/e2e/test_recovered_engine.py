@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+import smgrl.events  # noqa: F401 - registers the event catalogue, so that read() decodes its types
 from journal import SqliteStore
 from smgrl.demo.procs import start_fake_engines, wait_for_workers
 

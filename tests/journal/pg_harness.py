@@ -114,37 +114,62 @@ class PgServer:
             stderr=subprocess.PIPE,
             **kw,
         )
+        self._bindir, self._kw = bindir, kw
         last_error = None
         for _attempt in range(3):  # a free port may be taken by another test run in between
             self.port = _free_port()
-            log = open(os.path.join(self.dir, "postgres.log"), "ab")  # noqa: SIM115 - lives with the server
-            self.proc = subprocess.Popen(
-                [
-                    f"{bindir}/postgres",
-                    "-D",
-                    data,
-                    "-p",
-                    str(self.port),
-                    "-k",
-                    self.dir,
-                    "-c",
-                    "listen_addresses=127.0.0.1",
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "max_connections=200",
-                ],
-                stdout=log,
-                stderr=log,
-                **kw,
-            )
-            log.close()
+            self._spawn()
             last_error = self._wait_ready()
             if last_error is None:
                 return self
             self._kill()
         self.stop()
         raise RuntimeError(f"PostgreSQL did not start: {last_error}")
+
+    def _spawn(self) -> None:
+        log = open(os.path.join(self.dir, "postgres.log"), "ab")  # noqa: SIM115 - lives with the server
+        self.proc = subprocess.Popen(
+            [
+                f"{self._bindir}/postgres",
+                "-D",
+                os.path.join(self.dir, "data"),
+                "-p",
+                str(self.port),
+                "-k",
+                self.dir,
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=200",
+            ],
+            stdout=log,
+            stderr=log,
+            **self._kw,
+        )
+        log.close()
+
+    def restart(self, *, immediate: bool = True) -> None:
+        """Stop the server and start it again on the same port and data directory. Immediate
+        mode (SIGQUIT) ends every backend at once without a checkpoint, as a crash would; the
+        next start runs crash recovery. Returns once it accepts connections again."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGQUIT if immediate else signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+        for _attempt in range(50):  # the port is ours; an old backend may hold it a moment longer
+            self._spawn()
+            error = self._wait_ready()
+            if error is None:
+                return
+            self._kill()
+            time.sleep(0.1)  # bounded by the attempts: the old postmaster's socket is going away
+        raise RuntimeError(f"PostgreSQL did not restart: {error}")
 
     def _wait_ready(self) -> str | None:
         import psycopg

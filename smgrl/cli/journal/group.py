@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import click
 
-from journal import JournalError, SqliteStore, describe, is_postgres_url
+from journal import JournalCorrupt, JournalError, SqliteStore, describe, is_postgres_url
 from smgrl.cli.journal.render import SafeOutput, json_text, output, terminal_width
 from smgrl.core.config import DEFAULT_JOURNAL
 from smgrl.history.errors import EXIT_BAD_VALUE, EXIT_CHECK, EXIT_MISSING, EXIT_NOT_JOURNAL, QueryError
@@ -222,6 +222,8 @@ class JournalGroup(click.Group):
             _fail(ctx, str(exc), exc.code)
         except BadValue as exc:
             _fail(ctx, str(exc), EXIT_BAD_VALUE)
+        except JournalCorrupt as exc:  # a row edited outside the journal: it failed a check
+            _fail(ctx, str(exc), EXIT_CHECK)
         except JournalError as exc:
             _fail(ctx, str(exc), EXIT_NOT_JOURNAL)
         except sqlite3.Error as exc:

@@ -89,7 +89,12 @@ COMPLETION_FIELDS = {
     "json_schema": "opt_str",
 }
 GENERATE_FIELDS = {"model": "opt_str"}
+# A session turn (smgrl/http/fronts/sessions.py): a chat completion's body, checked as the OpenAI
+# route checks it (one validation for both), except that ``model`` may be left out or null (the
+# gateway resolves it: PSRL's SessionRouter sends none).
+SESSION_TURN = "session turn"
 SCHEMAS = {
+    SESSION_TURN: ("ChatCompletionRequest", {**CHAT_FIELDS, "model": "opt_str"}, ("messages",)),
     CHAT: ("ChatCompletionRequest", CHAT_FIELDS, ("messages", "model")),
     COMPLETIONS: ("CompletionRequest", COMPLETION_FIELDS, ("model", "prompt")),
     GENERATE: ("GenerateRequest", GENERATE_FIELDS, ()),
@@ -210,6 +215,19 @@ def parse(route: str, body: bytes, content_type: bytes | None) -> RolloutRequest
     """The rollout request, or InvalidRequest with SMG's code, ``param`` and message."""
     if route != GENERATE and not json_content_type(content_type):
         raise InvalidRequest(MISSING_CONTENT_TYPE, "json_parse_error")
+    obj = _checked(route, body)
+    if route != GENERATE:
+        _validate(route, obj)
+    return from_obj(route, obj)
+
+
+def parse_turn(body: bytes) -> dict[str, Any]:
+    """A session turn's body as a dict, or InvalidRequest with the code and ``param`` the OpenAI
+    chat route would answer (``model`` optional; the session service checks the messages)."""
+    return _checked(SESSION_TURN, body)
+
+
+def _checked(route: str, body: bytes) -> Any:
     obj = _fast(route, body)
     if obj is None and len(body) > EXACT_TEXT_LIMIT:
         raise _approximate(route, body)
@@ -221,9 +239,7 @@ def parse(route: str, body: bytes, content_type: bytes | None) -> RolloutRequest
             raise _refusal(route, exc) from None
         # serde accepts what the fast check doubted (e.g. a valid surrogate pair).
         obj = json.loads(body)
-    if route != GENERATE:
-        _validate(route, obj)
-    return from_obj(route, obj)
+    return obj
 
 
 def _approximate(route: str, body: bytes) -> InvalidRequest:

@@ -67,7 +67,13 @@ async def until_disconnect(scope: Scope, receive: Receive, fn: Callable[..., Awa
         finally:
             nursery.cancel_scope.cancel()
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            # The traceback holds this frame, whose ``error`` holds the traceback: a cycle only a
+            # full collection frees (rare with the gateway's gc tuning), keeping whatever the
+            # failed call's frames held (a long turn's parsed body and prompt ids) alive.
+            error = None
     return result
 
 

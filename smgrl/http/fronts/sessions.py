@@ -34,6 +34,7 @@ from smgrl.core.errors import (
 )
 from smgrl.core.numbers import parse_uint
 from smgrl.core.wire import json_bytes
+from smgrl.http.bodies import dataplane_body
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.fronts import session_passthrough as passthrough
 from smgrl.http.fronts.asgi import until_disconnect
@@ -49,8 +50,10 @@ from smgrl.http.openapi.schemas import (
 from smgrl.sessions import (
     EngineAnswerInvalid,
     InvalidTurn,
+    SessionBudgetExceeded,
     SessionClosing,
     SessionGone,
+    SessionJournalUnavailable,
     SessionNotFound,
     SessionsDisabled,
     TemplateRefused,
@@ -342,7 +345,7 @@ class SessionsASGI:
             return None
         try:
             return json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # 100,000-deep: not a body either
             raise InvalidTurn("the request body is not valid JSON") from None
 
     async def _route(self, route, sid, scope, receive, send, rid, body) -> None:
@@ -392,9 +395,7 @@ class SessionsASGI:
             await self._turn(route, sid, scope, receive, send, rid, body)
 
     async def _turn(self, route, sid, scope, receive, send, rid, body) -> None:
-        obj = self._obj(body)
-        if not isinstance(obj, dict):
-            raise InvalidTurn("the request body must be a JSON object")
+        obj = _turn_body(body)
         if route == "tito-chat":
             if not _valid_sid(sid):
                 raise InvalidTurn("x-smg-tito-session-id must be 1-128 printable ASCII characters")
@@ -402,6 +403,7 @@ class SessionsASGI:
                 if hops(scope["headers"]):
                     # Forwarded here as the owner's, but not held here: never a new session.
                     raise SessionGone(f"session {sid} is not held by this gateway process any more")
+                _not_created_lazily(sid)
                 try:
                     self.svc._lookup(sid)
                 except SessionNotFound:
@@ -450,6 +452,31 @@ class SessionsASGI:
             )
             return
         await self.api._respond(send, 200, json_bytes(answer.completion(**fields)), head)
+
+
+def _not_created_lazily(sid: str) -> None:
+    """A TITO id shaped like the ids gateway processes issue (``<owner>-<32 hex>``) names the
+    process that issued it: held nowhere, it is a session that ended (a restart, a delete), and
+    every process answers the same 410, never creating it (the one whose owner part it carries
+    would otherwise create it while the others answer 410). Other client-chosen ids are created
+    lazily, as SMG does."""
+    if owner_of(sid) is not None:
+        raise SessionGone(
+            f"session {sid} is not held by any gateway process (an id shaped like the ones gateways issue is"
+            " never created by its first turn; choose another id, or POST /tito/sessions)"
+        )
+
+
+def _turn_body(body: bytes) -> dict:
+    """A turn's body, checked as the OpenAI chat route checks its own (``max_tokens: -5``,
+    nesting deeper than serde's limit, a lone surrogate escape...): 400 ``invalid_turn`` with
+    the same words."""
+    if not body.strip():
+        raise InvalidTurn("the request body must be a JSON object")
+    try:
+        return dataplane_body.parse_turn(body)
+    except DataPlaneError as exc:  # the OpenAI route's refusal (InvalidRequest), in this route's code
+        raise InvalidTurn(exc.message) from None
 
 
 def _valid_sid(sid: str) -> bool:
@@ -526,8 +553,17 @@ _SNAPSHOT = Resp(
 )
 _CREATED = {
     "201": Resp("Created.", as_json(_SessionId)),
-    "400": _error("invalid_turn: an invalid x-version-tag.", InvalidTurn),
+    "400": _error(
+        "invalid_turn: an invalid x-version-tag, or a default header longer than a session stores.",
+        InvalidTurn,
+    ),
     "429": _error("too_many_sessions: --max-sessions are open; retry-after.", TooManySessions),
+    "503": _error(
+        "sessions_disabled, or journal_unavailable (the journal cannot record the session: nothing was "
+        "created; retryable).",
+        SessionsDisabled,
+        SessionJournalUnavailable,
+    ),
 }
 _TURN = {
     "200": Resp(
@@ -536,10 +572,12 @@ _TURN = {
         {"application/json": ANY, "text/event-stream": STRING},
     ),
     "400": _error(
-        "invalid_turn (messages missing or not a list, bad x-smg-tito-trajectory-id) or chat_template_error "
-        "(the template refused the conversation).",
+        "invalid_turn (the body refused as the OpenAI chat route refuses it, a message field of the wrong "
+        "type, bad x-smg-tito-trajectory-id), chat_template_error (the template refused the conversation) or "
+        "session_budget_exceeded (the session's captured trajectories reached --session-max-stored-tokens).",
         InvalidTurn,
         TemplateRefused,
+        SessionBudgetExceeded,
     ),
     **_GONE,
     "409": _error("session_closing: DELETE is draining the session.", SessionClosing),
@@ -563,6 +601,7 @@ _TURN = {
     "504": _error("request_timeout.", RequestTimeout),
 }
 _DELETED = {"204": Resp("Deleted (after in-flight turns drained).")}
+_CONTROL_BAD = {"400": _error("invalid_turn: the body is not JSON.", InvalidTurn)}
 
 
 def _route(method: str, path: str, op_id: str, summary: str, responses: dict, **kw: Any) -> Route:
@@ -635,7 +674,7 @@ OPENAPI_ROUTES = (
         "/control/hang",
         "postControlHang",
         "Hang sessions at their next turn boundary (never aborts work in flight)",
-        {"200": Resp("`{hung, deferred, missing}`.", as_json(ANY))},
+        {"200": Resp("`{hung, deferred, missing}`.", as_json(ANY)), **_CONTROL_BAD},
         body=_CONTROL_ITEMS,
     ),
     _route(
@@ -643,7 +682,7 @@ OPENAPI_ROUTES = (
         "/control/continue",
         "postControlContinue",
         "Continue sessions, optionally pinning the next turn to an instance",
-        {"200": Resp("`{continued, missing}`.", as_json(ANY))},
+        {"200": Resp("`{continued, missing}`.", as_json(ANY)), **_CONTROL_BAD},
         body=_CONTROL_ITEMS,
     ),
 )

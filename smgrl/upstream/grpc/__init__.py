@@ -3,7 +3,8 @@
 - ``framing``: length-prefixed messages and one call's response state, pure (h2 events in).
 - ``connection``: one HTTP/2 connection: reader, writer and keep-alive tasks; flow control,
   MAX_CONCURRENT_STREAMS, GOAWAY, RST_STREAM on cancel.
-- ``channel``: :class:`Channel`, calls to one engine (lazy connect, reconnect, deadlines).
+- ``channel``: :class:`Channel`, calls to one engine (lazy connect, reconnect, deadlines);
+  ``channels``: :class:`ChannelSet`, one channel per engine address.
 - ``status``: :class:`StatusCode` and the error tree (:class:`GrpcError` >
   :class:`DeadlineExceeded`, :class:`Unavailable`).
 - ``engines``: the engine RPCs of each wire (SGLang, vLLM upstream, vLLM PSRL, TokenSpeed).
@@ -11,6 +12,16 @@
 """
 
 from smgrl.upstream.grpc.channel import Channel, Stream
+from smgrl.upstream.grpc.channels import ChannelSet, address_of
 from smgrl.upstream.grpc.status import DeadlineExceeded, GrpcError, StatusCode, Unavailable
 
-__all__ = ["Channel", "DeadlineExceeded", "GrpcError", "StatusCode", "Stream", "Unavailable"]
+__all__ = [
+    "Channel",
+    "ChannelSet",
+    "DeadlineExceeded",
+    "GrpcError",
+    "StatusCode",
+    "Stream",
+    "Unavailable",
+    "address_of",
+]

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from smgrl.upstream.grpc.connection import Call, Connection
+from smgrl.upstream.grpc.connection import GrpcCall, GrpcConnection
 from smgrl.upstream.grpc.framing import DEFAULT_MAX_MESSAGE_BYTES, encode, request_headers
 from smgrl.upstream.grpc.status import (
     DeadlineExceeded,
@@ -33,14 +33,17 @@ from smgrl.upstream.grpc.status import (
 )
 
 DEADLINE_MESSAGE = "Deadline Exceeded"
+MAX_RESTARTS = 10
 
 
 class Stream:
     """The response side of a server-streaming call: iterate for messages; a status other than
     OK raises :class:`GrpcError` after the messages that came before it."""
 
-    def __init__(self, call: Call, response_type: Any, deadline: float):
+    def __init__(self, call: GrpcCall, response_type: Any, deadline: float, restart=None):
         self._call = call
+        self._restart = restart
+        self._restarts = 0
         self._parse = response_type.FromString
         self._deadline = deadline
 
@@ -69,6 +72,16 @@ class Stream:
         """The next message, None at a clean end."""
         try:
             data = await self._call.next_message(self._deadline)
+            while (
+                data is None and self._call.state.refused and self._restart and self._restarts < MAX_RESTARTS
+            ):
+                # REFUSED_STREAM before any answer: the server never processed the call (its
+                # stream limit was reached as streams ended), so it is sent again, as grpcio's
+                # transparent retry does.
+                self._restarts += 1
+                with trio.fail_at(self._deadline):
+                    self._call = await self._restart()
+                data = await self._call.next_message(self._deadline)
         except trio.TooSlowError:
             self._call.cancel()
             self._call.state.finish(StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
@@ -105,11 +118,11 @@ class Channel:
         self.keepalive_timeout_secs = keepalive_timeout_secs
         self.connect_timeout_secs = connect_timeout_secs
         self.connections_opened = 0
-        self._conn: Connection | None = None
+        self._conn: GrpcConnection | None = None
         self._lock = trio.Lock()
         self._closed = False
 
-    async def _connection(self) -> Connection:
+    async def _connection(self) -> GrpcConnection:
         conn = self._conn
         if conn is not None and conn.usable:
             return conn
@@ -127,7 +140,7 @@ class Channel:
                 raise Unavailable(
                     StatusCode.UNAVAILABLE, f"failed to connect to {self.authority}: {exc}"
                 ) from None
-            conn = Connection(
+            conn = GrpcConnection(
                 stream,
                 self.authority,
                 max_message_bytes=self.max_message_bytes,
@@ -139,7 +152,7 @@ class Channel:
             self._conn = conn
             return conn
 
-    async def _start(self, path: str, request: Any, timeout: float | None, metadata: tuple) -> Call:
+    async def _start(self, path: str, request: Any, timeout: float | None, metadata: tuple) -> GrpcCall:
         body = encode(request.SerializeToString())
         headers = request_headers(self.authority, path, timeout, metadata)
         for attempt in (1, 2):
@@ -169,8 +182,14 @@ class Channel:
                 call = await self._start(path, request, timeout, metadata)
         except trio.TooSlowError:
             raise DeadlineExceeded(StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE) from None
+
+        async def restart() -> GrpcCall:
+            nonlocal call
+            call = await self._start(path, request, timeout, metadata)
+            return call
+
         try:
-            yield Stream(call, response_type, deadline)
+            yield Stream(call, response_type, deadline, restart)
         finally:
             # Left early (break, an exception, a cancel): the server must stop the call. A
             # synchronous RST_STREAM, so it also happens inside a cancelled scope.

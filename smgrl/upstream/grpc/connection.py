@@ -33,12 +33,31 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 _ping_ids = itertools.count(1)
 
 
-class Call:
+class _H2Client(h2.connection.H2Connection):
+    """h2's connection with one change: a graceful GOAWAY (NO_ERROR) leaves it receiving.
+
+    h2 closes its state machine on any GOAWAY and drops what it had to send, so the frames that
+    follow raise ProtocolError; but RFC 9113 6.8 lets the streams up to ``last_stream_id`` run
+    to their end, and grpcio's graceful shutdown is a GOAWAY, a PING, another GOAWAY, then the
+    streams' last frames. An error GOAWAY still closes at once.
+    """
+
+    def _receive_goaway_frame(self, frame):
+        if frame.error_code != 0:
+            return super()._receive_goaway_frame(frame)
+        event = h2.events.ConnectionTerminated()
+        event.error_code = h2.errors._error_code_from_int(frame.error_code)
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
+class GrpcCall:
     """One stream's side of a call: its response state and the wake-up of the task reading it."""
 
     __slots__ = ("_conn", "_event", "id", "state", "unacked")
 
-    def __init__(self, conn: Connection, stream_id: int, max_message_bytes: int):
+    def __init__(self, conn: GrpcConnection, stream_id: int, max_message_bytes: int):
         self._conn = conn
         self.id = stream_id
         self.state = CallState(max_message_bytes)
@@ -72,7 +91,7 @@ class Call:
         self._conn.reset(self, error_code)
 
 
-class Connection:
+class GrpcConnection:
     def __init__(
         self,
         stream: trio.abc.Stream,
@@ -88,7 +107,7 @@ class Connection:
         self.keepalive_secs = keepalive_secs
         self.keepalive_timeout_secs = keepalive_timeout_secs
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self.h2 = conn = h2.connection.H2Connection(config)
+        self.h2 = conn = _H2Client(config)
         conn.local_settings = h2.settings.Settings(
             client=True,
             initial_values={
@@ -99,11 +118,13 @@ class Connection:
         )
         conn.initiate_connection()
         conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
-        self.calls: dict[int, Call] = {}
+        self.calls: dict[int, GrpcCall] = {}
         self.failure: GrpcError | None = None
         self.goaway = False
+        self.settings_received = False
         self.pings_acked = 0
         self._wake_writer = trio.Event()
+        self._outbox = bytearray()
         self._changed = trio.lowlevel.ParkingLot()  # window, settings, slots, failure
         self._scope = trio.CancelScope()
         self._ping_acked = trio.Event()
@@ -213,7 +234,10 @@ class Connection:
                 call.state.on_reset(event.error_code)
                 call.wake()
                 self._changed.unpark_all()
-        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self.settings_received = True
+            self._changed.unpark_all()
+        elif isinstance(event, h2.events.WindowUpdated):
             self._changed.unpark_all()
         elif isinstance(event, h2.events.PingAckReceived):
             self.pings_acked += 1
@@ -239,7 +263,7 @@ class Connection:
         while True:
             await self._wake_writer.wait()
             self._wake_writer = trio.Event()
-            data = self.h2.data_to_send()
+            data, self._outbox = self._outbox, bytearray()
             if data:
                 try:
                     await self.stream.send_all(data)
@@ -263,7 +287,12 @@ class Connection:
 
     # -- what calls use -----------------------------------------------------------------------------
     def kick(self) -> None:
-        self._wake_writer.set()
+        """Hand what h2 has to send to the writer; wake it only when there is something (most
+        reads produce nothing to send, and a wake-up is a task switch)."""
+        data = self.h2.data_to_send()
+        if data:
+            self._outbox += data
+            self._wake_writer.set()
 
     def _check(self) -> None:
         if self.failure is not None:
@@ -271,18 +300,23 @@ class Connection:
         if self.goaway:
             raise Unavailable(StatusCode.UNAVAILABLE, "connection is going away")
 
-    async def open(self, headers: list, body: bytes) -> Call:
+    async def open(self, headers: list, body: bytes) -> GrpcCall:
         """Start a call (waits for a stream slot under the server's MAX_CONCURRENT_STREAMS and
         for flow-control window to send ``body``)."""
         conn = self.h2
         while True:
             self._check()
-            if conn.open_outbound_streams < conn.remote_settings.max_concurrent_streams:
+            limit = conn.remote_settings.max_concurrent_streams
+            if not self.settings_received:
+                # Before the server's SETTINGS arrive its limit is unknown: RFC 9113 suggests
+                # no less than 100, and going over it gets streams refused.
+                limit = min(limit, 100)
+            if conn.open_outbound_streams < limit:
                 break
             await self._changed.park()
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, headers)
-        call = Call(self, sid, self.max_message_bytes)
+        call = GrpcCall(self, sid, self.max_message_bytes)
         self.calls[sid] = call
         try:
             await self._send_body(call, body)
@@ -293,7 +327,7 @@ class Connection:
             raise
         return call
 
-    async def _send_body(self, call: Call, body: bytes) -> None:
+    async def _send_body(self, call: GrpcCall, body: bytes) -> None:
         conn = self.h2
         view = memoryview(body)
         while True:
@@ -313,7 +347,7 @@ class Connection:
             if last:
                 return
 
-    def acknowledge(self, call: Call) -> None:
+    def acknowledge(self, call: GrpcCall) -> None:
         if self.failure is None and call.unacked:
             try:
                 self.h2.acknowledge_received_data(call.unacked, call.id)
@@ -322,7 +356,7 @@ class Connection:
             call.unacked = 0
             self.kick()
 
-    def reset(self, call: Call, error_code: int) -> None:
+    def reset(self, call: GrpcCall, error_code: int) -> None:
         self.calls.pop(call.id, None)
         if self.failure is not None:
             return

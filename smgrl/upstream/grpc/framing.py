@@ -140,7 +140,7 @@ class CallState:
     no grpc-status, or the stream's reset), and stays as first set.
     """
 
-    __slots__ = ("_got_headers", "decoder", "headers", "messages", "status", "trailers")
+    __slots__ = ("_got_headers", "decoder", "headers", "messages", "refused", "status", "trailers")
 
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.decoder = MessageDecoder(max_message_bytes)
@@ -148,6 +148,7 @@ class CallState:
         self.headers: list[tuple[str, str]] = []
         self.trailers: tuple[tuple[str, str], ...] = ()
         self.status: tuple[StatusCode, str] | None = None
+        self.refused = False  # reset with REFUSED_STREAM before any answer: never processed
         self._got_headers = False
 
     @property
@@ -219,6 +220,7 @@ class CallState:
         # to retry), ENHANCE_YOUR_CALM -> RESOURCE_EXHAUSTED, else INTERNAL.
         if error_code == 0x7:
             code = StatusCode.UNAVAILABLE
+            self.refused = self.status is None and not self._got_headers
         elif error_code in (0x0, 0x8):
             code = StatusCode.CANCELLED
         elif error_code == 0xB:

@@ -1,0 +1,7 @@
+"""Rollouts on gRPC engines: the HTTP bodies as Generate requests (``build``), the Generate
+stream as the HTTP answers (``render``, ``detok``), and the exchange the data plane's dispatch
+uses for a gRPC instance (``exchange``)."""
+
+from smgrl.dataplane.grpc.exchange import GrpcAnswer, GrpcEngines
+
+__all__ = ["GrpcAnswer", "GrpcEngines"]

@@ -1,0 +1,242 @@
+"""One rollout request to a gRPC engine, answered like an HTTP engine's response.
+
+``GrpcEngines.exchange`` is the gRPC twin of ``EnginePool.stream``: the data plane's dispatch
+calls one or the other per instance and relays what it yields the same way (stamping,
+loopback, sessions, retries and breakers included). The body is translated
+(``smgrl.dataplane.grpc.build``), sent as Generate RPCs on the engine's wire, and the stream
+rendered back (``smgrl.dataplane.grpc.render``) as the bytes an HTTP engine would have sent.
+
+A call that could not start (nothing listens, the connection broke before an answer) raises
+``ConnectError`` (retried, counted by the breaker, as on HTTP); an engine's gRPC status becomes
+an HTTP status with a JSON error body. Leaving the block early (the client went away, a stop
+string the gateway found, a timeout) resets the stream and sends the engine's Abort
+(``EngineClient.generate``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from smgrl.core.wire import json_bytes
+from smgrl.dataplane.grpc.build import Plan, Untranslatable, message, plan
+from smgrl.dataplane.grpc.render import GenItem, RenderedAnswer
+from smgrl.upstream import WIRES, Channel, ConnectError, EngineClient, GrpcError, ReadError, StatusCode
+
+JSON = b"application/json"
+SSE = b"text/event-stream"
+
+# gRPC status -> the HTTP status of the answer (SMG's mapping for the codes an engine sends).
+HTTP_STATUS = {
+    StatusCode.INVALID_ARGUMENT: 400,
+    StatusCode.OUT_OF_RANGE: 400,
+    StatusCode.FAILED_PRECONDITION: 400,
+    StatusCode.NOT_FOUND: 404,
+    StatusCode.RESOURCE_EXHAUSTED: 503,
+    StatusCode.UNAVAILABLE: 503,
+    StatusCode.DEADLINE_EXCEEDED: 504,
+    StatusCode.UNIMPLEMENTED: 501,
+    StatusCode.CANCELLED: 499,
+}
+
+
+class GrpcAnswer:
+    """What ``dispatch`` and the relay read of an answer: status, headers, the body whole or in
+    chunks (``smgrl.upstream.Response``'s surface)."""
+
+    def __init__(self, status: int, ctype: bytes, body: bytes | None = None, run=None) -> None:
+        self.status = status
+        self.headers = [(b"content-type", ctype)]
+        if body is not None:
+            self.headers.append((b"content-length", str(len(body)).encode()))
+        self.trailers: list = []
+        self._body = body
+        self._run = run  # async iterator of body pieces (a streamed answer)
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    async def aread(self) -> bytes:
+        if self._body is not None:
+            return self._body
+        return b"".join([piece async for piece in self.aiter_chunks()])
+
+    async def read_bounded(
+        self, limit: int, on_data: Callable[[int], None] | None = None
+    ) -> tuple[bytes, bool]:
+        data = await self.aread()
+        if on_data is not None:
+            on_data(len(data))  # the memory budget (it may refuse: the error propagates)
+        return (data[:limit], True) if len(data) > limit else (data, False)
+
+    def aiter_chunks(self) -> AsyncIterator[bytes]:
+        if self._run is None:
+            return _once(self._body or b"")
+        run, self._run = self._run, None
+        return run
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    if data:
+        yield data
+
+
+def error_answer(status: int, code: str, message: str) -> GrpcAnswer:
+    body = {"error": {"type": "invalid_request_error" if status < 500 else "server_error",
+                      "code": code, "message": message, "param": None}}  # fmt: skip
+    return GrpcAnswer(status, JSON, json_bytes(body))
+
+
+def _status_answer(exc: GrpcError) -> GrpcAnswer:
+    status = HTTP_STATUS.get(exc.code, 502)
+    return error_answer(status, f"grpc_{exc.code.name.lower()}", exc.message or exc.code.name)
+
+
+class GrpcEngines:
+    """The gateway's gRPC engines: one channel (one HTTP/2 connection) per engine address."""
+
+    def __init__(self) -> None:
+        self.channels: dict[tuple[str, int], Channel] = {}
+        self.tokenizer = None  # the gateway's ChatTokenizer (--tokenizer-path), when it has one
+
+    def client(self, base_url: str, wire: str) -> EngineClient:
+        host, port = address(base_url)
+        channel = self.channels.get((host, port))
+        if channel is None:
+            channel = self.channels[(host, port)] = Channel(host, port)
+        return EngineClient(channel, WIRES[wire])
+
+    async def aclose(self) -> None:
+        for channel in list(self.channels.values()):
+            await channel.aclose()
+        self.channels.clear()
+
+    @contextlib.asynccontextmanager
+    async def exchange(self, instance, version: str | None, route: str, body: bytes):
+        """The answer of ``instance`` (a gRPC one) to ``body`` on ``route``; yields once the
+        call started and its first message (or its whole answer, buffered) is in."""
+        try:
+            obj = json.loads(body) if body else None
+            the_plan = plan(route, obj, self.tokenizer)
+        except Untranslatable as exc:
+            yield error_answer(400, exc.code, str(exc))
+            return
+        except ValueError:
+            yield error_answer(400, "invalid_request", "the request body is not valid JSON")
+            return
+        client = self.client(instance.base_url, instance.wire)
+        decode = None
+        if self.tokenizer is not None:
+            raw, skip = self.tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
+
+            def decode(ids):  # as the engines decode: special tokens skipped unless asked for
+                return raw.decode(ids, skip_special_tokens=skip)
+
+        # Each call its own engine request id (a body's ``rid`` where it names one): Abort names
+        # it, so two requests must never share one (a caller's x-request-id may repeat).
+        base = uuid.uuid4().hex
+        items = [
+            GenItem(the_plan, i, the_plan.rids[i] if i < len(the_plan.rids) and the_plan.rids[i] else
+                 (base if len(the_plan.prompts) == 1 else f"{base}-{i}"), version, decode)
+            for i in range(len(the_plan.prompts))
+        ]  # fmt: skip
+        answer = RenderedAnswer(the_plan, items, instance.model, base)
+        call = GenerateCalls(client, the_plan, instance.dp_rank)
+        async with contextlib.AsyncExitStack() as stack:
+            if not the_plan.stream:
+                try:
+                    await call.buffered(items)
+                except GrpcError as exc:
+                    if exc.code == StatusCode.UNAVAILABLE:
+                        raise ConnectError(f"gRPC engine {client.channel.authority}: {exc}") from None
+                    yield _status_answer(exc)
+                    return
+                yield GrpcAnswer(200, JSON, answer.body())
+                return
+            try:
+                first = await call.open(stack, items[0])
+            except GrpcError as exc:
+                if exc.code == StatusCode.UNAVAILABLE:
+                    raise ConnectError(f"gRPC engine {client.channel.authority}: {exc}") from None
+                yield _status_answer(exc)
+                return
+            yield GrpcAnswer(200, SSE, run=call.events(stack, answer, items, first))
+
+
+class GenerateCalls:
+    """The Generate RPCs of one request."""
+
+    def __init__(self, client: EngineClient, the_plan: Plan, dp_rank: int | None) -> None:
+        self.client = client
+        self.plan = the_plan
+        self.dp_rank = dp_rank
+
+    def _request(self, item: GenItem):
+        return message(self.client.wire, self.plan, item.index, item.rid, self.dp_rank)
+
+    async def buffered(self, items: list[GenItem]) -> None:
+        async def one(item: GenItem) -> None:
+            async with self.client.generate(self._request(item)) as stream:
+                async for msg in stream:
+                    if msg.WhichOneof("response") == "complete":
+                        item.complete(msg.complete, streamed=False)
+                    else:
+                        item.chunk(msg.chunk)
+                        if item.stop_hit:
+                            return  # leaving resets the call and sends Abort
+            if item.finish is None:
+                raise GrpcError(StatusCode.INTERNAL, "the engine ended the stream without a Complete frame")
+
+        if len(items) == 1:
+            await one(items[0])
+            return
+        # One task per prompt: they generate side by side, as one batched HTTP request does;
+        # the first failure cancels the others (each resets its call and sends Abort).
+        async with trio.open_nursery() as nursery:
+            for item in items:
+                nursery.start_soon(one, item)
+
+    async def open(self, stack: contextlib.AsyncExitStack, item: GenItem):
+        stream = await stack.enter_async_context(self.client.generate(self._request(item)))
+        return stream, await stream.read()
+
+    async def events(
+        self, stack, answer: RenderedAnswer, items: list[GenItem], first
+    ) -> AsyncIterator[bytes]:
+        """The SSE body: the items one after the other (each its own call), then the tail."""
+        stream, msg = first
+        for n, item in enumerate(items):
+            if n:
+                stream, msg = await self.open(stack, item)
+            try:
+                while msg is not None:
+                    if msg.WhichOneof("response") == "complete":
+                        new, delta = item.complete(msg.complete, streamed=True)
+                        yield answer.event(item, new, delta, True)
+                        break
+                    new, delta = item.chunk(msg.chunk)
+                    if item.stop_hit:  # the gateway found a stop string: leaving sends Abort
+                        yield answer.event(item, new, delta, True)
+                        break
+                    event = answer.event(item, new, delta, False)
+                    if event:
+                        yield event
+                    msg = await stream.read()
+                else:
+                    raise ReadError("the gRPC engine ended the stream without a Complete frame")
+            except GrpcError as exc:
+                raise ReadError(f"gRPC engine {self.client.channel.authority}: {exc}") from None
+        yield answer.tail()
+
+
+def address(url: str) -> tuple[str, int]:
+    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host, _, port = rest.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,234 @@
+"""Many exchanges driven by ONE task: the fan-out's engine calls on kept-alive connections.
+
+A fan-out sends the same small request to N engines. Through ``EnginePool.stream`` each call is
+a task of its own with its cancel scope, its context manager, its ``Response`` and its own
+readiness wait (two ``epoll_ctl`` calls and a scheduler pass per engine). Profiled, that per-call
+machinery was most of a 64-engine fan-out's CPU (docs/benchmarks.md). A ``Batch`` instead writes
+every request from the caller's task, registers the sockets in a private epoll, and waits on
+that epoll's own fd with one ``trio.lowlevel.wait_readable``: one wait per round of answers,
+whatever the number of engines in flight.
+
+Only what is cheap to get right goes in a batch: a plain-TCP connection taken from a pool's idle
+stack (``EnginePool.take_idle``). The caller sends everything else (no idle connection, TLS, a
+stale connection) through ``EnginePool.stream`` as before. The rules are the pool's:
+
+- ownership: ``start`` takes the connection off the idle stack; it goes back (``give_back``) only
+  when the response ended, keep-alive allows it and no byte is left over; every other way out
+  closes it (``close`` closes all that are still in flight, synchronously);
+- a reused connection that fails before any response byte (write error, EOF, reset) is
+  ``stale``: the engine never read the request, so the caller may send it again elsewhere
+  (``pool.py`` explains why that is safe);
+- each exchange has its own deadline; the caller turns a passed one into its timeout outcome;
+- at most ``limit`` body bytes are kept; a longer body stops the read and closes the connection.
+
+Cancellation: ``wait`` is the only checkpoint. When it raises ``trio.Cancelled`` the caller's
+``finally`` calls ``close``, which closes every connection still in flight (never pooled: their
+state is unknown).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+from collections.abc import Hashable
+
+import trio
+
+from smgrl.upstream.connection import RECEIVE_SIZE
+from smgrl.upstream.errors import UpstreamError
+from smgrl.upstream.http11 import NEED_DATA, Data, EndOfMessage, Head, ResponseParser
+from smgrl.upstream.pool import EnginePool
+
+__all__ = ["Batch", "Done"]
+
+_IN = select.EPOLLIN
+_OUT = select.EPOLLOUT
+
+
+class Done:
+    """One finished exchange of a batch. ``error`` is None (an answer: ``status``, ``data``),
+    ``"stale"`` (send it again elsewhere), ``"timeout"`` (the deadline passed; ``got_head`` says
+    whether the head had arrived), or ``"read"`` (the connection broke or the answer was not
+    HTTP; ``detail`` says how)."""
+
+    __slots__ = ("content_type", "data", "detail", "error", "got_head", "status", "token", "truncated")
+
+    def __init__(self, token: Hashable, error: str | None, got_head: bool = False, detail: str = "") -> None:
+        self.token = token
+        self.error = error
+        self.got_head = got_head
+        self.detail = detail
+        self.status = 0
+        self.content_type: bytes | None = None
+        self.data = b""
+        self.truncated = False
+
+
+class _Pending:
+    __slots__ = ("connection", "deadline", "fd", "head", "keep_alive", "out", "parser", "pieces", "pool",
+                 "received", "size", "token")  # fmt: skip
+
+    def __init__(self, token, pool, connection, fd, out, method, deadline, keep_alive) -> None:
+        self.token = token
+        self.pool = pool
+        self.connection = connection
+        self.fd = fd
+        self.out = out  # request bytes not yet taken by the kernel
+        self.parser = ResponseParser(method)
+        self.deadline = deadline
+        self.keep_alive = keep_alive
+        self.head: Head | None = None
+        self.pieces: list[bytes] = []
+        self.size = 0
+        self.received = False  # any response byte (a failure after one is not "stale")
+
+
+class Batch:
+    """Exchanges in flight on one private epoll. One task uses it: ``start``, ``wait``, ``close``."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._epoll = select.epoll()
+        self._live: dict[int, _Pending] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def start(
+        self,
+        token: Hashable,
+        pool: EnginePool,
+        method: str,
+        request: bytes,
+        deadline: float,
+        *,
+        keep_alive: bool = True,
+    ) -> Done | bool:
+        """Send ``request`` (serialised) on one of ``pool``'s idle plain connections. False when
+        the pool has none (send it through ``pool.stream``); a ``Done`` when it failed at once
+        (stale); True when it is in flight."""
+        connection = pool.take_idle()
+        if connection is None:
+            return False
+        fd = connection.fd
+        # From here this batch owns the connection: every path below registers it or gives it up.
+        try:
+            sent = os.write(fd, request)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            pool.give_back(connection, reusable=False)
+            return Done(token, "stale")
+        pending = _Pending(token, pool, connection, fd, request[sent:], method, deadline, keep_alive)
+        self._epoll.register(fd, _OUT if pending.out else _IN)
+        self._live[fd] = pending
+        return True
+
+    async def wait(self) -> list[Done]:
+        """The exchanges that finished (at least one, unless none is in flight): answers,
+        failures and passed deadlines. The only checkpoint of a batch."""
+        if not self._live:
+            return []
+        ready = self._epoll.poll(0)
+        if not ready:
+            soonest = min(p.deadline for p in self._live.values())
+            with trio.move_on_at(soonest):
+                await trio.lowlevel.wait_readable(self._epoll.fileno())
+            ready = self._epoll.poll(0)
+        done = []
+        for fd, events in ready:
+            pending = self._live.get(fd)
+            if pending is not None:
+                result = self._on_ready(pending, events)
+                if result is not None:
+                    done.append(result)
+        now = trio.current_time()
+        for pending in [p for p in self._live.values() if p.deadline <= now]:
+            self._forget(pending, reusable=False)
+            done.append(Done(pending.token, "timeout", pending.head is not None))
+        return done
+
+    def close(self) -> None:
+        """Close every connection still in flight (cancelled or abandoned), then the epoll."""
+        live, self._live = self._live, {}
+        for pending in live.values():
+            pending.pool.give_back(pending.connection, reusable=False)
+        self._epoll.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _forget(self, pending: _Pending, *, reusable: bool) -> None:
+        del self._live[pending.fd]
+        self._epoll.unregister(pending.fd)
+        pending.pool.give_back(pending.connection, reusable=reusable)
+
+    def _on_ready(self, pending: _Pending, events: int) -> Done | None:
+        if pending.out:
+            try:
+                sent = os.write(pending.fd, pending.out)
+            except BlockingIOError:
+                return None
+            except OSError:
+                self._forget(pending, reusable=False)
+                return Done(pending.token, "stale")
+            pending.out = pending.out[sent:]
+            if not pending.out:
+                self._epoll.modify(pending.fd, _IN)
+            return None
+        try:
+            data = os.read(pending.fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            data = None
+            why = f"socket connection broken: {exc}"
+        if not data:
+            if not pending.received:
+                # Nothing of an answer arrived on a reused connection: the engine had closed it.
+                self._forget(pending, reusable=False)
+                return Done(pending.token, "stale")
+            if data is None:
+                self._forget(pending, reusable=False)
+                return Done(pending.token, "read", pending.head is not None, why)
+            pending.parser.feed_eof()
+        else:
+            pending.received = True
+            pending.parser.feed(data)
+        try:
+            return self._parse(pending)
+        except UpstreamError as exc:
+            self._forget(pending, reusable=False)
+            return Done(pending.token, "read", pending.head is not None, str(exc))
+
+    def _parse(self, pending: _Pending) -> Done | None:
+        parser = pending.parser
+        while True:
+            event = parser.next_event()
+            if event is NEED_DATA:
+                return None
+            kind = type(event)
+            if kind is Head:
+                if event.status >= 200:  # type: ignore[union-attr]  (1xx interims are skipped)
+                    pending.head = event  # type: ignore[assignment]
+            elif kind is Data:
+                pending.pieces.append(event.data)  # type: ignore[union-attr]
+                pending.size += len(event.data)  # type: ignore[union-attr]
+                if pending.size > self._limit:
+                    self._forget(pending, reusable=False)  # nothing drained: the body may be huge
+                    return self._answer(pending, truncated=True)
+            elif kind is EndOfMessage:
+                self._forget(pending, reusable=pending.keep_alive and parser.reusable)
+                return self._answer(pending, truncated=False)
+
+    def _answer(self, pending: _Pending, *, truncated: bool) -> Done:
+        head = pending.head
+        done = Done(pending.token, None, True)
+        done.status = head.status  # type: ignore[union-attr]
+        for key, value in head.headers:  # type: ignore[union-attr]
+            if key == b"content-type":
+                done.content_type = value
+                break
+        data = pending.pieces[0] if len(pending.pieces) == 1 else b"".join(pending.pieces)
+        done.data = data[: self._limit] if truncated else data
+        done.truncated = truncated
+        return done
