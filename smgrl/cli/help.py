@@ -131,6 +131,8 @@ LAUNCH_GROUPS: dict[str, str] = {
             "--session-trajectory-strategy",
             "--session-tool-parser",
             "--session-debug",
+            "--session-idle-timeout-secs",
+            "--session-max-stored-tokens",
         ),
         "Agent sessions (TITO)",
     ),
