@@ -25,10 +25,12 @@ from smgrl.core.config import (
     Config,
     DataPlaneConfig,
     HealthConfig,
+    PsrlConfig,
     RetryConfig,
     RlConfig,
     SessionsConfig,
 )
+from smgrl.core.errors import ConfigError
 from smgrl.routing import POLICIES
 from smgrl.runtime.startup import failure_line, validate
 
@@ -220,6 +222,27 @@ def main(argv: list[str] | None = None) -> None:
     show_default=True,
     help="PSRL's psrl_enable_group_sticky: the requests of one prompt group (x-prompt-id) go to "
     "the instance its first request took while the group runs; off: the policy spreads them.",
+)
+@click.option(
+    "--psrl-ps-manager-addr",
+    default=None,
+    metavar="HOST:PORT",
+    help="PSRL's PSManager (gRPC): asked before each selection of a request with PSRL routing "
+    "metadata, as PSRL's fork asks it (docs/psrl.md, PSManager admission).",
+)
+@click.option(
+    "--psrl-candidate-sort-key",
+    type=click.Choice(["version", "reserve_capability"]),
+    default="version",
+    show_default=True,
+    help="Staged selection's order: by version, or by PSManager's reserve indicators.",
+)
+@click.option(
+    "--psrl-check-interval-ms",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How often a request PSManager holds out asks again.",
 )
 @click.option(
     "--max-loopbacks",
@@ -605,6 +628,7 @@ def config_from_options(o: dict) -> Config:
         audit=not o["disable_audit_logging"],
         audit_interval_secs=o["audit_interval_secs"],
         advertise_url=o.get("advertise_url"),
+        psrl=psrl_config(o),
     )
     cfg = validate(cfg)
     if cfg.sessions.tokenizer_path:
@@ -612,6 +636,26 @@ def config_from_options(o: dict) -> Config:
 
         load_tokenizer(cfg.sessions.tokenizer_path)  # a bad model directory: one line, exit 1
     return cfg
+
+
+def psrl_config(o: dict) -> PsrlConfig | None:
+    """PSManager admission (``--psrl-ps-manager-addr``); None without it."""
+    addr = o.get("psrl_ps_manager_addr")
+    if not addr:
+        if o.get("psrl_candidate_sort_key", "version") != "version":
+            raise ConfigError("--psrl-candidate-sort-key reserve_capability needs --psrl-ps-manager-addr")
+        return None
+    from smgrl.upstream import InvalidPsManagerAddress, parse_ps_manager_addr
+
+    try:
+        parse_ps_manager_addr(addr)
+    except InvalidPsManagerAddress as exc:
+        raise ConfigError(f"--psrl-ps-manager-addr: {exc}") from None
+    return PsrlConfig(
+        ps_manager_addr=addr,
+        candidate_sort_key=o["psrl_candidate_sort_key"],
+        recheck_secs=o["psrl_check_interval_ms"] / 1000,
+    )
 
 
 def dataplane_config(o: dict) -> DataPlaneConfig:

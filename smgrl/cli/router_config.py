@@ -77,7 +77,7 @@ INERT = {
     "router_selector": _DISCOVERY,
     "bootstrap_port_annotation": _DISCOVERY,
     "model_id_from": _DISCOVERY,
-    "routing_loop_request_sort_key": _LOOP + ": several woken at once go in arrival order",
+    "routing_loop_request_sort_key": _LOOP + ": several woken at once select in no set order",
     "routing_loop_multi_priority_queue": _LOOP + ": no version partitions",
     "routing_loop_receive_batch_size": _LOOP,
     "routing_loop_dispatch_batch_size": _LOOP,
@@ -242,6 +242,7 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
             max_concurrent_requests=int(args.max_concurrent_requests),
             queue_size=int(args.queue_size),
             queue_timeout_secs=float(args.queue_timeout_secs),
+            psrl_group_sticky=bool(args.psrl_enable_group_sticky),
             retry=RetryConfig(
                 max_retries=int(args.retry_max_retries),
                 initial_backoff_ms=int(args.retry_initial_backoff_ms),
@@ -279,7 +280,6 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
     journal_dir = None if args.smgrl_journal else os.path.dirname(cfg.journal)
     psrl = PsrlConfig(
         strategy=args.worker_selection_strategy,
-        group_sticky=bool(args.psrl_enable_group_sticky),
         candidate_sort_key=args.psrl_candidate_sort_key,
         ps_manager_addr=psm,
         recheck_secs=int(args.routing_loop_check_interval_ms) / 1000,

@@ -119,9 +119,6 @@ class PsrlConfig:
     # "psrl": requests carrying routing metadata take the staged selection; "naive" as well
     # (smgrl stages every request that carries metadata: docs/psrl.md).
     strategy: str = "psrl"
-    # Pin a prompt group's requests to the instance its first request went to (off: the fork's
-    # default; PSRL's launch turns it on).
-    group_sticky: bool = False
     # Stage 5's order: "version" (newest first / lowest acceptable first) or PSManager's
     # reserve indicator ("reserve_capability", needs ps_manager_addr).
     candidate_sort_key: str = "version"

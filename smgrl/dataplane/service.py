@@ -175,9 +175,8 @@ class DataPlane:
         return 0 if stats is None else stats.requests
 
     def use_psrl(self, psrl: PsrlConfig) -> None:
-        """PSRL's selection settings: prompt-group stickiness, and PSManager and the KV gate
-        (``smgrl/dataplane/psrl_select.py``; None when neither is configured)."""
-        self.group_sticky = psrl.group_sticky
+        """PSRL's PSManager and KV gate (``smgrl/dataplane/psrl_select.py``; ``self.psrl`` is None
+        when neither is configured)."""
         self.psrl = PsrlSelection.build(psrl, self.instance_stats)
 
     def close(self) -> None:

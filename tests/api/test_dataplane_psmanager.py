@@ -297,7 +297,7 @@ async def test_prompt_groups_are_pinned_only_when_group_stickiness_is_on():
                     nursery.start_soon(one, i)
             return served
 
-        dp.use_psrl(PsrlConfig(group_sticky=False))  # the fork's default
+        dp.group_sticky = False  # --psrl-group-sticky off: the fork's default
         assert len(await group(100, "g")) == 2  # round robin
-        dp.use_psrl(PsrlConfig(group_sticky=True))  # PSRL's launch turns it on
+        dp.group_sticky = True  # PSRL's launch turns it on
         assert len(await group(200, "h")) == 1  # pinned while the group runs

@@ -109,8 +109,8 @@ def test_a_prompt_group_sent_to_two_hosts_on_postgres_lands_on_one_instance(
     """Two gateways as if on two hosts (separate ports) on one PostgreSQL journal; each group's
     requests alternate between them, all at once."""
     urls = fakes("sglang", 4)
-    _, base_a = start(children, tmp_path, pg_url, "--enable-rl", "--policy", "random")
-    _, base_b = start(children, tmp_path, pg_url, "--enable-rl", "--policy", "random")
+    _, base_a = start(children, tmp_path, pg_url, "--enable-rl", "--policy", "random", "--psrl-group-sticky")
+    _, base_b = start(children, tmp_path, pg_url, "--enable-rl", "--policy", "random", "--psrl-group-sticky")
     for url in urls:
         st, _, body = request(base_a, "POST", "/workers", {"url": url})
         assert st == 202, body

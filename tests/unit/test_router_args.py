@@ -36,7 +36,8 @@ def test_psrl_rollout_namespace_maps_as_psrl_means_it():
     assert cfg.request_timeout_secs == NO_TIMEOUT_SECS  # 2**64 - 1: no timeout, no overflow
     assert cfg.log_level == "warn"
     assert cfg.sessions.trajectory_strategy == "manual"
-    assert (psrl.strategy, psrl.group_sticky, psrl.ps_manager_addr) == ("psrl", True, "10.0.0.1:50051")
+    assert (psrl.strategy, psrl.ps_manager_addr) == ("psrl", "10.0.0.1:50051")
+    assert cfg.dataplane.psrl_group_sticky
     assert psrl.recheck_secs == 0.01
     assert launch.log_file == "/logs/smgrl-gateway-8100.log"
     # TITO without a tokenizer: launched, with one line saying what is missing.
@@ -51,7 +52,7 @@ def test_psrl_rollout_namespace_maps_as_psrl_means_it():
 def test_psrl_reward_namespace_keeps_its_metrics_port_and_no_ps_manager():
     launch = plan(reward_namespace("127.0.0.1", 8300, 4100, None))
     assert (launch.config.policy, launch.config.prometheus_port) == ("round_robin", 4100)
-    assert launch.psrl.ps_manager_addr is None and not launch.psrl.group_sticky
+    assert launch.psrl.ps_manager_addr is None and not launch.config.dataplane.psrl_group_sticky
     assert launch.log_file is None
 
 
@@ -119,3 +120,22 @@ def test_the_default_journal_is_per_port_and_per_launch():
     assert default_journal(RouterArgs(port=8300), {"SMGRL_JOURNAL_DIR": "/j"}, when) != path
     named = plan(RouterArgs(port=8100, smgrl_journal=":memory:"))
     assert named.config.journal == ":memory:" and named.journal_dir is None
+
+
+def test_smgrl_launch_flags_set_the_same_ps_manager_settings():
+    from smgrl.cli.main import psrl_config
+    from smgrl.core.errors import ConfigError
+
+    opts = {"psrl_ps_manager_addr": None, "psrl_candidate_sort_key": "version", "psrl_check_interval_ms": 10}
+    assert psrl_config(opts) is None
+    opts["psrl_ps_manager_addr"] = "grpc://10.0.0.1:50051"
+    cfg = psrl_config(opts)
+    assert (cfg.ps_manager_addr, cfg.candidate_sort_key, cfg.recheck_secs) == (
+        "grpc://10.0.0.1:50051",
+        "version",
+        0.01,
+    )
+    with pytest.raises(ConfigError, match="--psrl-ps-manager-addr"):
+        psrl_config({**opts, "psrl_ps_manager_addr": "https://h:1"})
+    with pytest.raises(ConfigError, match="needs --psrl-ps-manager-addr"):
+        psrl_config({**opts, "psrl_ps_manager_addr": None, "psrl_candidate_sort_key": "reserve_capability"})
