@@ -94,7 +94,17 @@ LAUNCH_GROUPS: dict[str, str] = {
         ),
         "Routing (data plane)",
     ),
-    **dict.fromkeys(("--max-loopbacks", "--admission-hook", "--psrl-group-sticky"), "PSRL rollouts"),
+    **dict.fromkeys(
+        (
+            "--max-loopbacks",
+            "--admission-hook",
+            "--psrl-group-sticky",
+            "--psrl-candidate-sort-key",
+            "--psrl-check-interval-ms",
+            "--psrl-ps-manager-addr",
+        ),
+        "PSRL rollouts",
+    ),
     **dict.fromkeys(
         (
             "--dataplane-max-body-size",
