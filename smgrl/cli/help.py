@@ -94,7 +94,17 @@ LAUNCH_GROUPS: dict[str, str] = {
         ),
         "Routing (data plane)",
     ),
-    **dict.fromkeys(("--max-loopbacks", "--admission-hook"), "PSRL rollouts"),
+    **dict.fromkeys(
+        (
+            "--max-loopbacks",
+            "--admission-hook",
+            "--psrl-group-sticky",
+            "--psrl-candidate-sort-key",
+            "--psrl-check-interval-ms",
+            "--psrl-ps-manager-addr",
+        ),
+        "PSRL rollouts",
+    ),
     **dict.fromkeys(
         (
             "--dataplane-max-body-size",
@@ -131,6 +141,8 @@ LAUNCH_GROUPS: dict[str, str] = {
             "--session-trajectory-strategy",
             "--session-tool-parser",
             "--session-debug",
+            "--session-idle-timeout-secs",
+            "--session-max-stored-tokens",
         ),
         "Agent sessions (TITO)",
     ),

@@ -144,7 +144,9 @@ def test_fanout_error_carries_each_engine_s_reason(fakes, gateway, tmp_path):
     assert err.payload["message"].startswith("failed workers: ")
     assert sorted(err.payload["message"].removeprefix("failed workers: ").split(", ")) == ids
     lines = str(err).splitlines()[1:]
-    assert len(lines) == 2
+    assert (
+        len(lines) == 3 and lines[-1] == "  failed on every target (2 of 2)"
+    )  # one per engine, then the sum
     for row in rows:
         (line,) = [x for x in lines if row["id"] in x]
         assert f"{row['url']}: upstream_error HTTP 400: " in line

@@ -163,15 +163,19 @@ def test_fleet_page_shows_versions_quarantine_and_the_refit_cycle(fakes, gateway
             )
 
         ops = wait_for(
-            lambda: (o := operations()) and any(r[2] == "GET model_info" for r in o) and o,
+            lambda: (
+                (o := operations()) and any(r[2:4] == ["GET model_info", "engine=sglang"] for r in o) and o
+            ),
             what="the fan-out in the last operations",
         )
         assert len({r[0] for r in ops}) == len(ops)
         assert all(re.fullmatch(r"\d\d:\d\d:\d\d", r[1]) for r in ops)
         (refit,) = [r for r in ops if r[2] == "refit to 9"]
         assert refit[3] == "engine=sglang" and refit[4].startswith("quarantined (held out: ")
-        (fan,) = [r for r in ops if r[2] == "GET model_info"]
-        assert fan[3] == "engine=sglang" and re.fullmatch(r"ok 4/4 in \d+ ms", fan[4])
+        (fan,) = [r for r in ops if r[2:4] == ["GET model_info", "engine=sglang"]]
+        assert re.fullmatch(r"ok 4/4 in \d+ ms", fan[4])
+        # The refit's own calls are listed under its id (their selector).
+        assert any(r[3] == "refit:" + refit[0] for r in ops)
         shot = os.environ.get("SMGRL_FLEET_SCREENSHOT")
         if shot:
             browser.save_screenshot(shot)

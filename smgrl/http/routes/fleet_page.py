@@ -28,7 +28,7 @@ PAGE = r"""<!doctype html>
   #legend { font-size: .85em; margin: .2em 0 .4em; } #legend .item { margin-right: 1em; white-space: nowrap; }
   #legend .swatch { display: inline-block; width: .9em; height: .9em; margin-right: .3em; vertical-align: -.1em; }
   #ops td.time { white-space: nowrap; } #ops tr.failed td.result, #ops tr.partial td.result { color: #b3261e; }
-  .mono { font-family: ui-monospace, monospace; font-size: .9em; }
+  .mono { font-family: ui-monospace, monospace; font-size: .9em; } #fleet td.mono { white-space: nowrap; }
 </style>
 </head>
 <body>
