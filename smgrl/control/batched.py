@@ -1,7 +1,7 @@
 """A fan-out's engine calls made from one task (``smgrl.upstream.batch``), with the per-call rules.
 
-``run_fanout`` gives every call a task of its own; that machinery (task, cancel scope, exchange,
-response, readiness wait) was most of a 64-engine fan-out's CPU (docs/benchmarks.md). Here the
+A task of its own per engine call (its cancel scope, exchange, response and readiness wait) was
+most of a 64-engine fan-out's CPU (docs/benchmarks.md, the independent harness). Here the
 request task itself writes each target's request on a kept-alive connection, then collects the
 answers round by round from one wait. What stays the same as ``call_worker`` (smgrl/control/
 call.py) for every target:

@@ -209,7 +209,7 @@ class Spawns(trio.abc.Instrument):
 async def test_a_fanout_on_kept_alive_connections_runs_in_the_request_task(nursery):
     with trio.fail_after(SAFETY):
         outcomes, spawned = await batched(nursery, ["json"] * 8)
-    assert spawned == 0  # a task per engine call (run_fanout) spawned 8
+    assert spawned == 0  # a task per engine call (the earlier fan-out runner) spawned 8
     assert all(o["status"] == 200 and o["body"] == {"a": [1, 2]} for o in outcomes.values())
 
 
