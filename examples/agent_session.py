@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import secrets
 import sys
 import time
 
@@ -257,7 +256,12 @@ def main() -> int:
     p.add_argument("--tokenizer-path", default=None)
     args = p.parse_args()
     if args.refit_version is None:
-        args.refit_version = f"session-{secrets.token_hex(3)}"
+        # The start time at a fixed width: a later run's version sorts after an earlier run's (text
+        # versions compare as text), so a session floor from before the refit is met by it.
+        now = time.time()
+        args.refit_version = (
+            "session-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}"
+        )
     missing = preflight(args)
     if missing:
         print(f"agent_session: {missing}", file=sys.stderr)

@@ -48,8 +48,10 @@ What it needs (checked at the start; exit 2 with what to do when something is mi
   per-token latency (``smgrl fake-engine --token-latency-ms 2``), else no sync aborts anything.
 
 It runs as often as you like on the same fleet: each run publishes versions of its own
-(``--version-prefix``, default ``loop-<random>-``, then 1, 2, ...), never one an earlier run or
-another document published.
+(``--version-prefix``, default ``loop-<UTC time>-``, then 001, 002, ...), never one an earlier run
+or another document published. Versions that are not numbers compare as text (SMG's rule), so the
+default prefix is the start time at a fixed width: a later run's versions are newer than an
+earlier run's, and a rollout's version floor from before a refit stays within reach.
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ import argparse
 import itertools
 import json
 import os
-import secrets
 import sys
 import threading
 import time
@@ -95,12 +96,18 @@ class Refit:
     finished: float = 0.0
 
 
+def _utc_stamp() -> str:
+    """The time now at a fixed width (``20261201T221530123``): later stamps sort after earlier ones."""
+    now = time.time()
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}"
+
+
 def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.Event) -> None:
     """The trainer's side, blocking (``smgrl.rl`` is synchronous): one refit every few seconds."""
     for k in range(1, args.refits + 1):
         if stop.wait(args.refit_every):
             return
-        refit = Refit(k, f"{args.version_prefix}{k}", time.monotonic())
+        refit = Refit(k, f"{args.version_prefix}{k:03d}", time.monotonic())
         if args.partial_rollout:
             # The sync that aborts what the engines run; the gateway keeps their tokens.
             rl.fanout("pause_generation", {"mode": "abort"}, selector=args.selector)
@@ -326,7 +333,7 @@ async def run(args) -> int:
         return 2
     workers, model_path = found
     if args.version_prefix is None:
-        args.version_prefix = f"loop-{secrets.token_hex(3)}-"
+        args.version_prefix = f"loop-{_utc_stamp()}-"
     # OpenAI routes need `model`: the name the gateway registered (GET /v1/models), which stays
     # routable after refits even when the engine then reports its checkpoint path.
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -396,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--version-prefix",
         default=None,
-        help="versions published: PREFIX1, PREFIX2, ... (default loop-<random>-)",
+        help="versions published: PREFIX001, PREFIX002, ... (default loop-<UTC time>-)",
     )
     ap.add_argument(
         "--grace", type=float, default=0.05, help="seconds between holding rollouts and the refit"

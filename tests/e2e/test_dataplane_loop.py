@@ -29,10 +29,13 @@ def test_async_rl_loop_example_twice_on_one_fleet(fakes, gateway):
         )  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         assert "async RL loop passed" in run.stdout
-        versions = set(re.findall(r"now at (loop-[0-9a-f]{6}-[12])", run.stdout))
+        versions = set(re.findall(r"now at (loop-\d{8}T\d{9}-00[12])", run.stdout))
         assert len(versions) == 2, run.stdout
         published.append(versions)
     assert not published[0] & published[1]
+    # Text versions compare as text: the second run's are newer than the first run's, so a rollout
+    # floor taken before its first refit is met after it (a random prefix sorted either way).
+    assert max(published[0]) < min(published[1])
 
 
 def test_async_rl_loop_says_what_it_needs(fakes, gateway, tmp_path):

@@ -345,7 +345,8 @@ def _engine_stats(dataplane, base: str, rank: int) -> dict[str, Any] | None:
 
 def _stats_items(data: bytes) -> list[dict[str, Any]]:
     """PSRL's ``[{worker_id, dp_rank?, timestamp?, scheduler_stats?}]`` (400 ``invalid_body``
-    for anything but a list of objects; each item's own problems reject that item only)."""
+    for anything but a list of objects whose fields have their types; an item that names no
+    instance is rejected in the results, the others are still taken)."""
     try:
         items = json.loads(data) if data else None
     except (ValueError, UnicodeDecodeError):
@@ -354,7 +355,17 @@ def _stats_items(data: bytes) -> list[dict[str, Any]]:
         raise InvalidBody(
             f"expected a list of at most {MAX_ITEMS} {{worker_id, dp_rank?, scheduler_stats}} objects"
         )
+    for n, item in enumerate(items):
+        for name, kinds in _STATS_FIELDS:
+            value = item.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+                raise InvalidBody(f"item {n}: `{name}` must be {_KIND_NAMES[kinds]}")
     return items
+
+
+# The types of a stats push item's fields (any other field is ignored).
+_STATS_FIELDS = (("worker_id", str), ("dp_rank", int), ("timestamp", str), ("scheduler_stats", dict))
+_KIND_NAMES = {str: "a string", int: "an integer", dict: "an object"}
 
 
 def _items(data: bytes) -> list[dict[str, Any]]:
@@ -636,10 +647,15 @@ class _FilterItem:
     is_validate: bool
 
 
-@model(inline=True)
+@model(inline=True, additional=True)
 class _StatsPushItem:
-    worker_id: str = field("the engine's registry id (or URL); with dp_rank, of its rank-0 record")
-    dp_rank: int = field(optional=True, minimum=0)
+    worker_id: str = field(
+        "the engine's registry id (or URL); with dp_rank, of its rank-0 record. An item without one, "
+        "or naming no instance, is answered `rejected` in the results (as PSRL's fork: one push, "
+        "per-item outcomes, 200)",
+        optional=True,
+    )
+    dp_rank: int = field(optional=True)
     timestamp: str = field("RFC 3339; an older snapshot than the one kept is ignored", optional=True)
     scheduler_stats: dict = field(
         "num_running_reqs, num_waiting_reqs, kv_cache_usage, req_id_to_prompt_token_num, "
