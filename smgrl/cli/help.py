@@ -41,6 +41,8 @@ LAUNCH_GROUPS: dict[str, str] = {
             "--port",
             "--workers",
             "--advertise-url",
+            "--forward-port",
+            "--worker-metrics-port",
             "--max-payload-size",
             "--request-timeout-secs",
             "--max-concurrent-large-bodies",

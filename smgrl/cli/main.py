@@ -547,6 +547,22 @@ def main(argv: list[str] | None = None) -> None:
     "session's or a refit's requests to (docs/scale-out.md, Forwarding).",
 )
 @click.option(
+    "--forward-port",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="The private loopback port other gateway processes forward a session's or a refit's requests "
+    "to; with --workers N, worker i listens on PORT+i. 0: a free port.",
+)
+@click.option(
+    "--worker-metrics-port",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="With --workers N: worker i's own metrics listener on 127.0.0.1:PORT+i, which --prometheus-port "
+    "merges. 0: a free port.",
+)
+@click.option(
     "--workers",
     default=1,
     show_default=True,
@@ -628,6 +644,8 @@ def config_from_options(o: dict) -> Config:
         audit=not o["disable_audit_logging"],
         audit_interval_secs=o["audit_interval_secs"],
         advertise_url=o.get("advertise_url"),
+        forward_port=o.get("forward_port", 0),
+        worker_metrics_port=o.get("worker_metrics_port", 0),
         psrl=psrl_config(o),
     )
     cfg = validate(cfg)

@@ -111,14 +111,14 @@ class PeerUnreachable(PeerGone):
     ``--advertise-url``, or the hop limit): retrying the request cannot help."""
 
 
-def private_socket(backlog: int) -> socket.socket:
-    """The private listener: loopback only, a free port. Listening at once (unlike the public
-    port): its URL is journaled before the server accepts, and a request forwarded in between
-    waits in the backlog instead of being refused as if this process were gone."""
+def private_socket(backlog: int, port: int = 0) -> socket.socket:
+    """The private listener: loopback only, ``port`` (0: a free one). Listening at once (unlike
+    the public port): its URL is journaled before the server accepts, and a request forwarded in
+    between waits in the backlog instead of being refused as if this process were gone."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         sock.listen(backlog)
         sock.setblocking(False)
     except OSError:

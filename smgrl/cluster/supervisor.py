@@ -155,7 +155,15 @@ class Supervisor:
                 ENV_LIFELINE_FD: str(life_r),
             }
         )
-        extra = ["--prometheus-port", "0", "--prometheus-host", "127.0.0.1"]
+        # Each worker's own metrics listener, scraped by this process: a free loopback port, or
+        # --worker-metrics-port + the worker's index.
+        base = self.cfg.worker_metrics_port
+        extra = [
+            "--prometheus-port",
+            str(base + worker.index if base else 0),
+            "--prometheus-host",
+            "127.0.0.1",
+        ]
         cmd = [sys.executable, "-m", "smgrl", "launch", *self.args, *extra]
         try:
             worker.proc = await trio.lowlevel.open_process(

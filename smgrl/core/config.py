@@ -185,6 +185,11 @@ class Config:
     # Several gateway hosts on one journal: the URL other hosts forward requests for this
     # process's sessions and refits to (docs/scale-out.md, "Forwarding"); None: same host only.
     advertise_url: str | None = None
+    # The private loopback port the other gateway processes forward to (0: a free one), and with
+    # --workers N each worker's own metrics port that the supervisor scrapes (0: a free one);
+    # worker i takes PORT + i (docs/scale-out.md, "Pinning the per-worker ports").
+    forward_port: int = 0
+    worker_metrics_port: int = 0
 
     # PSRL's selection settings (RouterArgs, smgrl.launch_router; docs/psrl.md): None leaves the
     # data plane as the flags set it.
@@ -240,6 +245,12 @@ def check(cfg: Config) -> Config:
             "Configuration error: Invalid value for field 'rl': --rl-version-policy requires --enable-rl"
         )
     _validate_dataplane(cfg)
+    for name, port in (
+        ("--forward-port", cfg.forward_port),
+        ("--worker-metrics-port", cfg.worker_metrics_port),
+    ):
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"Invalid {name} {port} (expected 0-65535)")
     if cfg.advertise_url is not None:
         problem = advertise_url_problem(cfg.advertise_url)
         if problem is not None:

@@ -150,11 +150,14 @@ async def serve(
             # Several processes: a private loopback listener, the same app, so that the others
             # can reach THIS process (the shared port reaches any): smgrl/cluster/forwarding.py.
             try:
-                private = private_socket(hc.backlog)
+                # --forward-port pins it: worker i of --workers N takes PORT + i.
+                port = cfg.forward_port + sharing.index if cfg.forward_port else 0
+                private = private_socket(hc.backlog, port)
             except OSError as exc:
+                where = f"127.0.0.1:{port}" if port else "127.0.0.1"
                 raise StartupError(
-                    f"cannot listen on 127.0.0.1 (the private port other gateway processes forward to): "
-                    f"{exc.strerror or exc}"
+                    f"cannot listen on {where} (the private port other gateway processes forward to"
+                    f"{', --forward-port' if port else ''}): {exc.strerror or exc}"
                 ) from None
             resources.callback(private.close)
         metrics_listeners = await bind_metrics(cfg)

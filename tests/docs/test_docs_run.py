@@ -154,6 +154,14 @@ def _scale_out(doc: Doc) -> None:
         ("--prometheus-port 29000", f"--prometheus-port {metrics}"),
         ("127.0.0.1:29000", f"127.0.0.1:{metrics}"),
     ]
+    # The pinned-ports recipe: its own supervisor (30100, 29100) and two pairs of worker ports.
+    forward, wmetrics = _consecutive_free_ports(2), _consecutive_free_ports(2)
+    doc.subs += [
+        ("--port 30100", f"--port {free_port()}"),
+        ("--prometheus-port 29100", f"--prometheus-port {free_port()}"),
+        ("--forward-port 30110", f"--forward-port {forward}"),
+        ("--worker-metrics-port 29110", f"--worker-metrics-port {wmetrics}"),
+    ]
 
 
 SETUPS: dict[str, Callable[[Doc], None]] = {

@@ -267,3 +267,44 @@ def test_workers_refused_in_one_line_while_a_lone_gateway_owns_the_journal(gatew
     )
     assert "is in use by another smgrl gateway" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _free_pair() -> int:
+    """A port P with P and P+1 free on 127.0.0.1 now (bounded tries)."""
+    import socket
+
+    for _ in range(50):
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_pinned_per_worker_forward_and_metrics_ports(children, tmp_path):
+    """--forward-port and --worker-metrics-port: worker i's private forward listener and its own
+    metrics listener are on PORT+i (a firewall or a scrape config can name them), not free ports."""
+    forward, wmetrics = _free_pair(), _free_pair()
+    journal = str(tmp_path / "j.db")
+    _, _, murl, pids, _ = start_supervisor(
+        children, tmp_path, journal, "--forward-port", str(forward), "--worker-metrics-port", str(wmetrics)
+    )
+    assert len(set(pids)) == 2
+    peers = wait_until(
+        "both workers' gateway.peer events",
+        lambda: (
+            urls
+            if len(urls := {e.event.url for e in journal_events(journal) if e.event.TYPE == "gateway.peer"})
+            == 2
+            else None
+        ),
+    )
+    assert {urllib.parse.urlsplit(u).port for u in peers} == {forward, forward + 1}
+    for port in (wmetrics, wmetrics + 1):  # each worker's own exposition, on the pinned port
+        assert "smgrl_workers" in metrics(f"http://127.0.0.1:{port}/metrics")
+    assert "gateway_worker=" in metrics(murl)  # the supervisor still merges them
