@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     run(cli, sys.argv[1:] if argv is None else argv, "smgrl")
 
 
-@cli.command(cls=_MultiValueCommand)
+# The command's own context settings too (not only the group's): click keeps a command's help
+# option once made, so `launch` run on its own (a test, PSRL's launch) must not fix it at --help.
+@cli.command(cls=_MultiValueCommand, context_settings=CONTEXT)
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to bind (SMG's default is 0.0.0.0)."
 )

@@ -13,6 +13,7 @@ import urllib.error
 
 import click
 
+from smgrl.cli.help import CONTEXT
 from smgrl.core import escape as safe
 from smgrl.rl import RL, GatewayUnreachable, RefitError, RlError
 
@@ -57,7 +58,7 @@ def _gateway_url(ctx, param, value: str) -> str:
     return value
 
 
-@click.command("refit")
+@click.command("refit", context_settings=CONTEXT)
 @click.option(
     "--gateway", required=True, callback=_gateway_url, help="The gateway's base URL (http://HOST:PORT)."
 )
