@@ -11,6 +11,8 @@ in epoll) is left out. Needs ``py-spy`` (``pip install py-spy``; root, or ptrace
     python benchmarks/profile.py fanout --engines 8 [--secs 15]
     python benchmarks/profile.py discovery --engines 8
     python benchmarks/profile.py bare --clients 64   # the patched hypercorn + a bare ASGI app
+    python benchmarks/profile.py grpc --clients 1 [--route /v1/chat/completions] [--stream]
+                                                     # rollouts to fake engines over gRPC
 
 Every process this starts is stopped by its PID; every loop is bounded by ``--secs``.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +37,7 @@ if ROOT not in sys.path:
 
 from benchmarks.dataplane import GENERATE_BODY, HEADERS, cpu_seconds, start_bare, wait_routable
 from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers
+from smgrl.tito.testkit import make_model_dir
 from smgrl.upstream import EnginePool
 
 # Buckets, first match wins: a prefix of the frame's file as py-spy prints it (the path below
@@ -41,6 +45,8 @@ from smgrl.upstream import EnginePool
 BUCKETS = [
     ("smgrl raw front (api/dataplane.py)", "smgrl/http/fronts/dataplane.py"),
     ("smgrl hypercorn patches", "smgrl/http/hypercorn_patches.py"),
+    ("smgrl gRPC answer (dataplane/grpc)", "smgrl/dataplane/grpc/"),
+    ("smgrl gRPC client (upstream/grpc)", "smgrl/upstream/grpc/"),
     ("smgrl data plane service", "smgrl/dataplane/"),
     ("smgrl upstream pool + parser", "smgrl/upstream/"),
     ("smgrl routing", "smgrl/routing/"),
@@ -61,6 +67,11 @@ BUCKETS = [
     ("trio run loop, cancel scopes, sync", "trio/"),
     ("logging", "logging/"),
     ("json", "json/"),
+    ("h2 / hpack (gRPC's HTTP/2)", "h2/"),
+    ("h2 / hpack (gRPC's HTTP/2)", "hpack/"),
+    ("protobuf", "google/protobuf/"),
+    ("tokenizers / jinja2", "tokenizers/"),
+    ("tokenizers / jinja2", "jinja2/"),
 ]
 # Frames that only wrap everything (the entry point, trio.run): not a bucket of their own.
 OUTER = ("smgrl/__main__.py", "smgrl/cli/main.py", "smgrl/runtime/server.py", "<string>", "runpy.py")
@@ -131,7 +142,9 @@ def top_functions(raw_path: str, limit: int = 25) -> list[tuple[str, int]]:
 # -- loads ----------------------------------------------------------------------------------------
 
 
-async def rollout_load(base: str, clients: int, secs: float) -> int:
+async def rollout_load(
+    base: str, clients: int, secs: float, route: str = "/generate", body: bytes = GENERATE_BODY
+) -> int:
     pool = EnginePool(base, max_idle=clients)
     done = 0
     deadline = trio.current_time() + secs
@@ -139,7 +152,7 @@ async def rollout_load(base: str, clients: int, secs: float) -> int:
     async def client() -> None:
         nonlocal done
         while trio.current_time() < deadline:
-            resp, _, _ = await pool.request("POST", "/generate", headers=HEADERS, body=GENERATE_BODY)
+            resp, _, _ = await pool.request("POST", route, headers=HEADERS, body=body)
             done += resp.status == 200
 
     async with trio.open_nursery() as nursery:
@@ -162,7 +175,9 @@ async def control_load(base: str, method: str, path: str, secs: float) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["rollout", "fanout", "discovery", "bare"])
+    ap.add_argument("what", choices=["rollout", "fanout", "discovery", "bare", "grpc"])
+    ap.add_argument("--route", default="/generate", help="grpc: the route driven")
+    ap.add_argument("--stream", action="store_true", help="grpc: streamed requests")
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--secs", type=float, default=15.0)
@@ -198,6 +213,13 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         if args.what == "bare":
             gw = start_bare(port, log)
+        elif args.what == "grpc":
+            from benchmarks.grpc_rollouts import start_smgrl
+
+            tok = str(make_model_dir(os.path.join(work, "tok"), "chatml"))
+            fakes, urls = start_fake_engines("sglang", args.engines, ["--grpc", "--tokenizer-path", tok])
+            children.append(fakes)
+            gw, base = start_smgrl(urls, fakes.control_urls, tok, work)
         else:
             fakes, urls = start_fake_engines("sglang", args.engines)
             children.append(fakes)
@@ -212,6 +234,8 @@ def main() -> None:
         children.append(gw)
         if args.what == "bare":
             _wait_up(base)
+        elif args.what == "grpc":
+            pass  # start_smgrl waited for the workers
         elif args.what == "rollout":
             wait_routable(base)
         else:
@@ -270,6 +294,11 @@ def _wait_up(base: str) -> None:
 def _load(args, base: str, secs: float) -> int:
     if args.what in ("rollout", "bare"):
         return trio.run(rollout_load, base, args.clients, secs)
+    if args.what == "grpc":
+        from benchmarks.grpc_rollouts import CHAT, GENERATE, MODEL
+
+        obj = {**(GENERATE if args.route == "/generate" else CHAT), "model": MODEL, "stream": args.stream}
+        return trio.run(rollout_load, base, args.clients, secs, args.route, json.dumps(obj).encode())
     if args.what == "fanout":
         return trio.run(
             control_load, base, "POST", "/v1/rl/engine/flush_cache?selector=engine%3Dsglang", secs

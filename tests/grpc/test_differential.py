@@ -331,3 +331,18 @@ async def test_channel_set_shares_one_channel_per_address(server):
     await channels.aclose()
     with pytest.raises(Unavailable):
         await a.unary(f"/{SERVICE}/Echo", Msg(data=b"z"), Msg)
+
+
+async def test_finished_calls_give_their_bytes_back_to_the_connection_window(server):
+    # 400 answers of 200 kB (80 MB) on one connection, over its 64 MiB window: a call whose
+    # last bytes arrived with its end must still hand them back, or the connection stalls.
+    port, _ = server
+    ch = Channel("127.0.0.1", port)
+    try:
+        with trio.fail_after(60):
+            for _ in range(400):
+                got = await ch.unary(f"/{SERVICE}/Echo", Msg(sha256="big:200000"), Msg, timeout=5)
+                assert len(got.data) == 200000
+        assert ch.connections_opened == 1
+    finally:
+        await ch.aclose()

@@ -1,14 +1,18 @@
-"""One HTTP/2 connection to one engine: the trio shell around h2's state machine.
+"""One HTTP/2 connection to one engine: the trio shell around :mod:`~smgrl.upstream.grpc.http2`.
 
-Three tasks per connection, none per stream: a reader (socket -> h2 events -> each call's
-:class:`~smgrl.upstream.grpc.framing.CallState`), a writer (whatever h2 has to send, batched
-across streams, flushed when woken), and a keep-alive pinger when asked for. They run as a
-trio *system task* (``spawn_system_task``): a channel is made without a nursery, lazily, and
+Three tasks per connection, none per stream: a reader (socket -> the codec -> each call's
+:class:`~smgrl.upstream.grpc.framing.CallState`), a writer (whatever the codec has to send,
+batched across streams, flushed when woken), and a keep-alive pinger when asked for. They run as
+a trio *system task* (``spawn_system_task``): a channel is made without a nursery, lazily, and
 its connection must outlive whichever caller happened to open it; :meth:`close` (or the run's
 end) cancels it. Every exception inside is caught and turned into the connection's failure.
 
-Calls change h2's state synchronously and wake the writer, so cancelling a call (RST_STREAM)
-never needs an await and works inside an already-cancelled scope.
+Calls change the codec's state synchronously and wake the writer, so cancelling a call
+(RST_STREAM) never needs an await and works inside an already-cancelled scope.
+
+A graceful GOAWAY (NO_ERROR) leaves the connection receiving: RFC 9113 6.8 lets the streams up
+to ``last_stream_id`` run to their end, and grpcio's graceful shutdown is a GOAWAY, a PING,
+another GOAWAY, then the streams' last frames. An error GOAWAY fails the connection at once.
 """
 
 from __future__ import annotations
@@ -16,40 +20,17 @@ from __future__ import annotations
 import itertools
 import math
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
 import trio
 
+from smgrl.upstream.grpc import http2
 from smgrl.upstream.grpc.framing import CallState
 from smgrl.upstream.grpc.status import GrpcError, StatusCode, Unavailable
 
 READ_SIZE = 256 * 1024
 STREAM_WINDOW = 4 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
+MAX_HEADER_LIST_SIZE = 64 * 1024
 _ping_ids = itertools.count(1)
-
-
-class _H2Client(h2.connection.H2Connection):
-    """h2's connection with one change: a graceful GOAWAY (NO_ERROR) leaves it receiving.
-
-    h2 closes its state machine on any GOAWAY and drops what it had to send, so the frames that
-    follow raise ProtocolError; but RFC 9113 6.8 lets the streams up to ``last_stream_id`` run
-    to their end, and grpcio's graceful shutdown is a GOAWAY, a PING, another GOAWAY, then the
-    streams' last frames. An error GOAWAY still closes at once.
-    """
-
-    def _receive_goaway_frame(self, frame):
-        if frame.error_code != 0:
-            return super()._receive_goaway_frame(frame)
-        event = h2.events.ConnectionTerminated()
-        event.error_code = h2.errors._error_code_from_int(frame.error_code)
-        event.last_stream_id = frame.last_stream_id
-        event.additional_data = frame.additional_data or None
-        return [], [event]
 
 
 class GrpcCall:
@@ -86,7 +67,7 @@ class GrpcCall:
                 await event.wait()
             self._event = None
 
-    def cancel(self, error_code: int = h2.errors.ErrorCodes.CANCEL) -> None:
+    def cancel(self, error_code: int = http2.CANCEL) -> None:
         """RST_STREAM unless the stream is over (synchronous: safe in a cancelled scope)."""
         self._conn.reset(self, error_code)
 
@@ -106,18 +87,12 @@ class GrpcConnection:
         self.max_message_bytes = max_message_bytes
         self.keepalive_secs = keepalive_secs
         self.keepalive_timeout_secs = keepalive_timeout_secs
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self.h2 = conn = _H2Client(config)
-        conn.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 64 * 1024,
-            },
+        self.h2 = http2.ClientCodec(
+            self,
+            stream_window=STREAM_WINDOW,
+            connection_window=CONNECTION_WINDOW,
+            max_header_list_size=MAX_HEADER_LIST_SIZE,
         )
-        conn.initiate_connection()
-        conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self.calls: dict[int, GrpcCall] = {}
         self.failure: GrpcError | None = None
         self.goaway = False
@@ -138,7 +113,7 @@ class GrpcConnection:
     @property
     def usable(self) -> bool:
         """Takes new calls: alive, no GOAWAY, stream ids left."""
-        return self.failure is None and not self.goaway and self.h2.highest_outbound_stream_id < 2**31 - 1000
+        return self.failure is None and not self.goaway and self.h2.highest_stream_id < 2**31 - 1000
 
     def close(self, reason: str = "channel closed") -> None:
         self._fail(Unavailable(StatusCode.UNAVAILABLE, reason))
@@ -188,74 +163,82 @@ class GrpcConnection:
                 self._fail(Unavailable(StatusCode.UNAVAILABLE, "Socket closed"))
                 return
             try:
-                events = self.h2.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
+                self.h2.receive(data)
+            except http2.ProtocolError as exc:
+                self.h2.goaway(exc.code)
+                self.kick()
                 self._fail(GrpcError(StatusCode.INTERNAL, f"HTTP/2 protocol error: {exc}"))
                 return
-            for event in events:
-                self._on_event(event)
             self.kick()
             if self.goaway and not self.calls:
                 return
 
-    def _on_event(self, event) -> None:
-        calls = self.calls
-        if isinstance(event, h2.events.DataReceived):
-            call = calls.get(event.stream_id)
-            if call is None:
-                # A call already gone: give the bytes back to the connection window.
-                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                return
-            call.unacked += event.flow_controlled_length
-            call.state.on_data(event.data)
-            if call.state.done:
-                # A message too large (or malformed): the call ends here, the server is told.
-                self.reset(call, h2.errors.ErrorCodes.CANCEL)
-            call.wake()
-        elif isinstance(event, h2.events.ResponseReceived):
-            call = calls.get(event.stream_id)
-            if call is not None:
-                call.state.on_headers(event.headers)
-                call.wake()
-        elif isinstance(event, h2.events.TrailersReceived):
-            call = calls.get(event.stream_id)
-            if call is not None:
-                call.state.on_trailers(event.headers)
-                call.wake()
-        elif isinstance(event, h2.events.StreamEnded):
-            call = calls.pop(event.stream_id, None)
-            if call is not None:
-                call.state.on_end()
-                call.wake()
-                self._changed.unpark_all()
-        elif isinstance(event, h2.events.StreamReset):
-            call = calls.pop(event.stream_id, None)
-            if call is not None:
-                call.state.on_reset(event.error_code)
-                call.wake()
-                self._changed.unpark_all()
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
-            self.settings_received = True
-            self._changed.unpark_all()
-        elif isinstance(event, h2.events.WindowUpdated):
-            self._changed.unpark_all()
-        elif isinstance(event, h2.events.PingAckReceived):
-            self.pings_acked += 1
-            self._ping_acked.set()
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._on_goaway(event)
+    # -- what the codec hands over (called inside receive) ---------------------------------------
+    def on_data(self, sid: int, data: bytes, flow: int, end: bool) -> None:
+        call = self.calls.get(sid)
+        if call is None:
+            # A call already gone: give the bytes back to the connection window.
+            self.h2.acknowledge(sid, flow)
+            return
+        call.unacked += flow
+        state = call.state
+        state.on_data(data)
+        if end:
+            self._over(call)
+            state.on_end()
+        elif state.done:
+            # A message too large (or malformed): the call ends here, the server is told.
+            self.reset(call, http2.CANCEL)
+        call.wake()
 
-    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
+    def on_headers(self, sid: int, headers: list, end: bool) -> None:
+        call = self.calls.get(sid)
+        if call is None:
+            return
+        call.state.on_headers(headers)
+        if end:
+            self._over(call)
+            call.state.on_end()
+        call.wake()
+
+    def on_reset(self, sid: int, code: int) -> None:
+        call = self.calls.get(sid)
+        if call is not None:
+            self._over(call)
+            call.state.on_reset(code)
+            call.wake()
+
+    def _over(self, call: GrpcCall) -> None:
+        """The server ended ``call``'s stream: its slot frees, and the bytes it received go back
+        to the connection window now (nobody acknowledges a finished call's reads: kept, they
+        would shrink the window for good, and a long-lived connection would stall)."""
+        del self.calls[call.id]
+        if call.unacked:
+            self.h2.acknowledge(call.id, call.unacked)
+            call.unacked = 0
+        self._changed.unpark_all()
+
+    def on_settings(self) -> None:
+        self.settings_received = True
+        self._changed.unpark_all()
+
+    def on_window(self) -> None:
+        self._changed.unpark_all()
+
+    def on_ping_ack(self) -> None:
+        self.pings_acked += 1
+        self._ping_acked.set()
+
+    def on_goaway(self, last: int, code: int) -> None:
         # Streams above last_stream_id were never processed (safe to retry elsewhere): they end
         # UNAVAILABLE now; the ones below it run to their end; no new stream starts here.
         self.goaway = True
-        last = event.last_stream_id if event.last_stream_id is not None else 0
-        detail = f"GOAWAY received (error code {event.error_code})"
+        detail = f"GOAWAY received (error code {code})"
         for sid in [sid for sid in self.calls if sid > last]:
             call = self.calls.pop(sid)
             call.state.finish(StatusCode.UNAVAILABLE, detail)
             call.wake()
-        if event.error_code != h2.errors.ErrorCodes.NO_ERROR:
+        if code != http2.NO_ERROR:
             self._fail(Unavailable(StatusCode.UNAVAILABLE, detail))
         self._changed.unpark_all()
 
@@ -287,11 +270,12 @@ class GrpcConnection:
 
     # -- what calls use -----------------------------------------------------------------------------
     def kick(self) -> None:
-        """Hand what h2 has to send to the writer; wake it only when there is something (most
-        reads produce nothing to send, and a wake-up is a task switch)."""
-        data = self.h2.data_to_send()
-        if data:
-            self._outbox += data
+        """Hand what the codec has to send to the writer; wake it only when there is something
+        (most reads produce nothing to send, and a wake-up is a task switch)."""
+        out = self.h2.out
+        if out:
+            self._outbox += out
+            out.clear()
             self._wake_writer.set()
 
     def _check(self) -> None:
@@ -306,24 +290,28 @@ class GrpcConnection:
         conn = self.h2
         while True:
             self._check()
-            limit = conn.remote_settings.max_concurrent_streams
+            limit = conn.max_concurrent_streams
             if not self.settings_received:
                 # Before the server's SETTINGS arrive its limit is unknown: RFC 9113 suggests
                 # no less than 100, and going over it gets streams refused.
                 limit = min(limit, 100)
-            if conn.open_outbound_streams < limit:
+            if conn.open_streams < limit:
                 break
             await self._changed.park()
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, headers)
+        sid = conn.open_stream(headers)
         call = GrpcCall(self, sid, self.max_message_bytes)
         self.calls[sid] = call
+        if len(body) <= conn.send_window(sid) and len(body) <= conn.max_frame_size:
+            # The usual call: its body fits the window and one frame, sent with its HEADERS.
+            conn.send_data(sid, body, end_stream=True)
+            self.kick()
+            return call
         try:
             await self._send_body(call, body)
         except BaseException:
             # Cancelled (or the connection failed) while the body waited for window: the stream
             # must not stay half-sent on the server.
-            self.reset(call, h2.errors.ErrorCodes.CANCEL)
+            self.reset(call, http2.CANCEL)
             raise
         return call
 
@@ -333,15 +321,15 @@ class GrpcConnection:
         while True:
             if call.state.done:
                 return
-            window = conn.local_flow_control_window(call.id)
+            window = conn.send_window(call.id)
             if window <= 0 and view:
                 self.kick()
                 await self._changed.park()
                 self._check()
                 continue
-            size = min(window, len(view), conn.max_outbound_frame_size)
+            size = min(window, len(view))
             last = size == len(view)
-            conn.send_data(call.id, view[:size].tobytes(), end_stream=last)
+            conn.send_data(call.id, view[:size], end_stream=last)
             view = view[size:]
             self.kick()
             if last:
@@ -349,10 +337,7 @@ class GrpcConnection:
 
     def acknowledge(self, call: GrpcCall) -> None:
         if self.failure is None and call.unacked:
-            try:
-                self.h2.acknowledge_received_data(call.unacked, call.id)
-            except h2.exceptions.ProtocolError:
-                pass
+            self.h2.acknowledge(call.id, call.unacked)
             call.unacked = 0
             self.kick()
 
@@ -360,14 +345,9 @@ class GrpcConnection:
         self.calls.pop(call.id, None)
         if self.failure is not None:
             return
-        try:
-            self.h2.reset_stream(call.id, error_code)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            pass  # already over on the wire
-        else:
-            if call.unacked:
-                # The reset stream's bytes still count against the connection window.
-                self.h2.acknowledge_received_data(call.unacked, call.id)
-                call.unacked = 0
+        if self.h2.reset(call.id, error_code) and call.unacked:
+            # The reset stream's bytes still count against the connection window.
+            self.h2.acknowledge(call.id, call.unacked)
+            call.unacked = 0
         self._changed.unpark_all()
         self.kick()
