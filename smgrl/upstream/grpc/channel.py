@@ -183,12 +183,16 @@ class Channel:
         timeout: float | None = None,
         metadata: tuple = (),
     ) -> AsyncIterator[Stream]:
-        deadline = math.inf if timeout is None else trio.current_time() + timeout
-        try:
-            with trio.fail_at(deadline):
-                call = await self._start(path, request, timeout, metadata)
-        except trio.TooSlowError:
-            raise DeadlineExceeded(StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE) from None
+        if timeout is None:
+            deadline = math.inf
+            call = await self._start(path, request, timeout, metadata)
+        else:
+            deadline = trio.current_time() + timeout
+            try:
+                with trio.fail_at(deadline):
+                    call = await self._start(path, request, timeout, metadata)
+            except trio.TooSlowError:
+                raise DeadlineExceeded(StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE) from None
 
         async def restart() -> GrpcCall:
             nonlocal call

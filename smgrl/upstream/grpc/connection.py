@@ -63,8 +63,11 @@ class GrpcCall:
                 # slows its stream (not the connection: each stream has its own window).
                 self._conn.acknowledge(self)
             self._event = event = trio.Event()
-            with trio.fail_at(deadline):
-                await event.wait()
+            if deadline == math.inf:
+                await event.wait()  # no deadline: no cancel scope to set up per wait
+            else:
+                with trio.fail_at(deadline):
+                    await event.wait()
             self._event = None
 
     def cancel(self, error_code: int = http2.CANCEL) -> None:

@@ -85,6 +85,45 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
 
 
+def _skip_integer(block: bytes, i: int, prefix_bits: int) -> tuple[int, int]:
+    """(value, next offset) of the HPACK integer at ``i`` (RFC 7541 5.1)."""
+    limit = (1 << prefix_bits) - 1
+    value = block[i] & limit
+    i += 1
+    if value == limit:
+        shift = 0
+        while True:
+            byte = block[i]
+            i += 1
+            value += (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+    return value, i
+
+
+def table_neutral(block: bytes) -> bool:
+    """No field of the block changes the decoder's dynamic table: each is indexed (6.1) or a
+    literal without or never indexing (6.2.2, 6.2.3); none is added to the table (6.2.1) or
+    resizes it (6.3). Such a block decodes the same for as long as the table is unchanged."""
+    i, end = 0, len(block)
+    try:
+        while i < end:
+            first = block[i]
+            if first & 0x80:
+                _, i = _skip_integer(block, i, 7)
+            elif first & 0xE0:  # 01xxxxxx (incremental indexing) or 001xxxxx (size update)
+                return False
+            else:
+                index, i = _skip_integer(block, i, 4)
+                for _ in range(1 if index else 2):  # the name (when not indexed), the value
+                    length, i = _skip_integer(block, i, 7)
+                    i += length
+        return i == end
+    except IndexError:
+        return False
+
+
 class _Stream:
     __slots__ = ("local_closed", "send_window", "unacked")
 
@@ -117,6 +156,8 @@ class ClientCodec:
         self.decoder = hpack.Decoder()
         self.decoder.max_header_list_size = max_header_list_size
         self._fields: dict[tuple[bytes, bytes], bytes] = {}
+        self._decoded: dict[bytes, tuple[int, list]] = {}
+        self._table_changes = 0
         self._buf = bytearray()
         self._headers: tuple[int, int, bytearray] | None = None  # a block awaiting CONTINUATION
         settings = b"".join(
@@ -318,12 +359,28 @@ class ClientCodec:
             self._headers = None
             self._headers_done(sid, pending[1], bytes(pending[2]))
 
-    def _headers_done(self, sid: int, flags: int, block: bytes) -> None:
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """A header block's pairs. A block that leaves the dynamic table as it was is cached for as
+        long as the table does not change (a server answers most calls with the same few bytes of
+        HEADERS and of trailers)."""
+        cached = self._decoded.get(block)
+        if cached is not None and cached[0] == self._table_changes:
+            return cached[1]
         try:
-            # Decoded even for a stream that is over: the dynamic table must follow every block.
             headers = self.decoder.decode(block, raw=True)
         except hpack.HPACKError as exc:
             raise ProtocolError(f"bad header block: {exc}", 0x9) from None  # COMPRESSION_ERROR
+        if table_neutral(block):
+            if len(self._decoded) >= 256:
+                self._decoded.clear()
+            self._decoded[block] = (self._table_changes, headers)
+        else:
+            self._table_changes += 1  # the block may have added or evicted table entries
+        return headers
+
+    def _headers_done(self, sid: int, flags: int, block: bytes) -> None:
+        # Decoded even for a stream that is over: the dynamic table must follow every block.
+        headers = self._decode(block)
         if sid not in self.streams:
             if sid > self.highest_stream_id or sid % 2 == 0:
                 raise ProtocolError(f"HEADERS on a stream never opened ({sid})")
