@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import trio
 
@@ -103,6 +104,9 @@ class GrpcConnection:
         self.pings_acked = 0
         self._wake_writer = trio.Event()
         self._outbox = bytearray()
+        self._sending = False  # the writer is inside send_all
+        sock = getattr(stream, "socket", None)
+        self._fd: int | None = sock.fileno() if sock is not None else None
         self._changed = trio.lowlevel.ParkingLot()  # window, settings, slots, failure
         self._scope = trio.CancelScope()
         self._ping_acked = trio.Event()
@@ -251,11 +255,14 @@ class GrpcConnection:
             self._wake_writer = trio.Event()
             data, self._outbox = self._outbox, bytearray()
             if data:
+                self._sending = True
                 try:
                     await self.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     self._fail(Unavailable(StatusCode.UNAVAILABLE, f"Socket closed: {exc}"))
                     return
+                finally:
+                    self._sending = False
 
     async def _keepalive(self) -> None:
         while True:
@@ -276,10 +283,24 @@ class GrpcConnection:
         """Hand what the codec has to send to the writer; wake it only when there is something
         (most reads produce nothing to send, and a wake-up is a task switch)."""
         out = self.h2.out
-        if out:
-            self._outbox += out
-            out.clear()
-            self._wake_writer.set()
+        if not out:
+            return
+        if not self._outbox and not self._sending and self._fd is not None and self.failure is None:
+            # Nothing queued before these bytes: written at once, without waking the writer (a
+            # task switch per call). The socket is non-blocking; what it does not take now goes
+            # to the writer, after anything else. (``failure`` is set before the socket closes,
+            # so the descriptor is still this connection's.)
+            try:
+                sent = os.write(self._fd, out)
+            except OSError:
+                sent = 0  # full, or broken: the writer's send meets it and fails the connection
+            if sent == len(out):
+                out.clear()
+                return
+            del out[:sent]
+        self._outbox += out
+        out.clear()
+        self._wake_writer.set()
 
     def _check(self) -> None:
         if self.failure is not None:
