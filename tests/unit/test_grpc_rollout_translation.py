@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smgrl.dataplane.grpc.build import Untranslatable, message, plan
+from smgrl.dataplane.grpc.build import Untranslatable, encoded, message, plan
 from smgrl.dataplane.grpc.detok import Detokenizer
 from smgrl.dataplane.grpc.render import GenItem, RenderedAnswer
 from smgrl.tito import ChatTokenizer
@@ -108,3 +108,32 @@ def test_the_final_stream_event_does_not_repeat_the_last_token(tok):
     assert new == []  # the Complete frame's ids were all streamed already
     event = answer.event(item, new, "", True)
     assert b'"output_ids":[7,8]' in event and b'"finish_reason":{"type":"length","length":2}' in event
+
+
+@pytest.mark.parametrize("wire", sorted(WIRES))
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8, "temperature": 0.5, "stop": ["x"]}},
+        {"input_ids": [[4, 5], [6]], "return_logprob": True, "top_logprobs_num": 2, "stream": True,
+         "sampling_params": {"seed": 7, "stop_token_ids": [9], "regex": "a+", "min_new_tokens": 1}},
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("dp_rank", [None, 0, 3])
+def test_encoded_request_parses_to_the_message(wire, body, dp_rank):
+    # The fast path serializes the shared fields once per plan and the per-call ones each
+    # time: the bytes must parse to exactly the message built field by field, on every wire.
+    p = plan("/generate", body, None)
+    for index in range(len(p.prompts)):
+        for _ in range(2):  # the second time from the cache
+            fast = encoded(WIRES[wire], p, index, f"r{index}", dp_rank)
+            want = message(WIRES[wire], p, index, f"r{index}", dp_rank)
+            assert WIRES[wire].pb.GenerateRequest.FromString(fast.SerializeToString()) == want
+            assert fast.request_id == f"r{index}"
+
+
+def test_sampling_cache_tells_true_from_one():
+    # A cached Sampling must not answer for a body whose values only compare equal (True == 1).
+    assert plan("/generate", {"input_ids": [1], "sampling_params": {"top_k": 1}}, None).sampling.top_k == 1
+    with pytest.raises(Untranslatable):
+        plan("/generate", {"input_ids": [1], "sampling_params": {"top_k": True}}, None)

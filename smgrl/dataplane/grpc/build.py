@@ -107,8 +107,51 @@ def _ids(value: Any, name: str) -> tuple[int, ...]:
 _FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
+_SAMPLINGS: dict[tuple, Sampling] = {}
+
+
+_READ = (*_FLOATS, "top_k", "min_new_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos",
+         "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "sampling_seed", "seed",
+         "regex", "json_schema")  # fmt: skip
+
+
+def _params_key(params: dict[str, Any], max_key: str) -> tuple | None:
+    """A hashable key of what ``sampling_of`` reads of ``params`` (each value with its type:
+    ``True`` and ``1`` differ here), None when such a value is not a scalar or a list of them."""
+    key: list = [max_key]
+    for name in (max_key, *_READ):
+        value = params.get(name)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            if not all(isinstance(v, (str, int, float)) for v in value):
+                return None
+            value = ("list", *((type(v), v) for v in value))
+        elif not isinstance(value, (str, int, float)):
+            return None
+        key.append((name, type(value), value))
+    return tuple(key)
+
+
 def sampling_of(params: dict[str, Any], *, max_key: str) -> Sampling:
-    """SGLang's ``sampling_params`` (``max_key`` "max_new_tokens") or an OpenAI body ("max_tokens")."""
+    """SGLang's ``sampling_params`` (``max_key`` "max_new_tokens") or an OpenAI body ("max_tokens").
+
+    Rollouts repeat a handful of sampling settings: the Sampling of a set seen before is reused
+    (bounded; an unhashable value just skips the cache)."""
+    key = _params_key(params, max_key)
+    if key is not None:
+        cached = _SAMPLINGS.get(key)
+        if cached is not None:
+            return cached
+    sampling = _read_sampling(params, max_key)
+    if key is not None:
+        if len(_SAMPLINGS) >= 1024:
+            _SAMPLINGS.clear()
+        _SAMPLINGS[key] = sampling
+    return sampling
+
+
+def _read_sampling(params: dict[str, Any], max_key: str) -> Sampling:
     fields: dict[str, Any] = {}
     for key in _FLOATS:
         if params.get(key) is not None:
@@ -270,6 +313,65 @@ def plan(route: str, obj: dict[str, Any], tokenizer) -> Plan:
 def message(wire, plan: Plan, index: int, request_id: str, dp_rank: int | None):
     """The ``GenerateRequest`` of prompt ``index`` of ``plan`` on ``wire`` (its ``pb`` module)."""
     pb = wire.pb
+    req = _shared_fields(wire, plan)
+    req.update(_own_fields(pb, plan, index, request_id, dp_rank))
+    return pb.GenerateRequest(**req)
+
+
+class Encoded:
+    """A ``GenerateRequest`` already serialized (what the gRPC client sends: it calls
+    ``SerializeToString``; the Abort names ``request_id``)."""
+
+    __slots__ = ("data", "request_id")
+
+    def __init__(self, request_id: str, data: bytes) -> None:
+        self.request_id = request_id
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
+        return self.data
+
+
+_SHARED: dict[tuple, bytes] = {}
+
+
+def encoded(wire, plan: Plan, index: int, request_id: str, dp_rank: int | None) -> Encoded:
+    """``message(...)`` serialized, the fast way: the fields every prompt of a plan shares
+    (sampling, stream, log-prob asks) are serialized once per distinct set and reused, and only
+    the request id, the prompt and the rank are serialized per call. Protobuf's wire format
+    merges concatenated messages, and the two parts set disjoint fields, so the bytes parse to
+    exactly ``message(...)`` (a unit test checks it)."""
+    key = (
+        wire.name,
+        plan.sampling,
+        plan.stream,
+        plan.return_logprob,
+        plan.top_logprobs,
+        plan.logprob_start_len,
+    )
+    shared = _SHARED.get(key)
+    if shared is None:
+        shared = wire.pb.GenerateRequest(**_shared_fields(wire, plan)).SerializeToString()
+        if len(_SHARED) >= 1024:
+            _SHARED.clear()
+        _SHARED[key] = shared
+    own = wire.pb.GenerateRequest(**_own_fields(wire.pb, plan, index, request_id, dp_rank))
+    return Encoded(request_id, own.SerializeToString() + shared)
+
+
+def _own_fields(pb, plan: Plan, index: int, request_id: str, dp_rank: int | None) -> dict[str, Any]:
+    text = plan.texts[index] if index < len(plan.texts) else None
+    own: dict[str, Any] = {
+        "request_id": request_id,
+        "tokenized": pb.TokenizedInput(input_ids=plan.prompts[index], original_text=text or ""),
+    }
+    if dp_rank is not None:
+        own["data_parallel_rank"] = dp_rank
+    return own
+
+
+def _shared_fields(wire, plan: Plan) -> dict[str, Any]:
+    pb = wire.pb
     s = plan.sampling
     name = wire.name
     vllm = name.startswith("vllm")
@@ -307,19 +409,9 @@ def message(wire, plan: Plan, index: int, request_id: str, dp_rank: int | None):
     for key in ("regex", "json_schema"):
         if getattr(s, key) is not None:
             sp[key] = getattr(s, key)
-    ids = list(plan.prompts[index])
-    text = plan.texts[index] if index < len(plan.texts) else None
-    tokenized = pb.TokenizedInput(input_ids=ids, original_text=text or "")
-    req: dict[str, Any] = {
-        "request_id": request_id,
-        "tokenized": tokenized,
-        "sampling_params": pb.SamplingParams(**sp),
-        "stream": plan.stream,
-    }
+    req: dict[str, Any] = {"sampling_params": pb.SamplingParams(**sp), "stream": plan.stream}
     if not vllm:
         req["return_logprob"] = plan.return_logprob
         req["top_logprobs_num"] = plan.top_logprobs
         req["logprob_start_len"] = plan.logprob_start_len
-    if dp_rank is not None:
-        req["data_parallel_rank"] = dp_rank
-    return pb.GenerateRequest(**req)
+    return req

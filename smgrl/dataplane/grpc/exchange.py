@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from smgrl.core.wire import json_bytes
-from smgrl.dataplane.grpc.build import Plan, Untranslatable, message, plan
+from smgrl.dataplane.grpc.build import Plan, Untranslatable, encoded, plan
 from smgrl.dataplane.grpc.render import GenItem, RenderedAnswer
 from smgrl.upstream import WIRES, Channel, ConnectError, EngineClient, GrpcError, ReadError, StatusCode
 
@@ -104,19 +104,25 @@ class GrpcEngines:
 
     def __init__(self) -> None:
         self.channels: dict[tuple[str, int], Channel] = {}
+        self._clients: dict[tuple[str, str], EngineClient] = {}
         self.tokenizer = None  # the gateway's ChatTokenizer (--tokenizer-path), when it has one
 
     def client(self, base_url: str, wire: str) -> EngineClient:
+        client = self._clients.get((base_url, wire))
+        if client is not None:
+            return client
         host, port = address(base_url)
         channel = self.channels.get((host, port))
         if channel is None:
             channel = self.channels[(host, port)] = Channel(host, port)
-        return EngineClient(channel, WIRES[wire])
+        client = self._clients[(base_url, wire)] = EngineClient(channel, WIRES[wire])
+        return client
 
     async def aclose(self) -> None:
         for channel in list(self.channels.values()):
             await channel.aclose()
         self.channels.clear()
+        self._clients.clear()
 
     @contextlib.asynccontextmanager
     async def exchange(self, instance, version: str | None, route: str, body: bytes):
@@ -179,7 +185,7 @@ class GenerateCalls:
         self.dp_rank = dp_rank
 
     def _request(self, item: GenItem):
-        return message(self.client.wire, self.plan, item.index, item.rid, self.dp_rank)
+        return encoded(self.client.wire, self.plan, item.index, item.rid, self.dp_rank)
 
     async def buffered(self, items: list[GenItem]) -> None:
         async def one(item: GenItem) -> None:

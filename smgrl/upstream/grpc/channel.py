@@ -127,6 +127,7 @@ class Channel:
         self.connections_opened = 0
         self._conn: GrpcConnection | None = None
         self._lock = trio.Lock()
+        self._headers: dict[str, list] = {}  # per method path, for calls without timeout or metadata
         self._closed = False
 
     async def _connection(self) -> GrpcConnection:
@@ -161,7 +162,13 @@ class Channel:
 
     async def _start(self, path: str, request: Any, timeout: float | None, metadata: tuple) -> GrpcCall:
         body = encode(request.SerializeToString())
-        headers = request_headers(self.authority, path, timeout, metadata)
+        if timeout is None and not metadata:
+            # The usual engine call: the same headers every time for a method.
+            headers = self._headers.get(path)
+            if headers is None:
+                headers = self._headers[path] = request_headers(self.authority, path, None)
+        else:
+            headers = request_headers(self.authority, path, timeout, metadata)
         for attempt in (1, 2):
             conn = await self._connection()
             try:
