@@ -328,7 +328,7 @@ class Encoded:
         self.request_id = request_id
         self.data = data
 
-    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name
+    def SerializeToString(self) -> bytes:
         return self.data
 
 
