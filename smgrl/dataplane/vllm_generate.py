@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from smgrl.core.errors import InvalidRequest
-from smgrl.dataplane.grpc.build import Untranslatable
+from smgrl.dataplane.grpc.build import Untranslatable, id_prompts
 
 ROUTE = "/inference/v1/generate"
 # SGLang sampling_params names -> vLLM's (the same name where it is not listed).
@@ -41,20 +41,19 @@ _PASSED = frozenset(
 
 
 def prompt_ids(obj: Mapping[str, Any]) -> list[int]:
-    ids = obj.get("input_ids")
-    if isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], list):
-        ids = ids[0]  # a one-item batch
-    if (
-        not isinstance(ids, list)
-        or not ids
-        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-    ):
+    """The one prompt of token ids of a ``/generate`` body (``input_ids``, or a one-item batch of
+    them), read as the gRPC path reads it."""
+    try:
+        _, prompts = id_prompts(obj.get("input_ids"))
+        if len(prompts) != 1 or not prompts[0]:
+            raise Untranslatable("invalid_request", "not one prompt")
+    except Untranslatable:
         raise Untranslatable(
             "invalid_request",
             "a /generate for a vLLM worker needs one prompt of token ids (`input_ids`): vLLM serves no "
             "/generate, and its token-in route takes no text and no batch",
-        )
-    return ids
+        ) from None
+    return list(prompts[0])
 
 
 def to_vllm(obj: Mapping[str, Any], ids: list[int] | None = None) -> bytes:

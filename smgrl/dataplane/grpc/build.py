@@ -179,6 +179,13 @@ def _read_sampling(params: dict[str, Any], max_key: str) -> Sampling:
     return Sampling(**fields)
 
 
+def id_prompts(input_ids: Any) -> tuple[bool, list[tuple[int, ...]]]:
+    """``/generate``'s ``input_ids``: one prompt of token ids or a batch (a list of them), as
+    (batch, prompts). The one reader of it, for gRPC engines and for vLLM's token-in route."""
+    batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+    return batch, [_ids(p, "input_ids") for p in (input_ids if batch else [input_ids])]
+
+
 def plan_generate(obj: dict[str, Any], tokenizer) -> Plan:
     """SGLang's ``/generate`` body."""
     text, input_ids = obj.get("text"), obj.get("input_ids")
@@ -196,8 +203,7 @@ def plan_generate(obj: dict[str, Any], tokenizer) -> Plan:
             )
         prompts = [tuple(tokenizer.encode(t)) for t in texts]
     else:
-        batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
-        prompts = [_ids(p, "input_ids") for p in (input_ids if batch else [input_ids])]
+        batch, prompts = id_prompts(input_ids)
         texts = [None] * len(prompts)
     if not prompts or not all(prompts):
         raise Untranslatable("invalid_request", "the request has no prompt tokens")
