@@ -137,3 +137,18 @@ def test_sampling_cache_tells_true_from_one():
     assert plan("/generate", {"input_ids": [1], "sampling_params": {"top_k": 1}}, None).sampling.top_k == 1
     with pytest.raises(Untranslatable):
         plan("/generate", {"input_ids": [1], "sampling_params": {"top_k": True}}, None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_a_buffered_answer_decoded_at_once_equals_the_incremental_text(data):
+    tok = _tokenizer()
+    ids = data.draw(st.lists(st.integers(0, tok.tokenizer.get_vocab_size() - 1), max_size=40))
+
+    def decode(x):
+        return tok.tokenizer.decode(x, skip_special_tokens=True)
+
+    incremental = Detokenizer(decode)
+    slow = incremental.add(ids) + incremental.flush()
+    at_once = Detokenizer(decode)
+    assert at_once.whole(ids) + at_once.flush() == slow == decode(ids)

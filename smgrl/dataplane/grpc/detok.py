@@ -39,6 +39,14 @@ class Detokenizer:
             return delta
         return ""
 
+    def whole(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` when nothing was added before (a buffered answer): what ``add``
+        then ``flush`` give together, in one decode."""
+        assert not self.ids, "whole() is for a detokenizer that holds nothing"
+        self.ids.extend(ids)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return self._decode(self.ids)
+
     def flush(self) -> str:
         """The text of ids still held (an incomplete character at the end stays as U+FFFD)."""
         if self.read_offset == len(self.ids):

@@ -16,8 +16,9 @@ string the gateway found, a timeout) resets the stream and sends the engine's Ab
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
-import uuid
+import os
 from collections.abc import AsyncIterator, Callable
 
 import trio
@@ -28,6 +29,11 @@ from smgrl.dataplane.grpc.render import GenItem, RenderedAnswer
 from smgrl.upstream import WIRES, Channel, ConnectError, EngineClient, GrpcError, ReadError, StatusCode
 
 JSON = b"application/json"
+# Engine request ids: a random prefix per process and a counter (unique, as Abort needs; not
+# secret: they name requests to engines and in answers). A uuid4 per request cost a getrandom
+# syscall each.
+_ID_PREFIX = os.urandom(8).hex()
+_ids = itertools.count(1)
 SSE = b"text/event-stream"
 
 # gRPC status -> the HTTP status of the answer (SMG's mapping for the codes an engine sends).
@@ -147,7 +153,7 @@ class GrpcEngines:
 
         # Each call its own engine request id (a body's ``rid`` where it names one): Abort names
         # it, so two requests must never share one (a caller's x-request-id may repeat).
-        base = uuid.uuid4().hex
+        base = f"{_ID_PREFIX}{next(_ids):08x}"
         items = [
             GenItem(the_plan, i, the_plan.rids[i] if i < len(the_plan.rids) and the_plan.rids[i] else
                  (base if len(the_plan.prompts) == 1 else f"{base}-{i}"), version, decode)

@@ -99,7 +99,12 @@ class GenItem:
                     self.logprobs.extend(_pairs(lp)[-len(new) :] if streamed else _pairs(lp))
                 if self.tops is not None:
                     self.tops.extend(_tops(lp)[-len(new) :] if streamed else _tops(lp))
-        delta = self._add_text(new) if not self.stop_hit else ""
+        if self.stop_hit:
+            delta = ""
+        elif not streamed and self.detok is not None and not self.detok.ids:
+            delta = self._check_stops(self._whole_text(new))  # a buffered answer: one decode
+        else:
+            delta = self._add_text(new)
         if self.detok is not None and not self.stop_hit:
             tail = self.detok.flush()
             delta += tail
@@ -117,6 +122,11 @@ class GenItem:
             self.logprobs.extend(_pairs(msg.output_logprobs))
         if self.tops is not None:
             self.tops.extend(_tops(msg.output_logprobs))
+
+    def _whole_text(self, ids: list[int]) -> str:
+        text = self.detok.whole(ids) if ids else ""
+        self.text += text
+        return text
 
     def _add_text(self, new: list[int]) -> str:
         if self.detok is None or not new:
@@ -183,12 +193,13 @@ def _finish(msg, count: int) -> dict[str, Any]:
 
 
 def _matched(msg) -> Any:
-    which = msg.WhichOneof("matched_stop") if "matched_stop" in _oneofs(msg) else None
+    has_oneof = _has_matched_oneof(msg.DESCRIPTOR)
+    which = msg.WhichOneof("matched_stop") if has_oneof else None
     if which == "matched_token_id":
         return msg.matched_token_id
     if which == "matched_stop_str":
         return msg.matched_stop_str
-    if which is None and "matched_stop" not in _oneofs(msg):
+    if which is None and not has_oneof:
         if msg.matched_stop_str:
             return msg.matched_stop_str
         if msg.matched_token_id:
@@ -196,8 +207,16 @@ def _matched(msg) -> Any:
     return None
 
 
-def _oneofs(msg) -> dict:
-    return msg.DESCRIPTOR.oneofs_by_name
+_MATCHED_ONEOF: dict[Any, bool] = {}
+
+
+def _has_matched_oneof(descriptor) -> bool:
+    """Whether this wire's Complete names the match in a ``matched_stop`` oneof (looked up once
+    per message type: the descriptor's oneof table is built on each access)."""
+    known = _MATCHED_ONEOF.get(descriptor)
+    if known is None:
+        known = _MATCHED_ONEOF[descriptor] = "matched_stop" in descriptor.oneofs_by_name
+    return known
 
 
 class RenderedAnswer:
