@@ -1,6 +1,9 @@
-"""gRPC to inference engines, on trio over the h2 state machine (no asyncio, no thread per stream).
+"""gRPC to inference engines, on trio over a hand-written HTTP/2 client codec (no asyncio, no
+thread per stream).
 
-- ``framing``: length-prefixed messages and one call's response state, pure (h2 events in).
+- ``framing``: length-prefixed messages and one call's response state, pure (headers, data,
+  trailers, end and reset of its stream in).
+- ``http2``: the client side of HTTP/2 as gRPC uses it, pure (bytes in, a handler called, bytes out).
 - ``connection``: one HTTP/2 connection: reader, writer and keep-alive tasks; flow control,
   MAX_CONCURRENT_STREAMS, GOAWAY, RST_STREAM on cancel.
 - ``channel``: :class:`Channel`, calls to one engine (lazy connect, reconnect, deadlines);
