@@ -22,6 +22,7 @@ from smgrl.core import Worker, on_this_host
 from smgrl.refit import plan as P
 from smgrl.refit.errors import CheckpointMissing
 from smgrl.refit.request import RefitRequest
+from smgrl.refit.results import result_of
 from smgrl.state import EngineRun, Saga
 from smgrl.telemetry.journaling import ev
 
@@ -154,15 +155,3 @@ class FailSafe:
                 saga.refit_id,
                 [ev("refit.step_done", refit_id=saga.refit_id, phase="load", results=kept), *confirm],
             )
-
-
-def summary(saga: Saga) -> str:
-    """How the engines ended, by status (``2 resumed, 1 refused, 1 quarantined``)."""
-    counts: dict[str, int] = {}
-    for r in saga.engines.values():
-        counts[r.status] = counts.get(r.status, 0) + 1
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
-
-
-def result_of(run: EngineRun, result: str, detail: str | None) -> dict[str, Any]:
-    return {"worker_id": run.worker_id, "result": result, "detail": detail}
