@@ -5,10 +5,10 @@ stops, all paused."""
 
 from __future__ import annotations
 
+from smgrl.events import RefitState, RefitStepDone, WorkerQuarantined
 from smgrl.refit import plan as P
 from smgrl.refit.results import failure_reason, result_of
 from smgrl.state import EngineRun, Saga
-from smgrl.telemetry.journaling import ev
 
 
 class FailurePolicies:
@@ -49,8 +49,7 @@ class FailurePolicies:
         for r, why in runs:
             reason = f"refit {saga.refit_id}: {why}"
             events.append(
-                ev(
-                    "worker.quarantined",
+                WorkerQuarantined(
                     worker_id=r.worker_id,
                     base_url=r.base_url,
                     reason=reason[:500],
@@ -58,8 +57,7 @@ class FailurePolicies:
                 )
             )
         events.append(
-            ev(
-                "refit.step_done",
+            RefitStepDone(
                 refit_id=saga.refit_id,
                 phase="quarantine",
                 results=[result_of(r, "quarantined", why) for r, why in runs],
@@ -70,7 +68,7 @@ class FailurePolicies:
     async def _rollback(self, saga: Saga) -> None:
         """Reload the previous checkpoint on every engine that was asked to load (or whose
         weights are unknown), then version, flush, verify and resume ALL on the old version."""
-        await self._append(saga.refit_id, [ev("refit.state", refit_id=saga.refit_id, state="rolling_back")])
+        await self._append(saga.refit_id, [RefitState(refit_id=saga.refit_id, state="rolling_back")])
         paused = [r for r in saga.engines.values() if "pause" in r.done]
         touched = [
             r for r in paused if r.phase not in (None, "pause", "init", "begin") or r.status == "unknown"

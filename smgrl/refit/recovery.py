@@ -10,11 +10,11 @@ from typing import Any
 
 import trio
 
+from smgrl.events import RefitState, RefitStepDone
 from smgrl.refit import plan as P
 from smgrl.refit.results import result_of
 from smgrl.refit.transfer import Transfer
 from smgrl.state import EngineRun, Saga
-from smgrl.telemetry.journaling import ev
 
 # Phases safe to run again after a crash cut them short (idempotent on every kind).
 REPEATABLE = frozenset({"pause", "version", "flush", "verify", "checksum", "resume", "destroy"})
@@ -38,7 +38,7 @@ class Recovery:
         # trainer's hand-off landing on any process is forwarded here.
         await self._append(
             saga.refit_id,
-            [ev("refit.state", refit_id=saga.refit_id, state="recovering", gateway=self.control.identity)],
+            [RefitState(refit_id=saga.refit_id, state="recovering", gateway=self.control.identity)],
         )
         step = saga.open_step
         if step is not None:
@@ -48,7 +48,7 @@ class Recovery:
                 # "retry": the projection puts them back where they were; the loop runs it again.
                 retry = [result_of(r, "retry", "cut short by a restart") for r in runs]
                 await self._append(
-                    saga.refit_id, [ev("refit.step_done", refit_id=saga.refit_id, phase=phase, results=retry)]
+                    saga.refit_id, [RefitStepDone(refit_id=saga.refit_id, phase=phase, results=retry)]
                 )
             elif phase in P.WEIGHT_PHASES:
                 await self._recheck(saga, phase, runs)
@@ -56,7 +56,7 @@ class Recovery:
                 results = [result_of(r, "unknown", f"{phase} cut short by a restart") for r in runs]
                 await self._append(
                     saga.refit_id,
-                    [ev("refit.step_done", refit_id=saga.refit_id, phase=phase, results=results)],
+                    [RefitStepDone(refit_id=saga.refit_id, phase=phase, results=results)],
                 )
         if prior == "awaiting_transfer" and cut:
             # A chunk's engine calls were cut short by the crash: what the engines received is
@@ -96,7 +96,7 @@ class Recovery:
             if any(x["result"] != "ok" for x in results):
                 await self._append(
                     saga.refit_id,
-                    [ev("refit.step_done", refit_id=saga.refit_id, phase=phase, results=results)],
+                    [RefitStepDone(refit_id=saga.refit_id, phase=phase, results=results)],
                 )
             # A transfer confirmed by read-back needs no commit any more.
             transfer = self._transfers.setdefault(saga.refit_id, Transfer())
@@ -104,7 +104,7 @@ class Recovery:
             transfer.decided.set()
             return
         await self._append(
-            saga.refit_id, [ev("refit.step_done", refit_id=saga.refit_id, phase=phase, results=results)]
+            saga.refit_id, [RefitStepDone(refit_id=saga.refit_id, phase=phase, results=results)]
         )
 
     async def _read_back(self, saga: Saga, runs: list[EngineRun], *, patient: bool) -> list[dict[str, Any]]:

@@ -27,10 +27,10 @@ from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.control import CallContext, ControlRequest
 from smgrl.core import Worker, new_operation_id
 from smgrl.core.errors import JournalUnavailable
+from smgrl.events import RefitFinished, RefitStep, RefitStepDone, WorkerReleased
 from smgrl.refit import plan as P
 from smgrl.refit.results import checksum_verdict, excerpt, result_of, summary
 from smgrl.state import EngineRun, Saga
-from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.refit")
@@ -106,8 +106,7 @@ class PhaseRunner:
             groups.setdefault((c.method, c.path, c.query, c.body_bytes()), []).append(r)
         op_ids = [new_operation_id() for _ in groups]
         if record:
-            intent = ev(
-                "refit.step",
+            intent = RefitStep(
                 refit_id=saga.refit_id,
                 phase=phase,
                 worker_ids=[r.worker_id for r in runs],
@@ -151,9 +150,7 @@ class PhaseRunner:
                 nursery.start_soon(one_group, op_id, members)
         ordered = [results.get(r.worker_id) or result_of(r, "unknown", "no answer recorded") for r in runs]
         if record:
-            done = ev(
-                "refit.step_done", refit_id=saga.refit_id, phase=phase, results=ordered, rollback=rollback
-            )
+            done = RefitStepDone(refit_id=saga.refit_id, phase=phase, results=ordered, rollback=rollback)
             confirm = []
             if phase == "verify":
                 seen = [
@@ -212,8 +209,7 @@ class PhaseRunner:
                 hold = self.fleet.sagas.quarantined.get(r.base_url)
                 if r.status == "resumed" and hold is not None and hold.seq < saga.started_seq:
                     events.append(
-                        ev(
-                            "worker.released",
+                        WorkerReleased(
                             worker_id=r.worker_id,
                             base_url=r.base_url,
                             reason="refitted",
@@ -221,8 +217,7 @@ class PhaseRunner:
                         )
                     )
         events.append(
-            ev(
-                "refit.finished",
+            RefitFinished(
                 refit_id=saga.refit_id,
                 result=result,
                 weight_version=saga.weight_version,

@@ -27,6 +27,7 @@ import trio
 from journal import JournalWriteError
 from smgrl.core import Worker
 from smgrl.core.errors import JournalUnavailable
+from smgrl.events import WorkerQuarantined, WorkerReleased
 from smgrl.refit.errors import RefitNotFound
 from smgrl.refit.failsafe import FailSafe
 from smgrl.refit.policies import FailurePolicies
@@ -35,7 +36,6 @@ from smgrl.refit.runner import PhaseRunner, Superseded
 from smgrl.refit.start import Starting
 from smgrl.refit.transfer import TrainerTransfer, Transfer
 from smgrl.state import Saga
-from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.refit")
@@ -146,17 +146,19 @@ class RefitService(Starting, PhaseRunner, FailurePolicies, Recovery, TrainerTran
     # -- quarantine by hand ------------------------------------------------------------------------
 
     async def quarantine(self, worker: Worker, reason: str, principal: str | None) -> None:
-        await self._hand_quarantine("worker.quarantined", worker, reason, principal)
+        await self._hand_quarantine(WorkerQuarantined, worker, reason, principal)
 
     async def release(self, worker: Worker, reason: str, principal: str | None) -> None:
-        await self._hand_quarantine("worker.released", worker, reason, principal)
+        await self._hand_quarantine(WorkerReleased, worker, reason, principal)
 
     async def _hand_quarantine(
-        self, type_name: str, worker: Worker, reason: str, principal: str | None
+        self,
+        event_class: type[WorkerQuarantined | WorkerReleased],
+        worker: Worker,
+        reason: str,
+        principal: str | None,
     ) -> None:
-        event = ev(
-            type_name, worker_id=worker.id, base_url=worker.base_url, reason=reason, principal=principal
-        )
+        event = event_class(worker_id=worker.id, base_url=worker.base_url, reason=reason, principal=principal)
         try:
             await self.journal.append("quarantine", event)
         except JournalWriteError as exc:

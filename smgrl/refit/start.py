@@ -12,11 +12,11 @@ import trio
 from journal import Expect, JournalConflict, JournalWriteError
 from smgrl.core import Worker, facts_for, new_operation_id, parse_size
 from smgrl.core.errors import JournalUnavailable, NoWorkersMatch
+from smgrl.events import RefitStarted
 from smgrl.refit import plan as P
 from smgrl.refit.errors import RefitInProgress, RefitUnsupported, VersionLeft
 from smgrl.refit.request import RefitRequest
 from smgrl.refit.transfer import dist_json
-from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.refit")
@@ -83,8 +83,7 @@ class Starting:
     async def _start(self, req: RefitRequest, targets, principal, request_id, position=None) -> str:
         refit_id = new_operation_id()
         engines, world = self._plans(refit_id, req, targets)
-        event = ev(
-            "refit.started",
+        event = RefitStarted(
             refit_id=refit_id,
             source=req.source,
             weight_version=req.weight_version,

@@ -11,11 +11,11 @@ from typing import Any
 import attrs
 import trio
 
+from smgrl.events import RefitState, RefitStepDone
 from smgrl.refit import plan as P
 from smgrl.refit.errors import RefitDriverUnavailable, RefitWrongState
 from smgrl.refit.results import result_of
 from smgrl.state import Saga
-from smgrl.telemetry.journaling import ev
 
 
 @attrs.define(eq=False)
@@ -84,9 +84,7 @@ class TrainerTransfer:
     async def _await_transfer(self, saga: Saga) -> None:
         """Wait for the trainer's commit or fail, at most the refit's transfer timeout."""
         transfer = self._transfers.setdefault(saga.refit_id, Transfer())
-        await self._append(
-            saga.refit_id, [ev("refit.state", refit_id=saga.refit_id, state="awaiting_transfer")]
-        )
+        await self._append(saga.refit_id, [RefitState(refit_id=saga.refit_id, state="awaiting_transfer")])
         timeout = saga.transfer_timeout_secs or 600.0
         # Resumed (a restart, or another process after the driver died): what is left of the
         # timeout since the saga first awaited its trainer (journal time, a wall clock).
@@ -98,8 +96,8 @@ class TrainerTransfer:
             await self._append(
                 saga.refit_id,
                 [
-                    ev("refit.state", refit_id=saga.refit_id, state="committing"),
-                    ev("refit.step_done", refit_id=saga.refit_id, phase="transfer", results=done),
+                    RefitState(refit_id=saga.refit_id, state="committing"),
+                    RefitStepDone(refit_id=saga.refit_id, phase="transfer", results=done),
                 ],
             )
             return
@@ -111,8 +109,8 @@ class TrainerTransfer:
         await self._append(
             saga.refit_id,
             [
-                ev("refit.state", refit_id=saga.refit_id, state="transfer_failed", detail=detail),
-                ev("refit.step_done", refit_id=saga.refit_id, phase="transfer", results=results),
+                RefitState(refit_id=saga.refit_id, state="transfer_failed", detail=detail),
+                RefitStepDone(refit_id=saga.refit_id, phase="transfer", results=results),
             ],
         )
 

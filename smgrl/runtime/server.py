@@ -62,6 +62,7 @@ from smgrl import __version__
 from smgrl.cluster.sharing import Sharing
 from smgrl.core.config import Config
 from smgrl.core.errors import StartupError, WorkerApiError
+from smgrl.events import GatewayStarted, GatewayStopped
 from smgrl.history.replay import restore_verified
 from smgrl.http.app import create_app
 from smgrl.http.routes.metrics_server import serve_metrics
@@ -71,7 +72,7 @@ from smgrl.runtime.gateway import Gateway
 from smgrl.runtime.listeners import bind_metrics, close_sockets, hostport, hypercorn_config
 from smgrl.runtime.roles import Alone, Shared, role_for
 from smgrl.runtime.snapshots import Snapshotter, snapshot_every
-from smgrl.telemetry.journaling import ev, record_interrupted
+from smgrl.telemetry.journaling import record_interrupted
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.server")
@@ -409,8 +410,8 @@ def _journal_os_error(path: str, exc: OSError) -> str:
 
 
 def _started_event(cfg: Config):
-    return ev("gateway.started", version=__version__, pid=os.getpid(), config=cfg.scrubbed())
+    return GatewayStarted(version=__version__, pid=os.getpid(), config=cfg.scrubbed())
 
 
 def _stopped_event(clean: bool, reason: str):
-    return ev("gateway.stopped", clean=clean, reason=reason)
+    return GatewayStopped(clean=clean, reason=reason)
