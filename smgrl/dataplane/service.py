@@ -40,6 +40,7 @@ from smgrl.dataplane import vllm_generate, waiting
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
+from smgrl.dataplane.dispatch_queue import DispatchQueues, Turn
 from smgrl.dataplane.budget import ByteBudget, Hold
 from smgrl.dataplane.grpc.exchange import GrpcEngines
 from smgrl.dataplane.instance_stats import InstanceStatsTable
@@ -59,6 +60,7 @@ from smgrl.routing import (
     staged,
     sticky,
 )
+from smgrl.routing.dispatch_order import QueueFacts
 from smgrl.state import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
 
@@ -134,6 +136,11 @@ class DataPlane:
         self.max_body = min(cfg.max_payload_size, dataplane_cfg.max_body_size)
         self._table: Table | None = None
         self._changed = trio.Event()
+        # PSRL's routing loop (Config.routing_loop): the queues its task hands turns out of
+        # (smgrl/runtime/routing_loop.py), and the per-instance cap on requests in flight.
+        loop_cfg = cfg.routing_loop
+        self.queues = DispatchQueues(loop_cfg) if loop_cfg is not None else None
+        self.seq_cap = loop_cfg.max_seqs_per_instance if loop_cfg is not None else None
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
         # --psrl-group-sticky (PSRL's ``psrl_enable_group_sticky``, off by default as in its fork):
         # without it a prompt group's requests are spread by the policy, never pinned.
@@ -195,6 +202,8 @@ class DataPlane:
         # generation of the event for the next wait.
         changed, self._changed = self._changed, trio.Event()
         changed.set()
+        if self.queues is not None:
+            self.queues.change()
 
     def table(self) -> Table:
         fleet = self.fleet
@@ -268,17 +277,20 @@ class DataPlane:
     ) -> tuple[Sequence[Entry], Counter]:
         """The selectable entries under a request's version policy and floor and the engines'
         circuit breakers, and why the rest are held out."""
-        breakers = self.breakers
-        if not policy.filters and floor is None and not breakers.open_count:
+        breakers, cap = self.breakers, self.seq_cap
+        if not policy.filters and floor is None and not breakers.open_count and cap is None:
             return slot.selectable, slot.held  # the common case: nothing to recompute
         kept = []
         held = Counter(slot.held)
         top = slot.fleet_max
         now = self._now()
+        loads = self.loads
         for entry in slot.selectable:
             reason = policy.hold_reason(entry.version, top) or floor_reason(entry.version, floor)
             if reason is None and not breakers.allows(entry.instance.base_url, now):
                 reason = "circuit_open"
+            if reason is None and cap is not None and loads.get(entry.instance.worker_id, 0) >= cap:
+                reason = "instance_full"  # max_concurrent_seqs_per_instance in flight already
             if reason is None:
                 kept.append(entry)
             else:
@@ -297,24 +309,31 @@ class DataPlane:
         floor: Version | None = None,
         exclude: set[str] | None = None,
         routed: Routed | None = None,
+        turn: Turn | None = None,
     ) -> Entry:
         """An eligible instance for ``model``; waits (event-driven) while every one is held out.
 
         A request with routing metadata (``routed.staged``) takes the staged selection
         (``smgrl.routing.staged``); the others the plain one: floor, then the policy. A
-        session turn's honoured hint holds it while its instance is mid-refit (``held_hint``)."""
+        session turn's honoured hint holds it while its instance is mid-refit (``held_hint``).
+        With the routing loop (``turn``), a request waits in its model's queue for its turn
+        instead, and joins it at once while others wait (``smgrl.dataplane.dispatch_queue``)."""
         started = self._now()
         policy = policy or self.version_policy
         logged = False
         exclude = exclude or set()
         quiet_since: float | None = None  # when the fleet was last seen with no sync in progress
+        queues = self.queues if turn is not None else None
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
             if routed is not None and routed.after_ops and not self.fleet.aborts.pending(routed.after_ops):
                 routed.after_ops = ()  # the syncs that aborted this loopback have finished
-            if routed is not None and routed.after_ops:
+            if queues is not None and queues.must_wait(turn, model):
+                # Others of this model wait for their turns: behind them, not past them.
+                held, chosen = Counter(queued=1), None
+            elif routed is not None and routed.after_ops:
                 # A partial-rollout continuation waits for the sync that aborted it: until then
                 # its engine may still look active (refusing it, or running old weights).
                 held, chosen = Counter(syncing=len(slot.entries)), None
@@ -412,6 +431,21 @@ class DataPlane:
             if hint is not None:
                 self.queued[hint] += 1
             token = object()
+            if queues is not None:
+                # The routing loop hands the turns out: a request that has looked (and found
+                # nothing) waits for a change, one that has not looks in order.
+                facts = QueueFacts(
+                    is_validate=routed.meta.is_validate if routed is not None else False,
+                    version=_tag(routed, floor),
+                    input_len=req.input_len,
+                    request_id=routed.meta.request_id if routed is not None else None,
+                )
+                recheck = "circuit_open" in held or (
+                    self.psrl is not None and not PSRL_QUIET.isdisjoint(held)
+                )
+                queues.wait_again(turn, model, facts, tried="queued" not in held, recheck=recheck)
+                changed = turn.go
+                wake = bound  # the loop's check interval re-asks PSManager, not this task
             self.waiting_requests[token] = {
                 "request_id": routed.meta.request_id if routed is not None else None,
                 "model": model,
@@ -457,8 +491,28 @@ class DataPlane:
         wait = self.cfg.dataplane.eligible_wait_secs
         return deadline, deadline if wait is None else min(deadline, now + wait)
 
+    def dispatch(self, req: RolloutRequest, body: bytes, headers: Sequence[tuple[bytes, bytes]], **kw):
+        """``async with dataplane.dispatch(...) as dispatched:`` (``_dispatch``); with the routing
+        loop, the request's turn goes with it and leaves the loop when the block ends."""
+        if self.queues is None:
+            return self._dispatch(req, body, headers, **kw)
+        return self._in_turn(req, body, headers, **kw)
+
     @contextlib.asynccontextmanager
-    async def dispatch(
+    async def _in_turn(self, req, body, headers, **kw) -> AsyncIterator[Dispatch]:
+        assert self.queues is not None
+        turn = Turn()
+        try:
+            async with self._dispatch(req, body, headers, turn=turn, **kw) as dispatched:
+                yield dispatched
+        finally:
+            # However it ends (answered, refused, timed out, its client gone: the cancellation
+            # arrives in the wait for its turn or later), the request leaves its model's queue
+            # and gives back a turn it held, so the loop hands out the next.
+            self.queues.leave(turn)
+
+    @contextlib.asynccontextmanager
+    async def _dispatch(
         self,
         req: RolloutRequest,
         body: bytes,
@@ -472,6 +526,7 @@ class DataPlane:
         hold: Hold | None = None,
         routed: Routed | None = None,
         adapt: Callable[[Entry], tuple[str, bytes]] | None = None,
+        turn: Turn | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
@@ -506,6 +561,7 @@ class DataPlane:
                     floor=floor,
                     exclude=tried,
                     routed=routed,
+                    turn=turn,
                 )
 
             if routed is not None and self._deciding:
@@ -528,6 +584,8 @@ class DataPlane:
             relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
             self.in_flight += 1
+            if turn is not None:
+                self.queues.attempt_done(turn)  # counted in flight: the loop hands the next turn
             mark = hold.held if hold is not None else 0  # what a discarded answer gives back
             # The deadline scope spans the caller's relay too (it runs at ``yield``, in this
             # task: the asynccontextmanager pattern trio allows for a yield inside a scope). A
@@ -578,6 +636,8 @@ class DataPlane:
                 finally:
                     self.loads[wid] -= 1
                     self.in_flight -= 1
+                    if self.queues is not None:
+                        self.queues.change()  # room on an instance: the waiting may go
                     if not self.in_flight and self._idle is not None:
                         self._idle.set()
                         self._idle = None

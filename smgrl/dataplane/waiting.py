@@ -35,7 +35,11 @@ from smgrl.routing import floor_reason
 QUIET_WAIT_SECS = 30.0
 # Hold reasons that end by themselves or with the sync under way: a continue, a resume, a
 # version; an open circuit breaker half-opens after its timeout (--cb-timeout-duration-secs).
-SYNC_REASONS = frozenset({"paused", "asleep", "syncing", "dispatch_paused", "circuit_open"})
+# With the routing loop, a full instance (max_concurrent_seqs_per_instance) and a turn in the
+# queue end as the requests ahead finish.
+SYNC_REASONS = frozenset(
+    {"paused", "asleep", "syncing", "dispatch_paused", "circuit_open", "instance_full", "queued"}
+)
 ENGINES_NAMED = 64  # engines listed in a 503 (each with its reason); the counts cover them all
 
 

@@ -67,6 +67,7 @@ from smgrl.http.routes.metrics_server import serve_metrics
 from smgrl.registry import HealthChecker, KeyRing, Registration, monitoring_enabled
 from smgrl.runtime import gctune
 from smgrl.runtime.gateway import Gateway
+from smgrl.runtime.routing_loop import run_routing_loop
 from smgrl.runtime.snapshots import Snapshotter, snapshot_every
 from smgrl.telemetry.journaling import ev, record_interrupted
 from smgrl.telemetry.logs import event as log_event
@@ -311,6 +312,10 @@ async def _run(
                                 await inner.start(run_leased, store, sharing, name, _as_duty(duty))
                     if cfg.audit:
                         await inner.start(gateway.audit.run, writer)
+                    if gateway.dataplane.queues is not None:
+                        # PSRL's routing loop: per process (its queues are this process's
+                        # waiting requests), in the inner nursery with the handlers it serves.
+                        await inner.start(run_routing_loop, gateway.dataplane.queues)
                     for url in cfg.worker_urls:
                         if fleet.registry.conflict_for(url) is None:
                             try:
