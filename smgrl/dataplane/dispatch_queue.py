@@ -20,7 +20,7 @@ import attrs
 import trio
 
 from smgrl.core.config import RoutingLoopConfig
-from smgrl.routing.dispatch_order import OrderedQueue, Place, QueueFacts, partition_key
+from smgrl.routing import OrderedQueue, Place, QueueFacts, partition_key
 
 
 @attrs.define(eq=False)
@@ -28,7 +28,7 @@ class Turn:
     """One request's place in the routing loop, for the whole of its dispatch."""
 
     model: str | None = None
-    facts: QueueFacts = QueueFacts()
+    facts: QueueFacts = attrs.Factory(QueueFacts)
     place: Place | None = None  # in the ordered heap
     tried: bool = False  # in its model's tried set
     recheck: bool = False  # held out by answers the check interval re-asks (PSManager, reports)

@@ -40,8 +40,8 @@ from smgrl.dataplane import vllm_generate, waiting
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
-from smgrl.dataplane.dispatch_queue import DispatchQueues, Turn
 from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.dispatch_queue import DispatchQueues, Turn
 from smgrl.dataplane.grpc.exchange import GrpcEngines
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
@@ -54,13 +54,13 @@ from smgrl.routing import (
     ANY,
     CacheAwareConfig,
     InstanceId,
+    QueueFacts,
     VersionPolicy,
     floor_reason,
     make_policy,
     staged,
     sticky,
 )
-from smgrl.routing.dispatch_order import QueueFacts
 from smgrl.state import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
 

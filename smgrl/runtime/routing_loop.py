@@ -54,7 +54,15 @@ async def one_pass(queues: DispatchQueues, batch: int) -> int:
     number handed out."""
     handed = 0
     for model in list(queues.models):
-        for turn in queues.next_turns(model, batch):
+        for _ in range(batch):
+            if queues.changed:
+                # Capacity freed during the pass: the requests tried earlier in it go back in
+                # order, ahead of lower-priority ones not tried yet.
+                queues.retry_tried()
+            turns = queues.next_turns(model, 1)
+            if not turns:
+                break
+            turn = turns[0]
             if not queues.grant(turn):
                 continue  # its client left while the turns before it were attempted
             handed += 1

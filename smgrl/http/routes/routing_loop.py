@@ -137,9 +137,7 @@ class RoutingLoopRoutes:
             "running_tasks": running,
             "running_request_num": running,
             "max_running_dispatch_tasks": None,
-            # One queue partition (key 0): smgrl has no per-version queues.
-            "queue_keys": [0] if dataplane.waiting else [],
-            "partition_queue_lens": {"0": dataplane.waiting} if dataplane.waiting else {},
+            **_partitions(dataplane),
             "prompt_groups": len(dataplane.groups),
         }
 
@@ -329,6 +327,20 @@ class RoutingLoopRoutes:
             "results": results,
         }
         return env.json_response(200, body)
+
+
+def _partitions(dataplane) -> dict[str, Any]:
+    """The fork's ``queue_keys`` and ``partition_queue_lens``: with the routing loop, its queue's
+    partitions (by version tag with ``routing_loop_multi_priority_queue``, else key 0); without
+    it, every waiting request under key 0."""
+    queues = dataplane.queues
+    if queues is None:
+        n = dataplane.waiting
+        parts: dict[Any, int] = {0: n} if n else {}
+    else:
+        parts = queues.partitions()
+    keys = sorted(parts, key=lambda k: (isinstance(k, str), k))
+    return {"queue_keys": keys, "partition_queue_lens": {str(k): parts[k] for k in keys}}
 
 
 def _number(value: str | None):
