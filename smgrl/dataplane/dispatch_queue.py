@@ -81,6 +81,8 @@ class DispatchQueues:
         if tried:
             turn.tried = True
             queue.tried[turn] = None
+            if recheck:
+                self._wake.set()  # the loop sleeping without a timer arms its check interval
         else:
             turn.place = queue.ordered.push(turn, facts)
             self._wake.set()  # the loop has a request to hand a turn to
