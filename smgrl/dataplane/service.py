@@ -7,7 +7,7 @@ never writes the journal (but for the prompt-group pins of gateways sharing one:
 ``smgrl.dataplane.pins``) and never touches the control plane's state: control calls go through
 ``smgrl.control`` and never move a load counter or a breaker (``tests/api/test_dataplane_resilience.py``).
 
-Waiting for an eligible engine is event-driven: the fleet calls ``_fleet_changed`` from the
+Waiting for an eligible engine is event-driven: the fleet calls ``fleet_changed`` from the
 journal writer's commit hook (``FleetState.subscribe``), which sets the current ``trio.Event``
 and replaces it, so every waiting request re-checks the table once per change, never on a timer.
 """
@@ -35,8 +35,8 @@ from smgrl.core.errors import (
     UpstreamUnreachable,
 )
 from smgrl.core.numbers import parse_uint
+from smgrl.dataplane import decide, vllm_generate, waiting
 from smgrl.dataplane import hook as admission_hook
-from smgrl.dataplane import vllm_generate, waiting
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
@@ -45,7 +45,7 @@ from smgrl.dataplane.dispatch_queue import DispatchQueues, Turn
 from smgrl.dataplane.grpc.exchange import GrpcEngines
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
-from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
+from smgrl.dataplane.pins import PinJournal
 from smgrl.dataplane.psrl_select import PSRL_QUIET, PsrlSelection
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
@@ -53,7 +53,6 @@ from smgrl.registry import KeyRing
 from smgrl.routing import (
     ANY,
     CacheAwareConfig,
-    InstanceId,
     QueueFacts,
     VersionPolicy,
     floor_reason,
@@ -125,7 +124,7 @@ class DataPlane:
         self.loads: dict[str, int] = {}
         self.breakers = Breakers(dataplane_cfg.breaker, enabled=not cfg.disable_circuit_breaker)
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
-        self.waiting_by_reason: Counter = Counter()  # the same, by wait_reason()
+        self.waiting_by_reason: Counter = Counter()  # the same, by waiting.wait_reason()
         self.wait_passes = 0  # how many times a waiting request went to sleep (a spin shows here)
         self.admission = Admission(
             dataplane_cfg.max_concurrent_requests, dataplane_cfg.queue_size, dataplane_cfg.queue_timeout_secs
@@ -174,7 +173,7 @@ class DataPlane:
             rl_enabled=cfg.rl.enabled,
             dataplane=self,
         )
-        fleet.subscribe(self._fleet_changed)
+        fleet.subscribe(self.fleet_changed)
 
     def _reported(self, instance) -> int:
         """Running + waiting requests the instance's engine last reported (0: none)."""
@@ -187,7 +186,7 @@ class DataPlane:
         self.psrl = PsrlSelection.build(psrl, self.instance_stats)
 
     def close(self) -> None:
-        self.fleet.unsubscribe(self._fleet_changed)
+        self.fleet.unsubscribe(self.fleet_changed)
 
     def share_pins(self, pins: PinJournal) -> None:
         """Several processes share the journal: decide prompt-group pins through it, read them
@@ -197,7 +196,7 @@ class DataPlane:
 
     # -- the routing table ---------------------------------------------------------------------
 
-    def _fleet_changed(self) -> None:
+    def fleet_changed(self) -> None:
         # Runs in the journal writer's task, synchronously: wake every waiter, then start a new
         # generation of the event for the next wait.
         changed, self._changed = self._changed, trio.Event()
@@ -347,7 +346,7 @@ class DataPlane:
                 selectable, held = self.eligible(slot, policy, None)
                 hint = routed.hint()
                 if hint is not None and routed.session:
-                    hint, selectable = held_hint(slot.entries, selectable, hint)
+                    hint, selectable = waiting.held_hint(slot.entries, selectable, hint)
                 narrowed = staged.narrow(
                     selectable,
                     floor=routed.floor,
@@ -375,7 +374,7 @@ class DataPlane:
                 chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
             if chosen is not None:
                 hooked = self.hook is not None and routed is not None
-                if hooked and not await self._ask_hook(routed, req, model, chosen):
+                if hooked and not await decide.ask_hook(self, routed, req, model, chosen):
                     continue  # refused: select again without it
                 if held:
                     self.metrics.held_out(held)
@@ -390,7 +389,7 @@ class DataPlane:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
                 raise waiting.unroutable(slot, held, now - started, policy, wants, self.breakers, unmet)
-            reason = wait_reason(held)
+            reason = waiting.wait_reason(held)
             if not logged:
                 # Visible, not silent: a version floor no engine meets can wait for a long time
                 # (PSRL's loops rely on it: the request waits for the next sync).
@@ -402,7 +401,7 @@ class DataPlane:
                     reason,
                     ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
                     floor.raw if floor is not None else "-",
-                    ", ".join(fleet_versions(slot)) or "none",
+                    ", ".join(waiting.fleet_versions(slot)) or "none",
                     max(0.0, bound - self._now()),
                 )
             changed = self._changed
@@ -436,7 +435,7 @@ class DataPlane:
                 # nothing) waits for a change, one that has not looks in order.
                 facts = QueueFacts(
                     is_validate=routed.meta.is_validate if routed is not None else False,
-                    version=_tag(routed, floor),
+                    version=waiting.tag_of(routed, floor),
                     input_len=req.input_len,
                     request_id=routed.meta.request_id if routed is not None else None,
                 )
@@ -449,7 +448,7 @@ class DataPlane:
             self.waiting_requests[token] = {
                 "request_id": routed.meta.request_id if routed is not None else None,
                 "model": model,
-                "version_tag": _tag(routed, floor),
+                "version_tag": waiting.tag_of(routed, floor),
                 "reason": reason,
                 "loopbacks": routed.loopbacks if routed is not None else 0,
                 "waiting_since": started,
@@ -565,14 +564,14 @@ class DataPlane:
                 )
 
             if routed is not None and self._deciding:
-                await self._decision_in_the_air(routed)
+                await decide.decision_in_the_air(self, routed)
             entry = await pick()
             if routed is not None:
-                if self.pins is not None and self._unpinned(routed):
-                    entry = await self._pin_group(routed, entry, pick)
+                if self.pins is not None and decide.unpinned(self, routed):
+                    entry = await decide.pin_group(self, routed, entry, pick)
                 if self.psrl is not None and routed.staged:
                     await self.psrl.commit(routed, entry)  # PSManager records the selection
-                self.commit(routed, entry)
+                decide.commit(self, routed, entry)
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
             wid, base = instance.worker_id, instance.base_url
@@ -662,128 +661,9 @@ class DataPlane:
         if tokens:
             self.tokens[worker_id] += tokens
 
-    def commit(self, routed: Routed, entry: Entry) -> None:
-        """Record a selection: the first pins an unversioned staged request's version (so its
-        loopbacks and echo carry it) and joins the request to its prompt group, writing the
-        group's pin once when no hint was honoured."""
-        hinted = routed.staged and routed.hint() is not None  # before the count: force-pin-once
-        routed.selections += 1
-        self.dispatched[entry.instance.worker_id] += 1
-        if not routed.staged:
-            return
-        if routed.pinned is None and entry.version is not None:
-            routed.pinned = entry.version
-            routed.floor = Version.parse(entry.version)
-        prompt = routed.meta.prompt_id if self.group_sticky else None
-        if prompt is not None and routed.joined is None:
-            self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
-            routed.joined = prompt
-            if self.pins is not None:
-                self.pins.rejoined(prompt)
-
-    def _unpinned(self, routed: Routed) -> bool:
-        """A shared journal: is this the first selection of a request whose group has no pin
-        anywhere in view (so its pick must be decided once, ``_pin_group``)?"""
-        prompt = routed.meta.prompt_id
-        return (
-            self.group_sticky
-            and prompt is not None
-            and routed.joined is None
-            and routed.staged
-            and routed.hint() is None
-            and self.groups.pin(prompt) is None
-        )
-
-    async def _decision_in_the_air(self, routed: Routed) -> None:
-        """Another request of this process is deciding this request's group (``_pin_group``):
-        wait for its pin before picking, so this one picks once, under it."""
-        prompt = routed.meta.prompt_id
-        deciding = self._deciding.get(prompt) if prompt is not None else None
-        if deciding is not None and self._unpinned(routed):
-            await deciding.wait()
-
-    async def _pin_group(self, routed: Routed, entry: Entry, pick: Callable[[], Awaitable[Entry]]) -> Entry:
-        """Make ``entry`` the group's pin across processes, or select again under the pin
-        another process (or another request of this one) decided first."""
-        assert self.pins is not None
-        prompt = routed.meta.prompt_id
-        assert prompt is not None
-        for _ in range(DECIDE_ROUNDS):
-            deciding = self._deciding.get(prompt)
-            if deciding is not None:
-                # Another request of this process is deciding this group: wait for its pin
-                # rather than race it with a second conditional append that must lose.
-                await deciding.wait()
-            else:
-                done = self._deciding[prompt] = trio.Event()
-                try:
-                    # Shielded: once enqueued the pin is written whatever happens to this
-                    # request, and the request must then join it (``commit``, next, with no
-                    # checkpoint between) so that its end releases it. Bounded by the writer's
-                    # --journal-lock-wait-secs.
-                    with trio.CancelScope(shield=True):
-                        won = await self.pins.decide(prompt, InstanceId(*staged.identity(entry.instance)))
-                finally:
-                    del self._deciding[prompt]
-                    done.set()
-                if won:
-                    return entry
-            entry = await pick()  # under the winner's pin, now in view
-            if not self._unpinned(routed):
-                return entry
-        log.warning("prompt group %r kept changing while pinning it; routed unpinned", prompt)
-        return entry
-
     async def finish(self, routed: Routed) -> None:
-        """The request ended (answered, failed or cancelled): leave its prompt group and give
-        the admission hook its reservation back."""
-        if routed.joined is not None:
-            pins = self.pins
-            release = self.groups.leave(routed.joined, pins.identity if pins is not None else None)
-            if release is not None and pins is not None:
-                pins.release(routed.joined, release)
-            routed.joined = None
-        if routed.reservations:
-            # Shielded and bounded: this runs while the request is being cancelled (client
-            # gone, timeout), and a reservation never given back would leak the framework's
-            # capacity for good; a hook stuck for 5 s is abandoned (logged by the hook module).
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await self._release(routed)
-
-    async def _ask_hook(self, routed: Routed, req: RolloutRequest, model: str, entry: Entry) -> bool:
-        """Ask the admission hook for ``entry``; a refusal marks it refused for this request."""
-        assert self.hook is not None
-        ident = staged.identity(entry.instance)
-        meta = routed.meta
-        request = admission_hook.HookRequest(
-            request_id=meta.request_id,
-            prompt_id=meta.prompt_id,
-            version_tag=routed.pinned if routed.staged else meta.version_tag,
-            is_validate=meta.is_validate,
-            model=model,
-            route=req.route,
-            version=entry.version,
-            loopback=routed.loopbacks,
-            response_tokens=routed.kept,
-            engine_stats=self.instance_stats.get(*ident),
-            in_flight=self.loads.get(entry.instance.worker_id, 0),
-        )
-        result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
-        if admission_hook.refused(result):
-            routed.refused.add(ident)
-            return False
-        await self._release(routed)  # a retry's or loopback's earlier reservation
-        routed.reservations.append(result)
-        return True
-
-    async def _release(self, routed: Routed) -> None:
-        hook = self.hook
-        if hook is None or not routed.reservations:
-            return
-        while routed.reservations:
-            await admission_hook.release(hook, routed.reservations.pop())
-        # A released reservation may let a waiting request in: wake the waiters.
-        self._fleet_changed()
+        """The request ended (answered, failed or cancelled): ``decide.finish``."""
+        await decide.finish(self, routed)
 
     def _backoff(self, attempt: int) -> float:
         r = self.cfg.dataplane.retry
@@ -796,43 +676,6 @@ class DataPlane:
         if success and base_url not in breakers.by_engine:
             return  # what ``Breakers.record`` does for a healthy engine, without reading the clock
         breakers.record(base_url, success, self._now())
-
-
-# Hold reasons that release a session's pin: the instance is not coming back by itself (an
-# operator or a refit must act). The others (paused, asleep, unknown, a version still being
-# confirmed...) are a refit in progress: the pinned turn waits for it.
-RELEASING = frozenset({"quarantined", "unhealthy", "mixed"})
-
-
-def held_hint(
-    entries: Sequence[Entry], selectable: Sequence[Entry], hint: InstanceId
-) -> tuple[InstanceId | None, Sequence[Entry]]:
-    """A session turn's honoured hint: while its instance is in the fleet and not released
-    (``RELEASING``), only that instance is selectable (none while it is mid-refit: the turn
-    waits); once it is gone or released, no hint (the staged selection chooses afresh)."""
-    pinned = [e for e in entries if staged.matches(e.instance, hint)]
-    if not pinned or all(e.hold in RELEASING for e in pinned):
-        return None, selectable
-    return hint, [e for e in selectable if staged.matches(e.instance, hint)]
-
-
-def _tag(routed: Routed | None, floor: Version | None) -> str | None:
-    """A waiting request's version tag (GET /routing_loop/filter): a staged request's pinned
-    version, else its floor; None: unversioned (PSRL's -1)."""
-    if routed is not None and routed.staged:
-        return routed.pinned
-    return floor.raw if floor is not None else None
-
-
-def wait_reason(held: Counter) -> str:
-    """Why a request waits: the reason holding out the most instances (ties: by name)."""
-    return min(held.items(), key=lambda item: (-item[1], item[0]))[0] if held else "none"
-
-
-def fleet_versions(slot: ModelEntries) -> list[str]:
-    """The weight versions the model's instances have (any state), for a waiting request's log
-    line and 503: what the fleet could offer."""
-    return sorted({e.version if e.version is not None else "unversioned" for e in slot.entries})
 
 
 def _reserve(response: Response, hold: Hold | None):
