@@ -214,6 +214,14 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
     if timeout >= NO_TIMEOUT_FROM:
         timeout = NO_TIMEOUT_SECS
     tokenizer = args.tokenizer_path or args.model_path or env.get(TOKENIZER_ENV) or None
+    if args.enable_tito and tokenizer is None:
+        # The fork loads each gRPC worker's tokenizer once it registers; smgrl's sessions take
+        # theirs at startup. Launching anyway would answer every TITO session 503 for the whole
+        # run: refused at once instead, naming the three ways to give one.
+        raise RouterArgsError(
+            "RouterArgs.enable_tito=True needs a tokenizer: set tokenizer_path or model_path, or "
+            f"${TOKENIZER_ENV} (smgrl does not fetch tokenizers from the workers as the fork does)"
+        )
     cfg = Config(
         host=args.host,
         port=int(args.port),
@@ -304,14 +312,7 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
         cfg = validate(cfg)
     except ConfigError as exc:
         raise RouterArgsError(str(exc)) from None
-    notes = ()
-    if args.enable_tito and tokenizer is None:
-        note = (
-            "RouterArgs.enable_tito: no tokenizer_path, model_path or $SMGRL_TOKENIZER_PATH, so the "
-            "session routes answer 503 sessions_disabled (smgrl does not fetch tokenizers from workers)"
-        )
-        notes = (note,)
-    return Launch(config=cfg, psrl=psrl, log_file=log_file, journal_dir=journal_dir, notes=notes)
+    return Launch(config=cfg, psrl=psrl, log_file=log_file, journal_dir=journal_dir)
 
 
 def default_journal(args: RouterArgs, env, now=None) -> str:
