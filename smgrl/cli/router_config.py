@@ -216,8 +216,8 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
     tokenizer = args.tokenizer_path or args.model_path or env.get(TOKENIZER_ENV) or None
     if args.enable_tito and tokenizer is None:
         # The fork loads each gRPC worker's tokenizer once it registers; smgrl's sessions take
-        # theirs at startup. Launching anyway would answer every TITO session 503 for the whole
-        # run: refused at once instead, naming the three ways to give one.
+        # theirs at startup. Launching anyway would answer every TITO session with a 503 for the
+        # whole run: refused at once instead, naming the three ways to give one.
         raise RouterArgsError(
             "RouterArgs.enable_tito=True needs a tokenizer: set tokenizer_path or model_path, or "
             f"${TOKENIZER_ENV} (smgrl does not fetch tokenizers from the workers as the fork does)"
