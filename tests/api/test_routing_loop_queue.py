@@ -227,3 +227,38 @@ async def test_without_the_routing_loop_nothing_is_capped():
             for n in (1, 2, 3):
                 nursery.start_soon(lambda n=n: gw.client.post("/generate", json=gen(n)))
             await until(lambda: len(engine.calls_to("/generate")) == 3)  # all at once
+
+
+async def test_paused_dispatch_queues_every_request_and_the_resume_sends_them_in_order():
+    """PSRL's sync: pause, the rollouts wait (listed by /routing_loop/filter), resume: they go
+    out in the loop's order (lowest version tag first, unversioned last)."""
+    async with (
+        fake_fleet("sglang", n=1) as fleet,
+        gateway_in_process(cfg(), worker_urls=fleet.urls) as gw,
+    ):
+        wid = gw.gateway.fleet.registry.id_for_url(fleet.urls[0])
+        r = await gw.client.post(f"/v1/rl/workers/{wid}/version", json={"weight_version": "5"})
+        assert r.status_code == 200, r.text
+        engine, dp = fleet.engines[0], gw.app.dataplane
+        assert (await gw.client.post("/routing_loop/pause")).json()["paused"] is True
+        answers = []
+        sends = [(3, "5"), (7, None), (5, "3")]  # (prompt length, x-version-tag)
+        async with trio.open_nursery() as nursery:
+            for i, (n, tag) in enumerate(sends):
+                headers = {"x-request-id": str(10 + i), "x-prompt-id": str(i)}
+                if tag is not None:
+                    headers["x-version-tag"] = tag
+
+                async def one(n=n, headers=headers) -> None:
+                    answers.append(
+                        (await gw.client.post("/generate", json=gen(n), headers=headers)).status_code
+                    )
+
+                nursery.start_soon(one)
+                await until(lambda i=i: settled(dp, i + 1))
+            listed = (await gw.client.get("/routing_loop/filter?version_tag=4")).json()
+            assert sorted(x["request_id"] for x in listed) == [11, 12]  # tag 3 and unversioned
+            assert not engine.calls_to("/generate")
+            await gw.client.post("/routing_loop/resume")
+        assert answers == [200, 200, 200]
+        assert lengths(engine) == [5, 3, 7]
