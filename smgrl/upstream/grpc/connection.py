@@ -171,7 +171,7 @@ class GrpcConnection:
                 return
             try:
                 self.h2.receive(data)
-            except http2.ProtocolError as exc:
+            except http2.Http2Error as exc:
                 self.h2.goaway(exc.code)
                 self.kick()
                 self._fail(GrpcError(StatusCode.INTERNAL, f"HTTP/2 protocol error: {exc}"))

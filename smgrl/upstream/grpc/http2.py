@@ -45,7 +45,7 @@ for _i, (_name, _value) in enumerate(hpack.table.HeaderTable.STATIC_TABLE, start
     _STATIC_NAMES.setdefault(_name, _i)
 
 
-class ProtocolError(Exception):
+class Http2Error(Exception):
     """The server broke HTTP/2: the connection is over (GOAWAY with ``code`` is sent)."""
 
     def __init__(self, message: str, code: int = PROTOCOL_ERROR):
@@ -270,7 +270,7 @@ class ClientCodec:
     # -- receiving ----------------------------------------------------------------------------------
 
     def receive(self, data: bytes) -> None:
-        """Bytes from the socket: every whole frame is handled (ProtocolError when one breaks
+        """Bytes from the socket: every whole frame is handled (Http2Error when one breaks
         the protocol)."""
         buf = self._buf
         if buf:
@@ -283,7 +283,7 @@ class ClientCodec:
         while end - at >= 9:
             length = int.from_bytes(view[at : at + 3], "big")
             if length > limit:
-                raise ProtocolError(f"frame of {length} bytes over the {limit} allowed", FRAME_SIZE_ERROR)
+                raise Http2Error(f"frame of {length} bytes over the {limit} allowed", FRAME_SIZE_ERROR)
             if end - at < 9 + length:
                 break
             kind, flags = data[at + 3], data[at + 4]
@@ -291,7 +291,7 @@ class ClientCodec:
             payload = data[at + 9 : at + 9 + length]
             at += 9 + length
             if self._headers is not None and kind != CONTINUATION:
-                raise ProtocolError("a header block was interrupted")
+                raise Http2Error("a header block was interrupted")
             if kind == DATA:
                 self._on_data(sid, flags, payload)
             elif kind == HEADERS:
@@ -306,13 +306,13 @@ class ClientCodec:
                 self._on_ping(sid, flags, payload)
             elif kind == GOAWAY:
                 if sid or len(payload) < 8:
-                    raise ProtocolError("malformed GOAWAY")
+                    raise Http2Error("malformed GOAWAY")
                 last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
                 self.handler.on_goaway(last, int.from_bytes(payload[4:8], "big"))
             elif kind == WINDOW_UPDATE:
                 self._on_window(sid, payload)
             elif kind == PUSH_PROMISE:
-                raise ProtocolError("PUSH_PROMISE received with push disabled")
+                raise Http2Error("PUSH_PROMISE received with push disabled")
             # PRIORITY and unknown types: ignored
         if at < end:
             buf += view[at:]
@@ -320,18 +320,18 @@ class ClientCodec:
     def _strip_padding(self, flags: int, payload: bytes) -> bytes:
         if flags & PADDED:
             if not payload or payload[0] >= len(payload):
-                raise ProtocolError("padding longer than the frame")
+                raise Http2Error("padding longer than the frame")
             return payload[1 : len(payload) - payload[0]]
         return payload
 
     def _on_data(self, sid: int, flags: int, payload: bytes) -> None:
         if not sid:
-            raise ProtocolError("DATA on stream 0")
+            raise Http2Error("DATA on stream 0")
         flow = len(payload)
         body = self._strip_padding(flags, payload)
         if sid not in self.streams:
             if sid > self.highest_stream_id or sid % 2 == 0:
-                raise ProtocolError(f"DATA on a stream never opened ({sid})")
+                raise Http2Error(f"DATA on a stream never opened ({sid})")
             self.acknowledge(sid, flow)  # a stream already over: its bytes go back to the window
             return
         end = bool(flags & END_STREAM)
@@ -341,7 +341,7 @@ class ClientCodec:
 
     def _on_headers(self, sid: int, flags: int, payload: bytes) -> None:
         if not sid:
-            raise ProtocolError("HEADERS on stream 0")
+            raise Http2Error("HEADERS on stream 0")
         block = self._strip_padding(flags, payload)
         if flags & PRIORITY_FLAG:
             block = block[5:]
@@ -353,7 +353,7 @@ class ClientCodec:
     def _on_continuation(self, sid: int, flags: int, payload: bytes) -> None:
         pending = self._headers
         if pending is None or pending[0] != sid:
-            raise ProtocolError("CONTINUATION without its HEADERS")
+            raise Http2Error("CONTINUATION without its HEADERS")
         pending[2].extend(payload)
         if flags & END_HEADERS:
             self._headers = None
@@ -369,7 +369,7 @@ class ClientCodec:
         try:
             headers = self.decoder.decode(block, raw=True)
         except hpack.HPACKError as exc:
-            raise ProtocolError(f"bad header block: {exc}", 0x9) from None  # COMPRESSION_ERROR
+            raise Http2Error(f"bad header block: {exc}", 0x9) from None  # COMPRESSION_ERROR
         if table_neutral(block):
             if len(self._decoded) >= 256:
                 self._decoded.clear()
@@ -383,7 +383,7 @@ class ClientCodec:
         headers = self._decode(block)
         if sid not in self.streams:
             if sid > self.highest_stream_id or sid % 2 == 0:
-                raise ProtocolError(f"HEADERS on a stream never opened ({sid})")
+                raise Http2Error(f"HEADERS on a stream never opened ({sid})")
             return
         end = bool(flags & END_STREAM)
         if end:
@@ -392,17 +392,17 @@ class ClientCodec:
 
     def _on_reset(self, sid: int, payload: bytes) -> None:
         if not sid or len(payload) != 4:
-            raise ProtocolError("malformed RST_STREAM", FRAME_SIZE_ERROR if sid else PROTOCOL_ERROR)
+            raise Http2Error("malformed RST_STREAM", FRAME_SIZE_ERROR if sid else PROTOCOL_ERROR)
         if self.streams.pop(sid, None) is not None:
             self.handler.on_reset(sid, int.from_bytes(payload, "big"))
 
     def _on_settings(self, sid: int, flags: int, payload: bytes) -> None:
         if sid:
-            raise ProtocolError("SETTINGS on a stream")
+            raise Http2Error("SETTINGS on a stream")
         if flags & ACK:
             return
         if len(payload) % 6:
-            raise ProtocolError("SETTINGS of a length not a multiple of 6", FRAME_SIZE_ERROR)
+            raise Http2Error("SETTINGS of a length not a multiple of 6", FRAME_SIZE_ERROR)
         for i in range(0, len(payload), 6):
             key = int.from_bytes(payload[i : i + 2], "big")
             value = int.from_bytes(payload[i + 2 : i + 6], "big")
@@ -410,14 +410,14 @@ class ClientCodec:
                 self.max_concurrent_streams = value
             elif key == S_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise ProtocolError("INITIAL_WINDOW_SIZE over 2^31-1", FLOW_CONTROL_ERROR)
+                    raise Http2Error("INITIAL_WINDOW_SIZE over 2^31-1", FLOW_CONTROL_ERROR)
                 delta = value - self.initial_send_window
                 self.initial_send_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
             elif key == S_MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME_SIZE <= value <= 2**24 - 1:
-                    raise ProtocolError(f"MAX_FRAME_SIZE {value} out of range")
+                    raise Http2Error(f"MAX_FRAME_SIZE {value} out of range")
                 self.max_frame_size = value
             # HEADER_TABLE_SIZE: our encoder keeps no dynamic table; the rest: nothing to do.
         self.settings_received = True
@@ -426,7 +426,7 @@ class ClientCodec:
 
     def _on_ping(self, sid: int, flags: int, payload: bytes) -> None:
         if sid or len(payload) != 8:
-            raise ProtocolError("malformed PING")
+            raise Http2Error("malformed PING")
         if flags & ACK:
             self.handler.on_ping_ack()
         else:
@@ -434,14 +434,14 @@ class ClientCodec:
 
     def _on_window(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise ProtocolError("malformed WINDOW_UPDATE", FRAME_SIZE_ERROR)
+            raise Http2Error("malformed WINDOW_UPDATE", FRAME_SIZE_ERROR)
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if not sid:
             if not increment:
-                raise ProtocolError("WINDOW_UPDATE of 0 on the connection")
+                raise Http2Error("WINDOW_UPDATE of 0 on the connection")
             self.conn_send_window += increment
             if self.conn_send_window > MAX_WINDOW:
-                raise ProtocolError("connection window over 2^31-1", FLOW_CONTROL_ERROR)
+                raise Http2Error("connection window over 2^31-1", FLOW_CONTROL_ERROR)
         else:
             stream = self.streams.get(sid)
             if stream is None:
