@@ -152,3 +152,23 @@ def test_a_buffered_answer_decoded_at_once_equals_the_incremental_text(data):
     slow = incremental.add(ids) + incremental.flush()
     at_once = Detokenizer(decode)
     assert at_once.whole(ids) + at_once.flush() == slow == decode(ids)
+
+
+def test_a_forked_gateway_draws_its_own_engine_request_ids():
+    # Two gateways forked from one parent send to the same engines: their ids must differ
+    # (Abort names a request by its id).
+    import os
+
+    from smgrl.dataplane.grpc import exchange
+
+    parent = exchange._ID_PREFIX
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, exchange._ID_PREFIX.encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child and child != parent

@@ -31,9 +31,17 @@ from smgrl.upstream import WIRES, Channel, ConnectError, EngineClient, GrpcError
 JSON = b"application/json"
 # Engine request ids: a random prefix per process and a counter (unique, as Abort needs; not
 # secret: they name requests to engines and in answers). A uuid4 per request cost a getrandom
-# syscall each.
+# syscall each. A forked child (PSRL forks after importing the gateway) draws its own prefix.
 _ID_PREFIX = os.urandom(8).hex()
 _ids = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    global _ID_PREFIX, _ids
+    _ID_PREFIX, _ids = os.urandom(8).hex(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_id_prefix)
 SSE = b"text/event-stream"
 
 # gRPC status -> the HTTP status of the answer (SMG's mapping for the codes an engine sends).
