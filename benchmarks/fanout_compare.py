@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from smgrl.demo.procs import Child, free_port, start_fake_engines, wait_for_workers
 
@@ -44,6 +45,36 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def interleave(
+    run: dict[str, Callable[[], float]], pids: dict[str, int], rounds: int, iters: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+    """The one measurement loop of the fan-out benchmarks: ``rounds`` rounds, each calling every
+    participant's ``run[name]()`` (one request, its latency in ms) ``iters`` times in a row, in an
+    order reversed every other round, so that the machine's load hits every participant alike.
+
+    Returns every latency per participant, the median of each of its rounds (the spread), and the
+    CPU seconds its process spent during its own blocks (``pids[name]``; this process when the
+    participant has no pid of its own, as the direct fan-out)."""
+    lat: dict[str, list[float]] = {name: [] for name in run}
+    medians: dict[str, list[float]] = {name: [] for name in run}
+    cpu = dict.fromkeys(run, 0.0)
+    for r in range(rounds):
+        # The order reversed every other round: on a busy 2-core VM the participant measured
+        # right after another one's block had a worse p50, which a fixed order charged to the
+        # same participant every time.
+        order = list(run)
+        if r % 2:
+            order.reverse()
+        for name in order:
+            pid = pids.get(name, os.getpid())
+            c0 = cpu_seconds(pid)
+            got = [run[name]() for _ in range(iters)]
+            cpu[name] += cpu_seconds(pid) - c0
+            lat[name] += got
+            medians[name].append(statistics.median(got))
+    return lat, medians, cpu
 
 
 def load() -> str:
@@ -210,20 +241,8 @@ def compare(args, smg: str | None, start_smg, start_smgrl, start_smgrl_src=None)
                 for fn in run.values():  # warm-up: connections, caches
                     for _ in range(10):
                         fn()
-                lat = {name: [] for name in run}
-                rounds = {name: [] for name in run}
-                cpu = dict.fromkeys(run, 0.0)
-                for r in range(args.rounds):
-                    order = list(run)
-                    if r % 2:
-                        order.reverse()
-                    for name in order:
-                        pid = children[name][0].pid if name in children else os.getpid()
-                        c0 = cpu_seconds(pid)
-                        got = [run[name]() for _ in range(args.iters)]
-                        cpu[name] += cpu_seconds(pid) - c0
-                        lat[name] += got
-                        rounds[name].append(statistics.median(got))
+                pids = {name: children[name][0].pid for name in children}
+                lat, rounds, cpu = interleave(run, pids, args.rounds, args.iters)
                 direct.close()
                 lines += _rows(n, lat, rounds, cpu)
                 print("\n".join(lines[-len(run) :]), file=sys.stderr)
