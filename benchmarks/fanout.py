@@ -49,7 +49,7 @@ import trio
 from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers
 from smgrl.upstream import PoolSet
 
-from fanout_compare import compare, interleave, pct  # isort: skip - this folder
+from fanout_compare import compare, interleave, pct, start_gateways  # isort: skip - this folder
 
 FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
 
@@ -198,13 +198,8 @@ def interleaved(args, smg: str | None) -> None:
             urls = all_urls[:n]
             children = {}
             try:
-                children["smgrl"] = start_smgrl(urls, os.path.join(work, f"new{n}.db"), log)
-                src = os.path.abspath(args.baseline_src)
-                children["smgrl-baseline"] = start_smgrl_src(
-                    urls, os.path.join(work, f"base{n}.db"), src, log
-                )
-                if smg:
-                    children["SMG 1.13.0"] = start_smg(smg, urls, log)
+                starters = (start_smgrl, start_smgrl_src, start_smg)
+                start_gateways(children, urls, work, n, log, args.baseline_src, smg, starters)
                 for child, port in children.values():
                     wait_for_workers(f"http://127.0.0.1:{port}", 1 if n == 1 else n, child=child, timeout=120)
                 for what, method, path in (

@@ -193,7 +193,23 @@ def register(port: int, urls: list[str]) -> None:
     conn.close()
 
 
+def start_gateways(
+    children: dict, reg: list[str], work: str, n: int, log, baseline_src, smg, starters
+) -> None:
+    """Start into ``children`` (name -> (Child, port)) smgrl, the smgrl of ``baseline_src`` when
+    given, and SMG when ``smg`` names its binary, on the engines ``reg`` (``--worker-urls``; empty:
+    registered later). ``starters``: (start_smgrl, start_smgrl_src, start_smg) of fanout.py."""
+    start_smgrl, start_smgrl_src, start_smg = starters
+    children["smgrl"] = start_smgrl(reg, os.path.join(work, f"j{n}.db"), log)
+    if baseline_src:
+        src = os.path.abspath(baseline_src)
+        children["smgrl (baseline)"] = start_smgrl_src(reg, os.path.join(work, f"b{n}.db"), src, log)
+    if smg:
+        children["SMG 1.13.0"] = start_smg(smg, reg, log)
+
+
 def compare(args, smg: str | None, start_smg, start_smgrl, start_smgrl_src=None) -> None:
+    starters = (start_smgrl, start_smgrl_src, start_smg)
     sizes = [int(s) for s in args.sizes.split(",")]
     work = tempfile.mkdtemp(prefix="smgrl-bench-compare-")
     log = open(os.path.join(work, "children.log"), "w")  # noqa: SIM115 - the children share it
@@ -222,14 +238,7 @@ def compare(args, smg: str | None, start_smg, start_smgrl, start_smgrl_src=None)
             children = {}
             try:
                 reg = [] if labels else urls
-                children["smgrl"] = start_smgrl(reg, os.path.join(work, f"j{n}.db"), log)
-                if args.baseline_src:
-                    src = os.path.abspath(args.baseline_src)
-                    children["smgrl (baseline)"] = start_smgrl_src(
-                        reg, os.path.join(work, f"b{n}.db"), src, log
-                    )
-                if smg:
-                    children["SMG 1.13.0"] = start_smg(smg, reg, log)
+                start_gateways(children, reg, work, n, log, args.baseline_src, smg, starters)
                 for child, port in children.values():
                     if labels:
                         wait_for_workers(f"http://127.0.0.1:{port}", 0, child=child, timeout=60)
