@@ -107,17 +107,19 @@ def test_agent_session_example_across_a_refit(engines, gateway, tmp_path):
     assert all(t["refit_op"] for t in turns[5:])  # traced to the refit operation that loaded "2"
 
 
-def test_a_turn_survives_a_fleet_sync_that_aborts_it(fakes, gateway, tmp_path):
+def test_a_turn_survives_a_fleet_sync_that_aborts_it(engines, gateway, tmp_path):
     """The trainer syncs the fleet DURING turn 6 (pause_generation mode abort, weights from disk,
     continue): the turn is looped back and captured whole; its tokens carry version 1 up to the
-    abort and 2 after it; the journal records the loopback."""
+    abort and 2 after it; the journal records the loopback. Over gRPC the pause ends the turn's
+    Generate stream with an ``abort`` Complete, which loops back by the same rule."""
     tok = make_model_dir(tmp_path / "tok")
-    urls = fakes(
+    fleet = engines(
         "sglang", 2, "--tokenizer-path", str(tok), "--weight-version", "1", "--token-latency-ms", "15"
     )
     gw, http, _port = gateway(
-        "--enable-rl", "--disable-health-check", "--tokenizer-path", str(tok), "--worker-urls", *urls
+        "--enable-rl", "--disable-health-check", "--tokenizer-path", str(tok), *fleet.gateway_args()
     )
+    fleet.register(http)
     wait_for_workers(http.base, 2, child=gw)
     args = ["--turns", "8", "--refit-at", "5", "--abort-sync", "--scripted", "--check"]
     run = subprocess.run(
