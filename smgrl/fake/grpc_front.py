@@ -100,6 +100,12 @@ class GrpcFront:
         self.host = host
         self.aborts: list[str] = []  # request ids the Abort RPC named (tests read it)
         self.ranks: dict[str, int | None] = {}  # request id -> the DP rank it was pinned to
+        engine.grpc_front = self
+
+    def record(self) -> dict[str, Any]:
+        """What the RPCs were given (``GET /_fake/state``'s ``grpc``): each Generate's pinned DP
+        rank in arrival order (None: unpinned), the ids Abort named."""
+        return {"wire": self.wire.name, "ranks": list(self.ranks.values()), "aborts": list(self.aborts)}
 
     @property
     def url(self) -> str:
