@@ -97,6 +97,8 @@ class Gateway:
         if gateway.sessions is not None:
             # gRPC engines take token ids: the gateway tokenizes text and chat, detokenizes answers.
             dataplane.grpc.tokenizer = gateway.sessions.chat
+        # Without --tokenizer-path: the tokenizer each gRPC engine served at discovery.
+        dataplane.grpc.engine_tokenizer = registry.tokenizers.chat_for
         gateway.loads = LoadMonitor(
             fleet=fleet,
             pools=pools,

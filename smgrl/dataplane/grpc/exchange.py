@@ -99,12 +99,18 @@ def _status_answer(exc: GrpcError) -> GrpcAnswer:
     return error_answer(status, f"grpc_{exc.code.name.lower()}", exc.message or exc.code.name)
 
 
+def _no_tokenizer(base_url: str):
+    return None
+
+
 class GrpcEngines:
     """The gateway's gRPC engines: one channel (one HTTP/2 connection) per engine address."""
 
     def __init__(self) -> None:
         self.channels: dict[tuple[str, int], Channel] = {}
         self.tokenizer = None  # the gateway's ChatTokenizer (--tokenizer-path), when it has one
+        # Without one: the tokenizer an engine served (GetTokenizer), by its origin, or None.
+        self.engine_tokenizer = _no_tokenizer
 
     def client(self, base_url: str, wire: str) -> EngineClient:
         host, port = address(base_url)
@@ -122,9 +128,10 @@ class GrpcEngines:
     async def exchange(self, instance, version: str | None, route: str, body: bytes):
         """The answer of ``instance`` (a gRPC one) to ``body`` on ``route``; yields once the
         call started and its first message (or its whole answer, buffered) is in."""
+        tokenizer = self.tokenizer if self.tokenizer is not None else self.engine_tokenizer(instance.base_url)
         try:
             obj = json.loads(body) if body else None
-            the_plan = plan(route, obj, self.tokenizer)
+            the_plan = plan(route, obj, tokenizer)
         except Untranslatable as exc:
             yield error_answer(400, exc.code, str(exc))
             return
@@ -133,8 +140,8 @@ class GrpcEngines:
             return
         client = self.client(instance.base_url, instance.wire)
         decode = None
-        if self.tokenizer is not None:
-            raw, skip = self.tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
+        if tokenizer is not None:
+            raw, skip = tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
 
             def decode(ids):  # as the engines decode: special tokens skipped unless asked for
                 return raw.decode(ids, skip_special_tokens=skip)
