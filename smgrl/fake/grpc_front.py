@@ -49,6 +49,7 @@ TOKENIZER_FILES = (
     "merges.txt",
     "chat_template.json",
 )
+TOKENIZER_GLOBS = ("*.jinja", "*.tiktoken", "*.model")
 _END = object()
 
 
@@ -70,6 +71,11 @@ def tokenizer_bundle(directory: str, fallback: dict[str, Any] | None = None) -> 
             if path.is_file():
                 zf.write(path, name)
                 added += 1
+        for pattern in TOKENIZER_GLOBS:  # then the globbed ones (a chat_template.jinja) not yet in
+            for path in sorted(Path(directory).glob(pattern)):
+                if path.is_file() and path.name not in TOKENIZER_FILES:
+                    zf.write(path, path.name)
+                    added += 1
         if not added and fallback is not None:
             zf.writestr("tokenizer_config.json", json.dumps(fallback, sort_keys=True))
             added = 1

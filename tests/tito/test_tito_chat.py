@@ -96,6 +96,8 @@ def test_an_engine_s_tokenizer_bundle_loads_as_its_directory_does(tmp_path):
     # HF's chat_template.json (what the servicers zip beside the config) wins over the config's.
     (d / "chat_template.json").write_text(json.dumps({"chat_template": "J{{ messages | length }}"}))
     assert ChatTokenizer.from_bundle(_bundle(d)).render(msgs) == "J1"
+    (d / "chat_template.jinja").write_text("K{{ messages | length }}")  # and the .jinja file over both
+    assert ChatTokenizer.from_bundle(_bundle(d)).render(msgs) == "K1"
 
 
 @pytest.mark.parametrize(
