@@ -106,12 +106,14 @@ class GrpcFront:
         self.host = host
         self.aborts: list[str] = []  # request ids the Abort RPC named (tests read it)
         self.ranks: dict[str, int | None] = {}  # request id -> the DP rank it was pinned to
+        self.tokenizer_fetches = 0  # GetTokenizer calls answered
         engine.grpc_front = self
 
     def record(self) -> dict[str, Any]:
         """What the RPCs were given (``GET /_fake/state``'s ``grpc``): each Generate's pinned DP
         rank in arrival order (None: unpinned), the ids Abort named."""
-        return {"wire": self.wire.name, "ranks": list(self.ranks.values()), "aborts": list(self.aborts)}
+        return {"wire": self.wire.name, "ranks": list(self.ranks.values()), "aborts": list(self.aborts),
+                "tokenizer_fetches": self.tokenizer_fetches}  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -249,6 +251,7 @@ class GrpcFront:
         return sched.abort([sched.jobs[i] for i in ids if i in sched.jobs])
 
     def get_tokenizer(self, request, context):
+        self.tokenizer_fetches += 1
         try:
             if self._bundle is None:
                 fake = {"tokenizer_class": "smgrl-fake", "eos_token_id": _eos(), "model_max_length": 1 << 20}

@@ -256,3 +256,44 @@ async def test_without_a_tokenizer_path_the_engine_s_tokenizer_bundle_serves_tex
                     r = await gw.client.post(route, json={**body, "model": "bare-model"})
                     assert r.status_code == 400 and r.json()["error"]["code"] == "tokenizer_required", r.text
             nursery.cancel_scope.cancel()
+
+
+async def test_a_process_that_did_not_discover_the_engine_fetches_its_tokenizer_once(model_dir):
+    """As a process of several on one journal that does not hold the discovery lease: nothing
+    discovered here, so the first exchanges with the engine fetch its bundle, once for all."""
+    from smgrl.dataplane.grpc.tokenizers import EngineTokenizers
+
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with (
+            fake_fleet("sglang", 1) as fleet,
+            fake_fleet("sglang", 1) as reference,
+            trio.open_nursery() as nursery,
+        ):
+            front = await nursery.start(
+                GrpcFront(fleet[0], WIRES["sglang"], tokenizer_dir=str(model_dir)).serve
+            )
+            async with (
+                gateway_in_process(rl_cfg()) as gw,
+                httpx.AsyncClient(base_url=reference[0].url) as ref,
+            ):
+                payload = {"url": front.url, "connection_mode": "grpc", "runtime": "sglang",
+                           "labels": {"rl.control_url": fleet[0].url}}  # fmt: skip
+                assert (await gw.client.post("/workers", json=payload, headers=ADMIN)).status_code == 202
+                await wait_routable(gw)
+                assert front.tokenizer_fetches == 1  # discovery's
+                gw.gateway.dataplane.grpc.engine_tokenizers = EngineTokenizers()  # nothing discovered here
+                name = fleet[0].served_model_name
+                chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}
+                want = (await ref.post("/v1/chat/completions", json=chat)).json()["choices"][0]["message"]
+                answers = []
+
+                async def ask():
+                    answers.append(await gw.client.post("/v1/chat/completions", json=chat))
+
+                async with trio.open_nursery() as clients:
+                    for _ in range(4):
+                        clients.start_soon(ask)
+                assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+                assert all(r.json()["choices"][0]["message"] == want for r in answers)
+                assert front.tokenizer_fetches == 2  # one more, shared by the four first requests
+            nursery.cancel_scope.cancel()
