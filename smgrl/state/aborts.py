@@ -11,7 +11,7 @@ in this process, which all started after the gateway did.
 
 The deliberate cancellations made through the gateway (``abort_request`` and vLLM's
 ``abort_requests``, with the ids they name) are kept the same way, apart: a request with PSRL
-routing metadata is looped back on any abort but these (``smgrl.dataplane.abort_rule``).
+routing metadata is looped back on any abort but these (``smgrl.dataplane.loopback.decide``).
 """
 
 from __future__ import annotations
