@@ -42,6 +42,10 @@ _NO_ID = 2**63 - 1  # the fork's i64::MAX for a request without a numeric id
 
 T = TypeVar("T")
 
+# A version tag's rank (version_rank) and a request's place in the order (order_key).
+VersionRank = tuple[int] | tuple[int, int] | tuple[int, str]
+OrderKey = tuple[VersionRank, int, int] | tuple[int, VersionRank, int]
+
 
 @attrs.frozen(slots=True)
 class QueueFacts:
@@ -53,7 +57,7 @@ class QueueFacts:
     request_id: str | None = None
 
 
-def version_rank(version: str | None) -> tuple:
+def version_rank(version: str | None) -> VersionRank:
     """A total order over version tags: numeric by value, then text, then unversioned."""
     if version is None:
         return (2,)
@@ -80,7 +84,7 @@ def _final(facts: QueueFacts, sort_key: str) -> int:
     raise ValueError(f"unknown routing-loop sort key {sort_key!r}: expected one of {', '.join(SORT_KEYS)}")
 
 
-def order_key(facts: QueueFacts, sort_key: str, multi: bool) -> tuple:
+def order_key(facts: QueueFacts, sort_key: str, multi: bool) -> OrderKey:
     """The request's place: smaller goes first (before the arrival number breaks ties)."""
     version = version_rank(facts.version)
     validation = 0 if facts.is_validate else 1
@@ -105,13 +109,13 @@ def partition_key(facts: QueueFacts, multi: bool) -> int | str:
 class Place(Generic[T]):
     """One request's entry in the queue (``OrderedQueue.push``); ``live`` until popped or removed."""
 
-    key: tuple
+    key: OrderKey
     seq: int
     item: T
     partition: int | str
     live: bool = True
 
-    def __lt__(self, other: Place) -> bool:
+    def __lt__(self, other: Place[T]) -> bool:
         return (self.key, self.seq) < (other.key, other.seq)
 
 

@@ -206,6 +206,27 @@ def test_body_at_the_limit_is_kept():
     assert ControlStarted.body_fields(b"x" * 64 * 1024)["body_encoding"] == "utf8"
 
 
+@given(
+    raw=st.one_of(st.binary(max_size=64), st.text(max_size=32).map(str.encode)),
+    urls=st.lists(st.text(max_size=12), max_size=4),
+    selector=st.one_of(st.none(), st.text(max_size=12)),
+)
+def test_a_kept_body_is_hashed_as_the_parsed_payload_with_a_null_body(raw, urls, selector):
+    """prepare() splices ``"body": null`` into the canonical payload instead of parsing it and
+    encoding it again: the text hashed is the same either way."""
+    from journal._chain import hashed_payload
+
+    targets = tuple({"worker_id": f"w{i}", "url": u, "control_url": None} for i, u in enumerate(urls))
+    ev = attrs.evolve(started(body=raw), selector=selector, targets=targets)
+    item = Append("control", ev)
+    payload = item._prepared.payload
+    assert (
+        item._prepared.hashed_utf8 == hashed_payload("control.started", payload, json.loads(payload)).encode()
+    )
+    if ev.body is not None:
+        assert b'"body":null' in item._prepared.hashed_utf8
+
+
 class TestAppend:
     def test_inconsistent_body_is_refused_in_the_caller(self):
         good = started()

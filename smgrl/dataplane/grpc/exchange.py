@@ -26,6 +26,7 @@ import trio
 from smgrl.core.wire import json_bytes
 from smgrl.dataplane.grpc.build import Plan, Untranslatable, encoded, plan
 from smgrl.dataplane.grpc.render import GenItem, RenderedAnswer
+from smgrl.dataplane.grpc.tokenizers import EngineTokenizers
 from smgrl.upstream import WIRES, Channel, ConnectError, EngineClient, GrpcError, ReadError, StatusCode
 
 JSON = b"application/json"
@@ -120,6 +121,8 @@ class GrpcEngines:
         self.channels: dict[tuple[str, int], Channel] = {}
         self._clients: dict[tuple[str, str], EngineClient] = {}
         self.tokenizer = None  # the gateway's ChatTokenizer (--tokenizer-path), when it has one
+        # Without one: the tokenizer each engine served (GetTokenizer), by its origin, or None.
+        self.engine_tokenizers = EngineTokenizers()
 
     def client(self, base_url: str, wire: str) -> EngineClient:
         client = self._clients.get((base_url, wire))
@@ -142,19 +145,22 @@ class GrpcEngines:
     async def exchange(self, instance, version: str | None, route: str, body: bytes):
         """The answer of ``instance`` (a gRPC one) to ``body`` on ``route``; yields once the
         call started and its first message (or its whole answer, buffered) is in."""
+        client = self.client(instance.base_url, instance.wire)
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            tokenizer = await self.engine_tokenizers.get(client, instance.base_url)
         try:
             obj = json.loads(body) if body else None
-            the_plan = plan(route, obj, self.tokenizer)
+            the_plan = plan(route, obj, tokenizer)
         except Untranslatable as exc:
             yield error_answer(400, exc.code, str(exc))
             return
         except ValueError:
             yield error_answer(400, "invalid_request", "the request body is not valid JSON")
             return
-        client = self.client(instance.base_url, instance.wire)
         decode = None
-        if self.tokenizer is not None:
-            raw, skip = self.tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
+        if tokenizer is not None:
+            raw, skip = tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
 
             def decode(ids):  # as the engines decode: special tokens skipped unless asked for
                 return raw.decode(ids, skip_special_tokens=skip)
