@@ -45,7 +45,7 @@ def dataplane_codes() -> list[str]:
     sessions' ones included: smgrl/sessions/errors.py), so a new class is documented at once."""
     # Their classes must be defined to be found, whatever this process imported before: the
     # data plane's face loads its PSManager selection errors, the sessions theirs.
-    import smgrl.dataplane  # noqa: F401
+    import smgrl.dataplane
     import smgrl.sessions.errors  # noqa: F401
 
     codes = {cls.code for cls in _descendants(DataPlaneError) if cls is not InvalidRequest}
