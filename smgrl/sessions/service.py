@@ -15,9 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import attrs
 import trio
-import trio_parallel
 
 from journal import JournalWriteError
 from smgrl.core.numbers import parse_uint
@@ -32,7 +30,7 @@ from smgrl.events import (
 )
 from smgrl.routing import InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
-from smgrl.sessions import errors, offload, slices, turn_routing
+from smgrl.sessions import errors, large_turns, offload, slices, turn_routing
 from smgrl.sessions import logprobs as chat_logprobs
 from smgrl.sessions.checks import check_messages, check_tools, input_size
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
@@ -41,13 +39,8 @@ from smgrl.tito import (
     CaptureTree,
     ChatTokenizer,
     PrefixMismatch,
-    Rendered,
-    TurnPlan,
     assistant_message,
     captured,
-    choose_prefix,
-    hit_plan,
-    miss_plan,
     parser_for,
     prepare_turn,
     validate,
@@ -84,16 +77,6 @@ def _leg(gen: eng.Generated, table_version: str | None) -> loopback.Leg:
         spans=spans,
         obj={},
     )
-
-
-@attrs.frozen
-class LargeTurn:
-    """A turn whose body is prepared in worker processes (``SessionService.parse_large``): the
-    body itself (what the workers read again) and what the first worker call rendered."""
-
-    body: bytes
-    parse: Callable[[bytes], dict]  # the route's own body check, run in the worker
-    rendered: Rendered
 
 
 class TurnResult:
@@ -153,8 +136,7 @@ class SessionService:
         self.limiter = trio.CapacityLimiter(2)
         # Worker processes for turns of megabytes (``offload``): only for a tokenizer loaded from
         # a directory, which a worker can load again; at most two turns' work at once.
-        self.offload = bool(chat.source)
-        self.process_limiter = trio.CapacityLimiter(2)
+        self.offloader = large_turns.LargeTurns(chat, self.boundary)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -389,60 +371,14 @@ class SessionService:
             raise errors.InvalidTurn("x-smg-tito-trajectory-id must be a non-negative integer")
         return value
 
-    async def _in_worker(self, fn, *args):
-        """``fn(tokenizer path, fingerprint, *args)`` in a worker process. Cancellation (the
-        client gone) kills the worker: its work is pure and nothing waits for it."""
-        try:
-            return await trio_parallel.run_sync(
-                fn,
-                self.chat.source,
-                self.chat.fingerprint,
-                *args,
-                limiter=self.process_limiter,
-                cancellable=True,
-            )
-        except offload.TokenizerChanged as exc:
-            # The workers cannot load the tokenizer this process holds: later turns stay here.
-            self.offload = False
-            log.warning("large turns stay in process from now on: %s", exc)
-            raise errors.TurnAborted(
-                "the tokenizer's files changed on disk while the turn was prepared; send it again"
-            ) from None
+    async def parse_large(self, body: bytes, parse: Callable[[bytes], dict]):
+        """(the body fields the loop uses, the turn for ``turn``) of a body of megabytes, parsed
+        and rendered in a worker process; None: parsed by the caller (``LargeTurns.parse``)."""
+        return await self.offloader.parse(body, parse)
 
-    async def parse_large(self, body: bytes, parse: Callable[[bytes], dict]) -> tuple[dict, LargeTurn] | None:
-        """A body over ``offload.PROCESS_BYTES`` parsed (by ``parse``), checked, rendered and
-        hashed in a worker process: the body fields the loop uses and the turn to hand to
-        ``turn``; None when this service prepares turns in process (the caller parses itself)."""
-        if not self.offload or len(body) <= offload.PROCESS_BYTES:
-            return None
-        try:
-            result = await self._in_worker(offload.parse_and_render, parse, body)
-        except errors.TurnAborted:
-            return None  # the tokenizer changed on disk: prepared in process from now on
-        _, fields, rendered = offload.raise_refusal(result)
-        return fields, LargeTurn(body, parse, rendered)
-
-    async def _prepare_large(self, large: LargeTurn, s: Session) -> TurnPlan:
-        """``prepare_turn``'s stages with the pure ones in worker processes: the prefix chosen
-        here against the session's tree (string comparisons of the render: C, no GIL-held loop
-        of Python), the appended segments or the whole render tokenized in a worker."""
-        rendered = large.rendered
-        choice = choose_prefix(rendered, s.tree.lookup)
-        reason = choice.reason
-        if choice.node is not None:
-            segs = await self._in_worker(offload.encode_segments, large.parse, large.body, choice.k)
-            if segs is not None:
-                segs = (await slices.ids_list(segs[0]), segs[1])
-            plan = hit_plan(self.boundary, rendered, choice, segs)
-            if isinstance(plan, TurnPlan):
-                return plan
-            reason = plan
-        ids = await slices.ids_list(await self._in_worker(offload.encode_text, rendered.full_text))
-        return miss_plan(rendered, ids, reason)
-
-    async def _prepare(self, messages, tools, kwargs, s: Session, large: LargeTurn | None = None):
+    async def _prepare(self, messages, tools, kwargs, s: Session, large: large_turns.LargeTurn | None = None):
         if large is not None:
-            return await self._prepare_large(large, s)
+            return await self.offloader.prepare(large, s)
 
         def run():
             check_messages(messages)
@@ -468,7 +404,12 @@ class SessionService:
             raise refused from None
 
     async def turn(
-        self, sid: str, body: dict, headers: Mapping[str, str], rid: str, large: LargeTurn | None = None
+        self,
+        sid: str,
+        body: dict,
+        headers: Mapping[str, str],
+        rid: str,
+        large: large_turns.LargeTurn | None = None,
     ) -> TurnResult:
         """``large``: the turn's messages stayed in a worker process (``parse_large``); ``body``
         holds the fields the loop uses."""
@@ -526,13 +467,13 @@ class SessionService:
             if large is None:
                 full = self.chat.encode(plan.full_text)
             else:
-                full = await slices.ids_list(await self._in_worker(offload.encode_text, plan.full_text))
+                full = await slices.ids_list(await self.offloader.run(offload.encode_text, plan.full_text))
             report = validate(self.chat, self.boundary, plan.prompt_ids, full)
         worker = self.fleet.registry.get(entry.instance.worker_id)
         closed = None
         if large is not None:
             # The captured node's hash and render: the conversation is the worker's to read.
-            closed = await self._in_worker(
+            closed = await self.offloader.run(
                 offload.close_in_worker, large.parse, large.body, plan.context, assistant
             )
         cap = captured(
@@ -555,7 +496,7 @@ class SessionService:
             # A turn looped back across weight syncs: each segment's engine, version and span.
             cap.record["segments"] = [dict(seg) for seg in segments]
         captured_ok = True
-        extends = await self._extends(s, cap.parent, cap.token_ids)
+        extends = await large_turns.extends(s.tree, cap.parent, cap.token_ids)
         try:
             s.tree.commit(tid, cap.hash, cap.parent, cap.token_ids, cap.record, cap.render_text, extends)
         except PrefixMismatch:
@@ -610,16 +551,6 @@ class SessionService:
             model=model,
             worker=entry.instance,
         )
-
-    async def _extends(self, s: Session, parent: bytes | None, token_ids: list[int]) -> bool | None:
-        """Whether a long turn's ids start with its parent's, compared in slices (the commit's
-        check, which would compare millions of ids in one call); None: the commit compares."""
-        node = s.tree.entries.get(parent) if parent is not None else None
-        if node is None or len(token_ids) <= slices.SLICE:
-            return None
-        same = await slices.same_prefix(token_ids, node.token_ids, s.tree.prefix_length(parent))
-        # Another turn may have replaced or collected the parent meanwhile: then the commit checks.
-        return same if s.tree.entries.get(parent) is node else None
 
     def _routed(self, s: Session, pin: tuple[str, int] | None, rid: str, turn_headers=None) -> Routed:
         """The turn's routing, as a rollout's (staged selection): the session's defaults with

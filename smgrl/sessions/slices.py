@@ -18,7 +18,7 @@ from smgrl.sessions.checks import input_size
 
 __all__ = ["SLICE", "encode_ids", "encode_json", "ids_list", "same_prefix"]
 
-SLICE = 16_384
+SLICE = 8_192
 
 
 async def ids_list(data: bytes) -> list[int]:
@@ -67,9 +67,15 @@ async def encode_json(value: Any) -> bytes:
     return b"".join(out)
 
 
+_SCALARS = frozenset((int, float, bool, type(None)))
+
+
 async def _encode(value: Any, out: list[bytes]) -> None:
     kind = type(value)
-    if kind not in (dict, list, tuple) or input_size(value, limit=JSON_BUDGET) <= JSON_BUDGET:
+    big_list = kind in (list, tuple) and len(value) > SLICE
+    if kind not in (dict, list, tuple) or (
+        not big_list and input_size(value, limit=JSON_BUDGET) <= JSON_BUDGET
+    ):
         out.append(json_bytes(value))
         await trio.lowlevel.checkpoint()
         return
@@ -84,17 +90,26 @@ async def _encode(value: Any, out: list[bytes]) -> None:
     out.append(b"[")
     first = True
     for i in range(0, len(value), SLICE):
-        part = value[i : i + SLICE]
-        if input_size(part, limit=JSON_BUDGET) <= JSON_BUDGET:
-            text = json_bytes(list(part))[1:-1]
-            if text:
-                out.append(text if first else b"," + text)
-                first = False
-            await trio.lowlevel.checkpoint()
-            continue
-        for item in part:
-            if not first:
-                out.append(b",")
-            first = False
-            await _encode(item, out)
+        first = await _items(value[i : i + SLICE], out, first)
     out.append(b"]")
+
+
+async def _items(part: Sequence[Any], out: list[bytes], first: bool) -> bool:
+    """A run of a list's items (after the first one written unless ``first``): one call when
+    small, else halved until it is (a single large item is encoded as a value of its own)."""
+    # Token ids and log-probs are numbers only (told by one pass in C): one call for the run.
+    if set(map(type, part)) <= _SCALARS or input_size(list(part), limit=JSON_BUDGET) <= JSON_BUDGET:
+        text = json_bytes(list(part))[1:-1]
+        if text:
+            out.append(text if first else b"," + text)
+            first = False
+        await trio.lowlevel.checkpoint()
+        return first
+    if len(part) == 1:
+        if not first:
+            out.append(b",")
+        await _encode(part[0], out)
+        return False
+    mid = len(part) // 2
+    first = await _items(part[:mid], out, first)
+    return await _items(part[mid:], out, first)

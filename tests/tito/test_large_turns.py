@@ -14,7 +14,7 @@ from test_sessions_api import agent, cfg, check_training
 
 from smgrl.fake import fake_fleet, model
 from smgrl.sessions import engine as eng
-from smgrl.sessions import offload, service, slices
+from smgrl.sessions import large_turns, offload, service, slices
 from smgrl.testing import gateway_in_process
 
 
@@ -51,13 +51,13 @@ async def test_turns_prepared_in_worker_processes_capture_the_same_ids(tok, mode
         monkeypatch.setattr(offload, "PROCESS_BYTES", 0)
         monkeypatch.setattr(slices, "SLICE", 7)
         calls = []
-        real = service.SessionService._in_worker
+        real = large_turns.LargeTurns.run
 
         async def counted(self, fn, *args):
             calls.append(fn.__name__)
             return await real(self, fn, *args)
 
-        monkeypatch.setattr(service.SessionService, "_in_worker", counted)
+        monkeypatch.setattr(large_turns.LargeTurns, "run", counted)
         got_messages, snap = await _agent_snapshot(model_dirs)
     # Tool-call ids are drawn at random and the engine's port differs: the rest is the same.
     assert _without(got_messages, "id", "tool_call_id") == _without(messages, "id", "tool_call_id")
