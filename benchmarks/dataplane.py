@@ -290,7 +290,7 @@ BARE_APP = r"""
 import itertools, sys, trio
 from hypercorn.trio import serve
 from smgrl.core.config import Config
-from smgrl.runtime.server import hypercorn_config
+from smgrl.runtime.listeners import hypercorn_config
 from smgrl.upstream import EnginePool
 
 POOLS = itertools.cycle([EnginePool(url, max_idle=1024) for url in sys.argv[2:]] or [None])

@@ -63,7 +63,14 @@ BUCKETS = [
     ("json", "json/"),
 ]
 # Frames that only wrap everything (the entry point, trio.run): not a bucket of their own.
-OUTER = ("smgrl/__main__.py", "smgrl/cli/main.py", "smgrl/runtime/server.py", "<string>", "runpy.py")
+OUTER = (
+    "smgrl/__main__.py",
+    "smgrl/cli/main.py",
+    "smgrl/cli/gateway.py",
+    "smgrl/runtime/server.py",
+    "<string>",
+    "runpy.py",
+)
 
 
 def _file(frame: str) -> str:

@@ -23,7 +23,7 @@ import sys
 # the gateway's process, so the child inherits them and serves well within PSRL's 3 s check
 # instead of spending them importing (a second or more of CPU).
 import smgrl.runtime.server  # noqa: F401 - loaded here, not in the child (above)
-from smgrl.cli.main import run_gateway
+from smgrl.cli.gateway import run_gateway
 from smgrl.cli.router_args import RouterArgs, RouterArgsError
 from smgrl.cli.router_config import Launch, translate
 

@@ -43,7 +43,7 @@ import attrs
 import trio
 
 from smgrl.cluster.sharing import PRESENCE, saga_driver
-from smgrl.telemetry.journaling import ev
+from smgrl.events import GatewayPeer
 from smgrl.telemetry.logs import event as log_event
 from smgrl.upstream import ConnectError, PoolSet, ReadError
 
@@ -92,8 +92,7 @@ class Peer:
     advertise_url: str | None = None
 
     def event(self):
-        return ev(
-            "gateway.peer",
+        return GatewayPeer(
             gateway=self.gateway,
             owner=self.owner,
             host=self.host,

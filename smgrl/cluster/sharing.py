@@ -39,7 +39,7 @@ import trio
 from journal import JournalError, LeaseLost
 from smgrl.core.ids import new_tag
 from smgrl.dataplane import gone_releases
-from smgrl.telemetry.journaling import ev
+from smgrl.events import ControlInterrupted
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.sharing")
@@ -225,8 +225,7 @@ async def recover_dead(store, writer, fleet, sharing: Sharing, refits=None) -> l
         items.append(
             (
                 f"op:{op_id}",
-                ev(
-                    "control.interrupted",
+                ControlInterrupted(
                     op_id=op_id,
                     reason="gateway_restart",
                     recorded_targets=[t for t in targets if t in op.outcomes],

@@ -95,7 +95,7 @@ class Supervisor:
 
     async def run(self) -> None:
         from smgrl.http.routes.metrics_server import serve_metrics
-        from smgrl.runtime.server import bind_http, bind_metrics, hypercorn_config
+        from smgrl.runtime.listeners import bind_http, bind_metrics, hypercorn_config
 
         hc = hypercorn_config(self.cfg)
         sockets = bind_http(hc, self.cfg)

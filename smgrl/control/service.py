@@ -27,7 +27,6 @@ import attrs
 import trio
 
 from journal import Expect, JournalConflict, JournalWriteError
-from journal.codec import ControlStarted
 from smgrl.control.batched import run_batched
 from smgrl.control.call import ControlRequest, call_worker
 from smgrl.control.outcome import Outcome, fanout_body
@@ -43,7 +42,7 @@ from smgrl.core import (
 )
 from smgrl.core.config import RlConfig
 from smgrl.core.errors import JournalUnavailable
-from smgrl.telemetry.journaling import ev
+from smgrl.events import ControlFinished, ControlOutcome, ControlStarted
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.rl")
@@ -335,8 +334,7 @@ class ControlService:
         # Held for the operation's final transaction (see the module docstring). Built now, in
         # this task: an outcome that cannot be encoded fails here, not the whole final batch.
         op.records.append(
-            ev(
-                "control.outcome",
+            ControlOutcome(
                 op_id=op.op_id,
                 worker_id=worker.id,
                 url=worker.url,
@@ -363,8 +361,7 @@ class ControlService:
         """Enqueue ``control.started``. Once this returns the intent WILL be written (or its batch
         fails): the caller owes the operation a close from then on."""
         op_id = op_id or new_operation_id()
-        event = ev(
-            "control.started",
+        event = ControlStarted(
             op_id=op_id,
             kind=kind,
             method=req.method,
@@ -404,8 +401,7 @@ class ControlService:
         started: float,
         quiet: bool = False,
     ) -> bool:
-        finished = ev(
-            "control.finished",
+        finished = ControlFinished(
             op_id=op.op_id,
             result=result,
             http_status=http_status,

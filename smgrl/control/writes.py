@@ -22,11 +22,11 @@ from typing import Any
 from journal import JournalWriteError
 from smgrl.core import Selector, Worker
 from smgrl.core.errors import JournalUnavailable, NoWorkersMatch, WorkerNotFound
-from smgrl.telemetry.journaling import ev
+from smgrl.events import DispatchSet, EngineStateSet, EngineVersionSet
 
 ENGINE_WRITES = {
-    "version": ("engine.version_set", "weight_version"),
-    "state": ("engine.state_set", "control"),
+    "version": (EngineVersionSet, "weight_version"),
+    "state": (EngineStateSet, "control"),
 }
 
 
@@ -65,10 +65,9 @@ class ControlWrites:
         principal: str | None,
         request_id: str | None,
     ) -> None:
-        event_type, field = ENGINE_WRITES[kind]
+        event_class, field = ENGINE_WRITES[kind]
         listed = tuple({"worker_id": w.id, "url": w.url, "base_url": w.base_url} for w in targets)
-        event = ev(
-            event_type,
+        event = event_class(
             **{field: value},
             targets=listed,
             selector=selector,
@@ -81,7 +80,7 @@ class ControlWrites:
         """Pause or resume the rollout routing loop; whether it changed (no event when not)."""
         if self.fleet.routing.paused == paused:
             return False
-        event = ev("dataplane.dispatch_set", paused=paused, principal=principal, request_id=request_id)
+        event = DispatchSet(paused=paused, principal=principal, request_id=request_id)
         await self._append("dataplane", event)
         return True
 

@@ -19,11 +19,12 @@ from typing import Any
 import trio
 
 from smgrl.core import Worker, on_this_host
+from smgrl.events import EngineVersionSet, RefitStepDone
 from smgrl.refit import plan as P
 from smgrl.refit.errors import CheckpointMissing
 from smgrl.refit.request import RefitRequest
+from smgrl.refit.results import result_of
 from smgrl.state import EngineRun, Saga
-from smgrl.telemetry.journaling import ev
 
 
 class FailSafe:
@@ -106,8 +107,7 @@ class FailSafe:
             target = {"worker_id": r.worker_id, "url": r.url, "base_url": r.base_url}
             by_version.setdefault(version, []).append(target)
         return [
-            ev(
-                "engine.version_set",
+            EngineVersionSet(
                 weight_version=version,
                 targets=targets,
                 selector=f"refit:{saga.refit_id}",
@@ -152,17 +152,5 @@ class FailSafe:
             confirm = self._confirmations(saga, [(saga.engines[x["worker_id"]], x["version"]) for x in kept])
             await self._append(
                 saga.refit_id,
-                [ev("refit.step_done", refit_id=saga.refit_id, phase="load", results=kept), *confirm],
+                [RefitStepDone(refit_id=saga.refit_id, phase="load", results=kept), *confirm],
             )
-
-
-def summary(saga: Saga) -> str:
-    """How the engines ended, by status (``2 resumed, 1 refused, 1 quarantined``)."""
-    counts: dict[str, int] = {}
-    for r in saga.engines.values():
-        counts[r.status] = counts.get(r.status, 0) + 1
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
-
-
-def result_of(run: EngineRun, result: str, detail: str | None) -> dict[str, Any]:
-    return {"worker_id": run.worker_id, "result": result, "detail": detail}

@@ -11,7 +11,7 @@ restarted on its initial weights (and served rollouts with them elsewhere) is he
 from __future__ import annotations
 
 from smgrl.core.identity import startup_identity
-from smgrl.telemetry.journaling import ev
+from smgrl.events import WorkerIdentitySeen, WorkerQuarantined
 
 REASON_PREFIX = "recovered"
 STREAM = "quarantine"
@@ -35,8 +35,7 @@ async def hold_recovered(journal, worker, interval_secs: float) -> None:
     """Journal the hold (raises JournalWriteError like any append; the caller decides)."""
     await journal.append(
         STREAM,
-        ev(
-            "worker.quarantined",
+        WorkerQuarantined(
             worker_id=worker.id,
             base_url=worker.base_url,
             reason=recovered_reason(interval_secs),
@@ -56,8 +55,7 @@ def identity_events(worker, info, sagas) -> list:
     if previous == identity:
         return []
     events = [
-        ev(
-            "worker.identity_seen",
+        WorkerIdentitySeen(
             worker_id=worker.group,
             base_url=worker.base_url,
             identity=identity,
@@ -66,8 +64,7 @@ def identity_events(worker, info, sagas) -> list:
     ]
     if previous is not None and worker.base_url not in sagas.quarantined:
         events.append(
-            ev(
-                "worker.quarantined",
+            WorkerQuarantined(
                 worker_id=worker.group,
                 base_url=worker.base_url,
                 reason=restarted_reason(previous, identity)[:500],

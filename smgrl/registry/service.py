@@ -31,10 +31,17 @@ from smgrl.core import (
 )
 from smgrl.core.config import Config
 from smgrl.core.errors import WorkerApiError
+from smgrl.events import (
+    WorkerDiscovered,
+    WorkerHealthChanged,
+    WorkerLabelsChanged,
+    WorkerProbeFailed,
+    WorkerRegistered,
+    WorkerRemoved,
+)
 from smgrl.registry.grpc_probe import TokenizerCache, discover_grpc
 from smgrl.registry.keys import KeyRing
 from smgrl.registry.probe import ProbeFailed, ReachesSelf, probe_control_app, probe_http
-from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 from smgrl.upstream import PoolSet
 
@@ -128,8 +135,7 @@ class RegistryService:
                 f"replace or PATCH /workers/{reg.worker_id} to update.",
             )
         worker_id = reg.worker_id or new_worker_id()
-        event = ev(
-            "worker.registered",
+        event = WorkerRegistered(
             worker_id=worker_id,
             url=reg.url,
             base_url=strip_rank(reg.url),
@@ -170,7 +176,7 @@ class RegistryService:
             before = self.fleet.registry.get(worker_id)
             pending = await self.journal.enqueue(
                 f"worker:{worker_id}",
-                ev("worker.labels_changed", worker_id=worker_id, labels=labels, mode=mode),
+                WorkerLabelsChanged(worker_id=worker_id, labels=labels, mode=mode),
             )
             # Enqueued, so it will be written: shielded, so that what follows from it (a new
             # discovery when the control endpoint moved) runs even if the caller goes away. The
@@ -203,7 +209,7 @@ class RegistryService:
             # on_secrets): if this append fails, the worker and its job stay as they were.
             pending = await self.journal.enqueue(
                 f"worker:{group}",
-                ev("worker.removed", worker_id=worker_id, reason=reason),
+                WorkerRemoved(worker_id=worker_id, reason=reason),
                 secrets={group: None},
             )
             # Shielded once enqueued: the pools of a removed engine are closed even if the caller
@@ -221,7 +227,7 @@ class RegistryService:
     async def set_health(self, worker: Worker, health: str, reason: str) -> None:
         await self.journal.append(
             f"worker:{worker.group}",
-            ev("worker.health_changed", worker_id=worker.group, health=health, reason=reason),
+            WorkerHealthChanged(worker_id=worker.group, health=health, reason=reason),
         )
 
     # -- discovery jobs ------------------------------------------------------------------------
@@ -277,8 +283,7 @@ class RegistryService:
             except ProbeFailed as exc:
                 await self.journal.append(
                     f"worker:{worker_id}",
-                    ev(
-                        "worker.probe_failed",
+                    WorkerProbeFailed(
                         worker_id=worker_id,
                         attempt=attempt,
                         error=str(exc),
@@ -311,8 +316,7 @@ class RegistryService:
                     return  # removed while we probed
                 await self.journal.append(
                     f"worker:{worker_id}",
-                    ev(
-                        "worker.discovered",
+                    WorkerDiscovered(
                         worker_id=worker_id,
                         runtime=found.runtime,
                         labels=found.labels,

@@ -14,8 +14,8 @@ import time
 import trio
 
 from smgrl.core.numbers import parse_uint
+from smgrl.events import SnapshotTaken
 from smgrl.state import FleetState, snapshot
-from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.snapshot")
@@ -89,9 +89,7 @@ class Snapshotter:
             workers=len(cap.registry.workers),
         )
         try:
-            await self.writer.append(
-                "gateway", ev("snapshot.taken", kind=snapshot.KIND, upto_seq=cap.last_seq)
-            )
+            await self.writer.append("gateway", SnapshotTaken(kind=snapshot.KIND, upto_seq=cap.last_seq))
         except Exception as exc:  # noqa: BLE001 - the marker is informational
             log.warning("snapshot marker not journaled: %r", exc)
         return cap.last_seq

@@ -20,7 +20,7 @@ import time
 import trio
 
 from journal import JournalWriteError
-from smgrl.telemetry.journaling import ev
+from smgrl.events import AuditControlPlaneCounts
 
 log = logging.getLogger("smgrl.audit")
 
@@ -82,7 +82,7 @@ class AuditCounts:
             {"principal": p, "family": f, "outcome": o, "reason": r or None, "count": n}
             for (p, f, o, r), n in sorted(self._counts.items())
         ]
-        event = ev("audit.control_plane_counts", since=self._since, until=now, counts=rows)
+        event = AuditControlPlaneCounts(since=self._since, until=now, counts=rows)
         self._counts = {}
         self._since = now
         return event

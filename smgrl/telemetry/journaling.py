@@ -1,4 +1,5 @@
-"""The gateway's side of the journal: building events by type name, and the append surface.
+"""The gateway's side of the journal: the append surface (events are built from their catalogue
+classes, ``smgrl.events``: one way, checked by their constructors).
 
 Services depend on ``Appender`` (``append`` awaited until durable; ``enqueue`` for a receipt to
 await later; ``append_many`` for several events in one transaction; ``append_nowait`` queued,
@@ -11,21 +12,13 @@ naming the targets whose outcomes were recorded and those that were not.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from journal.codec import Recorded
-from smgrl.events import event_class
+from smgrl.events import ControlInterrupted
 
 if TYPE_CHECKING:
     from smgrl.state import FleetState
-
-
-def ev(type_name: str, **fields: Any):
-    """Build the catalogue event registered under ``type_name`` (a KeyError names a typo early)."""
-    cls = event_class(type_name)
-    if cls is None:
-        raise KeyError(f"no journal event type {type_name!r}")
-    return cls(**fields)
 
 
 class Appender(Protocol):
@@ -51,8 +44,7 @@ async def record_interrupted(journal, fleet: FleetState, reason: str, *, only=No
         items.append(
             (
                 f"op:{op_id}",
-                ev(
-                    "control.interrupted",
+                ControlInterrupted(
                     op_id=op_id,
                     reason=reason,
                     recorded_targets=recorded,

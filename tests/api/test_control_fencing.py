@@ -17,8 +17,8 @@ import trio
 
 from journal import Append, SqliteStore
 from smgrl.core.config import Config, RlConfig
+from smgrl.events import ControlInterrupted
 from smgrl.fake import fake_fleet
-from smgrl.telemetry.journaling import ev
 from smgrl.testing import gateway_in_process
 
 FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
@@ -51,8 +51,7 @@ async def test_a_stalled_process_does_not_close_an_operation_another_process_clo
                         await trio.sleep(0.01)
                     op_id = started[0].event.op_id
                     # The recovery lease's holder (another process) closes it: this one looked dead.
-                    interrupted = ev(
-                        "control.interrupted",
+                    interrupted = ControlInterrupted(
                         op_id=op_id,
                         reason="gateway_restart",
                         recorded_targets=[],

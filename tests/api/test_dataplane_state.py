@@ -11,8 +11,8 @@ import attrs
 import trio
 
 from smgrl.core.config import Config, DataPlaneConfig, RlConfig
+from smgrl.events import ControlFinished, ControlOutcome, ControlStarted, WorkerHealthChanged
 from smgrl.fake import fake_fleet
-from smgrl.telemetry.journaling import ev
 from smgrl.testing import gateway_in_process
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}
@@ -76,15 +76,14 @@ async def _append(gw, *events):
 
 
 def started(op, targets, intent):
-    return ev(
-        "control.started", op_id=op, kind="fanout", method="POST", path="x", body_size=0, body_sha256="",
+    return ControlStarted(op_id=op, kind="fanout", method="POST", path="x", body_size=0, body_sha256="",
         targets=tuple({"worker_id": w.id, "url": w.url, "control_url": w.base_url} for w in targets),
         intent=intent,
     )  # fmt: skip
 
 
 def finished(op, total):
-    return ev("control.finished", op_id=op, result="cancelled", http_status=200, total=total, succeeded=0,
+    return ControlFinished(op_id=op, result="cancelled", http_status=200, total=total, succeeded=0,
               failed=0, latency_ms=1)  # fmt: skip
 
 
@@ -104,9 +103,9 @@ async def test_unknown_and_mixed_engines_are_held_out_until_a_call_confirms_them
         await _append(
             gw,
             started(op, [wb, wc], {"version": "v2", "control": None, "phase": None}),
-            ev("control.outcome", op_id=op, worker_id=c, url=wc.url, latency_ms=1, status=200),
-            ev("control.outcome", op_id=op, worker_id=b, url=wb.url, latency_ms=1, status=500),
-            ev("control.finished", op_id=op, result="partial", http_status=207, total=2, succeeded=1,
+            ControlOutcome(op_id=op, worker_id=c, url=wc.url, latency_ms=1, status=200),
+            ControlOutcome(op_id=op, worker_id=b, url=wb.url, latency_ms=1, status=500),
+            ControlFinished(op_id=op, result="partial", http_status=207, total=2, succeeded=1,
                failed=1, latency_ms=1),
         )  # fmt: skip
         assert gw.gateway.fleet.facts()[wb.base_url].mixed
@@ -170,13 +169,9 @@ async def test_wait_zero_answers_at_once_and_unhealthy_engines_are_held_out():
         gateway_in_process(cfg(wait=0), worker_urls=fleet.urls) as gw,
     ):
         a, b = ids(gw, fleet)
-        await gw.writer.append(
-            "registry", ev("worker.health_changed", worker_id=a, health="not_ready", reason="t")
-        )
+        await gw.writer.append("registry", WorkerHealthChanged(worker_id=a, health="not_ready", reason="t"))
         assert await routed_set(gw) == {b}
-        await gw.writer.append(
-            "registry", ev("worker.health_changed", worker_id=b, health="not_ready", reason="t")
-        )
+        await gw.writer.append("registry", WorkerHealthChanged(worker_id=b, health="not_ready", reason="t"))
         r = await gw.client.post("/generate", json=GEN)
         assert r.status_code == 503 and r.json()["error"]["reasons"] == {"unhealthy": 2}
 

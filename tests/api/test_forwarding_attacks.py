@@ -13,8 +13,8 @@ from test_forwarding_in_process import AUTH, KEY, config, model_dir, turn_body, 
 from journal import SqliteStore
 from smgrl.cluster.forwarding import owner_key
 from smgrl.cluster.sharing import PRESENCE
+from smgrl.events import GatewayPeer, RefitState
 from smgrl.fake import fake_fleet, model
-from smgrl.telemetry.journaling import ev
 
 __all__ = ["model_dir"]  # the module-scoped fixture, shared
 
@@ -46,8 +46,7 @@ async def test_a_stale_peer_of_an_earlier_process_never_gets_the_callers_key(mod
                 await wait_visible((a, b), 1)
                 me = a.gateway.forwarder.me
                 owner = "abcdefabcdef"
-                stale = ev(
-                    "gateway.peer",
+                stale = GatewayPeer(
                     gateway=f"{me.host}:999999:deadbeef",
                     owner=owner,
                     host=me.host,
@@ -89,8 +88,7 @@ async def test_a_hung_driver_does_not_hold_the_trainers_hand_off(model_dir, tmp_
                 hung = f"{me.host}:999998:0badc0de"
                 with SqliteStore.open(path) as store:
                     store.take_lease(PRESENCE + hung, hung, 60)  # alive, as far as leases tell
-                peer = ev(
-                    "gateway.peer",
+                peer = GatewayPeer(
                     gateway=hung,
                     owner=owner_key(hung),
                     host=me.host,
@@ -98,7 +96,7 @@ async def test_a_hung_driver_does_not_hold_the_trainers_hand_off(model_dir, tmp_
                     advertise_url=None,
                 )
                 await a.gateway.journal.append(f"peer:{owner_key(hung)}", peer)
-                resumed = ev("refit.state", refit_id=rid, state="recovering", gateway=hung)
+                resumed = RefitState(refit_id=rid, state="recovering", gateway=hung)
                 await a.gateway.journal.append(f"refit:{rid}", resumed)
                 await b.gateway.journal.catch_up()
                 r = await b.client.post(f"/v1/rl/refits/{rid}/commit", timeout=50)
@@ -215,7 +213,7 @@ async def test_a_driver_that_was_taken_over_stops_at_its_next_record(model_dir, 
                 await a.gateway.refits.change_event().wait()
             other = b.gateway.forwarder.me.gateway
             await b.gateway.journal.append(
-                f"refit:{rid}", ev("refit.state", refit_id=rid, state="recovering", gateway=other)
+                f"refit:{rid}", RefitState(refit_id=rid, state="recovering", gateway=other)
             )
             while a.gateway.refits.drives(rid):  # until its timeout fired and it stopped
                 await a.gateway.refits.change_event().wait()

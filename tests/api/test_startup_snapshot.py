@@ -9,10 +9,10 @@ from rl_api_helpers import rl_cfg
 
 from journal import Append, SqliteStore
 from smgrl.core.config import HealthConfig
+from smgrl.events import WorkerHealthChanged
 from smgrl.history.replay import restore_verified
 from smgrl.runtime.server import serve
 from smgrl.state import snapshot
-from smgrl.telemetry.journaling import ev
 
 
 def _journal(path, n: int) -> int:
@@ -23,7 +23,7 @@ def _journal(path, n: int) -> int:
                 [
                     Append(
                         f"worker:{wid}",
-                        ev("worker.health_changed", worker_id=wid, health="healthy", reason="probe ok"),
+                        WorkerHealthChanged(worker_id=wid, health="healthy", reason="probe ok"),
                     )
                 ]
             )

@@ -63,7 +63,8 @@ def test_bad_values_exit_1_with_one_line(args, line, tmp_path):
 
 def test_zero_values_are_accepted_without_enable_rl(tmp_path):
     # Validation passes; the process then starts, so only check the parse step through the API.
-    from smgrl.cli.main import cli, config_from_options
+    from smgrl.cli.launch_config import config_from_options
+    from smgrl.cli.main import cli
 
     ctx = cli.commands["launch"].make_context(
         "launch", ["--rl-fanout-concurrency", "0", "--rl-control-timeout-secs", "0"]

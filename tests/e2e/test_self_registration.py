@@ -151,7 +151,7 @@ def test_a_ready_worker_that_leads_back_is_removed_by_the_health_checker(gateway
     the worker was discovered and is ready; the health checker sees the gateway's own id and
     removes it."""
     from journal import Append, SqliteStore
-    from smgrl.telemetry.journaling import ev
+    from smgrl.events import WorkerDiscovered, WorkerRegistered
 
     (engine,) = fakes("sglang", 1)
     journal = str(tmp_path / "old.db")
@@ -164,12 +164,11 @@ def test_a_ready_worker_that_leads_back_is_removed_by_the_health_checker(gateway
         [
             Append(
                 f"worker:{wid}",
-                ev("worker.registered", worker_id=wid, url=looped, base_url=looped, source="api"),
+                WorkerRegistered(worker_id=wid, url=looped, base_url=looped, source="api"),
             ),
             Append(
                 f"worker:{wid}",
-                ev(
-                    "worker.discovered",
+                WorkerDiscovered(
                     worker_id=wid,
                     runtime="sglang",
                     labels={},

@@ -8,9 +8,17 @@ import itertools
 import json
 
 from journal import Append, SqliteStore
-from journal.codec import ControlStarted
 from smgrl.core.observe import intent_of
-from smgrl.telemetry.journaling import ev
+from smgrl.events import (
+    AuditControlPlane,
+    ControlFinished,
+    ControlInterrupted,
+    ControlOutcome,
+    ControlStarted,
+    GatewayStarted,
+    WorkerDiscovered,
+    WorkerRegistered,
+)
 
 SECRET = "sk-THE-WORKER-SECRET-0123456789"
 T0 = 1_800_000_000.0
@@ -44,8 +52,7 @@ class Builder:
     ):
         self.add(
             f"worker:{wid}",
-            ev(
-                "worker.registered",
+            WorkerRegistered(
                 worker_id=wid,
                 url=url,
                 base_url=url,
@@ -58,8 +65,7 @@ class Builder:
         )
         self.add(
             f"worker:{wid}",
-            ev(
-                "worker.discovered",
+            WorkerDiscovered(
                 worker_id=wid,
                 runtime="sglang",
                 labels={"weight_version": "v0", "dp_size": str(len(dp or [1]))},
@@ -85,8 +91,7 @@ class Builder:
         raw = json.dumps(body).encode() if body is not None else b""
         self.add(
             f"op:{op_id}",
-            ev(
-                "control.started",
+            ControlStarted(
                 op_id=op_id,
                 kind=kind,
                 method="POST",
@@ -108,8 +113,7 @@ class Builder:
                 ok += 1
             self.add(
                 f"op:{op_id}",
-                ev(
-                    "control.outcome",
+                ControlOutcome(
                     op_id=op_id,
                     worker_id=wid,
                     url=url,
@@ -124,8 +128,7 @@ class Builder:
         total = len(targets)
         self.add(
             f"op:{op_id}",
-            ev(
-                "control.finished",
+            ControlFinished(
                 op_id=op_id,
                 result="ok" if ok == total else "partial",
                 http_status=200 if ok == total else 207,
@@ -140,8 +143,7 @@ class Builder:
     def audit(self, path: str) -> None:
         self.add(
             "audit",
-            ev(
-                "audit.control_plane",
+            AuditControlPlane(
                 principal="trainer",
                 auth_method="bearer",
                 method="POST",
@@ -155,7 +157,7 @@ class Builder:
 def fleet_journal(path) -> dict:
     """The standard journal of these tests; returns the ids the tests look for."""
     b = Builder(path)
-    b.add("gateway", ev("gateway.started", version="0.1.0", pid=1, config={"port": 1}))
+    b.add("gateway", GatewayStarted(version="0.1.0", pid=1, config={"port": 1}))
     engines = [(f"w{i}", f"http://127.0.0.1:{31000 + i}") for i in range(4)]
     for i, (wid, url) in enumerate(engines):
         b.register(wid, url, key=SECRET if i == 0 else None, labels={"pool": "rollout"})
@@ -201,15 +203,14 @@ def fleet_journal(path) -> dict:
     )
     b.add(
         f"op:{ids['cut_op']}",
-        ev(
-            "control.interrupted",
+        ControlInterrupted(
             op_id=ids["cut_op"],
             reason="gateway_restart",
             recorded_targets=["w0", "w1"],
             missing_targets=["w2", "w3"],
         ),
     )
-    b.add("gateway", ev("gateway.started", version="0.1.0", pid=2, config={"port": 1}))
+    b.add("gateway", GatewayStarted(version="0.1.0", pid=2, config={"port": 1}))
     ids["last_seq"] = b.store.last_seq()
     ids["end_ts"] = b.now
     b.close()

@@ -19,12 +19,23 @@ from journal_cli_builder import Builder
 from journal import SqliteStore
 from journal.retention import Retention
 from smgrl.core.observe import intent_of
+from smgrl.events import (
+    ControlFinished,
+    ControlInterrupted,
+    ControlOutcome,
+    ControlStarted,
+    EngineStateSet,
+    EngineVersionSet,
+    WorkerDiscovered,
+    WorkerLabelsChanged,
+    WorkerRegistered,
+    WorkerRemoved,
+)
 from smgrl.history.queries import fleet_at, grouped, version_changes
 from smgrl.history.replay import restore
 from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState
 from smgrl.state.version_timeline import Change, display
-from smgrl.telemetry.journaling import ev
 
 URLS = [f"http://127.0.0.1:{32000 + i}" for i in range(4)]
 PATHS = ["pause_generation", "update_weights_from_disk", "continue_generation", "update_weight_version"]
@@ -81,8 +92,7 @@ def build(path, steps) -> None:
             dp = [wid, f"{wid}-r1"] if s[3] else None
             add(
                 f"worker:{wid}",
-                ev(
-                    "worker.registered",
+                WorkerRegistered(
                     worker_id=wid,
                     url=url,
                     base_url=url,
@@ -94,8 +104,7 @@ def build(path, steps) -> None:
             )
             add(
                 f"worker:{wid}",
-                ev(
-                    "worker.discovered",
+                WorkerDiscovered(
                     worker_id=wid,
                     runtime="sglang",
                     labels=labels,
@@ -106,12 +115,12 @@ def build(path, steps) -> None:
             live[s[1]] = wid
         elif kind == "remove" and s[1] in live:
             wid = live.pop(s[1])
-            add(f"worker:{wid}", ev("worker.removed", worker_id=wid, reason="test"))
+            add(f"worker:{wid}", WorkerRemoved(worker_id=wid, reason="test"))
         elif kind == "labels" and s[1] in live:
             wid = live[s[1]]
             add(
                 f"worker:{wid}",
-                ev("worker.labels_changed", worker_id=wid, labels={"weight_version": s[2]}, mode="merge"),
+                WorkerLabelsChanged(worker_id=wid, labels={"weight_version": s[2]}, mode="merge"),
             )
         elif kind == "op":
             _, op_path, slots, answers, end, version = s
@@ -128,8 +137,7 @@ def build(path, steps) -> None:
             raw = json.dumps(body).encode()
             add(
                 f"op:{op_id}",
-                ev(
-                    "control.started",
+                ControlStarted(
                     op_id=op_id,
                     kind="fanout",
                     method="POST",
@@ -146,8 +154,7 @@ def build(path, steps) -> None:
             for (wid, url), answer in zip(targets, answers, strict=False):
                 if end == "cut" and answer == "timeout":
                     break
-                out = ev(
-                    "control.outcome",
+                out = ControlOutcome(
                     op_id=op_id,
                     worker_id=wid,
                     url=url,
@@ -159,15 +166,12 @@ def build(path, steps) -> None:
                 later.append((f"op:{op_id}", out))
             good = sum(1 for a in answers[: len(targets)] if a == "ok")
             if end == "interrupted":
-                later.append(
-                    (f"op:{op_id}", ev("control.interrupted", op_id=op_id, reason="gateway_restart"))
-                )
+                later.append((f"op:{op_id}", ControlInterrupted(op_id=op_id, reason="gateway_restart")))
             elif end != "cut":
                 later.append(
                     (
                         f"op:{op_id}",
-                        ev(
-                            "control.finished",
+                        ControlFinished(
                             op_id=op_id,
                             result="ok" if good == len(targets) else "partial" if good else "failed",
                             http_status=200,
@@ -188,9 +192,9 @@ def build(path, steps) -> None:
             if not targets:
                 continue
             if s[1] == "version":
-                add("gateway", ev("engine.version_set", weight_version=f"api{len(targets)}", targets=targets))
+                add("gateway", EngineVersionSet(weight_version=f"api{len(targets)}", targets=targets))
             else:
-                add("gateway", ev("engine.state_set", control="paused", targets=targets))
+                add("gateway", EngineStateSet(control="paused", targets=targets))
         elif kind == "snapshot" and fleet.last_seq:
             store.save_snapshot(
                 snapshot.KIND,

@@ -13,9 +13,9 @@ from journal_cli_builder import SECRET, T0
 from journal import Append, SqliteStore, UnknownEvent
 from smgrl.cli.journal import events as events_mod
 from smgrl.cli.journal import journal_group
+from smgrl.events import GatewayStopped
 from smgrl.history.replay import restore
 from smgrl.state import snapshot
-from smgrl.telemetry.journaling import ev
 
 EVERY_COMMAND = [
     ["events"],
@@ -95,7 +95,7 @@ def test_events_follow_prints_new_events_until_interrupted(run, journal, monkeyp
         sleeps.append(_secs)
         if len(sleeps) == 1:
             with SqliteStore.open(journal["path"]) as store:
-                store.append_batch([Append("gateway", ev("gateway.stopped", clean=True, reason="test"))])
+                store.append_batch([Append("gateway", GatewayStopped(clean=True, reason="test"))])
         else:
             raise KeyboardInterrupt
 

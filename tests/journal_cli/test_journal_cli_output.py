@@ -12,11 +12,17 @@ import pytest
 from click.testing import CliRunner
 from journal_cli_builder import Builder
 
-from journal.codec import ControlStarted
 from smgrl.cli.journal import journal_group
 from smgrl.core.ids import new_worker_id, uuid7
 from smgrl.core.printable import UNSAFE
-from smgrl.telemetry.journaling import ev
+from smgrl.events import (
+    ControlFinished,
+    ControlOutcome,
+    ControlStarted,
+    EngineStateSet,
+    GatewayStarted,
+    RequestLoopedBack,
+)
 
 OSC = "\x1b]0;pwned\x07"  # sets the terminal title, ends with BEL
 HOSTILE = [OSC, "\r", "\x9b2J", "\x85", "\u2028", "\u202e", "\x1b[2J"]
@@ -26,7 +32,7 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 def _hostile_journal(path, n_workers: int = 6) -> dict:
     """UUIDv7 ids made in one millisecond (long shared prefixes), values full of escapes."""
     b = Builder(path)
-    b.add("gateway", ev("gateway.started", version="0.1.0", pid=1, config={"port": 1}))
+    b.add("gateway", GatewayStarted(version="0.1.0", pid=1, config={"port": 1}))
     now = 1_800_000_000_000
     workers = [(uuid7(now), f"http://127.0.0.1:{31000 + i}") for i in range(n_workers)]
     for wid, url in workers:
@@ -34,8 +40,7 @@ def _hostile_journal(path, n_workers: int = 6) -> dict:
     op = uuid7(now + 1)
     b.add(
         f"op:{op}",
-        ev(
-            "control.started",
+        ControlStarted(
             op_id=op,
             kind="fanout",
             method="POST",
@@ -50,8 +55,7 @@ def _hostile_journal(path, n_workers: int = 6) -> dict:
     for wid, url in workers:
         b.add(
             f"op:{op}",
-            ev(
-                "control.outcome",
+            ControlOutcome(
                 op_id=op,
                 worker_id=wid,
                 url=url,
@@ -63,8 +67,7 @@ def _hostile_journal(path, n_workers: int = 6) -> dict:
         )
     b.add(
         f"op:{op}",
-        ev(
-            "control.finished",
+        ControlFinished(
             op_id=op,
             result="failed",
             http_status=502,
@@ -76,8 +79,7 @@ def _hostile_journal(path, n_workers: int = 6) -> dict:
     )
     b.add(
         "engine",
-        ev(
-            "engine.state_set",
+        EngineStateSet(
             control="paused",
             targets=[{"worker_id": workers[0][0], "url": workers[0][1], "base_url": workers[0][1]}],
             selector="role=policy" + OSC,
@@ -86,8 +88,7 @@ def _hostile_journal(path, n_workers: int = 6) -> dict:
     )
     b.add(
         "dataplane",
-        ev(
-            "dataplane.request_looped_back",
+        RequestLoopedBack(
             request_id="rollout" + OSC,
             model="m\r",
             generated_tokens=4,
@@ -223,7 +224,7 @@ def test_an_ambiguous_prefix_is_an_error(hostile):
 
 def test_events_columns_keep_their_width_across_chunks(tmp_path):
     b = Builder(tmp_path / "long.db")
-    b.add("gateway", ev("gateway.started", version="0.1.0", pid=1, config={"port": 1}))
+    b.add("gateway", GatewayStarted(version="0.1.0", pid=1, config={"port": 1}))
     for i in range(450):  # more than two chunks of 200 rows; seq widths grow from 1 to 3 digits
         wid = new_worker_id()
         b.register(wid, f"http://127.0.0.1:{20000 + i}")

@@ -12,7 +12,7 @@ from journal_cli_builder import Builder
 
 from smgrl.cli.journal import journal_group
 from smgrl.cli.journal.group import EXIT_BAD_VALUE
-from smgrl.telemetry.journaling import ev
+from smgrl.events import RequestLoopedBack
 
 OSC = "\x1b]0;pwned\x07"
 
@@ -35,8 +35,7 @@ def _looped(b: Builder, rid: str, segments: list[dict], outcome: str = "complete
     aborted = [s for s in segments if s["op_id"]]
     b.add(
         "dataplane",
-        ev(
-            "dataplane.request_looped_back",
+        RequestLoopedBack(
             request_id=rid,
             model="m",
             prompt_tokens=5,

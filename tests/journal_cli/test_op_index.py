@@ -24,11 +24,16 @@ from hypothesis import strategies as st
 from journal import Append, SqliteStore
 from journal._chain import EMPTY_HEAD, build_batch
 from journal._schema import MIGRATIONS
-from journal.codec import ControlStarted
 from smgrl.cli.journal import journal_group
+from smgrl.events import (
+    ControlFinished,
+    ControlInterrupted,
+    ControlOutcome,
+    ControlStarted,
+    WorkerHealthChanged,
+)
 from smgrl.history.opscan import scan_ops, stream_ops
 from smgrl.state.refits import OpsFold
-from smgrl.telemetry.journaling import ev
 
 IDS = ["op-a", "op-b", "op-c"]
 WORKERS = ["w0", "w1", "w2"]
@@ -49,8 +54,7 @@ def _started(op_id, path, workers, version):
         intent["phase"] = "resume"
     else:
         intent = None  # an older record: the phase comes from the path
-    return ev(
-        "control.started",
+    return ControlStarted(
         op_id=op_id,
         kind="fanout" if len(workers) > 1 else "call",
         method="POST",
@@ -71,8 +75,7 @@ def _outcome(op_id, wid, answer):
         "head": (None, "timeout", "head"),
         "body": (200, "cut off", "body"),
     }[answer]
-    return ev(
-        "control.outcome",
+    return ControlOutcome(
         op_id=op_id,
         worker_id=wid,
         url=f"http://10.0.0.{wid[1]}:30000",
@@ -84,8 +87,7 @@ def _outcome(op_id, wid, answer):
 
 
 def _finished(op_id, result, n):
-    return ev(
-        "control.finished",
+    return ControlFinished(
         op_id=op_id,
         result=result,
         http_status=200,
@@ -127,14 +129,12 @@ def _append(store: SqliteStore, batch) -> None:
         elif step[0] == "finish":
             items.append(Append(f"op:{step[1]}", _finished(step[1], step[2], 2)))
         elif step[0] == "interrupt":
-            items.append(
-                Append(f"op:{step[1]}", ev("control.interrupted", op_id=step[1], reason="gateway_restart"))
-            )
+            items.append(Append(f"op:{step[1]}", ControlInterrupted(op_id=step[1], reason="gateway_restart")))
         else:
             items.append(
                 Append(
                     f"worker:{step[1]}",
-                    ev("worker.health_changed", worker_id=step[1], health="healthy", reason="probe ok"),
+                    WorkerHealthChanged(worker_id=step[1], health="healthy", reason="probe ok"),
                 )
             )
     store.append_batch(items)

@@ -77,9 +77,13 @@ async def test_every_rpc_round_trips(fake):
 
 async def test_a_failing_slow_or_absent_psmanager_is_an_error_within_the_bound(fake):
     fake.script.fail = grpc.StatusCode.UNAVAILABLE
-    psm = PSManager(fake.addr, timeout_secs=0.5)
+    # A bound far above a loopback call's cost: on a loaded machine the first call (a new
+    # connection to the fake) can take longer than the 0.5 s bound the slow case tests.
+    failing = PSManager(fake.addr, timeout_secs=30.0)
     with pytest.raises(PSManagerError, match="UNAVAILABLE"):
-        await psm.check_aborted([1])
+        await failing.check_aborted([1])
+    await failing.aclose()
+    psm = PSManager(fake.addr, timeout_secs=0.5)
     fake.script.fail, fake.script.delay_secs = None, 5.0
     started = trio.current_time()
     with pytest.raises(PSManagerError, match="DEADLINE_EXCEEDED"):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from smgrl.cli.main import expand_multi_value
+from smgrl.cli.launch import expand_multi_value
 from smgrl.core.auth import ControlPlaneKey, TenantKey
 from smgrl.core.config import Config, RlConfig
 from smgrl.core.errors import ConfigError

@@ -23,10 +23,17 @@ from smgrl.core.errors import NoEligibleWorkers, VersionFloorUnmet
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.service import DataPlane
 from smgrl.dataplane.waiting import QUIET_WAIT_SECS
+from smgrl.events import (
+    EngineStateSet,
+    EngineVersionSet,
+    RefitStarted,
+    WorkerDiscovered,
+    WorkerQuarantined,
+    WorkerRegistered,
+)
 from smgrl.registry import KeyRing
 from smgrl.routing import parse_floor
 from smgrl.state import FleetState
-from smgrl.telemetry.journaling import ev
 from smgrl.upstream import PoolSet
 
 MODEL = "m"
@@ -40,13 +47,10 @@ class Fleet:
         self.ids = []
         for i, version in enumerate(versions):
             wid, url = f"w{i}", f"http://127.0.0.1:{31000 + i}"
+            self.apply(WorkerRegistered(worker_id=wid, url=url, base_url=url, model_id=MODEL, source="api"))
+            self.apply(WorkerDiscovered(worker_id=wid, runtime="sglang", labels={}, model_id=MODEL))
             self.apply(
-                ev("worker.registered", worker_id=wid, url=url, base_url=url, model_id=MODEL, source="api")
-            )
-            self.apply(ev("worker.discovered", worker_id=wid, runtime="sglang", labels={}, model_id=MODEL))
-            self.apply(
-                ev(
-                    "engine.version_set",
+                EngineVersionSet(
                     weight_version=version,
                     targets=[{"worker_id": wid, "url": url, "base_url": url}],
                 )
@@ -60,14 +64,12 @@ class Fleet:
     def quarantine(self, i: int) -> None:
         wid, url = self.ids[i]
         self.apply(
-            ev("worker.quarantined", worker_id=wid, base_url=url, reason="refit r: load failed", refit_id="r")
+            WorkerQuarantined(worker_id=wid, base_url=url, reason="refit r: load failed", refit_id="r")
         )
 
     def set_control(self, i: int, control: str) -> None:
         wid, url = self.ids[i]
-        self.apply(
-            ev("engine.state_set", control=control, targets=[{"worker_id": wid, "url": url, "base_url": url}])
-        )
+        self.apply(EngineStateSet(control=control, targets=[{"worker_id": wid, "url": url, "base_url": url}]))
 
 
 class _Rec:
@@ -157,8 +159,7 @@ async def test_an_open_refit_saga_counts_as_a_sync_in_progress(autojump_clock):
     wid, url = fleet.ids[0]
     plan = {"steps": [{"phase": "pause", "calls": []}]}
     fleet.apply(
-        ev(
-            "refit.started", refit_id="r2", source="disk", weight_version="2", on_failure="quarantine",
+        RefitStarted(refit_id="r2", source="disk", weight_version="2", on_failure="quarantine",
             model_path="/x", engines=[{"worker_id": wid, "url": url, "base_url": url, "engine": "sglang",
                                        "pause_mode": "retract", "plan": plan}],
         )
@@ -201,8 +202,7 @@ async def test_a_floor_above_every_engine_waits_while_a_sync_is_in_progress(auto
         assert got == []
         wid, url = fleet.ids[1]
         fleet.apply(
-            ev(
-                "engine.version_set",
+            EngineVersionSet(
                 weight_version="6",
                 targets=[{"worker_id": wid, "url": url, "base_url": url}],
             )

@@ -10,6 +10,7 @@ the pure packages, and every first-party module they reach through their import 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +23,7 @@ FIRST_PARTY = ("smgrl", "journal")
 FORBIDDEN = ("trio", "httpx", "sqlite3", "socket")
 
 
+@functools.cache  # asked for the same names thousands of times in one run
 def _module_file(name: str) -> Path | None:
     base = ROOT.joinpath(*name.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -35,7 +37,8 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
+@functools.cache  # the tree does not change during a run; the pure-module cases walk it ~100 times
+def _imports(path: Path) -> frozenset[str]:
     """The modules ``path`` imports (``from a.b import c`` gives a.b.c when that is a module)."""
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     found: set[str] = set()
@@ -60,7 +63,7 @@ def _imports(path: Path) -> set[str]:
         if name.startswith("smgrl.")
         for n in range(2, name.count(".") + 1)
     )
-    return found
+    return frozenset(found)
 
 
 def _reach(start: str) -> dict[str, str]:
@@ -217,6 +220,8 @@ def test_no_module_imports_a_private_name_from_another_package():
 sys.path.insert(0, str(ROOT / "scripts"))
 import layout_report
 
+_graph = functools.cache(layout_report.graph)  # three checks read one unchanged tree
+
 # Packages whose face (``__init__``'s ``__all__``) is the only way in from other packages' code.
 # smgrl.core is the base library of small value modules (config, errors, auth, ...): its modules
 # are imported by name, and its face lists the small helpers.
@@ -257,7 +262,7 @@ def test_the_layer_check_finds_a_planted_violation():
 
 
 def test_every_import_follows_the_layer_table():
-    assert layout_report.layer_violations(layout_report.graph()) == []
+    assert layout_report.layer_violations(_graph()) == []
 
 
 def test_the_cycle_check_finds_a_planted_cycle():
@@ -265,11 +270,11 @@ def test_the_cycle_check_finds_a_planted_cycle():
 
 
 def test_no_import_cycles_not_even_through_function_level_imports():
-    assert layout_report.cycles(layout_report.graph()) == []
+    assert layout_report.cycles(_graph()) == []
 
 
 def test_no_module_outside_the_cli_imports_cli_code():
-    assert layout_report.cli_importers(layout_report.graph()) == []
+    assert layout_report.cli_importers(_graph()) == []
 
 
 def test_the_package_root_holds_few_modules():

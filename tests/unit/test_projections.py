@@ -3,12 +3,22 @@
 import pytest
 
 from smgrl.core.observe import intent_of
+from smgrl.events import (
+    ControlFinished,
+    ControlInterrupted,
+    ControlOutcome,
+    ControlStarted,
+    WorkerDiscovered,
+    WorkerHealthChanged,
+    WorkerLabelsChanged,
+    WorkerRegistered,
+    WorkerRemoved,
+)
 from smgrl.state.fleet import FleetState
-from smgrl.telemetry.journaling import ev
 
 
 def registered(wid, url, **kw):
-    return ev("worker.registered", worker_id=wid, url=url, base_url=url.split("@")[0], source="api", **kw)
+    return WorkerRegistered(worker_id=wid, url=url, base_url=url.split("@")[0], source="api", **kw)
 
 
 def fold(*events):
@@ -26,8 +36,7 @@ def test_registration_is_pending_until_discovered():
     )
     f.apply(
         2,
-        ev(
-            "worker.discovered",
+        WorkerDiscovered(
             worker_id="a",
             runtime="sglang",
             labels={"tp_size": "1", "role": "x"},
@@ -42,8 +51,7 @@ def test_registration_is_pending_until_discovered():
 def test_dp_discovery_creates_ranks_sharing_one_group():
     f = fold(
         registered("r0", "http://h:1", dp_aware=True),
-        ev(
-            "worker.discovered",
+        WorkerDiscovered(
             worker_id="r0",
             runtime="sglang",
             labels={"dp_size": "3"},
@@ -58,9 +66,9 @@ def test_dp_discovery_creates_ranks_sharing_one_group():
     }
     assert f.registry.conflict_for("http://h:1").id == "r0"
     assert f.registry.conflict_for("http://h:1@2").id == "r2"
-    f.apply(3, ev("worker.health_changed", worker_id="r0", health="not_ready", reason="x"))
+    f.apply(3, WorkerHealthChanged(worker_id="r0", health="not_ready", reason="x"))
     assert {w.status for w in f.registry} == {"not_ready"}
-    f.apply(4, ev("worker.removed", worker_id="r1", reason="x"))
+    f.apply(4, WorkerRemoved(worker_id="r1", reason="x"))
     assert len(f.registry) == 0 and f.registry.conflict_for("http://h:1") is None
 
 
@@ -71,7 +79,7 @@ def test_dp_discovery_creates_ranks_sharing_one_group():
 def test_label_changes(mode, expected):
     f = fold(
         registered("a", "http://h:1", labels={"a": "1", "b": "2"}),
-        ev("worker.labels_changed", worker_id="a", labels={"c": "3"}, mode=mode),
+        WorkerLabelsChanged(worker_id="a", labels={"c": "3"}, mode=mode),
     )
     assert f.registry.get("a").caller_labels == expected
 
@@ -81,15 +89,14 @@ def test_unknown_events_and_unknown_workers_are_skipped():
 
     f = fold(
         UnknownEvent("worker.teleported", 9, {"worker_id": "a"}),
-        ev("worker.removed", worker_id="ghost", reason="x"),
-        ev("worker.labels_changed", worker_id="ghost", labels={}, mode="merge"),
+        WorkerRemoved(worker_id="ghost", reason="x"),
+        WorkerLabelsChanged(worker_id="ghost", labels={}, mode="merge"),
     )
     assert len(f.registry) == 0
 
 
 def op(op_id, path, body, targets, method="POST", kind="fanout"):
-    return ev(
-        "control.started",
+    return ControlStarted(
         op_id=op_id,
         kind=kind,
         method=method,
@@ -104,8 +111,7 @@ def op(op_id, path, body, targets, method="POST", kind="fanout"):
 def outcome(op_id, wid, url, status=200, error=None, message=None, stage=None):
     if error == "upstream_timeout" and stage is None:
         stage = "head"  # what smgrl/control/call.py records for a deadline before the answer
-    return ev(
-        "control.outcome",
+    return ControlOutcome(
         stage=stage,
         op_id=op_id,
         worker_id=wid,
@@ -121,8 +127,7 @@ def outcome(op_id, wid, url, status=200, error=None, message=None, stage=None):
 
 
 def finished(op_id, result="ok"):
-    return ev(
-        "control.finished",
+    return ControlFinished(
         op_id=op_id,
         result=result,
         http_status=200,
@@ -140,8 +145,8 @@ def base_fleet():
     return [
         registered("a", "http://a:1"),
         registered("b", "http://b:1"),
-        ev("worker.discovered", worker_id="a", runtime="sglang", labels={"weight_version": "default"}),
-        ev("worker.discovered", worker_id="b", runtime="sglang", labels={"weight_version": "3"}),
+        WorkerDiscovered(worker_id="a", runtime="sglang", labels={"weight_version": "default"}),
+        WorkerDiscovered(worker_id="b", runtime="sglang", labels={"weight_version": "3"}),
     ]
 
 
@@ -169,7 +174,7 @@ def test_partial_refit_leaves_the_failed_engine_mixed_and_a_timeout_unknown():
     f = fold(
         *base_fleet(),
         registered("c", "http://c:1"),
-        ev("worker.discovered", worker_id="c", runtime="sglang", labels={}),
+        WorkerDiscovered(worker_id="c", runtime="sglang", labels={}),
         op("u", "update_weight_version", b'{"new_version":"8"}', three),
         outcome("u", "a", "http://a:1"),
         outcome("u", "b", "http://b:1", status=400),
@@ -195,8 +200,7 @@ def test_refused_call_changes_nothing_and_cut_short_call_is_unknown():
         *base_fleet(),
         op("p", "pause_generation", b"", FLEET),
         outcome("p", "a", "http://a:1", status=400),
-        ev(
-            "control.interrupted",
+        ControlInterrupted(
             op_id="p",
             reason="gateway_restart",
             recorded_targets=["a"],
@@ -243,14 +247,14 @@ def test_engine_removed_during_an_operation_and_registered_again_is_not_unknown(
     closing = (
         finished("p", "cancelled")
         if end == "finished"
-        else ev("control.interrupted", op_id="p", reason="gateway_restart", missing_targets=["a"])
+        else ControlInterrupted(op_id="p", reason="gateway_restart", missing_targets=["a"])
     )
     f = fold(
         *base_fleet(),
         op("p", "pause_generation", b"{}", FLEET[:1]),
-        ev("worker.removed", worker_id="a", reason="removed through DELETE /workers"),
+        WorkerRemoved(worker_id="a", reason="removed through DELETE /workers"),
         registered("a2", "http://a:1"),
-        ev("worker.discovered", worker_id="a2", runtime="sglang", labels={}),
+        WorkerDiscovered(worker_id="a2", runtime="sglang", labels={}),
         closing,
     )
     facts = f.engines.get("http://a:1")

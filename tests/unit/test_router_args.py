@@ -123,7 +123,7 @@ def test_the_default_journal_is_per_port_and_per_launch():
 
 
 def test_smgrl_launch_flags_set_the_same_ps_manager_settings():
-    from smgrl.cli.main import psrl_config
+    from smgrl.cli.launch_config import psrl_config
     from smgrl.core.errors import ConfigError
 
     opts = {"psrl_ps_manager_addr": None, "psrl_candidate_sort_key": "version", "psrl_check_interval_ms": 10}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from smgrl.cli.main import cli, config_from_options
+from smgrl.cli.launch_config import config_from_options
+from smgrl.cli.main import cli
 
 
 def parse(*argv: str):

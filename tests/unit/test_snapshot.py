@@ -13,24 +13,48 @@ from hypothesis import strategies as st
 
 from journal import Append, JournalClosedError, JournalWriter, MemoryStore, SqliteStore
 from smgrl.core.observe import intent_of
+from smgrl.events import (
+    AuditControlPlane,
+    AuditControlPlaneCounts,
+    ControlFinished,
+    ControlInterrupted,
+    ControlOutcome,
+    ControlStarted,
+    DispatchSet,
+    GatewayPeer,
+    GatewayStarted,
+    GatewayStopped,
+    RequestLoopedBack,
+    SessionContinued,
+    SessionCreated,
+    SessionDeleted,
+    SessionEnded,
+    SessionHung,
+    SessionTurn,
+    SnapshotTaken,
+    WorkerDiscovered,
+    WorkerHealthChanged,
+    WorkerLabelsChanged,
+    WorkerProbeFailed,
+    WorkerRegistered,
+    WorkerRemoved,
+)
 from smgrl.history.filters import catalogue
 from smgrl.history.replay import FOLDED_TYPES, replay, restore
 from smgrl.runtime.snapshots import SNAPSHOT_EVERY, Snapshotter, snapshot_every
 from smgrl.state import snapshot
 from smgrl.state.fleet import FleetState
-from smgrl.telemetry.journaling import ev
 
 URLS = [f"http://h{i}:1" for i in range(4)]
 
 
 def registered(wid, url, **kw):
-    return ev("worker.registered", worker_id=wid, url=url, base_url=url, source="api", **kw)
+    return WorkerRegistered(worker_id=wid, url=url, base_url=url, source="api", **kw)
 
 
 def started(op_id, path, body, wids):
     targets = [{"worker_id": w, "url": URLS[int(w[1])], "control_url": None} for w in wids]
-    return ev(
-        "control.started",
+    return ControlStarted(
         op_id=op_id,
         kind="fanout",
         method="POST",
@@ -43,8 +67,7 @@ def started(op_id, path, body, wids):
 
 
 def outcome(op_id, wid, status=200, error=None):
-    return ev(
-        "control.outcome",
+    return ControlOutcome(
         op_id=op_id,
         worker_id=wid,
         url=URLS[int(wid[1])],
@@ -56,8 +79,7 @@ def outcome(op_id, wid, status=200, error=None):
 
 
 def finished(op_id, result="ok"):
-    return ev(
-        "control.finished",
+    return ControlFinished(
         op_id=op_id,
         result=result,
         http_status=200,
@@ -74,17 +96,16 @@ def scenario():
         registered("w0", URLS[0], labels={"role": "policy"}, has_api_key=True),
         registered("w1", URLS[1]),
         registered("w2", URLS[2], dp_aware=True),
-        ev("worker.discovered", worker_id="w0", runtime="sglang", labels={"weight_version": "v0"}),
-        ev("worker.discovered", worker_id="w1", runtime="vllm", labels={}, model_id="m"),
-        ev(
-            "worker.discovered",
+        WorkerDiscovered(worker_id="w0", runtime="sglang", labels={"weight_version": "v0"}),
+        WorkerDiscovered(worker_id="w1", runtime="vllm", labels={}, model_id="m"),
+        WorkerDiscovered(
             worker_id="w2",
             runtime="sglang",
             labels={"dp_size": "2"},
             dp_rank_ids=["w2", "w9"],
         ),
-        ev("worker.labels_changed", worker_id="w1", labels={"zone": "a"}, mode="merge"),
-        ev("worker.health_changed", worker_id="w0", health="not_ready", reason="probe"),
+        WorkerLabelsChanged(worker_id="w1", labels={"zone": "a"}, mode="merge"),
+        WorkerHealthChanged(worker_id="w0", health="not_ready", reason="probe"),
         started("p1", "pause_generation", b"{}", ["w0", "w1"]),
         outcome("p1", "w0"),
         outcome("p1", "w1"),
@@ -96,9 +117,8 @@ def scenario():
         started("u2", "update_weight_version", b'{"new_version":"v2"}', ["w0", "w1"]),
         outcome("u2", "w0", error="upstream_timeout"),  # open: no control.finished yet
         registered("w3", URLS[3]),
-        ev("worker.removed", worker_id="w3", reason="gone"),
-        ev(
-            "audit.control_plane",
+        WorkerRemoved(worker_id="w3", reason="gone"),
+        AuditControlPlane(
             principal="p",
             auth_method="bearer",
             method="GET",
@@ -142,18 +162,18 @@ EVENT_POOL = st.sampled_from(
     [
         registered("w0", URLS[0]),
         registered("w1", URLS[1], dp_aware=True),
-        ev("worker.discovered", worker_id="w0", runtime="sglang", labels={"weight_version": "a"}),
-        ev("worker.discovered", worker_id="w1", runtime="sglang", labels={}, dp_rank_ids=["w1", "w7"]),
-        ev("worker.health_changed", worker_id="w1", health="failed", reason="x"),
-        ev("worker.labels_changed", worker_id="w0", labels={"k": "v"}, mode="replace"),
-        ev("worker.removed", worker_id="w1", reason="x"),
+        WorkerDiscovered(worker_id="w0", runtime="sglang", labels={"weight_version": "a"}),
+        WorkerDiscovered(worker_id="w1", runtime="sglang", labels={}, dp_rank_ids=["w1", "w7"]),
+        WorkerHealthChanged(worker_id="w1", health="failed", reason="x"),
+        WorkerLabelsChanged(worker_id="w0", labels={"k": "v"}, mode="replace"),
+        WorkerRemoved(worker_id="w1", reason="x"),
         started("o", "update_weights_from_disk", b'{"weight_version":"b"}', ["w0", "w1"]),
         started("q", "pause_generation", b"", ["w0"]),
         outcome("o", "w0"),
         outcome("o", "w1", status=503),
         outcome("q", "w0", error="upstream_timeout"),
         finished("o"),
-        ev("control.interrupted", op_id="q", reason="gateway_restart"),
+        ControlInterrupted(op_id="q", reason="gateway_restart"),
     ]
 )
 
@@ -192,8 +212,7 @@ def test_a_snapshot_with_fields_this_code_does_not_know_is_refused():
 def test_fleet_state_ignores_every_type_outside_folded_types():
     samples = {
         "audit.control_plane": scenario()[-1],
-        "audit.control_plane_counts": ev(
-            "audit.control_plane_counts",
+        "audit.control_plane_counts": AuditControlPlaneCounts(
             since=1.0,
             until=2.0,
             counts=[
@@ -206,19 +225,16 @@ def test_fleet_state_ignores_every_type_outside_folded_types():
                 }
             ],
         ),
-        "gateway.started": ev("gateway.started", version="x", pid=1),
-        "gateway.stopped": ev("gateway.stopped", clean=True, reason="x"),
+        "gateway.started": GatewayStarted(version="x", pid=1),
+        "gateway.stopped": GatewayStopped(clean=True, reason="x"),
         # Read from the store by the forwarder (smgrl/cluster/forwarding.py), never folded.
-        "gateway.peer": ev("gateway.peer", gateway="h:1:t", owner="o", host="h", url="http://127.0.0.1:1"),
-        "snapshot.taken": ev("snapshot.taken", kind="fleet", upto_seq=3),
-        "worker.probe_failed": ev(
-            "worker.probe_failed", worker_id="w0", attempt=1, error="x", next_retry_s=1.0
-        ),
-        "dataplane.request_looped_back": ev("dataplane.request_looped_back", request_id="r", loopbacks=1),
+        "gateway.peer": GatewayPeer(gateway="h:1:t", owner="o", host="h", url="http://127.0.0.1:1"),
+        "snapshot.taken": SnapshotTaken(kind="fleet", upto_seq=3),
+        "worker.probe_failed": WorkerProbeFailed(worker_id="w0", attempt=1, error="x", next_retry_s=1.0),
+        "dataplane.request_looped_back": RequestLoopedBack(request_id="r", loopbacks=1),
         # Agent sessions (smgrl/sessions) live in the session service, never in the fleet.
-        "session.created": ev("session.created", session_id="s", owner="o"),
-        "session.turn": ev(
-            "session.turn",
+        "session.created": SessionCreated(session_id="s", owner="o"),
+        "session.turn": SessionTurn(
             session_id="s",
             turn=1,
             trajectory_id=0,
@@ -229,10 +245,10 @@ def test_fleet_state_ignores_every_type_outside_folded_types():
             captured=True,
             finish_reason="stop",
         ),
-        "session.hung": ev("session.hung", session_id="s", deferred=False),
-        "session.continued": ev("session.continued", session_id="s"),
-        "session.deleted": ev("session.deleted", session_id="s", turns=1, reason="api"),
-        "session.ended": ev("session.ended", session_id="s", reason="restart"),
+        "session.hung": SessionHung(session_id="s", deferred=False),
+        "session.continued": SessionContinued(session_id="s"),
+        "session.deleted": SessionDeleted(session_id="s", turns=1, reason="api"),
+        "session.ended": SessionEnded(session_id="s", reason="restart"),
     }
     assert set(catalogue()) - FOLDED_TYPES == set(samples)
     base = fold(scenario())
@@ -344,7 +360,7 @@ def test_the_routing_loop_switch_survives_a_snapshot_and_replay():
     fleet = fold(scenario())
     plain = snapshot.to_json(fleet)
     assert "routing" not in json.loads(plain)  # never switched: older snapshots stay identical
-    fleet.apply(200, ev("dataplane.dispatch_set", paused=True))
+    fleet.apply(200, DispatchSet(paused=True))
     loaded = snapshot.from_json(snapshot.to_json(fleet))
     assert (loaded.routing.paused, loaded.routing.revision, loaded.routing.changed_seq) == (True, 1, 200)
     assert snapshot.to_json(loaded) == snapshot.to_json(fleet)

@@ -115,17 +115,15 @@ def test_a_tampered_snapshot_over_a_tampered_history_is_refused(tmp_path):
 
 
 def fanout(op_id: str, targets: list[str], version: str, *, finish: bool = True) -> list[Append]:
-    from journal.codec import ControlStarted
     from smgrl.core.observe import intent_of
-    from smgrl.telemetry.journaling import ev
+    from smgrl.events import AuditControlPlane, ControlFinished, ControlOutcome, ControlStarted
 
     body = json.dumps({"model_path": "/ckpt", "weight_version": version}).encode()
     stream = f"op:{op_id}"
     items = [
         Append(
             stream,
-            ev(
-                "control.started",
+            ControlStarted(
                 op_id=op_id,
                 kind="fanout",
                 method="POST",
@@ -147,8 +145,7 @@ def fanout(op_id: str, targets: list[str], version: str, *, finish: bool = True)
         items.append(
             Append(
                 stream,
-                ev(
-                    "control.outcome",
+                ControlOutcome(
                     op_id=op_id,
                     worker_id=w,
                     url=f"http://{w}",
@@ -162,8 +159,7 @@ def fanout(op_id: str, targets: list[str], version: str, *, finish: bool = True)
                 ),
             )
         )
-    audit = ev(
-        "audit.control_plane",
+    audit = AuditControlPlane(
         principal="none",
         auth_method="none",
         method="POST",
@@ -175,7 +171,7 @@ def fanout(op_id: str, targets: list[str], version: str, *, finish: bool = True)
     if finish:
         n = len(targets)
         fields = {"result": "ok", "http_status": 200, "total": n, "succeeded": n, "failed": 0}
-        items.append(Append(stream, ev("control.finished", op_id=op_id, latency_ms=5, **fields)))
+        items.append(Append(stream, ControlFinished(op_id=op_id, latency_ms=5, **fields)))
     return items
 
 

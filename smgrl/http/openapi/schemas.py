@@ -78,7 +78,7 @@ RL_CONTEXT: dict[type, dict[str, Any]] = {
     NoControlEndpoint: {"worker_id": STRING, "url": STRING, "connection_mode": STRING},
     UpstreamUnreachable: {"worker_id": STRING, "url": STRING},
     UpstreamTimeout: {"worker_id": STRING, "url": STRING},
-    # smgrl/refit/saga.py
+    # smgrl/refit/errors.py
     RefitUnsupported: {"engines": {"type": "array", "items": {"type": "object"}}},
     VersionLeft: {"weight_version": STRING},
     RefitInProgress: {"refit_id": STRING},

@@ -23,9 +23,9 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from journal import JournalWriteError
 from smgrl.core.auth import READ, Denied, Principal
 from smgrl.core.errors import RlError
+from smgrl.events import AuditControlPlane
 from smgrl.http.bodies import envelopes as env
 from smgrl.telemetry.audit import route_family
-from smgrl.telemetry.journaling import ev
 from smgrl.telemetry.logs import event as log_event
 
 log = logging.getLogger("smgrl.audit")
@@ -73,7 +73,7 @@ class Check:
         it in its own final transaction (smgrl/control/service.py); the guard then does not
         append it again."""
         self.journaled = True
-        return ev("audit.control_plane", **self.fields, outcome="success", status=status)
+        return AuditControlPlane(**self.fields, outcome="success", status=status)
 
 
 class Guard:
@@ -160,7 +160,7 @@ class Guard:
             self.gateway.audit.add(fields["principal"], route_family(path), outcome, fields["reason"])
         elif not check.journaled:
             try:
-                self.gateway.journal.append_nowait("audit", ev("audit.control_plane", **fields))
+                self.gateway.journal.append_nowait("audit", AuditControlPlane(**fields))
             except JournalWriteError as exc:  # queue full or writer closing: the log line remains
                 log.warning("audit event not journaled: %s", exc)
         quiet = not denied and action == READ and not self.gateway.auth.configured

@@ -58,7 +58,7 @@ async def _handle(render, stream: trio.SocketStream) -> None:
 
 
 async def serve_metrics(render, listeners, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``GET /metrics`` on ``listeners``, bound by the caller (``smgrl.runtime.server.bind_metrics``:
+    """Serve ``GET /metrics`` on ``listeners``, bound by the caller (``smgrl.runtime.listeners.bind_metrics``:
     before the journal is opened, so a port in use changes nothing)."""
     # serve_listeners runs one task per connection inside its own nursery, owned by this task
     # (itself a child of the gateway's root nursery): cancelling the root stops the listener.

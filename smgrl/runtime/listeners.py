@@ -1,0 +1,87 @@
+"""The gateway's listening sockets, bound before the journal is touched so that a port in use
+is one line naming it and nothing is written (``StartupError``): the HTTP port (or the socket a
+``--workers N`` supervisor handed down), the metrics port, and hypercorn's configuration."""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.config import Sockets
+
+from smgrl.core.config import Config
+from smgrl.core.errors import StartupError
+from smgrl.http import hypercorn_patches
+
+
+def hypercorn_config(cfg: Config) -> HyperConfig:
+    # Measured: one idle watcher per connection and head+body in one write roughly halve
+    # hypercorn's per-request CPU; the patches also fix a keep-alive hang and the resets after
+    # early answers (smgrl/http/hypercorn_patches.py), so on another hypercorn this refuses (one line).
+    hypercorn_patches.require()
+    hc = HyperConfig()
+    host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
+    hc.bind = [f"{host}:{cfg.port}"]
+    hc.accesslog = None
+    hc.errorlog = None
+    hc.graceful_timeout = cfg.shutdown_grace_period_secs
+    hc.include_date_header = False
+    hc.include_server_header = False
+    hc.keep_alive_max_requests = 1_000_000_000
+    # SMG's two connection bounds (--header-read-timeout-secs, --idle-connection-timeout-secs),
+    # enforced by the patched idle watcher (hypercorn_patches.IdleWatch); 0 disables (inf).
+    hc.keep_alive_timeout = cfg.idle_connection_timeout_secs or math.inf
+    setattr(hc, hypercorn_patches.HEADER_READ_TIMEOUT, cfg.header_read_timeout_secs or math.inf)
+    # Rollout fleets open hundreds of connections at once; hypercorn's default accept backlog
+    # (100) made the kernel drop the rest of the SYNs, and each dropped one waited a 1 s, 2 s,
+    # 4 s... retransmit (measured: 1,000 concurrent streams took 16 s instead of 1 s). The
+    # kernel caps it at net.core.somaxconn.
+    hc.backlog = 4096
+    return hc
+
+
+def inherited_http(fd: int) -> Sockets:
+    """The listening socket a ``--workers N`` supervisor bound and handed down (``smgrl/cluster/supervisor.py``):
+    every worker accepts from the same socket, the kernel hands each connection to one of them."""
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    return Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+
+
+def bind_http(hc: HyperConfig, cfg: Config) -> Sockets:
+    """Bind the HTTP port now, before the journal is touched: a port in use is one line naming
+    it, and nothing is written. Not listening yet (``run_http`` does, once the state is
+    restored): until then a client is refused at once instead of waiting in the backlog."""
+    try:
+        sockets = hc.create_sockets()
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {hostport((cfg.host, cfg.port))} (--port): {exc.strerror or exc}"
+        ) from None
+    return sockets
+
+
+async def bind_metrics(cfg: Config) -> list[trio.SocketListener] | None:
+    """The metrics listener's sockets (``--prometheus-port``, 0 picks a free port); None when
+    ``prometheus_port`` is None (in-process gateways)."""
+    if cfg.prometheus_port is None:
+        return None
+    host = cfg.prometheus_host or cfg.host
+    try:
+        return await trio.open_tcp_listeners(cfg.prometheus_port, host=host)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {hostport((host, cfg.prometheus_port))} (--prometheus-port): {exc.strerror or exc}"
+        ) from None
+
+
+def close_sockets(sockets: Sockets) -> None:
+    for sock in sockets.insecure_sockets:
+        sock.close()
+
+
+def hostport(sockname) -> str:
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
