@@ -14,7 +14,6 @@ from typing import Any
 import trio
 
 from smgrl.core.wire import json_bytes
-from smgrl.sessions.checks import input_size
 
 __all__ = ["SLICE", "encode_ids", "encode_json", "ids_list", "same_prefix"]
 
@@ -53,8 +52,7 @@ async def same_prefix(a: Sequence[int], b: Sequence[int], n: int) -> bool:
     return True
 
 
-# How much text (as ``input_size`` counts it) is encoded by one json call on the loop: a slice of
-# SLICE ids counts 8 per id, well under it.
+# How much text (as ``_small`` counts it) one json call on the loop may encode.
 JSON_BUDGET = 1 << 18
 
 
@@ -70,12 +68,36 @@ async def encode_json(value: Any) -> bytes:
 _SCALARS = frozenset((int, float, bool, type(None)))
 
 
+def _small(value: Any) -> bool:
+    """Whether one json call on ``value`` is cheap: at most about ``JSON_BUDGET`` characters,
+    numbers counted 16 each, and no list or dict of more than ``SLICE`` items (told without
+    walking it: a walk that stacked a million ids would cost what it is meant to avoid)."""
+    n = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        kind = type(v)
+        if kind is str:
+            n += len(v)
+        elif kind in (dict, list, tuple):
+            if len(v) > SLICE:
+                return False
+            n += 16
+            if kind is dict:
+                n += sum(len(k) if type(k) is str else 16 for k in v)
+                stack.extend(v.values())
+            else:
+                stack.extend(v)
+        else:
+            n += 16
+        if n > JSON_BUDGET:
+            return False
+    return True
+
+
 async def _encode(value: Any, out: list[bytes]) -> None:
     kind = type(value)
-    big_list = kind in (list, tuple) and len(value) > SLICE
-    if kind not in (dict, list, tuple) or (
-        not big_list and input_size(value, limit=JSON_BUDGET) <= JSON_BUDGET
-    ):
+    if kind not in (dict, list, tuple) or _small(value):
         out.append(json_bytes(value))
         await trio.lowlevel.checkpoint()
         return
@@ -98,7 +120,7 @@ async def _items(part: Sequence[Any], out: list[bytes], first: bool) -> bool:
     """A run of a list's items (after the first one written unless ``first``): one call when
     small, else halved until it is (a single large item is encoded as a value of its own)."""
     # Token ids and log-probs are numbers only (told by one pass in C): one call for the run.
-    if set(map(type, part)) <= _SCALARS or input_size(list(part), limit=JSON_BUDGET) <= JSON_BUDGET:
+    if set(map(type, part)) <= _SCALARS or _small(list(part)):
         text = json_bytes(list(part))[1:-1]
         if text:
             out.append(text if first else b"," + text)
