@@ -42,37 +42,43 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import trio
 
 from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_for_workers
 from smgrl.upstream import PoolSet
 
+from fanout_compare import compare, interleave, pct, start_gateways  # isort: skip - this folder
+
 FANOUT = "/v1/rl/engine/flush_cache?selector=engine%3Dsglang"
 
 
-def pct(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+def requester(port: int, method: str, path: str) -> tuple[Callable[[], float], Callable[[], None]]:
+    """(one request over a kept-alive connection, returning its latency in ms; close)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        conn.request(method, path, body=b"" if method == "POST" else None)
+        resp = conn.getresponse()
+        resp.read()
+        dt = (time.perf_counter() - t0) * 1000
+        if resp.status not in (200, 207):
+            raise RuntimeError(f"{method} {path} answered {resp.status}")
+        return dt
+
+    return once, conn.close
 
 
 def timed_requests(port: int, method: str, path: str, rounds: int, warmup: int = 10) -> list[float]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    out = []
+    once, close = requester(port, method, path)
     try:
-        for i in range(warmup + rounds):
-            t0 = time.perf_counter()
-            conn.request(method, path, body=b"" if method == "POST" else None)
-            resp = conn.getresponse()
-            resp.read()
-            dt = (time.perf_counter() - t0) * 1000
-            if resp.status not in (200, 207):
-                raise RuntimeError(f"{method} {path} answered {resp.status}")
-            if i >= warmup:
-                out.append(dt)
+        for _ in range(warmup):
+            once()
+        return [once() for _ in range(rounds)]
     finally:
-        conn.close()
-    return out
+        close()
 
 
 def direct(urls: list[str], rounds: int, warmup: int = 10) -> list[float]:
@@ -162,13 +168,6 @@ def start_smgrl(urls: list[str], journal: str, log) -> tuple[Child, int]:
     return child, port
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def start_smgrl_src(urls: list[str], journal: str, src: str, log) -> tuple[Child, int]:
     """smgrl from the checkout ``src`` (its directory first on sys.path)."""
     import subprocess
@@ -199,35 +198,27 @@ def interleaved(args, smg: str | None) -> None:
             urls = all_urls[:n]
             children = {}
             try:
-                children["smgrl"] = start_smgrl(urls, os.path.join(work, f"new{n}.db"), log)
-                src = os.path.abspath(args.baseline_src)
-                children["smgrl-baseline"] = start_smgrl_src(
-                    urls, os.path.join(work, f"base{n}.db"), src, log
-                )
-                if smg:
-                    children["SMG 1.13.0"] = start_smg(smg, urls, log)
+                starters = (start_smgrl, start_smgrl_src, start_smg)
+                start_gateways(children, urls, work, n, log, args.baseline_src, smg, starters)
                 for child, port in children.values():
                     wait_for_workers(f"http://127.0.0.1:{port}", 1 if n == 1 else n, child=child, timeout=120)
                 for what, method, path in (
                     ("fan-out", "POST", FANOUT),
                     ("discovery", "GET", "/v1/rl/workers"),
                 ):
-                    lat = {name: [] for name in children}
-                    cpu = dict.fromkeys(children, 0.0)
+                    run, closers = {}, []
                     for name, (_, port) in children.items():
-                        timed_requests(port, method, path, 0, warmup=10)
-                    for turn in range(max(1, args.rounds // block)):
-                        # The rotation's order reversed every other block: on a busy 2-core VM the
-                        # gateway measured first (right after another's block) had a worse p50
-                        # (docs/benchmarks.md, 2026-12-01 07:00 UTC), which a fixed order charged
-                        # to the same gateway every time.
-                        order = list(children.items())
-                        if turn % 2:
-                            order.reverse()
-                        for name, (child, port) in order:
-                            c0 = cpu_seconds(child.proc.pid)
-                            lat[name] += timed_requests(port, method, path, block, warmup=0)
-                            cpu[name] += cpu_seconds(child.proc.pid) - c0
+                        once, close = requester(port, method, path)
+                        run[name] = once
+                        closers.append(close)
+                        for _ in range(10):  # warm-up: the connection, caches
+                            once()
+                    pids = {name: child.proc.pid for name, (child, _) in children.items()}
+                    try:
+                        lat, _, cpu = interleave(run, pids, max(1, args.rounds // block), block)
+                    finally:
+                        for close in closers:
+                            close()
                     ref = children.get("SMG 1.13.0") and "SMG 1.13.0"
                     for name in children:
                         p50 = statistics.median(lat[name])
@@ -283,8 +274,6 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     smg = find_smg(args.smg_bin)
     if args.compare:
-        from fanout_compare import compare
-
         args.rounds = args.rounds or 10
         compare(args, smg, start_smg, start_smgrl, start_smgrl_src)
         return

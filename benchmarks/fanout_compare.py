@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from smgrl.demo.procs import Child, free_port, start_fake_engines, wait_for_workers
 
@@ -44,6 +45,36 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def interleave(
+    run: dict[str, Callable[[], float]], pids: dict[str, int], rounds: int, iters: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+    """The one measurement loop of the fan-out benchmarks: ``rounds`` rounds, each calling every
+    participant's ``run[name]()`` (one request, its latency in ms) ``iters`` times in a row, in an
+    order reversed every other round, so that the machine's load hits every participant alike.
+
+    Returns every latency per participant, the median of each of its rounds (the spread), and the
+    CPU seconds its process spent during its own blocks (``pids[name]``; this process when the
+    participant has no pid of its own, as the direct fan-out)."""
+    lat: dict[str, list[float]] = {name: [] for name in run}
+    medians: dict[str, list[float]] = {name: [] for name in run}
+    cpu = dict.fromkeys(run, 0.0)
+    for r in range(rounds):
+        # The order reversed every other round: on a busy 2-core VM the participant measured
+        # right after another one's block had a worse p50, which a fixed order charged to the
+        # same participant every time.
+        order = list(run)
+        if r % 2:
+            order.reverse()
+        for name in order:
+            pid = pids.get(name, os.getpid())
+            c0 = cpu_seconds(pid)
+            got = [run[name]() for _ in range(iters)]
+            cpu[name] += cpu_seconds(pid) - c0
+            lat[name] += got
+            medians[name].append(statistics.median(got))
+    return lat, medians, cpu
 
 
 def load() -> str:
@@ -162,7 +193,23 @@ def register(port: int, urls: list[str]) -> None:
     conn.close()
 
 
+def start_gateways(
+    children: dict, reg: list[str], work: str, n: int, log, baseline_src, smg, starters
+) -> None:
+    """Start into ``children`` (name -> (Child, port)) smgrl, the smgrl of ``baseline_src`` when
+    given, and SMG when ``smg`` names its binary, on the engines ``reg`` (``--worker-urls``; empty:
+    registered later). ``starters``: (start_smgrl, start_smgrl_src, start_smg) of fanout.py."""
+    start_smgrl, start_smgrl_src, start_smg = starters
+    children["smgrl"] = start_smgrl(reg, os.path.join(work, f"j{n}.db"), log)
+    if baseline_src:
+        src = os.path.abspath(baseline_src)
+        children["smgrl (baseline)"] = start_smgrl_src(reg, os.path.join(work, f"b{n}.db"), src, log)
+    if smg:
+        children["SMG 1.13.0"] = start_smg(smg, reg, log)
+
+
 def compare(args, smg: str | None, start_smg, start_smgrl, start_smgrl_src=None) -> None:
+    starters = (start_smgrl, start_smgrl_src, start_smg)
     sizes = [int(s) for s in args.sizes.split(",")]
     work = tempfile.mkdtemp(prefix="smgrl-bench-compare-")
     log = open(os.path.join(work, "children.log"), "w")  # noqa: SIM115 - the children share it
@@ -191,14 +238,7 @@ def compare(args, smg: str | None, start_smg, start_smgrl, start_smgrl_src=None)
             children = {}
             try:
                 reg = [] if labels else urls
-                children["smgrl"] = start_smgrl(reg, os.path.join(work, f"j{n}.db"), log)
-                if args.baseline_src:
-                    src = os.path.abspath(args.baseline_src)
-                    children["smgrl (baseline)"] = start_smgrl_src(
-                        reg, os.path.join(work, f"b{n}.db"), src, log
-                    )
-                if smg:
-                    children["SMG 1.13.0"] = start_smg(smg, reg, log)
+                start_gateways(children, reg, work, n, log, args.baseline_src, smg, starters)
                 for child, port in children.values():
                     if labels:
                         wait_for_workers(f"http://127.0.0.1:{port}", 0, child=child, timeout=60)
@@ -210,20 +250,8 @@ def compare(args, smg: str | None, start_smg, start_smgrl, start_smgrl_src=None)
                 for fn in run.values():  # warm-up: connections, caches
                     for _ in range(10):
                         fn()
-                lat = {name: [] for name in run}
-                rounds = {name: [] for name in run}
-                cpu = dict.fromkeys(run, 0.0)
-                for r in range(args.rounds):
-                    order = list(run)
-                    if r % 2:
-                        order.reverse()
-                    for name in order:
-                        pid = children[name][0].pid if name in children else os.getpid()
-                        c0 = cpu_seconds(pid)
-                        got = [run[name]() for _ in range(args.iters)]
-                        cpu[name] += cpu_seconds(pid) - c0
-                        lat[name] += got
-                        rounds[name].append(statistics.median(got))
+                pids = {name: children[name][0].pid for name in children}
+                lat, rounds, cpu = interleave(run, pids, args.rounds, args.iters)
                 direct.close()
                 lines += _rows(n, lat, rounds, cpu)
                 print("\n".join(lines[-len(run) :]), file=sys.stderr)

@@ -191,7 +191,8 @@ def preflight(args) -> str | None:
         if not workers:
             return "--refit-at needs a ready engine: register one (smgrl launch --worker-urls ...)"
         if args.abort_sync:
-            knobs = http.get(f"{workers[0].url}/_fake/knobs")
+            # A gRPC engine's fake knobs are on its HTTP control side (its ``rl.control_url``).
+            knobs = http.get(f"{workers[0].labels.get('rl.control_url') or workers[0].url}/_fake/knobs")
             if knobs.status_code == 200 and not float(knobs.json().get("token_latency_ms") or 0):
                 return (
                     "--abort-sync needs engines still decoding when the sync arrives; these fake engines "

@@ -28,7 +28,8 @@ At the end it checks, and exits 1 if any check fails:
 
 ``--partial-rollout``: the trainer refits the way that DOES cut rollouts (SGLang's
 ``pause_generation`` in mode ``abort``, then ``update_weights_from_disk``, then
-``continue_generation``, fanned out through the gateway), and the rollout clients send
+``continue_generation``, fanned out through the gateway, each sync once a rollout is mid-stream
+so that it cuts one), and the rollout clients send
 ``/generate`` with ``input_ids`` (streamed). The gateway loops every aborted rollout back
 (docs/data-plane.md, "Partial-rollout loopback"), and the run checks that no decoded token was
 lost: every sample has exactly ``--tokens`` tokens (finish ``length``), its segments are
@@ -88,6 +89,25 @@ class Sample:
     final: dict | None = None  # --partial-rollout: the last /generate event
 
 
+class Decoding:
+    """How many rollouts are mid-stream (a token arrived, the stream has not ended). With
+    ``--partial-rollout`` the trainer syncs only while one is: a sync that lands between rollouts
+    (the clients still starting on a busy machine) aborts nothing and proves nothing."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.cond = threading.Condition()
+
+    def change(self, by: int) -> None:
+        with self.cond:
+            self.count += by
+            self.cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.count > 0, timeout)
+
+
 @attrs.define
 class Refit:
     index: int
@@ -102,11 +122,15 @@ def _utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}"
 
 
-def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.Event) -> None:
+def trainer(
+    rl: RL, args, refits: list[Refit], model_path: str, stop: threading.Event, decoding: Decoding
+) -> None:
     """The trainer's side, blocking (``smgrl.rl`` is synchronous): one refit every few seconds."""
     for k in range(1, args.refits + 1):
         if stop.wait(args.refit_every):
             return
+        if args.partial_rollout:
+            decoding.wait(args.request_timeout)  # bounded: syncs anyway when nothing decodes
         refit = Refit(k, f"{args.version_prefix}{k:03d}", time.monotonic())
         if args.partial_rollout:
             # The sync that aborts what the engines run; the gateway keeps their tokens.
@@ -139,7 +163,9 @@ def trainer(rl: RL, args, refits: list[Refit], model_path: str, stop: threading.
         refits.append(refit)
 
 
-async def rollout_client(i: int, args, stop_at: list[float], samples: list[Sample]) -> None:
+async def rollout_client(
+    i: int, args, stop_at: list[float], samples: list[Sample], decoding: Decoding
+) -> None:
     route = "/generate" if i % 2 == 0 else "/v1/chat/completions"
     prompt = f"Rollout {i}: solve the task step by step."
     if args.partial_rollout:
@@ -164,6 +190,7 @@ async def rollout_client(i: int, args, stop_at: list[float], samples: list[Sampl
     ) as client:
         while time.monotonic() < stop_at[0]:
             sample = Sample(i, route, time.monotonic())
+            counted = False  # this stream is in ``decoding`` (a token arrived, not ended)
             try:
                 async with client.stream("POST", route, json=body) as r:
                     sample.status = r.status_code
@@ -171,8 +198,14 @@ async def rollout_client(i: int, args, stop_at: list[float], samples: list[Sampl
                     sample.worker = r.headers.get("x-smg-routed-worker-id")  # the serving worker URL
                     async for line in r.aiter_lines():
                         _event(sample, line)
+                        if not counted and sample.final is not None and not sample.done:
+                            counted = True
+                            decoding.change(+1)
             except httpx.HTTPError as exc:
                 sample.error = repr(exc)
+            finally:
+                if counted:
+                    decoding.change(-1)
             sample.ended = time.monotonic()
             samples.append(sample)
 
@@ -346,13 +379,14 @@ async def run(args) -> int:
     samples: list[Sample] = []
     refits: list[Refit] = []
     stop = threading.Event()
+    decoding = Decoding()
     stop_at = [float("inf")]  # the clients roll out until --tail seconds after the last refit
     with trio.fail_after(args.refits * (args.refit_every + 60) + args.tail + args.request_timeout + 60):
         async with trio.open_nursery() as nursery:
             for i in range(args.clients):
-                nursery.start_soon(rollout_client, i, args, stop_at, samples)
+                nursery.start_soon(rollout_client, i, args, stop_at, samples, decoding)
             try:
-                await trio.to_thread.run_sync(trainer, rl, args, refits, model_path, stop)
+                await trio.to_thread.run_sync(trainer, rl, args, refits, model_path, stop, decoding)
             except RlError as exc:  # a refit the engines refused: say which and why, in one place
                 trainer_error = f"refit {len(refits) + 1} failed: {exc}"
             else:

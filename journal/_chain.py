@@ -64,6 +64,30 @@ def body_problem(obj: dict[str, Any]) -> str | None:
     return None
 
 
+def _hashed_started(event: ControlStarted, payload: str) -> str:
+    """``hashed_payload`` of a control.started that holds its body, from the event itself.
+
+    The payload is canonical JSON with sorted keys, so ``"body"`` is its first key: the hashed form
+    is the same text with that value replaced by ``null`` (what parsing the payload and encoding
+    it again with ``"body": None`` gives, without the two passes over the targets: about half of
+    an 8-engine fan-out intent's encoding). The body is checked against ``body_sha256`` and
+    ``body_size`` from the event's fields, which the payload encodes."""
+    problem = body_problem(
+        {
+            "body": event.body,
+            "body_encoding": event.body_encoding,
+            "body_sha256": event.body_sha256,
+            "body_size": event.body_size,
+        }
+    )
+    if problem is not None:
+        raise ValueError(f"control.started: {problem}")
+    head = '{"body":' + _dumps(event.body)
+    if not payload.startswith(head + ',"body_encoding":'):  # pragma: no cover - not canonical
+        return hashed_payload(BODY_EVENT, payload, json.loads(payload))
+    return '{"body":null' + payload[len(head) :]
+
+
 def prepare(event: Event | UnknownEvent, stream: str) -> Prepared:
     """Encode an event for the chain, raising (in the caller's task) anything a store would choke on."""
     type_, schema, payload = encode(event)
@@ -71,7 +95,9 @@ def prepare(event: Event | UnknownEvent, stream: str) -> Prepared:
     # A control.started without a kept body (empty, too large, compacted) has nothing to check and
     # hashes its payload as it is: parsing the payload back (its targets: about 40 us for 64
     # engines) is only needed when the event holds a body.
-    if type_ == BODY_EVENT and not (type(event) is ControlStarted and event.body is None):
+    if type(event) is ControlStarted and event.body is not None:
+        hashed = _hashed_started(event, payload)
+    elif type_ == BODY_EVENT and not (type(event) is ControlStarted and event.body is None):
         obj = json.loads(payload)
         if isinstance(obj, dict):
             problem = body_problem(obj)

@@ -10,6 +10,7 @@ import attrs
 
 from ._chain import Prepared, VerifyReport, prepare
 from .codec import Event, Recorded, UnknownEvent
+from .errors import JournalConflict
 
 __all__ = ["MAX_SEQ", "Append", "EventStore", "Expect", "Lease", "RawRow", "VerifyReport", "clamp_seq"]
 
@@ -103,16 +104,20 @@ class Expect:
     streams: tuple[str, ...] | None = attrs.field(default=None, converter=_streams)
 
 
-def expect_problem(expect: Expect, head: int, last_match: int | None) -> str | None:
-    """Why a conditional append must be refused (None: it may go on). Shared by every store."""
+def check_expect(expect: Expect, head: int, last_match: int | None) -> None:
+    """Refuse a conditional append (JournalConflict) unless ``expect`` still holds, given the
+    journal's ``head`` and the newest event matching its filters (``last_match``, None: none).
+    Shared by every store: each finds ``last_match`` its own way."""
     if expect.after > head:
-        return f"the expected position {expect.after} is beyond the journal's head {head}"
-    if last_match is not None and last_match > expect.after:
-        return (
+        problem = f"the expected position {expect.after} is beyond the journal's head {head}"
+    elif last_match is not None and last_match > expect.after:
+        problem = (
             f"conflict: event {last_match} matching the condition was appended after seq {expect.after}"
             f" (head {head}); catch up and decide again"
         )
-    return None
+    else:
+        return
+    raise JournalConflict(problem, head=head, seq=last_match or head)
 
 
 @attrs.frozen(slots=True)

@@ -29,9 +29,9 @@ from ._chain import (
     snapshot_hash,
     verify_journal,
 )
-from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
+from .base import Append, Expect, Lease, RawRow, check_expect, type_names
 from .codec import ControlStarted, Event, Recorded, decode
-from .errors import JournalConflict, JournalReadOnlyError
+from .errors import JournalReadOnlyError
 from .retention import DEFAULT as DEFAULT_RETENTION
 from .retention import Retention
 
@@ -121,9 +121,7 @@ class MemoryStore:
             if (types is None or row[3] in types) and (streams is None or row[2] in streams):
                 last = row[0]
                 break
-        problem = expect_problem(expect, head, last)
-        if problem is not None:
-            raise JournalConflict(problem, head=head, seq=last or head)
+        check_expect(expect, head, last)
 
     # -- leases (journal/lease.py) ------------------------------------------------------------------
 

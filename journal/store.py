@@ -83,55 +83,31 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
-import logging
 import os
 import pathlib
-import re
 import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from . import lease as leases
 from . import opindex
-from ._chain import (
-    EMPTY_HEAD,
-    GENESIS,
-    Head,
-    Marks,
-    Row,
-    VerifyReport,
-    build_batch,
-    compacted_payloads,
-    rows_before_the_first,
-    snapshot_hash,
-    verify_journal,
-)
-from ._schema_names import FORMAT_VERSION, MIGRATION_NAMES, MIGRATION_SET
-from .base import Append, Expect, Lease, RawRow, expect_problem, type_names
-from .codec import ControlStarted, Event, Recorded, decode
-from .errors import (
-    JournalBusyError,
-    JournalConflict,
-    JournalCorrupt,
-    JournalError,
-    JournalForeignError,
-    JournalReadOnlyError,
-    JournalTooNewError,
-)
-from .retention import DEFAULT as DEFAULT_RETENTION
-from .retention import Retention
+from ._chain import Row, build_batch
+from ._schema_names import FORMAT_VERSION
+from ._sqlite_identity import check_identity
+from .base import Append, Expect, Lease
+from .codec import Recorded
+from .errors import JournalBusyError, JournalReadOnlyError
+from .sqlbase import PAGE, SqlStore
 
 if TYPE_CHECKING:
     import sqlite_utils
 
 __all__ = ["FORMAT_VERSION", "SqliteStore"]
 
-_PAGE = 2000  # rows per read page: flat memory, and the read snapshot is released between pages
-_COMPACT_PAGE = 256  # control.started rows per compaction transaction (up to 64 KiB each)
+_PAGE = PAGE  # rows per read page (journal/sqlbase.py)
 
 _SYNC_MODES = ("NORMAL", "FULL", "EXTRA")
 # The WAL's size after a checkpoint (see "WAL size" above): well above what the writer's checkpoint
@@ -140,12 +116,6 @@ WAL_SIZE_LIMIT = 64 * 1024 * 1024
 _OP_TYPES = frozenset(opindex.TYPES)
 # SQLITE_BUSY and its extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT): the lock is taken.
 _BUSY_CODES = frozenset({5, 261, 517, 773})
-_UPSERT_META = (
-    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-)
-
-
-logger = logging.getLogger("smgrl.journal")
 
 
 def _create_private(path: str) -> None:
@@ -163,7 +133,7 @@ def _create_private(path: str) -> None:
         os.close(fd)
 
 
-class SqliteStore:
+class SqliteStore(SqlStore):
     """The journal on SQLite. Build it with :meth:`open`. Synchronous; see the module docstring."""
 
     def __init__(
@@ -188,6 +158,8 @@ class SqliteStore:
         self._watch_lock = threading.Lock()
         self._checkpointer: sqlite3.Connection | None = None  # checkpoint()'s own connection
         self._checkpoint_lock = threading.Lock()
+        self._p = "?"
+        self._name_tables("")
 
     # -- opening ----------------------------------------------------------------------------------
 
@@ -225,7 +197,7 @@ class SqliteStore:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             # Before anything that writes (WAL mode changes the file header, migrations add
             # tables): a file that is not ours is refused untouched.
-            _check_identity(conn, path, readonly=readonly)
+            check_identity(conn, path, readonly=readonly)
             db = None
             if readonly:
                 # Belt and braces on top of mode=ro: the connection refuses any write statement.
@@ -381,11 +353,6 @@ class SqliteStore:
         finally:
             self._lock.release()
 
-    @staticmethod
-    def _head(conn: sqlite3.Connection) -> Head:
-        row = conn.execute("SELECT seq, ts, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-        return Head(*row) if row else EMPTY_HEAD
-
     def append_batch(
         self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None
     ) -> list[Recorded]:
@@ -406,7 +373,7 @@ class SqliteStore:
             # so nobody appends between this read and our rows.
             head = self._head(conn)
             if expect is not None:
-                _check_expect(conn, expect, head.seq)
+                self._check_expect(conn, expect, head.seq)
             rows, recorded, secret_ops = build_batch(items, head, self._clock())
             _insert_events(conn, rows)
             # The derived operation index, in the same transaction as the events it derives from.
@@ -417,17 +384,9 @@ class SqliteStore:
             ]
             if control:
                 opindex.apply_rows(conn, control)
-            for worker_id, api_key, seq in secret_ops:
-                # A deletion leaves a tombstone ('') carrying its seq: see secret_changes().
-                conn.execute(
-                    "INSERT INTO secrets (worker_id, api_key, seq) VALUES (?, ?, ?) ON CONFLICT (worker_id)"
-                    " DO UPDATE SET api_key = excluded.api_key, seq = excluded.seq",
-                    (worker_id, api_key or "", seq),
-                )
+            self._put_secrets(conn, secret_ops)
             last = recorded[-1]
-            conn.executemany(
-                _UPSERT_META, [("high_water_seq", str(last.seq)), ("high_water_hash", last.hash)]
-            )
+            self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
         return recorded
 
     # -- leases (journal/lease.py) ----------------------------------------------------------------
@@ -473,251 +432,22 @@ class SqliteStore:
                 self._put_lease(conn, new)
         return new is not None
 
-    def lease(self, name: str) -> Lease | None:
-        """The lease row as stored (an expired or released one included)."""
-        rows = self._query("SELECT name, holder, expires, epoch FROM leases WHERE name = ?", (name,))
-        return Lease(*rows[0]) if rows else None
+    # -- reading (the rest is SqlStore's, journal/sqlbase.py) --------------------------------------
 
-    def save_snapshot(
-        self, kind: str, upto_seq: int, state_json: str, *, retention: Retention = DEFAULT_RETENTION
-    ) -> list[int]:
-        """Store a projection's state as of ``upto_seq`` (bound to that row's chain hash), and drop
-        the snapshots of that kind the ``retention`` policy no longer keeps (in the same
-        transaction). Returns the ``upto_seq`` of each dropped snapshot (logged too)."""
-        json.loads(state_json)  # refuse garbage now rather than at the next startup
-        with self._write() as conn:
-            anchor = self._anchor(conn, upto_seq)
-            if anchor is None:
-                raise ValueError(f"cannot snapshot at seq {upto_seq}: no such event")
-            conn.execute(
-                "INSERT INTO snapshots (kind, upto_seq, ts, state, hash) VALUES (?, ?, ?, ?, ?)",
-                (
-                    kind,
-                    upto_seq,
-                    self._clock(),
-                    state_json,
-                    snapshot_hash(kind, upto_seq, anchor, state_json),
-                ),
-            )
-            # Old snapshots serve `workers --at` (history); retention keeps them spread over the
-            # journal with a bounded count (journal/retention.py says how many and how close).
-            rows = conn.execute("SELECT id, upto_seq FROM snapshots WHERE kind = ?", (kind,)).fetchall()
-            dropped = retention.drop(rows, self._head(conn).seq)
-            conn.executemany("DELETE FROM snapshots WHERE id = ?", [(snap_id,) for snap_id, _ in dropped])
-        if dropped:
-            logger.info(
-                "snapshot retention dropped %s snapshot(s) at seq %s (kept %d)",
-                len(dropped),
-                ", ".join(str(seq) for _, seq in sorted(dropped, key=lambda r: r[1])),
-                len(rows) - len(dropped),
-            )
-        return sorted(seq for _, seq in dropped)
-
-    def compact_bodies(self, before_seq: int) -> int:
-        """Drop the request bodies of control.started events with seq < before_seq; return how many.
-
-        The chain still verifies afterwards: see "Compaction" in the module docstring.
-        """
-        compacted = 0
-        while True:
-            with self._write() as conn:
-                start = int(self._meta(conn, "bodies_compacted_before"))
-                stop = min(before_seq, self._head(conn).seq + 1)
-                if stop <= start:
-                    return compacted
-                rows = conn.execute(
-                    "SELECT seq, payload FROM events WHERE type = ? AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?",
-                    (ControlStarted.TYPE, start, stop, _COMPACT_PAGE),
-                ).fetchall()
-                updates = compacted_payloads(rows)
-                conn.executemany("UPDATE events SET payload = ? WHERE seq = ?", updates)
-                done_to = rows[-1][0] + 1 if len(rows) == _COMPACT_PAGE else stop
-                conn.execute(_UPSERT_META, ("bodies_compacted_before", str(done_to)))
-                compacted += len(updates)
-            # Between pages the write lock is free: a concurrent gateway writer gets its turn.
-
-    # -- reading ----------------------------------------------------------------------------------
-
-    @staticmethod
-    def _meta(conn: sqlite3.Connection, key: str) -> str:
-        row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            raise JournalError(f"journal meta key {key!r} is missing")
-        return str(row[0])
-
-    @staticmethod
-    def _anchor(conn: sqlite3.Connection, upto_seq: int) -> str | None:
-        if upto_seq == 0:
-            return GENESIS
-        row = conn.execute("SELECT hash FROM events WHERE seq = ?", (upto_seq,)).fetchone()
-        return row[0] if row else None
-
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             if not self._readonly:
                 self._set_busy_timeout(self._busy_ms)  # after inline commits it may be 0
-            return self._conn.execute(sql, params).fetchall()
+            yield self._conn
 
-    def meta(self) -> dict[str, str]:
-        """The ``meta`` table (journal id, creation time, format version, head, compaction mark)."""
-        return dict(self._query("SELECT key, value FROM meta"))
+    def _in(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
+        if not values:
+            return " AND 0", []
+        return f" AND {column} IN ({', '.join('?' * len(values))})", list(values)
 
-    def last_seq(self) -> int:
-        return int(self._query("SELECT max(seq) FROM events")[0][0] or 0)
-
-    def count(self) -> int:
-        return int(self._query("SELECT count(*) FROM events")[0][0])
-
-    def secrets(self) -> dict[str, str]:
-        return dict(
-            self._query("SELECT worker_id, api_key FROM secrets WHERE api_key != '' ORDER BY worker_id")
-        )
-
-    def get_secret(self, worker_id: str) -> str | None:
-        rows = self._query("SELECT api_key FROM secrets WHERE worker_id = ?", (worker_id,))
-        return (rows[0][0] or None) if rows else None
-
-    def secret_changes(self, after_seq: int, until_seq: int) -> dict[str, str | None]:
-        """The keys set (or deleted: None) by the events ``after_seq < seq <= until_seq`` and not
-        changed since: what a process following the others' appends applies to its key ring."""
-        rows = self._query(
-            "SELECT worker_id, api_key FROM secrets WHERE seq > ? AND seq <= ?", (after_seq, until_seq)
-        )
-        return {worker_id: key or None for worker_id, key in rows}
-
-    def _pages(
-        self, columns: str, after_seq: int, where: str, params: Sequence[Any], limit: int | None
-    ) -> Iterator[list[Any]]:
-        """Keyset pagination by seq. Each page is its own short read: memory stays flat over 1M
-        rows and no read snapshot is held across pages (a long-lived one would stop WAL checkpoints)."""
-        sql = f"SELECT {columns} FROM events WHERE seq > ?{where} ORDER BY seq LIMIT ?"
-        remaining = limit
-        while remaining is None or remaining > 0:
-            size = _PAGE if remaining is None else min(_PAGE, remaining)
-            page = self._query(sql, (after_seq, *params, size))
-            if page:
-                yield page
-            if len(page) < size:
-                return
-            after_seq = page[-1][0]
-            if remaining is not None:
-                remaining -= len(page)
-
-    def _ts_to_seq(self, since_ts: float | None, until_ts: float | None) -> tuple[int, int | None] | None:
-        """Turn a [since_ts, until_ts) window into (after_seq, until_seq); None if it is empty.
-
-        Exact because ts never decreases with seq (the store clamps it; verify checks it), and it
-        lets every read page by seq instead of sorting a ts range.
-        """
-        after, until = 0, None
-        if since_ts is not None:
-            rows = self._query("SELECT seq FROM events WHERE ts >= ? ORDER BY ts, seq LIMIT 1", (since_ts,))
-            if not rows:
-                return None
-            after = rows[0][0] - 1
-        if until_ts is not None:
-            rows = self._query(
-                "SELECT seq FROM events WHERE ts < ? ORDER BY ts DESC, seq DESC LIMIT 1", (until_ts,)
-            )
-            if not rows:
-                return None
-            until = rows[0][0]
-        return after, until
-
-    # EventStore.read's signature (journal/base.py), spelled out by each store that implements it.
-    def read(
-        self,
-        after_seq: int = 0,
-        *,
-        limit: int | None = None,
-        types: Iterable[str | type[Event]] | None = None,
-        stream: str | None = None,
-        until_seq: int | None = None,
-        since_ts: float | None = None,
-        until_ts: float | None = None,
-    ) -> Iterator[Recorded]:
-        """Recorded events with ``after_seq < seq <= until_seq`` and ``since_ts <= ts < until_ts``,
-        in seq order, optionally only some ``types`` (names or classes) or one ``stream``."""
-        if since_ts is not None or until_ts is not None:
-            window = self._ts_to_seq(since_ts, until_ts)
-            if window is None:
-                return iter(())
-            after_seq = max(after_seq, window[0])
-            if window[1] is not None:
-                until_seq = window[1] if until_seq is None else min(until_seq, window[1])
-        where, params = _filters(type_names(types), stream, until_seq)
-        pages = self._pages("seq, ts, stream, type, schema, payload, hash", after_seq, where, params, limit)
-        return _decoded(pages)
-
-    def read_raw(
-        self, after_seq: int = 0, types: Iterable[str | type[Event]] | None = None
-    ) -> Iterator[RawRow]:
-        """``(seq, ts, stream, type, schema, payload)`` tuples, undecoded: projections decode only
-        the types they fold."""
-        where, params = _filters(type_names(types), None, None)
-        pages = self._pages("seq, ts, stream, type, schema, payload", after_seq, where, params, None)
-        return (row for page in pages for row in page)
-
-    def latest_snapshot(self, kind: str, max_seq: int | None = None) -> tuple[int, str] | None:
-        """The newest valid snapshot of ``kind`` at or below ``max_seq``: ``(upto_seq, state_json)``.
-
-        A snapshot whose hash no longer matches (edited state, or history rewritten under it) is
-        skipped: snapshots are a cache, replaying from an older one or from scratch is always safe.
-        """
-        sql = "SELECT id, upto_seq FROM snapshots WHERE kind = ?"
-        params: list[Any] = [kind]
-        if max_seq is not None:
-            sql += " AND upto_seq <= ?"
-            params.append(max_seq)
-        # Candidates first (ids only), then one state at a time: states can be large.
-        for snapshot_id, upto_seq in self._query(sql + " ORDER BY upto_seq DESC, id DESC", params):
-            with self._lock:
-                row = self._conn.execute(
-                    "SELECT state, hash FROM snapshots WHERE id = ?", (snapshot_id,)
-                ).fetchone()
-                anchor = self._anchor(self._conn, upto_seq)
-            if row is None or anchor is None:
-                continue
-            state, stored = row
-            if snapshot_hash(kind, upto_seq, anchor, state) == stored:
-                return upto_seq, state
-        return None
-
-    def verify(
-        self,
-        *,
-        upto: int | None = None,
-        after: int = 0,
-        anchor: str | None = None,
-        on_row: Callable[..., Any] | None = None,
-    ) -> VerifyReport:
-        """Recompute the hash chain (up to ``upto``) and report the first bad seq, if any.
-
-        ``after``: check only the rows after that seq, trusting its stored hash (or ``anchor``):
-        what startup does from the snapshot it restores. ``on_row``: called for each row that
-        passed (``_chain.verify_rows``). Safe while another connection appends or compacts (see
-        ``_chain.verify_journal``).
-        """
-
-        def scan(start: int, limit: int) -> Iterator[Row]:
-            where, params = _filters(None, None, limit)
-            pages = self._pages(
-                "seq, ts, stream, type, schema, payload, prev_hash, hash", start, where, params, None
-            )
-            return (row for page in pages for row in page)
-
-        if anchor is None:
-            with self._lock:
-                anchor = self._anchor(self._conn, after)
-            if anchor is None:
-                return VerifyReport(
-                    ok=False, checked=0, first_bad_seq=after, reason=f"row {after} is missing"
-                )
-        with self._lock:
-            before_first = self._conn.execute("SELECT min(seq) FROM events WHERE seq < 1").fetchone()[0]
-        if before_first is not None:
-            return rows_before_the_first(before_first)
-        return verify_journal(self._marks, scan, upto, after=after, anchor=anchor, on_row=on_row)
+    def _executemany(self, conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        conn.executemany(sql, rows)
 
     def check_op_index(self) -> opindex.IndexReport:
         """Rebuild the derived operation index from the events (into a temporary file) and compare
@@ -742,128 +472,6 @@ class SqliteStore:
     def count_op_index(self) -> int:
         return int(self._query("SELECT count(*) FROM op_index")[0][0])
 
-    def snapshot_seqs(self, kind: str) -> list[int]:
-        """The ``upto_seq`` of every stored snapshot of ``kind``, valid or not, newest first: lets
-        startup tell "no snapshot" from "a snapshot that failed its hash check"."""
-        return [
-            r[0]
-            for r in self._query(
-                "SELECT upto_seq FROM snapshots WHERE kind = ? ORDER BY upto_seq DESC", (kind,)
-            )
-        ]
-
-    def _marks(self) -> Marks:
-        # One statement, hence one snapshot: an append moves the head and the rows together.
-        (hw_seq, hw_hash, compacted, last), *_ = self._query(
-            "SELECT (SELECT value FROM meta WHERE key = 'high_water_seq'),"
-            " (SELECT value FROM meta WHERE key = 'high_water_hash'),"
-            " (SELECT value FROM meta WHERE key = 'bodies_compacted_before'),"
-            " (SELECT max(seq) FROM events)"
-        )
-        if hw_seq is None or hw_hash is None or compacted is None:
-            raise JournalError("journal meta keys are missing")
-        return Marks(Head(int(hw_seq), 0.0, hw_hash), int(compacted), last or 0)
-
-
-_JOURNAL_ID = re.compile(r"[0-9a-f]{32}")
-
-
-def _check_identity(conn: sqlite3.Connection, path: str, *, readonly: bool) -> None:
-    """Refuse a file this code must not read or write, without writing anything to it.
-
-    * not an SQLite database (or an unreadable one): :class:`JournalForeignError`;
-    * an SQLite database with anything in it that is not an smgrl journal: JournalForeignError
-      (a read-write open would otherwise add the journal's tables to another application's file);
-    * an empty database: a new journal for a read-write open, JournalForeignError read-only;
-    * a journal of a newer ``format_version``, or (read-write) with migrations this code does not
-      know: :class:`JournalTooNewError`.
-    """
-    try:
-        names = [
-            row[0]
-            for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
-            )
-        ]
-    except sqlite3.OperationalError:
-        raise  # locked, I/O error...: not a statement about what the file is
-    except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
-        raise JournalForeignError(
-            f"{path} is not an smgrl journal: not a readable SQLite database ({exc})"
-        ) from None
-    if not names:
-        if readonly:
-            raise JournalForeignError(f"{path} is an empty SQLite database, not an smgrl journal")
-        return  # a new journal: the migrations create it
-    applied = (
-        # What sqlite_utils' ``Migrations.applied`` reads, without importing it (see open()).
-        [
-            row[0]
-            for row in conn.execute(
-                "SELECT name FROM _sqlite_migrations WHERE migration_set = ? ORDER BY rowid",
-                (MIGRATION_SET,),
-            )
-        ]
-        if "_sqlite_migrations" in names
-        else []
-    )
-    if not applied or "meta" not in names or "events" not in names:
-        shown = ", ".join(sorted(names)[:6]) + (", ..." if len(names) > 6 else "")
-        raise JournalForeignError(
-            f"{path} is not an smgrl journal: it is an SQLite database of another application"
-            f" (tables: {shown}); it was not modified"
-        )
-    row = conn.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
-    try:
-        fmt = int(row[0]) if row is not None else 0
-    except (TypeError, ValueError):
-        raise JournalForeignError(
-            f"{path}: meta.format_version is {row[0]!r}, not a journal format"
-        ) from None
-    if fmt > FORMAT_VERSION:
-        raise JournalTooNewError(
-            f"{path} is an smgrl journal of format {fmt}, written by a newer smgrl; this smgrl knows"
-            f" format {FORMAT_VERSION}: upgrade smgrl to use it"
-        )
-    if not readonly:
-        # The id is this journal's name on the wire (``x-smgrl-gateway-id`` on every /health
-        # answer): an edited one with CR LF made /health answer 500, with ESC it reached clients raw.
-        row = conn.execute("SELECT value FROM meta WHERE key = 'journal_id'").fetchone()
-        if row is None or not isinstance(row[0], str) or not _JOURNAL_ID.fullmatch(row[0]):
-            shown = (
-                "missing" if row is None else repr(row[0])[:80].encode("ascii", "backslashreplace").decode()
-            )
-            raise JournalForeignError(
-                f"{path}: meta.journal_id is {shown}, not a journal id (32 lowercase hex digits, as"
-                " smgrl writes it); it was edited: not serving it (`smgrl journal verify` can read it)"
-            )
-    unknown = [name for name in applied if name not in MIGRATION_NAMES]
-    if unknown and not readonly:
-        raise JournalTooNewError(
-            f"{path} was migrated by a newer smgrl (migrations this smgrl does not know:"
-            f" {', '.join(unknown)}); not writing it: upgrade smgrl"
-        )
-    missing = [name for name in MIGRATION_NAMES if name not in applied]
-    if readonly and missing:
-        pending = ", ".join(missing)
-        raise JournalError(
-            f"{path} is an smgrl journal written by an older smgrl (migrations {pending} not applied):"
-            " start the gateway on it once, or run `smgrl journal reindex`, to upgrade it"
-        )
-
-
-def _check_expect(conn: sqlite3.Connection, expect: Expect, head: int) -> None:
-    where, params = _filters(list(expect.types) if expect.types is not None else None, None, None)
-    if expect.streams is not None:
-        where += f" AND stream IN ({', '.join('?' * len(expect.streams))})" if expect.streams else " AND 0"
-        params.extend(expect.streams)
-    last = conn.execute(
-        f"SELECT max(seq) FROM events WHERE seq > ?{where}", (expect.after, *params)
-    ).fetchone()[0]
-    problem = expect_problem(expect, head, last)
-    if problem is not None:
-        raise JournalConflict(problem, head=head, seq=last or head)
-
 
 _INSERT_CHUNK = 128  # rows per multi-row INSERT (8 variables each, far below SQLite's limit)
 
@@ -887,37 +495,3 @@ def _insert_events(conn: sqlite3.Connection, rows: list[Row]) -> None:
             size //= 2
         conn.execute(_insert_sql(size), list(itertools.chain.from_iterable(rows[i : i + size])))
         i += size
-
-
-def _filters(types: list[str] | None, stream: str | None, until_seq: int | None) -> tuple[str, list[Any]]:
-    where, params = "", list[Any]()
-    if until_seq is not None:
-        where += " AND seq <= ?"
-        params.append(until_seq)
-    if stream is not None:
-        where += " AND stream = ?"
-        params.append(stream)
-    if types is not None:
-        where += f" AND type IN ({', '.join('?' * len(types))})" if types else " AND 0"
-        params.extend(types)
-    return where, params
-
-
-def _decoded(pages: Iterator[list[Any]]) -> Iterator[Recorded]:
-    for page in pages:
-        for seq, ts, stream, type_, schema, payload, hash_ in page:
-            if type(ts) is not float and type(ts) is not int:
-                raise edited_row(seq, f"its ts is not a number ({_shown(ts)})")
-            yield Recorded(seq, ts, stream, decode(type_, schema, payload), hash_)
-
-
-def edited_row(seq: int, what: str) -> JournalCorrupt:
-    return JournalCorrupt(
-        f"the journal's row at seq {seq} was edited outside the journal: {what}; run `smgrl journal verify`",
-        seq=seq,
-    )
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

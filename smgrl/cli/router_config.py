@@ -31,6 +31,7 @@ from smgrl.core.config import (
     HealthConfig,
     PsrlConfig,
     RetryConfig,
+    RoutingLoopConfig,
     SessionsConfig,
 )
 from smgrl.core.errors import ConfigError
@@ -48,7 +49,7 @@ _CACHE_V1 = "used only by cache_aware_v1's KV-event scoring; smgrl's cache_aware
 _PD = "prefill/decode disaggregation only (pd_disaggregation is refused)"
 _DISCOVERY = "Kubernetes service discovery only (service_discovery is refused)"
 _HISTORY = "history backends only (history_backend other than memory is refused)"
-_LOOP = "the fork's central dispatch queue; smgrl dispatches each waiting request in its own task"
+_LOOP = "a tunable of the fork's routing loop ingress channel; smgrl's requests join the queue directly"
 
 INERT = {
     "worker_startup_timeout_secs": "smgrl retries a registration probe with backoff, without a deadline",
@@ -61,10 +62,9 @@ INERT = {
     "assignment_mode": "as max_idle_secs",
     "bucket_adjust_interval_secs": "the bucket policy (prefill only)",
     "cost_model_path": _THROUGHPUT,
-    "max_concurrent_seqs_per_instance": _THROUGHPUT,
     "delta_throughput_threshold": _THROUGHPUT,
     "max_prompt_length": _THROUGHPUT,
-    "request_budget": _THROUGHPUT,
+    "request_budget": _THROUGHPUT + " (a KV page size in tokens, not a count of requests)",
     "max_num_waiting_reqs_after_preemption": _THROUGHPUT,
     "prefill_policy": _PD,
     "decode_policy": _PD,
@@ -77,11 +77,9 @@ INERT = {
     "router_selector": _DISCOVERY,
     "bootstrap_port_annotation": _DISCOVERY,
     "model_id_from": _DISCOVERY,
-    "routing_loop_request_sort_key": _LOOP + ": several woken at once select in no set order",
-    "routing_loop_multi_priority_queue": _LOOP + ": no version partitions",
     "routing_loop_receive_batch_size": _LOOP,
-    "routing_loop_dispatch_batch_size": _LOOP,
-    "routing_loop_max_running_dispatch_tasks": _LOOP + " (--max-concurrent-requests bounds them)",
+    "routing_loop_max_running_dispatch_tasks": "the fork's cap on its dispatch tasks; smgrl's "
+    "requests dispatch in their own tasks, bounded by max_concurrent_requests",
     "psrl_enable_mig_strategy": "smgrl honours an instance hint only when the request opts in "
     "(x-is-sticky, x-force-pin-once) or loops back, whichever this is",
     "psrl_kv_transfer_mode": "KV transfer only (psrl_kv_transfer_enable is refused)",
@@ -216,6 +214,14 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
     if timeout >= NO_TIMEOUT_FROM:
         timeout = NO_TIMEOUT_SECS
     tokenizer = args.tokenizer_path or args.model_path or env.get(TOKENIZER_ENV) or None
+    if args.enable_tito and tokenizer is None:
+        # The fork loads each gRPC worker's tokenizer once it registers; smgrl's sessions take
+        # theirs at startup. Launching anyway would answer every TITO session with a 503 for the
+        # whole run: refused at once instead, naming the three ways to give one.
+        raise RouterArgsError(
+            "RouterArgs.enable_tito=True needs a tokenizer: set tokenizer_path or model_path, or "
+            f"${TOKENIZER_ENV} (smgrl does not fetch tokenizers from the workers as the fork does)"
+        )
     cfg = Config(
         host=args.host,
         port=int(args.port),
@@ -286,20 +292,27 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
         reject_on_waiting=bool(args.enable_kv_admission_control),
         kv_capacity_threshold=float(args.kv_capacity_threshold),
     )
-    cfg = attrs.evolve(cfg, psrl=psrl)
+    loop = None
+    if args.enable_routing_loop:
+        if int(args.max_concurrent_seqs_per_instance) < 1:
+            raise RouterArgsError(
+                "RouterArgs.max_concurrent_seqs_per_instance must be >= 1 with enable_routing_loop "
+                "(it caps the requests in flight per instance)"
+            )
+        loop = RoutingLoopConfig(
+            check_interval_secs=int(args.routing_loop_check_interval_ms) / 1000,
+            sort_key=args.routing_loop_request_sort_key,
+            multi_priority=bool(args.routing_loop_multi_priority_queue),
+            dispatch_batch_size=int(args.routing_loop_dispatch_batch_size),
+            max_seqs_per_instance=int(args.max_concurrent_seqs_per_instance),
+        )
+    cfg = attrs.evolve(cfg, psrl=psrl, routing_loop=loop)
     log_file = os.path.join(args.log_dir, f"smgrl-gateway-{cfg.port}.log") if args.log_dir else None
     try:
         cfg = validate(cfg)
     except ConfigError as exc:
         raise RouterArgsError(str(exc)) from None
-    notes = ()
-    if args.enable_tito and tokenizer is None:
-        note = (
-            "RouterArgs.enable_tito: no tokenizer_path, model_path or $SMGRL_TOKENIZER_PATH, so the "
-            "session routes answer 503 sessions_disabled (smgrl does not fetch tokenizers from workers)"
-        )
-        notes = (note,)
-    return Launch(config=cfg, psrl=psrl, log_file=log_file, journal_dir=journal_dir, notes=notes)
+    return Launch(config=cfg, psrl=psrl, log_file=log_file, journal_dir=journal_dir)
 
 
 def default_journal(args: RouterArgs, env, now=None) -> str:

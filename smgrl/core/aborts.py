@@ -11,7 +11,7 @@ aborted it BECAUSE of such a call made through this gateway while the request ra
 
 ``abort_request`` / ``abort`` are deliberate cancellations by the trainer: never looped back.
 ``cancelled_requests`` says which requests such a call names (a request with PSRL routing
-metadata is looped back on any other abort: ``smgrl.dataplane.abort_rule``).
+metadata is looped back on any other abort: ``smgrl.dataplane.loopback.decide``).
 """
 
 from __future__ import annotations

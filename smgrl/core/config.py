@@ -134,6 +134,23 @@ class PsrlConfig:
 
 
 @attrs.frozen
+class RoutingLoopConfig:
+    """PSRL's routing loop (RouterArgs ``enable_routing_loop`` and its tunables): requests that
+    find no admissible instance wait in one queue per model and are handed dispatch attempts in
+    the fork's order (smgrl/routing/dispatch_order.py, smgrl/runtime/routing_loop.py)."""
+
+    # How often requests held out by answers no event announces (PSManager, the engines'
+    # reports, an open breaker) are tried again; every other change wakes the loop at once.
+    check_interval_secs: float = 0.01
+    sort_key: str = "short_length"  # short_length | long_length | small_id
+    multi_priority: bool = False  # partitions by version tag, lowest first
+    dispatch_batch_size: int = 1024  # dispatch attempts per pass
+    # Requests in flight per instance (RouterArgs max_concurrent_seqs_per_instance); past it an
+    # instance is held out (``instance_full``) and requests wait in the queue. None: no cap.
+    max_seqs_per_instance: int | None = None
+
+
+@attrs.frozen
 class Config:
     host: str = "127.0.0.1"
     port: int = 30000
@@ -194,6 +211,8 @@ class Config:
     # PSRL's selection settings (RouterArgs, smgrl.launch_router; docs/psrl.md): None leaves the
     # data plane as the flags set it.
     psrl: PsrlConfig | None = None
+    # PSRL's routing loop (RouterArgs enable_routing_loop): None, requests wait each on its own.
+    routing_loop: RoutingLoopConfig | None = None
 
     def scrubbed(self) -> dict[str, Any]:
         """The configuration as JSON with every secret removed (for the journal's gateway.started)."""

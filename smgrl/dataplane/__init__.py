@@ -6,6 +6,7 @@
 - ``breaker`` (pure), ``admission``: per-engine circuit breakers, the concurrency limit.
 - ``service``: ``DataPlane``, the I/O shell: pick (waiting for an eligible engine), forward
   with retries, account.
+- ``dispatch_queue``: the routing loop's queues (one per model) and each request's turn.
 - ``metrics``: the data plane's Prometheus families.
 - ``errors``: its error codes.
 - ``testing``: helpers for tests (a gateway on loopback, a scripted engine).
@@ -16,6 +17,7 @@ The HTTP side is ``smgrl.http.fronts.dataplane`` (raw ASGI in front of Quart); t
 
 # The face: its users' import lists name the same things (`duplicates` pairs them), nothing to share.
 from smgrl.dataplane.affinity import Routed
+from smgrl.dataplane.dispatch_queue import DispatchQueues, Turn
 from smgrl.dataplane.hook import HookError, resolve
 from smgrl.dataplane.instance_stats import InstanceStats, StatsRejected, parse_snapshot
 from smgrl.dataplane.pins import PinJournal, gone_releases
@@ -40,6 +42,7 @@ __all__ = [
     "GENERATE",
     "ROUTING_TEXT_LIMIT",
     "DataPlane",
+    "DispatchQueues",
     "Entry",
     "FingerprintEvents",
     "HookError",
@@ -53,6 +56,7 @@ __all__ = [
     "Stamp",
     "StatsRejected",
     "TokenTail",
+    "Turn",
     "first_event_version",
     "from_obj",
     "gone_releases",

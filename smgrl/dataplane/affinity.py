@@ -93,7 +93,7 @@ class Routed:
     # falling through; only an instance that left the fleet or is quarantined/unhealthy
     # releases it (docs/sessions.md).
     session: bool = False
-    # Does the request carry PSRL routing metadata (``abort_rule``)? None: read from ``meta``.
+    # Does the request carry PSRL routing metadata (``smgrl.dataplane.loopback.decide``)? None: read from ``meta``.
     psrl: bool | None = None
 
     def __attrs_post_init__(self) -> None:

@@ -40,6 +40,9 @@ class RolloutRequest:
     single: bool = True  # a /generate with one prompt (answers one object, never a list)
     # PSRL routing fields of the body (``smgrl.routing.metadata``), only those present; None: none.
     routing: dict[str, Any] | None = None
+    # The prompt's length (token ids, else characters): the routing loop's short_length and
+    # long_length orders (smgrl/routing/dispatch_order.py).
+    input_len: int = 0
 
     @property
     def openai(self) -> bool:
@@ -85,7 +88,36 @@ def from_obj(route: str, obj: dict[str, Any]) -> RolloutRequest:
         prefix=_prefix(route, obj),
         single=route != GENERATE or is_single_generate(obj),
         routing={k: obj[k] for k in ROUTING_FIELDS if k in obj} or None,
+        input_len=_input_len(route, obj),
     )
+
+
+def _length(value: Any) -> int:
+    """A prompt's length: a string's characters, a list of ids' count (a batch: its first)."""
+    if isinstance(value, list) and value and isinstance(value[0], (list, str)):
+        value = value[0]
+    return len(value) if isinstance(value, (str, list)) else 0
+
+
+def _input_len(route: str, obj: dict[str, Any]) -> int:
+    if route == GENERATE:
+        text = obj.get("text")
+        return _length(text if text is not None else obj.get("input_ids"))
+    if route == COMPLETIONS:
+        return _length(obj.get("prompt"))
+    messages = obj.get("messages")
+    if not isinstance(messages, list):
+        return 0
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(
+                len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+    return total
 
 
 def _prefix(route: str, obj: dict[str, Any]) -> str | tuple[int, ...] | None:

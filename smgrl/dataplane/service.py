@@ -7,7 +7,7 @@ never writes the journal (but for the prompt-group pins of gateways sharing one:
 ``smgrl.dataplane.pins``) and never touches the control plane's state: control calls go through
 ``smgrl.control`` and never move a load counter or a breaker (``tests/api/test_dataplane_resilience.py``).
 
-Waiting for an eligible engine is event-driven: the fleet calls ``_fleet_changed`` from the
+Waiting for an eligible engine is event-driven: the fleet calls ``fleet_changed`` from the
 journal writer's commit hook (``FleetState.subscribe``), which sets the current ``trio.Event``
 and replaces it, so every waiting request re-checks the table once per change, never on a timer.
 """
@@ -35,16 +35,17 @@ from smgrl.core.errors import (
     UpstreamUnreachable,
 )
 from smgrl.core.numbers import parse_uint
+from smgrl.dataplane import decide, vllm_generate, waiting
 from smgrl.dataplane import hook as admission_hook
-from smgrl.dataplane import vllm_generate, waiting
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
 from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.dispatch_queue import DispatchQueues, Turn
 from smgrl.dataplane.grpc.exchange import GrpcEngines
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
-from smgrl.dataplane.pins import DECIDE_ROUNDS, PinJournal
+from smgrl.dataplane.pins import PinJournal
 from smgrl.dataplane.psrl_select import PSRL_QUIET, PsrlSelection
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
@@ -52,7 +53,7 @@ from smgrl.registry import KeyRing
 from smgrl.routing import (
     ANY,
     CacheAwareConfig,
-    InstanceId,
+    QueueFacts,
     VersionPolicy,
     floor_reason,
     make_policy,
@@ -123,7 +124,7 @@ class DataPlane:
         self.loads: dict[str, int] = {}
         self.breakers = Breakers(dataplane_cfg.breaker, enabled=not cfg.disable_circuit_breaker)
         self.waiting = 0  # requests waiting in the gateway for an eligible engine
-        self.waiting_by_reason: Counter = Counter()  # the same, by wait_reason()
+        self.waiting_by_reason: Counter = Counter()  # the same, by waiting.wait_reason()
         self.wait_passes = 0  # how many times a waiting request went to sleep (a spin shows here)
         self.admission = Admission(
             dataplane_cfg.max_concurrent_requests, dataplane_cfg.queue_size, dataplane_cfg.queue_timeout_secs
@@ -134,6 +135,11 @@ class DataPlane:
         self.max_body = min(cfg.max_payload_size, dataplane_cfg.max_body_size)
         self._table: Table | None = None
         self._changed = trio.Event()
+        # PSRL's routing loop (Config.routing_loop): the queues its task hands turns out of
+        # (smgrl/runtime/routing_loop.py), and the per-instance cap on requests in flight.
+        loop_cfg = cfg.routing_loop
+        self.queues = DispatchQueues(loop_cfg) if loop_cfg is not None else None
+        self.seq_cap = loop_cfg.max_seqs_per_instance if loop_cfg is not None else None
         self.groups = GroupPins()  # prompt-group pins of staged selection (in memory)
         # --psrl-group-sticky (PSRL's ``psrl_enable_group_sticky``, off by default as in its fork):
         # without it a prompt group's requests are spread by the policy, never pinned.
@@ -167,7 +173,7 @@ class DataPlane:
             rl_enabled=cfg.rl.enabled,
             dataplane=self,
         )
-        fleet.subscribe(self._fleet_changed)
+        fleet.subscribe(self.fleet_changed)
 
     def _reported(self, instance) -> int:
         """Running + waiting requests the instance's engine last reported (0: none)."""
@@ -180,7 +186,7 @@ class DataPlane:
         self.psrl = PsrlSelection.build(psrl, self.instance_stats)
 
     def close(self) -> None:
-        self.fleet.unsubscribe(self._fleet_changed)
+        self.fleet.unsubscribe(self.fleet_changed)
 
     def share_pins(self, pins: PinJournal) -> None:
         """Several processes share the journal: decide prompt-group pins through it, read them
@@ -190,11 +196,13 @@ class DataPlane:
 
     # -- the routing table ---------------------------------------------------------------------
 
-    def _fleet_changed(self) -> None:
+    def fleet_changed(self) -> None:
         # Runs in the journal writer's task, synchronously: wake every waiter, then start a new
         # generation of the event for the next wait.
         changed, self._changed = self._changed, trio.Event()
         changed.set()
+        if self.queues is not None:
+            self.queues.change()
 
     def table(self) -> Table:
         fleet = self.fleet
@@ -268,17 +276,20 @@ class DataPlane:
     ) -> tuple[Sequence[Entry], Counter]:
         """The selectable entries under a request's version policy and floor and the engines'
         circuit breakers, and why the rest are held out."""
-        breakers = self.breakers
-        if not policy.filters and floor is None and not breakers.open_count:
+        breakers, cap = self.breakers, self.seq_cap
+        if not policy.filters and floor is None and not breakers.open_count and cap is None:
             return slot.selectable, slot.held  # the common case: nothing to recompute
         kept = []
         held = Counter(slot.held)
         top = slot.fleet_max
         now = self._now()
+        loads = self.loads
         for entry in slot.selectable:
             reason = policy.hold_reason(entry.version, top) or floor_reason(entry.version, floor)
             if reason is None and not breakers.allows(entry.instance.base_url, now):
                 reason = "circuit_open"
+            if reason is None and cap is not None and loads.get(entry.instance.worker_id, 0) >= cap:
+                reason = "instance_full"  # max_concurrent_seqs_per_instance in flight already
             if reason is None:
                 kept.append(entry)
             else:
@@ -297,24 +308,31 @@ class DataPlane:
         floor: Version | None = None,
         exclude: set[str] | None = None,
         routed: Routed | None = None,
+        turn: Turn | None = None,
     ) -> Entry:
         """An eligible instance for ``model``; waits (event-driven) while every one is held out.
 
         A request with routing metadata (``routed.staged``) takes the staged selection
         (``smgrl.routing.staged``); the others the plain one: floor, then the policy. A
-        session turn's honoured hint holds it while its instance is mid-refit (``held_hint``)."""
+        session turn's honoured hint holds it while its instance is mid-refit (``held_hint``).
+        With the routing loop (``turn``), a request waits in its model's queue for its turn
+        instead, and joins it at once while others wait (``smgrl.dataplane.dispatch_queue``)."""
         started = self._now()
         policy = policy or self.version_policy
         logged = False
         exclude = exclude or set()
         quiet_since: float | None = None  # when the fleet was last seen with no sync in progress
+        queues = self.queues if turn is not None else None
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
             if routed is not None and routed.after_ops and not self.fleet.aborts.pending(routed.after_ops):
                 routed.after_ops = ()  # the syncs that aborted this loopback have finished
-            if routed is not None and routed.after_ops:
+            if queues is not None and queues.must_wait(turn, model):
+                # Others of this model wait for their turns: behind them, not past them.
+                held, chosen = Counter(queued=1), None
+            elif routed is not None and routed.after_ops:
                 # A partial-rollout continuation waits for the sync that aborted it: until then
                 # its engine may still look active (refusing it, or running old weights).
                 held, chosen = Counter(syncing=len(slot.entries)), None
@@ -328,7 +346,7 @@ class DataPlane:
                 selectable, held = self.eligible(slot, policy, None)
                 hint = routed.hint()
                 if hint is not None and routed.session:
-                    hint, selectable = held_hint(slot.entries, selectable, hint)
+                    hint, selectable = waiting.held_hint(slot.entries, selectable, hint)
                 narrowed = staged.narrow(
                     selectable,
                     floor=routed.floor,
@@ -356,7 +374,7 @@ class DataPlane:
                 chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
             if chosen is not None:
                 hooked = self.hook is not None and routed is not None
-                if hooked and not await self._ask_hook(routed, req, model, chosen):
+                if hooked and not await decide.ask_hook(self, routed, req, model, chosen):
                     continue  # refused: select again without it
                 if held:
                     self.metrics.held_out(held)
@@ -371,7 +389,7 @@ class DataPlane:
                 self.metrics.held_out(held)
                 self.metrics.unroutable_request()
                 raise waiting.unroutable(slot, held, now - started, policy, wants, self.breakers, unmet)
-            reason = wait_reason(held)
+            reason = waiting.wait_reason(held)
             if not logged:
                 # Visible, not silent: a version floor no engine meets can wait for a long time
                 # (PSRL's loops rely on it: the request waits for the next sync).
@@ -383,7 +401,7 @@ class DataPlane:
                     reason,
                     ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
                     floor.raw if floor is not None else "-",
-                    ", ".join(fleet_versions(slot)) or "none",
+                    ", ".join(waiting.fleet_versions(slot)) or "none",
                     max(0.0, bound - self._now()),
                 )
             changed = self._changed
@@ -412,10 +430,25 @@ class DataPlane:
             if hint is not None:
                 self.queued[hint] += 1
             token = object()
+            if queues is not None:
+                # The routing loop hands the turns out: a request that has looked (and found
+                # nothing) waits for a change, one that has not looks in order.
+                facts = QueueFacts(
+                    is_validate=routed.meta.is_validate if routed is not None else False,
+                    version=waiting.tag_of(routed, floor),
+                    input_len=req.input_len,
+                    request_id=routed.meta.request_id if routed is not None else None,
+                )
+                recheck = "circuit_open" in held or (
+                    self.psrl is not None and not PSRL_QUIET.isdisjoint(held)
+                )
+                queues.wait_again(turn, model, facts, tried="queued" not in held, recheck=recheck)
+                changed = turn.go
+                wake = bound  # the loop's check interval re-asks PSManager, not this task
             self.waiting_requests[token] = {
                 "request_id": routed.meta.request_id if routed is not None else None,
                 "model": model,
-                "version_tag": _tag(routed, floor),
+                "version_tag": waiting.tag_of(routed, floor),
                 "reason": reason,
                 "loopbacks": routed.loopbacks if routed is not None else 0,
                 "waiting_since": started,
@@ -457,8 +490,28 @@ class DataPlane:
         wait = self.cfg.dataplane.eligible_wait_secs
         return deadline, deadline if wait is None else min(deadline, now + wait)
 
+    def dispatch(self, req: RolloutRequest, body: bytes, headers: Sequence[tuple[bytes, bytes]], **kw):
+        """``async with dataplane.dispatch(...) as dispatched:`` (``_dispatch``); with the routing
+        loop, the request's turn goes with it and leaves the loop when the block ends."""
+        if self.queues is None:
+            return self._dispatch(req, body, headers, **kw)
+        return self._in_turn(req, body, headers, **kw)
+
     @contextlib.asynccontextmanager
-    async def dispatch(
+    async def _in_turn(self, req, body, headers, **kw) -> AsyncIterator[Dispatch]:
+        assert self.queues is not None
+        turn = Turn()
+        try:
+            async with self._dispatch(req, body, headers, turn=turn, **kw) as dispatched:
+                yield dispatched
+        finally:
+            # However it ends (answered, refused, timed out, its client gone: the cancellation
+            # arrives in the wait for its turn or later), the request leaves its model's queue
+            # and gives back a turn it held, so the loop hands out the next.
+            self.queues.leave(turn)
+
+    @contextlib.asynccontextmanager
+    async def _dispatch(
         self,
         req: RolloutRequest,
         body: bytes,
@@ -472,6 +525,7 @@ class DataPlane:
         hold: Hold | None = None,
         routed: Routed | None = None,
         adapt: Callable[[Entry], tuple[str, bytes]] | None = None,
+        turn: Turn | None = None,
     ) -> AsyncIterator[Dispatch]:
         """Pick, send and (``buffered``) read the answer; yields once the head (or body) is in.
 
@@ -506,17 +560,18 @@ class DataPlane:
                     floor=floor,
                     exclude=tried,
                     routed=routed,
+                    turn=turn,
                 )
 
             if routed is not None and self._deciding:
-                await self._decision_in_the_air(routed)
+                await decide.decision_in_the_air(self, routed)
             entry = await pick()
             if routed is not None:
-                if self.pins is not None and self._unpinned(routed):
-                    entry = await self._pin_group(routed, entry, pick)
+                if self.pins is not None and decide.unpinned(self, routed):
+                    entry = await decide.pin_group(self, routed, entry, pick)
                 if self.psrl is not None and routed.staged:
                     await self.psrl.commit(routed, entry)  # PSManager records the selection
-                self.commit(routed, entry)
+                decide.commit(self, routed, entry)
             instance = entry.instance
             route, body_out = adapt(entry) if adapt is not None else (req.route, body)
             wid, base = instance.worker_id, instance.base_url
@@ -528,6 +583,8 @@ class DataPlane:
             relaying = False
             self.loads[wid] = self.loads.get(wid, 0) + 1
             self.in_flight += 1
+            if turn is not None:
+                self.queues.attempt_done(turn)  # counted in flight: the loop hands the next turn
             mark = hold.held if hold is not None else 0  # what a discarded answer gives back
             # The deadline scope spans the caller's relay too (it runs at ``yield``, in this
             # task: the asynccontextmanager pattern trio allows for a yield inside a scope). A
@@ -578,6 +635,8 @@ class DataPlane:
                 finally:
                     self.loads[wid] -= 1
                     self.in_flight -= 1
+                    if self.queues is not None:
+                        self.queues.change()  # room on an instance: the waiting may go
                     if not self.in_flight and self._idle is not None:
                         self._idle.set()
                         self._idle = None
@@ -602,128 +661,9 @@ class DataPlane:
         if tokens:
             self.tokens[worker_id] += tokens
 
-    def commit(self, routed: Routed, entry: Entry) -> None:
-        """Record a selection: the first pins an unversioned staged request's version (so its
-        loopbacks and echo carry it) and joins the request to its prompt group, writing the
-        group's pin once when no hint was honoured."""
-        hinted = routed.staged and routed.hint() is not None  # before the count: force-pin-once
-        routed.selections += 1
-        self.dispatched[entry.instance.worker_id] += 1
-        if not routed.staged:
-            return
-        if routed.pinned is None and entry.version is not None:
-            routed.pinned = entry.version
-            routed.floor = Version.parse(entry.version)
-        prompt = routed.meta.prompt_id if self.group_sticky else None
-        if prompt is not None and routed.joined is None:
-            self.groups.join(prompt, None if hinted else InstanceId(*staged.identity(entry.instance)))
-            routed.joined = prompt
-            if self.pins is not None:
-                self.pins.rejoined(prompt)
-
-    def _unpinned(self, routed: Routed) -> bool:
-        """A shared journal: is this the first selection of a request whose group has no pin
-        anywhere in view (so its pick must be decided once, ``_pin_group``)?"""
-        prompt = routed.meta.prompt_id
-        return (
-            self.group_sticky
-            and prompt is not None
-            and routed.joined is None
-            and routed.staged
-            and routed.hint() is None
-            and self.groups.pin(prompt) is None
-        )
-
-    async def _decision_in_the_air(self, routed: Routed) -> None:
-        """Another request of this process is deciding this request's group (``_pin_group``):
-        wait for its pin before picking, so this one picks once, under it."""
-        prompt = routed.meta.prompt_id
-        deciding = self._deciding.get(prompt) if prompt is not None else None
-        if deciding is not None and self._unpinned(routed):
-            await deciding.wait()
-
-    async def _pin_group(self, routed: Routed, entry: Entry, pick: Callable[[], Awaitable[Entry]]) -> Entry:
-        """Make ``entry`` the group's pin across processes, or select again under the pin
-        another process (or another request of this one) decided first."""
-        assert self.pins is not None
-        prompt = routed.meta.prompt_id
-        assert prompt is not None
-        for _ in range(DECIDE_ROUNDS):
-            deciding = self._deciding.get(prompt)
-            if deciding is not None:
-                # Another request of this process is deciding this group: wait for its pin
-                # rather than race it with a second conditional append that must lose.
-                await deciding.wait()
-            else:
-                done = self._deciding[prompt] = trio.Event()
-                try:
-                    # Shielded: once enqueued the pin is written whatever happens to this
-                    # request, and the request must then join it (``commit``, next, with no
-                    # checkpoint between) so that its end releases it. Bounded by the writer's
-                    # --journal-lock-wait-secs.
-                    with trio.CancelScope(shield=True):
-                        won = await self.pins.decide(prompt, InstanceId(*staged.identity(entry.instance)))
-                finally:
-                    del self._deciding[prompt]
-                    done.set()
-                if won:
-                    return entry
-            entry = await pick()  # under the winner's pin, now in view
-            if not self._unpinned(routed):
-                return entry
-        log.warning("prompt group %r kept changing while pinning it; routed unpinned", prompt)
-        return entry
-
     async def finish(self, routed: Routed) -> None:
-        """The request ended (answered, failed or cancelled): leave its prompt group and give
-        the admission hook its reservation back."""
-        if routed.joined is not None:
-            pins = self.pins
-            release = self.groups.leave(routed.joined, pins.identity if pins is not None else None)
-            if release is not None and pins is not None:
-                pins.release(routed.joined, release)
-            routed.joined = None
-        if routed.reservations:
-            # Shielded and bounded: this runs while the request is being cancelled (client
-            # gone, timeout), and a reservation never given back would leak the framework's
-            # capacity for good; a hook stuck for 5 s is abandoned (logged by the hook module).
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await self._release(routed)
-
-    async def _ask_hook(self, routed: Routed, req: RolloutRequest, model: str, entry: Entry) -> bool:
-        """Ask the admission hook for ``entry``; a refusal marks it refused for this request."""
-        assert self.hook is not None
-        ident = staged.identity(entry.instance)
-        meta = routed.meta
-        request = admission_hook.HookRequest(
-            request_id=meta.request_id,
-            prompt_id=meta.prompt_id,
-            version_tag=routed.pinned if routed.staged else meta.version_tag,
-            is_validate=meta.is_validate,
-            model=model,
-            route=req.route,
-            version=entry.version,
-            loopback=routed.loopbacks,
-            response_tokens=routed.kept,
-            engine_stats=self.instance_stats.get(*ident),
-            in_flight=self.loads.get(entry.instance.worker_id, 0),
-        )
-        result = await admission_hook.reserve(self.hook, InstanceId(*ident), request)
-        if admission_hook.refused(result):
-            routed.refused.add(ident)
-            return False
-        await self._release(routed)  # a retry's or loopback's earlier reservation
-        routed.reservations.append(result)
-        return True
-
-    async def _release(self, routed: Routed) -> None:
-        hook = self.hook
-        if hook is None or not routed.reservations:
-            return
-        while routed.reservations:
-            await admission_hook.release(hook, routed.reservations.pop())
-        # A released reservation may let a waiting request in: wake the waiters.
-        self._fleet_changed()
+        """The request ended (answered, failed or cancelled): ``decide.finish``."""
+        await decide.finish(self, routed)
 
     def _backoff(self, attempt: int) -> float:
         r = self.cfg.dataplane.retry
@@ -736,43 +676,6 @@ class DataPlane:
         if success and base_url not in breakers.by_engine:
             return  # what ``Breakers.record`` does for a healthy engine, without reading the clock
         breakers.record(base_url, success, self._now())
-
-
-# Hold reasons that release a session's pin: the instance is not coming back by itself (an
-# operator or a refit must act). The others (paused, asleep, unknown, a version still being
-# confirmed...) are a refit in progress: the pinned turn waits for it.
-RELEASING = frozenset({"quarantined", "unhealthy", "mixed"})
-
-
-def held_hint(
-    entries: Sequence[Entry], selectable: Sequence[Entry], hint: InstanceId
-) -> tuple[InstanceId | None, Sequence[Entry]]:
-    """A session turn's honoured hint: while its instance is in the fleet and not released
-    (``RELEASING``), only that instance is selectable (none while it is mid-refit: the turn
-    waits); once it is gone or released, no hint (the staged selection chooses afresh)."""
-    pinned = [e for e in entries if staged.matches(e.instance, hint)]
-    if not pinned or all(e.hold in RELEASING for e in pinned):
-        return None, selectable
-    return hint, [e for e in selectable if staged.matches(e.instance, hint)]
-
-
-def _tag(routed: Routed | None, floor: Version | None) -> str | None:
-    """A waiting request's version tag (GET /routing_loop/filter): a staged request's pinned
-    version, else its floor; None: unversioned (PSRL's -1)."""
-    if routed is not None and routed.staged:
-        return routed.pinned
-    return floor.raw if floor is not None else None
-
-
-def wait_reason(held: Counter) -> str:
-    """Why a request waits: the reason holding out the most instances (ties: by name)."""
-    return min(held.items(), key=lambda item: (-item[1], item[0]))[0] if held else "none"
-
-
-def fleet_versions(slot: ModelEntries) -> list[str]:
-    """The weight versions the model's instances have (any state), for a waiting request's log
-    line and 503: what the fleet could offer."""
-    return sorted({e.version if e.version is not None else "unversioned" for e in slot.entries})
 
 
 def _reserve(response: Response, hold: Hold | None):

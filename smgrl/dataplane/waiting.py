@@ -19,23 +19,36 @@ on whether something in progress will end the wait:
 
 An explicit ``--eligible-wait-secs`` bounds every wait, in a sync or not (as before it had a
 default); the floor rule holds either way. Pure but for reading the fleet's projections.
+
+Also here: what a waiting request shows (its reason, its version tag, the fleet's versions) and
+a session turn's held hint.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from smgrl.core.errors import NoEligibleWorkers, VersionFloorUnmet
-from smgrl.routing import floor_reason
+from smgrl.routing import InstanceId, floor_reason, matches
+
+if TYPE_CHECKING:
+    from smgrl.core import Version
+    from smgrl.dataplane.affinity import Routed
+    from smgrl.dataplane.table import Entry, ModelEntries
 
 # Why long, in seconds: see docs/data-plane.md ("How long a request waits").
 QUIET_WAIT_SECS = 30.0
 # Hold reasons that end by themselves or with the sync under way: a continue, a resume, a
 # version; an open circuit breaker half-opens after its timeout (--cb-timeout-duration-secs).
-SYNC_REASONS = frozenset({"paused", "asleep", "syncing", "dispatch_paused", "circuit_open"})
+# With the routing loop, a full instance (max_concurrent_seqs_per_instance) and a turn in the
+# queue end as the requests ahead finish.
+SYNC_REASONS = frozenset(
+    {"paused", "asleep", "syncing", "dispatch_paused", "circuit_open", "instance_full", "queued"}
+)
 ENGINES_NAMED = 64  # engines listed in a 503 (each with its reason); the counts cover them all
 
 
@@ -109,3 +122,40 @@ def unroutable(slot, held: Counter, waited: float, policy, floor, breakers, unme
     if unmet:
         return VersionFloorUnmet.at(floor, versions, engines)
     return NoEligibleWorkers.because(held, waited, floor, versions, engines)
+
+
+# Hold reasons that release a session's pin: the instance is not coming back by itself (an
+# operator or a refit must act). The others (paused, asleep, unknown, a version still being
+# confirmed...) are a refit in progress: the pinned turn waits for it.
+RELEASING = frozenset({"quarantined", "unhealthy", "mixed"})
+
+
+def held_hint(
+    entries: Sequence[Entry], selectable: Sequence[Entry], hint: InstanceId
+) -> tuple[InstanceId | None, Sequence[Entry]]:
+    """A session turn's honoured hint: while its instance is in the fleet and not released
+    (``RELEASING``), only that instance is selectable (none while it is mid-refit: the turn
+    waits); once it is gone or released, no hint (the staged selection chooses afresh)."""
+    pinned = [e for e in entries if matches(e.instance, hint)]
+    if not pinned or all(e.hold in RELEASING for e in pinned):
+        return None, selectable
+    return hint, [e for e in selectable if matches(e.instance, hint)]
+
+
+def tag_of(routed: Routed | None, floor: Version | None) -> str | None:
+    """A waiting request's version tag (GET /routing_loop/filter): a staged request's pinned
+    version, else its floor; None: unversioned (PSRL's -1)."""
+    if routed is not None and routed.staged:
+        return routed.pinned
+    return floor.raw if floor is not None else None
+
+
+def wait_reason(held: Counter) -> str:
+    """Why a request waits: the reason holding out the most instances (ties: by name)."""
+    return min(held.items(), key=lambda item: (-item[1], item[0]))[0] if held else "none"
+
+
+def fleet_versions(slot: ModelEntries) -> list[str]:
+    """The weight versions the model's instances have (any state), for a waiting request's log
+    line and 503: what the fleet could offer."""
+    return sorted({e.version if e.version is not None else "unversioned" for e in slot.entries})

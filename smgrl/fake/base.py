@@ -115,6 +115,7 @@ class BaseEngine:
         self.released_tags: set[str] = set()
         self._saved_digest: str | None = None  # the weights' digest while they are released
         self.healthy = True
+        self.grpc_front = None  # the gRPC face serving this engine (smgrl.fake.grpc_front), if any
         self.server = HttpServer(self.handle, config.port, config.host)
         self.routes: Routes = self.build_routes()
 
@@ -204,6 +205,8 @@ class BaseEngine:
             "connections": {"accepted": self.server.accepted, "open": self.server.open_connections},
             "groups": sorted(self.transfers.groups),
             "knobs": self.knobs.to_json(),
+            # Over gRPC: what the Generate and Abort RPCs were given (a test reads the pins).
+            **({"grpc": self.grpc_front.record()} if self.grpc_front is not None else {}),
             **self.extra_state(),
         }
 

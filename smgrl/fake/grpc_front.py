@@ -49,6 +49,7 @@ TOKENIZER_FILES = (
     "merges.txt",
     "chat_template.json",
 )
+TOKENIZER_GLOBS = ("*.jinja", "*.tiktoken", "*.model")
 _END = object()
 
 
@@ -70,6 +71,11 @@ def tokenizer_bundle(directory: str, fallback: dict[str, Any] | None = None) -> 
             if path.is_file():
                 zf.write(path, name)
                 added += 1
+        for pattern in TOKENIZER_GLOBS:  # then the globbed ones (a chat_template.jinja) not yet in
+            for path in sorted(Path(directory).glob(pattern)):
+                if path.is_file() and path.name not in TOKENIZER_FILES:
+                    zf.write(path, path.name)
+                    added += 1
         if not added and fallback is not None:
             zf.writestr("tokenizer_config.json", json.dumps(fallback, sort_keys=True))
             added = 1
@@ -100,6 +106,14 @@ class GrpcFront:
         self.host = host
         self.aborts: list[str] = []  # request ids the Abort RPC named (tests read it)
         self.ranks: dict[str, int | None] = {}  # request id -> the DP rank it was pinned to
+        self.tokenizer_fetches = 0  # GetTokenizer calls answered
+        engine.grpc_front = self
+
+    def record(self) -> dict[str, Any]:
+        """What the RPCs were given (``GET /_fake/state``'s ``grpc``): each Generate's pinned DP
+        rank in arrival order (None: unpinned), the ids Abort named."""
+        return {"wire": self.wire.name, "ranks": list(self.ranks.values()), "aborts": list(self.aborts),
+                "tokenizer_fetches": self.tokenizer_fetches}  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -237,6 +251,7 @@ class GrpcFront:
         return sched.abort([sched.jobs[i] for i in ids if i in sched.jobs])
 
     def get_tokenizer(self, request, context):
+        self.tokenizer_fetches += 1
         try:
             if self._bundle is None:
                 fake = {"tokenizer_class": "smgrl-fake", "eos_token_id": _eos(), "model_max_length": 1 << 20}

@@ -53,6 +53,7 @@ from hypercorn.trio import task_group as trio_task_group
 from hypercorn.trio import tcp_server
 
 from smgrl.core.errors import ConfigError
+from smgrl.http.hypercorn_headers import checked_response
 
 PATCHED_VERSION = "0.18.0"
 # sha256 (first 16 hex digits) of ``inspect.getsource`` of every stock hypercorn 0.18.0 function
@@ -73,7 +74,7 @@ STOCK_SOURCES = {
     "hypercorn.protocol.http_stream.HTTPStream._send_closed": "9aaf2e1ac611e51c",
     "hypercorn.protocol.h11.H11Protocol._maybe_recycle": "3ac53f52bc4e65de",
     "hypercorn.protocol.h11.H11Protocol._send_h11_event": "5e40283daa303ec7",
-    # h11's own checks, which ``_checked_response`` makes once per header (patch 12).
+    # h11's own checks, which ``hypercorn_headers.checked_response`` makes once per header (patch 12).
     "h11._headers.normalize_and_validate": "82a8fcccb31d27d4",
     "h11._events._ResponseBase.__init__": "eccce2371512d41e",
 }
@@ -191,34 +192,6 @@ class IdleWatch:
             deadline = self._deadline
 
 
-# h11's header checks (h11/_headers.py), made here in one C call per header (patch 12).
-_FIELD_NAME = getattr(getattr(h11, "_headers", None), "_field_name_re", None)
-_FIELD_VALUE = getattr(getattr(h11, "_headers", None), "_field_value_re", None)
-_GOOD_NAMES: set[bytes] = set()  # header names that passed h11's name check (a few dozen)
-_GOOD_NAMES_MAX = 4096
-
-
-def _checked_response(headers: list, status_code: Any) -> h11.Response:
-    """``h11.Response(headers=headers, status_code=status_code)``, with h11's checks of each
-    header made here, cheaper: a name seen before is known good, a value is one ``fullmatch``
-    of h11's own pattern. h11 then takes the headers as checked (``_parsed``) and still makes
-    its content-length and transfer-encoding checks. Anything unusual (a name or value that is
-    not ``bytes``, a status that is not an ``int``, a header h11 would refuse) goes through the
-    stock construction, which then raises h11's own error."""
-    if _FIELD_VALUE is None or _FIELD_NAME is None or type(status_code) is not int:
-        return h11.Response(headers=headers, status_code=status_code)
-    good = _GOOD_NAMES
-    for name, value in headers:
-        if type(name) is not bytes or type(value) is not bytes or not _FIELD_VALUE.fullmatch(value):
-            return h11.Response(headers=headers, status_code=status_code)
-        if name not in good:
-            if not _FIELD_NAME.fullmatch(name):
-                return h11.Response(headers=headers, status_code=status_code)
-            if len(good) < _GOOD_NAMES_MAX:
-                good.add(name)
-    return h11.Response(headers=headers, status_code=status_code, _parsed=True)
-
-
 async def _coalescing_stream_send(self, event) -> None:
     pending = getattr(self, "_smgrl_head", None)
     kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
@@ -234,7 +207,7 @@ async def _coalescing_stream_send(self, event) -> None:
         ):
             headers.append((b"connection", b"close"))
         try:
-            self._smgrl_head = self.connection.send(_checked_response(headers, event.status_code))
+            self._smgrl_head = self.connection.send(checked_response(headers, event.status_code))
         except h11.LocalProtocolError:
             if self.connection.their_state != h11.ERROR:
                 raise

@@ -12,7 +12,9 @@ Which wire a worker speaks:
 The chosen wire is kept as the ``grpc_wire`` label. The model id is ``served_model_name`` (else
 ``model_path``); ``weight_version`` comes from GetModelInfo where the wire carries it (SGLang,
 TokenSpeed; vLLM's messages have none). The tokenizer bundle is fetched once per model with
-GetTokenizer, its sha256 verified, and kept (``TokenizerCache``); ``--tokenizer-path`` skips it.
+GetTokenizer, its sha256 verified, and kept (``TokenizerCache``); the tokenizer and chat template
+it holds serve the data plane's gRPC exchanges with that engine (text prompts, the OpenAI routes,
+detokenizing). ``--tokenizer-path`` skips it: that tokenizer serves every engine.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import trio
 from google.protobuf.json_format import MessageToDict
 
-from smgrl.core import Discovery, grpc_labels
+from smgrl.core import Discovery, grpc_labels, strip_rank
+from smgrl.tito import ChatTokenizer, TitoError
 from smgrl.upstream import (
     WIRES,
     Channel,
@@ -49,10 +53,19 @@ class GrpcProbeFailed(Exception):
 
 @attrs.define
 class TokenizerCache:
-    """Tokenizer bundles by model id: fetched once, verified, kept for the gateway's life."""
+    """Tokenizer bundles by model id: fetched once, verified, kept for the gateway's life; and
+    the tokenizer each bundle makes, by engine origin, for the data plane (``chat_for``)."""
 
     bundles: dict[str, tuple[bytes, str]] = attrs.Factory(dict)
     fixed_path: str | None = None  # --tokenizer-path: no bundle is fetched
+    # bundle sha256 -> its ChatTokenizer (None: the bundle makes none, e.g. no tokenizer.json)
+    chats: dict[str, Any] = attrs.Factory(dict)
+    engines: dict[str, str] = attrs.Factory(dict)  # engine origin (grpc://host:port) -> bundle sha256
+
+    def chat_for(self, base_url: str):
+        """The tokenizer and chat template the engine at ``base_url`` served, or None."""
+        sha = self.engines.get(base_url)
+        return None if sha is None else self.chats.get(sha)
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -83,6 +96,7 @@ async def probe_grpc(
         found = _discovery(wire, model, server, loads)
         if tokenizers is not None and tokenizers.fixed_path is None and found.model_id:
             await _fetch_tokenizer(client, found.model_id, tokenizers, timeout)
+            await _build_tokenizer(url, found.model_id, tokenizers)
         return found
     except GrpcError as exc:
         raise GrpcProbeFailed(f"gRPC {exc}", unreachable=exc.code == StatusCode.UNAVAILABLE) from None
@@ -170,6 +184,24 @@ async def _fetch_tokenizer(
     except GrpcError as exc:
         if exc.code not in (StatusCode.UNIMPLEMENTED, StatusCode.FAILED_PRECONDITION):
             raise
+
+
+async def _build_tokenizer(url: str, model_id: str, cache: TokenizerCache) -> None:
+    """The data plane's tokenizer for the engine at ``url``, from its model's bundle: built once
+    per bundle, in a worker thread (parsing a real model's tokenizer.json takes longer than an
+    event-loop turn may). A bundle that makes no tokenizer (the engine's own vocabulary, or
+    no chat template) leaves the engine without one: its text and chat requests then answer
+    ``tokenizer_required``, as with no bundle at all."""
+    bundle = cache.bundles.get(model_id)
+    if bundle is None:
+        return
+    data, sha = bundle
+    if sha not in cache.chats:
+        try:
+            cache.chats[sha] = await trio.to_thread.run_sync(ChatTokenizer.from_bundle, data, model_id)
+        except TitoError:
+            cache.chats[sha] = None
+    cache.engines[strip_rank(url)] = sha
 
 
 async def discover_grpc(

@@ -8,6 +8,8 @@
   ``x-version-tag`` floor.
 - ``metadata``: PSRL's routing headers (and the body fields they override), parsed.
 - ``psrl``: how PSManager's answers and the engines' reports narrow and order PSRL's candidates.
+- ``dispatch_order``: the routing loop's order of waiting requests (PSRL's priority classes and
+  sort keys), and the queue that keeps it.
 - ``staged``: PSRL's staged selection (floor, admission refusals, instance hint, prompt-group
   pin, version sort, then the policy), one pure function.
 
@@ -15,6 +17,8 @@ No I/O and no clock here: randomness and time come in as arguments, so every rul
 table-tested (``tests/unit/test_routing*.py``). ``smgrl.dataplane`` is the I/O shell.
 """
 
+from smgrl.routing.dispatch_order import SORT_KEYS as LOOP_SORT_KEYS
+from smgrl.routing.dispatch_order import OrderedQueue, Place, QueueFacts, partition_key
 from smgrl.routing.eligibility import effective_version, hold_reason
 from smgrl.routing.instance import Instance, from_worker, routable
 from smgrl.routing.metadata import FALSE, TRUE, InstanceId, RoutingMeta
@@ -41,12 +45,16 @@ from smgrl.routing.version_policy import (
 __all__ = [
     "ANY",
     "FALSE",
+    "LOOP_SORT_KEYS",
     "POLICIES",
     "TRUE",
     "CacheAwareConfig",
     "Instance",
     "InstanceId",
     "InvalidVersionPolicy",
+    "OrderedQueue",
+    "Place",
+    "QueueFacts",
     "RoutingMeta",
     "VersionPolicy",
     "by_indicator",
@@ -61,6 +69,7 @@ __all__ = [
     "matches",
     "parse_floor",
     "parse_version",
+    "partition_key",
     "psm_request_id",
     "psm_version",
     "reservable",

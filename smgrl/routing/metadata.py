@@ -192,7 +192,9 @@ def parse(header: Callable[[str], str | None], body: Mapping[str, Any] | None = 
                 "x-base-worker-id" if worker is None else "x-target-dp-rank",
                 "x-base-worker-id and x-target-dp-rank go together (both or neither)",
             )
-        hint = InstanceId(parse_id("x-base-worker-id", worker), parse_rank("x-target-dp-rank", rank))
+        hint: InstanceId | None = InstanceId(
+            parse_id("x-base-worker-id", worker), parse_rank("x-target-dp-rank", rank)
+        )
     else:
         hint = _body_hint(body)
     return RoutingMeta(

@@ -83,7 +83,9 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def select(self, candidates, loads, prefix, now) -> Instance:
+    def select(
+        self, candidates: Sequence[Instance], loads: Mapping[str, int], prefix: Key | None, now: float
+    ) -> Instance:
         chosen = candidates[self._next % len(candidates)]
         self._next += 1
         return chosen
@@ -98,7 +100,9 @@ class Random:
     def __init__(self, rng: _random.Random) -> None:
         self._rng = rng
 
-    def select(self, candidates, loads, prefix, now) -> Instance:
+    def select(
+        self, candidates: Sequence[Instance], loads: Mapping[str, int], prefix: Key | None, now: float
+    ) -> Instance:
         return candidates[self._rng.randrange(len(candidates))]
 
     def forget(self, worker_id: str) -> None:
@@ -112,7 +116,9 @@ class PowerOfTwo:
     def __init__(self, rng: _random.Random) -> None:
         self._rng = rng
 
-    def select(self, candidates, loads, prefix, now) -> Instance:
+    def select(
+        self, candidates: Sequence[Instance], loads: Mapping[str, int], prefix: Key | None, now: float
+    ) -> Instance:
         if len(candidates) == 1:
             return candidates[0]
         i, j = self._rng.sample(range(len(candidates)), 2)
@@ -126,7 +132,9 @@ class PowerOfTwo:
 class LeastLoad:
     name = "least_load"
 
-    def select(self, candidates, loads, prefix, now) -> Instance:
+    def select(
+        self, candidates: Sequence[Instance], loads: Mapping[str, int], prefix: Key | None, now: float
+    ) -> Instance:
         return min(candidates, key=lambda c: loads.get(c.worker_id, 0))
 
     def forget(self, worker_id: str) -> None:
@@ -148,7 +156,9 @@ class RequestNumBalance:
     def __init__(self, reported: Callable[[Instance], int] | None = None) -> None:
         self._reported = reported or (lambda instance: 0)
 
-    def select(self, candidates, loads, prefix, now) -> Instance:
+    def select(
+        self, candidates: Sequence[Instance], loads: Mapping[str, int], prefix: Key | None, now: float
+    ) -> Instance:
         reported = self._reported
         return min(candidates, key=lambda c: (loads.get(c.worker_id, 0), reported(c)))
 
@@ -169,7 +179,9 @@ class CacheAware:
             tree = self.trees[model] = RadixTree(self.config.max_tree_size)
         return tree
 
-    def select(self, candidates, loads, prefix, now) -> Instance:
+    def select(
+        self, candidates: Sequence[Instance], loads: Mapping[str, int], prefix: Key | None, now: float
+    ) -> Instance:
         cfg = self.config
         tree = self._tree(candidates[0].model)
 

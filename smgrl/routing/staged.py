@@ -50,7 +50,7 @@ class Candidate(Protocol):
 class Decision:
     chosen: Candidate | None  # None: nothing is selectable now (the request waits)
     stage: str  # "hint", "group" or "version": what narrowed the choice last
-    held: Counter  # reason -> instances held out by stages 1-2
+    held: Counter[str]  # reason -> instances held out by stages 1-2
 
 
 def identity(instance: Instance) -> tuple[str, int]:
@@ -69,7 +69,7 @@ def matches(instance: Instance, hint: InstanceId) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def sort_key(version: str | None) -> tuple:
+def sort_key(version: str | None) -> tuple[int, int, str]:
     """The stage-5 total order: unversioned < text (bytewise) < numeric (by value). Cached: a
     fleet has a handful of versions and this runs per candidate per request."""
     if version is None:
@@ -88,7 +88,7 @@ class Narrowed:
 
     kept: Sequence[Candidate]
     stage: str
-    held: Counter
+    held: Counter[str]
     order: Sequence[Candidate] | None = None
     ties: int = 1
 
@@ -118,7 +118,7 @@ def narrow(
 ) -> Narrowed:
     """Stages 1-4: floor, refusals, then the instance hint or the group pin when they name a
     candidate."""
-    held: Counter = Counter()
+    held: Counter[str] = Counter()
     if floor is None and not refused:
         kept = list(candidates)  # the common case: nothing to filter
     else:

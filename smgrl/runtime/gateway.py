@@ -97,6 +97,9 @@ class Gateway:
         if gateway.sessions is not None:
             # gRPC engines take token ids: the gateway tokenizes text and chat, detokenizes answers.
             dataplane.grpc.tokenizer = gateway.sessions.chat
+        # Without --tokenizer-path: the tokenizer each gRPC engine served at discovery (a process
+        # that did not discover an engine fetches it on its first exchange with it).
+        dataplane.grpc.engine_tokenizers.lookup = registry.tokenizers.chat_for
         gateway.loads = LoadMonitor(
             fleet=fleet,
             pools=pools,

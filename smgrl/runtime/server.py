@@ -71,6 +71,7 @@ from smgrl.runtime import gctune
 from smgrl.runtime.gateway import Gateway
 from smgrl.runtime.listeners import bind_metrics, close_sockets, hostport, hypercorn_config
 from smgrl.runtime.roles import Alone, Shared, role_for
+from smgrl.runtime.routing_loop import run_routing_loop
 from smgrl.runtime.snapshots import Snapshotter, snapshot_every
 from smgrl.telemetry.journaling import record_interrupted
 from smgrl.telemetry.logs import event as log_event
@@ -245,6 +246,10 @@ async def _start_parts(p: Process, gateway: Gateway, writer, inner: trio.Nursery
         await role.start_duty(inner, store, "recovery", recovery)
     if cfg.audit:
         await inner.start(gateway.audit.run, writer)
+    if gateway.dataplane.queues is not None:
+        # PSRL's routing loop: per process (its queues are this process's waiting requests),
+        # in the inner nursery with the handlers it serves.
+        await inner.start(run_routing_loop, gateway.dataplane.queues)
     for url in cfg.worker_urls:
         if fleet.registry.conflict_for(url) is None:
             try:

@@ -54,7 +54,7 @@ def turn_meta(
     rid: str,
 ) -> tuple[RoutingMeta, bool]:
     """The turn's metadata (``headers``: ``merged_headers``), and whether it carries PSRL
-    routing metadata (a client-given request id and prompt id: ``smgrl.dataplane.abort_rule``).
+    routing metadata (a client-given request id and prompt id: ``smgrl.dataplane.loopback.decide``).
     Raises ``metadata.InvalidRoutingMetadata`` / ``InvalidVersionPolicy`` on a malformed value."""
     meta = metadata.parse(headers.get)
     psrl = meta.request_id is not None and meta.prompt_id is not None

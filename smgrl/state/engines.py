@@ -12,12 +12,43 @@ Keyed by engine address (``base_url``: DP ranks share one engine). The rules:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 
 from smgrl.core import EngineFacts, Intent, strip_rank
+from smgrl.events import EngineStateSet, EngineVersionSet, WorkerDiscovered
 from smgrl.state.records import exact_record
+
+if TYPE_CHECKING:
+    from smgrl.state.registry import RegistryState
+    from smgrl.state.sagas import Quarantine
+
+
+# The control events as this projection reads them: a decoded event, or the record of a reader
+# that extracts only these fields from the journal (``smgrl journal workers --at``), with the
+# event's ``TYPE``. Such a record is no event class: the fold tells the kinds apart by ``TYPE``.
+class ControlRecord(Protocol):
+    @property
+    def op_id(self) -> str: ...
+
+
+class StartedRecord(ControlRecord, Protocol):
+    @property
+    def targets(self) -> Iterable[Mapping[str, Any]]: ...
+
+
+class OutcomeRecord(ControlRecord, Protocol):
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def stage(self) -> str | None: ...
+
 
 TYPES = frozenset(
     {
@@ -113,20 +144,22 @@ class EngineStates:
         state.revision = int(data["revision"])
         return state
 
-    def apply(self, seq: int, event, registry) -> None:
-        """Fold one event. ``registry`` is the registry projection, already updated with it."""
+    def apply(self, seq: int, event: object, registry: RegistryState) -> None:
+        """Fold one record (any type). ``registry`` is the registry projection, already updated
+        with it."""
         kind = getattr(event, "TYPE", None)
         if kind == "control.outcome":
-            self._outcome(event)
+            self._outcome(cast(OutcomeRecord, event))
         elif kind == "control.started":
             intent = Intent.from_json(getattr(event, "intent", None))
             if intent.version is not None or intent.control is not None:
-                self._open[event.op_id] = _Open(
-                    intent, {t["worker_id"]: strip_rank(t["url"]) for t in event.targets}
+                started = cast(StartedRecord, event)
+                self._open[started.op_id] = _Open(
+                    intent, {t["worker_id"]: strip_rank(t["url"]) for t in started.targets}
                 )
         elif kind in ("control.finished", "control.interrupted"):
-            self._close(event.op_id)
-        elif kind == "engine.version_set":
+            self._close(cast(ControlRecord, event).op_id)
+        elif isinstance(event, EngineVersionSet):
             # An explicit write is a confirmation: it clears mixed and unknown-version marks.
             for base in _bases(event.targets):
                 self.engines[base] = attrs.evolve(
@@ -137,16 +170,16 @@ class EngineStates:
                     mixed=False,
                 )
             self.revision += 1
-        elif kind == "engine.state_set":
+        elif isinstance(event, EngineStateSet):
             for base in _bases(event.targets):
                 self.engines[base] = attrs.evolve(self._facts(base), control=event.control)
             self.revision += 1
-        elif kind == "worker.discovered":
+        elif isinstance(event, WorkerDiscovered):
             worker = registry.get(event.worker_id)
             if worker is not None:
                 self._seed(worker.base_url, event.labels)
 
-    def set_quarantine(self, base_url: str, quarantine) -> None:
+    def set_quarantine(self, base_url: str, quarantine: Quarantine | None) -> None:
         """Hold an engine out of routing (a ``smgrl.state.sagas.Quarantine``) or release it."""
         facts = self._facts(base_url)
         reason = quarantine.reason if quarantine is not None else None
@@ -166,7 +199,7 @@ class EngineStates:
 
     # -- rules ---------------------------------------------------------------------------------
 
-    def _seed(self, base: str, labels) -> None:
+    def _seed(self, base: str, labels: Mapping[str, str] | None) -> None:
         if base in self.engines:
             return  # seed is insert-if-absent: the journal's later knowledge wins
         label = (labels or {}).get("weight_version")
@@ -179,7 +212,7 @@ class EngineStates:
     def _facts(self, base: str) -> EngineFacts:
         return self.engines.get(base) or EngineFacts()
 
-    def _outcome(self, ev) -> None:
+    def _outcome(self, ev: OutcomeRecord) -> None:
         op = self._open.get(ev.op_id)
         if op is None or ev.worker_id not in op.targets:
             return
@@ -233,6 +266,6 @@ class EngineStates:
         self.revision += 1
 
 
-def _bases(targets) -> list[str]:
+def _bases(targets: Iterable[Mapping[str, Any]]) -> list[str]:
     """Engine addresses of an explicit write's targets, each once (DP ranks share one)."""
     return list(dict.fromkeys(t["base_url"] for t in targets if t.get("base_url")))

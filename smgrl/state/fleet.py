@@ -9,15 +9,20 @@ exactly journal order.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from smgrl.core import EngineFacts
+from smgrl.events import EngineVersionSet, WorkerQuarantined, WorkerReleased, WorkerRemoved
 from smgrl.state.aborts import AbortingOps
 from smgrl.state.engines import EngineStates
 from smgrl.state.group_pins import GroupPinsState
 from smgrl.state.operations import Operations
 from smgrl.state.registry import RegistryState
 from smgrl.state.routing_loop import RoutingLoop
-from smgrl.state.sagas import QUARANTINE_TYPES, Sagas
+from smgrl.state.sagas import Sagas
+
+if TYPE_CHECKING:
+    from journal.codec import Recorded
 
 
 class FleetState:
@@ -51,9 +56,9 @@ class FleetState:
     def revision(self) -> tuple[int, int, int]:
         return (self.registry.revision, self.engines.revision, self.routing.revision)
 
-    def apply(self, seq: int, event, ts: float | None = None) -> None:
+    def apply(self, seq: int, event: object, ts: float | None = None) -> None:
         removed_bases: list[str] = []
-        if getattr(event, "TYPE", None) == "worker.removed":
+        if isinstance(event, WorkerRemoved):
             w = self.registry.get(event.worker_id)
             if w is not None:
                 removed_bases.append(w.base_url)
@@ -69,22 +74,23 @@ class FleetState:
                 self.engines.forget(base)
         self.last_seq = seq
 
-    def apply_sagas(self, seq: int, event, ts: float | None = None) -> None:
+    def apply_sagas(self, seq: int, event: object, ts: float | None = None) -> None:
         """Refit sagas and quarantines (smgrl/state/sagas.py); a quarantine change reaches the
         engine facts, so routing and discovery see it. ``ts``: the record's journal time (a
         resumed transfer wait counts its timeout from it)."""
         self.sagas.apply(seq, event, ts)
-        kind = getattr(event, "TYPE", None)
-        if kind in QUARANTINE_TYPES:
+        if isinstance(event, (WorkerQuarantined, WorkerReleased)):
             self.engines.set_quarantine(event.base_url, self.sagas.quarantined.get(event.base_url))
-        elif kind == "engine.version_set":
+        elif isinstance(event, EngineVersionSet):
             for t in event.targets:
                 base = t.get("base_url")
+                if base is None:
+                    continue
                 facts = self.engines.get(base)
                 if facts is not None and facts.quarantined and base not in self.sagas.quarantined:
                     self.engines.set_quarantine(base, None)
 
-    def apply_records(self, records: Iterable) -> None:
+    def apply_records(self, records: Iterable[Recorded]) -> None:
         before, ended = self.revision, self.aborts.ended
         for rec in records:
             self.apply(rec.seq, rec.event, getattr(rec, "ts", None))

@@ -14,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from smgrl.events import GroupPinned, GroupReleased
+
 TYPES = frozenset({"dataplane.group_pinned", "dataplane.group_released"})
 
 
@@ -29,13 +31,12 @@ class GroupPinsState:
     def __init__(self) -> None:
         self.pins: dict[str, Pin] = {}
 
-    def apply(self, seq: int, event) -> None:
-        kind = getattr(event, "TYPE", None)
-        if kind == "dataplane.group_pinned":
+    def apply(self, seq: int, event: object) -> None:
+        if isinstance(event, GroupPinned):
             # Written only where no pin was in view; should two ever meet, the later one wins in
             # every process alike (a fold is the same everywhere).
             self.pins[event.prompt_id] = Pin(event.worker_id, event.dp_rank, seq, event.gateway)
-        elif kind == "dataplane.group_released":
+        elif isinstance(event, GroupReleased):
             pin = self.pins.get(event.prompt_id)
             if pin is not None and pin.seq == event.pin_seq:
                 del self.pins[event.prompt_id]

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from smgrl.events import ControlFinished, ControlInterrupted, ControlOutcome, ControlStarted
 from smgrl.state.records import exact_record
 
 RECENT = 4096
@@ -32,11 +33,11 @@ class OpRecord:
     path: str
     query: str | None
     selector: str | None
-    targets: list[dict]
+    targets: list[dict[str, Any]]
     started_seq: int
     principal: str | None = None
     request_id: str | None = None
-    outcomes: dict[str, dict] = attrs.field(factory=dict)
+    outcomes: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     result: str | None = None  # None while open
     http_status: int | None = None
     latency_ms: int | None = None
@@ -117,9 +118,9 @@ class Operations:
             state.open[op.op_id] = op
         return state
 
-    def apply(self, seq: int, ev) -> None:
-        kind = getattr(ev, "TYPE", None)
-        if kind == "control.started":
+    def apply(self, seq: int, ev: object) -> None:
+        """Fold one journal record (any type: the control events change the operations)."""
+        if isinstance(ev, ControlStarted):
             # The event's fields copied into the record (shaped like other folds' copies; each its own fields).
             self.open[ev.op_id] = OpRecord(
                 op_id=ev.op_id,
@@ -133,7 +134,7 @@ class Operations:
                 principal=ev.principal,
                 request_id=ev.request_id,
             )
-        elif kind == "control.outcome":
+        elif isinstance(ev, ControlOutcome):
             op = self.open.get(ev.op_id)
             if op is not None:
                 op.outcomes[ev.worker_id] = {
@@ -144,13 +145,13 @@ class Operations:
                     "excerpt": ev.excerpt,
                     "body_truncated": ev.body_truncated,
                 }
-        elif kind == "control.finished":
+        elif isinstance(ev, ControlFinished):
             op = self.open.pop(ev.op_id, None)
             if op is not None:
                 op.result, op.http_status, op.latency_ms = ev.result, ev.http_status, ev.latency_ms
                 op.missing = [t["worker_id"] for t in op.targets if t["worker_id"] not in op.outcomes]
                 self._remember(op)
-        elif kind == "control.interrupted":
+        elif isinstance(ev, ControlInterrupted):
             op = self.open.pop(ev.op_id, None)
             if op is not None:
                 op.result = "interrupted"

@@ -53,7 +53,7 @@ _OPEN_ENDED = frozenset(
 def phase_of(path: str, intent: dict[str, Any] | None, method: str = "POST") -> str | None:
     """The refit phase of a call: its recorded intent's phase, else the path's (older records)."""
     if intent and intent.get("phase"):
-        return intent["phase"]
+        return str(intent["phase"])
     if method == "HEAD":
         return None
     return PHASES.get(path.lstrip("/"))
@@ -141,7 +141,7 @@ class OpsFold:
         # id(targets list) -> (that list, worker -> engine, engines): readers that hand in the
         # same parsed list for identical targets (smgrl.history.opscan) convert it once.
         # Holding the list keeps its id from being reused.
-        self._targets_memo: dict[int, tuple[list, dict[str, str], frozenset[str]]] = {}
+        self._targets_memo: dict[int, tuple[list[Any], dict[str, str], frozenset[str]]] = {}
 
     def _targets(self, raw: Any) -> tuple[dict[str, str], frozenset[str]]:
         memo = self._targets_memo.get(id(raw))
@@ -322,7 +322,7 @@ class Cycle:
 
 def _phases_of(ops: Iterable[Op]) -> dict[str, tuple[float, float, int]]:
     """phase -> (first start, last end, ops) of these ops, in refit order (Cycle.phases)."""
-    acc: dict[str, list] = {}
+    acc: dict[str, list[float]] = {}
     for op in ops:
         start, last = op.start, op.end if op.end is not None else op.last_ts
         cur = acc.get(op.phase or "")
@@ -330,7 +330,8 @@ def _phases_of(ops: Iterable[Op]) -> dict[str, tuple[float, float, int]]:
             acc[op.phase or ""] = [start, last, 1]
         else:
             cur[0], cur[1], cur[2] = min(cur[0], start), max(cur[1], last), cur[2] + 1
-    return {p: tuple(v) for p, v in sorted(acc.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[1][0]))}
+    ordered = sorted(acc.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[1][0]))
+    return {p: (v[0], v[1], int(v[2])) for p, v in ordered}
 
 
 def _any_ok(op: Op) -> bool:
@@ -348,7 +349,7 @@ def iter_cycles(ops: Iterable[Op]) -> Iterator[Cycle]:
     cycles: deque[Cycle] = deque()  # started, not yet yielded, in start order
     live: list[Cycle] = []  # cycles that may still take ops, oldest first
 
-    def touching(engines: set[str]) -> Cycle | None:
+    def touching(engines: frozenset[str]) -> Cycle | None:
         for c in reversed(live):
             if not engines.isdisjoint(c.engines):
                 return c
@@ -384,6 +385,7 @@ def iter_cycles(ops: Iterable[Op]) -> Iterator[Cycle]:
         live.append(c)
         return c
 
+    c: Cycle | None
     for op in ops:
         if not op.targets or op.phase is None:
             continue

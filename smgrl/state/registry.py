@@ -14,6 +14,13 @@ from typing import Any
 import attrs
 
 from smgrl.core import Worker, strip_rank
+from smgrl.events import (
+    WorkerDiscovered,
+    WorkerHealthChanged,
+    WorkerLabelsChanged,
+    WorkerRegistered,
+    WorkerRemoved,
+)
 from smgrl.state.records import SnapshotError, exact_record
 
 TYPES = frozenset(
@@ -114,11 +121,21 @@ class RegistryState:
 
     # -- the fold ----------------------------------------------------------------------------
 
-    def apply(self, seq: int, event) -> None:
-        handler = _HANDLERS.get(getattr(event, "TYPE", None))
-        if handler is None:
-            return  # not a registry event, or an UnknownEvent from a newer smgrl: skip it
-        handler(self, seq, event)
+    def apply(self, seq: int, event: object) -> None:
+        """Fold one journal record (any type: the registry's events change it, others are skipped,
+        as is an UnknownEvent from a newer smgrl)."""
+        if not isinstance(event, _EVENTS):
+            return
+        if isinstance(event, WorkerRegistered):
+            _registered(self, seq, event)
+        elif isinstance(event, WorkerDiscovered):
+            _discovered(self, seq, event)
+        elif isinstance(event, WorkerLabelsChanged):
+            _labels_changed(self, seq, event)
+        elif isinstance(event, WorkerHealthChanged):
+            _health_changed(self, seq, event)
+        else:
+            _removed(self, seq, event)
         self.revision += 1
         self.last_seq = seq
 
@@ -135,7 +152,7 @@ class RegistryState:
             del self._by_url[w.url]
 
 
-def _registered(state: RegistryState, seq: int, ev) -> None:
+def _registered(state: RegistryState, seq: int, ev: WorkerRegistered) -> None:
     state._put(
         # The event's fields copied into the worker (shaped like other folds' copies; each its own fields).
         Worker(
@@ -158,7 +175,7 @@ def _registered(state: RegistryState, seq: int, ev) -> None:
     )
 
 
-def _discovered(state: RegistryState, seq: int, ev) -> None:
+def _discovered(state: RegistryState, seq: int, ev: WorkerDiscovered) -> None:
     root = state.workers.get(ev.worker_id)
     if root is None:
         return
@@ -169,15 +186,13 @@ def _discovered(state: RegistryState, seq: int, ev) -> None:
         for w in state.group_members(root.id):
             if w.id != root.id:
                 state._drop(w.id)
-    fields = {
-        "runtime": ev.runtime or root.runtime,
-        "model_id": root.model_id or ev.model_id,
-        "discovered_labels": dict(ev.labels),
-        "status": "ready",
-    }
+    runtime, model_id = ev.runtime or root.runtime, root.model_id or ev.model_id
+    labels = dict(ev.labels)
     rank_ids = list(ev.dp_rank_ids or ())
     if not rank_ids:
-        state._put(attrs.evolve(root, **fields))
+        state._put(
+            attrs.evolve(root, runtime=runtime, model_id=model_id, discovered_labels=labels, status="ready")
+        )
         return
     size = len(rank_ids)
     for rank, rid in enumerate(rank_ids):
@@ -189,12 +204,15 @@ def _discovered(state: RegistryState, seq: int, ev) -> None:
                 dp_rank=rank,
                 dp_size=size,
                 group=root.id,
-                **fields,
+                runtime=runtime,
+                model_id=model_id,
+                discovered_labels=labels,
+                status="ready",
             )
         )
 
 
-def _labels_changed(state: RegistryState, seq: int, ev) -> None:
+def _labels_changed(state: RegistryState, seq: int, ev: WorkerLabelsChanged) -> None:
     w = state.workers.get(ev.worker_id)
     if w is None:
         return
@@ -202,7 +220,7 @@ def _labels_changed(state: RegistryState, seq: int, ev) -> None:
     state._put(attrs.evolve(w, caller_labels=labels))
 
 
-def _health_changed(state: RegistryState, seq: int, ev) -> None:
+def _health_changed(state: RegistryState, seq: int, ev: WorkerHealthChanged) -> None:
     w = state.workers.get(ev.worker_id)
     if w is None:
         return
@@ -212,7 +230,7 @@ def _health_changed(state: RegistryState, seq: int, ev) -> None:
         state._put(attrs.evolve(member, status=ev.health))
 
 
-def _removed(state: RegistryState, seq: int, ev) -> None:
+def _removed(state: RegistryState, seq: int, ev: WorkerRemoved) -> None:
     w = state.workers.get(ev.worker_id)
     if w is None:
         return
@@ -221,10 +239,5 @@ def _removed(state: RegistryState, seq: int, ev) -> None:
         state._drop(member.id)
 
 
-_HANDLERS = {
-    "worker.registered": _registered,
-    "worker.discovered": _discovered,
-    "worker.labels_changed": _labels_changed,
-    "worker.health_changed": _health_changed,
-    "worker.removed": _removed,
-}
+# The registry's events; TYPES names the same ones.
+_EVENTS = (WorkerRegistered, WorkerDiscovered, WorkerLabelsChanged, WorkerHealthChanged, WorkerRemoved)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from smgrl.events import DispatchSet
+
 TYPES = frozenset({"dataplane.dispatch_set"})
 
 
@@ -15,8 +17,8 @@ class RoutingLoop:
         self.revision = 0  # PSRL's routing_epoch: bumped by every change
         self.changed_seq = 0  # the journal seq of the last change
 
-    def apply(self, seq: int, event) -> None:
-        if getattr(event, "TYPE", None) != "dataplane.dispatch_set":
+    def apply(self, seq: int, event: object) -> None:
+        if not isinstance(event, DispatchSet):
             return
         self.paused = bool(event.paused)
         self.revision += 1

@@ -16,6 +16,18 @@ from typing import Any
 
 import attrs
 
+from smgrl.events import (
+    EngineVersionSet,
+    RefitFinished,
+    RefitStarted,
+    RefitState,
+    RefitStep,
+    RefitStepDone,
+    WorkerIdentitySeen,
+    WorkerQuarantined,
+    WorkerReleased,
+)
+
 TYPES = frozenset(
     {
         "refit.started",
@@ -30,6 +42,18 @@ TYPES = frozenset(
     }
 )
 QUARANTINE_TYPES = frozenset({"worker.quarantined", "worker.released"})
+# The events of TYPES.
+_EVENTS = (
+    RefitStarted,
+    RefitStep,
+    RefitStepDone,
+    RefitState,
+    RefitFinished,
+    WorkerQuarantined,
+    WorkerReleased,
+    WorkerIdentitySeen,
+    EngineVersionSet,
+)
 # Results of a saga that left some engine on its version (so the version was published).
 PUBLISHED = ("succeeded", "quarantined", "partial")
 RECENT = 256  # finished sagas kept in memory (open ones are always kept)
@@ -193,47 +217,49 @@ class Sagas:
                 return saga.refit_id
         return None
 
-    def apply(self, seq: int, event, ts: float | None = None) -> None:
-        kind = getattr(event, "TYPE", None)
-        if kind not in TYPES:
+    def apply(self, seq: int, event: object, ts: float | None = None) -> None:
+        """Fold one journal record (any type: the events of TYPES change the sagas)."""
+        if not isinstance(event, _EVENTS):
             return
-        if kind == "worker.quarantined":
+        if isinstance(event, WorkerQuarantined):
             self.quarantined[event.base_url] = Quarantine(event.worker_id, event.reason, event.refit_id, seq)
             return
-        if kind == "worker.released":
+        if isinstance(event, WorkerReleased):
             self.quarantined.pop(event.base_url, None)
             return
-        if kind == "worker.identity_seen":
+        if isinstance(event, WorkerIdentitySeen):
             self.identities[event.base_url] = (event.worker_id, event.identity)
             return
-        if kind == "engine.version_set":
+        if isinstance(event, EngineVersionSet):
             self.published[event.weight_version] = seq
             # An explicit version write confirms the engine: a recovered-engine hold ends.
             for t in event.targets:
-                q = self.quarantined.get(t.get("base_url"))
+                base = t.get("base_url")
+                q = self.quarantined.get(base) if base is not None else None
                 if q is not None and q.reason.startswith(RECOVERED):
                     del self.quarantined[t["base_url"]]
             return
-        if kind == "refit.started":
+        if isinstance(event, RefitStarted):
             self.open[event.refit_id] = _saga(seq, ts, event)
             return
         saga = self.open.get(event.refit_id)
         if saga is None:
             return
         saga.last_seq = seq
-        if kind == "refit.step":
+        if isinstance(event, RefitStep):
             saga.open_step = (event.phase, tuple(event.worker_ids), tuple(event.op_ids), event.rollback)
             for wid in event.worker_ids:
                 run = saga.engines.get(wid)
                 if run is not None:
                     run.phase, run.status = event.phase, "running"
-        elif kind == "refit.step_done":
+        elif isinstance(event, RefitStepDone):
             saga.open_step = None
             for r in event.results:
-                run = saga.engines.get(r.get("worker_id"))
+                worker_id = r.get("worker_id")
+                run = saga.engines.get(worker_id) if worker_id is not None else None
                 if run is not None:
                     _step_result(run, event.phase, r, event.rollback)
-        elif kind == "refit.state":
+        elif isinstance(event, RefitState):
             saga.state = event.state
             if event.gateway:
                 saga.driver = event.gateway
@@ -243,7 +269,7 @@ class Sagas:
                 saga.transfer_verdict = "commit" if event.state == "committing" else "fail"
             if event.detail is not None:
                 saga.detail = event.detail
-        elif kind == "refit.finished":
+        elif isinstance(event, RefitFinished):
             saga.result, saga.detail, saga.quarantined = event.result, event.detail, tuple(event.quarantined)
             saga.state = event.result
             if event.result in PUBLISHED:
@@ -254,7 +280,7 @@ class Sagas:
                 self.recent.popitem(last=False)
 
 
-def _saga(seq: int, ts: float | None, ev) -> Saga:
+def _saga(seq: int, ts: float | None, ev: RefitStarted) -> Saga:
     engines = {}
     for e in ev.engines:
         plan = e.get("plan") or {}

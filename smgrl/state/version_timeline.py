@@ -57,7 +57,13 @@ class _OpenVersionOp:
         self.settled: set[str] = set()
 
 
-def display(facts: tuple, label: str | None) -> tuple[str | None, str | None, str] | None:
+# An engine's version facts: (version, source, known, mixed).
+Facts = tuple[str | None, str | None, bool, bool]
+# What is shown of them: (weight_version, version_source, version_status).
+Shown = tuple[str | None, str | None, str]
+
+
+def display(facts: Facts, label: str | None) -> Shown | None:
     """(weight_version, version_source, version_status) as shown; None when nothing is known."""
     version, source, known, mixed = facts
     status = "unknown" if not known else "mixed" if mixed else "consistent"
@@ -76,9 +82,9 @@ class VersionFold:
 
     def __init__(self) -> None:
         self.registry = RegistryState()
-        self.facts: dict[str, tuple] = {}
+        self.facts: dict[str, Facts] = {}
         self._open: dict[str, _OpenVersionOp] = {}
-        self._shown: dict[str, tuple | None] = {}
+        self._shown: dict[str, Shown | None] = {}
         self._first: dict[str, str] = {}
 
     # -- what changed ---------------------------------------------------------------------------
@@ -145,11 +151,14 @@ class VersionFold:
             for op in self._open.values():
                 for wid in [w for w, base in op.targets.items() if base == removed]:
                     del op.targets[wid]
-        for base in {w.base_url for w in (before, after) if w is not None} | ({removed} - {None}):
+        changed = {w.base_url for w in (before, after) if w is not None}
+        if removed is not None:
+            changed.add(removed)
+        for base in changed:
             yield from self._check(seq, base, None)
 
     def started(
-        self, op_id: str, version: str, targets: Iterable[dict], bases: dict[str, str] | None = None
+        self, op_id: str, version: str, targets: Iterable[dict[str, Any]], bases: dict[str, str] | None = None
     ) -> None:
         """``bases``: ``targets`` as worker id -> engine address already (readers that see the
         same targets many times convert them once); copied, the fold edits it."""
@@ -200,7 +209,7 @@ class VersionFold:
         self,
         op_id: str,
         version: str,
-        targets: list[dict],
+        targets: list[dict[str, Any]],
         outcomes: list[tuple[int, str, int]],
         close: int | None,
         bases: dict[str, str] | None = None,
@@ -228,9 +237,9 @@ class VersionFold:
             return
         del self._open[op_id]
         facts, shown, targets_of = self.facts, self._shown, op.targets
-        confirmed = (version, "passthrough", True, False)
-        now = (version, "passthrough", "consistent")  # display(confirmed, ...)
-        first, moved = 0, []
+        confirmed: Facts = (version, "passthrough", True, False)
+        now: Shown = (version, "passthrough", "consistent")  # display(confirmed, ...)
+        first, moved = 0, list[str]()
         for seq, wid, _kind in outcomes:
             base = targets_of[wid]
             facts[base] = confirmed

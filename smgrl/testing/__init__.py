@@ -22,6 +22,7 @@ from smgrl.history.replay import replay
 from smgrl.http.app import create_app
 from smgrl.registry import KeyRing, Registration
 from smgrl.runtime.gateway import Gateway
+from smgrl.runtime.routing_loop import run_routing_loop
 from smgrl.state import FleetState
 from smgrl.telemetry.journaling import record_interrupted
 
@@ -95,6 +96,8 @@ async def gateway_in_process(
         await nursery.start(gateway.refits.run)  # resumes sagas the journal left open
         if gateway.dataplane.pins is not None:
             await nursery.start(gateway.dataplane.pins.run)  # shared: flushes pin releases
+        if gateway.dataplane.queues is not None:
+            await nursery.start(run_routing_loop, gateway.dataplane.queues)  # PSRL's routing loop
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://smgrl.test", timeout=math.inf

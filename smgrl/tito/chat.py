@@ -8,7 +8,8 @@ extension, ``raise_exception``, ``strftime_now``, a ``tojson`` filter that keeps
 and the variables ``messages``, ``tools``, ``add_generation_prompt``, ``bos_token``, ``eos_token``
 plus the request's ``chat_template_kwargs``.
 
-Pure: loading reads two files; rendering and tokenizing do no I/O.
+Pure: loading reads two files (or an engine's tokenizer bundle, in memory); rendering and
+tokenizing do no I/O.
 """
 
 from __future__ import annotations
@@ -24,6 +25,18 @@ import attrs
 
 # Texts longer than this are encoded with the GIL released (``ChatTokenizer.encode``).
 GIL_FREE_CHARS = 16_384
+
+
+# What a tokenizer bundle is read for (the rest of the zip is ignored).
+_BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json")
+
+
+def _config_template(config: dict):
+    source = config.get("chat_template")
+    if isinstance(source, list):  # HF: a list of named templates; "default" is the chat one
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    return source
 
 
 class TitoError(Exception):
@@ -136,16 +149,48 @@ class ChatTokenizer:
             source = jinja_file.read_text(encoding="utf-8")
             digest.update(b"J" + source.encode("utf-8", "surrogatepass"))
         else:
-            source = config.get("chat_template")
-            if isinstance(source, list):  # HF: a list of named templates; "default" is the chat one
-                named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-                source = named.get("default")
+            source = _config_template(config)
         if not isinstance(source, str) or not source:
             raise TitoError("chat_template_missing", f"{path} has no chat template")
         chat = cls.from_parts(tokenizer, source, config, name=path.name)
         chat.source = str(path.resolve())
         chat.fingerprint = digest.hexdigest()
         return chat
+
+    @classmethod
+    def from_bundle(cls, data: bytes, name: str = "") -> ChatTokenizer:
+        """From an engine's tokenizer bundle (the zip GetTokenizer streams): its
+        ``tokenizer.json`` and ``tokenizer_config.json``, the template from ``chat_template.jinja``,
+        else ``chat_template.json`` (HF's ``{"chat_template": ...}``), else the config's. Read in
+        memory: nothing is written to disk."""
+        import io
+        import zipfile
+
+        from tokenizers import Tokenizer
+
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                names = set(zf.namelist())
+                if not {"tokenizer.json", "tokenizer_config.json"} <= names:
+                    raise TitoError(
+                        "tokenizer_not_found", "the bundle needs tokenizer.json and tokenizer_config.json"
+                    )
+                files = {n: zf.read(n).decode("utf-8") for n in names if n in _BUNDLE_FILES}
+            tokenizer = Tokenizer.from_str(files["tokenizer.json"])
+            config = json.loads(files["tokenizer_config.json"])
+            source = files.get("chat_template.jinja")
+            if source is None and "chat_template.json" in files:
+                source = json.loads(files["chat_template.json"]).get("chat_template")
+        except TitoError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any parse failure is one clear error
+            raise TitoError("tokenizer_invalid", f"cannot load the tokenizer bundle: {e}") from None
+        if not isinstance(config, dict):
+            raise TitoError("tokenizer_invalid", "the bundle's tokenizer_config.json is not an object")
+        source = source or _config_template(config)
+        if not isinstance(source, str) or not source:
+            raise TitoError("chat_template_missing", "the tokenizer bundle has no chat template")
+        return cls.from_parts(tokenizer, source, config, name=name)
 
     @classmethod
     def from_parts(cls, tokenizer, template_source: str, config: dict, name: str = "") -> ChatTokenizer:

@@ -10,7 +10,7 @@ import pytest
 import trio
 from test_dataplane_loopback import body, produced, rl
 
-from smgrl.core.config import Config, DataPlaneConfig, PsrlConfig, RlConfig
+from smgrl.core.config import Config, DataPlaneConfig, PsrlConfig, RlConfig, RoutingLoopConfig
 from smgrl.dataplane.instance_stats import InstanceStats
 from smgrl.fake import fake_fleet
 from smgrl.fake.psmanager import FakePSManager
@@ -19,11 +19,12 @@ from smgrl.testing import gateway_in_process
 GEN = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
 
 
-def cfg(wait: float = 0.3) -> Config:
+def cfg(wait: float = 0.3, loop: RoutingLoopConfig | None = None) -> Config:
     return Config(
         rl=RlConfig(enabled=True, control_timeout_secs=5),
         policy="round_robin",
         dataplane=DataPlaneConfig(eligible_wait_secs=wait, max_loopbacks=4),
+        routing_loop=loop,
     )
 
 
@@ -98,10 +99,13 @@ async def test_reserve_indicators_order_the_candidates(psm):
         assert (asked.request_id, list(asked.model_versions)) == (21, [1, 2])
 
 
-async def test_nothing_reservable_waits_and_asks_again_until_room_appears(psm):
+@pytest.mark.parametrize(
+    "loop", [None, RoutingLoopConfig(check_interval_secs=0.02)], ids=["own-task", "routing-loop"]
+)
+async def test_nothing_reservable_waits_and_asks_again_until_room_appears(psm, loop):
     async with (
         fake_fleet("sglang", n=2) as fleet,
-        gateway_in_process(cfg(wait=10), worker_urls=fleet.urls) as gw,
+        gateway_in_process(cfg(wait=10, loop=loop), worker_urls=fleet.urls) as gw,
     ):
         await versioned(gw, fleet)
         use(gw, psm)

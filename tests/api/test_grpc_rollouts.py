@@ -207,3 +207,93 @@ async def test_a_mixed_fleet_routes_across_http_and_grpc_workers(model_dir):
             answers.append(r.json()["output_ids"])
         assert routed == {"grpc", "http"}  # both transports served
         assert all(a == answers[0] for a in answers)  # the same weights: the same tokens either way
+
+
+async def test_without_a_tokenizer_path_the_engine_s_tokenizer_bundle_serves_text_and_chat(model_dir):
+    """No --tokenizer-path: the gateway tokenizes text, renders chat and detokenizes with the
+    tokenizer and chat template the engine served with GetTokenizer at discovery. An engine
+    whose bundle holds no tokenizer (of another model) answers as without one."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with (
+            fake_fleet("sglang", 1) as fleet,
+            fake_fleet("sglang", 1, served_model_name="bare-model") as other,
+            fake_fleet("sglang", 1) as reference,
+            trio.open_nursery() as nursery,
+        ):
+            served = await nursery.start(
+                GrpcFront(fleet[0], WIRES["sglang"], tokenizer_dir=str(model_dir)).serve
+            )
+            bare = await nursery.start(
+                GrpcFront(other[0], WIRES["sglang"]).serve
+            )  # a bundle with no tokenizer.json
+            async with (
+                gateway_in_process(rl_cfg()) as gw,
+                httpx.AsyncClient(base_url=reference[0].url) as ref,
+            ):
+                assert gw.gateway.dataplane.grpc.tokenizer is None  # no --tokenizer-path
+                for front, engine in ((served, fleet[0]), (bare, other[0])):
+                    payload = {"url": front.url, "connection_mode": "grpc", "runtime": "sglang",
+                               "labels": {"rl.control_url": engine.url}}  # fmt: skip
+                    r = await gw.client.post("/workers", json=payload, headers=ADMIN)
+                    assert r.status_code == 202, r.text
+                name = fleet[0].served_model_name
+                while sorted(gw.gateway.dataplane.served_models()) != sorted([name, "bare-model"]):
+                    await trio.sleep(0.02)  # both discovered (each fetched its bundle first)
+                chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
+                text = {"model": name, "text": "hello there", "sampling_params": {"max_new_tokens": 6}}
+                want_chat = (await ref.post("/v1/chat/completions", json=chat)).json()
+                want_text = (await ref.post("/generate", json=text)).json()
+                r = await gw.client.post("/v1/chat/completions", json=chat)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"] == want_chat["choices"][0]["message"]
+                r = await gw.client.post("/generate", json=text)
+                assert r.status_code == 200, r.text
+                assert (r.json()["output_ids"], r.json()["text"]) == (
+                    want_text["output_ids"],
+                    want_text["text"],
+                )
+                for route, body in (("/v1/chat/completions", chat), ("/generate", text)):
+                    r = await gw.client.post(route, json={**body, "model": "bare-model"})
+                    assert r.status_code == 400 and r.json()["error"]["code"] == "tokenizer_required", r.text
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_process_that_did_not_discover_the_engine_fetches_its_tokenizer_once(model_dir):
+    """As a process of several on one journal that does not hold the discovery lease: nothing
+    discovered here, so the first exchanges with the engine fetch its bundle, once for all."""
+    from smgrl.dataplane.grpc.tokenizers import EngineTokenizers
+
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with (
+            fake_fleet("sglang", 1) as fleet,
+            fake_fleet("sglang", 1) as reference,
+            trio.open_nursery() as nursery,
+        ):
+            front = await nursery.start(
+                GrpcFront(fleet[0], WIRES["sglang"], tokenizer_dir=str(model_dir)).serve
+            )
+            async with (
+                gateway_in_process(rl_cfg()) as gw,
+                httpx.AsyncClient(base_url=reference[0].url) as ref,
+            ):
+                payload = {"url": front.url, "connection_mode": "grpc", "runtime": "sglang",
+                           "labels": {"rl.control_url": fleet[0].url}}  # fmt: skip
+                assert (await gw.client.post("/workers", json=payload, headers=ADMIN)).status_code == 202
+                await wait_routable(gw)
+                assert front.tokenizer_fetches == 1  # discovery's
+                gw.gateway.dataplane.grpc.engine_tokenizers = EngineTokenizers()  # nothing discovered here
+                name = fleet[0].served_model_name
+                chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}
+                want = (await ref.post("/v1/chat/completions", json=chat)).json()["choices"][0]["message"]
+                answers = []
+
+                async def ask():
+                    answers.append(await gw.client.post("/v1/chat/completions", json=chat))
+
+                async with trio.open_nursery() as clients:
+                    for _ in range(4):
+                        clients.start_soon(ask)
+                assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+                assert all(r.json()["choices"][0]["message"] == want for r in answers)
+                assert front.tokenizer_fetches == 2  # one more, shared by the four first requests
+            nursery.cancel_scope.cancel()

@@ -32,7 +32,7 @@ from smgrl.http.fronts import sessions
 from smgrl.http.fronts.dataplane_routes import ALLOW as DATAPLANE_ALLOW
 from smgrl.http.fronts.sessions import ROUTES as SESSION_ROUTES
 from smgrl.http.openapi import document as openapi
-from smgrl.http.routes import refits, rl_routes, rl_writes, routing_loop, stream, workers
+from smgrl.http.routes import refits, rl_routes, rl_writes, routing_loop_api, stream, workers
 from smgrl.http.routes.rl_routes import ALLOW, match
 from smgrl.testing import gateway_in_process
 
@@ -364,7 +364,10 @@ FAMILIES = {
     "rl_writes": (rl_writes, ["smgrl/http/routes/rl_writes.py", "smgrl/control/writes.py"]),
     "refits": (refits, ["smgrl/http/routes/refits.py", "smgrl/refit"]),
     "stream": (stream, ["smgrl/http/routes/stream.py"]),
-    "routing_loop": (routing_loop, ["smgrl/http/routes/routing_loop.py"]),
+    "routing_loop": (
+        routing_loop_api,
+        ["smgrl/http/routes/routing_loop.py", "smgrl/http/routes/routing_loop_api.py"],
+    ),
     "dataplane": (
         dataplane,
         [

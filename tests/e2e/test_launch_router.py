@@ -22,6 +22,7 @@ import pytest
 
 from smgrl.demo.procs import free_port
 from smgrl.launch_router import RouterArgs, plan
+from smgrl.tito.testkit import make_model_dir
 
 READY_SECS = 30.0
 
@@ -215,6 +216,9 @@ def test_rollout_and_reward_gateways_launch_as_psrl_launches_them(
     tmp_path, monkeypatch, fakes, launched, ps_manager
 ):
     monkeypatch.setenv("SMGRL_JOURNAL_DIR", str(tmp_path / "journals"))
+    # PSRL's rollout gateway enables TITO and names no tokenizer: smgrl needs one (the variable
+    # is inherited by the launched process; docs/psrl.md, enable_tito).
+    monkeypatch.setenv("SMGRL_TOKENIZER_PATH", str(make_model_dir(tmp_path / "model")))
     logs = tmp_path / "logs"
     rollout_port, reward_port, reward_metrics = free_port(), free_port(), free_port()
     rollout_args = RouterArgs.from_cli_args(
@@ -272,6 +276,14 @@ def test_a_field_smgrl_cannot_honour_stops_the_launch_naming_it(launched):
     ns = reward_namespace("127.0.0.1", free_port(), None, None)
     ns.pd_disaggregation = True
     proc = _start(RouterArgs.from_cli_args(ns))
+    launched.append(proc)
+    proc.join(READY_SECS)
+    assert proc.exitcode == 1
+
+
+def test_tito_without_a_tokenizer_stops_the_launch(launched, monkeypatch):
+    monkeypatch.delenv("SMGRL_TOKENIZER_PATH", raising=False)
+    proc = _start(RouterArgs.from_cli_args(rollout_namespace("127.0.0.1", free_port(), "127.0.0.1:1", None)))
     launched.append(proc)
     proc.join(READY_SECS)
     assert proc.exitcode == 1

@@ -128,9 +128,10 @@ def test_dp_aware_loopback_returns_to_the_pinned_rank(engines, gateway, tmp_path
     assert {w["dp_rank"]: w["tokens"] for w in stats["workers"]} == {0: 0, 1: N}
 
 
-def test_async_rl_loop_partial_rollout_mode(fakes, gateway):
-    urls = fakes("sglang", 2, "--token-latency-ms", "2")
-    gw, http, _ = gateway("--enable-rl", "--disable-health-check", "--worker-urls", *urls)
+def test_async_rl_loop_partial_rollout_mode(engines, gateway):
+    fleet = engines("sglang", 2, "--token-latency-ms", "2")
+    gw, http, _ = gateway("--enable-rl", "--disable-health-check", *fleet.gateway_args())
+    fleet.register(http)
     wait_for_workers(http.base, 2, child=gw)
     for _ in range(2):  # twice in a row on the same fleet
         run = subprocess.run(

@@ -252,7 +252,8 @@ class PgBackend:
     def __init__(self, url: str) -> None:
         import psycopg
 
-        from journal.postgres import PgStore, _split_url
+        from journal._pg_schema import split_url as _split_url
+        from journal.postgres import PgStore
 
         self.url = url
         self.store = PgStore.open(url)

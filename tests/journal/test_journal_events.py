@@ -73,7 +73,17 @@ def _events(cls: type[Event]) -> st.SearchStrategy:
     return st.builds(cls, **{f.name: _strategy(hints[f.name]) for f in attrs.fields(cls)})
 
 
-any_event = st.sampled_from(sorted(CATALOGUE.values(), key=lambda c: c.TYPE)).flatmap(_events)
+def _written(ev: Event) -> bool:
+    """Only what the gateway can write: a kept control.started body names its encoding (one whose
+    body and encoding disagree is a tampered row, decoded as unknown: its own test below)."""
+    if isinstance(ev, ControlStarted):
+        return (ev.body is None) == (ev.body_encoding == "none")
+    return True
+
+
+any_event = (
+    st.sampled_from(sorted(CATALOGUE.values(), key=lambda c: c.TYPE)).flatmap(_events).filter(_written)
+)
 
 
 def test_catalogue_is_registered():
@@ -185,8 +195,36 @@ def test_body_fields(raw, encoding, kept):
     assert ev.body_bytes() == (raw if kept is not None else None)
 
 
+def test_a_row_whose_body_and_encoding_disagree_decodes_as_unknown():
+    # A tampered row (a body kept, its encoding changed to "none"): shown, never folded.
+    type_, schema, payload = encode(attrs.evolve(started(body=b"abc"), body_encoding="none"))
+    assert isinstance(decode(type_, schema, payload), UnknownEvent)
+    assert decode(*encode(started(body=b"abc"))) == started(body=b"abc")
+
+
 def test_body_at_the_limit_is_kept():
     assert ControlStarted.body_fields(b"x" * 64 * 1024)["body_encoding"] == "utf8"
+
+
+@given(
+    raw=st.one_of(st.binary(max_size=64), st.text(max_size=32).map(str.encode)),
+    urls=st.lists(st.text(max_size=12), max_size=4),
+    selector=st.one_of(st.none(), st.text(max_size=12)),
+)
+def test_a_kept_body_is_hashed_as_the_parsed_payload_with_a_null_body(raw, urls, selector):
+    """prepare() splices ``"body": null`` into the canonical payload instead of parsing it and
+    encoding it again: the text hashed is the same either way."""
+    from journal._chain import hashed_payload
+
+    targets = tuple({"worker_id": f"w{i}", "url": u, "control_url": None} for i, u in enumerate(urls))
+    ev = attrs.evolve(started(body=raw), selector=selector, targets=targets)
+    item = Append("control", ev)
+    payload = item._prepared.payload
+    assert (
+        item._prepared.hashed_utf8 == hashed_payload("control.started", payload, json.loads(payload)).encode()
+    )
+    if ev.body is not None:
+        assert b'"body":null' in item._prepared.hashed_utf8
 
 
 class TestAppend:

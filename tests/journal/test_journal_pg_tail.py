@@ -13,7 +13,8 @@ import trio
 from journal_helpers import outcome, registered, started
 
 from journal import Append, ChangeWatcher, JournalWriter
-from journal.postgres import PgStore, _notify_payload, _rows_of
+from journal._pg_tail import _notify_payload, _rows_of
+from journal.postgres import PgStore
 
 pytestmark = pytest.mark.usefixtures("pg_server")
 

@@ -135,7 +135,7 @@ def test_a_url_is_shown_without_its_password(url, shown):
 
 @pytest.mark.parametrize("schema", ["Upper", "a-b", "x;drop", "", "a" * 50])
 def test_a_bad_schema_parameter_is_refused_before_connecting(schema):
-    from journal.postgres import _split_url
+    from journal._pg_schema import split_url as _split_url
 
     with pytest.raises(ValueError, match="schema="):
         _split_url(f"postgresql://u:pw@127.0.0.1:1/db?schema={schema}")

@@ -78,6 +78,47 @@ def test_bad_model_directories_fail_with_a_stable_code(tmp_path, mutate, code):
     assert e.value.code == code
 
 
+def _bundle(d) -> bytes:
+    """The zip an engine's GetTokenizer streams for model directory ``d``."""
+    from smgrl.fake.grpc_front import tokenizer_bundle
+
+    return tokenizer_bundle(str(d))[0]
+
+
+def test_an_engine_s_tokenizer_bundle_loads_as_its_directory_does(tmp_path):
+    d = make_model_dir(tmp_path / "m")
+    msgs = [{"role": "user", "content": "héllo"}]
+    want = ChatTokenizer.load(d)
+    got = ChatTokenizer.from_bundle(_bundle(d), name="m")
+    assert got.render(msgs, add_generation_prompt=True) == want.render(msgs, add_generation_prompt=True)
+    assert got.tokenize_messages(msgs) == want.tokenize_messages(msgs)
+    assert (got.eos_id, got.special_ids, got.name) == (want.eos_id, want.special_ids, "m")
+    # HF's chat_template.json (what the servicers zip beside the config) wins over the config's.
+    (d / "chat_template.json").write_text(json.dumps({"chat_template": "J{{ messages | length }}"}))
+    assert ChatTokenizer.from_bundle(_bundle(d)).render(msgs) == "J1"
+    (d / "chat_template.jinja").write_text("K{{ messages | length }}")  # and the .jinja file over both
+    assert ChatTokenizer.from_bundle(_bundle(d)).render(msgs) == "K1"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (lambda d: (d / "tokenizer.json").unlink(), "tokenizer_not_found"),
+        (lambda d: (d / "tokenizer.json").write_text("{not json"), "tokenizer_invalid"),
+        (lambda d: _set_template(d, None), "chat_template_missing"),
+    ],
+)
+def test_a_bad_tokenizer_bundle_fails_with_a_stable_code(tmp_path, mutate, code):
+    d = make_model_dir(tmp_path / "m")
+    mutate(d)
+    with pytest.raises(TitoError) as e:
+        ChatTokenizer.from_bundle(_bundle(d))
+    assert e.value.code == code
+    with pytest.raises(TitoError) as e:
+        ChatTokenizer.from_bundle(b"not a zip")
+    assert e.value.code == "tokenizer_invalid"
+
+
 def test_sandbox_refuses_unsafe_attribute_access(tmp_path):
     d = make_model_dir(tmp_path / "m")
     _set_template(d, "{{ messages.__class__.__mro__ }}")

@@ -188,3 +188,31 @@ def test_a_route_in_two_tables_is_refused(monkeypatch):
 
 def test_allow_table_is_the_tables_methods_in_order():
     assert allow_table(_table()) == {"/things/{id}": "GET,HEAD", "/things": "POST", "/stream": "GET"}
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "aliases"),
+    [("WorkerSpec", "WORKER_SPEC", "WORKER_SPEC_ALIASES"), ("WorkerUpdate", "WORKER_UPDATE", None)],
+)
+def test_the_workers_body_models_say_what_the_body_reader_takes(name, fields, aliases):
+    # One schema for the /workers bodies: the document's properties, their enums, nullability and
+    # integer bounds are the serde kinds the reader checks (an enum value the reader takes, such as
+    # the `encode` worker type, was once missing from the document).
+    from smgrl.http.bodies import workers_body
+
+    kinds = getattr(workers_body, fields)
+    alias_of = getattr(workers_body, aliases) if aliases else {}
+    props = openapi.document()["components"]["schemas"][name]["properties"]
+    assert props
+    limits = {"u16": 65535, "u32": 4294967295}
+    for shown, prop in props.items():
+        kind = kinds[alias_of.get(shown, shown)]
+        assert prop.get("nullable", False) == kind.startswith("opt_"), shown
+        base = kind.removeprefix("opt_")
+        if base.startswith("enum:"):
+            assert prop["enum"] == base[5:].split(","), shown
+        elif base in limits:
+            assert (prop["type"], prop["minimum"], prop["maximum"]) == ("integer", 0, limits[base]), shown
+        else:
+            want = {"str": "string", "f32": "number", "map_str": "object", "usize": "integer"}[base]
+            assert prop["type"] == want, shown

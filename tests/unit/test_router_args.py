@@ -27,8 +27,11 @@ def test_defaults_launch_quietly():
     assert launch.config.prometheus_port is None
 
 
+TOKENIZER = {"SMGRL_TOKENIZER_PATH": "/m"}  # PSRL's rollout gateway enables TITO: it needs one
+
+
 def test_psrl_rollout_namespace_maps_as_psrl_means_it():
-    launch = plan(rollout_namespace("127.0.0.1", 8100, "10.0.0.1:50051", "/logs"))
+    launch = plan(rollout_namespace("127.0.0.1", 8100, "10.0.0.1:50051", "/logs"), env=TOKENIZER)
     cfg, psrl = launch.config, launch.psrl
     assert cfg.policy == "request_num_balance"
     assert cfg.dp_aware and not cfg.health.enabled and not cfg.dataplane.retry.enabled
@@ -40,13 +43,33 @@ def test_psrl_rollout_namespace_maps_as_psrl_means_it():
     assert cfg.dataplane.psrl_group_sticky
     assert psrl.recheck_secs == 0.01
     assert launch.log_file == "/logs/smgrl-gateway-8100.log"
-    # TITO without a tokenizer: launched, with one line saying what is missing.
-    assert [n.split(":")[0] for n in launch.notes] == ["RouterArgs.enable_tito"]
-    assert cfg.sessions.tokenizer_path is None
-    with_tokenizer = plan(
-        rollout_namespace("127.0.0.1", 8100, "x:1", None), env={"SMGRL_TOKENIZER_PATH": "/m"}
-    )
-    assert with_tokenizer.config.sessions.tokenizer_path == "/m" and not with_tokenizer.notes
+    assert cfg.sessions.tokenizer_path == "/m" and not launch.notes
+    # The routing loop: PSRL's sort key, batch and interval, and its per-instance cap.
+    loop = cfg.routing_loop
+    assert (loop.sort_key, loop.multi_priority, loop.dispatch_batch_size) == ("short_length", False, 1)
+    assert (loop.check_interval_secs, loop.max_seqs_per_instance) == (0.01, 1024)
+    assert plan(reward_namespace("127.0.0.1", 8300, None, None)).config.routing_loop is None
+
+
+def test_tito_without_a_tokenizer_stops_the_launch_in_one_line():
+    ns = rollout_namespace("127.0.0.1", 8100, "x:1", None)
+    with pytest.raises(RouterArgsError) as info:
+        plan(ns, env={})
+    message = str(info.value)
+    assert message.startswith("RouterArgs.enable_tito=True needs a tokenizer") and "\n" not in message
+    assert "SMGRL_TOKENIZER_PATH" in message
+    ns.model_path = "/models/qwen"  # or tokenizer_path: either names it
+    assert plan(ns, env={}).config.sessions.tokenizer_path == "/models/qwen"
+    ns.enable_tito = False
+    ns.model_path = None
+    assert plan(ns, env={}).config.sessions.tokenizer_path is None  # no TITO: none needed
+
+
+def test_max_concurrent_seqs_below_one_stops_a_routing_loop_launch():
+    ns = rollout_namespace("127.0.0.1", 8100, "x:1", None)
+    ns.max_concurrent_seqs_per_instance = 0
+    with pytest.raises(RouterArgsError, match="RouterArgs.max_concurrent_seqs_per_instance"):
+        plan(ns, env=TOKENIZER)
 
 
 def test_psrl_reward_namespace_keeps_its_metrics_port_and_no_ps_manager():
@@ -83,7 +106,7 @@ def test_a_value_smgrl_cannot_honour_is_one_line_naming_the_field(field, value):
     ns = rollout_namespace("127.0.0.1", 8100, "x:1", None)
     setattr(ns, field, value)
     with pytest.raises(RouterArgsError) as info:
-        plan(ns)
+        plan(ns, env=TOKENIZER)
     message = str(info.value)
     assert f"RouterArgs.{field}" in message and "\n" not in message
 
@@ -91,10 +114,10 @@ def test_a_value_smgrl_cannot_honour_is_one_line_naming_the_field(field, value):
 def test_kv_usage_triggers_refused_only_where_they_would_act():
     ns = rollout_namespace("127.0.0.1", 8100, "x:1", None)
     ns.balance_token_usage_threshold = 0.5
-    plan(ns)  # request_num_balance: the fork's cache_aware triggers do nothing
+    plan(ns, env=TOKENIZER)  # request_num_balance: the fork's cache_aware triggers do nothing
     ns.policy = "cache_aware"
     with pytest.raises(RouterArgsError, match="RouterArgs.balance_token_usage_threshold"):
-        plan(ns)
+        plan(ns, env=TOKENIZER)
 
 
 def test_reserve_capability_needs_a_ps_manager():

@@ -25,6 +25,7 @@ import trio
 from smgrl.core.wire import json_bytes
 from smgrl.dataplane.grpc.build import Plan, Untranslatable, message, plan
 from smgrl.dataplane.grpc.render import GenItem, RenderedAnswer
+from smgrl.dataplane.grpc.tokenizers import EngineTokenizers
 from smgrl.upstream import WIRES, Channel, ConnectError, EngineClient, GrpcError, ReadError, StatusCode
 
 JSON = b"application/json"
@@ -105,6 +106,8 @@ class GrpcEngines:
     def __init__(self) -> None:
         self.channels: dict[tuple[str, int], Channel] = {}
         self.tokenizer = None  # the gateway's ChatTokenizer (--tokenizer-path), when it has one
+        # Without one: the tokenizer each engine served (GetTokenizer), by its origin, or None.
+        self.engine_tokenizers = EngineTokenizers()
 
     def client(self, base_url: str, wire: str) -> EngineClient:
         host, port = address(base_url)
@@ -122,19 +125,22 @@ class GrpcEngines:
     async def exchange(self, instance, version: str | None, route: str, body: bytes):
         """The answer of ``instance`` (a gRPC one) to ``body`` on ``route``; yields once the
         call started and its first message (or its whole answer, buffered) is in."""
+        client = self.client(instance.base_url, instance.wire)
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            tokenizer = await self.engine_tokenizers.get(client, instance.base_url)
         try:
             obj = json.loads(body) if body else None
-            the_plan = plan(route, obj, self.tokenizer)
+            the_plan = plan(route, obj, tokenizer)
         except Untranslatable as exc:
             yield error_answer(400, exc.code, str(exc))
             return
         except ValueError:
             yield error_answer(400, "invalid_request", "the request body is not valid JSON")
             return
-        client = self.client(instance.base_url, instance.wire)
         decode = None
-        if self.tokenizer is not None:
-            raw, skip = self.tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
+        if tokenizer is not None:
+            raw, skip = tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
 
             def decode(ids):  # as the engines decode: special tokens skipped unless asked for
                 return raw.decode(ids, skip_special_tokens=skip)

@@ -12,36 +12,82 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
+
 from smgrl.core import WORKER_TYPES, worker_id_problem, worker_url_problem
 from smgrl.core.errors import WorkerApiError, bad_request
 from smgrl.http.bodies.serde_body import SerdeError, parse_struct
+from smgrl.http.bodies.serde_kinds import kind_schema
+from smgrl.http.openapi.apidoc import field, model
 
 DESERIALIZE = "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
 SYNTAX = "JSON syntax error: Failed to parse the request body as JSON: "
 RUNTIMES = ("unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external")
 
+
+@attrs.frozen
+class BodyField:
+    """One field of a /workers body, written once. ``kind``: its serde type (``serde_kinds``),
+    what the body reader checks with SMG's texts; /openapi.json's schema of it is derived from
+    that (``body_model``), with ``description``, under ``shown_as`` when not its own name, and
+    left out of the document when not ``documented``."""
+
+    name: str
+    kind: str
+    description: str = ""
+    shown_as: str = ""
+    documented: bool = True
+
+
 # The fields of SMG's WorkerSpec (29 in all) whose types smgrl knows; the others are ignored, as
-# unknown fields are. ``runtime`` is an alias of ``runtime_type``. ``model_id`` is NOT a field:
-# SMG ignores it (the model id comes from the engine).
-WORKER_SPEC = {
-    "url": "str",
-    "api_key": "opt_str",
-    "worker_type": "enum:" + ",".join(WORKER_TYPES),
-    "runtime_type": "enum:" + ",".join(RUNTIMES),
-    "connection_mode": "enum:http,grpc,zmq",
-    "labels": "map_str",
-    "bootstrap_port": "opt_u16",
-    "priority": "u32",
-    "cost": "f32",
-    "dp_size": "opt_usize",
-    "max_connection_attempts": "u32",
-    "models": "seq:struct:ModelCard",
-    "health": "struct:HealthCheckUpdate",
-}
+# unknown fields are. ``runtime`` is an alias of ``runtime_type`` (the document has always named
+# it so). ``model_id`` is NOT a field: SMG ignores it (the model id comes from the engine).
+# ``models`` and ``health`` are SMG's nested structs, of which smgrl knows only a part (a
+# ModelCard's ``id``): read and checked, not described.
+WORKER_SPEC_BODY = (
+    BodyField("url", "str", "http://, https://, grpc://, grpcs:// or ipc:// engine URL"),
+    BodyField("api_key", "opt_str", "sent to the engine as bearer; never shown again"),
+    BodyField("worker_type", "enum:" + ",".join(WORKER_TYPES)),
+    BodyField("runtime_type", "enum:" + ",".join(RUNTIMES), shown_as="runtime"),
+    BodyField("connection_mode", "enum:http,grpc,zmq"),
+    BodyField("labels", "map_str"),
+    BodyField("bootstrap_port", "opt_u16"),
+    BodyField("priority", "u32"),
+    BodyField("cost", "f32"),
+    BodyField("dp_size", "opt_usize"),
+    BodyField("max_connection_attempts", "u32"),
+    BodyField("models", "seq:struct:ModelCard", documented=False),
+    BodyField("health", "struct:HealthCheckUpdate", documented=False),
+)
+WORKER_SPEC_REQUIRED = ("url",)
+WORKER_SPEC = {f.name: f.kind for f in WORKER_SPEC_BODY}
 WORKER_SPEC_FIELDS = 29
 WORKER_SPEC_ALIASES = {"runtime": "runtime_type"}
-WORKER_UPDATE = {"labels": "opt_map_str", "priority": "opt_u32", "cost": "opt_f32"}
+# SMG's WorkerUpdateRequest (5 fields).
+WORKER_UPDATE_BODY = (
+    BodyField("labels", "opt_map_str"),
+    BodyField("priority", "opt_u32"),
+    BodyField("cost", "opt_f32"),
+)
+WORKER_UPDATE = {f.name: f.kind for f in WORKER_UPDATE_BODY}
 WORKER_UPDATE_FIELDS = 5
+
+
+def body_model(
+    name: str, fields: tuple[BodyField, ...], required: tuple[str, ...], description: str = ""
+) -> type:
+    """The /openapi.json model of a body (unknown fields allowed, as the reader ignores them):
+    each documented field's schema derived from its serde kind."""
+    attributes = {
+        f.shown_as or f.name: field(
+            f.description, optional=f.name not in required, schema=kind_schema(f.kind)
+        )
+        for f in fields
+        if f.documented
+    }
+    cls: type = model(type(name, (), attributes), description=description, additional=True)
+    return cls
+
 
 PAYLOAD_TOO_LARGE = WorkerApiError(
     413, "PAYLOAD_TOO_LARGE", "Request body exceeded the payload limit (max_payload_size)"
@@ -89,7 +135,9 @@ def _parse(
 
 def parse_worker_spec(data: bytes) -> dict[str, Any]:
     """A worker spec as POST/PUT take it (the content type was checked)."""
-    body = _parse(data, "WorkerSpec", WORKER_SPEC, ("url",), WORKER_SPEC_FIELDS, WORKER_SPEC_ALIASES)
+    body = _parse(
+        data, "WorkerSpec", WORKER_SPEC, WORKER_SPEC_REQUIRED, WORKER_SPEC_FIELDS, WORKER_SPEC_ALIASES
+    )
     url = body["url"]
     problem = worker_url_problem(url)
     if problem is not None:

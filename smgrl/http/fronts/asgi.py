@@ -1,5 +1,6 @@
-"""What every raw ASGI front shares: reading a request's headers (one, or several in one scan), and a call cancelled
-when the client disconnects (one watcher for the rollout routes, the engine front and sessions)."""
+"""What every raw ASGI front shares: reading a request's headers (one, or several in one scan), its
+body (one reader for the rollout routes, the engine front and sessions), and a call cancelled when
+the client disconnects (one watcher for the same three)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,39 @@ async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
         if message["type"] == "http.disconnect":
             scope.cancel()
             return
+
+
+class BodyDisconnected(Exception):
+    """The client left before its request body ended."""
+
+
+class BodyTooLarge(Exception):
+    """The request body passed the front's limit (each front answers its own 413)."""
+
+
+async def read_body(
+    receive: Receive, max_body: int, *, first: dict[str, Any] | None = None, take=None
+) -> bytes:
+    """The request body, message by message until the last. ``first``: its first message, already
+    taken (``RECEIVE_NOWAIT``); ``take(n)``: called for each chunk before it is kept (a memory
+    budget, which may refuse). Raises ``BodyDisconnected`` or ``BodyTooLarge`` (past
+    ``max_body`` bytes); the deadline, if any, is the caller's scope around it."""
+    chunks = []
+    size = 0
+    message = first
+    while True:
+        if message is None:
+            message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BodyDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > max_body:
+                raise BodyTooLarge
+            if take is not None:
+                take(len(chunk))
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = None

@@ -37,7 +37,16 @@ from smgrl.core.wire import json_bytes
 from smgrl.dataplane import DataPlane, Routed
 from smgrl.http.bodies import dataplane_body
 from smgrl.http.bodies import envelopes as env
-from smgrl.http.fronts.asgi import Receive, Scope, Send, headers_of, until_disconnect
+from smgrl.http.fronts.asgi import (
+    BodyDisconnected,
+    BodyTooLarge,
+    Receive,
+    Scope,
+    Send,
+    headers_of,
+    read_body,
+    until_disconnect,
+)
 from smgrl.http.fronts.asgi import header as _header
 from smgrl.http.fronts.dataplane_routes import ALLOW, MODEL_CARD, MODEL_CARD_PREFIX, MODELS
 from smgrl.http.fronts.relay import Relay
@@ -48,14 +57,6 @@ from smgrl.routing import InvalidVersionPolicy, VersionPolicy, metadata
 log = logging.getLogger("smgrl.dataplane")
 
 JSON_CT = b"application/json"
-
-
-class _Disconnected(Exception):
-    pass
-
-
-class _TooLarge(Exception):
-    pass
 
 
 _RID_HEADERS = frozenset(name.encode() for name in env.REQUEST_ID_HEADERS)
@@ -231,30 +232,13 @@ class DataPlaneASGI:
     async def _read_body_now(self, length: bytes | None, receive: Receive, hold, first=None) -> bytes:
         """The body; ``first``: its first message, already taken (``RECEIVE_NOWAIT``)."""
         declared_size = parse_uint(length)
-        declared = declared_size is not None
         if declared_size is not None:
             if declared_size > self.max_body:
-                raise _TooLarge
+                raise BodyTooLarge
             hold.take(declared_size)  # the memory budget, before a byte is read (503 otherwise)
-        chunks = []
-        size = 0
-        message = first
-        while True:
-            if message is None:
-                message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > self.max_body:
-                    raise _TooLarge
-                if not declared:
-                    hold.take(len(chunk))
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            message = None
+        return await read_body(
+            receive, self.max_body, first=first, take=hold.take if declared_size is None else None
+        )
 
     # -- routes --------------------------------------------------------------------------------
 
@@ -327,9 +311,9 @@ class DataPlaneASGI:
             return
         try:
             body = await self._read_body(found.get(b"content-length"), receive, hold, scope)
-        except _Disconnected:
+        except BodyDisconnected:
             return
-        except _TooLarge:
+        except BodyTooLarge:
             await self._openai_error(send, rid, 413, "request_body_too_large", env.PAYLOAD_TOO_LARGE)
             return
         except DataPlaneError as exc:  # the memory budget

@@ -32,7 +32,7 @@ from smgrl.core.numbers import parse_uint
 from smgrl.core.wire import json_bytes
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.bodies.control_bodies import LARGE, body_timeout
-from smgrl.http.fronts.asgi import header_text, until_disconnect
+from smgrl.http.fronts.asgi import BodyDisconnected, BodyTooLarge, header_text, read_body, until_disconnect
 from smgrl.http.routes.rl_routes import PREFIX, BadUtf8, control_request, decode_params, match, query_pairs
 
 log = logging.getLogger("smgrl.http")
@@ -106,17 +106,22 @@ class EngineFront:
         route, decision, params, selector = plan
         # The body (declared at most max_body bytes). A client that leaves while sending it, or
         # does not finish it within Quart's body timeout, is Quart's, with what arrived replayed.
-        received = []
+        received: list[dict] = []
+
+        async def recording() -> dict:
+            message = await receive()
+            received.append(message)
+            return message
+
+        body = None
         with trio.move_on_after(self.body_timeout):
-            while True:
-                message = await receive()
-                received.append(message)
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    break
-        if not received or received[-1]["type"] != "http.request" or received[-1].get("more_body", False):
+            try:
+                body = await read_body(recording, self.max_body)
+            except (BodyDisconnected, BodyTooLarge):
+                pass  # Quart's to answer (or, the client gone, to see it gone), as below
+        if body is None:
             await self.inner(scope, _replay(received, receive), send)
             return
-        body = b"".join(m.get("body", b"") for m in received)
         if route == "fanout":
             targets = self.gateway.control.targets(selector)
         else:

@@ -37,7 +37,7 @@ from smgrl.core.wire import json_bytes
 from smgrl.http.bodies import dataplane_body
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.fronts import session_passthrough as passthrough
-from smgrl.http.fronts.asgi import until_disconnect
+from smgrl.http.fronts.asgi import BodyDisconnected, BodyTooLarge, read_body, until_disconnect
 from smgrl.http.openapi.apidoc import ANY, STRING, Body, Resp, Route, allow_table, as_json, model, path_param
 from smgrl.http.openapi.schemas import (
     DP_ERROR_CODE,
@@ -100,10 +100,6 @@ def match(path: str) -> tuple[str, str | None] | None:
     return None
 
 
-class _AgentGone(Exception):
-    pass
-
-
 class SessionsASGI:
     def __init__(self, api, service) -> None:
         self.api = api  # the DataPlaneASGI: keys, request ids, error envelopes
@@ -149,7 +145,7 @@ class SessionsASGI:
             if route.startswith("/control/") and await self._passed_on(scope, receive, send, rid, body):
                 return
             await self._route(route, sid, scope, receive, send, rid, body)
-        except _AgentGone:
+        except BodyDisconnected:  # the agent left while sending its body
             return
         except DataPlaneError as exc:
             await self.api._error(send, rid, exc)
@@ -325,18 +321,10 @@ class SessionsASGI:
         )
 
     async def _body_now(self, scope, receive) -> bytes:
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _AgentGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.api.max_body:
-                raise InvalidTurn("the request body is too large")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        try:
+            return await read_body(receive, self.api.max_body)
+        except BodyTooLarge:
+            raise InvalidTurn("the request body is too large") from None
 
     @staticmethod
     def _obj(body: bytes, *, required: bool = True) -> Any:

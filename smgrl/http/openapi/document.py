@@ -45,7 +45,7 @@ def families() -> list[tuple[Route, ...]]:
         refits,
         rl_routes,
         rl_writes,
-        routing_loop,
+        routing_loop_api,
         stream,
         workers,
     )
@@ -55,7 +55,7 @@ def families() -> list[tuple[Route, ...]]:
         workers.OPENAPI_ROUTES,
         engine_reads.OPENAPI_ROUTES,
         flush_cache.OPENAPI_ROUTES,
-        routing_loop.OPENAPI_ROUTES,
+        routing_loop_api.OPENAPI_ROUTES,
         dataplane_routes.OPENAPI_ROUTES,
         sessions.OPENAPI_ROUTES,
         rl_writes.OPENAPI_ROUTES,

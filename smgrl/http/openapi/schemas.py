@@ -43,7 +43,10 @@ def _descendants(cls: type) -> list[type]:
 def dataplane_codes() -> list[str]:
     """Every code of the data plane's OpenAI-style envelope, read from the error classes (the
     sessions' ones included: smgrl/sessions/errors.py), so a new class is documented at once."""
-    import smgrl.sessions.errors  # noqa: F401  (its classes must be defined to be found)
+    # Their classes must be defined to be found, whatever this process imported before: the
+    # data plane's face loads its PSManager selection errors, the sessions theirs.
+    import smgrl.dataplane
+    import smgrl.sessions.errors  # noqa: F401
 
     codes = {cls.code for cls in _descendants(DataPlaneError) if cls is not InvalidRequest}
     return [*INVALID_REQUEST_CODES, *sorted(codes)]

@@ -22,8 +22,12 @@ from smgrl.core.errors import WorkerApiError, bad_request
 from smgrl.http.bodies import envelopes as env
 from smgrl.http.bodies.workers_body import (
     PAYLOAD_TOO_LARGE,
+    WORKER_SPEC_BODY,
+    WORKER_SPEC_REQUIRED,
+    WORKER_UPDATE_BODY,
     WORKERS_BODY_LIMIT,
     WORKERS_BODY_TOO_LARGE,
+    body_model,
     check_content_type,
     parse_worker_spec,
     parse_worker_update,
@@ -239,28 +243,11 @@ def _accepted(worker_id: str, message: str) -> Response:
 U32 = {"type": "integer", "minimum": 0, "maximum": 4294967295}
 
 
-@model(additional=True, description="SMG's WorkerSpec; unknown fields are ignored.")
-class WorkerSpec:
-    url: str = field("http://, https://, grpc://, grpcs:// or ipc:// engine URL")
-    api_key: str | None = field("sent to the engine as bearer; never shown again", optional=True)
-    worker_type: Literal["regular", "prefill", "decode"] = field(optional=True)
-    runtime: Literal[
-        "unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external"
-    ] = field(optional=True)
-    connection_mode: Literal["http", "grpc", "zmq"] = field(optional=True)
-    labels: dict[str, str] = field(optional=True)
-    bootstrap_port: int | None = field(optional=True, minimum=0, maximum=65535)
-    priority: int = field(optional=True, **U32)
-    cost: float = field(optional=True)
-    dp_size: int | None = field(optional=True, minimum=0)
-    max_connection_attempts: int = field(optional=True, **U32)
-
-
-@model(additional=True)
-class WorkerUpdate:
-    labels: dict[str, str] | None = field(optional=True)
-    priority: int | None = field(optional=True, minimum=0, maximum=4294967295)
-    cost: float | None = field(optional=True)
+# The request bodies' models are derived from the schemas the body reader checks (workers_body).
+WorkerSpec = body_model(
+    "WorkerSpec", WORKER_SPEC_BODY, WORKER_SPEC_REQUIRED, "SMG's WorkerSpec; unknown fields are ignored."
+)
+WorkerUpdate = body_model("WorkerUpdate", WORKER_UPDATE_BODY, ())
 
 
 @model(
