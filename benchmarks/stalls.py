@@ -7,8 +7,8 @@ single trio task step while one hostile request of ``--mb`` megabytes is served,
 * ``deep-json``: a turn body nested ``--mb`` million levels deep;
 * ``workers-invalid``, ``workers-valid-large``: a ``POST /workers`` body invalid only at its end,
   and a valid one carrying a large label;
-* ``session-snapshot``: ``GET /sessions/{id}`` of a session holding a turn of ``--mb / 4`` MB of
-  text (the snapshot carries its token ids and records).
+* ``session-snapshot``: ``GET /sessions/{id}`` of a session whose captured token ids make a
+  snapshot of about ``--mb`` MB.
 
     python benchmarks/stalls.py [--mb 1 8] [--shape content deep-json ...]
 
@@ -150,10 +150,14 @@ async def one(model_dir, name: str, mb: float) -> dict:
         async with gateway_in_process(cfg, worker_urls=urls) as gw:
             sid = (await gw.client.post("/sessions")).json()["session_id"]
             if name == "session-snapshot":
-                # A session holding about mb MB of captured turn: its snapshot is what is sent.
-                body = {"messages": [{"role": "user", "content": text(mb / 4)}], "max_tokens": 8}
+                # A session whose captured ids make a snapshot of about mb MB (a short turn's
+                # ids repeated: the fake's context is too short for a turn that long, and the
+                # snapshot's encoding is what is measured).
+                body = {"messages": [{"role": "user", "content": text(0.01)}], "max_tokens": 8}
                 r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
                 assert r.status_code == 200, r.text[:300]
+                (node,) = gw.app.sessions.sessions[sid].tree.entries.values()
+                node.token_ids = node.token_ids * max(1, int(mb * 1_000_000 / 6 / len(node.token_ids)))
             method, path, payload = shape(name, mb)
             path = path.format(sid=sid)
             steps = Steps()

@@ -17,6 +17,7 @@ from smgrl.sessions.errors import (
     TooManySessions,
     TurnAborted,
 )
+from smgrl.sessions.slices import encode_json
 from smgrl.sessions.state import owner_of
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "TooManySessions",
     "TurnAborted",
     "build",
+    "encode_json",
     "load_tokenizer",
     "owner_of",
 ]

@@ -73,6 +73,24 @@ def request(kind: str, prompt_ids: Sequence[int], body: Mapping[str, Any], limit
     return SGLANG_ROUTE, json.dumps(payload).encode()
 
 
+def request_encoded(
+    kind: str, prompt_json: bytes, more_ids: Sequence[int], body: Mapping[str, Any], limit: int
+) -> tuple[str, bytes]:
+    """``request`` for a prompt whose ids are already JSON (``prompt_json``, as ``json.dumps``
+    writes a list), followed by ``more_ids``: the same bytes, the prompt not encoded again."""
+    route, small = request(kind, (), body, limit)
+    ids = prompt_json
+    if more_ids:
+        ids = (
+            prompt_json[:-1]
+            + (b", " if prompt_json != b"[]" else b"")
+            + json.dumps(list(more_ids)).encode()[1:]
+        )
+    empty = b'{"token_ids": [], ' if kind == "vllm" else b'{"input_ids": [], '
+    assert small.startswith(empty)
+    return route, small[: len(empty) - 4] + ids + small[len(empty) - 2 :]
+
+
 def _finish(value: Any) -> str:
     if isinstance(value, dict):
         return str(value.get("type") or "stop")

@@ -1,16 +1,18 @@
 """The session service: owns the in-memory sessions, their bound, turns, capture and journal events.
 
 A turn (``turn``): wait at the hang gate -> prepare the prompt ids (prefix reuse, ``smgrl.tito``;
-in a worker thread when the conversation is long, so the event loop keeps serving) -> dispatch
+in a worker thread when the conversation is long, in worker processes when its body is of
+megabytes, ``offload``: the event loop keeps serving) -> dispatch
 through the data plane (version floor, sticky instance, the engine's token-in route) -> build the
 assistant message from the generated ids -> capture it in the session's tree -> journal a
-``session.turn`` summary. Everything here runs on the trio loop except the tokenization thread.
+``session.turn`` summary. Everything here runs on the trio loop except the tokenization thread
+and the worker processes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -28,7 +30,7 @@ from smgrl.events import (
 )
 from smgrl.routing import InvalidVersionPolicy, metadata, parse_floor
 from smgrl.sessions import engine as eng
-from smgrl.sessions import errors, turn_routing
+from smgrl.sessions import errors, large_turns, offload, slices, turn_routing
 from smgrl.sessions import logprobs as chat_logprobs
 from smgrl.sessions.checks import check_messages, check_tools, input_size
 from smgrl.sessions.state import DEFAULT_HEADERS, Session, new_owner_id, new_session_id, owner_of, truthy
@@ -37,7 +39,6 @@ from smgrl.tito import (
     CaptureTree,
     ChatTokenizer,
     PrefixMismatch,
-    TitoError,
     assistant_message,
     captured,
     parser_for,
@@ -133,6 +134,9 @@ class SessionService:
         self._pending: dict[str, trio.Event] = {}  # ids being created (set once their append ended)
         # Tokenization threads: at most two at once (the machine's other work is the event loop).
         self.limiter = trio.CapacityLimiter(2)
+        # Worker processes for turns of megabytes (``offload``): only for a tokenizer loaded from
+        # a directory, which a worker can load again; at most two turns' work at once.
+        self.offloader = large_turns.LargeTurns(chat, self.boundary)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -367,7 +371,15 @@ class SessionService:
             raise errors.InvalidTurn("x-smg-tito-trajectory-id must be a non-negative integer")
         return value
 
-    async def _prepare(self, messages, tools, kwargs, s: Session):
+    async def parse_large(self, body: bytes, parse: Callable[[bytes], dict]):
+        """(the body fields the loop uses, the turn for ``turn``) of a body of megabytes, parsed
+        and rendered in a worker process; None: parsed by the caller (``LargeTurns.parse``)."""
+        return await self.offloader.parse(body, parse)
+
+    async def _prepare(self, messages, tools, kwargs, s: Session, large: large_turns.LargeTurn | None = None):
+        if large is not None:
+            return await self.offloader.prepare(large, s)
+
         def run():
             check_messages(messages)
             check_tools(tools)
@@ -381,30 +393,31 @@ class SessionService:
                 # the GIL); cancellation abandons the thread's result, which is pure.
                 return await trio.to_thread.run_sync(run, limiter=self.limiter, abandon_on_cancel=True)
             return run()
-        except TitoError as e:
-            raise errors.TemplateRefused(e.message) from None
-        except errors.InvalidTurn:
-            raise
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        except Exception as e:
             # A template meeting a value it cannot render (checks above cover the known shapes):
             # the conversation's fault, refused in its own words, never a 500.
-            raise errors.TemplateRefused(
-                f"the chat template could not render the conversation ({type(e).__name__})"
-            ) from None
+            refused = offload.refusal(e)
+            if refused is None:
+                raise
+            if refused is e:
+                raise
+            raise refused from None
 
-    async def turn(self, sid: str, body: dict, headers: Mapping[str, str], rid: str) -> TurnResult:
+    async def turn(
+        self,
+        sid: str,
+        body: dict,
+        headers: Mapping[str, str],
+        rid: str,
+        large: large_turns.LargeTurn | None = None,
+    ) -> TurnResult:
+        """``large``: the turn's messages stayed in a worker process (``parse_large``); ``body``
+        holds the fields the loop uses."""
         s = self._lookup(sid)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise errors.InvalidTurn("`messages` must be a non-empty list of message objects")
-        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        kwargs = (
-            dict(body.get("chat_template_kwargs") or {})
-            if isinstance(body.get("chat_template_kwargs"), dict)
-            else {}
-        )
-        if body.get("reasoning_effort") is not None:
-            kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
+        if large is None:
+            messages, tools, kwargs = offload.turn_inputs(body)
+        else:
+            messages, tools, kwargs = None, None, {}
         requested = self._trajectory(headers)
         model = self.dataplane.resolve_model(
             body.get("model") if isinstance(body.get("model"), str) else None
@@ -413,7 +426,17 @@ class SessionService:
         s.last_active = trio.current_time()
         try:
             return await self._turn(
-                s, body, messages, tools, kwargs or None, requested, model, pin, rid, turn_headers=headers
+                s,
+                body,
+                messages,
+                tools,
+                kwargs or None,
+                requested,
+                model,
+                pin,
+                rid,
+                turn_headers=headers,
+                large=large,
             )
         finally:
             s.last_active = trio.current_time()
@@ -421,10 +444,10 @@ class SessionService:
                 await self.journal.enqueue(f"session:{s.id}", SessionHung(session_id=s.id, deferred=True))
 
     async def _turn(
-        self, s, body, messages, tools, kwargs, requested, model, pin, rid, turn_headers=None
+        self, s, body, messages, tools, kwargs, requested, model, pin, rid, turn_headers=None, large=None
     ) -> TurnResult:
         t0 = trio.current_time()
-        plan = await self._prepare(messages, tools, kwargs, s)
+        plan = await self._prepare(messages, tools, kwargs, s, large)
         self._check_budget(s, len(plan.prompt_ids), eng.max_tokens(body))
         t1 = trio.current_time()
         tid = s.tree.reserve(plan.parent_hash, requested)
@@ -441,9 +464,18 @@ class SessionService:
         assistant = assistant_message(self.chat, self.parser, gen.output_ids)
         report: list = []
         if self.debug and plan.hit:
-            full = self.chat.encode(plan.full_text)
+            if large is None:
+                full = self.chat.encode(plan.full_text)
+            else:
+                full = await slices.ids_list(await self.offloader.run(offload.encode_text, plan.full_text))
             report = validate(self.chat, self.boundary, plan.prompt_ids, full)
         worker = self.fleet.registry.get(entry.instance.worker_id)
+        closed = None
+        if large is not None:
+            # The captured node's hash and render: the conversation is the worker's to read.
+            closed = await self.offloader.run(
+                offload.close_in_worker, large.parse, large.body, plan.context, assistant
+            )
         cap = captured(
             self.chat,
             plan,
@@ -458,13 +490,15 @@ class SessionService:
             weight_versions=gen.spans,
             engine=entry.instance.url,
             mismatch_report=report,
+            closed=closed,
         )
         if segments:
             # A turn looped back across weight syncs: each segment's engine, version and span.
             cap.record["segments"] = [dict(seg) for seg in segments]
         captured_ok = True
+        extends = await large_turns.extends(s.tree, cap.parent, cap.token_ids)
         try:
-            s.tree.commit(tid, cap.hash, cap.parent, cap.token_ids, cap.record, cap.render_text)
+            s.tree.commit(tid, cap.hash, cap.parent, cap.token_ids, cap.record, cap.render_text, extends)
         except PrefixMismatch:
             # Never spliced: the turn starts a new branch (a root) of its own.
             log.warning("session %s: turn does not extend its prefix; stored as a new branch", s.id)
@@ -560,6 +594,9 @@ class SessionService:
             (b"x-request-id", rid.encode("latin-1", "replace")),
         ]
         kinds: dict[str, str] = {}
+        # A long prompt's JSON, encoded here in slices (one json.dumps of a million ids holds the
+        # loop for a second); each leg's body splices it.
+        encoded = await slices.encode_ids(rollout.prompt) if len(rollout.prompt) > slices.SLICE else None
 
         def adapt(entry):
             worker = registry.get(entry.instance.worker_id)
@@ -567,6 +604,8 @@ class SessionService:
             # plane renders its Generate stream so): the ids sent are the ids built here.
             runtime = "sglang" if entry.instance.wire is not None else (worker.engine if worker else "")
             kind = kinds["kind"] = eng.engine_kind(runtime)
+            if encoded is not None:
+                return eng.request_encoded(kind, encoded, rollout.ids, body, rollout.remaining())
             return eng.request(kind, rollout.prompt + rollout.ids, body, rollout.remaining())
 
         outcome = "cancelled"

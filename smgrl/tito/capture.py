@@ -33,6 +33,14 @@ def assistant_message(chat: ChatTokenizer, parser: ToolCallParser, output_ids: S
     return msg
 
 
+def close_turn(
+    chat: ChatTokenizer, context: str, messages, assistant: dict, tools, kwargs
+) -> tuple[bytes, str]:
+    """The captured node's key and the render of the conversation it closes (no generation prompt)."""
+    h = hashing.extend(context, messages, assistant)
+    return h, chat.render(list(messages) + [assistant], tools=tools, kwargs=kwargs)
+
+
 @attrs.frozen
 class CapturedTurn:
     hash: bytes
@@ -58,9 +66,13 @@ def captured(
     engine: str | None = None,
     routed_experts: dict | None = None,
     mismatch_report: Sequence[dict] = (),
+    closed: tuple[bytes, str] | None = None,
 ) -> CapturedTurn:
-    h = hashing.extend(plan.context, messages, assistant)
-    render_text = chat.render(list(messages) + [assistant], tools=tools, kwargs=kwargs)
+    """``closed``: the node's hash and render text (``close_turn``) when computed elsewhere (a
+    large turn's, in a worker process); ``messages`` are then not read."""
+    h, render_text = (
+        closed if closed is not None else close_turn(chat, plan.context, messages, assistant, tools, kwargs)
+    )
     record: dict = {
         "prompt_token_count": len(plan.prompt_ids),
         "output_logprobs": (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,6 +118,11 @@ class ChatTokenizer:
     eos_id: int | None
     special_ids: frozenset[int]
     name: str = ""
+    # Where it was loaded from and a digest of the files read (``load``): a worker process loads
+    # the same tokenizer by path and proves it read the same bytes (smgrl/sessions/offload.py).
+    # Empty when built from parts in memory.
+    source: str = ""
+    fingerprint: str = ""
 
     @classmethod
     def load(cls, path) -> ChatTokenizer:
@@ -126,20 +132,30 @@ class ChatTokenizer:
         tj, tc = path / "tokenizer.json", path / "tokenizer_config.json"
         if not tj.is_file() or not tc.is_file():
             raise TitoError("tokenizer_not_found", f"{path} needs tokenizer.json and tokenizer_config.json")
+        digest = hashlib.blake2b(digest_size=16)
         try:
-            tokenizer = Tokenizer.from_file(str(tj))
-            config = json.loads(tc.read_text(encoding="utf-8"))
+            raw = tj.read_bytes()
+            tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+            config_raw = tc.read_bytes()
+            config = json.loads(config_raw.decode("utf-8"))
         except Exception as e:  # noqa: BLE001 - any parse failure is one clear startup error
             raise TitoError("tokenizer_invalid", f"cannot load tokenizer from {path}: {e}") from None
+        digest.update(
+            len(raw).to_bytes(8, "little") + raw + len(config_raw).to_bytes(8, "little") + config_raw
+        )
         source = None
         jinja_file = path / "chat_template.jinja"
         if jinja_file.is_file():
             source = jinja_file.read_text(encoding="utf-8")
+            digest.update(b"J" + source.encode("utf-8", "surrogatepass"))
         else:
             source = _config_template(config)
         if not isinstance(source, str) or not source:
             raise TitoError("chat_template_missing", f"{path} has no chat template")
-        return cls.from_parts(tokenizer, source, config, name=path.name)
+        chat = cls.from_parts(tokenizer, source, config, name=path.name)
+        chat.source = str(path.resolve())
+        chat.fingerprint = digest.hexdigest()
+        return chat
 
     @classmethod
     def from_bundle(cls, data: bytes, name: str = "") -> ChatTokenizer:

@@ -146,6 +146,82 @@ def tokenize_segments(
     return ids, "".join(texts)
 
 
+@attrs.frozen
+class Rendered:
+    """What a turn's messages give before any session state is read (``render_turn``): pure in
+    the conversation, so it can be computed anywhere (a worker process for a large turn)."""
+
+    context: str
+    hashes: tuple[bytes, ...]  # hash of messages[:k] for k = 1..n
+    full_text: str  # render of the request with the generation prompt
+    roles: tuple  # each message's role, as the choice of a prefix reads them
+
+
+def render_turn(chat: ChatTokenizer, messages: Sequence[dict], *, tools=None, kwargs=None) -> Rendered:
+    if not messages:
+        raise TitoError("invalid_messages", "messages must not be empty")
+    context = hashing.render_context(tools, kwargs)
+    hashes = tuple(h for _, h in hashing.prefix_hashes(context, messages))
+    full_text = chat.render(messages, tools=tools, kwargs=kwargs, add_generation_prompt=True)
+    return Rendered(context, hashes, full_text, tuple(m.get("role") for m in messages))
+
+
+@attrs.frozen
+class Choice:
+    """The stored prefix a turn extends (``k`` messages, ``node``), or the reason it is a miss."""
+
+    k: int
+    node: Prefix | None
+    reason: str  # "hit" (segments still to tokenize) or a miss's reason
+
+
+def choose_prefix(rendered: Rendered, lookup: Callable[[bytes], Prefix | None]) -> Choice:
+    """Steps 1-3 up to the segments: the longest stored assistant boundary, refused when an
+    assistant message is appended after it or its render is not the start of the request's."""
+    roles = rendered.roles
+    for k in range(len(roles) - 1, 0, -1):
+        if roles[k - 1] != "assistant":
+            continue
+        node = lookup(rendered.hashes[k - 1])
+        if node is None or not node.token_ids:
+            continue
+        if any(r == "assistant" for r in roles[k:]):
+            return Choice(0, None, "assistant_in_appended")
+        if not rendered.full_text.startswith(node.render_text):
+            return Choice(0, None, "not_append_only")
+        return Choice(k, node, "hit")
+    return Choice(0, None, "no_prefix")
+
+
+def miss_plan(rendered: Rendered, ids: list[int], reason: str) -> TurnPlan:
+    return TurnPlan(ids, False, 0, None, reason, rendered.full_text, rendered.context, rendered.hashes)
+
+
+def hit_plan(
+    boundary: Boundary, rendered: Rendered, choice: Choice, segs: tuple[list[int], str] | None
+) -> TurnPlan | str:
+    """Step 4 once the appended segments are tokenized: the plan, or the miss's reason."""
+    if segs is None:
+        return "segments_not_append_only"
+    seg_ids, seg_text = segs
+    node = choice.node
+    if node.render_text + seg_text != rendered.full_text:
+        return "not_append_only"
+    prompt = boundary.adjust(node.token_ids) + seg_ids
+    k = choice.k
+    return TurnPlan(
+        prompt, True, k, rendered.hashes[k - 1], "hit", rendered.full_text, rendered.context, rendered.hashes
+    )
+
+
+def appended_segments(chat: ChatTokenizer, messages: Sequence[dict], k: int, *, tools, kwargs):
+    """``tokenize_segments`` of the messages after the first ``k`` (None: not append-only)."""
+    try:
+        return tokenize_segments(chat, split_segments(messages[k:]), tools=tools, kwargs=kwargs)
+    except TitoError:
+        return None
+
+
 def prepare_turn(
     chat: ChatTokenizer,
     boundary: Boundary,
@@ -155,35 +231,18 @@ def prepare_turn(
     kwargs=None,
     lookup: Callable[[bytes], Prefix | None],
 ) -> TurnPlan:
-    if not messages:
-        raise TitoError("invalid_messages", "messages must not be empty")
-    context = hashing.render_context(tools, kwargs)
-    hashes = tuple(h for _, h in hashing.prefix_hashes(context, messages))
-    full_text = chat.render(messages, tools=tools, kwargs=kwargs, add_generation_prompt=True)
-
-    def miss(reason: str) -> TurnPlan:
-        return TurnPlan(chat.encode(full_text), False, 0, None, reason, full_text, context, hashes)
-
-    n = len(messages)
-    candidates = [k for k in range(n - 1, 0, -1) if messages[k - 1].get("role") == "assistant"]
-    for k in candidates:
-        node = lookup(hashes[k - 1])
-        if node is None or not node.token_ids:
-            continue
-        appended = messages[k:]
-        if any(m.get("role") == "assistant" for m in appended):
-            return miss("assistant_in_appended")
-        if not full_text.startswith(node.render_text):
-            return miss("not_append_only")
-        try:
-            segs = tokenize_segments(chat, split_segments(appended), tools=tools, kwargs=kwargs)
-        except TitoError:
-            segs = None
-        if segs is None:
-            return miss("segments_not_append_only")
-        seg_ids, seg_text = segs
-        if node.render_text + seg_text != full_text:
-            return miss("not_append_only")
-        prompt = boundary.adjust(node.token_ids) + seg_ids
-        return TurnPlan(prompt, True, k, hashes[k - 1], "hit", full_text, context, hashes)
-    return miss("no_prefix")
+    """The whole turn in one call (the stages above, run here; a large turn runs them with its
+    pure stages in a worker process, smgrl/sessions/offload.py)."""
+    rendered = render_turn(chat, messages, tools=tools, kwargs=kwargs)
+    choice = choose_prefix(rendered, lookup)
+    if choice.node is not None:
+        plan = hit_plan(
+            boundary,
+            rendered,
+            choice,
+            appended_segments(chat, messages, choice.k, tools=tools, kwargs=kwargs),
+        )
+        if isinstance(plan, TurnPlan):
+            return plan
+        return miss_plan(rendered, chat.encode(rendered.full_text), plan)
+    return miss_plan(rendered, chat.encode(rendered.full_text), choice.reason)

@@ -75,16 +75,26 @@ class CaptureTree:
         self.reserved.discard(tid)
 
     def commit(
-        self, tid: int, h: bytes, parent: bytes | None, token_ids, record: dict, render_text: str
+        self,
+        tid: int,
+        h: bytes,
+        parent: bytes | None,
+        token_ids,
+        record: dict,
+        render_text: str,
+        extends: bool | None = None,
     ) -> Node:
-        """Store a captured turn under trajectory ``tid`` (reserved by ``reserve``)."""
+        """Store a captured turn under trajectory ``tid`` (reserved by ``reserve``). ``extends``:
+        whether ``token_ids`` start with the parent's (``prefix_length``), when the caller
+        compared them itself (a long turn's, in slices); None: compared here."""
         if parent is not None:
             p = self.entries.get(parent)
             if p is None:
                 parent = None  # collected meanwhile: the turn is a root
             else:
-                n = len(p.token_ids) - self.max_trim_tokens
-                if token_ids[:n] != p.token_ids[:n]:
+                n = self.prefix_length(parent)
+                ok = extends if extends is not None else token_ids[:n] == p.token_ids[:n]
+                if not ok:
                     raise PrefixMismatch(f"turn does not extend its parent's {len(p.token_ids)} ids")
         self.seq += 1
         node = Node(h, parent, list(token_ids), record, render_text, self.seq)
@@ -100,6 +110,11 @@ class CaptureTree:
         self.reserved.discard(tid)
         self._gc()
         return node
+
+    def prefix_length(self, parent: bytes) -> int:
+        """How many of a stored node's ids a child's ids must start with (``commit``)."""
+        p = self.entries.get(parent)
+        return 0 if p is None else len(p.token_ids) - self.max_trim_tokens
 
     def _gc(self) -> None:
         if not self.trajectories:

@@ -60,6 +60,7 @@ from smgrl.sessions import (
     TooManySessions,
     TurnAborted,
     answer,
+    encode_json,
     owner_of,
 )
 from smgrl.upstream import ReadError
@@ -352,7 +353,8 @@ class SessionsASGI:
                     (b"x-base-worker-id", str(info["base_worker_id"]).encode()),
                     (b"x-target-dp-rank", str(info["target_dp_rank"]).encode()),
                 ]
-            await api._respond(send, 200, json_bytes(snap), ok + extra)
+            # Millions of ids: encoded in slices between checkpoints, never in one call.
+            await api._respond(send, 200, await encode_json(snap), ok + extra)
         elif route in ("/sessions/{sid}", "/tito/sessions/{sid}"):  # DELETE
             try:
                 if svc is None:
@@ -383,7 +385,10 @@ class SessionsASGI:
             await self._turn(route, sid, scope, receive, send, rid, body)
 
     async def _turn(self, route, sid, scope, receive, send, rid, body) -> None:
-        obj = _turn_body(body)
+        # A body of megabytes is parsed, checked and rendered in a worker process (the loop gets
+        # the few fields it uses); others here.
+        large = await self.svc.parse_large(body, _turn_body)
+        obj, large = large if large is not None else (_turn_body(body), None)
         if route == "tito-chat":
             if not _valid_sid(sid):
                 raise InvalidTurn("x-smg-tito-session-id must be 1-128 printable ASCII characters")
@@ -407,7 +412,7 @@ class SessionsASGI:
         # The client's disconnect cancels the turn (the engine call is cancelled, nothing is
         # captured; None then), as on the rollout routes.
         result = await until_disconnect(
-            scope, receive, self.svc.turn, sid, obj, headers, rid.decode("latin-1")
+            scope, receive, self.svc.turn, sid, obj, headers, rid.decode("latin-1"), large
         )
         if result is None:
             return  # the client went away
