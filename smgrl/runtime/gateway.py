@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 
+from journal import EventStore, JournalWriter
 from smgrl.control import ControlService, ControlWrites
 from smgrl.core.auth import AuthPolicy
 from smgrl.core.config import Config
@@ -29,8 +30,8 @@ from smgrl.upstream import PoolSet
 class Gateway:
     cfg: Config
     fleet: FleetState
-    journal: object  # journal.JournalWriter (or any Appender)
-    store: object  # journal.SqliteStore / MemoryStore: read side for the journal routes
+    journal: JournalWriter  # services see it as an Appender (smgrl.telemetry.journaling)
+    store: EventStore  # the read side, for the journal routes
     keys: KeyRing
     pools: PoolSet
     metrics: Metrics

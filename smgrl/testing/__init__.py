@@ -16,7 +16,7 @@ import attrs
 import httpx
 import trio
 
-from journal import JournalWriter, MemoryStore
+from journal import EventStore, JournalWriter, MemoryStore
 from smgrl.core.config import Config
 from smgrl.history.replay import replay
 from smgrl.http.app import create_app
@@ -32,7 +32,7 @@ class InProcess:
     gateway: Gateway
     app: object
     client: httpx.AsyncClient
-    store: object
+    store: EventStore
     writer: JournalWriter
 
     async def wait_visible(self, count: int, timeout: float = 10.0) -> None:
