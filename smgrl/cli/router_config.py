@@ -214,14 +214,6 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
     if timeout >= NO_TIMEOUT_FROM:
         timeout = NO_TIMEOUT_SECS
     tokenizer = args.tokenizer_path or args.model_path or env.get(TOKENIZER_ENV) or None
-    if args.enable_tito and tokenizer is None:
-        # The fork loads each gRPC worker's tokenizer once it registers; smgrl's sessions take
-        # theirs at startup. Launching anyway would answer every TITO session with a 503 for the
-        # whole run: refused at once instead, naming the three ways to give one.
-        raise RouterArgsError(
-            "RouterArgs.enable_tito=True needs a tokenizer: set tokenizer_path or model_path, or "
-            f"${TOKENIZER_ENV} (smgrl does not fetch tokenizers from the workers as the fork does)"
-        )
     cfg = Config(
         host=args.host,
         port=int(args.port),
@@ -266,6 +258,8 @@ def translate(args: RouterArgs, *, env: dict[str, str] | None = None, now=None) 
         ),
         sessions=SessionsConfig(
             tokenizer_path=tokenizer if args.enable_tito else None,
+            # As the fork: without a tokenizer, TITO takes the one the gRPC workers serve.
+            from_engines=bool(args.enable_tito) and tokenizer is None,
             gc_threshold=int(args.tito_gc_threshold or 0),
             trajectory_strategy=args.trajectory_id_strategy,
             tool_parser=tool_parser,

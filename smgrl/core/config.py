@@ -101,6 +101,9 @@ class SessionsConfig:
     """Agent sessions with token-exact capture (docs/sessions.md); off without a tokenizer."""
 
     tokenizer_path: str | None = None
+    # Without tokenizer_path: take the tokenizer a gRPC engine serves (GetTokenizer), once one is
+    # registered, as PSRL's SMG fork does for TITO; turns before that answer 503.
+    from_engines: bool = False
     max_sessions: int = 4096
     gc_threshold: int = 0
     trajectory_strategy: str = "auto"  # "auto" | "manual"

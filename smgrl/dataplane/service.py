@@ -230,6 +230,14 @@ class DataPlane:
     def served_models(self) -> list[str]:
         return self.table().served
 
+    async def engine_tokenizer(self):
+        """The tokenizer a registered gRPC engine serves (GetTokenizer), or None: what sessions
+        use without --tokenizer-path (``SessionsConfig.from_engines``)."""
+        table = self.table()
+        return await self.grpc.served_tokenizer(
+            e.instance for name in table.served for e in table.models[name].entries
+        )
+
     def resolve_model(self, model: str | None) -> str:
         """The model a request goes to (the rules of the TokenSpeed/slime work)."""
         served = self.table().served

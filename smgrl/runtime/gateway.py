@@ -95,7 +95,7 @@ class Gateway:
         gateway.refits = RefitService(fleet=fleet, journal=journal, control=control, cfg=cfg)
         gateway.writes = ControlWrites(fleet=fleet, journal=journal, control=control)
         gateway.sessions = build_sessions(gateway, dataplane)
-        if gateway.sessions is not None:
+        if gateway.sessions is not None and gateway.sessions.chat is not None:
             # gRPC engines take token ids: the gateway tokenizes text and chat, detokenizes answers.
             dataplane.grpc.tokenizer = gateway.sessions.chat
         # Without --tokenizer-path: the tokenizer each gRPC engine served at discovery (a process

@@ -14,6 +14,7 @@ from smgrl.sessions.errors import (
     SessionNotFound,
     SessionsDisabled,
     TemplateRefused,
+    TokenizerUnavailable,
     TooManySessions,
     TurnAborted,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "SessionNotFound",
     "SessionsDisabled",
     "TemplateRefused",
+    "TokenizerUnavailable",
     "TooManySessions",
     "TurnAborted",
     "build",
@@ -53,13 +55,14 @@ def build(gateway, dataplane):
     """The session service of a gateway, or None when no tokenizer is configured. (The service
     module is imported here, not by this face: only a gateway with --tokenizer-path loads it.)"""
     cfg = gateway.cfg.sessions
-    if not cfg.tokenizer_path:
+    if not cfg.tokenizer_path and not cfg.from_engines:
         return None
     from smgrl.sessions.service import SessionService
 
     # Keyword arguments, shaped like other services' construction: configuration, not logic.
     return SessionService(
-        chat=load_tokenizer(cfg.tokenizer_path),
+        chat=load_tokenizer(cfg.tokenizer_path) if cfg.tokenizer_path else None,
+        tokenizer_source=dataplane.engine_tokenizer,
         dataplane=dataplane,
         fleet=gateway.fleet,
         journal=gateway.journal,

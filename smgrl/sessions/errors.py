@@ -50,6 +50,13 @@ class SessionsDisabled(DataPlaneError):
     status = 503
 
 
+class TokenizerUnavailable(SessionsDisabled):
+    """Sessions take the tokenizer a gRPC engine serves, and no registered engine served one yet."""
+
+    code = "tokenizer_unavailable"
+    retryable = True
+
+
 class InvalidTurn(DataPlaneError):
     code = "invalid_turn"
     status = 400

@@ -12,7 +12,7 @@ and the worker processes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -101,7 +101,7 @@ class SessionService:
     def __init__(
         self,
         *,
-        chat: ChatTokenizer,
+        chat: ChatTokenizer | None,
         dataplane: DataPlane,
         fleet,
         journal,
@@ -113,9 +113,12 @@ class SessionService:
         owner: str | None = None,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECS,
         max_stored_tokens: int = DEFAULT_MAX_STORED_TOKENS,
+        tokenizer_source: Callable[[], Awaitable[ChatTokenizer | None]] | None = None,
     ) -> None:
-        self.chat = chat
-        self.boundary = Boundary.derive(chat)
+        # chat None: taken from ``tokenizer_source`` (the engines' GetTokenizer) by the first turn
+        # that finds one (``ready``); every turn before that answers 503 tokenizer_unavailable.
+        self.chat: ChatTokenizer | None = None
+        self.tokenizer_source = tokenizer_source
         self.parser = parser_for(tool_parser)
         # Attribute assignments, shaped like the other services' constructors: nothing to share.
         self.dataplane = dataplane
@@ -134,9 +137,30 @@ class SessionService:
         self._pending: dict[str, trio.Event] = {}  # ids being created (set once their append ended)
         # Tokenization threads: at most two at once (the machine's other work is the event loop).
         self.limiter = trio.CapacityLimiter(2)
+        if chat is not None:
+            self._adopt(chat)
+
+    def _adopt(self, chat: ChatTokenizer) -> None:
+        self.chat = chat
+        self.boundary = Boundary.derive(chat)
         # Worker processes for turns of megabytes (``offload``): only for a tokenizer loaded from
         # a directory, which a worker can load again; at most two turns' work at once.
         self.offloader = large_turns.LargeTurns(chat, self.boundary)
+
+    async def ready(self) -> None:
+        """The tokenizer every turn needs is there: given at startup, or taken now from the
+        engines (the first one found serves every later turn: one model's engines share it)."""
+        if self.chat is not None:
+            return
+        found = None if self.tokenizer_source is None else await self.tokenizer_source()
+        if found is None:
+            raise errors.TokenizerUnavailable(
+                "sessions take the tokenizer a gRPC engine serves (GetTokenizer), and no registered "
+                "engine has served one yet; retry once an engine is registered, or start the gateway "
+                "with --tokenizer-path"
+            )
+        if self.chat is None:  # another turn may have adopted one while this one fetched
+            self._adopt(found)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -374,6 +398,7 @@ class SessionService:
     async def parse_large(self, body: bytes, parse: Callable[[bytes], dict]):
         """(the body fields the loop uses, the turn for ``turn``) of a body of megabytes, parsed
         and rendered in a worker process; None: parsed by the caller (``LargeTurns.parse``)."""
+        await self.ready()
         return await self.offloader.parse(body, parse)
 
     async def _prepare(self, messages, tools, kwargs, s: Session, large: large_turns.LargeTurn | None = None):
@@ -414,6 +439,7 @@ class SessionService:
         """``large``: the turn's messages stayed in a worker process (``parse_large``); ``body``
         holds the fields the loop uses."""
         s = self._lookup(sid)
+        await self.ready()
         if large is None:
             messages, tools, kwargs = offload.turn_inputs(body)
         else:

@@ -164,6 +164,43 @@ async def test_a_psrl_registration_serves_rollouts_on_its_dp_ranks_and_sessions(
             nursery.cancel_scope.cancel()
 
 
+async def test_sessions_without_a_tokenizer_path_take_the_tokenizer_a_grpc_engine_serves(model_dir):
+    """PSRL's rollout gateway enables TITO and names no tokenizer: as its fork, sessions take the
+    one the gRPC workers serve (GetTokenizer). Before an engine served one, a turn is a 503
+    tokenizer_unavailable (retryable); after, it is token-exact with the engine's own chat."""
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with (
+            fake_fleet("sglang", 1) as fleet,
+            fake_fleet("sglang", 1) as reference,
+            trio.open_nursery() as nursery,
+        ):
+            front = await nursery.start(
+                GrpcFront(fleet[0], WIRES["sglang"], tokenizer_dir=str(model_dir)).serve
+            )
+            cfg = rl_cfg(sessions=SessionsConfig(from_engines=True))
+            async with (
+                gateway_in_process(cfg) as gw,
+                httpx.AsyncClient(base_url=reference[0].url) as ref,
+            ):
+                name = fleet[0].served_model_name
+                chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+                r = await gw.client.post("/sessions", headers={"x-prompt-id": "p1"})
+                assert r.status_code in (200, 201), r.text
+                sid = r.json()["session_id"]
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=chat)
+                assert r.status_code == 503 and r.json()["error"]["code"] == "tokenizer_unavailable", r.text
+                payload = {"url": front.url, "connection_mode": "grpc", "runtime": "sglang",
+                           "labels": {"rl.control_url": fleet[0].url}}  # fmt: skip
+                assert (await gw.client.post("/workers", json=payload, headers=ADMIN)).status_code == 202
+                await wait_routable(gw)
+                want = (await ref.post("/v1/chat/completions", json=chat)).json()
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=chat)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"] == want["choices"][0]["message"]
+                assert gw.gateway.sessions.chat is not None  # adopted once, for every later turn
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir):
     with model.tokenizer_scope(model_dir), trio.fail_after(60):
         async with fake_fleet("sglang", 1, token_latency_ms=20) as fleet, trio.open_nursery() as nursery:

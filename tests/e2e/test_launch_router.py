@@ -22,7 +22,6 @@ import pytest
 
 from smgrl.demo.procs import free_port
 from smgrl.launch_router import RouterArgs, plan
-from smgrl.tito.testkit import make_model_dir
 
 READY_SECS = 30.0
 
@@ -216,9 +215,9 @@ def test_rollout_and_reward_gateways_launch_as_psrl_launches_them(
     tmp_path, monkeypatch, fakes, launched, ps_manager
 ):
     monkeypatch.setenv("SMGRL_JOURNAL_DIR", str(tmp_path / "journals"))
-    # PSRL's rollout gateway enables TITO and names no tokenizer: smgrl needs one (the variable
-    # is inherited by the launched process; docs/psrl.md, enable_tito).
-    monkeypatch.setenv("SMGRL_TOKENIZER_PATH", str(make_model_dir(tmp_path / "model")))
+    # PSRL's rollout gateway enables TITO and names no tokenizer: nothing is exported, sessions
+    # take the one the gRPC workers serve (docs/psrl.md, enable_tito).
+    monkeypatch.delenv("SMGRL_TOKENIZER_PATH", raising=False)
     logs = tmp_path / "logs"
     rollout_port, reward_port, reward_metrics = free_port(), free_port(), free_port()
     rollout_args = RouterArgs.from_cli_args(
@@ -263,6 +262,13 @@ def test_rollout_and_reward_gateways_launch_as_psrl_launches_them(
     status, body = _send(req)
     assert (status, body["error"]["code"]) == (400, "request_aborted")
     assert _get(f"http://127.0.0.1:{reward_metrics}/metrics") == 200
+    # TITO is on without a tokenizer: the registered engine (HTTP) serves none, so a session turn
+    # is the retryable 503 that says what is missing, not a disabled route.
+    status, created = _post(rollout_base + "/sessions", {})
+    assert status in (200, 201), created
+    turn = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, body = _post(f"{rollout_base}/sessions/{created['session_id']}/v1/chat/completions", turn)
+    assert (status, body["error"]["code"]) == (503, "tokenizer_unavailable"), body
 
     # No collision: a journal file and a log file of its own per gateway.
     journals = sorted(p.name for p in (tmp_path / "journals").glob("*.db"))
@@ -276,14 +282,6 @@ def test_a_field_smgrl_cannot_honour_stops_the_launch_naming_it(launched):
     ns = reward_namespace("127.0.0.1", free_port(), None, None)
     ns.pd_disaggregation = True
     proc = _start(RouterArgs.from_cli_args(ns))
-    launched.append(proc)
-    proc.join(READY_SECS)
-    assert proc.exitcode == 1
-
-
-def test_tito_without_a_tokenizer_stops_the_launch(launched, monkeypatch):
-    monkeypatch.delenv("SMGRL_TOKENIZER_PATH", raising=False)
-    proc = _start(RouterArgs.from_cli_args(rollout_namespace("127.0.0.1", free_port(), "127.0.0.1:1", None)))
     launched.append(proc)
     proc.join(READY_SECS)
     assert proc.exitcode == 1

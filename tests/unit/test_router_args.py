@@ -51,18 +51,18 @@ def test_psrl_rollout_namespace_maps_as_psrl_means_it():
     assert plan(reward_namespace("127.0.0.1", 8300, None, None)).config.routing_loop is None
 
 
-def test_tito_without_a_tokenizer_stops_the_launch_in_one_line():
+def test_tito_without_a_tokenizer_takes_the_one_the_grpc_workers_serve():
+    # PSRL's rollout namespace names no tokenizer: as the fork, sessions take the workers' one.
     ns = rollout_namespace("127.0.0.1", 8100, "x:1", None)
-    with pytest.raises(RouterArgsError) as info:
-        plan(ns, env={})
-    message = str(info.value)
-    assert message.startswith("RouterArgs.enable_tito=True needs a tokenizer") and "\n" not in message
-    assert "SMGRL_TOKENIZER_PATH" in message
-    ns.model_path = "/models/qwen"  # or tokenizer_path: either names it
-    assert plan(ns, env={}).config.sessions.tokenizer_path == "/models/qwen"
+    sessions = plan(ns, env={}).config.sessions
+    assert (sessions.tokenizer_path, sessions.from_engines) == (None, True)
+    ns.model_path = "/models/qwen"  # or tokenizer_path, or $SMGRL_TOKENIZER_PATH: that one serves
+    sessions = plan(ns, env={}).config.sessions
+    assert (sessions.tokenizer_path, sessions.from_engines) == ("/models/qwen", False)
     ns.enable_tito = False
     ns.model_path = None
-    assert plan(ns, env={}).config.sessions.tokenizer_path is None  # no TITO: none needed
+    sessions = plan(ns, env={}).config.sessions
+    assert (sessions.tokenizer_path, sessions.from_engines) == (None, False)  # no TITO: no sessions
 
 
 def test_max_concurrent_seqs_below_one_stops_a_routing_loop_launch():

@@ -135,6 +135,18 @@ class GrpcEngines:
         client = self._clients[(base_url, wire)] = EngineClient(channel, WIRES[wire])
         return client
 
+    async def served_tokenizer(self, instances):
+        """The tokenizer the first of ``instances`` that serves one gave (GetTokenizer; fetched
+        once per engine, then remembered), or None; HTTP instances are passed over."""
+        for instance in instances:
+            if instance.wire is None:
+                continue
+            client = self.client(instance.base_url, instance.wire)
+            found = await self.engine_tokenizers.get(client, instance.base_url)
+            if found is not None:
+                return found
+        return None
+
     async def aclose(self) -> None:
         for channel in list(self.channels.values()):
             await channel.aclose()

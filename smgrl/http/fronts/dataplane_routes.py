@@ -63,6 +63,7 @@ from smgrl.sessions import (
     SessionGone,
     SessionsDisabled,
     TemplateRefused,
+    TokenizerUnavailable,
     TooManySessions,
     TurnAborted,
 )
@@ -265,7 +266,7 @@ def _with_tito(responses: dict[str, Resp]) -> dict[str, Resp]:
         ("400", (InvalidTurn, TemplateRefused)),
         ("429", (TooManySessions,)),
         ("502", (EngineAnswerInvalid,)),
-        ("503", (SessionsDisabled, TurnAborted)),
+        ("503", (SessionsDisabled, TokenizerUnavailable, TurnAborted)),
     ):
         resp = out[status]
         codes = ", ".join(e.code for e in errors)

@@ -57,6 +57,7 @@ from smgrl.sessions import (
     SessionNotFound,
     SessionsDisabled,
     TemplateRefused,
+    TokenizerUnavailable,
     TooManySessions,
     TurnAborted,
     answer,
@@ -576,10 +577,12 @@ _TURN = {
     "409": _error("session_closing: DELETE is draining the session.", SessionClosing),
     "502": _error("engine_answer_invalid or upstream_unreachable.", EngineAnswerInvalid, UpstreamUnreachable),
     "503": _error(
-        "sessions_disabled, no_eligible_workers, version_floor_unmet, no_available_workers, turn_aborted (a deliberate abort: the "
+        "sessions_disabled, tokenizer_unavailable (sessions take the tokenizer a gRPC engine serves and none "
+        "has served one yet), no_eligible_workers, version_floor_unmet, no_available_workers, turn_aborted (a deliberate abort: the "
         "trainer's abort_request or one sent straight to the engine; send it again; a weight sync's abort is "
         "looped back) or loopback_limit_exceeded (aborted by syncs more than --max-loopbacks times); retryable.",
         SessionsDisabled,
+        TokenizerUnavailable,
         NoEligibleWorkers,
         VersionFloorUnmet,
         NoAvailableWorkers,
