@@ -50,6 +50,12 @@ class SessionsDisabled(DataPlaneError):
     status = 503
 
 
+TOKENIZER_UNAVAILABLE = (
+    "sessions take the tokenizer a gRPC engine serves (GetTokenizer), and no registered engine has "
+    "served one yet; retry once an engine is registered, or start the gateway with --tokenizer-path"
+)
+
+
 class TokenizerUnavailable(SessionsDisabled):
     """Sessions take the tokenizer a gRPC engine serves, and no registered engine served one yet."""
 

@@ -154,11 +154,7 @@ class SessionService:
             return
         found = None if self.tokenizer_source is None else await self.tokenizer_source()
         if found is None:
-            raise errors.TokenizerUnavailable(
-                "sessions take the tokenizer a gRPC engine serves (GetTokenizer), and no registered "
-                "engine has served one yet; retry once an engine is registered, or start the gateway "
-                "with --tokenizer-path"
-            )
+            raise errors.TokenizerUnavailable(errors.TOKENIZER_UNAVAILABLE)
         if self.chat is None:  # another turn may have adopted one while this one fetched
             self._adopt(found)
 
