@@ -18,7 +18,8 @@ in our SETTINGS, so a PUSH_PROMISE is a protocol error.
   for a stream no longer in the table are dropped (their DATA still counts against the
   connection window, and is handed back).
 
-The differential tests (tests/grpc) run it against grpcio's server.
+The differential tests (tests/grpc) run it against grpcio's server, and against h2's server
+connection, the library it replaced, byte for byte in memory.
 """
 
 from __future__ import annotations
