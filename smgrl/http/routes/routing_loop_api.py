@@ -229,15 +229,16 @@ class _FilterItem:
 
 @model(inline=True, additional=True)
 class _StatsPushItem:
-    worker_id: str = field(
+    # Each field may be null, read as absent (the fork's serde Option fields take null too).
+    worker_id: str | None = field(
         "the engine's registry id (or URL); with dp_rank, of its rank-0 record. An item without one, "
         "or naming no instance, is answered `rejected` in the results (as PSRL's fork: one push, "
         "per-item outcomes, 200)",
         optional=True,
     )
-    dp_rank: int = field(optional=True)
-    timestamp: str = field("RFC 3339; an older snapshot than the one kept is ignored", optional=True)
-    scheduler_stats: dict = field(
+    dp_rank: int | None = field(optional=True)
+    timestamp: str | None = field("RFC 3339; an older snapshot than the one kept is ignored", optional=True)
+    scheduler_stats: dict | None = field(
         "num_running_reqs, num_waiting_reqs, kv_cache_usage, req_id_to_prompt_token_num, "
         "req_id_to_response_token_num",
         optional=True,
