@@ -102,6 +102,8 @@ class ControlService:
         # Each target's control endpoint and pool for the batched calls (run_batched), emptied
         # with the targets whenever the projections change.
         self._routes: dict[str, tuple] = {}
+        # Idle engine-call batches, each with its private epoll, reused by later fan-outs.
+        self._batches: list = []
 
     # -- targets -------------------------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class ControlService:
                     on_outcome and on_outcome(w, o),
                 ),
                 self._routes,
+                self._batches,
             )
             done = True
         finally:
@@ -315,13 +318,16 @@ class ControlService:
         result = outcome.metric_result
         if result is not None and self.metrics.rl_enabled:
             self.metrics.control_call(metric_op(req.path), result, outcome.latency_ms / 1000)
-        if outcome.answered:
+        level = logging.DEBUG if quiet_ok and outcome.ok else logging.INFO
+        # Checked here, before the fields are gathered: a fan-out's answers are DEBUG lines, off
+        # by default, and building their fields was a few us per engine.
+        if outcome.answered and log.isEnabledFor(level):
             # The operator's log line; the journal's control.outcome below carries its own fields (op_id,
             # error, excerpt): two readers, two records.
             log_event(
                 log,
                 "rl.proxy",
-                logging.DEBUG if quiet_ok and outcome.ok else logging.INFO,
+                level,
                 worker_id=worker.id,
                 url=worker.url,
                 control_url=outcome.control_url,

@@ -22,12 +22,13 @@ stale connection) through ``EnginePool.stream`` as before. The rules are the poo
 - at most ``limit`` body bytes are kept; a longer body stops the read and closes the connection.
 
 Cancellation: ``wait`` is the only checkpoint. When it raises ``trio.Cancelled`` the caller's
-``finally`` calls ``close``, which closes every connection still in flight (never pooled: their
-state is unknown).
+``finally`` calls ``close`` (or ``release``, to use the batch again), which closes every
+connection still in flight (never pooled: their state is unknown).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 from collections.abc import Hashable
@@ -87,7 +88,8 @@ class _Pending:
         self.connection = connection
         self.fd = fd
         self.out = out  # request bytes not yet taken by the kernel
-        self.parser = ResponseParser(method)
+        # Made on first need (``_parser``): the usual answer is read whole by ``simple_response``.
+        self.parser: ResponseParser | None = None
         self.method = method
         self.deadline = deadline
         self.keep_alive = keep_alive
@@ -95,6 +97,12 @@ class _Pending:
         self.pieces: list[bytes] = []
         self.size = 0
         self.received = False  # any response byte (a failure after one is not "stale")
+
+
+def _parser(pending: _Pending) -> ResponseParser:
+    if pending.parser is None:
+        pending.parser = ResponseParser(pending.method)
+    return pending.parser
 
 
 class Batch:
@@ -162,11 +170,21 @@ class Batch:
             done.append(Done(pending.token, "timeout", pending.head is not None))
         return done
 
-    def close(self) -> None:
-        """Close every connection still in flight (cancelled or abandoned), then the epoll."""
+    def release(self) -> None:
+        """Close every connection still in flight (cancelled or abandoned) and keep the epoll,
+        empty, for the next use of this batch (``close`` ends it): a fan-out then makes no
+        ``epoll_create1``, ``close`` and first registration with trio's own epoll of its own."""
         live, self._live = self._live, {}
         for pending in live.values():
+            # Out of the epoll before the socket closes: the kernel drops a closed fd's
+            # registration only once no duplicate of it is left.
+            with contextlib.suppress(OSError, ValueError):  # a socket its pool closed meanwhile
+                self._epoll.unregister(pending.fd)
             pending.pool.give_back(pending.connection, reusable=False)
+
+    def close(self) -> None:
+        """Close every connection still in flight (cancelled or abandoned), then the epoll."""
+        self.release()
         self._epoll.close()
 
     # -- internals -----------------------------------------------------------------------------
@@ -204,14 +222,14 @@ class Batch:
             if data is None:
                 self._forget(pending, reusable=False)
                 return Done(pending.token, "read", pending.head is not None, why)
-            pending.parser.feed_eof()
+            _parser(pending).feed_eof()
         else:
             if not pending.received and pending.method != "HEAD":
                 whole = simple_response(data)
                 if whole is not None:  # the usual answer, read without the parser's events
                     return self._whole(pending, *whole)
             pending.received = True
-            pending.parser.feed(data)
+            _parser(pending).feed(data)
         try:
             return self._parse(pending)
         except UpstreamError as exc:
@@ -219,7 +237,7 @@ class Batch:
             return Done(pending.token, "read", pending.head is not None, str(exc))
 
     def _parse(self, pending: _Pending) -> Done | None:
-        parser = pending.parser
+        parser = _parser(pending)
         while True:
             event = parser.next_event()
             if event is NEED_DATA:

@@ -546,11 +546,41 @@ def simple_response(data: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]
     ``ResponseParser``, which accepts or refuses them by the full rules. Never for a response to
     HEAD (its content-length is not followed by a body). ``tests/unit/test_http11.py`` checks that
     every response accepted here reads the same through ``ResponseParser``.
+
+    Engines answer a fan-out with the same head, byte for byte (a ``date`` field changes once a
+    second): a head accepted once is kept (``_SIMPLE_HEADS``), so the next identical one costs a
+    dictionary lookup instead of the checks below, which were 7% of a 64-engine fan-out's CPU.
+    The checks depend on the head's bytes alone, so a kept head is accepted as it was.
     """
     end = data.find(b"\r\n\r\n")
-    if end < 0 or end + 4 > MAX_HEAD_BYTES or not data.startswith(b"HTTP/1.1 "):
+    if end < 0 or end + 4 > MAX_HEAD_BYTES:
         return None
     block = data[:end]
+    known = _SIMPLE_HEADS.get(block)
+    if known is None:
+        known = _simple_head(block)
+        if known is None:
+            return None
+        if len(block) <= _KEPT_HEAD_BYTES:
+            if len(_SIMPLE_HEADS) >= _KEPT_HEADS:
+                _SIMPLE_HEADS.clear()  # heads that stopped coming (an old date) go with the rest
+            _SIMPLE_HEADS[block] = known
+    status, headers, length = known
+    if len(data) != end + 4 + length:
+        return None
+    return status, list(headers), data[end + 4 :]
+
+
+# Heads accepted by ``simple_response``, by their bytes: ``(status, headers, content-length)``.
+_SIMPLE_HEADS: dict[bytes, tuple[int, tuple[tuple[bytes, bytes], ...], int]] = {}
+_KEPT_HEADS = 256
+_KEPT_HEAD_BYTES = 1024  # at most 256 KiB kept
+
+
+def _simple_head(block: bytes) -> tuple[int, tuple[tuple[bytes, bytes], ...], int] | None:
+    """``simple_response``'s checks of a head (without its empty line)."""
+    if not block.startswith(b"HTTP/1.1 "):
+        return None
     if b"\n" in block.replace(b"\r\n", b"") or b"\r" in block.replace(b"\r\n", b"") or b"\0" in block:
         return None
     lines = block.split(b"\r\n")
@@ -575,6 +605,6 @@ def simple_response(data: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]
                 return None
             length = int(value)
         headers.append((name, value))
-    if length is None or len(data) != end + 4 + length:
+    if length is None:
         return None
-    return status, headers, data[end + 4 :]
+    return status, tuple(headers), length

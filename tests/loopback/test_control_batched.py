@@ -289,3 +289,37 @@ async def test_a_cached_route_is_not_used_once_its_pool_is_discarded(nursery):
     assert routes["w0"][3] is not old and not routes["w0"][3].closed
     assert got["w0"].status == 200 and got["w1"].body == "second"
     await pools.aclose()
+
+
+async def test_a_kept_batch_serves_the_next_fanout_and_comes_back_empty_from_a_cancel(nursery):
+    """``batches``: the caller's idle batches. A fan-out takes one and hands it back, so its
+    epoll serves later fan-outs; a cancelled fan-out hands it back with nothing in flight (its
+    connections closed), and the next fan-out through it still reads every answer."""
+    stalled = workers([await serve(nursery, stall) for _ in range(3)])
+    answering = workers([await serve(nursery, partial(answer, ok(b"second"))) for _ in range(3)])
+    pools = PoolSet()
+    batches: list = []
+    got = {}
+
+    async def run(ws, timeout):
+        await run_batched(
+            ws, REQUEST, lambda w: None, pools, timeout, 32,
+            lambda w: call_worker(w, None, REQUEST, pools, timeout),
+            lambda w, o: got.__setitem__(w.id + w.url, o), None, batches,
+        )  # fmt: skip
+
+    for w in stalled + answering:
+        assert (await call_worker(w, None, REQUEST, pools, TIMEOUT)).status == 200
+    with trio.fail_after(SAFETY):
+        with trio.move_on_after(0.1):
+            await run(stalled, 30.0)
+        assert [len(b) for b in batches] == [0]
+        kept = batches[0]
+        for w in stalled:
+            pool = pools.get(w.base_url)
+            assert pool.active_connections == 0 and pool.idle_connections == 0
+        got.clear()
+        await run(answering, TIMEOUT)
+    assert batches == [kept]
+    assert [o.body for o in got.values()] == ["second"] * 3
+    await pools.aclose()

@@ -683,3 +683,41 @@ def test_a_plain_answer_is_simple_and_others_are_not():
         b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nok",  # a byte too many
     ):
         assert simple_response(raw) is None
+
+
+def test_a_kept_head_reads_as_a_fresh_one(monkeypatch):
+    """Every variant read with its head already kept gives what a first reading gives: the
+    body's length is still checked against the kept content-length, and a refused head is
+    never kept."""
+    from smgrl.upstream import http11
+
+    variants = _variants()
+    monkeypatch.setattr(http11, "_SIMPLE_HEADS", {})
+    fresh = []
+    for raw in variants:
+        http11._SIMPLE_HEADS.clear()
+        fresh.append(simple_response(raw))
+    for raw in variants:  # warm: each head kept by the readings before it
+        simple_response(raw)
+    assert [simple_response(raw) for raw in variants] == fresh
+    assert any(fresh) and http11._SIMPLE_HEADS  # heads were kept, and read again from there
+
+
+def test_the_same_head_is_checked_once(monkeypatch):
+    from smgrl.upstream import http11
+
+    monkeypatch.setattr(http11, "_SIMPLE_HEADS", {})
+    checked = []
+    real = http11._simple_head
+    monkeypatch.setattr(http11, "_simple_head", lambda block: checked.append(block) or real(block))
+    raw = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok"
+    for _ in range(5):
+        assert simple_response(raw) == (
+            200,
+            [(b"content-type", b"text/plain"), (b"content-length", b"2")],
+            b"ok",
+        )
+    assert len(checked) == 1
+    for i in range(http11._KEPT_HEADS + 10):  # bounded: distinct heads (a date a second) replace old ones
+        simple_response(b"HTTP/1.1 200 OK\r\nx-n: %d\r\ncontent-length: 2\r\n\r\nok" % i)
+    assert len(http11._SIMPLE_HEADS) <= http11._KEPT_HEADS
