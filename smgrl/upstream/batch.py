@@ -111,6 +111,14 @@ class Batch:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._epoll = select.epoll()
+        # fd -> the connection registered in the epoll under it. A connection handed back to its
+        # pool stays registered (EPOLLIN, level-triggered), so that the next exchange on it
+        # through this batch needs no ``epoll_ctl`` at all. Registered for the same connection
+        # object means registered for the same open socket: the kernel drops a registration
+        # when its socket closes, and a closed connection is never taken again. An fd that
+        # becomes ready while no exchange of the batch is on it (an idle connection the engine
+        # closed, or one another task is using) is unregistered there and then (``wait``).
+        self._registered: dict[int, object] = {}
         self._live: dict[int, _Pending] = {}
 
     def __len__(self) -> int:
@@ -142,7 +150,7 @@ class Batch:
             pool.give_back(connection, reusable=False)
             return Done(token, "stale")
         pending = _Pending(token, pool, connection, fd, request[sent:], method, deadline, keep_alive)
-        self._epoll.register(fd, _OUT if pending.out else _IN)
+        self._watch(fd, connection, _OUT if pending.out else _IN)
         self._live[fd] = pending
         return True
 
@@ -160,10 +168,12 @@ class Batch:
         done = []
         for fd, events in ready:
             pending = self._live.get(fd)
-            if pending is not None:
-                result = self._on_ready(pending, events)
-                if result is not None:
-                    done.append(result)
+            if pending is None:
+                self._drop(fd)  # a kept registration of a connection the batch is not using
+                continue
+            result = self._on_ready(pending, events)
+            if result is not None:
+                done.append(result)
         now = trio.current_time()
         for pending in [p for p in self._live.values() if p.deadline <= now]:
             self._forget(pending, reusable=False)
@@ -178,20 +188,38 @@ class Batch:
         for pending in live.values():
             # Out of the epoll before the socket closes: the kernel drops a closed fd's
             # registration only once no duplicate of it is left.
-            with contextlib.suppress(OSError, ValueError):  # a socket its pool closed meanwhile
-                self._epoll.unregister(pending.fd)
+            self._drop(pending.fd)
             pending.pool.give_back(pending.connection, reusable=False)
 
     def close(self) -> None:
         """Close every connection still in flight (cancelled or abandoned), then the epoll."""
         self.release()
+        self._registered.clear()
         self._epoll.close()
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _watch(self, fd: int, connection: object, events: int) -> None:
+        if self._registered.get(fd) is connection:
+            if events != _IN:  # kept registrations are EPOLLIN
+                self._epoll.modify(fd, events)
+            return
+        try:
+            self._epoll.register(fd, events)
+        except FileExistsError:  # pragma: no cover - a registration the kernel did not drop
+            self._epoll.modify(fd, events)
+        self._registered[fd] = connection
+
+    def _drop(self, fd: int) -> None:
+        """Out of the epoll (before its socket closes, or when it is not the batch's)."""
+        self._registered.pop(fd, None)
+        with contextlib.suppress(OSError, ValueError):  # already gone with its socket
+            self._epoll.unregister(fd)
+
     def _forget(self, pending: _Pending, *, reusable: bool) -> None:
         del self._live[pending.fd]
-        self._epoll.unregister(pending.fd)
+        if not reusable:
+            self._drop(pending.fd)  # closed below; a pooled one stays registered (_registered)
         pending.pool.give_back(pending.connection, reusable=reusable)
 
     def _on_ready(self, pending: _Pending, events: int) -> Done | None:

@@ -323,3 +323,49 @@ async def test_a_kept_batch_serves_the_next_fanout_and_comes_back_empty_from_a_c
     assert batches == [kept]
     assert [o.body for o in got.values()] == ["second"] * 3
     await pools.aclose()
+
+
+async def test_a_kept_registration_of_a_connection_the_engine_closed_is_dropped(nursery):
+    """A connection handed back to its pool stays registered in the kept batch's epoll. When
+    the engine closes it while idle, the next fan-out through that batch is not woken by it
+    for nothing (it is dropped from the epoll), and its call goes out again on a fresh
+    connection, as any stale connection's does."""
+    closed = trio.Event()
+
+    async def answer_then_close(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.stream.send_all(ok(b"second"))
+        await peer.stream.aclose()
+        closed.set()
+
+    async def answer_every_request(peer: Peer) -> None:
+        while await peer.read_request() is not None:
+            await peer.stream.send_all(ok(b"x"))
+
+    ws = workers([await serve(nursery, answer_then_close), await serve(nursery, answer_every_request)])
+    pools = PoolSet()
+    batches: list = []
+    got = {}
+
+    async def run():
+        got.clear()
+        await run_batched(
+            ws, REQUEST, lambda w: None, pools, TIMEOUT, 32,
+            lambda w: call_worker(w, None, REQUEST, pools, TIMEOUT),
+            lambda w, o: got.__setitem__(w.id, o), None, batches,
+        )  # fmt: skip
+
+    with trio.fail_after(SAFETY):
+        for w in ws:
+            assert (await call_worker(w, None, REQUEST, pools, TIMEOUT)).status == 200
+        await run()
+        assert got["w0"].body == "second"
+        await closed.wait()
+        while not pools.get(ws[0].base_url).idle_connections:
+            await trio.sleep(0.001)  # bounded by fail_after
+        kept = batches[0]
+        assert len(kept._registered) == 2  # both pooled connections stay registered
+        await run()
+    assert got["w0"].body == "fresh" and got["w1"].status == 200
+    assert batches == [kept] and len(kept._registered) <= 2
+    await pools.aclose()
