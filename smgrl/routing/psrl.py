@@ -17,6 +17,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -47,16 +48,20 @@ def kv_gate_on(cfg: PsrlConfig) -> bool:
     return cfg.reject_on_waiting or cfg.kv_capacity_threshold < 1.0
 
 
+_INT64_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
 def int64(raw: str | None) -> int | None:
-    """``raw`` as an int64 (Python's ``int()`` of it, inside the int64 range), or None: the one
-    reading of PSRL's numeric ids and versions (PSManager's fields, the routing loop's
-    ``small_id`` order)."""
+    """``raw`` as an int64, or None: the one reading of PSRL's numeric ids and versions
+    (PSManager's fields, the routing loop's ``small_id`` order). It reads as the fork's
+    ``str::trim().parse::<i64>()`` does: whitespace around is trimmed, then an optional sign and
+    ASCII digits only (``int()`` alone would also take ``1_000`` and non-ASCII digits)."""
     if raw is None:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
+    text = raw.strip()
+    if not _INT64_TEXT.fullmatch(text):
         return None
+    value = int(text)
     return value if -(2**63) <= value < 2**63 else None
 
 
