@@ -27,6 +27,8 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
     unusual goes through h11's own path).
 13. An early answer says ``connection: close`` (``_coalescing_stream_send``; fix, RFC 9112
     section 9.6).
+14. h11's ``Headers`` iterated in C (``hypercorn_hot.headers_iter``; speed-up).
+15. A response's last body message in one step (``hypercorn_hot.app_send``; speed-up).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
 version, and tests/loopback/test_hypercorn_patches.py hashes the source of every stock function
@@ -53,6 +55,7 @@ from hypercorn.trio import task_group as trio_task_group
 from hypercorn.trio import tcp_server
 
 from smgrl.core.errors import ConfigError
+from smgrl.http import hypercorn_hot
 from smgrl.http.hypercorn_headers import checked_response
 
 PATCHED_VERSION = "0.18.0"
@@ -77,7 +80,14 @@ STOCK_SOURCES = {
     # h11's own checks, which ``hypercorn_headers.checked_response`` makes once per header (patch 12).
     "h11._headers.normalize_and_validate": "82a8fcccb31d27d4",
     "h11._events._ResponseBase.__init__": "eccce2371512d41e",
+    # What patch 14's ``Headers.__iter__`` yields (h11's ``Headers`` has no ``__iter__`` of its own).
+    "h11._headers.Headers.__getitem__": "ca94add742ae2be4",
+    # Patch 15 makes ``stream_send``'s ``StreamClosed`` step itself (pinned above) and awaits
+    # the access log as ``_send_closed`` does.
+    "hypercorn.logging.Logger.access": "59b27f8b5402bfb2",
 }
+# Attributes apply() adds where stock has none (the stock behaviour they copy is pinned above).
+ADDED = frozenset({"h11._headers.Headers.__iter__"})
 # Graceful close (RFC 9112 section 9.6): how much of an unread request body is read and dropped
 # after the answer, and for how long, before the connection is closed anyway. 16 MiB covers the
 # bodies clients really send after an early 413/401 (a refit chunk, a long prompt) at loopback
@@ -617,6 +627,8 @@ def _replacements() -> list[tuple[type, str, Any]]:
         (trio_task_group.TaskGroup, "spawn_app", _spawn_app),
         (h11_protocol.H11Protocol, "stream_send", _coalescing_stream_send),
         (h11_protocol.H11Protocol, "_maybe_recycle", _shielded_maybe_recycle),
+        (h11._headers.Headers, "__iter__", hypercorn_hot.headers_iter),
+        # APPSEND
     ]
 
 
@@ -673,3 +685,5 @@ def require() -> None:
 
 # Kept before apply() can run (this module is the only place that patches hypercorn).
 _ORIGINALS = {name: _resolve(name) for name in STOCK_SOURCES}
+# Whether stock already defines an attribute of ``ADDED`` (it must not: the test checks).
+STOCK_DEFINES = {q: q.rpartition(".")[2] in vars(_resolve(q.rpartition(".")[0])) for q in ADDED}
