@@ -5,27 +5,36 @@
     of its own, so every ``for name, value in headers`` (h11's own Host check, hypercorn's two
     header scans and its ``list(request.headers)``, four per request) went through
     ``Sequence.__iter__`` and a Python ``__getitem__`` per header. The pairs are the same.
-15. ``app_send``: a response's last body message over HTTP/1.1 goes to the connection in one
-    step: its data, the end of the message and the close of the stream without the three
-    hypercorn events (``Body``, ``EndBody``, ``StreamClosed``) and their dispatch, in the order
-    and with the writes of patch 5 (one write for the head, the body and a chunked end).
-    Anything else is stock ``HTTPStream.app_send``.
+15. ``app_send``: over HTTP/1.1 a response's start and its last body message each go to the
+    connection in one step, without hypercorn's events (``Response``, ``Body``, ``EndBody``,
+    ``StreamClosed``) and their dispatch, in the order and with the writes of patch 5 (one
+    write for the head, the body and a chunked end). The start's headers skip hypercorn's
+    ``build_and_validate_headers`` (a ``bytes()`` and a ``strip()`` of every name and value)
+    when each is already what that would return: ``bytes``, a name h11 accepted before (a
+    token: no colon, no white space) and a value matching h11's pattern (which cannot begin or
+    end with white space); anything else goes through it, and its errors, as stock. Any other
+    message is stock ``HTTPStream.app_send``.
 """
 
 from __future__ import annotations
 
+from itertools import chain
 from time import time
 from typing import Any
 
 import h11
 from hypercorn.protocol import h11 as h11_protocol
+from hypercorn.protocol.events import Response
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
-from hypercorn.utils import suppress_body
+from hypercorn.utils import build_and_validate_headers, suppress_body
+
+from smgrl.http.hypercorn_headers import FIELD_VALUE, GOOD_NAMES, checked_response
 
 # The attribute on ``H11Protocol`` holding a response head not yet written (patch 5's
 # ``_coalescing_stream_send`` sets it; ``end_of_message`` below writes it with the body).
 PENDING_HEAD = "_smgrl_head"
 _CLOSED = ASGIHTTPState.CLOSED
+_REQUEST = ASGIHTTPState.REQUEST
 _RESPONSE = ASGIHTTPState.RESPONSE
 _H11 = h11_protocol.H11Protocol
 _RawData = h11_protocol.RawData
@@ -40,7 +49,63 @@ def headers_iter(self):
 _stock_app_send = HTTPStream.app_send
 
 
+def start_response(protocol, headers, status_code: int) -> None:
+    """Patch 5's step for a final response's head (kept to go out with the first body bytes),
+    with patch 13's ``connection: close``; ``headers``: as ``build_and_validate_headers`` returns
+    them."""
+    start_checked(protocol, headers, status_code, 0)
+
+
+def start_checked(protocol, headers, status_code: int, known: int) -> None:
+    """``start_response``; the first ``known`` headers already passed h11's checks."""
+    headers = list(chain(headers, protocol.config.response_headers("h11")))
+    # An answer that starts before the request body has all arrived (an early 404/401/413)
+    # ends the connection: hypercorn closes it after the answer (the body was never read).
+    # Say so (RFC 9112 section 9.6), or a client reuses the connection and its next request
+    # races our close (patch 13; stock hypercorn and SMG 1.13.0 close without saying so).
+    connection = protocol.connection
+    if (
+        protocol.keep_alive_requests >= protocol.config.keep_alive_max_requests
+        or connection.their_state is h11.SEND_BODY
+    ):
+        headers.append((b"connection", b"close"))
+    try:
+        setattr(protocol, PENDING_HEAD, connection.send(checked_response(headers, status_code, known)))
+    except h11.LocalProtocolError:
+        if connection.their_state != h11.ERROR:
+            raise
+
+
+def _known_good(headers) -> bool:
+    """Each header already what ``build_and_validate_headers`` makes of it, and one h11 takes."""
+    if FIELD_VALUE is None:
+        return False
+    good, fullmatch = GOOD_NAMES, FIELD_VALUE.fullmatch
+    for name, value in headers:
+        if type(name) is not bytes or type(value) is not bytes or name not in good or not fullmatch(value):
+            return False
+    return True
+
+
 async def app_send(self, message: dict[str, Any] | None) -> None:
+    if (
+        message is not None
+        and message["type"] == "http.response.start"
+        and self.state is _REQUEST
+        and type(getattr(self.send, "__self__", None)) is _H11
+    ):
+        self.response = message
+        headers = message.get("headers", [])
+        known = type(headers) is list and _known_good(headers)
+        if not known:
+            headers = build_and_validate_headers(headers)
+        status_code = int(message["status"])
+        if status_code >= 200:
+            start_checked(self.send.__self__, headers, status_code, len(headers) if known else 0)
+        else:  # an informational head: stock's event
+            await self.send(Response(stream_id=self.stream_id, headers=headers, status_code=status_code))
+        self.state = _RESPONSE
+        return
     if (
         message is not None
         and message["type"] == "http.response.body"

@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from itertools import chain
 from typing import Any
 
 import h11
@@ -56,7 +55,6 @@ from hypercorn.trio import tcp_server
 
 from smgrl.core.errors import ConfigError
 from smgrl.http import hypercorn_hot
-from smgrl.http.hypercorn_headers import checked_response
 
 PATCHED_VERSION = "0.18.0"
 # sha256 (first 16 hex digits) of ``inspect.getsource`` of every stock hypercorn 0.18.0 function
@@ -206,21 +204,7 @@ async def _coalescing_stream_send(self, event) -> None:
     pending = getattr(self, "_smgrl_head", None)
     kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
     if kind is Response and event.status_code >= 200:
-        headers = list(chain(event.headers, self.config.response_headers("h11")))
-        # An answer that starts before the request body has all arrived (an early 404/401/413)
-        # ends the connection: hypercorn closes it after the answer (the body was never read).
-        # Say so (RFC 9112 section 9.6), or a client reuses the connection and its next request
-        # races our close (patch 13; stock hypercorn and SMG 1.13.0 close without saying so).
-        if (
-            self.keep_alive_requests >= self.config.keep_alive_max_requests
-            or self.connection.their_state is h11.SEND_BODY
-        ):
-            headers.append((b"connection", b"close"))
-        try:
-            self._smgrl_head = self.connection.send(checked_response(headers, event.status_code))
-        except h11.LocalProtocolError:
-            if self.connection.their_state != h11.ERROR:
-                raise
+        hypercorn_hot.start_response(self, event.headers, event.status_code)
         return
     if kind is Body or kind is EndBody:
         if kind is Body:
@@ -628,7 +612,7 @@ def _replacements() -> list[tuple[type, str, Any]]:
         (h11_protocol.H11Protocol, "stream_send", _coalescing_stream_send),
         (h11_protocol.H11Protocol, "_maybe_recycle", _shielded_maybe_recycle),
         (h11._headers.Headers, "__iter__", hypercorn_hot.headers_iter),
-        # APPSEND
+        (hypercorn_hot.HTTPStream, "app_send", hypercorn_hot.app_send),
     ]
 
 

@@ -59,6 +59,12 @@ async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
         return
+    if path in FRAMED:  # a body that breaks its declared length, or none declared (chunked)
+        length, payload = FRAMED[path]
+        head = [] if length is None else [(b"content-length", length)]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": payload})
+        return
     if path in HEADERS:  # many headers, or one h11 refuses: the same answer or the same refusal
         await send({"type": "http.response.start", "status": 200, "headers": HEADERS[path]})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -67,6 +73,9 @@ async def app(scope, receive, send):
     head = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(payload))]
     await send({"type": "http.response.start", "status": 200, "headers": head})
     await send({"type": "http.response.body", "body": payload})
+
+FRAMED = {"/short": (b"10", b"12345"), "/long": (b"2", b"12345"), "/chunked-once": (None, b"abc")}
+
 
 async def main():
     cfg = Config()
@@ -124,6 +133,13 @@ CASES = {
         b"POST /early HTTP/1.1\r\n" + H + b"content-length: 8\r\n\r\n12345678",
         b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
     ],
+    **{
+        f"answer framing {path}": [
+            b"GET %s HTTP/1.1\r\n" % path.encode() + H + b"\r\n",
+            b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+        ]
+        for path in ("/short", "/long", "/chunked-once")
+    },
     "large answer": [b"GET /big HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
     "malformed request": [b"GET / HTTP/1.1\r\nbad header line\r\n\r\n"],
 }
