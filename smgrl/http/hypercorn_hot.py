@@ -14,6 +14,9 @@
     token: no colon, no white space) and a value matching h11's pattern (which cannot begin or
     end with white space); anything else goes through it, and its errors, as stock. Any other
     message is stock ``HTTPStream.app_send``.
+16. ``check_protocol``: hypercorn's ``_check_protocol`` (is this request an h2c upgrade or an
+    HTTP/2 preface?) without a ``decode``, ``strip`` and ``lower`` of every header name: h11's
+    names are already lower-case tokens, so the stock sanitising returns them unchanged.
 """
 
 from __future__ import annotations
@@ -38,6 +41,30 @@ _REQUEST = ASGIHTTPState.REQUEST
 _RESPONSE = ASGIHTTPState.RESPONSE
 _H11 = h11_protocol.H11Protocol
 _RawData = h11_protocol.RawData
+
+
+async def check_protocol(self, event: h11.Request) -> None:
+    """Stock ``H11Protocol._check_protocol``, its header scan on h11's lower-case names."""
+    upgrade_value = ""
+    has_body = False
+    for _, name, value in event.headers._full_items:
+        if name == b"upgrade":
+            upgrade_value = value.decode("latin1").strip()
+        elif name == b"content-length" or name == b"transfer-encoding":
+            has_body = True
+    if upgrade_value.lower() == "h2c" and not has_body:
+        await self._send_h11_event(
+            h11.InformationalResponse(
+                status_code=101,
+                headers=self.config.response_headers("h11")
+                + [(b"connection", b"upgrade"), (b"upgrade", b"h2c")],
+            )
+        )
+        raise h11_protocol.H2CProtocolRequiredError(self.connection.trailing_data[0], event)
+    elif event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
+        raise h11_protocol.H2ProtocolAssumedError(
+            b"PRI * HTTP/2.0\r\n\r\n" + self.connection.trailing_data[0]
+        )
 
 
 def headers_iter(self):

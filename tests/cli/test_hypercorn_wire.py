@@ -140,6 +140,11 @@ CASES = {
         ]
         for path in ("/short", "/long", "/chunked-once")
     },
+    "h2c upgrade asked with a body (answered over HTTP/1.1)": [
+        b"POST /a HTTP/1.1\r\n" + H + b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+        b"http2-settings: AAMAAABkAAQAAP__\r\ncontent-length: 3\r\n\r\nabc",
+        b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
     "large answer": [b"GET /big HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
     "malformed request": [b"GET / HTTP/1.1\r\nbad header line\r\n\r\n"],
 }
