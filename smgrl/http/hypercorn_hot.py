@@ -17,6 +17,9 @@
 16. ``check_protocol``: hypercorn's ``_check_protocol`` (is this request an h2c upgrade or an
     HTTP/2 preface?) without a ``decode``, ``strip`` and ``lower`` of every header name: h11's
     names are already lower-case tokens, so the stock sanitising returns them unchanged.
+    ``create_stream``: hypercorn's ``_create_stream`` for a request without an ``upgrade``
+    header (never a WebSocket, which needs ``upgrade: websocket``): the ``HTTPStream`` at once,
+    without the scan that decodes every header for the WebSocket test. With one, stock.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import h11
 from hypercorn.protocol import h11 as h11_protocol
-from hypercorn.protocol.events import Response
+from hypercorn.protocol.events import Request, Response
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.utils import build_and_validate_headers, suppress_body
 
@@ -65,6 +68,44 @@ async def check_protocol(self, event: h11.Request) -> None:
         raise h11_protocol.H2ProtocolAssumedError(
             b"PRI * HTTP/2.0\r\n\r\n" + self.connection.trailing_data[0]
         )
+
+
+_stock_create_stream = h11_protocol.H11Protocol._create_stream
+
+
+async def create_stream(self, request: h11.Request) -> None:
+    items = request.headers._full_items
+    for _, name, _ in items:
+        if name == b"upgrade":
+            await _stock_create_stream(self, request)
+            return
+    self.stream = HTTPStream(
+        self.app,
+        self.config,
+        self.context,
+        self.task_group,
+        self.ssl,
+        self.client,
+        self.server,
+        self.stream_send,
+        h11_protocol.STREAM_ID,
+    )
+    if self.config.h11_pass_raw_headers:
+        headers = request.headers.raw_items()
+    else:
+        headers = [(name, value) for _, name, value in items]
+    await self.stream.handle(
+        Request(
+            stream_id=h11_protocol.STREAM_ID,
+            headers=headers,
+            http_version=request.http_version.decode(),
+            method=request.method.decode("ascii").upper(),
+            raw_path=request.target,
+            state=self.connection_state,
+        )
+    )
+    self.keep_alive_requests += 1
+    await self.context.mark_request()
 
 
 def headers_iter(self):

@@ -29,7 +29,8 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
     section 9.6).
 14. h11's ``Headers`` iterated in C (``hypercorn_hot.headers_iter``; speed-up).
 15. A response's last body message in one step (``hypercorn_hot.app_send``; speed-up).
-16. The h2c check on h11's lower-case names (``hypercorn_hot.check_protocol``; speed-up).
+16. The h2c check on h11's lower-case names (``hypercorn_hot.check_protocol``), and a request
+    without ``upgrade`` gets its stream at once (``hypercorn_hot.create_stream``; speed-ups).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
 version, and tests/loopback/test_hypercorn_patches.py hashes the source of every stock function
@@ -85,6 +86,7 @@ STOCK_SOURCES = {
     # the access log as ``_send_closed`` does.
     "hypercorn.logging.Logger.access": "59b27f8b5402bfb2",
     "hypercorn.protocol.h11.H11Protocol._check_protocol": "f95f6b38f43c62aa",
+    "hypercorn.protocol.h11.H11Protocol._create_stream": "a2338a57ab343908",
 }
 # Attributes apply() adds where stock has none (the stock behaviour they copy is pinned above).
 ADDED = frozenset({"h11._headers.Headers.__iter__"})
@@ -616,6 +618,7 @@ def _replacements() -> list[tuple[type, str, Any]]:
         (h11._headers.Headers, "__iter__", hypercorn_hot.headers_iter),
         (hypercorn_hot.HTTPStream, "app_send", hypercorn_hot.app_send),
         (h11_protocol.H11Protocol, "_check_protocol", hypercorn_hot.check_protocol),
+        (h11_protocol.H11Protocol, "_create_stream", hypercorn_hot.create_stream),
     ]
 
 

@@ -145,6 +145,10 @@ CASES = {
         b"http2-settings: AAMAAABkAAQAAP__\r\ncontent-length: 3\r\n\r\nabc",
         b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
     ],
+    "websocket upgrade (stock's WebSocket stream; this app refuses it)": [
+        b"GET /ws HTTP/1.1\r\n" + H + b"connection: Upgrade\r\nupgrade: websocket\r\n"
+        b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
+    ],
     "large answer": [b"GET /big HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
     "malformed request": [b"GET / HTTP/1.1\r\nbad header line\r\n\r\n"],
 }
