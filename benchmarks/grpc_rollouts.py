@@ -19,6 +19,8 @@ runs (the pass criterion: smgrl's CPU per ``/generate`` at most 2x SMG's). Every
 starts is stopped by its PID; everything listens on 127.0.0.1; every loop is bounded.
 
     python benchmarks/grpc_rollouts.py [--engines 2] [--requests 1000] [--runs 3] [--out FILE]
+
+A quicker pass over one cell: ``--routes /generate --concurrency 1 --streams 0``.
 """
 
 from __future__ import annotations
@@ -220,6 +222,8 @@ def run(args) -> dict:
             children.append(child)
             gateways["smg"] = (child, base)
         for route, obj in (("/generate", GENERATE), ("/v1/chat/completions", CHAT)):
+            if args.routes and route not in args.routes:
+                continue
             body = json.dumps({**obj, "model": MODEL}).encode()
             for c in args.concurrency:
                 total = max(args.requests, c * 8) if c > 1 else max(args.requests // 4, 200)
@@ -239,6 +243,8 @@ def run(args) -> dict:
                     print(f"{name:7s} {route:22s} c={c:<3d} p50={row['p50']:6.2f}ms (+{row['added_p50']:.2f}) "
                           f"{rps:7.0f} req/s errors={errors} CPU {row['cpu_us']:5.0f} us/req "
                           f"(runs {', '.join(f'{x:.0f}' for x in cpus)})", flush=True)  # fmt: skip
+        if not args.streams:
+            return results
         rate = trio.run(direct_streams, urls, args.streams, args.stream_tokens)
         results.setdefault("direct", {})["streams"] = rate
         print(f"direct  streams={args.streams} {rate:8.0f} chunks/s", flush=True)
@@ -263,7 +269,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64])
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--streams", type=int, default=64, help="0: no stream rows")
+    p.add_argument("--routes", type=lambda s: s.split(","), default=None,
+                   help="only these buffered routes (comma-separated, e.g. /generate)")  # fmt: skip
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--smg-bin", default=None)
     p.add_argument("--out", default=None)

@@ -6,6 +6,7 @@ the context), buffered and streamed; the DP rank of a PSRL-style registration re
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 
 import httpx
@@ -216,6 +217,31 @@ async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir)
                     async for line in r.aiter_lines():
                         if line.startswith("data: "):
                             break  # the first event arrived: the client leaves
+                with trio.fail_after(10):
+                    while not front.aborts:
+                        await trio.sleep(0.02)
+                assert len(front.aborts) == 1  # RST_STREAM and the engine's Abort for that request
+                while fleet[0].scheduler.jobs:
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_leaves_a_buffered_generate_aborts_the_engine_call(model_dir):
+    with model.tokenizer_scope(model_dir), trio.fail_after(60):
+        async with fake_fleet("sglang", 1, token_latency_ms=20) as fleet, trio.open_nursery() as nursery:
+            front = await nursery.start(GrpcFront(fleet[0], WIRES["sglang"]).serve)
+            async with gateway_on_loopback(rl_cfg()) as gw, httpx.AsyncClient(base_url=gw.base) as client:
+                payload = {"url": front.url, "connection_mode": "grpc", "runtime": "sglang",
+                           "labels": {"rl.control_url": fleet[0].url}}  # fmt: skip
+                assert (await client.post("/workers", json=payload, headers=ADMIN)).status_code == 202
+                await wait_routable(gw)
+                body = {"input_ids": [4, 5], "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+                async with trio.open_nursery() as leaving:
+                    leaving.start_soon(functools.partial(client.post, "/generate", json=body))
+                    with trio.fail_after(10):
+                        while not fleet[0].scheduler.jobs:
+                            await trio.sleep(0.02)
+                    leaving.cancel_scope.cancel()  # the client leaves before the answer
                 with trio.fail_after(10):
                     while not front.aborts:
                         await trio.sleep(0.02)

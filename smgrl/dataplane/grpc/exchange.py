@@ -187,17 +187,17 @@ class GrpcEngines:
         ]  # fmt: skip
         answer = RenderedAnswer(the_plan, items, instance.model, base)
         call = GenerateCalls(client, the_plan, instance.dp_rank)
-        async with contextlib.AsyncExitStack() as stack:
-            if not the_plan.stream:
-                try:
-                    await call.buffered(items)
-                except GrpcError as exc:
-                    if exc.code == StatusCode.UNAVAILABLE:
-                        raise ConnectError(f"gRPC engine {client.channel.authority}: {exc}") from None
-                    yield _status_answer(exc)
-                    return
-                yield GrpcAnswer(200, JSON, answer.body())
+        if not the_plan.stream:
+            try:
+                await call.buffered(items)
+            except GrpcError as exc:
+                if exc.code == StatusCode.UNAVAILABLE:
+                    raise ConnectError(f"gRPC engine {client.channel.authority}: {exc}") from None
+                yield _status_answer(exc)
                 return
+            yield GrpcAnswer(200, JSON, answer.body())
+            return
+        async with contextlib.AsyncExitStack() as stack:
             try:
                 first = await call.open(stack, items[0])
             except GrpcError as exc:
@@ -221,14 +221,14 @@ class GenerateCalls:
 
     async def buffered(self, items: list[GenItem]) -> None:
         async def one(item: GenItem) -> None:
-            async with self.client.generate(self._request(item)) as stream:
-                async for msg in stream:
-                    if msg.WhichOneof("response") == "complete":
-                        item.complete(msg.complete, streamed=False)
-                    else:
-                        item.chunk(msg.chunk)
-                        if item.stop_hit:
-                            return  # leaving resets the call and sends Abort
+            def on_message(msg) -> bool:
+                if msg.WhichOneof("response") == "complete":
+                    item.complete(msg.complete, streamed=False)
+                    return False
+                item.chunk(msg.chunk)
+                return item.stop_hit  # True ends the call here: RST_STREAM and Abort
+
+            await self.client.generate_each(self._request(item), on_message)
             if item.finish is None:
                 raise GrpcError(StatusCode.INTERNAL, "the engine ended the stream without a Complete frame")
 

@@ -73,6 +73,14 @@ class Stream:
             raise StopAsyncIteration
         return data
 
+    def close(self) -> None:
+        """Leaving before the end (break, an exception, a cancel): the server must stop the call.
+        A synchronous RST_STREAM, so it also happens inside a cancelled scope."""
+        call = self._call
+        if not call.state.done:
+            call.cancel()
+            call.state.finish(StatusCode.CANCELLED, "Locally cancelled by application!")
+
     async def read(self) -> Any:
         """The next message, None at a clean end."""
         try:
@@ -179,6 +187,17 @@ class Channel:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    async def open_stream(self, path: str, request: Any, response_type: Any) -> Stream:
+        """A server-streaming call without a deadline, for a caller that ends it itself with
+        :meth:`Stream.close` in a ``finally`` (``server_stream`` without its context manager
+        layer: a buffered Generate call's path)."""
+        call = await self._start(path, request, None, ())
+
+        async def restart() -> GrpcCall:
+            return await self._start(path, request, None, ())
+
+        return Stream(call, response_type, math.inf, restart)
 
     @contextlib.asynccontextmanager
     async def server_stream(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
@@ -119,6 +119,36 @@ class EngineClient:
         if not sha or digest != sha:
             raise TokenizerMismatch(f"tokenizer bundle sha256 {digest} does not match the engine's {sha!r}")
         return data, sha
+
+    async def generate_each(self, request: Any, on_message: Callable[[Any], bool]) -> None:
+        """A Generate stream read to its end, each message handed to ``on_message``; when it
+        returns True the call ends there. Ending before the stream did (that, an error, a
+        cancel) resets the stream and sends Abort, as leaving :meth:`generate` early does; no
+        deadline of its own. :meth:`generate` without its two context-manager layers: the
+        buffered data plane's call, paid once per request."""
+        finished = False
+        try:
+            stream = await self.channel.open_stream(
+                self.wire.path("Generate"), request, self.wire.pb.GenerateResponse
+            )
+            try:
+                while True:
+                    msg = await stream.read()
+                    if msg is None or on_message(msg):
+                        break
+                finished = stream.status is not None
+            finally:
+                stream.close()
+        finally:
+            if not finished:
+                # Shielded and bounded, as in ``generate``: the Abort goes out even while the
+                # caller is being cancelled, but never holds it longer than a second.
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_after(ABORT_TIMEOUT_SECS),
+                    contextlib.suppress(GrpcError),
+                ):
+                    await self.abort(request.request_id, STREAM_DROPPED, timeout=ABORT_TIMEOUT_SECS)
 
     @contextlib.asynccontextmanager
     async def generate(self, request: Any, *, timeout: float | None = None) -> AsyncIterator[Stream]:
