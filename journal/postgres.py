@@ -55,7 +55,7 @@ from ._pg_schema import PG_MIGRATIONS, migrate, split_url
 from ._pg_tail import PgTail, _notify_payload
 from .base import Append, Expect, Lease
 from .codec import ControlStarted, Recorded
-from .errors import JournalBusyError, JournalError, JournalReadOnlyError
+from .errors import JournalBusyError, JournalError
 from .sqlbase import PAGE, SqlStore
 from .urls import is_postgres_url, redact_url
 
@@ -184,41 +184,31 @@ class PgStore(PgTail, SqlStore):
     @contextlib.contextmanager
     def _write(self, wait: float | None = None, *, key: str | None = None) -> Iterator[Any]:
         """One write transaction holding the journal's advisory lock (``key``: another lock)."""
-        if self._readonly:
-            raise JournalReadOnlyError(f"{self.path} is open read-only")
-        if wait == 0:
-            if not self._lock.acquire(blocking=False):
-                raise JournalBusyError("the journal store is in use by the writer's thread")
-        else:
-            self._lock.acquire()
-        try:
-            with self._errors():
-                conn = self._live()
-                # Pipeline mode (WHY: round trips are what a write costs on a network, and the lock
-                # is held across them, so every other writer waits for them too): BEGIN, the lock and
-                # the caller's first query (the head read) leave in one flush and come back in one
-                # round trip; what needs no answer (the rows, the meta, NOTIFY) and COMMIT leave
-                # together at the end. A fetch syncs; an error raises at the next sync and the
-                # transaction rolls back, as outside a pipeline.
-                with conn.pipeline(), conn.transaction():
-                    lock_key = key or self._key
-                    if wait == 0:
-                        got = conn.execute(
-                            "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (lock_key,)
-                        ).fetchone()[0]
-                        if not got:
-                            raise JournalBusyError("another connection holds the journal's write lock")
-                    else:
-                        ms = 30_000 if wait is None else max(1, int(wait * 1000))
-                        # The timeout is set (transaction-local) before the lock waits; its answer is
-                        # not awaited (a timeout raises at the next fetch: the head read).
-                        conn.execute(
-                            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtext(%s))",
-                            (str(ms), lock_key),
-                        )
-                    yield conn
-        finally:
-            self._lock.release()
+        with self._held(wait), self._errors():
+            conn = self._live()
+            # Pipeline mode (WHY: round trips are what a write costs on a network, and the lock
+            # is held across them, so every other writer waits for them too): BEGIN, the lock and
+            # the caller's first query (the head read) leave in one flush and come back in one
+            # round trip; what needs no answer (the rows, the meta, NOTIFY) and COMMIT leave
+            # together at the end. A fetch syncs; an error raises at the next sync and the
+            # transaction rolls back, as outside a pipeline.
+            with conn.pipeline(), conn.transaction():
+                lock_key = key or self._key
+                if wait == 0:
+                    got = conn.execute(
+                        "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (lock_key,)
+                    ).fetchone()[0]
+                    if not got:
+                        raise JournalBusyError("another connection holds the journal's write lock")
+                else:
+                    ms = 30_000 if wait is None else max(1, int(wait * 1000))
+                    # The timeout is set (transaction-local) before the lock waits; its answer is
+                    # not awaited (a timeout raises at the next fetch: the head read).
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtext(%s))",
+                        (str(ms), lock_key),
+                    )
+                yield conn
 
     def append_batch(
         self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None

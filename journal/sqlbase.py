@@ -17,6 +17,7 @@ How each store writes (locks, pipelines, notifications) stays in its own module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -38,7 +39,7 @@ from ._chain import (
 )
 from .base import Expect, Lease, RawRow, check_expect, type_names
 from .codec import ControlStarted, Event, Recorded, decode
-from .errors import JournalCorrupt, JournalError
+from .errors import JournalBusyError, JournalCorrupt, JournalError, JournalReadOnlyError
 from .retention import DEFAULT as DEFAULT_RETENTION
 from .retention import Retention
 
@@ -60,6 +61,8 @@ class SqlStore:
     _t_meta: str
     _t_leases: str
     _lock: threading.Lock
+    _readonly: bool
+    path: str
     _clock: Callable[[], float]
 
     def _name_tables(self, prefix: str) -> None:
@@ -68,6 +71,23 @@ class SqlStore:
         self._t_snapshots = f"{prefix}snapshots"
         self._t_meta = f"{prefix}meta"
         self._t_leases = f"{prefix}leases"
+
+    @contextlib.contextmanager
+    def _held(self, wait: float | None) -> Iterator[None]:
+        """The store's own lock around one write transaction, after the read-only check; with
+        ``wait == 0`` (a caller on the event loop) taken at once or not at all: it must not wait
+        for the writer's thread, which holds it during a snapshot or a checkpoint."""
+        if self._readonly:
+            raise JournalReadOnlyError(f"{self.path} is open read-only")
+        if wait == 0:
+            if not self._lock.acquire(blocking=False):
+                raise JournalBusyError("the journal store is in use by the writer's thread")
+        else:
+            self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     # -- the dialect's hooks ----------------------------------------------------------------------
 

@@ -99,7 +99,7 @@ from ._schema_names import FORMAT_VERSION
 from ._sqlite_identity import check_identity
 from .base import Append, Expect, Lease
 from .codec import Recorded
-from .errors import JournalBusyError, JournalReadOnlyError
+from .errors import JournalBusyError
 from .sqlbase import PAGE, SqlStore
 
 if TYPE_CHECKING:
@@ -322,16 +322,7 @@ class SqliteStore(SqlStore):
     def _write(self, wait: float | None = None) -> Iterator[sqlite3.Connection]:
         """One write transaction. ``wait``: seconds to wait for SQLite's write lock (None: the
         store's ``busy_timeout_ms``; 0: do not wait, raise JournalBusyError at once)."""
-        if self._readonly:
-            raise JournalReadOnlyError(f"{self.path} is open read-only")
-        if wait == 0:
-            # The caller runs on the event loop: it must not wait for this store's own lock either
-            # (held by the writer's thread during a snapshot or a checkpoint).
-            if not self._lock.acquire(blocking=False):
-                raise JournalBusyError("the journal store is in use by the writer's thread")
-        else:
-            self._lock.acquire()
-        try:
+        with self._held(wait):
             conn = self._conn
             self._set_busy_timeout(self._busy_ms if wait is None else max(0, int(wait * 1000)))
             # BEGIN IMMEDIATE takes the write lock up front, waiting up to busy_timeout for another
@@ -352,8 +343,6 @@ class SqliteStore(SqlStore):
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
-        finally:
-            self._lock.release()
 
     def append_batch(
         self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None
