@@ -75,12 +75,17 @@ class Sampler:
 
 
 class Steps(trio.abc.Instrument):
+    """The longest task step per task name, in wall time, and the most CPU any one step used
+    (wall time on a loaded machine also counts the time the process waited for a core)."""
+
     def __init__(self) -> None:
         self.worst: dict[str, float] = {}
+        self.worst_cpu = 0.0
         self._t: float | None = None
+        self._cpu = 0.0
 
     def before_task_step(self, task) -> None:
-        self._t = time.perf_counter()
+        self._t, self._cpu = time.perf_counter(), time.thread_time()
 
     def after_task_step(self, task) -> None:
         if self._t is None:  # the step that added the instrument
@@ -88,6 +93,7 @@ class Steps(trio.abc.Instrument):
         d = time.perf_counter() - self._t
         if d > self.worst.get(task.name, 0.0):
             self.worst[task.name] = d
+        self.worst_cpu = max(self.worst_cpu, time.thread_time() - self._cpu)
 
 
 class Collections:
@@ -244,6 +250,7 @@ async def one(model_dir, name: str, mb: float, gc_tuned: bool = False) -> dict:
                 "health_probes": health[1],
                 "heartbeat_max_gap_ms": round(gap[0] * 1000, 1),
                 "longest_steps": [(n.rsplit(".", 1)[-1][:60], round(d, 3)) for n, d in worst],
+                "longest_step_cpu_ms": round(steps.worst_cpu * 1000, 1),
                 "stall_samples_5ms": sampler.hits.most_common(4),
                 # The longest collection of each generation (0, 1, 2) and how many ran.
                 "gc_worst_ms": [round(w * 1000, 1) for w in collections_.worst],

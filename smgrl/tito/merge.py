@@ -195,7 +195,10 @@ def choose_prefix(rendered: Rendered, lookup: Callable[[bytes], Prefix | None]) 
 
 
 def miss_plan(rendered: Rendered, prompt_ids: ids.Ids, reason: str) -> TurnPlan:
-    return TurnPlan(prompt_ids, False, 0, None, reason, rendered.full_text, rendered.context, rendered.hashes)
+    # A long list packed here, where it was tokenized (a worker thread for a long turn).
+    return TurnPlan(
+        ids.compact(prompt_ids), False, 0, None, reason, rendered.full_text, rendered.context, rendered.hashes
+    )
 
 
 def hit_plan(

@@ -12,8 +12,8 @@ id. An id is reserved from ``reserve`` until ``commit`` or ``release``.
 Commit-time check (always on): a node with a stored parent must start with exactly the parent's
 ids; otherwise ``PrefixMismatch`` and the caller stores it as a new root instead.
 
-A node's ids longer than ``ids.PACK_AT`` are held as an ``array('i')`` (``ids.held``), which the
-garbage collector does not walk; shorter ones as a list. A snapshot carries each trajectory's ids
+A node's ids longer than ``ids.PACK_AT`` are held as an ``array('i')`` (``ids.held``), whose items
+the garbage collector never visits; shorter ones as a list. A snapshot carries each trajectory's ids
 in the form its leaf holds them (``slices.encode_json`` writes both as the same JSON).
 """
 
