@@ -100,22 +100,33 @@ class Collections:
     """A ``gc.callbacks`` timer: the longest collection per generation, in wall time and in CPU
     time of the collecting thread, and how many ran (a collection holds the GIL: the loop stands
     still for as long as it takes; on a loaded machine wall time also counts the time the process
-    waited for a core)."""
+    waited for a core). With ``why``, for the longest one: its generation, how many objects it
+    freed, and the largest containers it walked (type, referent count; looked up before its
+    timer starts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, why: bool = False) -> None:
         self.worst = [0.0, 0.0, 0.0]
         self.worst_cpu = [0.0, 0.0, 0.0]
         self.count = [0, 0, 0]
+        self.why = why
+        self.biggest: list = []
+        self.worst_why: list = []
         self._t = self._cpu = 0.0
 
     def __call__(self, phase: str, info: dict) -> None:
+        g = info["generation"]
         if phase == "start":
+            if self.why:
+                sizes = ((type(o).__name__, len(gc.get_referents(o))) for o in gc.get_objects(generation=g))
+                self.biggest = sorted(sizes, key=lambda kv: -kv[1])[:3]
             self._t, self._cpu = time.perf_counter(), time.thread_time()
             return
-        g = info["generation"]
         self.count[g] += 1
         self.worst[g] = max(self.worst[g], time.perf_counter() - self._t)
-        self.worst_cpu[g] = max(self.worst_cpu[g], time.thread_time() - self._cpu)
+        cpu = time.thread_time() - self._cpu
+        if cpu > max(self.worst_cpu):
+            self.worst_why = [g, info["collected"], *self.biggest]
+        self.worst_cpu[g] = max(self.worst_cpu[g], cpu)
 
 
 def text(mb: float) -> str:
@@ -173,7 +184,7 @@ SHAPES = (
 )
 
 
-async def one(model_dir, name: str, mb: float, gc_tuned: bool = False) -> dict:
+async def one(model_dir, name: str, mb: float, gc_tuned: bool = False, gc_why: bool = False) -> dict:
     cfg = Config(policy="round_robin", sessions=SessionsConfig(tokenizer_path=str(model_dir)))
     # The engine in a process of its own: its tokenization must not count as the gateway's stall.
     # A prompt longer than its context is refused (a 502 here) after the gateway did all its work.
@@ -224,7 +235,7 @@ async def one(model_dir, name: str, mb: float, gc_tuned: bool = False) -> dict:
                     health[0] = max(health[0], time.perf_counter() - due)
                     health[1] += 1
 
-            collections_ = Collections()
+            collections_ = Collections(gc_why)
             gc.callbacks.append(collections_)
             t0 = time.perf_counter()
             trio.lowlevel.add_instrument(steps)
@@ -256,6 +267,8 @@ async def one(model_dir, name: str, mb: float, gc_tuned: bool = False) -> dict:
                 "gc_worst_ms": [round(w * 1000, 1) for w in collections_.worst],
                 "gc_worst_cpu_ms": [round(w * 1000, 1) for w in collections_.worst_cpu],
                 "gc_count": collections_.count,
+                **({"gc_worst_walked": collections_.worst_why} if gc_why else {}),
+                "tracked_objects": len(gc.get_objects()),
             }
     finally:
         engine.stop()
@@ -270,6 +283,11 @@ def main() -> None:
         action="store_true",
         help="the garbage collector as `smgrl serve` sets it (smgrl/runtime/gctune.py), not Python's defaults",
     )
+    ap.add_argument(
+        "--gc-why",
+        action="store_true",
+        help="name the largest containers the longest collection walked (slows each collection)",
+    )
     args = ap.parse_args()
     if args.gc_tuned:
         from smgrl.runtime import gctune
@@ -279,7 +297,7 @@ def main() -> None:
         model_dir = make_model_dir(Path(tmp) / "tok")
         for name in args.shape:
             for mb in args.mb:
-                print(json.dumps(trio.run(one, model_dir, name, mb, args.gc_tuned)), flush=True)
+                print(json.dumps(trio.run(one, model_dir, name, mb, args.gc_tuned, args.gc_why)), flush=True)
 
 
 if __name__ == "__main__":
