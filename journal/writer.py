@@ -10,16 +10,18 @@ committed, so the gateway never answers for an event that is not on disk. One sh
 is committed in the appender's own task, the same transaction without the hand-off
 (``_commit_here``).
 
-Where a commit runs. With SQLite in WAL mode and ``synchronous=NORMAL`` (the default) a commit
-never fsyncs and costs tens of microseconds, less than a hop to a worker thread and back (and far
-less than the GIL hand-off that hop can cost under load). So such a commit runs on the event loop,
-but only when SQLite's write lock is free at once (``append_batch(wait=0)``): when another
-connection holds it (``smgrl journal compact``, an outside ``BEGIN IMMEDIATE``) or the writer's own
-thread is busy (a snapshot), the batch goes to the writer's thread, which waits for the lock while
-the event loop keeps serving. A batch waits at most ``lock_wait_secs`` from its first event's
-arrival; then it fails (JournalWriteError, which the gateway answers with 503). Fsyncing work
-(``synchronous=FULL`` commits, checkpoints every ``checkpoint_every`` events, snapshots) always
-runs in the thread. Benchmarks: docs/benchmarks.md.
+Where a commit runs (journal/_committing.py). A store whose commits never fsync says so
+(``commits_are_cheap``: SqliteStore in WAL mode with ``synchronous=NORMAL``, the default, and
+MemoryStore; journal/store.py says why such a commit is cheaper than a thread hop). Such a commit
+runs on the event loop, but only when the store's write lock is free at once
+(``append_batch(wait=0)``): when another connection holds it (``smgrl journal compact``, an
+outside ``BEGIN IMMEDIATE``) or the writer's own thread is busy (a snapshot), the batch goes to
+the writer's thread, which waits for the lock while the event loop keeps serving. A batch waits
+at most ``lock_wait_secs`` from its first event's arrival; then it fails (JournalWriteError,
+which the gateway answers with 503). Blocking work (commits of any other store: fsyncs with
+``synchronous=FULL``, PostgreSQL's round trips; the store's checkpoints every ``checkpoint_every``
+events; snapshots) always runs in the writer's threads (journal/_writer_thread.py). Benchmarks:
+docs/benchmarks.md.
 
 After each commit the writer calls ``on_secrets`` (the batch's secret writes) and ``on_commit``
 (its records), in the writer task, BEFORE the batch's appenders wake up. If either raises, memory
@@ -47,89 +49,28 @@ before it exits; appends arriving after that raise ``JournalClosedError``.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
-import attrs
 import trio
 
+from ._batch import _CLOSED, _CLOSING, _NEW, _RUNNING, Pending, _Batch, _result
+from ._committing import Committing
 from ._following import Following
+from ._writer_thread import WriterThread
 from .base import Append, EventStore, Expect
 from .codec import Event, Recorded, UnknownEvent
-from .errors import (
-    JournalBusyError,
-    JournalClosedError,
-    JournalConflict,
-    JournalError,
-    JournalFullError,
-    JournalWriteError,
-    ProjectionError,
-)
+from .errors import JournalClosedError, JournalConflict, JournalFullError, JournalWriteError, ProjectionError
 
 __all__ = ["JournalWriter", "Pending"]
 
-logger = logging.getLogger("smgrl.journal")
 
-_NEW, _RUNNING, _CLOSING, _CLOSED = "new", "running", "closing", "closed"
-
-
-@attrs.define(eq=False, slots=True)
-class _Batch:
-    """Events committed together; one trio.Event wakes all their waiters at once."""
-
-    items: list[Append] = attrs.Factory(list)
-    created: float = attrs.Factory(trio.current_time)  # when its first event arrived
-    sealed: bool = False  # an append_many group: nothing else joins it
-    expect: Expect | None = None  # an append_if group: committed only if this holds
-    done: trio.Event = attrs.Factory(trio.Event)
-    recorded: list[Recorded] | None = None
-    error: BaseException | None = None
-
-
-@attrs.frozen(slots=True, eq=False)
-class Pending:
-    """The receipt of an enqueued event: ``await pending.wait()`` for its Recorded once committed."""
-
-    _batch: _Batch
-    _index: int
-
-    @property
-    def done(self) -> bool:
-        """True once the batch holding this event committed or failed."""
-        return self._batch.done.is_set()
-
-    async def wait(self) -> Recorded:
-        """The Recorded event once its batch committed; JournalWriteError if the batch failed.
-
-        Cancelling this wait does not withdraw the event: it is still written (see ``append``).
-        """
-        await self._batch.done.wait()
-        return _result(self._batch, self._index)
-
-
-def _result(batch: _Batch, index: int) -> Recorded:
-    if isinstance(batch.error, JournalConflict):
-        # Not a failure of the journal: the caller's decision is stale. Fresh instance per waiter.
-        err = batch.error
-        raise JournalConflict(str(err), head=err.head, seq=err.seq) from None
-    if batch.error is not None:
-        # A fresh exception per waiter: one shared instance would have its traceback rewritten by
-        # every task that raises it.
-        cls = type(batch.error) if isinstance(batch.error, JournalWriteError) else JournalWriteError
-        raise cls(f"journal write failed: {batch.error}") from batch.error
-    assert batch.recorded is not None
-    return batch.recorded[index]
-
-
-class JournalWriter(Following):
-    """Group-commit writer over a synchronous store (SqliteStore, MemoryStore). See the module docstring.
+class JournalWriter(Committing, Following):
+    """Group-commit writer over a synchronous store (SqliteStore, PgStore, MemoryStore). See the module docstring.
 
     ``max_batch``: events per transaction. ``max_queue``: queued events beyond which ``append``
     waits for room and ``append_nowait`` is refused (JournalFullError): no path bypasses it.
-    ``lock_wait_secs``: how long a batch may wait for SQLite's write lock held by another
+    ``lock_wait_secs``: how long a batch may wait for the store's write lock held by another
     connection before its appenders get JournalWriteError. ``on_commit`` / ``on_secrets``: see the
     module docstring; both may also be assigned after construction (the gateway wires them once
     its services exist). ``commits`` counts the transactions committed so far.
@@ -170,14 +111,10 @@ class JournalWriter(Following):
         self._wakeup = trio.lowlevel.ParkingLot()  # the writer task parks here when idle
         self._room = trio.lowlevel.ParkingLot()  # appenders park here when the queue is full
         self._stopped = trio.Event()
-        # A private single-token limiter: at most one thread ever touches the store, and commits
-        # never wait behind unrelated to_thread users saturating trio's default limiter.
-        self._limiter = trio.CapacityLimiter(1)
-        # The checkpoint thread (see _checkpoint_due): at most one at a time.
-        self._checkpoint_thread: threading.Thread | None = None
-        self._checkpoint_mutex = threading.Lock()
-        self._checkpoint_again = False  # another threshold passed during the running checkpoint
-        self._checkpoint_ending = False  # the running checkpoint thread takes no more rounds
+        # The writer's threads (journal/_writer_thread.py): the single-token limiter every threaded
+        # commit, read and snapshot takes, and the checkpoint thread.
+        self._thread = WriterThread(store)
+        self._limiter = self._thread.limiter
         self.commits = 0  # transactions committed (tests and benchmarks count them per operation)
         self.lock_waits = 0  # batches handed to the thread because the write lock was taken
         # Several writers (docs/journal.md, "Several writers"): None while this process is the
@@ -387,225 +324,8 @@ class JournalWriter(Following):
             with trio.CancelScope(shield=True):
                 if self._failed is None:
                     await self._drain()
-                await self._checkpoint_done()
+                await self._thread.checkpoint_done()
             self._finish()
-
-    async def _commit_next(self) -> None:
-        batch = self._queue.popleft()
-        self._queued -= len(batch.items)
-        self._inflight = batch
-        self._room.unpark_all()
-        try:
-            recorded = await self._commit(batch)
-        except trio.Cancelled:
-            # Only possible before the thread started (run_sync checks for cancellation on entry
-            # and while taking the limiter); nothing was written. Put the batch back in front, in
-            # order, for the shielded drain in run() to commit.
-            self._inflight = None
-            self._queue.appendleft(batch)
-            self._queued += len(batch.items)
-            raise
-        except JournalConflict as exc:
-            # A conditional group whose condition no longer held: refused, nothing written; only
-            # its own caller hears of it (it is not a journal failure, so no error log).
-            logger.debug("conditional append refused: %s", exc)
-            batch.error = exc
-            recorded = None
-        except Exception as exc:  # noqa: BLE001 - whatever the store raised belongs to the waiters
-            # Disk full, read-only file, I/O error, the lock held past lock_wait_secs: the store
-            # rolled the transaction back, so this batch left no trace and the next one starts
-            # from the same head. Every waiter gets JournalWriteError; the writer keeps going and
-            # later batches may succeed.
-            logger.error("journal batch of %d events failed: %r", len(batch.items), exc)
-            batch.error = exc
-            recorded = None
-        self._committed(batch, recorded)
-
-    def _committed(self, batch: _Batch, result: Any) -> None:
-        """A batch's commit ended (``result`` None: it failed, ``batch.error`` says why): feed
-        memory, wake its appenders, count towards the next checkpoint."""
-        if result is not None:
-            self.commits += 1
-            (gap, gap_secrets), recorded = result
-            batch.recorded = recorded
-            if not self._apply(batch, recorded, gap, gap_secrets):
-                self._defer(batch)
-        self._inflight = None
-        if batch not in self._deferred:
-            batch.done.set()
-        self._release_deferred()
-        if self._failed is None and self._inline and batch.error is None:
-            self._since_checkpoint += len(batch.items)
-            if self._since_checkpoint >= self._checkpoint_every:
-                self._since_checkpoint = 0
-                self._checkpoint_due()
-
-    def _commit_here(self, batch: _Batch) -> bool:
-        """Commit a sealed group in the appender's own task when the writer is idle (parked,
-        nothing queued or in flight, commits inline); False, with nothing done, otherwise or
-        when SQLite's lock is taken (the group then goes through the writer as usual).
-
-        Measured (docs/benchmarks.md, "fan-out (control plane)"): the hand-off to the writer task and
-        back cost about 45 us per commit. Grouping is unchanged: a sealed group never shares its
-        transaction with a later append, and with the writer idle there is no earlier one to
-        join. Order is unchanged too: nothing else is queued, and the commit has no await."""
-        if not (
-            self._inline
-            and self._state == _RUNNING
-            and self._wakeup
-            and not self._queue
-            and self._inflight is None
-            and self._failed is None
-        ):
-            return False
-        self._inflight = batch
-        try:
-            result = self._append_and_gap(batch, 0)
-        except JournalBusyError:
-            self._inflight = None
-            return False
-        except Exception as exc:  # noqa: BLE001 - as in _commit_next
-            logger.error("journal batch of %d events failed: %r", len(batch.items), exc)
-            batch.error = exc
-            result = None
-        self._committed(batch, result)
-        if self._failed is not None:
-            self._wakeup.unpark_all()  # the writer task raises it: fail-stop, as in run()
-        return True
-
-    async def _commit(
-        self, batch: _Batch
-    ) -> tuple[tuple[list[Recorded] | None, dict[str, Any]], list[Recorded]]:
-        """``((gap, gap_secrets), recorded)``: the batch's records, and (several writers) the
-        events other processes appended between ``position`` and the batch with the keys they
-        set, read right after the commit."""
-        if self._inline:
-            # No await between taking the batch and committing it: nothing can interleave, and a
-            # cancellation cannot land half-way. wait=0: never block the event loop on a lock.
-            try:
-                return self._append_and_gap(batch, 0)
-            except JournalBusyError:
-                self.lock_waits += 1  # somebody else holds the lock: wait for it in the thread
-        # Thread hop: SQLite blocks (fsync with synchronous=FULL, waiting for the write lock), so it
-        # runs in a worker thread, waiting at most what is left of the batch's lock_wait_secs.
-        # abandon_on_cancel=False: once the thread runs it owns an open write transaction;
-        # abandoning it would let the next batch start before this one ended and leave these
-        # waiters without an answer. So cancellation waits for it.
-        wait = max(0.0, self._lock_wait - (trio.current_time() - batch.created))
-        return await trio.to_thread.run_sync(
-            lambda: self._append_and_gap(batch, wait),
-            limiter=self._limiter,
-            abandon_on_cancel=False,
-        )
-
-    def _append_and_gap(
-        self, batch: _Batch, wait: float
-    ) -> tuple[tuple[list[Recorded] | None, dict[str, Any]], list[Recorded]]:
-        if batch.expect is None:
-            # Stores written before conditional appends existed take no ``expect`` keyword.
-            recorded = self._store.append_batch(batch.items, wait=wait)
-        else:
-            recorded = self._store.append_batch(batch.items, wait=wait, expect=batch.expect)
-        gap: list[Recorded] = []
-        gap_secrets: dict[str, str | None] = {}
-        position = self.position
-        if position is not None and recorded[0].seq > position + 1:
-            # Others appended since our projections' position: read them now, in the same thread
-            # hop as the commit (a network round trip for PostgreSQL), so they are applied first.
-            try:
-                gap = list(self._store.read(after_seq=position, until_seq=recorded[0].seq - 1))
-                gap_secrets = self._foreign_secrets(position, recorded[0].seq - 1)
-            except JournalError as exc:
-                # The batch IS committed, but what precedes it cannot be read now (the connection
-                # died right after the commit): memory takes it later, in order (``_defer``).
-                logger.warning("journal gap read after a commit failed, applied later: %s", exc)
-                return (None, {}), recorded
-        return (gap, gap_secrets), recorded
-
-    def _apply(
-        self,
-        batch: _Batch,
-        recorded: list[Recorded],
-        gap: Sequence[Recorded] | None = (),
-        gap_secrets: Mapping[str, str | None] | None = None,
-    ) -> bool:
-        """Feed the committed batch to memory (secrets, then projections), or fail stop; False
-        when it must wait (``_defer``)."""
-        if gap is None:
-            return False
-        try:
-            if self.on_secrets is not None:
-                own = {wid: key for item in batch.items for wid, key in item.secrets.items()}
-                if gap and self.position is not None and self.position >= gap[-1].seq:
-                    # A catch_up() applied the gap while it was read in the thread; its keys were
-                    # read later (or are the same): ours may be older than what it applied.
-                    gap_secrets = None
-                changes = {**(gap_secrets or {}), **own}  # the batch comes after the gap
-                if changes:
-                    self.on_secrets(changes)
-            records = self._in_order([*gap, *recorded])
-            if records is None:
-                return False
-            if self.on_commit is not None and records:
-                self.on_commit(records)
-        except Exception as exc:  # noqa: BLE001 - logged with its traceback by _fail_stop
-            # The events ARE committed but memory missed (part of) them: serving on would answer
-            # from state the journal contradicts. Stop: appenders get an error, run() raises.
-            batch.error = self._fail_stop(recorded, exc)
-        return True
-
-    def _fail_stop(self, records: Sequence[Recorded], exc: Exception) -> ProjectionError:
-        """Applying ``records`` to memory failed: the writer stops (logged once, here)."""
-        first, last = records[0].seq, records[-1].seq
-        logger.critical(
-            "applying journal events %d-%d to memory failed; stopping (a restart replays the journal)",
-            first,
-            last,
-            exc_info=exc,
-        )
-        self._failed = ProjectionError(f"applying journal events {first}-{last} to memory failed: {exc!r}")
-        return self._failed
-
-    def _checkpoint_due(self) -> None:
-        """Start a checkpoint in a thread of its own, or ask the one in progress for another round.
-
-        The checkpoint (the fsyncing part of WAL mode) runs beside the commits, on a connection of
-        the store's own (SqliteStore.checkpoint): awaited in the writer task, as it was, every
-        batch arriving meanwhile waited for its fsyncs, 20 ms and more on a loaded disk every
-        4,096 events (docs/benchmarks.md, "fan-out (control plane)"). A plain thread, not a task:
-        nothing awaits it until run() ends (``_checkpoint_done``)."""
-        with self._checkpoint_mutex:
-            thread = self._checkpoint_thread
-            if thread is not None and thread.is_alive() and not self._checkpoint_ending:
-                self._checkpoint_again = True
-                return
-        if self._state != _RUNNING:
-            return
-        self._checkpoint_ending = False
-        self._checkpoint_thread = threading.Thread(
-            target=self._checkpoint, name="smgrl-journal-checkpoint", daemon=True
-        )
-        self._checkpoint_thread.start()
-
-    def _checkpoint(self) -> None:
-        # In the checkpoint thread. A failure is logged and retried at the next threshold.
-        while True:
-            try:
-                self._store.checkpoint()
-            except Exception as exc:  # noqa: BLE001 - a checkpoint failure loses nothing committed
-                logger.warning("journal checkpoint failed: %r", exc)
-            with self._checkpoint_mutex:
-                if not self._checkpoint_again:
-                    # From here a new threshold starts a new thread (this one is ending).
-                    self._checkpoint_ending = True
-                    return
-                self._checkpoint_again = False
-
-    async def _checkpoint_done(self) -> None:
-        """Wait for a checkpoint in progress (run() ends only once the store is free to close)."""
-        thread = self._checkpoint_thread
-        if thread is not None and thread.is_alive():
-            await trio.to_thread.run_sync(thread.join, abandon_on_cancel=False)
 
     async def save_snapshot(self, kind: str, upto_seq: int, state: str | Callable[[], str]) -> int:
         """Store a projection snapshot (``store.save_snapshot``) in the writer's thread; its size.
@@ -614,17 +334,7 @@ class JournalWriter(Following):
         thread too, off the event loop. ``upto_seq`` must already be committed.
         """
         self._check_open()
-
-        def save() -> int:
-            text = state() if callable(state) else state
-            self._store.save_snapshot(kind, upto_seq, text)
-            return len(text)
-
-        # Thread hop: the snapshot row can be large and the write may wait on busy_timeout. The
-        # writer's single-token limiter keeps it from overlapping a threaded commit or checkpoint;
-        # an inline commit meanwhile finds the store busy and goes to the thread after it.
-        # abandon_on_cancel=False: the thread owns a write transaction until it ends.
-        return await trio.to_thread.run_sync(save, limiter=self._limiter, abandon_on_cancel=False)
+        return await self._thread.save_snapshot(kind, upto_seq, state)
 
     async def _drain(self) -> None:
         while self._queue and self._failed is None:

@@ -211,23 +211,3 @@ def observation_problem(value: object) -> str | None:
     except MalformedVersion as e:
         return e.reason
     return None
-
-
-# Proxied routes whose 2xx answer changes what the control plane knows (A.2): which request
-# body field carries the new version, and which control state the call leaves the engine in.
-VERSION_FIELDS = {
-    "update_weights_from_disk": "weight_version",
-    "update_weights_from_tensor": "weight_version",
-    "update_weights_from_distributed": "weight_version",
-    "update_weight_version": "new_version",
-}
-CONTROL_AFTER = {
-    "pause_generation": "paused",
-    "pause": "paused",
-    "continue_generation": "active",
-    "resume": "active",
-    "resume_memory_occupation": "active",
-    "wake_up": "active",
-    "release_memory_occupation": "asleep",
-    "sleep": "asleep",
-}

@@ -72,6 +72,19 @@ class GroupPins:
     def running(self, prompt_id: str) -> int:
         return self._running.get(prompt_id, 0)
 
+    def unpinned(self, routed: Routed, sticky: bool) -> bool:
+        """Is this the first selection of a request whose group has no pin anywhere in view (so,
+        with a shared journal, its pick must be decided once: ``PinJournal.pin_group``)?"""
+        prompt = routed.meta.prompt_id
+        return (
+            sticky
+            and prompt is not None
+            and routed.joined is None
+            and routed.staged
+            and routed.hint() is None
+            and self.pin(prompt) is None
+        )
+
 
 @attrs.define(eq=False)
 class Routed:

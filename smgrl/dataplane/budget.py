@@ -12,7 +12,14 @@ the worst case in RSS.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from smgrl.core.errors import MemoryBudgetExceeded
+from smgrl.core.numbers import parse_uint
+
+if TYPE_CHECKING:
+    from smgrl.upstream import Response
 
 
 class ByteBudget:
@@ -53,3 +60,18 @@ class Hold:
     def release(self) -> None:
         self.budget.used -= self.held
         self.held = 0
+
+
+def reserve_answer(hold: Hold | None, response: Response, limit: int) -> Callable[[int], None] | None:
+    """Take a buffered answer's bytes from the memory budget: a declared length (up to
+    ``limit``) at once, before a byte is read (concurrent readers taking piece by piece could
+    each get part of the budget and all fail), else each piece as it arrives (the
+    ``on_data`` this returns, for ``read_bounded``)."""
+    if hold is None:
+        return None
+    length = response.header(b"content-length")
+    size = parse_uint(length)
+    if size is not None and size <= limit:
+        hold.take(size)
+        return None
+    return hold.take

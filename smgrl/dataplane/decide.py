@@ -1,20 +1,17 @@
 """The steps around a pick: the admission hook's answer for a chosen instance (and giving its
-reservations back), a prompt group's pin decided once across gateway processes sharing a
-journal (``smgrl.dataplane.pins``), the commit of a selection and the request's end (leaving
-its prompt group). Functions over the ``DataPlane`` (``smgrl/dataplane/service.py``).
+reservations back), the commit of a selection and the request's end (leaving its prompt group).
+Functions over the ``DataPlane`` (``smgrl/dataplane/service.py``). A prompt group's pin decided
+once across gateway processes sharing a journal is ``smgrl.dataplane.pins``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from smgrl.core import Version
 from smgrl.dataplane import hook as admission_hook
-from smgrl.dataplane.pins import DECIDE_ROUNDS
 from smgrl.routing import InstanceId, staged
 
 if TYPE_CHECKING:
@@ -22,66 +19,6 @@ if TYPE_CHECKING:
     from smgrl.dataplane.request import RolloutRequest
     from smgrl.dataplane.service import DataPlane
     from smgrl.dataplane.table import Entry
-
-log = logging.getLogger("smgrl.dataplane")
-
-
-def unpinned(dp: DataPlane, routed: Routed) -> bool:
-    """A shared journal: is this the first selection of a request whose group has no pin
-    anywhere in view (so its pick must be decided once, ``pin_group``)?"""
-    prompt = routed.meta.prompt_id
-    return (
-        dp.group_sticky
-        and prompt is not None
-        and routed.joined is None
-        and routed.staged
-        and routed.hint() is None
-        and dp.groups.pin(prompt) is None
-    )
-
-
-async def decision_in_the_air(dp: DataPlane, routed: Routed) -> None:
-    """Another request of this process is deciding this request's group (``pin_group``):
-    wait for its pin before picking, so this one picks once, under it."""
-    prompt = routed.meta.prompt_id
-    deciding = dp._deciding.get(prompt) if prompt is not None else None
-    if deciding is not None and unpinned(dp, routed):
-        await deciding.wait()
-
-
-async def pin_group(
-    dp: DataPlane, routed: Routed, entry: Entry, pick: Callable[[], Awaitable[Entry]]
-) -> Entry:
-    """Make ``entry`` the group's pin across processes, or select again under the pin
-    another process (or another request of this one) decided first."""
-    assert dp.pins is not None
-    prompt = routed.meta.prompt_id
-    assert prompt is not None
-    for _ in range(DECIDE_ROUNDS):
-        deciding = dp._deciding.get(prompt)
-        if deciding is not None:
-            # Another request of this process is deciding this group: wait for its pin
-            # rather than race it with a second conditional append that must lose.
-            await deciding.wait()
-        else:
-            done = dp._deciding[prompt] = trio.Event()
-            try:
-                # Shielded: once enqueued the pin is written whatever happens to this
-                # request, and the request must then join it (``commit``, next, with no
-                # checkpoint between) so that its end releases it. Bounded by the writer's
-                # --journal-lock-wait-secs.
-                with trio.CancelScope(shield=True):
-                    won = await dp.pins.decide(prompt, InstanceId(*staged.identity(entry.instance)))
-            finally:
-                del dp._deciding[prompt]
-                done.set()
-            if won:
-                return entry
-        entry = await pick()  # under the winner's pin, now in view
-        if not unpinned(dp, routed):
-            return entry
-    log.warning("prompt group %r kept changing while pinning it; routed unpinned", prompt)
-    return entry
 
 
 async def ask_hook(dp: DataPlane, routed: Routed, req: RolloutRequest, model: str, entry: Entry) -> bool:

@@ -26,15 +26,20 @@ may land on several of them, so the pin is a decision made once, the way a URL r
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 
 from journal import Expect, JournalClosedError, JournalConflict, JournalError
 from smgrl.core.ids import new_tag
 from smgrl.events import GroupPinned, GroupReleased
-from smgrl.routing import InstanceId
+from smgrl.routing import InstanceId, staged
 from smgrl.state import TYPES, Pin
+
+if TYPE_CHECKING:
+    from smgrl.dataplane.affinity import GroupPins, Routed
+    from smgrl.dataplane.table import Entry
 
 log = logging.getLogger("smgrl.dataplane")
 
@@ -65,6 +70,13 @@ class PinJournal:
         self._retracted: set[str] = set()
         # Set when a release becomes pending: ``run`` sleeps on it, not on a timer, while none is.
         self._released = trio.Event()
+        # The data plane's pins (``share``): whose groups this process decides.
+        self.groups: GroupPins | None = None
+        self.deciding: dict[str, trio.Event] = {}  # prompt id -> this process's decision in the air
+
+    def share(self, groups: GroupPins) -> None:
+        """Decide the pins of ``groups`` (the data plane's)."""
+        self.groups = groups
 
     @property
     def identity(self) -> str:
@@ -101,6 +113,50 @@ class PinJournal:
             self._retracted.difference_update(riders)
         self.decided += 1
         return True
+
+    async def decision_in_the_air(self, routed: Routed, sticky: bool) -> None:
+        """Another request of this process is deciding this request's group (``pin_group``):
+        wait for its pin before picking, so this one picks once, under it. ``sticky``:
+        --psrl-group-sticky."""
+        assert self.groups is not None
+        prompt = routed.meta.prompt_id
+        deciding = self.deciding.get(prompt) if prompt is not None else None
+        if deciding is not None and self.groups.unpinned(routed, sticky):
+            await deciding.wait()
+
+    async def pin_group(
+        self, routed: Routed, entry: Entry, pick: Callable[[], Awaitable[Entry]], sticky: bool
+    ) -> Entry:
+        """Make ``entry`` the group's pin across processes, or select again under the pin
+        another process (or another request of this one) decided first."""
+        assert self.groups is not None
+        prompt = routed.meta.prompt_id
+        assert prompt is not None
+        for _ in range(DECIDE_ROUNDS):
+            deciding = self.deciding.get(prompt)
+            if deciding is not None:
+                # Another request of this process is deciding this group: wait for its pin
+                # rather than race it with a second conditional append that must lose.
+                await deciding.wait()
+            else:
+                done = self.deciding[prompt] = trio.Event()
+                try:
+                    # Shielded: once enqueued the pin is written whatever happens to this
+                    # request, and the request must then join it (``decide.commit``, next, with
+                    # no checkpoint between) so that its end releases it. Bounded by the
+                    # writer's --journal-lock-wait-secs.
+                    with trio.CancelScope(shield=True):
+                        won = await self.decide(prompt, InstanceId(*staged.identity(entry.instance)))
+                finally:
+                    del self.deciding[prompt]
+                    done.set()
+                if won:
+                    return entry
+            entry = await pick()  # under the winner's pin, now in view
+            if not self.groups.unpinned(routed, sticky):
+                return entry
+        log.warning("prompt group %r kept changing while pinning it; routed unpinned", prompt)
+        return entry
 
     def release(self, prompt_id: str, pin: Pin) -> None:
         """The pin ended here: its release waits for the next decision or flush (``pending``)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -34,26 +33,25 @@ from smgrl.core.errors import (
     RequestTimeout,
     UpstreamUnreachable,
 )
-from smgrl.core.numbers import parse_uint
-from smgrl.dataplane import decide, vllm_generate, waiting
+from smgrl.dataplane import decide, holding, vllm_generate, waiting
 from smgrl.dataplane import hook as admission_hook
 from smgrl.dataplane.admission import Admission
 from smgrl.dataplane.affinity import GroupPins, Routed
 from smgrl.dataplane.breaker import Breakers
-from smgrl.dataplane.budget import ByteBudget, Hold
+from smgrl.dataplane.budget import ByteBudget, Hold, reserve_answer
 from smgrl.dataplane.dispatch_queue import DispatchQueues, Turn
 from smgrl.dataplane.grpc.exchange import GrpcEngines
+from smgrl.dataplane.holding import Picking
 from smgrl.dataplane.instance_stats import InstanceStatsTable
 from smgrl.dataplane.metrics import DataPlaneMetrics
 from smgrl.dataplane.pins import PinJournal
-from smgrl.dataplane.psrl_select import PSRL_QUIET, PsrlSelection
+from smgrl.dataplane.psrl_select import PsrlSelection
 from smgrl.dataplane.request import RolloutRequest
 from smgrl.dataplane.table import Entry, ModelEntries, Table, build
 from smgrl.registry import KeyRing
 from smgrl.routing import (
     ANY,
     CacheAwareConfig,
-    QueueFacts,
     VersionPolicy,
     floor_reason,
     make_policy,
@@ -62,8 +60,6 @@ from smgrl.routing import (
 )
 from smgrl.state import FleetState
 from smgrl.upstream import PoolSet, Response, UpstreamError
-
-log = logging.getLogger("smgrl.dataplane")
 
 # Request headers forwarded to engines (everything else, the caller's authorization included,
 # stays at the gateway; the engine gets the worker's own key).
@@ -150,7 +146,6 @@ class DataPlane:
             self.use_psrl(cfg.psrl)
         # Gateways sharing the journal: pins are decided once across processes (``share_pins``).
         self.pins: PinJournal | None = None
-        self._deciding: dict[str, trio.Event] = {}  # prompt id -> this process's decision in the air
         self.dispatched: Counter = Counter()  # selections per instance (GET /workers/stats)
         self.tokens: Counter = Counter()  # generated tokens per instance, as answers report them
         # Waiting requests whose routing names one instance (a hint: sticky, forced once, a
@@ -193,6 +188,7 @@ class DataPlane:
         from its projection (``smgrl.dataplane.pins``)."""
         self.pins = pins
         self.groups.shared = self.fleet.group_pins
+        pins.share(self.groups)
 
     # -- the routing table ---------------------------------------------------------------------
 
@@ -325,156 +321,97 @@ class DataPlane:
         session turn's honoured hint holds it while its instance is mid-refit (``held_hint``).
         With the routing loop (``turn``), a request waits in its model's queue for its turn
         instead, and joins it at once while others wait (``smgrl.dataplane.dispatch_queue``)."""
-        started = self._now()
-        policy = policy or self.version_policy
-        logged = False
-        exclude = exclude or set()
-        quiet_since: float | None = None  # when the fleet was last seen with no sync in progress
-        queues = self.queues if turn is not None else None
+        p = Picking(
+            req=req,
+            model=model,
+            routing_key=routing_key,
+            wait_until=wait_until,
+            policy=policy or self.version_policy,
+            floor=floor,
+            exclude=exclude or set(),
+            routed=routed,
+            turn=turn,
+            queues=self.queues if turn is not None else None,
+            started=self._now(),
+        )
         while True:
             slot = self.table().models.get(model)
             if slot is None or not slot.entries:
                 raise NoAvailableWorkers(f"no worker serves model `{model}`")
-            if routed is not None and routed.after_ops and not self.fleet.aborts.pending(routed.after_ops):
-                routed.after_ops = ()  # the syncs that aborted this loopback have finished
-            if queues is not None and queues.must_wait(turn, model):
-                # Others of this model wait for their turns: behind them, not past them.
-                held, chosen = Counter(queued=1), None
-            elif routed is not None and routed.after_ops:
-                # A partial-rollout continuation waits for the sync that aborted it: until then
-                # its engine may still look active (refusing it, or running old weights).
-                held, chosen = Counter(syncing=len(slot.entries)), None
-            elif self.fleet.routing.paused:
-                # The coordinator paused dispatch (/routing_loop/pause): wait like a request
-                # with no eligible engine; the resume's journal commit wakes it.
-                held, chosen = Counter(dispatch_paused=len(slot.entries)), None
-            elif routed is not None and routed.staged:
-                if self.psrl is not None:
-                    await self.psrl.check_aborted(routed)  # PSManager may have aborted it
-                selectable, held = self.eligible(slot, policy, None)
-                hint = routed.hint()
-                if hint is not None and routed.session:
-                    hint, selectable = waiting.held_hint(slot.entries, selectable, hint)
-                narrowed = staged.narrow(
-                    selectable,
-                    floor=routed.floor,
-                    hint=hint,
-                    group_pin=self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None,
-                    refused=routed.refused,
-                )
-                if self.psrl is not None:
-                    narrowed = await self.psrl.admit(routed, narrowed)
-                decision = staged.finish(
-                    narrowed,
-                    floor=routed.floor,
-                    choose=lambda group: self._choose(group, req, routing_key, exclude),
-                    ranked=self.ranked,
-                )
-                if decision.held:
-                    held = held + decision.held
-                chosen = decision.chosen
-            else:
-                selectable, held = self.eligible(slot, policy, floor)
-                if routed is not None and routed.refused:
-                    kept = [e for e in selectable if staged.identity(e.instance) not in routed.refused]
-                    held = held + Counter(refused=len(selectable) - len(kept))
-                    selectable = kept
-                chosen = self._choose(selectable, req, routing_key, exclude) if selectable else None
+            held, chosen = await self._select(p, slot)
             if chosen is not None:
-                hooked = self.hook is not None and routed is not None
-                if hooked and not await decide.ask_hook(self, routed, req, model, chosen):
+                if not await self._accepted(p, chosen):
                     continue  # refused: select again without it
                 if held:
                     self.metrics.held_out(held)
                 return chosen
-            # A sync in progress: wait up to the deadline; none: a short wait, or none at all
-            # for a version floor above every engine (smgrl/dataplane/waiting.py).
-            now, wants = self._now(), waiting.request_floor(routed, floor)
-            explicit = self.cfg.dataplane.eligible_wait_secs is not None
-            bound, quiet_since = waiting.bound(held, self.fleet, explicit, wait_until, quiet_since, now)
-            unmet = quiet_since is not None and waiting.floor_out_of_reach(slot, wants)
-            if now >= bound or unmet:
-                self.metrics.held_out(held)
-                self.metrics.unroutable_request()
-                raise waiting.unroutable(slot, held, now - started, policy, wants, self.breakers, unmet)
-            reason = waiting.wait_reason(held)
-            if not logged:
-                # Visible, not silent: a version floor no engine meets can wait for a long time
-                # (PSRL's loops rely on it: the request waits for the next sync).
-                logged = True
-                log.info(
-                    "request waits for an eligible engine for model %r: %s (held out: %s; floor %s; "
-                    "the fleet has versions %s); waiting up to %gs",
-                    model,
-                    reason,
-                    ", ".join(f"{n} {r}" for r, n in sorted(held.items())),
-                    floor.raw if floor is not None else "-",
-                    ", ".join(waiting.fleet_versions(slot)) or "none",
-                    max(0.0, bound - self._now()),
-                )
-            changed = self._changed
-            # Woken by the next committed change to the fleet (a continue_generation, a version
-            # write, a health change), by an open circuit breaker's timeout (it goes half-open
-            # without any event), or by the wait budget running out. A client that goes away
-            # cancels the wait (the request's disconnect watcher).
-            wake = bound
-            if self.psrl is not None and not PSRL_QUIET.isdisjoint(held):
-                # Held out by PSManager or the engines' reports, which change without a fleet
-                # event: ask again after the routing loop's check interval.
-                wake = min(wake, self._now() + self.psrl.recheck_secs)
-            if held.get("circuit_open"):
-                reopen = self.breakers.next_reopen(e.instance.base_url for e in slot.selectable)
-                if reopen is not None:
-                    wake = min(wake, reopen)
-            self.waiting += 1
-            self.wait_passes += 1
-            self.waiting_by_reason[reason] += 1
-            hint = None
-            if routed is not None and routed.staged:
-                # Read again at each pass: a group pin can be written or released meanwhile.
-                hint = routed.hint() or (
-                    self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None
-                )
-            if hint is not None:
-                self.queued[hint] += 1
-            token = object()
-            if queues is not None:
-                # The routing loop hands the turns out: a request that has looked (and found
-                # nothing) waits for a change, one that has not looks in order.
-                facts = QueueFacts(
-                    is_validate=routed.meta.is_validate if routed is not None else False,
-                    version=waiting.tag_of(routed, floor),
-                    input_len=req.input_len,
-                    request_id=routed.meta.request_id if routed is not None else None,
-                )
-                recheck = "circuit_open" in held or (
-                    self.psrl is not None and not PSRL_QUIET.isdisjoint(held)
-                )
-                queues.wait_again(turn, model, facts, tried="queued" not in held, recheck=recheck)
-                changed = turn.go
-                wake = bound  # the loop's check interval re-asks PSManager, not this task
-            self.waiting_requests[token] = {
-                "request_id": routed.meta.request_id if routed is not None else None,
-                "model": model,
-                "version_tag": waiting.tag_of(routed, floor),
-                "reason": reason,
-                "loopbacks": routed.loopbacks if routed is not None else 0,
-                "waiting_since": started,
-                "routed": routed,  # PSRL's /routing_loop/filter reads its metadata
-            }
-            try:
-                with trio.move_on_at(wake):
-                    await changed.wait()
-                if routed is not None:
-                    routed.refused.clear()  # the hook may answer differently after a change
-            finally:
-                del self.waiting_requests[token]
-                self.waiting -= 1
-                self.waiting_by_reason[reason] -= 1
-                if hint is not None:
-                    self.queued[hint] -= 1
-                    if not self.queued[hint]:
-                        del self.queued[hint]  # hints are per request: do not keep them
+            await holding.wait_pass(self, p, slot, held)
+
+    async def _select(self, p: Picking, slot: ModelEntries) -> tuple[Counter, Entry | None]:
+        """One selection pass: the instance chosen (None: every one held out) and why the others
+        were held out."""
+        routed = p.routed
+        if routed is not None and routed.after_ops and not self.fleet.aborts.pending(routed.after_ops):
+            routed.after_ops = ()  # the syncs that aborted this loopback have finished
+        if p.queues is not None and p.queues.must_wait(p.turn, p.model):
+            # Others of this model wait for their turns: behind them, not past them.
+            return Counter(queued=1), None
+        if routed is not None and routed.after_ops:
+            # A partial-rollout continuation waits for the sync that aborted it: until then
+            # its engine may still look active (refusing it, or running old weights).
+            return Counter(syncing=len(slot.entries)), None
+        if self.fleet.routing.paused:
+            # The coordinator paused dispatch (/routing_loop/pause): wait like a request
+            # with no eligible engine; the resume's journal commit wakes it.
+            return Counter(dispatch_paused=len(slot.entries)), None
+        if routed is not None and routed.staged:
+            return await self._select_staged(p, slot, routed)
+        return self._select_plain(p, slot)
+
+    async def _select_staged(
+        self, p: Picking, slot: ModelEntries, routed: Routed
+    ) -> tuple[Counter, Entry | None]:
+        """The staged selection (``smgrl.routing.staged``): hint, group pin, floor, PSManager."""
+        if self.psrl is not None:
+            await self.psrl.check_aborted(routed)  # PSManager may have aborted it
+        selectable, held = self.eligible(slot, p.policy, None)
+        hint = routed.hint()
+        if hint is not None and routed.session:
+            hint, selectable = waiting.held_hint(slot.entries, selectable, hint)
+        narrowed = staged.narrow(
+            selectable,
+            floor=routed.floor,
+            hint=hint,
+            group_pin=self.groups.pin(routed.meta.prompt_id) if self.group_sticky else None,
+            refused=routed.refused,
+        )
+        if self.psrl is not None:
+            narrowed = await self.psrl.admit(routed, narrowed)
+        decision = staged.finish(
+            narrowed,
+            floor=routed.floor,
+            choose=lambda group: self._choose(group, p.req, p.routing_key, p.exclude),
+            ranked=self.ranked,
+        )
+        if decision.held:
+            held = held + decision.held
+        return held, decision.chosen
+
+    def _select_plain(self, p: Picking, slot: ModelEntries) -> tuple[Counter, Entry | None]:
+        """The plain selection: version policy and floor, then the routing policy."""
+        routed = p.routed
+        selectable, held = self.eligible(slot, p.policy, p.floor)
+        if routed is not None and routed.refused:
+            kept = [e for e in selectable if staged.identity(e.instance) not in routed.refused]
+            held = held + Counter(refused=len(selectable) - len(kept))
+            selectable = kept
+        return held, self._choose(selectable, p.req, p.routing_key, p.exclude) if selectable else None
+
+    async def _accepted(self, p: Picking, chosen: Entry) -> bool:
+        """The admission hook's answer for ``chosen`` (True without a hook or routing metadata)."""
+        if self.hook is None or p.routed is None:
+            return True
+        return await decide.ask_hook(self, p.routed, p.req, p.model, chosen)
 
     # -- forwarding ----------------------------------------------------------------------------
 
@@ -557,42 +494,14 @@ class DataPlane:
                 # reports the timeout.
                 with trio.move_on_at(deadline):
                     await trio.sleep(self._backoff(attempt))
-
-            def pick() -> Awaitable[Entry]:
-                return self.pick(
-                    req,
-                    model,
-                    routing_key=routing_key,
-                    wait_until=min(wait_until, deadline),
-                    policy=policy,
-                    floor=floor,
-                    exclude=tried,
-                    routed=routed,
-                    turn=turn,
-                )
-
-            if routed is not None and self._deciding:
-                await decide.decision_in_the_air(self, routed)
-            entry = await pick()
-            if routed is not None:
-                if self.pins is not None and decide.unpinned(self, routed):
-                    entry = await decide.pin_group(self, routed, entry, pick)
-                if self.psrl is not None and routed.staged:
-                    await self.psrl.commit(routed, entry)  # PSManager records the selection
-                decide.commit(self, routed, entry)
-            instance = entry.instance
-            route, body_out = adapt(entry) if adapt is not None else (req.route, body)
-            wid, base = instance.worker_id, instance.base_url
-            vllm = vllm_generate.outbound(self.fleet.registry.get(wid), route, body_out, req.stream)
-            if vllm is not None:  # /generate on a vLLM engine: its token-in route, SGLang's answer
-                route, body_out = vllm.route, vllm.body
-            target_headers, target_body = self._upstream(entry, req, body_out, headers)
-            last = attempt + 1 == attempts
+            entry = await self._select_for(
+                req, model, routing_key, min(wait_until, deadline), policy, floor, tried, routed, turn
+            )
+            wid, base = entry.instance.worker_id, entry.instance.base_url
+            route, target_headers, target_body, vllm = self._outbound(entry, req, body, headers, adapt)
+            retry_next = attempt + 1 != attempts
             relaying = False
-            self.loads[wid] = self.loads.get(wid, 0) + 1
-            self.in_flight += 1
-            if turn is not None:
-                self.queues.attempt_done(turn)  # counted in flight: the loop hands the next turn
+            self._sent(wid, turn)
             mark = hold.held if hold is not None else 0  # what a discarded answer gives back
             # The deadline scope spans the caller's relay too (it runs at ``yield``, in this
             # task: the asynccontextmanager pattern trio allows for a yield inside a scope). A
@@ -601,55 +510,151 @@ class DataPlane:
             with trio.move_on_at(deadline) as timeout:
                 try:
                     sent_at = self.fleet.last_seq
-                    if instance.wire is not None:
-                        # A gRPC engine: the same answer surface, from Generate RPCs.
-                        exchange = self.grpc.exchange(instance, entry.version, route, target_body)
-                    else:
-                        exchange = self.pools.get(base).stream(
-                            "POST", route, headers=target_headers, body=target_body
-                        )
-                    async with exchange as response:
-                        if response.status >= 500 and not last:
+                    async with self._exchange(entry, route, target_headers, target_body) as response:
+                        if response.status >= 500 and retry_next:
                             # Not relayed: leaving the block closes the connection unread.
                             self._record(base, False)
-                            self.metrics.retries.inc()
-                            tried.add(wid)
+                            self._retrying(wid, tried)
                             continue
                         dispatched = Dispatch(entry, response, seq=sent_at)
                         if buffered:
-                            data, truncated = await response.read_bounded(
-                                MAX_RESPONSE_BYTES, _reserve(response, hold)
-                            )
-                            if truncated:
-                                raise UpstreamUnreachable(
-                                    f"upstream `{instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
-                                )
-                            dispatched.body = data if vllm is None else vllm.answer(data)
+                            dispatched.body = await self._read_answer(entry, response, hold, vllm)
                         self._record(base, response.status < 500)
                         relaying = True
                         yield dispatched
                         return
                 except UpstreamError as exc:
-                    self._record(base, False)
-                    if buffered and hold is not None and not relaying:
-                        hold.back_to(mark)  # the cut-short answer is discarded
-                    if not relaying and not last:
-                        self.metrics.retries.inc()
-                        tried.add(wid)
-                        continue
-                    raise UpstreamUnreachable(
-                        f"upstream `{instance.url}` unreachable: {exc}", worker_id=wid
-                    ) from exc
+                    discard = hold if buffered and not relaying else None
+                    self._failed(exc, entry, discard, mark, retry=retry_next and not relaying, tried=tried)
+                    continue
                 finally:
-                    self.loads[wid] -= 1
-                    self.in_flight -= 1
-                    if self.queues is not None:
-                        self.queues.change()  # room on an instance: the waiting may go
-                    if not self.in_flight and self._idle is not None:
-                        self._idle.set()
-                        self._idle = None
+                    self._ended(wid)
             if timeout.cancelled_caught:
                 raise RequestTimeout(f"the request did not finish within {self.cfg.request_timeout_secs:g}s")
+
+    async def _select_for(
+        self,
+        req: RolloutRequest,
+        model: str,
+        routing_key: str | None,
+        wait_until: float,
+        policy: VersionPolicy | None,
+        floor: Version | None,
+        tried: set[str],
+        routed: Routed | None,
+        turn: Turn | None,
+    ) -> Entry:
+        """One attempt's instance: picked, its prompt group's pin decided once across processes
+        (a shared journal: ``smgrl.dataplane.pins``), and the selection committed."""
+
+        def pick() -> Awaitable[Entry]:
+            return self.pick(
+                req,
+                model,
+                routing_key=routing_key,
+                wait_until=wait_until,
+                policy=policy,
+                floor=floor,
+                exclude=tried,
+                routed=routed,
+                turn=turn,
+            )
+
+        pins = self.pins
+        if routed is not None and pins is not None and pins.deciding:
+            await pins.decision_in_the_air(routed, self.group_sticky)
+        entry = await pick()
+        if routed is not None:
+            if pins is not None and self.groups.unpinned(routed, self.group_sticky):
+                entry = await pins.pin_group(routed, entry, pick, self.group_sticky)
+            if self.psrl is not None and routed.staged:
+                await self.psrl.commit(routed, entry)  # PSManager records the selection
+            decide.commit(self, routed, entry)
+        return entry
+
+    def _outbound(
+        self,
+        entry: Entry,
+        req: RolloutRequest,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        adapt: Callable[[Entry], tuple[str, bytes]] | None,
+    ) -> tuple[str, list, bytes, vllm_generate.Outbound | None]:
+        """What goes to the picked instance: its route, headers and body (a vLLM engine's
+        token-in route for /generate, ``vllm``, whose answer is SGLang's)."""
+        route, body_out = adapt(entry) if adapt is not None else (req.route, body)
+        vllm = vllm_generate.outbound(
+            self.fleet.registry.get(entry.instance.worker_id), route, body_out, req.stream
+        )
+        if vllm is not None:  # /generate on a vLLM engine: its token-in route, SGLang's answer
+            route, body_out = vllm.route, vllm.body
+        target_headers, target_body = self._upstream(entry, req, body_out, headers)
+        return route, target_headers, target_body, vllm
+
+    def _exchange(self, entry: Entry, route: str, headers: list, body: bytes):
+        """The engine call (``async with``: the answer's head, then its body)."""
+        instance = entry.instance
+        if instance.wire is not None:
+            # A gRPC engine: the same answer surface, from Generate RPCs.
+            return self.grpc.exchange(instance, entry.version, route, body)
+        return self.pools.get(instance.base_url).stream("POST", route, headers=headers, body=body)
+
+    async def _read_answer(
+        self, entry: Entry, response: Response, hold: Hold | None, vllm: vllm_generate.Outbound | None
+    ) -> bytes:
+        """A buffered answer's body, whole (bounded; its bytes taken from the memory budget)."""
+        data, truncated = await response.read_bounded(
+            MAX_RESPONSE_BYTES, reserve_answer(hold, response, MAX_RESPONSE_BYTES)
+        )
+        if truncated:
+            raise UpstreamUnreachable(
+                f"upstream `{entry.instance.url}` answered more than {MAX_RESPONSE_BYTES} bytes"
+            )
+        return data if vllm is None else vllm.answer(data)
+
+    def _sent(self, wid: str, turn: Turn | None) -> None:
+        """A request goes to instance ``wid``: counted in flight."""
+        self.loads[wid] = self.loads.get(wid, 0) + 1
+        self.in_flight += 1
+        if turn is not None:
+            self.queues.attempt_done(turn)  # counted in flight: the loop hands the next turn
+
+    def _ended(self, wid: str) -> None:
+        """An attempt at instance ``wid`` ended (answered and relayed, failed or cancelled)."""
+        self.loads[wid] -= 1
+        self.in_flight -= 1
+        if self.queues is not None:
+            self.queues.change()  # room on an instance: the waiting may go
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    def _failed(
+        self,
+        exc: UpstreamError,
+        entry: Entry,
+        discard: Hold | None,
+        mark: int,
+        *,
+        retry: bool,
+        tried: set[str],
+    ) -> None:
+        """The engine call failed: retry (return) or raise UpstreamUnreachable. ``discard``: the
+        hold of a buffered answer cut short, given back to ``mark``."""
+        instance = entry.instance
+        self._record(instance.base_url, False)
+        if discard is not None:
+            discard.back_to(mark)  # the cut-short answer is discarded
+        if not retry:
+            raise UpstreamUnreachable(
+                f"upstream `{instance.url}` unreachable: {exc}", worker_id=instance.worker_id
+            ) from exc
+        self._retrying(instance.worker_id, tried)
+
+    def _retrying(self, wid: str, tried: set[str]) -> None:
+        """The attempt at ``wid`` failed before anything was relayed: the next one prefers another."""
+        self.metrics.retries.inc()
+        tried.add(wid)
 
     async def wait_idle(self, deadline: float) -> bool:
         """Until no request is at an engine (True), or ``deadline`` (False). Event-driven: the
@@ -684,17 +689,3 @@ class DataPlane:
         if success and base_url not in breakers.by_engine:
             return  # what ``Breakers.record`` does for a healthy engine, without reading the clock
         breakers.record(base_url, success, self._now())
-
-
-def _reserve(response: Response, hold: Hold | None):
-    """Take a buffered answer's bytes from the memory budget: a declared length at once, before
-    a byte is read (concurrent readers taking piece by piece could each get part of the budget
-    and all fail), else each piece as it arrives (``read_bounded``'s ``on_data``)."""
-    if hold is None:
-        return None
-    length = response.header(b"content-length")
-    size = parse_uint(length)
-    if size is not None and size <= MAX_RESPONSE_BYTES:
-        hold.take(size)
-        return None
-    return hold.take

@@ -303,11 +303,12 @@ class BaseEngine:
     def authorize(self, req: Request) -> Response | None:
         return None
 
+    # Every faked engine serves HTTP through FastAPI: its 404 and 405 answers.
     def not_found(self, req: Request) -> Response:
-        raise NotImplementedError
+        return json_response({"detail": "Not Found"}, 404)
 
     def method_not_allowed(self, allowed: list[str]) -> Response:
-        raise NotImplementedError
+        return json_response({"detail": "Method Not Allowed"}, 405, [("allow", ", ".join(allowed))])
 
     async def handle(self, req: Request) -> Response:
         if req.path.startswith("/_fake/"):

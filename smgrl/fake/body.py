@@ -36,6 +36,14 @@ _TYPE_MSG = {
 }
 
 
+def loose_json(body: bytes) -> Any:
+    """The body as JSON, or None when it is empty or not JSON (the caller then refuses it its way)."""
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None
+
+
 def missing_body() -> dict[str, Any]:
     return {"type": "missing", "loc": ["body"], "msg": "Field required", "input": None}
 

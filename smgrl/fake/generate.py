@@ -9,7 +9,6 @@ weight version; a request that straddled a version change also gets ``weight_ver
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ import trio
 from smgrl.core.wire import json_bytes
 from smgrl.fake import model
 from smgrl.fake.base import Reply
+from smgrl.fake.body import loose_json
 from smgrl.fake.http import Request, Response, json_response, sse_response
 from smgrl.fake.limits import LimitError, check_tokens, max_tokens_arg
 from smgrl.fake.scheduler import Job
@@ -156,10 +156,7 @@ async def run_jobs(engine: BaseEngine, jobs: list[Job]) -> None:
 
 
 async def sglang_generate(engine: BaseEngine, req: Request) -> Response:
-    try:
-        obj = json.loads(req.body) if req.body else None
-    except ValueError:
-        obj = None
+    obj = loose_json(req.body)
     if not isinstance(obj, dict):
         raise _error("The request body must be a JSON object.")
     jobs, batch = parse_jobs(obj, engine)

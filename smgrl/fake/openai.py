@@ -10,7 +10,6 @@ answers 503), its error envelope (``openai_error``) and extras (SGLang adds
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from smgrl.fake import model
 from smgrl.fake.base import Reply
+from smgrl.fake.body import loose_json
 from smgrl.fake.generate import DONE, run_jobs, sse
 from smgrl.fake.http import Request, Response, json_response, sse_response
 from smgrl.fake.limits import LimitError, check_n, check_tokens, context_length, max_tokens_arg
@@ -29,10 +29,7 @@ if TYPE_CHECKING:
 
 
 def _body(engine: BaseEngine, req: Request) -> dict[str, Any]:
-    try:
-        obj = json.loads(req.body) if req.body else None
-    except ValueError:
-        obj = None
+    obj = loose_json(req.body)
     if not isinstance(obj, dict):
         raise Reply(engine.openai_error(400, "The request body must be a JSON object."))
     model_name = obj.get("model")

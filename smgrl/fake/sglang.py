@@ -74,10 +74,7 @@ class SGLangEngine(SGLangWeights, BaseEngine):
     def not_found(self, req: Request) -> Response:
         if req.path.startswith("/v1/models/") and req.method in ("GET", "HEAD"):
             return models_list(self, card=req.path.removeprefix("/v1/models/"))
-        return json_response({"detail": "Not Found"}, 404)
-
-    def method_not_allowed(self, allowed: list[str]) -> Response:
-        return json_response({"detail": "Method Not Allowed"}, 405, [("allow", ", ".join(allowed))])
+        return super().not_found(req)
 
     def struct(self, req: Request, spec: b.Spec) -> dict[str, Any]:
         """Parse a msgspec-Struct body: required, JSON object, typed; else the 400 envelope."""

@@ -58,12 +58,6 @@ class TokenSpeedEngine(BaseEngine):
             return json_response({"success": False, "message": "unauthorized"}, 401)
         return None
 
-    def not_found(self, req: Request) -> Response:
-        return json_response({"detail": "Not Found"}, 404)
-
-    def method_not_allowed(self, allowed: list[str]) -> Response:
-        return json_response({"detail": "Method Not Allowed"}, 405, [("allow", ", ".join(allowed))])
-
     def body(self, req: Request, *, required: bool) -> dict[str, Any]:
         if not req.body:
             if required:

@@ -61,12 +61,6 @@ class VLLMEngine(BaseEngine):
             return json_response({"error": "Unauthorized"}, 401)
         return None
 
-    def not_found(self, req: Request) -> Response:
-        return json_response({"detail": "Not Found"}, 404)
-
-    def method_not_allowed(self, allowed: list[str]) -> Response:
-        return json_response({"detail": "Method Not Allowed"}, 405, [("allow", ", ".join(allowed))])
-
     def error(self, status: int, message: str, type: str) -> Reply:
         return Reply(self.openai_error(status, message, type))
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from smgrl.fake.body import loose_json
 from smgrl.fake.generate import run_jobs
 from smgrl.fake.http import Request, Response, json_response
 from smgrl.fake.limits import LimitError, check_tokens, max_tokens_arg
@@ -82,10 +83,7 @@ def weight_checker(engine: VLLMEngine, args: dict[str, Any]) -> Response:
 
 
 async def inference_generate(engine: VLLMEngine, req: Request) -> Response:
-    try:
-        obj = json.loads(req.body) if req.body else None
-    except ValueError:
-        obj = None
+    obj = loose_json(req.body)
     if not isinstance(obj, dict) or not isinstance(obj.get("token_ids"), list):
         return engine.openai_error(400, "token_ids (a list of ints) is required", "BadRequestError")
     params = obj.get("sampling_params") or {}

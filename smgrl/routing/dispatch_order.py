@@ -34,6 +34,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from smgrl.core.version import parse_u64
+from smgrl.routing.psrl import int64
 
 SORT_KEYS = ("short_length", "long_length", "small_id")
 # The fork's partition key of unversioned requests (i32::MAX), reported by /routing_loop/status.
@@ -73,14 +74,8 @@ def _final(facts: QueueFacts, sort_key: str) -> int:
     if sort_key == "long_length":
         return -facts.input_len
     if sort_key == "small_id":
-        raw = facts.request_id
-        if raw is None:
-            return _NO_ID
-        try:
-            value = int(raw)
-        except ValueError:
-            return _NO_ID
-        return value if -(2**63) <= value < 2**63 else _NO_ID
+        value = int64(facts.request_id)
+        return _NO_ID if value is None else value
     raise ValueError(f"unknown routing-loop sort key {sort_key!r}: expected one of {', '.join(SORT_KEYS)}")
 
 

@@ -8,7 +8,8 @@
 - ``reservable`` / ``by_indicator``: how PSManager's ``CanReserveRequest`` and
   ``GetReserveIndicator`` answers narrow and order the candidates (``Somoku/smg`` psrl-dev
   7169017b, ``worker_selector/psrl.rs`` stages 4 and 5).
-- ``psm_version`` / ``psm_request_id``: PSManager speaks int64 versions and request ids.
+- ``psm_version`` / ``psm_request_id``: PSManager speaks int64 versions and request ids
+  (``int64``, which the routing loop's ``small_id`` order reads too).
 
 Pure: no I/O, no clock.
 """
@@ -16,6 +17,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -46,28 +48,34 @@ def kv_gate_on(cfg: PsrlConfig) -> bool:
     return cfg.reject_on_waiting or cfg.kv_capacity_threshold < 1.0
 
 
+_INT64_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def int64(raw: str | None) -> int | None:
+    """``raw`` as an int64, or None: the one reading of PSRL's numeric ids and versions
+    (PSManager's fields, the routing loop's ``small_id`` order). It reads as the fork's
+    ``str::trim().parse::<i64>()`` does: whitespace around is trimmed, then an optional sign and
+    ASCII digits only (``int()`` alone would also take ``1_000`` and non-ASCII digits)."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not _INT64_TEXT.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
+
+
 def psm_version(version: str | None) -> int:
     """A version as PSManager's int64: a whole number as itself, anything else 0 (the fork reads
     an unknown engine version as 0, PSRL's initial rollout-instance version)."""
-    if version is None:
-        return 0
-    try:
-        value = int(version)
-    except ValueError:
-        return 0
-    return value if -(2**63) <= value < 2**63 else 0
+    value = int64(version)
+    return 0 if value is None else value
 
 
 def psm_request_id(request_id: str | None) -> int | None:
     """PSRL's request id as PSManager's int64; None when it is not one (PSManager is then not
     asked about the request: it cannot know it)."""
-    if request_id is None:
-        return None
-    try:
-        value = int(request_id)
-    except ValueError:
-        return None
-    return value if -(2**63) <= value < 2**63 else None
+    return int64(request_id)
 
 
 T = TypeVar("T")

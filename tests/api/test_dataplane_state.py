@@ -176,9 +176,28 @@ async def test_wait_zero_answers_at_once_and_unhealthy_engines_are_held_out():
         assert r.status_code == 503 and r.json()["error"]["reasons"] == {"unhealthy": 2}
 
 
-async def test_the_request_timeout_bounds_the_wait():
-    config = attrs.evolve(cfg(), request_timeout_secs=0.05)
+async def test_the_request_timeout_bounds_the_wait(mock_clock):
+    # Time is the subject: the clock runs at real speed (the engine is a real process on a real
+    # socket, which an autojump clock would time out) and the test moves it past the request's
+    # deadline itself, so neither a slow machine nor a short timeout decides the outcome.
+    mock_clock.rate = 1
+    config = attrs.evolve(cfg(), request_timeout_secs=60)
     async with fake_fleet("sglang", n=1) as fleet, gateway_in_process(config, worker_urls=fleet.urls) as gw:
         await fanout(gw, "pause_generation")
-        r = await gw.client.post("/generate", json=GEN)
+        dp = gw.app.dataplane
+        answers = []
+
+        async def rollout():
+            answers.append(await gw.client.post("/generate", json=GEN))
+
+        with trio.fail_after(90):  # the jumps below count: 29 s of real time are left
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(rollout)
+                while dp.waiting < 1:  # parked in the gateway: the engine is paused
+                    await trio.sleep(0.001)
+                mock_clock.jump(59)
+                await trio.sleep(0.01)
+                assert not answers  # still waiting: a sync (the pause) is in progress
+                mock_clock.jump(2)  # past the deadline
+        (r,) = answers
         assert r.status_code == 503 and r.json()["error"]["reasons"] == {"paused": 1}

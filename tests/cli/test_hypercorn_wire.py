@@ -148,6 +148,8 @@ async def exchange(port: int, pieces: list[bytes]) -> bytes:
         for piece in pieces:
             await stream.send_all(piece)
             while True:  # read until quiet (the server has answered what it can)
+                # Real time: the server is another process on a real socket (a mock clock's
+                # jump would not make it answer sooner), and its silence is the only signal.
                 with trio.move_on_after(0.3):
                     data = await stream.receive_some(1 << 20)
                     if not data:

@@ -49,6 +49,25 @@ def test_request_ids_as_int64(text, value):
     assert psm_request_id(text) == value
 
 
+# The fork reads these with Rust's ``str::trim().parse::<i64>()``: a sign and ASCII digits,
+# surrounding whitespace trimmed; Python's ``int()`` would also take digit separators and
+# non-ASCII digits, which Rust refuses.
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (" 12 ", 12),
+        ("+5", 5),
+        ("1_000", None),
+        ("\u0661\u0662", None),
+        ("", None),
+        ("-", None),
+        ("0x1f", None),
+    ],
+)
+def test_int64_reads_as_the_fork_parses(text, value):
+    assert psm_request_id(text) == value
+
+
 def test_reservable_keeps_the_versions_answered_yes_and_treats_missing_answers_as_no():
     cands = ["a1", "b2", "c2", "d3"]
     version = lambda c: int(c[1])

@@ -2,9 +2,8 @@
 
 import pytest
 
+from smgrl.core.observe import CONTROL_STATES, VERSION_FIELDS
 from smgrl.core.version import (
-    CONTROL_AFTER,
-    VERSION_FIELDS,
     MalformedVersion,
     Version,
     compare_versions,
@@ -205,11 +204,13 @@ def test_observation_tables():
         "update_weights_from_disk": "weight_version",
         "update_weights_from_tensor": "weight_version",
         "update_weights_from_distributed": "weight_version",
+        "update_weights_from_mooncake": "weight_version",
         "update_weight_version": "new_version",
+        "finish_weight_update": "weight_version",
     }
-    assert {k for k, v in CONTROL_AFTER.items() if v == "paused"} == {"pause_generation", "pause"}
-    assert {k for k, v in CONTROL_AFTER.items() if v == "asleep"} == {"release_memory_occupation", "sleep"}
-    assert {k for k, v in CONTROL_AFTER.items() if v == "active"} == {
+    assert {k for k, v in CONTROL_STATES.items() if v == "paused"} == {"pause_generation", "pause"}
+    assert {k for k, v in CONTROL_STATES.items() if v == "asleep"} == {"release_memory_occupation", "sleep"}
+    assert {k for k, v in CONTROL_STATES.items() if v == "active"} == {
         "continue_generation",
         "resume",
         "resume_memory_occupation",

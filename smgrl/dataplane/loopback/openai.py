@@ -24,25 +24,12 @@ from typing import Any
 
 import attrs
 
+from smgrl.core.sampling import SAMPLING
 from smgrl.core.wire import json_bytes
 from smgrl.dataplane.loopback.model import Leg, Rollout
 from smgrl.dataplane.request import COMPLETIONS
 
-# Sampling fields a continuation keeps (both routes name them alike).
-SAMPLING = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "seed",
-    "skip_special_tokens",
-)
+# A continuation keeps every sampling field the client set (smgrl/core/sampling.py).
 
 
 def _version(obj: dict) -> str | None:

@@ -28,7 +28,7 @@ import trio
 from quart import Response, request
 
 from smgrl.cluster.forwarding import PeerGone, hops
-from smgrl.core import MalformedVersion, validate_version
+from smgrl.core import MalformedVersion, Version, validate_version
 from smgrl.core.auth import READ, WRITE
 from smgrl.core.errors import InvalidBody, InvalidQuery, PauseWaitTimeout
 from smgrl.dataplane import StatsRejected, loopback, parse_snapshot
@@ -178,13 +178,7 @@ class RoutingLoopRoutes:
     async def _filter(self, principal) -> Response:
         """PSRL's fork: a list of ``{request_id, prompt_id, version_tag, is_validate}``, the
         waiting requests with routing metadata whose version tag is at most ``version_tag``."""
-        raw = request.args.get("version_tag")
-        if raw is None:
-            raise InvalidQuery("`version_tag` is required (a version, or -1)")
-        try:
-            bound = parse_floor(raw)
-        except InvalidVersionPolicy as exc:
-            raise InvalidQuery(str(exc)) from None
+        _, bound = _version_tag_bound()
         rows = []
         for facts in list(self.dataplane.waiting_requests.values()):
             routed = facts.get("routed")
@@ -204,13 +198,7 @@ class RoutingLoopRoutes:
         return env.json_response(200, rows)
 
     async def _waiting(self, principal) -> Response:
-        raw = request.args.get("version_tag")
-        if raw is None:
-            raise InvalidQuery("`version_tag` is required (a version, or -1)")
-        try:
-            bound = parse_floor(raw)
-        except InvalidVersionPolicy as exc:
-            raise InvalidQuery(str(exc)) from None
+        raw, bound = _version_tag_bound()
         rows = []
         now = trio.current_time()
         for facts in list(self.dataplane.waiting_requests.values()):
@@ -353,18 +341,42 @@ def _engine_stats(dataplane, base: str, rank: int) -> dict[str, Any] | None:
     return stats.to_json() if stats is not None else None
 
 
-def _stats_items(data: bytes) -> list[dict[str, Any]]:
-    """PSRL's ``[{worker_id, dp_rank?, timestamp?, scheduler_stats?}]`` (400 ``invalid_body``
-    for anything but a list of objects whose fields have their types; an item that names no
-    instance is rejected in the results, the others are still taken)."""
+def _version_tag_bound() -> tuple[str, Version | None]:
+    """The required ``version_tag`` query of the fork's waiting lists: the raw text and its
+    bound (None for -1: only unversioned requests), 400 ``invalid_query`` otherwise."""
+    raw = request.args.get("version_tag")
+    if raw is None:
+        raise InvalidQuery("`version_tag` is required (a version, or -1)")
+    try:
+        return raw, parse_floor(raw)
+    except InvalidVersionPolicy as exc:
+        raise InvalidQuery(str(exc)) from None
+
+
+def _json_list(data: bytes, least: int, item: str) -> list[Any]:
+    """A JSON list body of ``least`` to ``MAX_ITEMS`` entries (400 ``invalid_body``); its items
+    are checked by the caller."""
     try:
         items = json.loads(data) if data else None
     except (ValueError, UnicodeDecodeError):
         raise InvalidBody("the body is not valid JSON") from None
-    if not isinstance(items, list) or len(items) > MAX_ITEMS or not all(isinstance(i, dict) for i in items):
-        raise InvalidBody(
-            f"expected a list of at most {MAX_ITEMS} {{worker_id, dp_rank?, scheduler_stats}} objects"
-        )
+    if not isinstance(items, list) or len(items) < least or len(items) > MAX_ITEMS:
+        raise InvalidBody(_list_shape(least, item))
+    return items
+
+
+def _list_shape(least: int, item: str) -> str:
+    count = f"at most {MAX_ITEMS}" if least == 0 else f"{least}-{MAX_ITEMS}"
+    return f"expected a list of {count} {item} objects"
+
+
+def _stats_items(data: bytes) -> list[dict[str, Any]]:
+    """PSRL's ``[{worker_id, dp_rank?, timestamp?, scheduler_stats?}]`` (400 ``invalid_body``
+    for anything but a list of objects whose fields have their types; an item that names no
+    instance is rejected in the results, the others are still taken)."""
+    items = _json_list(data, 0, "{worker_id, dp_rank?, scheduler_stats}")
+    if not all(isinstance(i, dict) for i in items):
+        raise InvalidBody(_list_shape(0, "{worker_id, dp_rank?, scheduler_stats}"))
     for n, item in enumerate(items):
         for name, kinds in _STATS_FIELDS:
             value = item.get(name)
@@ -380,12 +392,7 @@ _KIND_NAMES = {str: "a string", int: "an integer", dict: "an object"}
 
 def _items(data: bytes) -> list[dict[str, Any]]:
     """``[{"worker_id", "dp_rank"?, "weight_version"}]``, checked (400 ``invalid_body``)."""
-    try:
-        items = json.loads(data) if data else None
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidBody("the body is not valid JSON") from None
-    if not isinstance(items, list) or not items or len(items) > MAX_ITEMS:
-        raise InvalidBody(f"expected a list of 1-{MAX_ITEMS} {{worker_id, dp_rank?, weight_version}} objects")
+    items = _json_list(data, 1, "{worker_id, dp_rank?, weight_version}")
     out = []
     for n, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("worker_id"), str):
@@ -420,12 +427,7 @@ def _seconds(raw: str | None) -> float:
 def _hold_items(data: bytes) -> list[tuple[str, set[int] | None]]:
     """PSRL's ``[{"worker_id"? | "base_worker_id"?, "dp_rank"?: int | [int]}]`` as (worker,
     ranks or None for all), checked (400 ``invalid_body``)."""
-    try:
-        items = json.loads(data) if data else None
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidBody("the body is not valid JSON") from None
-    if not isinstance(items, list) or not items or len(items) > MAX_ITEMS:
-        raise InvalidBody(f"expected a list of 1-{MAX_ITEMS} {{worker_id, dp_rank?}} objects")
+    items = _json_list(data, 1, "{worker_id, dp_rank?}")
     out = []
     for n, item in enumerate(items):
         if not isinstance(item, dict):
