@@ -6,7 +6,8 @@ load is ``wrk`` (a C program: ``apt-get install wrk``), one thread and ``--wrk-c
 (64) connections for ``--wrk-secs`` (8) seconds of ``POST /generate`` with a small body, against
 each gateway in turn, all of them up at once on the same ``--engines`` (4) fake SGLang engines:
 smgrl, SMG 1.13.0 and the bare patched hypercorn (an app that answers at once: the server's
-floor). The order of the gateways is reversed every other run. Each gateway's CPU (user +
+floor), and with ``--baseline-src DIR`` the smgrl of another checkout (before/after in one run).
+The order of the gateways is reversed every other run. Each gateway's CPU (user +
 system, ``/proc``) during its wrk run divided by the requests wrk completed gives CPU per
 request; reported per run, with the median over runs and their spread.
 """
@@ -78,6 +79,10 @@ def run_wrk(args, start_smgrl, start_smg, start_bare, wait_routable, cpu_seconds
     try:
         port = free_port()
         gateways["smgrl"] = (start_smgrl(urls, port, "raw", workdir, args.policy), port)
+        if args.baseline_src:  # another checkout's smgrl in the same run: before/after
+            port = free_port()
+            src = os.path.abspath(args.baseline_src)
+            gateways["smgrl-baseline"] = (start_smgrl(urls, port, "raw", workdir, args.policy, src=src), port)
         if not args.no_smg and args.smg_bin and os.path.exists(args.smg_bin):
             port = free_port()
             gateways["SMG 1.13.0"] = (start_smg(args.smg_bin, urls, port, workdir, args.policy), port)
@@ -138,4 +143,8 @@ def table(per_run: dict, args, load_start: str, load_end: str) -> str:
             f"{', '.join(f'{r[1]:.0f}' for r in runs)} | {', '.join(f'{r[2]:.2f}' for r in runs)} | "
             f"{vs} | {vs_med} |"
         )
+    if "smgrl-baseline" in per_run:
+        ratios = [a[0] / b[0] for a, b in zip(per_run["smgrl"], per_run["smgrl-baseline"], strict=True)]
+        per = ", ".join(f"{x:.3f}" for x in ratios)
+        lines += ["", f"smgrl / smgrl-baseline CPU per run: {per} (median {statistics.median(ratios):.3f})"]
     return "\n".join(lines)

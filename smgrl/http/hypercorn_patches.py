@@ -27,6 +27,10 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
     unusual goes through h11's own path).
 13. An early answer says ``connection: close`` (``_coalescing_stream_send``; fix, RFC 9112
     section 9.6).
+14. h11's ``Headers`` iterated in C (``hypercorn_hot.headers_iter``; speed-up).
+15. A response's last body message in one step (``hypercorn_hot.app_send``; speed-up).
+16. The h2c check on h11's lower-case names (``hypercorn_hot.check_protocol``), and a request
+    without ``upgrade`` gets its stream at once (``hypercorn_hot.create_stream``; speed-ups).
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
 version, and tests/loopback/test_hypercorn_patches.py hashes the source of every stock function
@@ -39,7 +43,6 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from itertools import chain
 from typing import Any
 
 import h11
@@ -53,7 +56,7 @@ from hypercorn.trio import task_group as trio_task_group
 from hypercorn.trio import tcp_server
 
 from smgrl.core.errors import ConfigError
-from smgrl.http.hypercorn_headers import checked_response
+from smgrl.http import hypercorn_hot
 
 PATCHED_VERSION = "0.18.0"
 # sha256 (first 16 hex digits) of ``inspect.getsource`` of every stock hypercorn 0.18.0 function
@@ -77,7 +80,16 @@ STOCK_SOURCES = {
     # h11's own checks, which ``hypercorn_headers.checked_response`` makes once per header (patch 12).
     "h11._headers.normalize_and_validate": "82a8fcccb31d27d4",
     "h11._events._ResponseBase.__init__": "eccce2371512d41e",
+    # What patch 14's ``Headers.__iter__`` yields (h11's ``Headers`` has no ``__iter__`` of its own).
+    "h11._headers.Headers.__getitem__": "ca94add742ae2be4",
+    # Patch 15 makes ``stream_send``'s ``StreamClosed`` step itself (pinned above) and awaits
+    # the access log as ``_send_closed`` does.
+    "hypercorn.logging.Logger.access": "59b27f8b5402bfb2",
+    "hypercorn.protocol.h11.H11Protocol._check_protocol": "f95f6b38f43c62aa",
+    "hypercorn.protocol.h11.H11Protocol._create_stream": "a2338a57ab343908",
 }
+# Attributes apply() adds where stock has none (the stock behaviour they copy is pinned above).
+ADDED = frozenset({"h11._headers.Headers.__iter__"})
 # Graceful close (RFC 9112 section 9.6): how much of an unread request body is read and dropped
 # after the answer, and for how long, before the connection is closed anyway. 16 MiB covers the
 # bodies clients really send after an early 413/401 (a refit chunk, a long prompt) at loopback
@@ -196,21 +208,7 @@ async def _coalescing_stream_send(self, event) -> None:
     pending = getattr(self, "_smgrl_head", None)
     kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
     if kind is Response and event.status_code >= 200:
-        headers = list(chain(event.headers, self.config.response_headers("h11")))
-        # An answer that starts before the request body has all arrived (an early 404/401/413)
-        # ends the connection: hypercorn closes it after the answer (the body was never read).
-        # Say so (RFC 9112 section 9.6), or a client reuses the connection and its next request
-        # races our close (patch 13; stock hypercorn and SMG 1.13.0 close without saying so).
-        if (
-            self.keep_alive_requests >= self.config.keep_alive_max_requests
-            or self.connection.their_state is h11.SEND_BODY
-        ):
-            headers.append((b"connection", b"close"))
-        try:
-            self._smgrl_head = self.connection.send(checked_response(headers, event.status_code))
-        except h11.LocalProtocolError:
-            if self.connection.their_state != h11.ERROR:
-                raise
+        hypercorn_hot.start_response(self, event.headers, event.status_code)
         return
     if kind is Body or kind is EndBody:
         if kind is Body:
@@ -617,6 +615,10 @@ def _replacements() -> list[tuple[type, str, Any]]:
         (trio_task_group.TaskGroup, "spawn_app", _spawn_app),
         (h11_protocol.H11Protocol, "stream_send", _coalescing_stream_send),
         (h11_protocol.H11Protocol, "_maybe_recycle", _shielded_maybe_recycle),
+        (h11._headers.Headers, "__iter__", hypercorn_hot.headers_iter),
+        (hypercorn_hot.HTTPStream, "app_send", hypercorn_hot.app_send),
+        (h11_protocol.H11Protocol, "_check_protocol", hypercorn_hot.check_protocol),
+        (h11_protocol.H11Protocol, "_create_stream", hypercorn_hot.create_stream),
     ]
 
 
@@ -673,3 +675,5 @@ def require() -> None:
 
 # Kept before apply() can run (this module is the only place that patches hypercorn).
 _ORIGINALS = {name: _resolve(name) for name in STOCK_SOURCES}
+# Whether stock already defines an attribute of ``ADDED`` (it must not: the test checks).
+STOCK_DEFINES = {q: q.rpartition(".")[2] in vars(_resolve(q.rpartition(".")[0])) for q in ADDED}

@@ -59,6 +59,12 @@ async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
         return
+    if path in FRAMED:  # a body that breaks its declared length, or none declared (chunked)
+        length, payload = FRAMED[path]
+        head = [] if length is None else [(b"content-length", length)]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": payload})
+        return
     if path in HEADERS:  # many headers, or one h11 refuses: the same answer or the same refusal
         await send({"type": "http.response.start", "status": 200, "headers": HEADERS[path]})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -67,6 +73,9 @@ async def app(scope, receive, send):
     head = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(payload))]
     await send({"type": "http.response.start", "status": 200, "headers": head})
     await send({"type": "http.response.body", "body": payload})
+
+FRAMED = {"/short": (b"10", b"12345"), "/long": (b"2", b"12345"), "/chunked-once": (None, b"abc")}
+
 
 async def main():
     cfg = Config()
@@ -123,6 +132,22 @@ CASES = {
     "early answer, body came with the head": [
         b"POST /early HTTP/1.1\r\n" + H + b"content-length: 8\r\n\r\n12345678",
         b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    **{
+        f"answer framing {path}": [
+            b"GET %s HTTP/1.1\r\n" % path.encode() + H + b"\r\n",
+            b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+        ]
+        for path in ("/short", "/long", "/chunked-once")
+    },
+    "h2c upgrade asked with a body (answered over HTTP/1.1)": [
+        b"POST /a HTTP/1.1\r\n" + H + b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+        b"http2-settings: AAMAAABkAAQAAP__\r\ncontent-length: 3\r\n\r\nabc",
+        b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    "websocket upgrade (stock's WebSocket stream; this app refuses it)": [
+        b"GET /ws HTTP/1.1\r\n" + H + b"connection: Upgrade\r\nupgrade: websocket\r\n"
+        b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
     ],
     "large answer": [b"GET /big HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
     "malformed request": [b"GET / HTTP/1.1\r\nbad header line\r\n\r\n"],

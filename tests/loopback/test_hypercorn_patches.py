@@ -192,7 +192,9 @@ def test_every_replaced_hypercorn_function_is_the_pinned_stock_source():
         f"{owner.__module__}.{owner.__qualname__}.{name}"
         for owner, name, _ in hypercorn_patches._replacements()
     }
-    assert replaced <= set(hypercorn_patches.STOCK_SOURCES)
+    assert replaced <= set(hypercorn_patches.STOCK_SOURCES) | hypercorn_patches.ADDED
+    # An added attribute must not replace a stock one.
+    assert not any(hypercorn_patches.STOCK_DEFINES.values()), hypercorn_patches.STOCK_DEFINES
     for qualname, digest in hypercorn_patches.STOCK_SOURCES.items():
         source = inspect.getsource(hypercorn_patches.stock_function(qualname))
         assert hashlib.sha256(source.encode()).hexdigest()[:16] == digest, f"{qualname} changed upstream"
