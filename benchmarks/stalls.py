@@ -10,19 +10,22 @@ single trio task step while one hostile request of ``--mb`` megabytes is served,
 * ``session-snapshot``: ``GET /sessions/{id}`` of a session whose captured token ids make a
   snapshot of about ``--mb`` MB.
 
-    python benchmarks/stalls.py [--mb 1 8] [--shape content deep-json ...]
+    python benchmarks/stalls.py [--mb 1 8] [--shape content deep-json ...] [--gc-tuned]
 
 One gateway in process with ``--tokenizer-path`` (the in-process test tokenizer) and one fake
 SGLang engine in a process of its own (real loopback socket; a prompt longer than its context is
 refused after the gateway prepared and sent it, which is the work measured); a trio
 instrument times every task step and keeps the longest per task name, plus the longest gap of a
-10 ms heartbeat task.
+10 ms heartbeat task, and a ``gc.callbacks`` timer the longest garbage collection of each
+generation (the collector holds the GIL: a full collection stalls the loop for as long as it
+walks every tracked container alive).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import random
 import sys
@@ -39,6 +42,7 @@ import trio
 from smgrl.core.config import Config, SessionsConfig
 from smgrl.demo.procs import start_fake_engines
 from smgrl.testing import gateway_in_process
+from smgrl.tito.ids import held
 from smgrl.tito.testkit import make_model_dir
 
 WORDS = ["the", "file", "read", "list", "run", "test", "error", "line", "code", "def"]
@@ -71,12 +75,17 @@ class Sampler:
 
 
 class Steps(trio.abc.Instrument):
+    """The longest task step per task name, in wall time, and the most CPU any one step used
+    (wall time on a loaded machine also counts the time the process waited for a core)."""
+
     def __init__(self) -> None:
         self.worst: dict[str, float] = {}
+        self.worst_cpu = 0.0
         self._t: float | None = None
+        self._cpu = 0.0
 
     def before_task_step(self, task) -> None:
-        self._t = time.perf_counter()
+        self._t, self._cpu = time.perf_counter(), time.thread_time()
 
     def after_task_step(self, task) -> None:
         if self._t is None:  # the step that added the instrument
@@ -84,6 +93,40 @@ class Steps(trio.abc.Instrument):
         d = time.perf_counter() - self._t
         if d > self.worst.get(task.name, 0.0):
             self.worst[task.name] = d
+        self.worst_cpu = max(self.worst_cpu, time.thread_time() - self._cpu)
+
+
+class Collections:
+    """A ``gc.callbacks`` timer: the longest collection per generation, in wall time and in CPU
+    time of the collecting thread, and how many ran (a collection holds the GIL: the loop stands
+    still for as long as it takes; on a loaded machine wall time also counts the time the process
+    waited for a core). With ``why``, for the longest one: its generation, how many objects it
+    freed, and the largest containers it walked (type, referent count; looked up before its
+    timer starts)."""
+
+    def __init__(self, why: bool = False) -> None:
+        self.worst = [0.0, 0.0, 0.0]
+        self.worst_cpu = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self.why = why
+        self.biggest: list = []
+        self.worst_why: list = []
+        self._t = self._cpu = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        g = info["generation"]
+        if phase == "start":
+            if self.why:
+                sizes = ((type(o).__name__, len(gc.get_referents(o))) for o in gc.get_objects(generation=g))
+                self.biggest = sorted(sizes, key=lambda kv: -kv[1])[:3]
+            self._t, self._cpu = time.perf_counter(), time.thread_time()
+            return
+        self.count[g] += 1
+        self.worst[g] = max(self.worst[g], time.perf_counter() - self._t)
+        cpu = time.thread_time() - self._cpu
+        if cpu > max(self.worst_cpu):
+            self.worst_why = [g, info["collected"], *self.biggest]
+        self.worst_cpu[g] = max(self.worst_cpu[g], cpu)
 
 
 def text(mb: float) -> str:
@@ -141,13 +184,15 @@ SHAPES = (
 )
 
 
-async def one(model_dir, name: str, mb: float) -> dict:
+async def one(model_dir, name: str, mb: float, gc_tuned: bool = False, gc_why: bool = False) -> dict:
     cfg = Config(policy="round_robin", sessions=SessionsConfig(tokenizer_path=str(model_dir)))
     # The engine in a process of its own: its tokenization must not count as the gateway's stall.
     # A prompt longer than its context is refused (a 502 here) after the gateway did all its work.
     engine, urls = start_fake_engines("sglang", 1, ["--tokenizer-path", str(model_dir)])
     try:
         async with gateway_in_process(cfg, worker_urls=urls) as gw:
+            if gc_tuned:
+                gc.freeze()  # as a launched gateway freezes what its startup built (gctune)
             sid = (await gw.client.post("/sessions")).json()["session_id"]
             if name == "session-snapshot":
                 # A session whose captured ids make a snapshot of about mb MB (a short turn's
@@ -157,7 +202,9 @@ async def one(model_dir, name: str, mb: float) -> dict:
                 r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
                 assert r.status_code == 200, r.text[:300]
                 (node,) = gw.app.sessions.sessions[sid].tree.entries.values()
-                node.token_ids = node.token_ids * max(1, int(mb * 1_000_000 / 6 / len(node.token_ids)))
+                # Held as the tree holds a run that long (an array('i'), ``smgrl.tito.ids``).
+                many = list(node.token_ids) * max(1, int(mb * 1_000_000 / 6 / len(node.token_ids)))
+                node.token_ids = held(many)
             method, path, payload = shape(name, mb)
             path = path.format(sid=sid)
             steps = Steps()
@@ -188,6 +235,8 @@ async def one(model_dir, name: str, mb: float) -> dict:
                     health[0] = max(health[0], time.perf_counter() - due)
                     health[1] += 1
 
+            collections_ = Collections(gc_why)
+            gc.callbacks.append(collections_)
             t0 = time.perf_counter()
             trio.lowlevel.add_instrument(steps)
             async with trio.open_nursery() as n:
@@ -199,6 +248,7 @@ async def one(model_dir, name: str, mb: float) -> dict:
                 )
                 done.set()
             trio.lowlevel.remove_instrument(steps)
+            gc.callbacks.remove(collections_)
             sampler.stop.set()
             watcher.join()
             worst = sorted(steps.worst.items(), key=lambda kv: -kv[1])[:4]
@@ -211,7 +261,14 @@ async def one(model_dir, name: str, mb: float) -> dict:
                 "health_probes": health[1],
                 "heartbeat_max_gap_ms": round(gap[0] * 1000, 1),
                 "longest_steps": [(n.rsplit(".", 1)[-1][:60], round(d, 3)) for n, d in worst],
+                "longest_step_cpu_ms": round(steps.worst_cpu * 1000, 1),
                 "stall_samples_5ms": sampler.hits.most_common(4),
+                # The longest collection of each generation (0, 1, 2) and how many ran.
+                "gc_worst_ms": [round(w * 1000, 1) for w in collections_.worst],
+                "gc_worst_cpu_ms": [round(w * 1000, 1) for w in collections_.worst_cpu],
+                "gc_count": collections_.count,
+                **({"gc_worst_walked": collections_.worst_why} if gc_why else {}),
+                "tracked_objects": len(gc.get_objects()),
             }
     finally:
         engine.stop()
@@ -221,12 +278,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, nargs="+", default=[1.0, 8.0])
     ap.add_argument("--shape", nargs="+", default=list(SHAPES), choices=SHAPES)
+    ap.add_argument(
+        "--gc-tuned",
+        action="store_true",
+        help="the garbage collector as `smgrl serve` sets it (smgrl/runtime/gctune.py), not Python's defaults",
+    )
+    ap.add_argument(
+        "--gc-why",
+        action="store_true",
+        help="name the largest containers the longest collection walked (slows each collection)",
+    )
     args = ap.parse_args()
+    if args.gc_tuned:
+        from smgrl.runtime import gctune
+
+        gctune.tune()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp) / "tok")
         for name in args.shape:
             for mb in args.mb:
-                print(json.dumps(trio.run(one, model_dir, name, mb)), flush=True)
+                print(json.dumps(trio.run(one, model_dir, name, mb, args.gc_tuned, args.gc_why)), flush=True)
 
 
 if __name__ == "__main__":

@@ -80,23 +80,24 @@ class LargeTurns:
     async def prepare(self, large: LargeTurn, s) -> TurnPlan:
         """``prepare_turn``'s stages with the pure ones in worker processes: the prefix chosen
         here against the session's tree (string comparisons of the render, single C calls), the
-        appended segments or the whole render tokenized in a worker."""
+        appended segments or the whole render tokenized in a worker. The plan's ids are an
+        ``array('i')`` (``smgrl.tito.ids``), never a list of int objects."""
         rendered = large.rendered
         choice = choose_prefix(rendered, s.tree.lookup)
         reason = choice.reason
         if choice.node is not None:
             segs = await self.run(offload.encode_segments, large.parse, large.body, choice.k)
             if segs is not None:
-                segs = (await slices.ids_list(segs[0]), segs[1])
+                segs = (slices.ids_array(segs[0]), segs[1])
             plan = hit_plan(self.boundary, rendered, choice, segs)
             if isinstance(plan, TurnPlan):
                 return plan
             reason = plan
-        ids = await slices.ids_list(await self.run(offload.encode_text, rendered.full_text))
+        ids = slices.ids_array(await self.run(offload.encode_text, rendered.full_text))
         return miss_plan(rendered, ids, reason)
 
 
-async def extends(tree: CaptureTree, parent: bytes | None, token_ids: list[int]) -> bool | None:
+async def extends(tree: CaptureTree, parent: bytes | None, token_ids) -> bool | None:
     """Whether a long turn's ids start with its parent's, compared in slices (the commit's
     check, which would compare millions of ids in one call); None: the commit compares."""
     node = tree.entries.get(parent) if parent is not None else None

@@ -41,6 +41,7 @@ from smgrl.tito import (
     PrefixMismatch,
     assistant_message,
     captured,
+    is_packed,
     parser_for,
     prepare_turn,
     validate,
@@ -489,7 +490,7 @@ class SessionService:
             if large is None:
                 full = self.chat.encode(plan.full_text)
             else:
-                full = await slices.ids_list(await self.offloader.run(offload.encode_text, plan.full_text))
+                full = slices.ids_array(await self.offloader.run(offload.encode_text, plan.full_text))
             report = validate(self.chat, self.boundary, plan.prompt_ids, full)
         worker = self.fleet.registry.get(entry.instance.worker_id)
         closed = None
@@ -604,7 +605,8 @@ class SessionService:
         cap = eng.max_tokens(body)
         rollout = loopback.Rollout(
             obj={},
-            prompt=list(prompt_ids),
+            # A large turn's array('i') stays one (smgrl/tito/ids.py): the rollout only reads it.
+            prompt=prompt_ids if is_packed(prompt_ids) else list(prompt_ids),
             cap=DEFAULT_MAX_TOKENS if cap is None else cap,
             max_loopbacks=max_loopbacks,
         )
@@ -628,7 +630,7 @@ class SessionService:
             kind = kinds["kind"] = eng.engine_kind(runtime)
             if encoded is not None:
                 return eng.request_encoded(kind, encoded, rollout.ids, body, rollout.remaining())
-            return eng.request(kind, rollout.prompt + rollout.ids, body, rollout.remaining())
+            return eng.request(kind, [*rollout.prompt, *rollout.ids], body, rollout.remaining())
 
         outcome = "cancelled"
         try:

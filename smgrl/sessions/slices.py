@@ -1,7 +1,10 @@
-"""Bulk work on the event loop in slices, a checkpoint between them: long lists of token ids
-turned into a list, into JSON or compared, and large JSON answers (a session's snapshot), each
-byte for byte what the one-call version gives. One call over millions of ids holds the loop for
-up to a second; a slice of ``SLICE`` ids is well under a millisecond of CPU.
+"""Bulk work on the event loop in slices, a checkpoint between them: long runs of token ids
+turned into JSON or compared, and large JSON answers (a session's snapshot), each byte for byte
+what the one-call version gives. One call over millions of ids holds the loop for up to a
+second; a slice of ``SLICE`` ids is well under a millisecond of CPU.
+
+Long runs of ids are ``array('i')`` (``smgrl.tito.ids``: the garbage collector does not walk
+them); each function here takes them or lists alike.
 """
 
 from __future__ import annotations
@@ -15,38 +18,43 @@ import trio
 
 from smgrl.core.wire import json_bytes
 
-__all__ = ["SLICE", "encode_ids", "encode_json", "ids_list", "same_prefix"]
+__all__ = ["SLICE", "encode_ids", "encode_json", "ids_array", "same_prefix"]
 
 SLICE = 8_192
 
 
-async def ids_list(data: bytes) -> list[int]:
-    """The ids of an ``array('i')``'s bytes as a list, built in slices between checkpoints."""
+def ids_array(data: bytes) -> array.array:
+    """The ids of an ``array('i')``'s bytes (a worker's answer), as that array: one memory copy,
+    no int object made (a list of them would cost the loop a second, and every full garbage
+    collection a walk of each)."""
     arr = array.array("i")
     arr.frombytes(data)
-    out: list[int] = []
-    for i in range(0, len(arr), SLICE):
-        out.extend(arr[i : i + SLICE].tolist())
-        await trio.lowlevel.checkpoint()
-    return out
+    return arr
+
+
+def _part(ids: Sequence[int], i: int, j: int) -> list[int]:
+    part = ids[i:j]
+    return part.tolist() if type(part) is array.array else list(part)
 
 
 async def encode_ids(ids: Sequence[int]) -> bytes:
     """``json.dumps(list(ids)).encode()`` byte for byte, encoded in slices between checkpoints."""
     parts = []
     for i in range(0, len(ids), SLICE):
-        parts.append(json.dumps(list(ids[i : i + SLICE]))[1:-1])
+        parts.append(json.dumps(_part(ids, i, i + SLICE))[1:-1])
         await trio.lowlevel.checkpoint()
     return ("[" + ", ".join(parts) + "]").encode()
 
 
 async def same_prefix(a: Sequence[int], b: Sequence[int], n: int) -> bool:
-    """``a[:n] == b[:n]``, compared in slices between checkpoints."""
+    """``list(a[:n]) == list(b[:n])``, compared in slices between checkpoints (a list and an
+    array of the same ids are the same here)."""
     if min(len(a), n) != min(len(b), n):
         return False
+    mixed = type(a) is not type(b)
     for i in range(0, min(len(a), n), SLICE):
         j = min(i + SLICE, n)
-        if a[i:j] != b[i:j]:
+        if (_part(a, i, j) != _part(b, i, j)) if mixed else (a[i:j] != b[i:j]):
             return False
         await trio.lowlevel.checkpoint()
     return True
@@ -59,7 +67,8 @@ JSON_BUDGET = 1 << 18
 async def encode_json(value: Any) -> bytes:
     """``json_bytes(value)`` byte for byte, encoded in pieces of at most about ``JSON_BUDGET``
     with a checkpoint after each large one (a snapshot of millions of ids: one call held the loop
-    0.7 s): lists in slices, dicts member by member, small values in one call."""
+    0.7 s): lists and ``array('i')`` of ids in slices, dicts member by member, small values in
+    one call."""
     out: list[bytes] = []
     await _encode(value, out)
     return b"".join(out)
@@ -71,12 +80,15 @@ _SCALARS = frozenset((int, float, bool, type(None)))
 def _small(value: Any) -> bool:
     """Whether one json call on ``value`` is cheap: at most about ``JSON_BUDGET`` characters,
     numbers counted 16 each, and no list or dict of more than ``SLICE`` items (told without
-    walking it: a walk that stacked a million ids would cost what it is meant to avoid)."""
+    walking it: a walk that stacked a million ids would cost what it is meant to avoid). An
+    array is never small: ``json_bytes`` does not take it."""
     n = 0
     stack = [value]
     while stack:
         v = stack.pop()
         kind = type(v)
+        if kind is array.array:
+            return False
         if kind is str:
             n += len(v)
         elif kind in (dict, list, tuple):
@@ -97,6 +109,15 @@ def _small(value: Any) -> bool:
 
 async def _encode(value: Any, out: list[bytes]) -> None:
     kind = type(value)
+    if kind is array.array:
+        # Ids: a list's JSON, written a slice at a time.
+        out.append(b"[")
+        for i in range(0, len(value), SLICE):
+            text = json_bytes(value[i : i + SLICE].tolist())[1:-1]
+            out.append(text if i == 0 else b"," + text)
+            await trio.lowlevel.checkpoint()
+        out.append(b"]")
+        return
     if kind not in (dict, list, tuple) or _small(value):
         out.append(json_bytes(value))
         await trio.lowlevel.checkpoint()

@@ -5,6 +5,7 @@ See docs/sessions.md. Nothing here does I/O beyond loading a model directory.
 
 from smgrl.tito.capture import assistant_message, captured, close_turn, validate
 from smgrl.tito.chat import ChatTokenizer, TemplateError, TitoError
+from smgrl.tito.ids import PACK_AT, is_packed
 from smgrl.tito.merge import (
     Boundary,
     Rendered,
@@ -21,6 +22,7 @@ from smgrl.tito.toolcalls import parser_for
 from smgrl.tito.training import build_training_data, training_data
 
 __all__ = [
+    "PACK_AT",
     "Boundary",
     "CaptureTree",
     "ChatTokenizer",
@@ -36,6 +38,7 @@ __all__ = [
     "choose_prefix",
     "close_turn",
     "hit_plan",
+    "is_packed",
     "miss_plan",
     "parser_for",
     "prepare_turn",

@@ -20,6 +20,7 @@ import attrs
 
 from smgrl.tito import hashing
 from smgrl.tito.chat import ChatTokenizer
+from smgrl.tito.ids import Ids, joined
 from smgrl.tito.merge import Boundary, TurnPlan
 from smgrl.tito.toolcalls import ToolCallParser, strip_eos
 
@@ -45,7 +46,7 @@ def close_turn(
 class CapturedTurn:
     hash: bytes
     parent: bytes | None
-    token_ids: list[int]
+    token_ids: Ids  # an array('i') when long (``joined``)
     render_text: str
     record: dict
 
@@ -91,7 +92,7 @@ def captured(
         record["engine"] = engine
     if routed_experts is not None:
         record["routed_experts"] = routed_experts
-    return CapturedTurn(h, plan.parent_hash, list(plan.prompt_ids) + list(output_ids), render_text, record)
+    return CapturedTurn(h, plan.parent_hash, joined(plan.prompt_ids, output_ids), render_text, record)
 
 
 def _segments(ids: Sequence[int], special: frozenset[int]) -> list[tuple[bool, list[int]]]:

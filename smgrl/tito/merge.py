@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from smgrl.tito import hashing
+from smgrl.tito import hashing, ids
 from smgrl.tito.chat import ChatTokenizer, TitoError
 
 _PROBE = "\x1fA\x1f"  # assistant text that no template produces on its own
@@ -68,9 +68,10 @@ class Boundary:
             eos_id=chat.eos_id,
         )
 
-    def adjust(self, ids: Sequence[int]) -> list[int]:
-        """Stored ``prompt + output`` ids -> ids of the same conversation as the template closes it."""
-        out = list(ids)
+    def adjust(self, token_ids: Sequence[int]) -> ids.Ids:
+        """Stored ``prompt + output`` ids -> ids of the same conversation as the template closes
+        it (a copy, in the same form: an array stays one)."""
+        out = token_ids[:] if ids.is_packed(token_ids) else list(token_ids)
         if self.eos_id is not None and out and out[-1] == self.eos_id:
             out.extend(self.after_eos_ids)
         else:
@@ -88,7 +89,7 @@ class Prefix:
 
 @attrs.frozen
 class TurnPlan:
-    prompt_ids: list[int]
+    prompt_ids: ids.Ids  # an array('i') for a large turn, or a hit built on a long node
     hit: bool
     matched_messages: int  # k of the hit (0 on a miss)
     parent_hash: bytes | None  # the hit's node (None on a miss: a new root)
@@ -128,7 +129,7 @@ def tokenize_segments(
     chat: ChatTokenizer, segments: list[list[dict]], *, tools, kwargs
 ) -> tuple[list[int], str] | None:
     """Ids and text of the appended segments, or None when the template is not append-only there."""
-    ids: list[int] = []
+    seg_ids: list[int] = []
     texts: list[str] = []
     for i, seg in enumerate(segments):
         last = i == len(segments) - 1
@@ -141,9 +142,9 @@ def tokenize_segments(
         full_ids = chat.encode(full_text)
         if full_ids[: len(base_ids)] != base_ids:
             return None  # a merge across the cut: the segment's ids are not separable
-        ids.extend(full_ids[len(base_ids) :])
+        seg_ids.extend(full_ids[len(base_ids) :])
         texts.append(full_text[len(base_text) :])
-    return ids, "".join(texts)
+    return seg_ids, "".join(texts)
 
 
 @attrs.frozen
@@ -193,12 +194,15 @@ def choose_prefix(rendered: Rendered, lookup: Callable[[bytes], Prefix | None]) 
     return Choice(0, None, "no_prefix")
 
 
-def miss_plan(rendered: Rendered, ids: list[int], reason: str) -> TurnPlan:
-    return TurnPlan(ids, False, 0, None, reason, rendered.full_text, rendered.context, rendered.hashes)
+def miss_plan(rendered: Rendered, prompt_ids: ids.Ids, reason: str) -> TurnPlan:
+    # A long list packed here, where it was tokenized (a worker thread for a long turn).
+    return TurnPlan(
+        ids.compact(prompt_ids), False, 0, None, reason, rendered.full_text, rendered.context, rendered.hashes
+    )
 
 
 def hit_plan(
-    boundary: Boundary, rendered: Rendered, choice: Choice, segs: tuple[list[int], str] | None
+    boundary: Boundary, rendered: Rendered, choice: Choice, segs: tuple[ids.Ids, str] | None
 ) -> TurnPlan | str:
     """Step 4 once the appended segments are tokenized: the plan, or the miss's reason."""
     if segs is None:
@@ -207,7 +211,7 @@ def hit_plan(
     node = choice.node
     if node.render_text + seg_text != rendered.full_text:
         return "not_append_only"
-    prompt = boundary.adjust(node.token_ids) + seg_ids
+    prompt = ids.joined(boundary.adjust(node.token_ids), seg_ids)
     k = choice.k
     return TurnPlan(
         prompt, True, k, rendered.hashes[k - 1], "hit", rendered.full_text, rendered.context, rendered.hashes

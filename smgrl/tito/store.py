@@ -11,12 +11,17 @@ id. An id is reserved from ``reserve`` until ``commit`` or ``release``.
 
 Commit-time check (always on): a node with a stored parent must start with exactly the parent's
 ids; otherwise ``PrefixMismatch`` and the caller stores it as a new root instead.
+
+A node's ids longer than ``ids.PACK_AT`` are held as an ``array('i')`` (``ids.held``), whose items
+the garbage collector never visits; shorter ones as a list. A snapshot carries each trajectory's ids
+in the form its leaf holds them (``slices.encode_json`` writes both as the same JSON).
 """
 
 from __future__ import annotations
 
 import attrs
 
+from smgrl.tito import ids
 from smgrl.tito.merge import Prefix
 
 
@@ -28,7 +33,7 @@ class PrefixMismatch(Exception):
 class Node:
     hash: bytes
     parent: bytes | None
-    token_ids: list[int]
+    token_ids: ids.Ids  # an array('i') when long (``ids.held``)
     record: dict
     render_text: str
     seq: int
@@ -93,11 +98,11 @@ class CaptureTree:
                 parent = None  # collected meanwhile: the turn is a root
             else:
                 n = self.prefix_length(parent)
-                ok = extends if extends is not None else token_ids[:n] == p.token_ids[:n]
+                ok = extends if extends is not None else ids.same_prefix(token_ids, p.token_ids, n)
                 if not ok:
                     raise PrefixMismatch(f"turn does not extend its parent's {len(p.token_ids)} ids")
         self.seq += 1
-        node = Node(h, parent, list(token_ids), record, render_text, self.seq)
+        node = Node(h, parent, ids.held(token_ids), record, render_text, self.seq)
         if parent is not None:
             self.leaves.discard(parent)
         self.leaves.add(h)
@@ -154,9 +159,9 @@ class CaptureTree:
             trajectories.append(
                 {
                     "trajectory_id": tid,
-                    "accumulated_token_ids": list(self.entries[leaf].token_ids)
-                    if leaf in self.entries
-                    else [],
+                    # A copy, of the form the node holds (an array of millions of ids is one
+                    # memory copy; a list of them would be a million int objects on the loop).
+                    "accumulated_token_ids": self.entries[leaf].token_ids[:] if leaf in self.entries else [],
                     "records": [dict(n.record) for n in nodes],
                 }
             )

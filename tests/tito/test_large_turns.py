@@ -4,8 +4,10 @@ worker processes, their bulk on the loop in slices between checkpoints; the ids 
 
 from __future__ import annotations
 
+import gc
 import json
 import time
+import types
 
 import pytest
 import trio
@@ -160,3 +162,85 @@ async def test_a_large_snapshot_is_encoded_in_slices_while_the_loop_keeps_runnin
     gaps = [b - a for a, b in zip([t0, *during], [*during, t1], strict=True)]
     assert len(during) > 20, len(during)
     assert max(gaps) < (t1 - t0) / 4, (max(gaps), t1 - t0)
+
+
+def _big_tracked(n: int) -> int:
+    """Lists and tuples of more than ``n`` items alive now (the containers a full collection walks
+    item by item)."""
+    return sum(1 for o in gc.get_objects() if type(o) in (list, tuple) and len(o) > n)
+
+
+def _reachable_big(root, n: int) -> list[int]:
+    """The lengths of the gc-tracked lists and tuples of more than ``n`` items reachable from
+    ``root`` (not through modules, classes, functions, frames or trio's events and tasks)."""
+    stop = (types.ModuleType, type, types.FunctionType, types.FrameType, trio.Event, trio.lowlevel.Task)
+    seen, stack, found = set(), [root], []
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, stop):
+            continue
+        seen.add(id(o))
+        if type(o) in (list, tuple) and len(o) > n:
+            found.append(len(o))
+        stack.extend(r for r in gc.get_referents(o) if gc.is_tracked(r))
+    return found
+
+
+async def test_a_large_turns_ids_are_never_held_in_containers_the_garbage_collector_walks(
+    tok, model_dirs, monkeypatch
+):
+    # Before: the ids of a large turn (prepared in worker processes, crossing as an array's
+    # bytes) became lists again on the loop: the plan's prompt, the rollout's copy of it, the
+    # captured node's ids. Each is gc-tracked and each id an int object of its own: every full
+    # collection walked them all (0.2 s for a turn of 8 MB, on the event loop). Counted, not
+    # timed: at each turn's engine request and in the session's state after it, no tracked
+    # container of more than one slice of ids.
+    monkeypatch.setattr(offload, "PROCESS_BYTES", 64 * 1024)
+    n = slices.SLICE
+    words = "read the file and run the test " * (offload.PROCESS_BYTES // 16)
+    call = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": words}}
+    messages = [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    at_request: list[int] = []
+    baseline = [0]
+    real = eng.request_encoded
+
+    def counting(*args, **kwargs):
+        # The engine's body is being built: the plan and the rollout hold the prompt now.
+        at_request.append(_big_tracked(n) - baseline[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(eng, "request_encoded", counting)
+    with trio.fail_after(180):
+        async with (
+            fake_fleet("sglang", n=1) as fleet,
+            gateway_in_process(cfg(model_dirs["chatml"]), worker_urls=fleet.urls) as gw,
+        ):
+            sid = (await gw.client.post("/sessions")).json()["session_id"]
+            s = gw.app.sessions.sessions[sid]
+            prompts = []
+            for _ in range(2):  # a miss, then a hit on its captured node
+                baseline[0] = _big_tracked(n)
+                body = {"messages": messages, "max_tokens": 8}
+                r = await gw.client.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+                prompts.append(r.json()["usage"]["prompt_tokens"])
+                messages = [
+                    *messages,
+                    r.json()["choices"][0]["message"],
+                    {"role": "user", "content": "go on"},
+                ]
+            held = _reachable_big(s, n)
+            nodes = sorted(s.tree.entries.values(), key=lambda node: node.seq)
+            snap = (await gw.client.get(f"/sessions/{sid}")).json()
+    assert prompts[0] > 3 * n, prompts
+    assert [node.parent for node in nodes] == [None, nodes[0].hash]  # the second turn was a hit
+    assert at_request == [0, 0], f"tracked containers of over {n} ids at each engine request: {at_request}"
+    assert held == [], f"the session holds tracked containers of {held} ids"
+    # The same ids whatever form holds them (the snapshot's JSON of the leaf's ids).
+    (traj,) = snap["trajectories"]
+    assert traj["accumulated_token_ids"] == list(nodes[1].token_ids)
+    assert traj["accumulated_token_ids"][: len(nodes[0].token_ids)] == list(nodes[0].token_ids)

@@ -1,6 +1,7 @@
 """Trajectories, GC and the commit-time prefix check of one session's capture tree."""
 
 import pytest
+import trio
 
 from smgrl.tito.store import CaptureTree, PrefixMismatch
 
@@ -81,3 +82,45 @@ def test_max_trim_tokens_allows_that_many_differing_tail_ids():
 
 def test_empty_snapshot_has_a_list():
     assert CaptureTree().snapshot("s") == {"session_id": "s", "max_trim_tokens": 0, "trajectories": []}
+
+
+def test_long_ids_are_held_as_arrays_and_compared_across_forms():
+    # A full garbage collection walks every item of every list alive: a node's ids longer than
+    # PACK_AT are held as an array('i') (C ints, no item the collector visits), short ones lists; a child is checked
+    # against its parent whichever form either is in (a list never equals an array).
+    import gc
+    from array import array
+
+    from smgrl.core.wire import json_bytes
+    from smgrl.sessions import encode_json
+    from smgrl.tito import PACK_AT
+
+    long = list(range(PACK_AT + 10))
+    t = CaptureTree()
+    short = put(t, t.reserve(None), "s", None, [1, 2])
+    assert type(short.token_ids) is list
+    a = put(t, t.reserve(None), "a", None, long)
+    assert type(a.token_ids) is array and gc.get_referents(a.token_ids) == [array]  # no item visited
+    assert a.token_ids.tolist() == long and a.token_ids is not long
+    b = put(t, t.reserve(h("a")), "b", "a", [*long, 7])  # a list child of an array parent
+    assert b.parent == h("a") and b.token_ids.tolist() == [*long, 7]
+    with pytest.raises(PrefixMismatch):
+        put(t, t.reserve(h("a")), "c", "a", [0, *long])
+    c = put(t, t.reserve(h("s")), "c", "s", array("i", [1, 2, 3]))  # an array child of a list parent
+    assert c.parent == h("s")
+    # The snapshot's JSON is what the lists would give, byte for byte.
+    snap = t.snapshot("x")
+    as_lists = {
+        **snap,
+        "trajectories": [
+            {**tr, "accumulated_token_ids": list(tr["accumulated_token_ids"])} for tr in snap["trajectories"]
+        ],
+    }
+    assert trio.run(encode_json, snap) == json_bytes(as_lists)
+
+
+def test_ids_that_do_not_fit_32_bits_stay_exact():
+    big = [2**40] * (10_000)
+    t = CaptureTree()
+    node = put(t, t.reserve(None), "a", None, big)
+    assert node.token_ids == big
