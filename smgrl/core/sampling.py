@@ -3,7 +3,7 @@
 ``/v1/completions`` and ``/v1/chat/completions`` name them alike (as do SGLang's and vLLM's
 OpenAI routes). The OpenAI rollout's continuation after a loopback keeps them all
 (``smgrl.dataplane.loopback.openai``); a session turn passes them all but
-``skip_special_tokens`` (``smgrl.sessions.offload``, which says why). The limits
+``skip_special_tokens`` (``smgrl.sessions.engine``, which says why). The limits
 (``max_tokens``, ``max_completion_tokens``) are not here: each path sets its own.
 """
 

@@ -18,23 +18,24 @@ from typing import Any
 
 import attrs
 
+from smgrl.core.sampling import SAMPLING
+
 VLLM_ROUTE = "/inference/v1/generate"
 SGLANG_ROUTE = "/generate"
 
-# OpenAI chat sampling fields -> SGLang sampling_params names (vLLM takes the OpenAI names).
-_SGLANG_NAMES = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-    "seed": "sampling_seed",
-}
+# The OpenAI sampling fields (smgrl/core/sampling.py) a session turn never sends its engine, each
+# with why:
+NOT_SENT = frozenset(
+    {
+        # A session reads the engine's ids, never its text, and decodes them itself with the
+        # special tokens kept (the template's boundaries: token-exact capture); the engine's text
+        # is moot.
+        "skip_special_tokens",
+    }
+)
+SENT = tuple(name for name in SAMPLING if name not in NOT_SENT)
+# OpenAI sampling fields -> SGLang sampling_params names (vLLM takes the OpenAI names).
+_SGLANG_NAMES = {name: {"seed": "sampling_seed"}.get(name, name) for name in SENT}
 
 
 class EngineAnswerError(ValueError):

@@ -30,8 +30,8 @@ import array
 from collections.abc import Callable
 from typing import Any
 
-from smgrl.core.sampling import SAMPLING
 from smgrl.sessions.checks import check_messages, check_tools
+from smgrl.sessions.engine import SENT
 from smgrl.sessions.errors import InvalidTurn, TemplateRefused
 from smgrl.tito import (
     Boundary,
@@ -47,20 +47,14 @@ from smgrl.tito import (
 PROCESS_BYTES = 256 * 1024
 # The body fields the loop uses (the engine's sampling fields, the answer's shape): the rest
 # (messages, tools, template kwargs) stays in the worker. The sampling fields are the OpenAI
-# routes' (smgrl/core/sampling.py) but those a session turn never sends its engine
-# (sessions/engine.py's ``request`` sends the others), each with why:
-NOT_SENT = {
-    # A session reads the engine's ids, never its text, and decodes them itself with the special
-    # tokens kept (the template's boundaries: token-exact capture); the engine's text is moot.
-    "skip_special_tokens",
-}
+# routes' less those a session turn never sends its engine (sessions/engine.py says why).
 LOOP_FIELDS = (
     "model",  # the answer names the model
     "stream",  # the answer's shape: a stream or one object (the engine's call is one object)
     "stream_options",  # a streamed answer's usage chunk (include_usage)
     "max_tokens",  # the turn's limit (sessions.engine.max_tokens): a continuation sets what is left
     "max_completion_tokens",  # the same, as chat completions names it
-    *(name for name in SAMPLING if name not in NOT_SENT),
+    *SENT,
 )
 _REFUSALS = {"invalid_turn": InvalidTurn, "chat_template_error": TemplateRefused}
 # What a template meeting a value it cannot render raises (the checks cover the known shapes).
