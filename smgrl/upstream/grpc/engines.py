@@ -141,14 +141,7 @@ class EngineClient:
                 stream.close()
         finally:
             if not finished:
-                # Shielded and bounded, as in ``generate``: the Abort goes out even while the
-                # caller is being cancelled, but never holds it longer than a second.
-                with (
-                    trio.CancelScope(shield=True),
-                    trio.move_on_after(ABORT_TIMEOUT_SECS),
-                    contextlib.suppress(GrpcError),
-                ):
-                    await self.abort(request.request_id, STREAM_DROPPED, timeout=ABORT_TIMEOUT_SECS)
+                await self._abort_dropped(request)
 
     @contextlib.asynccontextmanager
     async def generate(self, request: Any, *, timeout: float | None = None) -> AsyncIterator[Stream]:
@@ -165,14 +158,18 @@ class EngineClient:
                 finished = stream.status is not None
         finally:
             if not finished:
-                # Shielded and bounded: this runs while the caller is being cancelled, and the
-                # Abort must still go out, but never hold the caller longer than a second.
-                with (
-                    trio.CancelScope(shield=True),
-                    trio.move_on_after(ABORT_TIMEOUT_SECS),
-                    contextlib.suppress(GrpcError),
-                ):
-                    await self.abort(request.request_id, STREAM_DROPPED, timeout=ABORT_TIMEOUT_SECS)
+                await self._abort_dropped(request)
+
+    async def _abort_dropped(self, request: Any) -> None:
+        """The engine's Abort for a Generate call left before its stream ended. Shielded and
+        bounded: this runs while the caller is being cancelled, and the Abort must still go out,
+        but never hold the caller longer than a second."""
+        with (
+            trio.CancelScope(shield=True),
+            trio.move_on_after(ABORT_TIMEOUT_SECS),
+            contextlib.suppress(GrpcError),
+        ):
+            await self.abort(request.request_id, STREAM_DROPPED, timeout=ABORT_TIMEOUT_SECS)
 
 
 def wire_named(name: str) -> Wire:
