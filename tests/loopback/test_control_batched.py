@@ -369,3 +369,49 @@ async def test_a_kept_registration_of_a_connection_the_engine_closed_is_dropped(
     assert got["w0"].body == "fresh" and got["w1"].status == 200
     assert batches == [kept] and len(kept._registered) <= 2
     await pools.aclose()
+
+
+async def test_a_kept_registration_waking_a_fanout_that_does_not_use_it_is_dropped(nursery):
+    """The kept-registration case the batch's ``wait`` handles: a pooled connection this fan-out
+    does not use (w0's, idle) becomes readable (its engine closed it) while another exchange
+    (w1's) is in flight. One ``wait`` must drop it from the kept epoll: left there, its
+    level-triggered readiness makes every later ``wait`` return at once, without a checkpoint,
+    so the fan-out spins and starves the loop of the engine whose answer it waits for."""
+    closed = trio.Event()
+
+    async def answer_then_close(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.stream.send_all(ok(b"second"))
+        await peer.stream.aclose()
+        closed.set()
+
+    async def answer_then_stall(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.stream.send_all(ok(b"second"))
+        await stall(peer)
+
+    ws = workers([await serve(nursery, answer_then_close), await serve(nursery, answer_then_stall)])
+    pools = PoolSet()
+    batches: list = []
+    got = {}
+    with trio.fail_after(SAFETY):
+        for w in ws:
+            assert (await call_worker(w, None, REQUEST, pools, TIMEOUT)).status == 200
+        await run_batched(
+            ws, REQUEST, lambda w: None, pools, TIMEOUT, 32,
+            lambda w: call_worker(w, None, REQUEST, pools, TIMEOUT),
+            lambda w, o: got.__setitem__(w.id, o), None, batches,
+        )  # fmt: skip
+        assert [o.body for o in got.values()] == ["second", "second"]
+        (kept,) = batches
+        idle_w0 = pools.get(ws[0].base_url)._idle[0]
+        assert kept._registered.get(idle_w0.fd) is idle_w0
+        await closed.wait()
+        await trio.lowlevel.wait_readable(idle_w0.fd)  # the engine's FIN has arrived
+        pool_w1 = pools.get(ws[1].base_url)
+        request = b"POST /flush_cache HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+        assert kept.start("t", pool_w1, "POST", request, trio.current_time() + TIMEOUT) is True
+        assert await kept.wait() == []  # w1 stalls; only w0's kept registration was ready
+        assert idle_w0.fd not in kept._registered
+    kept.close()
+    await pools.aclose()
