@@ -1,4 +1,4 @@
-"""Two per-request speed-ups of the patched hypercorn (patches 14 and 15 of
+"""Per-request speed-ups of the patched hypercorn (patches 14 to 16 of
 ``smgrl.http.hypercorn_patches``; docs/hypercorn-patches.md has each one's reason and measurement).
 
 14. ``headers_iter``: h11's ``Headers`` iterated in C. It is a ``Sequence`` without an ``__iter__``

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from smgrl.core.config import PsrlConfig
+from smgrl.core.selector import rust_trim
 
 
 class Stats(Protocol):
@@ -58,7 +59,7 @@ def int64(raw: str | None) -> int | None:
     ASCII digits only (``int()`` alone would also take ``1_000`` and non-ASCII digits)."""
     if raw is None:
         return None
-    text = raw.strip()
+    text = rust_trim(raw)
     if not _INT64_TEXT.fullmatch(text):
         return None
     value = int(text)

@@ -17,8 +17,7 @@ small dicts: pickling them is a copy on the loop):
 
 The ids come back as the bytes of an ``array('i')`` and stay that array on the loop, in the plan,
 the engine request and the capture tree (``slices.ids_array``; ``smgrl.tito.ids``: the garbage
-collector does not walk an array, and a list of a million ids made each full collection take
-0.2 s); the engine's JSON body is encoded in slices with a checkpoint between them
+collector does not walk an array's items, where each collection visits every id of a list); the engine's JSON body is encoded in slices with a checkpoint between them
 (``encode_ids``), as is the commit's prefix comparison (``same_prefix``): ``slices``. Each worker loads
 the tokenizer once, by path, and proves it read the files the gateway read (the fingerprint of
 ``ChatTokenizer.load``); a tokenizer built in memory has no path and its turns stay in a thread.

@@ -2,8 +2,10 @@
 
 Each full (generation 2) collection of the cyclic garbage collector visits every item of every
 list alive (a list is gc-tracked, and every id above 256 is an int object of its own): a session
-turn of 1.6 million ids held as lists made one full collection take about 0.2 s, all of it on the
-event loop, whichever request happened to trigger it. An ``array('i')`` holds its ids as C ints,
+turn of 1.6 million ids held as a list adds about 10-17 ms of CPU to every full collection, and the
+young collection that first meets the new list walks it too (about 20-30 ms), all of it on the
+event loop, whichever request happened to trigger it (docs/benchmarks.md, "Stalls by hostile
+shape"). An ``array('i')`` holds its ids as C ints,
 4 bytes each, not objects: the collector visits it as one object (its only referent is its
 type), however long it is. So:
 

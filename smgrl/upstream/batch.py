@@ -106,7 +106,8 @@ def _parser(pending: _Pending) -> ResponseParser:
 
 
 class Batch:
-    """Exchanges in flight on one private epoll. One task uses it: ``start``, ``wait``, ``close``."""
+    """Exchanges in flight on one private epoll. One task uses it: ``start``, ``wait``, then
+    ``release`` (kept for the next fan-out, empty) or ``close``."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -155,8 +156,8 @@ class Batch:
         return True
 
     async def wait(self) -> list[Done]:
-        """The exchanges that finished (at least one, unless none is in flight): answers,
-        failures and passed deadlines. The only checkpoint of a batch."""
+        """The exchanges that finished: answers, failures and passed deadlines; none when the
+        readiness it met finished nothing (then it is a checkpoint: the caller waits again)."""
         if not self._live:
             return []
         ready = self._epoll.poll(0)
@@ -178,6 +179,12 @@ class Batch:
         for pending in [p for p in self._live.values() if p.deadline <= now]:
             self._forget(pending, reusable=False)
             done.append(Done(pending.token, "timeout", pending.head is not None))
+        if not done:
+            # Readiness that finished nothing (part of an answer, or a kept registration dropped
+            # above, which a duplicated fd can keep in the kernel's set): the caller waits again
+            # at once, so yield here. Such readiness then costs one pass of the loop, never a
+            # spin that starves the engines it waits for.
+            await trio.lowlevel.checkpoint()
         return done
 
     def release(self) -> None:

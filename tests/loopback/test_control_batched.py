@@ -295,7 +295,14 @@ async def test_a_kept_batch_serves_the_next_fanout_and_comes_back_empty_from_a_c
     """``batches``: the caller's idle batches. A fan-out takes one and hands it back, so its
     epoll serves later fan-outs; a cancelled fan-out hands it back with nothing in flight (its
     connections closed), and the next fan-out through it still reads every answer."""
-    stalled = workers([await serve(nursery, stall) for _ in range(3)])
+    read = trio.Semaphore(0)
+
+    async def stall_counted(peer: Peer) -> None:
+        await peer.read_request()
+        read.release()  # the fan-out's request reached this engine
+        await trio.sleep_forever()
+
+    stalled = workers([await serve(nursery, stall_counted) for _ in range(3)])
     answering = workers([await serve(nursery, partial(answer, ok(b"second"))) for _ in range(3)])
     pools = PoolSet()
     batches: list = []
@@ -311,8 +318,12 @@ async def test_a_kept_batch_serves_the_next_fanout_and_comes_back_empty_from_a_c
     for w in stalled + answering:
         assert (await call_worker(w, None, REQUEST, pools, TIMEOUT)).status == 200
     with trio.fail_after(SAFETY):
-        with trio.move_on_after(0.1):
-            await run(stalled, 30.0)
+        # The fan-out is cancelled once every stalled engine has its request (all in flight).
+        async with trio.open_nursery() as cancelling:
+            cancelling.start_soon(run, stalled, 30.0)
+            for _ in stalled:
+                await read.acquire()
+            cancelling.cancel_scope.cancel()
         assert [len(b) for b in batches] == [0]
         kept = batches[0]
         for w in stalled:
@@ -361,8 +372,7 @@ async def test_a_kept_registration_of_a_connection_the_engine_closed_is_dropped(
         await run()
         assert got["w0"].body == "second"
         await closed.wait()
-        while not pools.get(ws[0].base_url).idle_connections:
-            await trio.sleep(0.001)  # bounded by fail_after
+        assert pools.get(ws[0].base_url).idle_connections  # pooled before run() returned
         kept = batches[0]
         assert len(kept._registered) == 2  # both pooled connections stay registered
         await run()

@@ -4,6 +4,7 @@ rollout that accumulates legs and builds each continuation, the stitched answer.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -85,7 +86,7 @@ class Rollout:
     """A ``/generate`` rollout across its legs (pure state; the relay drives it)."""
 
     obj: dict  # the original request body
-    prompt: list[int]  # the iteration-1 prompt
+    prompt: Sequence[int]  # the iteration-1 prompt (a session turn's long prompt: an array("i"))
     cap: int | None  # the original max_new_tokens (None: uncapped)
     max_loopbacks: int
     ids: list[int] = attrs.Factory(list)
@@ -177,7 +178,7 @@ class Rollout:
     def continuation(self) -> bytes:
         """The next leg's body: the original prompt plus every id so far, the cap reduced."""
         obj = dict(self.obj)
-        obj["input_ids"] = self.prompt + self.ids
+        obj["input_ids"] = [*self.prompt, *self.ids]  # the prompt may be an array("i")
         if self.cap is not None:
             params = dict(obj.get("sampling_params") or {})
             params["max_new_tokens"] = self.remaining()
