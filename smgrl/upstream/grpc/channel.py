@@ -188,19 +188,7 @@ class Channel:
                     raise
         raise AssertionError("unreachable")
 
-    async def open_stream(self, path: str, request: Any, response_type: Any) -> Stream:
-        """A server-streaming call without a deadline, for a caller that ends it itself with
-        :meth:`Stream.close` in a ``finally`` (``server_stream`` without its context manager
-        layer: a buffered Generate call's path)."""
-        call = await self._start(path, request, None, ())
-
-        async def restart() -> GrpcCall:
-            return await self._start(path, request, None, ())
-
-        return Stream(call, response_type, math.inf, restart)
-
-    @contextlib.asynccontextmanager
-    async def server_stream(
+    async def open_stream(
         self,
         path: str,
         request: Any,
@@ -208,7 +196,10 @@ class Channel:
         *,
         timeout: float | None = None,
         metadata: tuple = (),
-    ) -> AsyncIterator[Stream]:
+    ) -> Stream:
+        """A server-streaming call, for a caller that ends it itself with :meth:`Stream.close`
+        in a ``finally`` (``server_stream`` without its context manager layer: a buffered
+        Generate call's path)."""
         if timeout is None:
             deadline = math.inf
             call = await self._start(path, request, timeout, metadata)
@@ -221,18 +212,26 @@ class Channel:
                 raise DeadlineExceeded(StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE) from None
 
         async def restart() -> GrpcCall:
-            nonlocal call
-            call = await self._start(path, request, timeout, metadata)
-            return call
+            return await self._start(path, request, timeout, metadata)
 
+        return Stream(call, response_type, deadline, restart)
+
+    @contextlib.asynccontextmanager
+    async def server_stream(
+        self,
+        path: str,
+        request: Any,
+        response_type: Any,
+        *,
+        timeout: float | None = None,
+        metadata: tuple = (),
+    ) -> AsyncIterator[Stream]:
+        stream = await self.open_stream(path, request, response_type, timeout=timeout, metadata=metadata)
         try:
-            yield Stream(call, response_type, deadline, restart)
+            yield stream
         finally:
-            # Left early (break, an exception, a cancel): the server must stop the call. A
-            # synchronous RST_STREAM, so it also happens inside a cancelled scope.
-            if not call.state.done:
-                call.cancel()
-                call.state.finish(StatusCode.CANCELLED, "Locally cancelled by application!")
+            # Left early (break, an exception, a cancel): the server must stop the call.
+            stream.close()
 
     async def unary(
         self,
