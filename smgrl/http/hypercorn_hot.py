@@ -144,6 +144,15 @@ def start_checked(protocol, headers, status_code: int, known: int) -> None:
             raise
 
 
+def take_head(protocol) -> bytes | None:
+    """The response head patch 5 holds back (None when there is none), taken to go out in the
+    same write as what follows it."""
+    pending = getattr(protocol, PENDING_HEAD, None)
+    if pending is not None:
+        setattr(protocol, PENDING_HEAD, None)
+    return pending
+
+
 def _known_good(headers) -> bool:
     """Each header already what ``build_and_validate_headers`` makes of it, and one h11 takes."""
     if FIELD_VALUE is None:
@@ -201,9 +210,8 @@ async def end_of_message(protocol, body: bytes | None) -> None:
     two steps would have written."""
     connection = protocol.connection
     data = b"" if body is None else connection.send(h11.Data(data=bytes(body)))
-    pending = getattr(protocol, PENDING_HEAD, None)
+    pending = take_head(protocol)
     if pending is not None:
-        setattr(protocol, PENDING_HEAD, None)
         data = pending + data
     try:
         end = connection.send(h11.EndOfMessage())

@@ -205,7 +205,6 @@ class IdleWatch:
 
 
 async def _coalescing_stream_send(self, event) -> None:
-    pending = getattr(self, "_smgrl_head", None)
     kind = type(event)  # hypercorn's events are leaf classes: one type() instead of isinstance()s
     if kind is Response and event.status_code >= 200:
         hypercorn_hot.start_response(self, event.headers, event.status_code)
@@ -215,15 +214,15 @@ async def _coalescing_stream_send(self, event) -> None:
             data = self.connection.send(h11.Data(data=event.data))
         else:
             data = self.connection.send(h11.EndOfMessage())
+        pending = hypercorn_hot.take_head(self)
         if pending is not None:
-            self._smgrl_head = None
             data = pending + data
         if data:
             await self.send(h11_protocol.RawData(data=data))
         return
+    # Anything else (stream closed without a body, ...): never drop a head we were given.
+    pending = hypercorn_hot.take_head(self)
     if pending is not None:
-        # Anything else (stream closed without a body, ...): never drop a head we were given.
-        self._smgrl_head = None
         await self.send(h11_protocol.RawData(data=pending))
     await _stock_stream_send(self, event)
 
