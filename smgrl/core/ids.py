@@ -1,10 +1,13 @@
 """The ids smgrl makes, all from UUIDv7 (pure but for the clock and ``os.urandom``): worker ids,
 operation ids, process and group ids (``new_hex_id``) and short tags (``new_tag``). The one
 exception is a session id, a bearer of its session: random throughout (smgrl/sessions/state.py). SMG's worker ids are UUIDv7; operation ids follow suit so that both sort by when
-they were made. (Request ids are the HTTP layer's: ``x-request-id``, SMG's format.)"""
+they were made. (Request ids are the HTTP layer's: ``x-request-id``, SMG's format.) A call to an
+engine that needs an id of its own for every request (``new_call_id``) takes a per-process
+prefix and a counter: one is made per rollout, where a UUID's ``os.urandom`` was a syscall each."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -43,6 +46,27 @@ def new_tag(length: int) -> str:
     if not 1 <= length <= 18:
         raise ValueError("a tag is 1 to 18 hex digits")
     return new_hex_id()[-length:]
+
+
+# ``new_call_id``'s state: a random prefix per process and a counter. A forked child (PSRL forks
+# after importing the gateway) draws its own prefix, so parent and child never repeat an id.
+_CALL_PREFIX = os.urandom(8).hex()
+_calls = itertools.count(1)
+
+
+def _fresh_calls() -> None:
+    global _CALL_PREFIX, _calls
+    _CALL_PREFIX, _calls = os.urandom(8).hex(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_fresh_calls)
+
+
+def new_call_id() -> str:
+    """An id unique to one engine call of this process (an engine's request id, which its Abort
+    names): 16 random hex digits per process, then a counter. Not secret: it names a request to
+    an engine and in the answer."""
+    return f"{_CALL_PREFIX}{next(_calls):08x}"
 
 
 MAX_WORKER_ID = 128

@@ -1,4 +1,5 @@
-"""The ids smgrl makes come from one scheme (UUIDv7); short tags take its random end."""
+"""The ids smgrl makes come from one scheme (UUIDv7); short tags take its random end; an engine
+call's id is a per-process prefix and a counter."""
 
 import uuid
 
@@ -25,3 +26,13 @@ def test_tags_made_in_one_millisecond_differ(monkeypatch):
 def test_a_tag_longer_than_the_random_bits_is_refused(length):
     with pytest.raises(ValueError):
         ids.new_tag(length)
+
+
+def test_call_ids_are_unique_and_a_forked_child_draws_its_own_prefix():
+    made = [ids.new_call_id() for _ in range(1000)]
+    assert len(set(made)) == 1000 and all(len(i) == 24 and int(i, 16) >= 0 for i in made)
+    prefix = made[0][:16]
+    assert {i[:16] for i in made} == {prefix}
+    ids._fresh_calls()  # what os.register_at_fork runs in a child
+    after = ids.new_call_id()
+    assert after[:16] != prefix and after not in made

@@ -16,13 +16,12 @@ string the gateway found, a timeout) resets the stream and sends the engine's Ab
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-import os
 from collections.abc import AsyncIterator, Callable
 
 import trio
 
+from smgrl.core.ids import new_call_id
 from smgrl.core.wire import json_bytes
 from smgrl.dataplane.grpc.build import Plan, Untranslatable, encoded, plan
 from smgrl.dataplane.grpc.render import GenItem, RenderedAnswer
@@ -30,19 +29,6 @@ from smgrl.dataplane.grpc.tokenizers import EngineTokenizers
 from smgrl.upstream import WIRES, Channel, ConnectError, EngineClient, GrpcError, ReadError, StatusCode
 
 JSON = b"application/json"
-# Engine request ids: a random prefix per process and a counter (unique, as Abort needs; not
-# secret: they name requests to engines and in answers). A uuid4 per request cost a getrandom
-# syscall each. A forked child (PSRL forks after importing the gateway) draws its own prefix.
-_ID_PREFIX = os.urandom(8).hex()
-_ids = itertools.count(1)
-
-
-def _new_id_prefix() -> None:
-    global _ID_PREFIX, _ids
-    _ID_PREFIX, _ids = os.urandom(8).hex(), itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_new_id_prefix)
 SSE = b"text/event-stream"
 
 # gRPC status -> the HTTP status of the answer (SMG's mapping for the codes an engine sends).
@@ -179,7 +165,7 @@ class GrpcEngines:
 
         # Each call its own engine request id (a body's ``rid`` where it names one): Abort names
         # it, so two requests must never share one (a caller's x-request-id may repeat).
-        base = f"{_ID_PREFIX}{next(_ids):08x}"
+        base = new_call_id()
         items = [
             GenItem(the_plan, i, the_plan.rids[i] if i < len(the_plan.rids) and the_plan.rids[i] else
                  (base if len(the_plan.prompts) == 1 else f"{base}-{i}"), version, decode)
