@@ -202,7 +202,12 @@ async def test_sessions_without_a_tokenizer_path_take_the_tokenizer_a_grpc_engin
             nursery.cancel_scope.cancel()
 
 
-async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir):
+@contextlib.asynccontextmanager
+async def leaving_client(model_dir):
+    """A slow fake SGLang engine over gRPC registered with a gateway on a real loopback socket
+    (a client that leaves must close a real connection); yields the engine, its gRPC front and
+    the client. On the way out it checks the call was abandoned once: one Abort (after the
+    RST_STREAM), and the engine's job gone."""
     with model.tokenizer_scope(model_dir), trio.fail_after(60):
         async with fake_fleet("sglang", 1, token_latency_ms=20) as fleet, trio.open_nursery() as nursery:
             front = await nursery.start(GrpcFront(fleet[0], WIRES["sglang"]).serve)
@@ -211,12 +216,7 @@ async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir)
                            "labels": {"rl.control_url": fleet[0].url}}  # fmt: skip
                 assert (await client.post("/workers", json=payload, headers=ADMIN)).status_code == 202
                 await wait_routable(gw)
-                body = {"input_ids": [4, 5], "stream": True,
-                        "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}  # fmt: skip
-                async with client.stream("POST", "/generate", json=body) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: "):
-                            break  # the first event arrived: the client leaves
+                yield fleet[0], front, client
                 with trio.fail_after(10):
                     while not front.aborts:
                         await trio.sleep(0.02)
@@ -224,31 +224,27 @@ async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir)
                 while fleet[0].scheduler.jobs:
                     await trio.sleep(0.02)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_leaves_mid_stream_aborts_the_engine_call(model_dir):
+    async with leaving_client(model_dir) as (_engine, _front, client):
+        body = {"input_ids": [4, 5], "stream": True,
+                "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}  # fmt: skip
+        async with client.stream("POST", "/generate", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    break  # the first event arrived: the client leaves
 
 
 async def test_a_client_that_leaves_a_buffered_generate_aborts_the_engine_call(model_dir):
-    with model.tokenizer_scope(model_dir), trio.fail_after(60):
-        async with fake_fleet("sglang", 1, token_latency_ms=20) as fleet, trio.open_nursery() as nursery:
-            front = await nursery.start(GrpcFront(fleet[0], WIRES["sglang"]).serve)
-            async with gateway_on_loopback(rl_cfg()) as gw, httpx.AsyncClient(base_url=gw.base) as client:
-                payload = {"url": front.url, "connection_mode": "grpc", "runtime": "sglang",
-                           "labels": {"rl.control_url": fleet[0].url}}  # fmt: skip
-                assert (await client.post("/workers", json=payload, headers=ADMIN)).status_code == 202
-                await wait_routable(gw)
-                body = {"input_ids": [4, 5], "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
-                async with trio.open_nursery() as leaving:
-                    leaving.start_soon(functools.partial(client.post, "/generate", json=body))
-                    with trio.fail_after(10):
-                        while not fleet[0].scheduler.jobs:
-                            await trio.sleep(0.02)
-                    leaving.cancel_scope.cancel()  # the client leaves before the answer
-                with trio.fail_after(10):
-                    while not front.aborts:
-                        await trio.sleep(0.02)
-                assert len(front.aborts) == 1  # RST_STREAM and the engine's Abort for that request
-                while fleet[0].scheduler.jobs:
+    async with leaving_client(model_dir) as (engine, _front, client):
+        body = {"input_ids": [4, 5], "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+        async with trio.open_nursery() as leaving:
+            leaving.start_soon(functools.partial(client.post, "/generate", json=body))
+            with trio.fail_after(10):
+                while not engine.scheduler.jobs:
                     await trio.sleep(0.02)
-            nursery.cancel_scope.cancel()
+            leaving.cancel_scope.cancel()  # the client leaves before the answer
 
 
 async def test_a_mixed_fleet_routes_across_http_and_grpc_workers(model_dir):
