@@ -336,18 +336,22 @@ async def test_a_kept_batch_serves_the_next_fanout_and_comes_back_empty_from_a_c
     await pools.aclose()
 
 
+async def answer_and_close(closed: trio.Event, peer: Peer) -> None:
+    """Answer one request, then close the connection (an engine ending an idle keep-alive)."""
+    await peer.read_request()
+    await peer.stream.send_all(ok(b"second"))
+    await peer.stream.aclose()
+    closed.set()
+
+
 async def test_a_kept_registration_of_a_connection_the_engine_closed_is_dropped(nursery):
     """A connection handed back to its pool stays registered in the kept batch's epoll. When
-    the engine closes it while idle, the next fan-out through that batch is not woken by it
-    for nothing (it is dropped from the epoll), and its call goes out again on a fresh
-    connection, as any stale connection's does."""
+    the engine closes it while idle, the next fan-out through that batch sends its call again
+    on a fresh connection, as any stale connection's does, and the kept epoll holds no more
+    registrations than connections (the dropping of one that wakes a fan-out not using it is
+    the next test's)."""
     closed = trio.Event()
-
-    async def answer_then_close(peer: Peer) -> None:
-        await peer.read_request()
-        await peer.stream.send_all(ok(b"second"))
-        await peer.stream.aclose()
-        closed.set()
+    answer_then_close = partial(answer_and_close, closed)
 
     async def answer_every_request(peer: Peer) -> None:
         while await peer.read_request() is not None:
@@ -385,15 +389,10 @@ async def test_a_kept_registration_waking_a_fanout_that_does_not_use_it_is_dropp
     """The kept-registration case the batch's ``wait`` handles: a pooled connection this fan-out
     does not use (w0's, idle) becomes readable (its engine closed it) while another exchange
     (w1's) is in flight. One ``wait`` must drop it from the kept epoll: left there, its
-    level-triggered readiness makes every later ``wait`` return at once, without a checkpoint,
-    so the fan-out spins and starves the loop of the engine whose answer it waits for."""
+    level-triggered readiness makes every later ``wait`` return at once with nothing done, so
+    the fan-out spins a pass of the loop per ``wait`` until its deadline."""
     closed = trio.Event()
-
-    async def answer_then_close(peer: Peer) -> None:
-        await peer.read_request()
-        await peer.stream.send_all(ok(b"second"))
-        await peer.stream.aclose()
-        closed.set()
+    answer_then_close = partial(answer_and_close, closed)
 
     async def answer_then_stall(peer: Peer) -> None:
         await peer.read_request()
