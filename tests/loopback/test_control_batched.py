@@ -22,6 +22,7 @@ from smgrl.control.call import ControlRequest, call_worker
 from smgrl.control.outcome import BODY_CAP
 from smgrl.core import Worker
 from smgrl.upstream import PoolSet
+from smgrl.upstream.batch import Batch
 
 TIMEOUT = 0.5  # the control timeout a stalled engine meets
 SAFETY = 10
@@ -423,4 +424,26 @@ async def test_a_kept_registration_waking_a_fanout_that_does_not_use_it_is_dropp
         assert await kept.wait() == []  # w1 stalls; only w0's kept registration was ready
         assert idle_w0.fd not in kept._registered
     kept.close()
+    await pools.aclose()
+
+
+async def test_a_wait_that_finishes_nothing_is_a_checkpoint(nursery):
+    """Readiness that finishes no exchange (here: part of an answer) makes ``wait`` return
+    nothing; the caller waits again at once, so ``wait`` must have yielded to the loop, or a
+    readiness it cannot use (a kept registration the kernel keeps) spins without a checkpoint."""
+    (w,) = workers([await serve(nursery, head_then_stall)])
+    pools = PoolSet()
+    assert (await call_worker(w, None, REQUEST, pools, TIMEOUT)).status == 200
+    batch = Batch(BODY_CAP)
+    pool = pools.get(w.base_url)
+    conn = pool._idle[0]
+    request = b"POST /flush_cache HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+    with trio.fail_after(SAFETY):
+        assert batch.start("t", pool, "POST", request, trio.current_time() + TIMEOUT) is True
+        await trio.lowlevel.wait_readable(conn.fd)  # the head is in, the body never comes
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await batch.wait()
+    assert scope.cancelled_caught  # the wait checkpointed: nothing was finished
+    batch.close()
     await pools.aclose()
