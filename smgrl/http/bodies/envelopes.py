@@ -8,6 +8,7 @@ OpenAI-style JSON (``--api-key``). Every response carries ``x-request-id``.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections.abc import Callable
@@ -22,6 +23,10 @@ TEXT = "text/plain; charset=utf-8"
 # A request id is not a secret: a fast PRNG (seeded from os.urandom) instead of ``secrets``
 # (measured: 1-2% of the data plane's CPU per request with 24 ``choice`` calls).
 _ids = random.Random()
+# A forked child (PSRL forks its gateways' processes after importing smgrl) reseeds: a
+# ``random.Random`` of its own is not reseeded by the ``random`` module, so parent and child
+# would otherwise generate the same ids in the same order.
+os.register_at_fork(after_in_child=_ids.seed)
 MAX_REQUEST_ID = 128
 
 
