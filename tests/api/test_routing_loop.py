@@ -313,3 +313,27 @@ async def test_a_chunked_version_write_over_the_limit_is_refused_and_audited_wit
         await gw.writer.flush()  # the guard queues the audit event
         audits = [e for e in events(gw, "audit.control_plane") if e.path == "/workers/update_weight_version"]
         assert [e.status for e in audits] == [413]
+
+
+# One item each route takes (its required fields); each optional field is then sent as null.
+_LIST_ROUTES = {
+    "/workers/update_weight_version": {"worker_id": "nope", "weight_version": "1"},
+    "/workers/update_stats": {"worker_id": "nope"},
+    "/workers/pause": {"worker_id": "nope"},
+    "/workers/resume": {"worker_id": "nope"},
+}
+
+
+async def test_a_null_item_field_is_taken_exactly_where_the_schema_says_nullable():
+    # The OpenAPI document is what clients and the schemathesis run hold the routes to: a field
+    # the route reads null as absent must say nullable, and one it refuses null for must not.
+    from smgrl.http.openapi.document import document
+
+    paths = document()["paths"]
+    async with gateway_in_process(cfg()) as gw:
+        for path, item in _LIST_ROUTES.items():
+            schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]["items"]
+            for name, prop in schema["properties"].items():
+                r = await gw.client.post(path, json=[{**item, name: None}])
+                taken = r.status_code < 400
+                assert taken == bool(prop.get("nullable")), (path, name, r.status_code, r.text[:200])

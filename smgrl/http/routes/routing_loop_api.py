@@ -88,7 +88,8 @@ class _Stats:
 @model(inline=True)
 class _VersionItem:
     worker_id: str
-    dp_rank: int = field(optional=True, minimum=0)
+    # null is read as absent, as the route always has (the fork's serde Option fields take it).
+    dp_rank: int | None = field(optional=True, minimum=0)
     weight_version: str | int
 
 
