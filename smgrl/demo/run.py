@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import bisect
 import os
 import shlex
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import click
 
+from smgrl.cli.journal.render import Abbrev
 from smgrl.demo.procs import free_port, start_fake_engines, start_gateway, wait_for_workers
 from smgrl.fake.checkpoint import make_checkpoint
 from smgrl.rl import RL, paused
@@ -42,32 +42,25 @@ def say_wrapped(text: str) -> None:
     say(textwrap.fill(text, 78, initial_indent="  ", subsequent_indent="    ", break_long_words=False))
 
 
-MIN_ID = 8  # as ``smgrl journal``: ids shortened to their shortest unique prefix, at least 8
+def short(abbrev: Abbrev, value: str) -> str:
+    """``value`` cut as ``smgrl journal`` cuts ids (``abbrev`` has seen it, and every id of its
+    kind the demo shows)."""
+    abbrev.add([value])
+    return abbrev.text(value.lower())
 
 
 class Ids:
-    """Ids cut as ``smgrl journal`` cuts them: one length for every id shown, the shortest that
-    tells them apart and at least 8 characters, so an id copied from the demo works in its
-    commands. UUIDv7 ids made in one second share their first 8 characters: the length grows
-    until they differ, and only grows (an id printed earlier stays unambiguous)."""
+    """The demo's ids, cut as ``smgrl journal`` cuts them: the shortest prefix that tells them
+    apart, at least 8 characters, so an id copied from the demo works in its commands. Worker ids
+    and operation ids are cut apart, each kind to one length: every worker id is known at the
+    first fleet table and every operation id at the journal's table, so each table's length is
+    final when it is printed (one shared length would grow after the worker tables were printed,
+    when the operations came, and leave two lengths on the screen). A command takes a prefix of
+    one kind only (``--worker``, ``ops show``), so the two never need telling apart."""
 
     def __init__(self) -> None:
-        self.known: list[str] = []
-        self.length = MIN_ID
-
-    def add(self, *ids: str) -> None:
-        for new in {i.lower() for i in ids if i} - set(self.known):
-            at = bisect.bisect(self.known, new)
-            for other in self.known[max(0, at - 1) : at + 1]:  # only sorted neighbours share more
-                common = next(
-                    (k for k, (a, b) in enumerate(zip(new, other, strict=False)) if a != b), len(new)
-                )
-                self.length = max(self.length, min(36, common + 1))
-            self.known.insert(at, new)
-
-    def short(self, value: str) -> str:
-        self.add(value)
-        return value.lower()[: self.length]
+        self.workers = Abbrev()
+        self.ops = Abbrev()
 
 
 def rows_text(headers: list[str], rows: list[list[str]], indent: int = 2) -> list[str]:
@@ -82,10 +75,10 @@ def rows_text(headers: list[str], rows: list[list[str]], indent: int = 2) -> lis
 
 def fleet_table(rl: RL, ids: Ids) -> None:
     rows = rl.workers()
-    ids.add(*(w.id for w in rows))
+    ids.workers.add(w.id for w in rows)
     cells = [
         [
-            ids.short(w.id),
+            short(ids.workers, w.id),
             w.engine,
             str(w.weight_version),
             str((getattr(w, "extra", {}) or {}).get("control", "-")),
@@ -173,7 +166,7 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
         fleet_table(rl, ids)
         first = rl.workers()[0].id
         text, version = generate(rl, first)
-        say_wrapped(f"generate on {ids.short(first)}: weight_version={version!r} text={text!r}")
+        say_wrapped(f"generate on {short(ids.workers, first)}: weight_version={version!r} text={text!r}")
 
         say("[3/5] refit: pause -> update_weights_from_disk -> continue (through smgrl.rl)", bold=True)
         t0 = time.monotonic()
@@ -190,7 +183,9 @@ def _run_demo(work: str, engines: int, journal: str, keep_journal: bool) -> int:
         say("[4/5] after the refit", bold=True)
         fleet_table(rl, ids)
         new_text, new_version = generate(rl, first)
-        say_wrapped(f"generate on {ids.short(first)}: weight_version={new_version!r} text={new_text!r}")
+        say_wrapped(
+            f"generate on {short(ids.workers, first)}: weight_version={new_version!r} text={new_text!r}"
+        )
         ok = new_version == "step-1" and new_text != text
 
         say("[5/5] what the journal recorded", bold=True)
@@ -224,7 +219,7 @@ def summarize_journal(path: str, ids: Ids | None = None) -> None:
         for line in rows_text(["event", "count"], [[k, str(n)] for k, n in sorted(kinds.items())], indent=4):
             say(line)
         starts = {rec.event.op_id: rec.event for rec in store.read(types=["control.started"])}
-        ids.add(*(f.op_id for f in ops))
+        ids.ops.add(f.op_id for f in ops)
         cells = []
         for f in ops:
             s = starts.get(f.op_id)
@@ -232,7 +227,7 @@ def summarize_journal(path: str, ids: Ids | None = None) -> None:
             selector = (s.selector if s else None) or "-"
             cells.append(
                 [
-                    ids.short(f.op_id),
+                    short(ids.ops, f.op_id),
                     request,
                     selector,
                     f"{f.result} {f.succeeded}/{f.total}",

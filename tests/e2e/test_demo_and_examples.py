@@ -38,13 +38,18 @@ def test_demo_exits_zero_and_shows_the_refit(tmp_path):
     # 80 columns, except the commands it suggests, which are printed whole (below: they run).
     commands = [line.strip() for line in lines if line.startswith("    smgrl journal ")]
     assert [line for line in lines if len(line) > 80 and line.strip() not in commands] == []
-    # Distinct worker ids in the fleet tables, cut like every op id: one length, prefixes of
-    # the journal's ids (the length smgrl journal's own commands accept).
+    # Ids cut as smgrl journal cuts them, each kind to one length of at least 8: the worker ids
+    # of the fleet tables (two engines, before and after the refit) and the op ids of the
+    # journal's table. Each cut names exactly one id of its kind in the journal, so its commands
+    # take it. (The two kinds have lengths of their own: the op ids are made after the worker
+    # tables are printed, and a shared length would grow with them.)
     uuid_cut = re.compile(r"^( {2}| {4})([0-9a-f]{8}-[0-9a-f-]*) ")
-    tables = [m.group(2) for m in map(uuid_cut.match, lines) if m]
     workers = [m.group(2) for m in map(uuid_cut.match, lines) if m and m.group(1) == "  "]
-    assert len(workers) == 4 and len(set(workers)) == 2  # 2 engines, before and after the refit
-    assert len({len(i) for i in tables}) == 1 and len(tables[0]) >= 8
+    op_cuts = [m.group(2) for m in map(uuid_cut.match, lines) if m and m.group(1) == "    "]
+    assert len(workers) == 4 and len(set(workers)) == 2
+    assert op_cuts and len(set(op_cuts)) == len(op_cuts)
+    for cuts in (workers, op_cuts):
+        assert len({len(i) for i in cuts}) == 1 and len(cuts[0]) >= 8, cuts
     ops = json.loads(
         subprocess.run(
             [sys.executable, "-m", "smgrl", "journal", "--journal", str(journal), "--json", "ops"],
@@ -52,7 +57,13 @@ def test_demo_exits_zero_and_shows_the_refit(tmp_path):
         ).stdout
     )  # fmt: skip
     op_ids = [o["id"] for o in ops["operations"]]
-    assert all(any(full.startswith(i) for full in op_ids) for i in tables if not i.startswith(tuple(workers)))
+    assert all(sum(full.startswith(i) for full in op_ids) == 1 for i in op_cuts)
+    listed = subprocess.run(
+        [sys.executable, "-m", "smgrl", "journal", "--journal", str(journal), "--json", "workers"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    worker_ids = re.findall(r'"(?:id|worker_id)": "([0-9a-f-]{36})"', listed)
+    assert all(sum(full.startswith(i) for full in set(worker_ids)) == 1 for i in set(workers)), listed
     assert len(commands) == 4
     for command in commands:
         argv = [sys.executable, "-m", *shlex.split(command)]  # the smgrl of this interpreter

@@ -104,8 +104,10 @@ def output(width: int | None, wide: bool) -> Iterator[Settings]:
 
 
 class Abbrev:
-    """Shortest unique prefixes of the ids shown in one output; the length only grows, so an id
-    printed earlier stays unambiguous among those printed later."""
+    """Shortest unique prefixes of the ids shown in one output, one length for all. Output that
+    comes in chunks adds each chunk's ids before printing it: the length only grows, so the ids
+    of a chunk share one length, and an id printed in an earlier chunk was unique among the ids
+    seen up to then."""
 
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.seen: set[str] = set()
