@@ -14,11 +14,13 @@ from typing import Any
 import h11
 from hypercorn.utils import build_and_validate_headers
 
-from smgrl.http.hypercorn_headers import FIELD_VALUE, GOOD_NAMES
+from smgrl.http.hypercorn_headers import FIELD_VALUE
 
 # Names whose values decide the framing or the connection: never on the fast path, h11 checks them.
 _FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection", b"host"})
 _GOOD_MAX = 4096
+# Header names h11 took before (as the app wrote them), none of them a framing name: a few dozen.
+_GOOD: set[bytes] = set()
 
 NO_BODY = 0  # HEAD, 1xx, 204, 304: nothing after the head
 LENGTH = 1  # Content-Length framing
@@ -39,17 +41,25 @@ class Head:
         self.close = close
 
 
-def _fast_items(headers: Any) -> list[tuple[bytes, bytes]] | None:
-    """The headers as they are when each is already what hypercorn's ``build_and_validate_headers``
-    makes of it and h11 takes unchanged (bytes, a name h11 took before, a value matching h11's
-    pattern, no framing header but a plain ``content-length``), else None."""
+def _fast(headers: Any) -> int | None:
+    """The declared length (-1: none) when every header is already what hypercorn's
+    ``build_and_validate_headers`` makes of it and h11 takes unchanged: bytes, a name h11 took
+    before, a value matching h11's pattern, at most one ``content-length`` (digits), no other
+    framing or connection header. Else None: h11 checks them (``_checked``)."""
     if type(headers) is not list or FIELD_VALUE is None:
         return None
-    good, fullmatch = GOOD_NAMES, FIELD_VALUE.fullmatch
+    good, fullmatch = _GOOD, FIELD_VALUE.fullmatch
+    length = -1
     for name, value in headers:
-        if type(name) is not bytes or type(value) is not bytes or name not in good or not fullmatch(value):
+        if type(name) is not bytes or type(value) is not bytes:
             return None
-    return headers
+        if name == b"content-length":
+            if length >= 0 or not value.isdigit():
+                return None
+            length = int(value)
+        elif name not in good or not fullmatch(value):
+            return None
+    return length
 
 
 def _checked(headers: Any, status: int) -> list[tuple[bytes, bytes, bytes]]:
@@ -59,8 +69,8 @@ def _checked(headers: Any, status: int) -> list[tuple[bytes, bytes, bytes]]:
     response = h11.Response(headers=build_and_validate_headers(headers), status_code=status)
     items = list(response.headers._full_items)
     for raw, _, _ in items:
-        if len(GOOD_NAMES) < _GOOD_MAX and raw not in GOOD_NAMES and raw.lower() not in _FRAMING:
-            GOOD_NAMES.add(raw)
+        if len(_GOOD) < _GOOD_MAX and raw not in _GOOD and raw.lower() not in _FRAMING:
+            _GOOD.add(raw)
     return items
 
 
@@ -82,21 +92,18 @@ def response_head(
     after it, and says so (RFC 9112 section 9.6)."""
     if type(status) is not int:
         status = int(status)
-    fast = _fast_items(headers)
-    length = -1
+    fast = _fast(headers)
     if fast is not None:
-        items = fast
-        for name, value in fast:
-            if name == b"content-length" and length < 0 and value.isdigit():
-                length = int(value)
-            elif name.lower() in _FRAMING:
-                fast, length = None, -1
-                break
-    if fast is None:
+        length = fast
+        items = headers
+        te = False
+        connection: list[bytes] = []
+    else:
+        length = -1
         checked = _checked(headers, status)
         items = []
         te = False
-        connection: list[bytes] = []
+        connection = []
         for raw, name, value in checked:
             if name == b"content-length":
                 length = int(value)
@@ -109,9 +116,6 @@ def response_head(
         hosts = [(raw, value) for raw, name, value in checked if name == b"host"]
         if hosts:
             items = hosts + [(raw, value) for raw, name, value in checked if name != b"host"]
-    else:
-        te = False
-        connection = []
     if early:
         items = [*items, (b"connection", b"close")]
         connection.append(b"close")
