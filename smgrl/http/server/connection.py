@@ -52,7 +52,7 @@ class UnexpectedMessage(Exception):
     """An ASGI message the answer's state does not allow (a second start, a body before it)."""
 
 
-class Cycle:
+class RequestCycle:
     """One request and its answer."""
 
     __slots__ = (
@@ -75,7 +75,7 @@ class Cycle:
         "target",
     )
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: ClientConnection) -> None:
         self.conn = conn
         self.target = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -127,7 +127,7 @@ class Cycle:
         )
 
 
-class Connection:
+class ClientConnection:
     """The reader of one accepted connection (``run``), and the writer its apps' answers use."""
 
     def __init__(self, server: Server, stream: trio.SocketStream) -> None:
@@ -137,10 +137,10 @@ class Connection:
         self.client = _addr(self.sock.getpeername())
         self.server_addr = _addr(self.sock.getsockname())
         self.parser = httptools.HttpRequestParser(self)
-        self.cycles: deque[Cycle] = deque()  # parsed, not yet answered; [0] is the one served
-        self.parsing: Cycle | None = None
-        self.touched: list[Cycle] = []  # cycles given body bytes (or their end) by the last feed
-        self.continues: list[Cycle] = []  # heads asking for 100-continue in the last feed
+        self.cycles: deque[RequestCycle] = deque()  # parsed, not yet answered; [0] is the one served
+        self.parsing: RequestCycle | None = None
+        self.touched: list[RequestCycle] = []  # cycles given body bytes (or their end) by the last feed
+        self.continues: list[RequestCycle] = []  # heads asking for 100-continue in the last feed
         self.head_bytes = 0  # bytes read while a head was incomplete
         self.refusal = 400  # the status for the parse error at hand
         self.served = False  # a head has been complete on this connection
@@ -157,7 +157,7 @@ class Connection:
     # httptools' callbacks (synchronous, inside feed_data)
 
     def on_message_begin(self) -> None:
-        cycle = Cycle(self)
+        cycle = RequestCycle(self)
         self.parsing = cycle
         self.cycles.append(cycle)
 
@@ -348,7 +348,7 @@ class Connection:
                 # reading until that answer is complete.
                 self.resume = trio.Event()
 
-    def _start(self, cycle: Cycle) -> None:
+    def _start(self, cycle: RequestCycle) -> None:
         cycle.started = True
         target = cycle.target
         path, _, query = target.partition(b"?")
@@ -372,7 +372,7 @@ class Connection:
         assert self.nursery is not None
         self.nursery.start_soon(self._app, cycle, scope)
 
-    async def _app(self, cycle: Cycle, scope: dict[str, Any]) -> None:
+    async def _app(self, cycle: RequestCycle, scope: dict[str, Any]) -> None:
         try:
             await self.server.app(scope, cycle.queue.get, cycle.send)
         except Exception:
@@ -388,7 +388,7 @@ class Connection:
         finally:
             await self._app_done(cycle)
 
-    async def _app_done(self, cycle: Cycle) -> None:
+    async def _app_done(self, cycle: RequestCycle) -> None:
         if cycle.state == _DONE or self.closed:
             return
         if cycle.state == _REQUEST:
@@ -445,12 +445,12 @@ class Connection:
 
     # the writer (the apps' tasks; the reader for 100-continue and refusals)
 
-    async def write_body(self, cycle: Cycle, body: bytes, more: bool) -> None:
+    async def write_body(self, cycle: RequestCycle, body: bytes, more: bool) -> None:
         framing = cycle.framing
         short = False
         if framing == wire.LENGTH:
             if len(body) > cycle.remaining:
-                raise wire.FramingError("Too much data for declared Content-Length")
+                raise wire.AnswerFramingError("Too much data for declared Content-Length")
             cycle.remaining -= len(body)
             data = body
             short = not more and cycle.remaining > 0
@@ -467,7 +467,7 @@ class Connection:
         if data:
             await self._write(data)
         if short:
-            raise wire.FramingError("Too little data for declared Content-Length")
+            raise wire.AnswerFramingError("Too little data for declared Content-Length")
         if not more:
             cycle.state = _DONE
             self._finish(cycle)
@@ -508,7 +508,7 @@ class Connection:
             if cycle.started and cycle.state != _DONE:
                 cycle.hook._disconnected()
 
-    def _finish(self, cycle: Cycle) -> None:
+    def _finish(self, cycle: RequestCycle) -> None:
         """An answer is complete: the connection is kept for the next request, or ends."""
         cycle.queue.close()  # the app's later receive(): a disconnect (nothing is cancelled)
         if not cycle.complete:
@@ -580,10 +580,10 @@ class Connection:
 
 class _Refused(Exception):
     """Raised inside a parser callback: the request breaks one of h11's rules that llhttp does
-    not check (``Connection.refusal`` says the status)."""
+    not check (``ClientConnection.refusal`` says the status)."""
 
 
-def _declared_length(cycle: Cycle) -> int | None:
+def _declared_length(cycle: RequestCycle) -> int | None:
     """The request body's Content-Length (0 without one), or None for a chunked body."""
     length = 0
     for name, value in cycle.headers:

@@ -1,5 +1,5 @@
 """smgrl's HTTP/1.1 server: accept on the given sockets, run the app's lifespan, serve each
-connection (``connection.Connection``), stop gracefully.
+connection (``connection.ClientConnection``), stop gracefully.
 
 A graceful stop: no new connection is accepted, idle connections close at once, a connection
 with a request in flight closes after its answer; past ``graceful_timeout`` whatever is left is
@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from smgrl.http.server.connection import Connection
+from smgrl.http.server.connection import ClientConnection
 
 log = logging.getLogger("smgrl.http.server")
 
@@ -41,11 +41,11 @@ class Server:
         self.max_app_queue = max_app_queue
         self.max_head_bytes = max_head_bytes
         self.state: dict[str, Any] = {}  # the lifespan state, copied into every request's scope
-        self.connections: set[Connection] = set()
+        self.connections: set[ClientConnection] = set()
         self.terminated = False
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        connection = Connection(self, stream)
+        connection = ClientConnection(self, stream)
         self.connections.add(connection)
         await connection.run()
 

@@ -28,7 +28,7 @@ CHUNKED = 2
 UNTIL_CLOSE = 3  # an HTTP/1.0 peer and no length: the body ends with the connection
 
 
-class Head:
+class AnswerHead:
     """A final answer's head as it goes on the wire, with its framing and whether the connection
     ends after it."""
 
@@ -82,7 +82,7 @@ def response_head(
     http11: bool,
     keep_alive: bool,
     early: bool,
-) -> Head:
+) -> AnswerHead:
     """The head of a final answer (``status`` >= 200).
 
     ``head_request``: the request was a ``HEAD`` (headers as for a ``GET``, no body);
@@ -152,7 +152,7 @@ def response_head(
     parts.extend([b"%s: %s\r\n" % pair for pair in items])
     parts.append(b"\r\n")
     close = early or not keep_alive or need_close or framing == UNTIL_CLOSE
-    return Head(b"".join(parts), framing, length, close)
+    return AnswerHead(b"".join(parts), framing, length, close)
 
 
 def error_answer(status: int) -> bytes:
@@ -174,5 +174,5 @@ def suppress_body(method: str, status: int) -> bool:
     return method == "HEAD" or 100 <= status < 200 or status in (204, 304)
 
 
-class FramingError(Exception):
+class AnswerFramingError(Exception):
     """An answer's body that breaks its declared Content-Length (h11's LocalProtocolError)."""
