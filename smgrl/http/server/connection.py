@@ -42,6 +42,8 @@ MAX_RECV = 1 << 16
 # long, before the connection is closed anyway (a refit chunk or a long prompt after a 413/401).
 DRAIN_BYTES = 16 * 1024 * 1024
 DRAIN_SECS = 5.0
+# How long the rest of a partly written message may wait for a client that does not read.
+WRITE_STALL_SECS = 60.0
 
 _REQUEST, _RESPONSE, _DONE = 0, 1, 2
 _read = os.read  # a test can make the socket fail
@@ -490,16 +492,18 @@ class ClientConnection:
                 return
             data = data[sent:]
         # The kernel did not take it all (a large answer, a slow reader): the rest through trio,
-        # in order behind any other writer. Not shielded: a cancellation here cuts the answer,
-        # and the connection then closes, which tells the client so.
-        async with self.write_lock:
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._client_gone()
-            except trio.Cancelled:
-                self._close()
-                raise
+        # in order behind any other writer. Shielded: once part of a message is on the wire the
+        # rest must follow, whatever cancels the app (Quart-trio cancels a request's task once
+        # its answer is handed over), or the client reads a cut answer on a live connection.
+        # Bounded: a client that stops reading for WRITE_STALL_SECS loses the connection.
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_STALL_SECS) as scope:
+            async with self.write_lock:
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._client_gone()
+        if scope.cancelled_caught:
+            self._close()
 
     def _client_gone(self) -> None:
         self.gone = True
