@@ -54,7 +54,6 @@ from hypercorn.protocol.http_stream import ASGIHTTPState
 from hypercorn.trio import task_group as trio_task_group
 from hypercorn.trio import tcp_server
 
-from smgrl.core.errors import ConfigError
 from smgrl.http import hypercorn_hot
 from smgrl.http.server.appqueue import DISCONNECT_EXTENSION, RECEIVE_NOWAIT, AppQueue, DisconnectHook
 
@@ -539,16 +538,6 @@ def apply() -> bool:
         setattr(owner, name, new)
     _applied = True
     return True
-
-
-def require() -> None:
-    """Apply the patches or refuse to start: without them the keep-alive hang (an early answer
-    wedging its connection) and the connection resets after early answers are back."""
-    if not apply():
-        raise ConfigError(
-            f"hypercorn {installed_version()} is installed but smgrl needs hypercorn=={PATCHED_VERSION} "
-            "(its patches fix a keep-alive hang; see docs/hypercorn-patches.md)"
-        )
 
 
 # Kept before apply() can run (this module is the only place that patches hypercorn).
