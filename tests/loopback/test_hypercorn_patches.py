@@ -43,6 +43,7 @@ def hypercorn_only(kind: str) -> None:
     if kind != SERVERS[0]:
         pytest.skip("tests hypercorn's own internals")
 
+
 SLOW_SECS = 2.0
 TOO_LARGE = b'{"error":"too large"}'
 BIG = bytes(range(256)) * (16 * 1024)  # 4 MiB, no two neighbouring KiB alike
