@@ -144,6 +144,7 @@ class ClientConnection:
         self.touched: list[RequestCycle] = []  # cycles given body bytes (or their end) by the last feed
         self.continues: list[RequestCycle] = []  # heads asking for 100-continue in the last feed
         self.head_bytes = 0  # bytes read while a head was incomplete
+        self.framing_bytes = 0  # bytes read since the last body byte, while a body is incomplete
         self.refusal = 400  # the status for the parse error at hand
         self.served = False  # a head has been complete on this connection
         self.head_started = False  # bytes of the next head arrived while idle
@@ -155,6 +156,7 @@ class ClientConnection:
         self.write_lock = trio.Lock()
         self.read_scope = trio.CancelScope(deadline=trio.current_time() + server.header_read_timeout)
         self.nursery: trio.Nursery | None = None
+        self.answered: trio.Event | None = None  # a refusal waiting for the answers before it
 
     # httptools' callbacks (synchronous, inside feed_data)
 
@@ -255,6 +257,7 @@ class ClientConnection:
                         return False
                     continue
                 parsing = self.parsing
+                in_body = None
                 if parsing is None or not parsing.head_done:
                     if not self.cycles and self.served and not self.head_started:
                         # The first bytes of the next head on a kept-alive connection: from
@@ -262,11 +265,21 @@ class ClientConnection:
                         self.head_started = True
                         self.read_scope.deadline = trio.current_time() + server.header_read_timeout
                     self.head_bytes += len(data)
+                else:
+                    in_body = parsing
                 if self.raw_body:
                     data = self._take_raw(data)
                 if data and not await self._feed(data):
                     return False
                 parsing = self.parsing
+                if in_body is not None and parsing is in_body:
+                    # A body's framing (chunk-size lines, extensions, trailers) is bounded as a
+                    # head is: httptools holds a trailer in memory whole, and a read that brings
+                    # no body byte must not be free (h11: 431 past 16 KiB of such bytes).
+                    self.framing_bytes = 0 if in_body.pending else self.framing_bytes + len(data)
+                    if self.framing_bytes > server.max_head_bytes:
+                        await self._refuse(431)
+                        return False
                 if self.head_bytes > server.max_head_bytes and (parsing is None or not parsing.head_done):
                     await self._refuse(431)
                     return False
@@ -289,11 +302,11 @@ class ClientConnection:
                 self.parser = httptools.HttpRequestParser(self)
                 cycle = self.cycles[-1] if self.cycles else None
                 if cycle is None or not cycle.head_done:
-                    await self._refuse(400)
+                    await self._refuse(400, cycle)
                     return False
                 length = _declared_length(cycle)
                 if length is None:
-                    await self._refuse(400)  # a chunked body after an upgrade head: not parsed
+                    await self._refuse(400, cycle)  # a chunked body after an upgrade head: not parsed
                     return False
                 if length:
                     cycle.complete = False
@@ -329,8 +342,14 @@ class ClientConnection:
         if continues:
             self.continues = []
             for cycle in continues:
-                if cycle.state == _REQUEST:
+                if cycle.state != _REQUEST:
+                    continue
+                if cycle is self.cycles[0]:
                     await self._write(wire.CONTINUE)
+                else:
+                    # Pipelined behind an answer still being written: its 100 would land in the
+                    # middle of that answer. Its app's task sends it when it starts (``_app``).
+                    cycle.expect = True
         touched = self.touched
         if touched:
             self.touched = []
@@ -344,10 +363,9 @@ class ClientConnection:
             first = cycles[0]
             if not first.started and first.head_done:
                 self._start(first)
-            last = cycles[-1]
-            if last is not first and last.complete and self.resume is None:
+            if len(cycles) > 1 and cycles[1].complete and self.resume is None:
                 # A whole request is waiting behind the one being answered (pipelining): stop
-                # reading until that answer is complete.
+                # reading until no whole request waits (``_finish``).
                 self.resume = trio.Event()
 
     def _start(self, cycle: RequestCycle) -> None:
@@ -376,6 +394,10 @@ class ClientConnection:
 
     async def _app(self, cycle: RequestCycle, scope: dict[str, Any]) -> None:
         try:
+            if cycle.expect:
+                cycle.expect = False
+                if not cycle.complete and cycle.state == _REQUEST:
+                    await self._write(wire.CONTINUE)  # the answers before it are complete
             await self.server.app(scope, cycle.queue.get, cycle.send)
         except Exception:
             log.exception(
@@ -404,9 +426,33 @@ class ClientConnection:
             await self._write(head)
         self._close()
 
-    async def _refuse(self, status: int) -> None:
-        """A request that cannot be parsed: h11's error answer (when no answer has started on
-        the connection), then the close."""
+    async def _refuse(self, status: int, broken: RequestCycle | None = None) -> None:
+        """A request that cannot be parsed (``broken``, default the one being parsed): h11's
+        error answer (when no answer has started on the connection), then the close.
+
+        Whole requests pipelined before it are answered first, then the refusal goes out, as
+        h11 does (it parses a request only once the answer before it is complete): a client's
+        bad request does not cut, or take the place of, the answer to a good one before it. The
+        reader stops reading meanwhile."""
+        if broken is None:
+            broken = self.parsing
+        cycles = self.cycles
+        if broken is None or not broken.started:
+            # Not yet handed to its app (a request pipelined behind others, or the first one):
+            # it is dropped, the requests before it are served.
+            if broken in cycles:
+                cycles.remove(broken)
+            if broken in self.touched:
+                self.touched.remove(broken)
+            if broken in self.continues:
+                self.continues.remove(broken)
+            self.parsing = None
+        if cycles and cycles[-1] is not broken and not self.closed:
+            answered = self.answered = trio.Event()
+            await self._dispatch()  # the whole requests of the last read start, if not yet
+            await answered.wait()  # set by ``_finish`` once none is left, or by ``_close``
+            if self.closed:
+                return
         current = self.cycles[0] if self.cycles else None
         if current is None or current.state == _REQUEST:
             if current is not None:
@@ -533,8 +579,12 @@ class ClientConnection:
                 self.read_scope.deadline = trio.current_time() + self.server.header_read_timeout
         else:
             self.read_scope.deadline = trio.current_time() + self.server.keep_alive_timeout
+            if self.answered is not None:
+                self.answered.set()  # a refusal waits behind the answers: it goes out now
         resume = self.resume
-        if resume is not None:
+        if resume is not None and not (len(cycles) > 1 and cycles[1].complete):
+            # Reading goes on only once no whole request waits behind the one now served: a
+            # client pipelining thousands of requests keeps at most one read's worth parsed.
             self.resume = None
             resume.set()
 
@@ -572,6 +622,8 @@ class ClientConnection:
         if resume is not None:
             self.resume = None
             resume.set()
+        if self.answered is not None:
+            self.answered.set()
         self._close_socket()
 
     def _close_socket(self) -> None:
