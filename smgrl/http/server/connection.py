@@ -458,7 +458,24 @@ class ClientConnection:
             if current is not None:
                 current.state = _DONE
             await self._write(wire.error_answer(status))
+        self._discard_unread()
         self._close()
+
+    def _discard_unread(self) -> None:
+        """Drop what the client has already sent that will not be read (the rest of a head too
+        large, what followed a malformed line): a socket closed with unread bytes resets the
+        connection, and on loopback the reset overtakes the refusal, which the client never
+        reads. Non-blocking, bounded by ``DRAIN_BYTES``."""
+        fd = self.sock.fileno()
+        left = DRAIN_BYTES
+        while left > 0 and fd >= 0:
+            try:
+                data = _read(fd, MAX_RECV)
+            except OSError:
+                return  # nothing more yet (BlockingIOError), or the client reset
+            if not data:
+                return
+            left -= len(data)
 
     def _reader_done(self, timed_out: bool) -> None:
         if self.closed:
