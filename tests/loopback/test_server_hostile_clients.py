@@ -11,6 +11,8 @@ import trio.testing
 from smgrl.http import server as smgrl_server
 from smgrl.http.server import connection as smgrl_connection
 
+HUGE = b"x" * (64 << 20)
+
 
 async def lifespan(receive, send):
     while True:
@@ -41,6 +43,16 @@ async def app(scope, receive, send):
         await send({"type": "http.response.body", "body": b"two", "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
+    if scope["path"] == "/huge":  # more than every socket buffer between server and client
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", b"%d" % len(HUGE))],
+            }
+        )
+        await send({"type": "http.response.body", "body": HUGE})
+        return
     if scope["path"] == "/wait":
         await trio.testing.wait_all_tasks_blocked()  # the server has read what followed
     payload = b"echo:" + scope["path"].encode() + b":" + body
@@ -50,7 +62,7 @@ async def app(scope, receive, send):
     await send({"type": "http.response.body", "body": payload})
 
 
-async def start(nursery):
+async def start(nursery, grace: float = 5):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(100)
@@ -58,7 +70,7 @@ async def start(nursery):
     shutdown = trio.Event()
     await nursery.start(
         lambda task_status: smgrl_server.serve(
-            app, [sock], shutdown_trigger=shutdown.wait, graceful_timeout=5, task_status=task_status
+            app, [sock], shutdown_trigger=shutdown.wait, graceful_timeout=grace, task_status=task_status
         )
     )
     return sock.getsockname()[1], shutdown
@@ -190,3 +202,19 @@ async def test_a_body_of_many_tiny_chunks_and_long_extensions_is_read_whole():
     )
     expected = bytes(97 + i % 26 for i in range(5000))
     assert out.endswith(b"\r\n\r\necho:/c:" + expected)
+
+
+async def test_a_graceful_stop_ends_within_its_grace_even_with_a_client_that_does_not_read(
+    autojump_clock,
+):
+    grace = 1.0
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, grace=grace)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /huge HTTP/1.1\r\nhost: t\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()  # the answer fills the buffers, stalls
+        stopped = trio.current_time()
+        shutdown.set()
+    # Before the fix the rest of the answer's write, shielded, waited WRITE_STALL_SECS.
+    assert trio.current_time() - stopped <= grace + 0.5
+    await stream.aclose()

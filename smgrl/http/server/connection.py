@@ -157,6 +157,7 @@ class ClientConnection:
         self.read_scope = trio.CancelScope(deadline=trio.current_time() + server.header_read_timeout)
         self.nursery: trio.Nursery | None = None
         self.answered: trio.Event | None = None  # a refusal waiting for the answers before it
+        self.write_scope: trio.CancelScope | None = None  # the shielded rest of a message
 
     # httptools' callbacks (synchronous, inside feed_data)
 
@@ -558,13 +559,19 @@ class ClientConnection:
         # in order behind any other writer. Shielded: once part of a message is on the wire the
         # rest must follow, whatever cancels the app (Quart-trio cancels a request's task once
         # its answer is handed over), or the client reads a cut answer on a live connection.
-        # Bounded: a client that stops reading for WRITE_STALL_SECS loses the connection.
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_STALL_SECS) as scope:
-            async with self.write_lock:
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._client_gone()
+        # Bounded: a client that stops reading for WRITE_STALL_SECS loses the connection, and
+        # no write outlives a graceful stop's grace period (``shutdown``).
+        deadline = min(trio.current_time() + WRITE_STALL_SECS, self.server.stop_deadline)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            self.write_scope = scope
+            try:
+                async with self.write_lock:
+                    try:
+                        await self.stream.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        self._client_gone()
+            finally:
+                self.write_scope = None
         if scope.cancelled_caught:
             self._close()
 
@@ -623,8 +630,12 @@ class ClientConnection:
             self.resume = None
             resume.set()
 
-    def shutdown(self) -> None:
-        """The server is stopping: an idle connection closes now, a busy one after its answer."""
+    def shutdown(self, deadline: float = math.inf) -> None:
+        """The server is stopping: an idle connection closes now, a busy one after its answer,
+        and a write waiting for a client that does not read ends at ``deadline``."""
+        scope = self.write_scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, deadline)
         if not self.cycles or not self.cycles[0].started:
             self._close()
 

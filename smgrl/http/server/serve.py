@@ -43,16 +43,21 @@ class Server:
         self.state: dict[str, Any] = {}  # the lifespan state, copied into every request's scope
         self.connections: set[ClientConnection] = set()
         self.terminated = False
+        # When a stop's grace period ends: no write outlives it, however shielded.
+        self.stop_deadline = math.inf
 
     async def handle(self, stream: trio.SocketStream) -> None:
         connection = ClientConnection(self, stream)
         self.connections.add(connection)
         await connection.run()
 
-    def terminate(self) -> None:
+    def terminate(self, deadline: float = math.inf) -> None:
+        """Stop: idle connections close now, busy ones after their answer, none outlives
+        ``deadline`` (the end of the grace period)."""
         self.terminated = True
+        self.stop_deadline = deadline
         for connection in list(self.connections):
-            connection.shutdown()
+            connection.shutdown(deadline)
 
 
 class Lifespan:
@@ -135,8 +140,9 @@ async def serve(
                 task_status.started([url_of(sock) for sock in sockets])
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()
-            server.terminate()
-            connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
+            deadline = trio.current_time() + graceful_timeout
+            server.terminate(deadline)
+            connections.cancel_scope.deadline = deadline
         lifespan.stopping.set()
         with trio.move_on_after(graceful_timeout):
             await lifespan.stopped.wait()
