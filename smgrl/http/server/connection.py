@@ -151,7 +151,8 @@ class ClientConnection:
         self.resume: trio.Event | None = None  # a reader paused behind a pipelined request
         self.drain: int | None = None  # bytes still to drop after an early answer
         self.raw_body = 0  # body bytes of an upgrade request still to come (unparsed by llhttp)
-        self.gone = False  # the client went away (EOF, reset, a failed write)
+        self.gone = False  # the client cannot be written to (a reset, a failed write)
+        self.eof = False  # the client sent its FIN (left, or only half-closed): no more requests
         self.closed = False
         self.write_lock = trio.Lock()
         self.read_scope = trio.CancelScope(deadline=trio.current_time() + server.header_read_timeout)
@@ -485,8 +486,10 @@ class ClientConnection:
             self._close()  # a bound passed (idle, or a head too slow), or the drain is over
             return
         # The client went away: every request still in flight learns it (its app's engine call
-        # is cancelled through its hook); the socket closes once the apps are done.
-        self.gone = True
+        # is cancelled through its hook); the socket closes once the apps are done. Its FIN may
+        # be a half-close (``shutdown(SHUT_WR)``, then read): an answer the app still gives is
+        # written, as hypercorn writes it; if the client has really gone the write fails quietly.
+        self.eof = True
         for cycle in self.cycles:
             cycle.queue.close()
             if cycle.started and cycle.state != _DONE:
@@ -507,7 +510,8 @@ class ClientConnection:
         except BlockingIOError:
             return await self._recv()  # woken without data after all
         except OSError:
-            return b""  # reset by the client
+            self.gone = True  # reset by the client: nothing can be written to it either
+            return b""
 
     # the writer (the apps' tasks; the reader for 100-continue and refusals)
 
@@ -588,7 +592,7 @@ class ClientConnection:
         if not cycle.complete:
             self._drain()
             return
-        if not cycle.keep_alive or self.server.terminated or self.gone:
+        if not cycle.keep_alive or self.server.terminated or self.gone or self.eof:
             self._close()
             return
         cycles = self.cycles
