@@ -123,21 +123,28 @@ async def run_batched(
     # shutdown past its grace period) cancels the batch's wait and every runner in flight.
     async with trio.open_nursery() as nursery:
         try:
-            while True:
-                while len(batch) + runners[0] < slots:
-                    worker = next(queue, None)
-                    if worker is None:
-                        break
-                    start(worker)
-                if not len(batch):
-                    break  # every target started; runners finish theirs
-                for done in await batch.wait():
-                    worker, endpoint, started = calls.pop(done.token)
-                    if done.error == "stale":
-                        to_runner(worker)
-                        continue
-                    latency_ms = int((trio.current_time() - started) * 1000)
-                    on_outcome(worker, _outcome(worker, endpoint, request, latency_ms, timeout, done))
+            ended = False
+            while not ended:
+                # The waits' deadline (each set to the soonest exchange's by ``batch.wait``): one
+                # scope for all of them; when it passes, a new scope, whose first wait reports
+                # the exchanges whose deadline passed.
+                with trio.CancelScope() as waits:
+                    while True:
+                        while len(batch) + runners[0] < slots:
+                            worker = next(queue, None)
+                            if worker is None:
+                                break
+                            start(worker)
+                        if not len(batch):
+                            ended = True  # every target started; runners finish theirs
+                            break
+                        for done in await batch.wait(waits):
+                            worker, endpoint, started = calls.pop(done.token)
+                            if done.error == "stale":
+                                to_runner(worker)
+                                continue
+                            latency_ms = int((trio.current_time() - started) * 1000)
+                            on_outcome(worker, _outcome(worker, endpoint, request, latency_ms, timeout, done))
         finally:
             # Synchronous: connections still in flight are closed, never pooled. The batch goes
             # back empty, so a cancelled fan-out leaves nothing in it for the next one.

@@ -447,3 +447,31 @@ async def test_a_wait_that_finishes_nothing_is_a_checkpoint(nursery):
     assert scope.cancelled_caught  # the wait checkpointed: nothing was finished
     batch.close()
     await pools.aclose()
+
+
+async def test_deadlines_passing_one_after_another_each_end_their_call(nursery):
+    """Stalled engines met one after another (concurrency 1): each call's deadline passes in its
+    own turn, the fan-out's one scope of waits ends each time, and every call still ends with its
+    own timeout outcome; the answering engine's outcome is kept."""
+    names = ["stalled", "json", "stalled"]
+    ws = workers([await serve(nursery, SCRIPTS[n]) for n in names])
+    pools = PoolSet()
+    got: dict = {}
+
+    async def run():
+        got.clear()
+        await run_batched(
+            ws, REQUEST, lambda w: None, pools, TIMEOUT, 1,
+            lambda w: call_worker(w, None, REQUEST, pools, TIMEOUT),
+            lambda w, o: got.__setitem__(w.id, o),
+        )  # fmt: skip
+
+    with trio.fail_after(SAFETY):
+        await run()  # the first requests: every engine answers "ok"
+        await run()
+    await pools.aclose()
+    assert [got[w.id].error.code if got[w.id].error else got[w.id].status for w in ws] == [
+        "upstream_timeout",
+        200,
+        "upstream_timeout",
+    ]
