@@ -160,7 +160,7 @@ class Batch:
         readiness it met finished nothing (then it is a checkpoint: the caller waits again).
 
         ``scope``: a cancel scope of the caller's, around its whole loop of waits, whose deadline
-        this sets to the soonest exchange's before it waits. When that deadline passes, the
+        this brings forward to the soonest exchange's before it waits. When that deadline passes, the
         wait raises ``Cancelled`` into the caller's scope (nothing of the batch changed); the
         caller then opens a new scope and waits again, which reports the passed deadlines. One
         scope per fan-out instead of one per wait: entering and leaving a cancel scope was about
@@ -176,8 +176,11 @@ class Batch:
                     await trio.lowlevel.wait_readable(self._epoll.fileno())
             elif soonest > trio.current_time():
                 # A deadline already passed is not waited for (the new scope would be cancelled
-                # at once, again and again): the sweep below reports it.
-                scope.deadline = soonest
+                # at once, again and again): the sweep below reports it. The scope's deadline
+                # only ever moves earlier (setting it is not free): one still set for an
+                # exchange that has finished wakes the caller early, which then waits again.
+                if scope.deadline > soonest:  # noqa: PLR1730 - min() would set it every time
+                    scope.deadline = soonest
                 await trio.lowlevel.wait_readable(self._epoll.fileno())
             ready = self._epoll.poll(0)
         done = []
