@@ -511,6 +511,7 @@ _HIGH_WATER = (
     "INSERT INTO meta (key, value) VALUES ('high_water_seq', ?), ('high_water_hash', ?)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
+_INSERT_EXACT = 16  # rows a batch may have to go in one statement of its own size
 _INSERT_CHUNK = 128  # rows per multi-row INSERT (8 variables each, far below SQLite's limit)
 
 
@@ -523,10 +524,16 @@ def _insert_sql(n: int) -> str:
 def _insert_events(conn: sqlite3.Connection, rows: list[Row]) -> None:
     """Insert rows with multi-row INSERTs: one statement step per chunk instead of per row.
 
-    Chunks are 128 rows, then powers of two for the rest, so only 8 distinct statements exist
-    and all stay in the connection's statement cache.
+    Up to ``_INSERT_EXACT`` rows go in one statement of that many rows; larger batches in chunks
+    of 128 rows, then powers of two for the rest. So at most 24 distinct statements exist, and all
+    stay in the connection's statement cache (128 statements).
     """
     i, n = 0, len(rows)
+    if n <= _INSERT_EXACT:
+        # A small batch (a fan-out's final transaction: its outcomes, its end and its audit) in
+        # one statement of its own size.
+        conn.execute(_insert_sql(n), list(itertools.chain.from_iterable(rows)))
+        return
     while i < n:
         size = _INSERT_CHUNK
         while size > n - i:
