@@ -67,9 +67,10 @@ class GenItem:
         if msg.prompt_tokens:
             self.prompt_tokens = msg.prompt_tokens
         self.cached = msg.cached_tokens or self.cached
-        version = getattr(msg, "weight_version", "")
-        if version:
-            self.version = version  # TokenSpeed names the weights of every chunk
+        if _has_field(msg.DESCRIPTOR, "weight_version"):
+            version = msg.weight_version
+            if version:
+                self.version = version  # TokenSpeed names the weights of every chunk
 
     def chunk(self, msg) -> tuple[list[int], str]:
         """A stream chunk: the ids and text it adds (text cut at a stop string)."""
@@ -208,6 +209,18 @@ def _matched(msg) -> Any:
 
 
 _MATCHED_ONEOF: dict[Any, bool] = {}
+_FIELDS: dict[tuple[Any, str], bool] = {}
+
+
+def _has_field(descriptor, name: str) -> bool:
+    """Whether this wire's message type has field ``name`` (looked up once per type: a
+    ``getattr`` with a default on a field it lacks raises and catches an AttributeError inside
+    on every message)."""
+    key = (descriptor, name)
+    known = _FIELDS.get(key)
+    if known is None:
+        known = _FIELDS[key] = name in descriptor.fields_by_name
+    return known
 
 
 def _has_matched_oneof(descriptor) -> bool:
