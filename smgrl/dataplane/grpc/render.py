@@ -20,6 +20,7 @@ from typing import Any
 from smgrl.core.wire import json_bytes
 from smgrl.dataplane.grpc.build import CHAT, COMPLETIONS, Plan
 from smgrl.dataplane.grpc.detok import Detokenizer
+from smgrl.dataplane.stamp import RenderedJson
 
 DONE = b"data: [DONE]\n\n"
 
@@ -249,7 +250,7 @@ class RenderedAnswer:
         plan = self.plan
         if plan.route not in (COMPLETIONS, CHAT):
             objs = [item.generate_obj(True) for item in self.items]
-            return json_bytes(objs if plan.batch else objs[0])
+            return RenderedJson.of(objs if plan.batch else objs[0])  # stamped without a parse
         chat = plan.route == CHAT
         choices = []
         for item in self.items:
@@ -263,7 +264,7 @@ class RenderedAnswer:
             choice["finish_reason"] = item.openai_finish
             choice["matched_stop"] = item.matched
             choices.append(choice)
-        return json_bytes({**self._head(chunk=False), "choices": choices, "usage": self._usage(),
+        return RenderedJson.of({**self._head(chunk=False), "choices": choices, "usage": self._usage(),
                            "metadata": {"weight_version": self._version()}})  # fmt: skip
 
     def _version(self) -> str:
