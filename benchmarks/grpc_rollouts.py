@@ -244,12 +244,15 @@ def run(args) -> dict:
                 direct_p50 = pct(lat, 0.5)
                 results.setdefault("direct", {})[f"{route} c={c}"] = {"p50": direct_p50, "rps": rps}
                 print(f"direct  {route:22s} c={c:<3d} p50={direct_p50:6.2f}ms {rps:7.0f} req/s", flush=True)
-                # The runs alternate between the gateways (run 1 of each, then run 2 of each...),
-                # so that each run's ratio compares the same minutes of a loaded machine.
+                # The runs alternate between the gateways (run 1 of each, then run 2 of each...,
+                # the first of each run rotating), so that each run's ratio compares the same
+                # minutes of a loaded machine.
                 cpus: dict[str, list[float]] = {name: [] for name in gateways}
                 last: dict[str, tuple] = {}
-                for _ in range(args.runs if route == "/generate" else 1):
-                    for name, (child, base) in gateways.items():
+                for n in range(args.runs if route == "/generate" else 1):
+                    names = list(gateways)
+                    for name in names[n % len(names) :] + names[: n % len(names)]:  # who goes first rotates
+                        child, base = gateways[name]
                         cpu0 = cpu_seconds(child.pid)
                         last[name] = trio.run(closed_loop, [base], route, body, c, total)
                         cpus[name].append((cpu_seconds(child.pid) - cpu0) / total * 1e6)
