@@ -198,7 +198,9 @@ def _count(value: Any) -> int | None:
 class RenderedJson(bytes):
     """An answer body the gateway rendered itself (a gRPC engine's answer), with the object it
     was encoded from (``obj``, equal to ``json.loads`` of the bytes): stamping reads the object
-    instead of parsing the bytes again. Shared, so read-only here (a rewrite copies it)."""
+    instead of parsing the bytes again. The stamp takes it (``take``): from then on only the
+    bytes are held while the answer goes out (the memory budget counts bytes; the object of an
+    answer with log-probs is several times their size). Read-only (a rewrite copies it)."""
 
     obj: Any
 
@@ -208,6 +210,11 @@ class RenderedJson(bytes):
         body.obj = obj
         return body
 
+    def take(self) -> Any:
+        """The object, once (None after: a later reader parses the bytes)."""
+        obj, self.obj = self.obj, None
+        return obj
+
 
 def stamp_generate(
     body: bytes, table_version: str | None, single: bool, fast_min: int = FAST_STAMP_MIN
@@ -216,8 +223,8 @@ def stamp_generate(
     least ``fast_min`` bytes go through ``_reported_single`` first (the same result as the full
     parse on every valid JSON document: tests/unit/test_routing_stamp.py checks it by property).
     A body the gateway rendered (``RenderedJson``) is read from its object, unparsed."""
-    if type(body) is RenderedJson:
-        return _stamp_obj(body.obj, body, table_version, single)
+    if type(body) is RenderedJson and body.obj is not None:
+        return _stamp_obj(body.take(), body, table_version, single)
     reported = _reported_single(body) if len(body) >= fast_min else None
     tokens = _tokens_single(body) if reported is not None else False
     if reported is not None and tokens is not False:
@@ -264,8 +271,8 @@ def _stamp_obj(obj: Any, body: bytes, table_version: str | None, single: bool) -
 
 def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
     """Stamp a buffered 2xx OpenAI answer: the version in the header and ``system_fingerprint``."""
-    if type(body) is RenderedJson:
-        obj = body.obj
+    if type(body) is RenderedJson and body.obj is not None:
+        obj = body.take()
         if isinstance(obj, dict):
             obj = dict(obj)  # its own top level: the fingerprint below is set in it
     else:

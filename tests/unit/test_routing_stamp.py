@@ -241,6 +241,12 @@ def test_a_rendered_answer_is_not_parsed_again(monkeypatch):
     monkeypatch.setattr(stamp_module.json, "loads", refuse)
     assert stamp_generate(single, None, single=True).version == "v3"
     assert stamp_openai(openai, None).version == "v3"
+    # The stamp took the objects: only the bytes stay held while the answer goes out, and a
+    # second reader parses them.
+    assert single.obj is None and openai.obj is None
+    monkeypatch.undo()
+    assert stamp_generate(single, None, single=True).version == "v3"
+    assert stamp_openai(openai, None).version == "v3"
 
 
 def test_a_large_answer_is_stamped_without_a_full_parse():
