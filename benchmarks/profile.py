@@ -44,6 +44,7 @@ from smgrl.upstream import EnginePool
 # site-packages or the repository).
 BUCKETS = [
     ("smgrl raw front (api/dataplane.py)", "smgrl/http/fronts/dataplane.py"),
+    ("smgrl HTTP server (http/server)", "smgrl/http/server/"),
     ("smgrl hypercorn patches", "smgrl/http/hypercorn_patches.py"),
     ("smgrl gRPC answer (dataplane/grpc)", "smgrl/dataplane/grpc/"),
     ("smgrl gRPC client (upstream/grpc)", "smgrl/upstream/grpc/"),

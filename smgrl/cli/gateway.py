@@ -16,14 +16,10 @@ from smgrl.runtime.startup import failure_line
 
 
 def run_gateway(cfg: Config) -> None:
-    from smgrl.http import hypercorn_patches
     from smgrl.runtime import gctune
     from smgrl.runtime.server import serve
     from smgrl.telemetry import logs
 
-    # Before trio.run: a refusal here is a plain ConfigError (one line, exit 1), not wrapped in
-    # the nursery's exception group.
-    hypercorn_patches.require()
     logs.configure(cfg.log_level, cfg.log_json)
 
     from smgrl.cluster.sharing import Sharing

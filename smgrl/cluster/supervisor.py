@@ -320,11 +320,9 @@ async def _get(url: str) -> str:
 
 def run_supervisor(cfg, args: list[str], workers: int) -> None:
     """``smgrl launch --workers N`` (N > 1): see the module docstring."""
-    from smgrl.http import hypercorn_patches
     from smgrl.runtime.startup import failure_line
     from smgrl.telemetry import logs
 
-    hypercorn_patches.require()
     logs.configure(cfg.log_level, cfg.log_json)
     import click
 

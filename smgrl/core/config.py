@@ -179,7 +179,7 @@ class Config:
         29000  # 0: a free port (logged); None: no metrics listener (in-process gateways)
     )
     shutdown_grace_period_secs: float = 180.0
-    # HTTP connection bounds, as SMG's (smgrl/http/hypercorn_patches.py ``IdleWatch``): a connection
+    # HTTP connection bounds, as SMG's (smgrl/http/server/connection.py): a connection
     # must send a complete request head this soon after it is accepted (or after the first byte
     # of a keep-alive connection's next head), and a keep-alive connection with no request in
     # flight closes after the idle bound. 0 disables either.

@@ -1,10 +1,9 @@
 """The gateway's listening sockets, bound before the journal is touched so that a port in use
 is one line naming it and nothing is written (``StartupError``): the HTTP port (or the socket a
-``--workers N`` supervisor handed down), the metrics port, and hypercorn's configuration."""
+``--workers N`` supervisor handed down) and the metrics port."""
 
 from __future__ import annotations
 
-import math
 import socket
 
 import trio
@@ -13,14 +12,11 @@ from hypercorn.config import Sockets
 
 from smgrl.core.config import Config
 from smgrl.core.errors import StartupError
-from smgrl.http import hypercorn_patches
 
 
 def hypercorn_config(cfg: Config) -> HyperConfig:
-    # Measured: one idle watcher per connection and head+body in one write roughly halve
-    # hypercorn's per-request CPU; the patches also fix a keep-alive hang and the resets after
-    # early answers (smgrl/http/hypercorn_patches.py), so on another hypercorn this refuses (one line).
-    hypercorn_patches.require()
+    # hypercorn's Config carries the bind and the bounds; the server is smgrl's own
+    # (smgrl/http/server), which reads the two connection bounds from cfg directly.
     hc = HyperConfig()
     host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
     hc.bind = [f"{host}:{cfg.port}"]
@@ -30,10 +26,6 @@ def hypercorn_config(cfg: Config) -> HyperConfig:
     hc.include_date_header = False
     hc.include_server_header = False
     hc.keep_alive_max_requests = 1_000_000_000
-    # SMG's two connection bounds (--header-read-timeout-secs, --idle-connection-timeout-secs),
-    # enforced by the patched idle watcher (hypercorn_patches.IdleWatch); 0 disables (inf).
-    hc.keep_alive_timeout = cfg.idle_connection_timeout_secs or math.inf
-    setattr(hc, hypercorn_patches.HEADER_READ_TIMEOUT, cfg.header_read_timeout_secs or math.inf)
     # Rollout fleets open hundreds of connections at once; hypercorn's default accept backlog
     # (100) made the kernel drop the rest of the SYNs, and each dropped one waited a 1 s, 2 s,
     # 4 s... retransmit (measured: 1,000 concurrent streams took 16 s instead of 1 s). The

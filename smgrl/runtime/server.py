@@ -5,7 +5,7 @@ Task tree (structured concurrency; a parent outlives its children)::
     serve()
     └── outer nursery ........ the journal writer: it outlives everything that appends
         └── inner nursery .... registry jobs, snapshotter, health checker, metrics listener,
-                               hypercorn
+                               the HTTP server (smgrl.http.server)
 
 Startup restores the projections from the newest fleet snapshot plus the events after it
 (``smgrl.history.replay.restore_verified``); the snapshotter (``smgrl.runtime.snapshots``) stores a new one every ``SMGRL_SNAPSHOT_EVERY``
@@ -22,9 +22,9 @@ restore the projections after checking the hash chain of what is replayed
 (``restore_verified``). Each failure is a :class:`StartupError` whose one line names the port or
 the path; ``smgrl launch`` prints it and exits 1.
 
-Shutdown (SIGINT/SIGTERM sets ``shutdown``): hypercorn stops accepting and gives in-flight
+Shutdown (SIGINT/SIGTERM sets ``shutdown``): the HTTP server stops accepting and gives in-flight
 requests ``--shutdown-grace-period-secs`` to finish; one log line says what it waits for. A second
-signal sets ``stop_now``: the inner nursery (hypercorn, its request handlers) is cancelled at once,
+signal sets ``stop_now``: the inner nursery (the HTTP server, its request handlers) is cancelled at once,
 while the journal writer, in the outer nursery, keeps running. Then, shielded, the operations still
 open (a hung engine call, say) are recorded as interrupted, ``gateway.stopped`` is appended and the
 writer drains and closes.
@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -45,8 +46,6 @@ import attrs
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
-from hypercorn.trio.run import worker_serve
-from hypercorn.utils import wrap_app
 
 from journal import (
     JournalError,
@@ -66,6 +65,7 @@ from smgrl.events import GatewayStarted, GatewayStopped
 from smgrl.history.replay import restore_verified
 from smgrl.http.app import create_app
 from smgrl.http.routes.metrics_server import serve_metrics
+from smgrl.http.server import serve as http_serve
 from smgrl.registry import HealthChecker, KeyRing, Registration, monitoring_enabled
 from smgrl.runtime import gctune
 from smgrl.runtime.gateway import Gateway
@@ -267,7 +267,7 @@ async def _start_parts(p: Process, gateway: Gateway, writer, inner: trio.Nursery
 
 
 async def _serve_http(p: Process, gateway: Gateway, app, inner: trio.Nursery, task_status) -> None:
-    """The metrics listener and hypercorn; report ``Running``; return after hypercorn's graceful
+    """The metrics listener and the HTTP server; report ``Running``; return after its graceful
     shutdown (in-flight requests done or past the grace period), the inner nursery cancelled:
     the jobs, the health checker and the metrics listener have nothing left to serve."""
     cfg, hc, role = p.cfg, p.hc, p.role
@@ -285,11 +285,13 @@ async def _serve_http(p: Process, gateway: Gateway, app, inner: trio.Nursery, ta
         for sock in served.insecure_sockets:
             sock.listen(hc.backlog)
         try:
-            await worker_serve(
-                wrap_app(app, hc.wsgi_max_body_size, None),
-                hc,
-                sockets=served,
+            await http_serve(
+                app,
+                served.insecure_sockets,
                 shutdown_trigger=p.shutdown.wait,
+                graceful_timeout=hc.graceful_timeout,
+                header_read_timeout=cfg.header_read_timeout_secs or math.inf,
+                keep_alive_timeout=cfg.idle_connection_timeout_secs or math.inf,
                 task_status=task_status,
             )
         finally:
@@ -334,7 +336,7 @@ async def _stop_watch(
         log_event(log, "shutting down")
     await stop_now.wait()
     log.warning("stopping now: cancelling the requests in flight")
-    # Only the inner nursery: hypercorn and its handlers go, the journal writer stays for the
+    # Only the inner nursery: the HTTP server and its handlers go, the journal writer stays for the
     # shielded bookkeeping in serve().
     inner.cancel()
 

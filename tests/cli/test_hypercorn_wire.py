@@ -1,8 +1,10 @@
-"""Differential: stock hypercorn 0.18.0 and hypercorn with smgrl's patches put the same bytes on
-the wire for the same requests (keep-alive, pipelining, chunked and Expect: 100-continue bodies,
-HEAD, 204, a streamed and a large answer, a malformed request, an early answer), except where a
-patch deliberately differs (``DELIBERATE``, each case said explicitly). Each server runs in its own
-process (``apply()`` patches the classes of the process it runs in), on loopback."""
+"""Differential: stock hypercorn 0.18.0, hypercorn with smgrl's patches and smgrl's own HTTP/1.1
+server (``smgrl.http.server``, the gateway's listener) put the same bytes on the wire for the same
+requests (keep-alive, pipelining, chunked and Expect: 100-continue bodies, HEAD, 204, a streamed
+and a large answer, refused answer headers, broken answer framing, a malformed request, an early
+answer), except where one deliberately differs (``DELIBERATE``, ``OWN_CASES``: each case said
+explicitly). Each server runs in its own process (``apply()`` patches the classes of the process
+it runs in), on loopback."""
 
 import subprocess
 import sys
@@ -77,7 +79,24 @@ async def app(scope, receive, send):
 FRAMED = {"/short": (b"10", b"12345"), "/long": (b"2", b"12345"), "/chunked-once": (None, b"abc")}
 
 
+async def own():
+    import socket
+    from smgrl.http.server import serve as own_serve
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(100)
+    sock.setblocking(False)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(lambda task_status: own_serve(app, [sock], shutdown_trigger=stop.wait, graceful_timeout=1, task_status=task_status))
+        print(urls[0].rsplit(":", 1)[1], flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)
+        stop.set()
+
+
 async def main():
+    if sys.argv[1] == "own":
+        return await own()
     cfg = Config()
     cfg.bind = ["127.0.0.1:0"]
     cfg.accesslog = None
@@ -196,11 +215,11 @@ def start(kind: str) -> tuple[subprocess.Popen, int]:
 
 @pytest.fixture(scope="module")
 def servers():
-    stock, patched = start("stock"), start("patched")
+    stock, patched, own = start("stock"), start("patched"), start("own")
     try:
-        yield {"stock": stock[1], "patched": patched[1]}
+        yield {"stock": stock[1], "patched": patched[1], "own": own[1]}
     finally:
-        for proc, _ in (stock, patched):
+        for proc, _ in (stock, patched, own):
             proc.stdin.close()
             try:
                 proc.wait(timeout=10)
@@ -218,3 +237,30 @@ def test_stock_and_patched_hypercorn_answer_the_same_bytes(servers, case):
         assert patched != stock and patched == DELIBERATE[case](stock)
     else:
         assert patched == stock
+
+
+WEBSOCKET = "websocket upgrade (stock's WebSocket stream; this app refuses it)"
+# smgrl's server speaks HTTP/1.1 only: a request asking to upgrade to WebSocket is answered over
+# HTTP/1.1, as the same request without its upgrade headers (the gateway has no WebSocket
+# route), and the connection stays usable. Case -> (its pieces, the same request without them).
+OWN_CASES = {
+    "websocket upgrade answered over HTTP/1.1": (
+        [CASES[WEBSOCKET][0] + b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
+        [b"GET /ws HTTP/1.1\r\n" + H + b"\r\nGET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != WEBSOCKET])
+def test_smgrl_server_and_patched_hypercorn_answer_the_same_bytes(servers, case):
+    patched = trio.run(exchange, servers["patched"], CASES[case])
+    own = trio.run(exchange, servers["own"], CASES[case])
+    assert patched
+    assert own == patched
+
+
+@pytest.mark.parametrize("case", list(OWN_CASES))
+def test_smgrl_server_answers_an_upgrade_request_over_http11(servers, case):
+    pieces, plain = OWN_CASES[case]
+    own = trio.run(exchange, servers["own"], pieces)
+    assert own.startswith(b"HTTP/1.1 200 ") and own == trio.run(exchange, servers["patched"], plain)

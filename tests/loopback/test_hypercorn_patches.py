@@ -1,6 +1,8 @@
 """hypercorn with smgrl's patches still speaks correct HTTP/1.1 and keeps its keep-alive rules,
 and each patch does what it claims (these tests fail on stock hypercorn 0.18.0, except where a
-test says it guards the patch itself).
+test says it guards the patch itself). Every behaviour test runs twice: on the patched hypercorn
+and on smgrl's own server (``smgrl.http.server``, the gateway's listener), which keeps each of
+these behaviours; a test of hypercorn's own internals says so and runs on hypercorn only.
 
 Real sockets on 127.0.0.1; the raw bytes on the wire are checked."""
 
@@ -15,8 +17,32 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
-from smgrl.cli.main import main as cli_main
 from smgrl.http import hypercorn_patches
+from smgrl.http import server as smgrl_server
+from smgrl.http.server import connection as smgrl_connection
+
+SERVERS = ["patched hypercorn", "smgrl server"]
+_server = {"kind": SERVERS[0]}
+
+
+@pytest.fixture(autouse=True, params=SERVERS)
+def server_kind(request):
+    """Which server ``start`` starts (each test runs on both)."""
+    _server["kind"] = request.param
+    yield request.param
+    _server["kind"] = SERVERS[0]
+
+
+def server_module():
+    """The module holding the server's own bounds and socket calls (``DRAIN_*``, ``_write``)."""
+    return hypercorn_patches if _server["kind"] == SERVERS[0] else smgrl_connection
+
+
+def hypercorn_only(kind: str) -> None:
+    """A test of hypercorn's own internals (or of the patches as code): not smgrl's server."""
+    if kind != SERVERS[0]:
+        pytest.skip("tests hypercorn's own internals")
+
 
 SLOW_SECS = 2.0
 TOO_LARGE = b'{"error":"too large"}'
@@ -120,6 +146,8 @@ async def read_response(stream, buf=b"", head_only=False):
 
 
 async def start(nursery, keep_alive=5.0, asgi=None):
+    if _server["kind"] != SERVERS[0]:
+        return await start_smgrl(nursery, keep_alive, asgi)
     assert hypercorn_patches.apply()
     cfg = Config()
     cfg.bind = ["127.0.0.1:0"]
@@ -132,6 +160,28 @@ async def start(nursery, keep_alive=5.0, asgi=None):
     )
     port = int(urls[0].rsplit(":", 1)[1])
     return port, shutdown
+
+
+async def start_smgrl(nursery, keep_alive, asgi):
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(100)
+    sock.setblocking(False)
+    shutdown = trio.Event()
+    await nursery.start(
+        lambda task_status: smgrl_server.serve(
+            asgi or app,
+            [sock],
+            shutdown_trigger=shutdown.wait,
+            graceful_timeout=5,
+            keep_alive_timeout=keep_alive,
+            header_read_timeout=keep_alive,
+            task_status=task_status,
+        )
+    )
+    return sock.getsockname()[1], shutdown
 
 
 async def test_requests_on_one_connection_head_and_body_arrive_together():
@@ -198,19 +248,6 @@ def test_every_replaced_hypercorn_function_is_the_pinned_stock_source():
     for qualname, digest in hypercorn_patches.STOCK_SOURCES.items():
         source = inspect.getsource(hypercorn_patches.stock_function(qualname))
         assert hashlib.sha256(source.encode()).hexdigest()[:16] == digest, f"{qualname} changed upstream"
-
-
-def test_launch_refuses_in_one_line_when_the_patches_cannot_be_applied(monkeypatch, capsys, tmp_path):
-    # Another installed hypercorn is simulated by moving the pin (apply() reads it).
-    monkeypatch.setattr(hypercorn_patches, "PATCHED_VERSION", "0.0.1")
-    monkeypatch.setattr(hypercorn_patches, "_applied", False)
-    assert hypercorn_patches.apply() is False
-    with pytest.raises(SystemExit) as exc:
-        cli_main(["launch", "--port", "0", "--journal", str(tmp_path / "j.db")])
-    assert exc.value.code == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "hypercorn==0.0.1" in err and "hypercorn 0.18.0 is installed" in err
-    assert not (tmp_path / "j.db").exists()  # refused before anything was opened
 
 
 # -- what each patch does (fails on stock hypercorn) -----------------------------------------------
@@ -341,7 +378,7 @@ async def test_an_answer_sent_before_the_body_is_read_reaches_a_client_still_sen
 
 
 async def test_the_drain_is_bounded_in_bytes(monkeypatch):
-    monkeypatch.setattr(hypercorn_patches, "DRAIN_BYTES", 256 * 1024)
+    monkeypatch.setattr(server_module(), "DRAIN_BYTES", 256 * 1024)
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -411,7 +448,7 @@ async def test_an_answer_sent_before_the_body_arrived_says_the_connection_closes
 
 
 async def test_the_drain_is_bounded_in_time(monkeypatch):
-    monkeypatch.setattr(hypercorn_patches, "DRAIN_SECS", 0.2)
+    monkeypatch.setattr(server_module(), "DRAIN_SECS", 0.2)
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -539,7 +576,10 @@ async def test_a_kept_alive_request_costs_the_server_two_task_steps():
                 await trio.testing.wait_all_tasks_blocked()
         finally:
             trio.lowlevel.remove_instrument(steps)
-        assert steps.steps == {"_handle": requests, "_run_handler": requests}
+        # hypercorn: its connection reader and its app runner; smgrl's server: its connection
+        # reader and its app runner.
+        expected = ("_run_handler", "_handle") if _server["kind"] == SERVERS[0] else ("handle", "_app")
+        assert steps.steps == dict.fromkeys(expected, requests)
         await stream.aclose()
         shutdown.set()
 
@@ -588,7 +628,7 @@ async def test_an_answer_to_a_client_that_reset_the_connection_fails_quietly(mon
         await send({"type": "http.response.body", "body": b"ok"})
         answered.set()
 
-    monkeypatch.setattr(hypercorn_patches, "_write", spying_write)
+    monkeypatch.setattr(server_module(), "_write", spying_write)
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, asgi=held)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -601,7 +641,10 @@ async def test_an_answer_to_a_client_that_reset_the_connection_fails_quietly(mon
         released.set()
         with trio.fail_after(5):
             await answered.wait()
-        assert [type(e) for e in errors] in ([BrokenPipeError], [ConnectionResetError])
+        if _server["kind"] == SERVERS[0]:
+            assert [type(e) for e in errors] in ([BrokenPipeError], [ConnectionResetError])
+        else:  # smgrl's server: its reader saw the reset first, and the answer is not written
+            assert errors == []
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
         status, _, payload, _ = await read_response(stream)

@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from smgrl.http.hypercorn_patches import DISCONNECT_EXTENSION
+from smgrl.http.server import DISCONNECT_EXTENSION
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -47,7 +47,7 @@ async def until_disconnect(scope: Scope, receive: Receive, fn: Callable[..., Awa
     raw fronts: rollout routes, sessions (turns and forwarded requests), the engine front."""
     hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
     if hook is not None:
-        # smgrl's hypercorn (hypercorn_patches.DisconnectHook) cancels this scope itself on a
+        # smgrl's server (smgrl.http.server's DisconnectHook) cancels this scope itself on a
         # disconnect: no task per request.
         with trio.CancelScope() as cancel:
             hook.cancel_on_disconnect(cancel)

@@ -51,7 +51,7 @@ from smgrl.http.fronts.asgi import header as _header
 from smgrl.http.fronts.dataplane_routes import ALLOW, MODEL_CARD, MODEL_CARD_PREFIX, MODELS
 from smgrl.http.fronts.relay import Relay
 from smgrl.http.fronts.sessions import SessionsASGI
-from smgrl.http.hypercorn_patches import RECEIVE_NOWAIT
+from smgrl.http.server import RECEIVE_NOWAIT
 from smgrl.routing import InvalidVersionPolicy, VersionPolicy, metadata
 
 log = logging.getLogger("smgrl.dataplane")
