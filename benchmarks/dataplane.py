@@ -14,9 +14,9 @@ as the HTTP client, one kept-alive connection per concurrent client):
   gateway minus directly), and dropped chunks (every stream must deliver all its tokens and
   ``data: [DONE]``).
 
-Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``hypercorn-bare`` (the same
-patched hypercorn with smgrl's config serving an ASGI app that answers at once: the server's
-floor, so ``smgrl - bare`` is smgrl's own CPU per request), ``hypercorn-bare-proxy`` (that
+Gateways: ``smgrl`` (the raw ASGI data plane, the shipped front), ``server-bare`` (the same
+HTTP server serving an ASGI app that answers at once: the server's
+floor, so ``smgrl - bare`` is smgrl's own CPU per request), ``server-bare-proxy`` (that
 app forwarding each request to the engines with smgrl's upstream pool and relaying the answer
 as is: the floor plus the upstream hop; ``--no-bare`` skips both), ``smgrl-baseline`` (the smgrl
 of another checkout, ``--baseline-src DIR``: before/after in one run),
@@ -272,18 +272,19 @@ def start_smg(smg: str, urls: list[str], port: int, workdir: str, policy: str) -
 
 
 def start_bare(port: int, log, engines: list[str] = (), src: str | None = None) -> Child:
-    """The same patched hypercorn, with smgrl's config, serving an ASGI app that reads the body
-    and answers at once: the server's own per-request floor, measured beside smgrl. With
+    """The gateway's HTTP server (smgrl's own; the patched hypercorn in a checkout from before
+    it), serving an ASGI app that reads the body and answers at once: the server's own
+    per-request floor, measured beside smgrl. With
     ``engines``, the app instead forwards the body to them (round-robin, smgrl's upstream pool)
     and relays the answer as is: the floor plus the upstream hop, nothing else."""
     import subprocess
 
     argv = [sys.executable, "-c", BARE_APP, str(port), *engines]
     env = dict(os.environ)
-    if src:  # the patched hypercorn of another checkout (``--baseline-src``)
+    if src:  # the server of another checkout (``--baseline-src``)
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src or None)
-    return Child(proc, "hypercorn-bare")
+    return Child(proc, "server-bare")
 
 
 BARE_APP = r"""
@@ -323,7 +324,23 @@ async def app(scope, receive, send):
     await send({"type": "http.response.start", "status": resp.status, "headers": head})
     await send({"type": "http.response.body", "body": body})
 
-trio.run(serve, app, hypercorn_config(Config(host="127.0.0.1", port=int(sys.argv[1]))))
+async def main(port):
+    try:  # the gateway's own server, where the checkout has one
+        from smgrl.http.server import serve as own_serve
+    except ImportError:  # an older checkout (--baseline-src): its patched hypercorn
+        from smgrl.http import hypercorn_patches
+        assert hypercorn_patches.apply()
+        await serve(app, hypercorn_config(Config(host="127.0.0.1", port=port)))
+        return
+    import socket
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    await own_serve(app, [sock], shutdown_trigger=trio.sleep_forever, graceful_timeout=1)
+
+trio.run(main, int(sys.argv[1]))
 """
 
 
@@ -587,8 +604,8 @@ def table(results: dict, args) -> str:
             lines.append(
                 f"| {name} | {c} | {r['p50']:.2f} | {r['p99']:.2f} | {add50} | {add99} | {r['rps']:.0f} | {r['cpu_us']:.0f} | {r['errors']} |"
             )
-    bare = results.get("hypercorn-bare", {})
-    proxy = results.get("hypercorn-bare-proxy", {})
+    bare = results.get("server-bare", {})
+    proxy = results.get("server-bare-proxy", {})
     if bare and "smgrl" in results:
         lines += [
             "",
@@ -642,9 +659,9 @@ def interleaved(args, urls: list[str], workdir: str) -> str:
             children[name] = start_smgrl(urls, port, "asgi", workdir, args.policy, src=src)
             bases[name] = f"http://127.0.0.1:{port}"
         if not args.no_bare:
-            bare = [("hypercorn-bare", None)]
+            bare = [("server-bare", None)]
             if args.baseline_src:
-                bare.append(("hypercorn-bare-baseline", os.path.abspath(args.baseline_src)))
+                bare.append(("server-bare-baseline", os.path.abspath(args.baseline_src)))
             for name, src in bare:
                 port = free_port()
                 children[name] = start_bare(port, log, src=src)
@@ -654,7 +671,7 @@ def interleaved(args, urls: list[str], workdir: str) -> str:
             children["SMG 1.13.0"] = start_smg(args.smg_bin, urls, port, workdir, args.policy)
             bases["SMG 1.13.0"] = f"http://127.0.0.1:{port}"
         for name, base in bases.items():
-            if not name.startswith("hypercorn-bare"):
+            if not name.startswith("server-bare"):
                 wait_listening(base, child=children[name])
             wait_routable(base)
         lines = [
@@ -685,8 +702,8 @@ def interleaved(args, urls: list[str], workdir: str) -> str:
                     f"| {c} | {name} | {pct(lat[name], 0.5):.2f} | {pct(lat[name], 0.99):.2f} | {us[name]:.0f} | {vs} |"
                 )
             print("\n".join(lines[-len(bases) :]), flush=True)
-            if "hypercorn-bare" in us:
-                lines.append(f"| {c} | smgrl - bare | | | {us['smgrl'] - us['hypercorn-bare']:.0f} | |")
+            if "server-bare" in us:
+                lines.append(f"| {c} | smgrl - bare | | | {us['smgrl'] - us['server-bare']:.0f} | |")
     finally:
         for child in children.values():
             child.stop()
@@ -798,8 +815,8 @@ def main() -> None:
             if args.baseline_src:
                 gateways.append(("smgrl-baseline", "baseline"))
             if not args.no_bare:
-                gateways.append(("hypercorn-bare", "bare"))
-                gateways.append(("hypercorn-bare-proxy", "bare-proxy"))
+                gateways.append(("server-bare", "bare"))
+                gateways.append(("server-bare-proxy", "bare-proxy"))
             if args.fronts:
                 gateways.append(("smgrl-quart", "quart"))
             for n in [int(w) for w in args.workers.split(",") if w]:

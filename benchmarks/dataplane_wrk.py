@@ -88,9 +88,9 @@ def run_wrk(args, start_smgrl, start_smg, start_bare, wait_routable, cpu_seconds
             gateways["SMG 1.13.0"] = (start_smg(args.smg_bin, urls, port, workdir, args.policy), port)
         if not args.no_bare:
             port = free_port()
-            gateways["hypercorn-bare"] = (start_bare(port, log), port)
+            gateways["server-bare"] = (start_bare(port, log), port)
         for name, (_, port) in gateways.items():
-            if name == "hypercorn-bare":
+            if name == "server-bare":
                 _wait_port(port)
             else:
                 wait_routable(f"http://127.0.0.1:{port}")

@@ -14,8 +14,10 @@ Measured from this process, each client on its own kept-alive connection:
 * the same two routes streamed (``--stream-tokens`` tokens each, 64 streams): chunks/s through
   each gateway and directly (the fake's own rate limits it).
 
-``--runs 3`` repeats the buffered ``/generate`` CPU measurement and prints the median of the
-runs (the pass criterion: smgrl's CPU per ``/generate`` at most 2x SMG's). Every process this
+``--runs 3`` repeats the buffered ``/generate`` CPU measurement, the runs alternating between the
+gateways, and prints each run's ratio to SMG and their median (the pass criterion: smgrl's CPU per
+``/generate`` at most 2x SMG's). ``--baseline-src DIR`` adds the smgrl of another checkout as a
+``baseline`` gateway: before and after side by side in one run. Every process this
 starts is stopped by its PID; everything listens on 127.0.0.1; every loop is bounded.
 
     python benchmarks/grpc_rollouts.py [--engines 2] [--requests 1000] [--runs 3] [--out FILE]
@@ -73,13 +75,18 @@ def get(base: str, path: str):
         return json.loads(r.read())
 
 
-def start_smgrl(urls, controls, tok: str, workdir: str) -> tuple[Child, str]:
+def start_smgrl(urls, controls, tok: str, workdir: str, src: str | None = None) -> tuple[Child, str]:
+    """smgrl on the fakes; ``src``: the smgrl of another checkout (``--baseline-src``)."""
     port = free_port()
     argv = [sys.executable, "-m", "smgrl", "launch", "--host", "127.0.0.1", "--port", str(port),
             "--journal", ":memory:", "--prometheus-port", str(free_port()), "--policy", "round_robin",
             "--disable-health-check", "--log-level", "warn", "--tokenizer-path", tok, "--enable-rl"]  # fmt: skip
-    log = open(os.path.join(workdir, "smgrl.log"), "w")  # noqa: SIM115 - the child holds it
-    child = Child(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), "smgrl")
+    log = open(os.path.join(workdir, f"smgrl{'-baseline' if src else ''}.log"), "w")  # noqa: SIM115 - the child holds it
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src or None)
+    child = Child(proc, "smgrl-baseline" if src else "smgrl")
     base = f"http://127.0.0.1:{port}"
     wait_listening(base, child=child)
     for url, control in zip(urls, controls, strict=True):
@@ -216,6 +223,12 @@ def run(args) -> dict:
         child, base = start_smgrl(urls, engines.control_urls, tok, workdir)
         children.append(child)
         gateways["smgrl"] = (child, base)
+        if args.baseline_src:
+            child, base = start_smgrl(
+                urls, engines.control_urls, tok, workdir, os.path.abspath(args.baseline_src)
+            )
+            children.append(child)
+            gateways["baseline"] = (child, base)
         smg = args.smg_bin or shutil.which("smg")
         if smg and os.path.exists(smg):
             child, base = start_smg(smg, urls, tok, workdir)
@@ -231,18 +244,33 @@ def run(args) -> dict:
                 direct_p50 = pct(lat, 0.5)
                 results.setdefault("direct", {})[f"{route} c={c}"] = {"p50": direct_p50, "rps": rps}
                 print(f"direct  {route:22s} c={c:<3d} p50={direct_p50:6.2f}ms {rps:7.0f} req/s", flush=True)
-                for name, (child, base) in gateways.items():
-                    cpus = []
-                    for _ in range(args.runs if route == "/generate" else 1):
+                # The runs alternate between the gateways (run 1 of each, then run 2 of each...,
+                # the first of each run rotating), so that each run's ratio compares the same
+                # minutes of a loaded machine.
+                cpus: dict[str, list[float]] = {name: [] for name in gateways}
+                last: dict[str, tuple] = {}
+                for n in range(args.runs if route == "/generate" else 1):
+                    names = list(gateways)
+                    for name in names[n % len(names) :] + names[: n % len(names)]:  # who goes first rotates
+                        child, base = gateways[name]
                         cpu0 = cpu_seconds(child.pid)
-                        lat, rps, errors = trio.run(closed_loop, [base], route, body, c, total)
-                        cpus.append((cpu_seconds(child.pid) - cpu0) / total * 1e6)
+                        last[name] = trio.run(closed_loop, [base], route, body, c, total)
+                        cpus[name].append((cpu_seconds(child.pid) - cpu0) / total * 1e6)
+                for name in gateways:
+                    lat, rps, errors = last[name]
+                    runs = cpus[name]
                     row = {"p50": pct(lat, 0.5), "added_p50": pct(lat, 0.5) - direct_p50, "rps": rps,
-                           "errors": errors, "cpu_us": statistics.median(cpus), "cpu_runs": cpus}  # fmt: skip
+                           "errors": errors, "cpu_us": statistics.median(runs), "cpu_runs": runs}  # fmt: skip
+                    if "smg" in cpus and name != "smg":
+                        ratios = [a / b for a, b in zip(runs, cpus["smg"], strict=True)]
+                        row["smg_ratio_runs"] = ratios
                     results.setdefault(name, {})[f"{route} c={c}"] = row
-                    print(f"{name:7s} {route:22s} c={c:<3d} p50={row['p50']:6.2f}ms (+{row['added_p50']:.2f}) "
+                    ratio = (f" / SMG per run {', '.join(f'{x:.2f}' for x in row['smg_ratio_runs'])}"
+                             f" (median {statistics.median(row['smg_ratio_runs']):.2f}x)"
+                             if "smg_ratio_runs" in row else "")  # fmt: skip
+                    print(f"{name:8s} {route:22s} c={c:<3d} p50={row['p50']:6.2f}ms (+{row['added_p50']:.2f}) "
                           f"{rps:7.0f} req/s errors={errors} CPU {row['cpu_us']:5.0f} us/req "
-                          f"(runs {', '.join(f'{x:.0f}' for x in cpus)})", flush=True)  # fmt: skip
+                          f"(runs {', '.join(f'{x:.0f}' for x in runs)}){ratio}", flush=True)  # fmt: skip
         if not args.streams:
             return results
         rate = trio.run(direct_streams, urls, args.streams, args.stream_tokens)
@@ -274,6 +302,8 @@ def main() -> None:
                    help="only these buffered routes (comma-separated, e.g. /generate)")  # fmt: skip
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--smg-bin", default=None)
+    p.add_argument("--baseline-src", default=None,
+                   help="also run the smgrl of this checkout (before/after in one run: a `baseline` row)")  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args()
     results = run(args)

@@ -10,7 +10,7 @@ in epoll) is left out. Needs ``py-spy`` (``pip install py-spy``; root, or ptrace
     python benchmarks/profile.py rollout --clients 64 [--engines 4] [--secs 15]
     python benchmarks/profile.py fanout --engines 8 [--secs 15]
     python benchmarks/profile.py discovery --engines 8
-    python benchmarks/profile.py bare --clients 64   # the patched hypercorn + a bare ASGI app
+    python benchmarks/profile.py bare --clients 64   # the gateway's HTTP server + a bare ASGI app
     python benchmarks/profile.py grpc --clients 1 [--route /v1/chat/completions] [--stream]
                                                      # rollouts to fake engines over gRPC
 

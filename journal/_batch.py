@@ -50,6 +50,12 @@ class Pending:
         await self._batch.done.wait()
         return _result(self._batch, self._index)
 
+    def result(self) -> Recorded:
+        """``wait()``'s answer once ``done`` (without a schedule point); RuntimeError before."""
+        if not self._batch.done.is_set():
+            raise RuntimeError("the event's batch is not committed yet")
+        return _result(self._batch, self._index)
+
 
 def _result(batch: _Batch, index: int) -> Recorded:
     if isinstance(batch.error, JournalConflict):

@@ -272,6 +272,8 @@ class ControlStarted(Event):
     @staticmethod
     def body_fields(raw: bytes, *, limit: int = BODY_LIMIT) -> dict[str, Any]:
         """``body_size``, ``body_sha256``, ``body`` and ``body_encoding`` for a raw request body."""
+        if not raw:
+            return dict(_NO_BODY)  # most control calls have no body: its digest is a constant
         fields: dict[str, Any] = {
             "body_size": len(raw),
             "body_sha256": hashlib.sha256(raw).hexdigest(),
@@ -288,6 +290,14 @@ class ControlStarted(Event):
     def body_bytes(self) -> bytes | None:
         """The kept request body as bytes; None when not kept (too large, empty or compacted)."""
         return _body_bytes(self.body, self.body_encoding)
+
+
+_NO_BODY: dict[str, Any] = {
+    "body_size": 0,
+    "body_sha256": hashlib.sha256(b"").hexdigest(),
+    "body": None,
+    "body_encoding": "none",
+}
 
 
 def _body_readable(event: ControlStarted) -> bool:

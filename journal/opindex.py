@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import json.encoder
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -87,8 +88,10 @@ _REPLACE = f"INSERT OR REPLACE INTO op_index ({', '.join(COLUMNS)}) VALUES ({', 
 _MUTABLE = COLUMNS[_OUTCOMES:]
 _UPDATE = f"UPDATE op_index SET {', '.join(f'{c} = ?' for c in _MUTABLE)} WHERE seq = ?"
 
-# The journal's canonical JSON encoder (the C one): the same text the payloads are encoded with.
+# The journal's canonical JSON encoder (the C one): the same text the payloads are encoded with,
+# and the string escaping it uses (ensure_ascii off).
 _dumps = _canonical
+_string = json.encoder.encode_basestring
 
 
 def _scalar(value: Any) -> Any:
@@ -178,6 +181,22 @@ def _started_row(seq: int, ts: float, p: dict[str, Any]) -> list[Any]:
     return row
 
 
+def _outcome_record(seq: int, worker_id: Any, status: Any, error_set: bool, stage: Any) -> str:
+    """One entry of the ``outcomes`` column: the canonical JSON of ``[seq, worker_id, status,
+    error_set, stage]``. Formatted directly when the values have their usual types (a string id,
+    an integer status or none, a string stage or none): the same text ``_dumps`` gives, about a
+    third of its cost, eight times per 8-engine fan-out."""
+    if (
+        type(worker_id) is str
+        and (status is None or type(status) is int)
+        and (stage is None or type(stage) is str)
+    ):
+        status_text = "null" if status is None else str(status)
+        stage_text = "null" if stage is None else _string(stage)
+        return f"[{seq},{_string(worker_id)},{status_text},{'true' if error_set else 'false'},{stage_text}]"
+    return _dumps([seq, _scalar(worker_id), _scalar(status), error_set, _scalar(stage)])
+
+
 def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, str, Any]]) -> None:
     """Fold ``(seq, ts, type, payload, event or None)`` control rows, in seq order and all newer
     than every row of ``op_index``, into ``op_index`` on ``conn``: the one code path of appends
@@ -185,7 +204,34 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
     touched: dict[int, list[Any]] = {}  # op row seq -> the row, as it will be written
     stored_seqs: set[int] = set()  # rows read from op_index (updated), not started in `rows`
     latest: dict[str, int | None] = {}  # op id -> its newest op row seq (None: there is none)
+    # op row seq -> its outcome entries of this call, in seq order: joined onto the column once
+    # (only outcomes change that column, so deferring the join changes nothing).
+    added: dict[int, list[str]] = {}
     for seq, ts, type_, payload, event in rows:
+        if type_ == "control.outcome" and type(event).__name__ == "ControlOutcome":
+            # The common row, read straight from the appended event (as ``_FROM_EVENT`` does).
+            op_id = event.op_id
+            if type(op_id) is not str or getattr(event, "TYPE", None) != type_:
+                p = _fields(type_, payload, event)
+                if p is None:
+                    continue
+                op_id = p["op_id"]
+                worker_id, status, error_set, stage = (
+                    p.get("worker_id"), p.get("status"), p.get("error") is not None, p.get("stage"),
+                )  # fmt: skip
+            else:
+                worker_id, status, error_set, stage = (
+                    event.worker_id, event.status, event.error is not None, event.stage,
+                )  # fmt: skip
+            target = _target(conn, op_id, latest, touched, stored_seqs)
+            if target is not None:
+                record = _outcome_record(seq, worker_id, status, error_set, stage)
+                entries = added.get(target)
+                if entries is None:
+                    added[target] = [record]
+                else:
+                    entries.append(record)
+            continue
         p = _fields(type_, payload, event)
         if p is None:
             continue
@@ -194,23 +240,19 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
             touched[seq] = _started_row(seq, ts, p)
             latest[op_id] = seq
             continue
-        if op_id in latest:
-            target = latest[op_id]
-        else:
-            # Its newest operation stored before this batch, whole (one probe of (op_id, seq)).
-            stored = conn.execute(_NEWEST, (op_id,)).fetchone()
-            target = latest[op_id] = stored[0] if stored else None
-            if stored:
-                touched[stored[0]] = list(stored)
-                stored_seqs.add(stored[0])
+        target = _target(conn, op_id, latest, touched, stored_seqs)
         if target is None:
             continue  # its start is not in the journal: no operation (as OpsFold)
         row = touched[target]
         if type_ == "control.outcome":
-            record = _dumps([seq, _scalar(p.get("worker_id")), _scalar(p.get("status")),
-                             p.get("error") is not None, _scalar(p.get("stage"))])  # fmt: skip
-            old = row[_OUTCOMES]
-            row[_OUTCOMES] = f"[{record}]" if old is None else f"{old[:-1]},{record}]"
+            record = _outcome_record(
+                seq, p.get("worker_id"), p.get("status"), p.get("error") is not None, p.get("stage")
+            )
+            entries = added.get(target)
+            if entries is None:
+                added[target] = [record]
+            else:
+                entries.append(record)
             continue
         if row[_CLOSED] is None:
             row[_CLOSED] = seq
@@ -221,11 +263,34 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
             )  # fmt: skip
         elif row[_RESULT] is None:  # control.interrupted ends an operation still open
             row[_END], row[_RESULT] = ts, "interrupted"
+    for target, entries in added.items():
+        row = touched[target]
+        old, joined = row[_OUTCOMES], ",".join(entries)
+        row[_OUTCOMES] = f"[{joined}]" if old is None else f"{old[:-1]},{joined}]"
     if stored_seqs:
         conn.executemany(_UPDATE, [(*touched[seq][_OUTCOMES:], seq) for seq in stored_seqs])
     fresh = [row for seq, row in touched.items() if seq not in stored_seqs]
     if fresh:
         conn.executemany(_REPLACE, fresh)
+
+
+def _target(
+    conn: sqlite3.Connection,
+    op_id: str,
+    latest: dict[str, int | None],
+    touched: dict[int, list[Any]],
+    stored_seqs: set[int],
+) -> int | None:
+    """The op row seq an event of ``op_id`` belongs to (None: its start is not in the journal)."""
+    if op_id in latest:
+        return latest[op_id]
+    # Its newest operation stored before this batch, whole (one probe of (op_id, seq)).
+    stored = conn.execute(_NEWEST, (op_id,)).fetchone()
+    target = latest[op_id] = stored[0] if stored else None
+    if stored:
+        touched[stored[0]] = list(stored)
+        stored_seqs.add(stored[0])
+    return target
 
 
 _CHUNK = 20_000  # events per rebuild step: memory holds one step's touched rows

@@ -99,7 +99,7 @@ from ._schema_names import FORMAT_VERSION
 from ._sqlite_identity import check_identity
 from .base import Append, Expect, Lease
 from .codec import Recorded
-from .errors import JournalBusyError
+from .errors import JournalBusyError, JournalReadOnlyError
 from .sqlbase import PAGE, SqlStore
 
 if TYPE_CHECKING:
@@ -318,31 +318,10 @@ class SqliteStore(SqlStore):
             self._conn.execute(f"PRAGMA busy_timeout = {ms}")
             self._busy_now = ms
 
-    @contextlib.contextmanager
-    def _write(self, wait: float | None = None) -> Iterator[sqlite3.Connection]:
+    def _write(self, wait: float | None = None) -> _Transaction:
         """One write transaction. ``wait``: seconds to wait for SQLite's write lock (None: the
         store's ``busy_timeout_ms``; 0: do not wait, raise JournalBusyError at once)."""
-        with self._held(wait):
-            conn = self._conn
-            self._set_busy_timeout(self._busy_ms if wait is None else max(0, int(wait * 1000)))
-            # BEGIN IMMEDIATE takes the write lock up front, waiting up to busy_timeout for another
-            # writer (a CLI compaction, say). A deferred BEGIN reads first and may then fail with
-            # SQLITE_BUSY_SNAPSHOT when it upgrades to a write, which busy_timeout does not retry.
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if wait == 0 and exc.sqlite_errorcode in _BUSY_CODES:
-                    raise JournalBusyError("another connection holds the journal's write lock") from exc
-                raise
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                # Nothing of a failed transaction may survive (disk full mid-batch, failed COMMIT).
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
+        return _Transaction(self, wait)
 
     def append_batch(
         self, items: Sequence[Append], *, wait: float | None = None, expect: Expect | None = None
@@ -377,7 +356,8 @@ class SqliteStore(SqlStore):
                 opindex.apply_rows(conn, control)
             self._put_secrets(conn, secret_ops)
             last = recorded[-1]
-            self._set_meta(conn, ("high_water_seq", str(last.seq)), ("high_water_hash", last.hash))
+            # Both high-water keys in one statement (what ``_set_meta`` writes, one step less).
+            conn.execute(_HIGH_WATER, (str(last.seq), last.hash))
         return recorded
 
     # -- leases (journal/lease.py) ----------------------------------------------------------------
@@ -464,6 +444,74 @@ class SqliteStore(SqlStore):
         return int(self._query("SELECT count(*) FROM op_index")[0][0])
 
 
+class _Transaction:
+    """``SqliteStore._write``: the store's lock (``SqlStore._held``'s rules), then ``BEGIN
+    IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception. A class rather than two nested
+    generator context managers: every fan-out commits twice, and the generators' machinery was
+    about a tenth of the Python CPU of a commit (docs/benchmarks.md)."""
+
+    __slots__ = ("_store", "_wait")
+
+    def __init__(self, store: SqliteStore, wait: float | None) -> None:
+        self._store = store
+        self._wait = wait
+
+    def __enter__(self) -> sqlite3.Connection:
+        store, wait = self._store, self._wait
+        if store._readonly:
+            raise JournalReadOnlyError(f"{store.path} is open read-only")
+        # wait == 0 (a caller on the event loop): taken at once or not at all; it must not wait
+        # for the writer's thread, which holds it during a snapshot or a checkpoint.
+        if wait == 0:
+            if not store._lock.acquire(blocking=False):
+                raise JournalBusyError("the journal store is in use by the writer's thread")
+        else:
+            store._lock.acquire()
+        try:
+            conn = store._conn
+            store._set_busy_timeout(store._busy_ms if wait is None else max(0, int(wait * 1000)))
+            # BEGIN IMMEDIATE takes the write lock up front, waiting up to busy_timeout for another
+            # writer (a CLI compaction, say). A deferred BEGIN reads first and may then fail with
+            # SQLITE_BUSY_SNAPSHOT when it upgrades to a write, which busy_timeout does not retry.
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if wait == 0 and exc.sqlite_errorcode in _BUSY_CODES:
+                    raise JournalBusyError("another connection holds the journal's write lock") from exc
+                raise
+        except BaseException:
+            store._lock.release()
+            raise
+        return conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        store = self._store
+        conn = store._conn
+        try:
+            if exc_type is None:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback(conn)
+                    raise
+            else:
+                # Nothing of a failed transaction may survive (disk full mid-batch, failed COMMIT).
+                _rollback(conn)
+        finally:
+            store._lock.release()
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+_HIGH_WATER = (
+    "INSERT INTO meta (key, value) VALUES ('high_water_seq', ?), ('high_water_hash', ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+_INSERT_EXACT = 16  # rows a batch may have to go in one statement of its own size
 _INSERT_CHUNK = 128  # rows per multi-row INSERT (8 variables each, far below SQLite's limit)
 
 
@@ -476,10 +524,16 @@ def _insert_sql(n: int) -> str:
 def _insert_events(conn: sqlite3.Connection, rows: list[Row]) -> None:
     """Insert rows with multi-row INSERTs: one statement step per chunk instead of per row.
 
-    Chunks are 128 rows, then powers of two for the rest, so only 8 distinct statements exist
-    and all stay in the connection's statement cache.
+    Up to ``_INSERT_EXACT`` rows go in one statement of that many rows; larger batches in chunks
+    of 128 rows, then powers of two for the rest. So at most 24 distinct statements exist, and all
+    stay in the connection's statement cache (128 statements).
     """
     i, n = 0, len(rows)
+    if n <= _INSERT_EXACT:
+        # A small batch (a fan-out's final transaction: its outcomes, its end and its audit) in
+        # one statement of its own size.
+        conn.execute(_insert_sql(n), list(itertools.chain.from_iterable(rows)))
+        return
     while i < n:
         size = _INSERT_CHUNK
         while size > n - i:

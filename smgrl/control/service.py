@@ -391,7 +391,14 @@ class ControlService:
 
     async def _intent_durable(self, op: _Op) -> None:
         try:
-            await op.intent.wait()
+            if op.intent.done:
+                # Committed in this task already (``enqueue(alone=True)`` with the writer idle):
+                # its result without a schedule point (a pass of trio's loop, about 10 us), but
+                # still a cancellation point, so a request cancelled by now calls no engine.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                op.intent.result()
+            else:
+                await op.intent.wait()
         except JournalWriteError as exc:
             # No record, no engine call: an unrecorded refit is exactly what the journal prevents.
             op.intent_failed = True

@@ -195,12 +195,36 @@ def _count(value: Any) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
+class RenderedJson(bytes):
+    """An answer body the gateway rendered itself (a gRPC engine's answer), with the object it
+    was encoded from (``obj``, equal to ``json.loads`` of the bytes): stamping reads the object
+    instead of parsing the bytes again. The stamp takes it (``take``): from then on only the
+    bytes are held while the answer goes out (the memory budget counts bytes; the object of an
+    answer with log-probs is several times their size). Read-only (a rewrite copies it)."""
+
+    obj: Any
+
+    @classmethod
+    def of(cls, obj: Any) -> RenderedJson:
+        body = cls(json_bytes(obj))
+        body.obj = obj
+        return body
+
+    def take(self) -> Any:
+        """The object, once (None after: a later reader parses the bytes)."""
+        obj, self.obj = self.obj, None
+        return obj
+
+
 def stamp_generate(
     body: bytes, table_version: str | None, single: bool, fast_min: int = FAST_STAMP_MIN
 ) -> Stamp:
     """Stamp a buffered 2xx ``/generate`` answer (single object or batch list). Answers of at
     least ``fast_min`` bytes go through ``_reported_single`` first (the same result as the full
-    parse on every valid JSON document: tests/unit/test_routing_stamp.py checks it by property)."""
+    parse on every valid JSON document: tests/unit/test_routing_stamp.py checks it by property).
+    A body the gateway rendered (``RenderedJson``) is read from its object, unparsed."""
+    if type(body) is RenderedJson and body.obj is not None:
+        return _stamp_obj(body.take(), body, table_version, single)
     reported = _reported_single(body) if len(body) >= fast_min else None
     tokens = _tokens_single(body) if reported is not None else False
     if reported is not None and tokens is not False:
@@ -215,6 +239,10 @@ def _stamp_parsed(body: bytes, table_version: str | None, single: bool) -> Stamp
         obj = json.loads(body)
     except ValueError:
         return Stamp(stream_version(table_version), False, body)
+    return _stamp_obj(obj, body, table_version, single)
+
+
+def _stamp_obj(obj: Any, body: bytes, table_version: str | None, single: bool) -> Stamp:
     if single and isinstance(obj, list) and len(obj) == 1 and isinstance(obj[0], dict):
         obj = obj[0]
         body = json_bytes(obj)
@@ -243,10 +271,15 @@ def _stamp_parsed(body: bytes, table_version: str | None, single: bool) -> Stamp
 
 def stamp_openai(body: bytes, table_version: str | None) -> Stamp:
     """Stamp a buffered 2xx OpenAI answer: the version in the header and ``system_fingerprint``."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return Stamp(stream_version(table_version), False, body)
+    if type(body) is RenderedJson and body.obj is not None:
+        obj = body.take()
+        if isinstance(obj, dict):
+            obj = dict(obj)  # its own top level: the fingerprint below is set in it
+    else:
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return Stamp(stream_version(table_version), False, body)
     if not isinstance(obj, dict):
         return Stamp(stream_version(table_version), False, body)
     metadata = obj.get("metadata")

@@ -121,6 +121,13 @@ class Batch:
         # closed, or one another task is using) is unregistered there and then (``wait``).
         self._registered: dict[int, object] = {}
         self._live: dict[int, _Pending] = {}
+        # The kept registrations found readable by one ``poll(0)`` of the epoll, taken at the
+        # first ``start`` after each wait (None: take it again). Every other kept registration
+        # is of a connection silent since: the pool's idle check of it (a poll syscall per
+        # connection) is skipped (``_quiet``). ``start`` runs no await, so nothing arrives
+        # unseen between this poll and the request's write that the pool's own check, made at
+        # the same point, would have seen.
+        self._readable: set[int] | None = None
 
     def __len__(self) -> int:
         return len(self._live)
@@ -138,7 +145,9 @@ class Batch:
         """Send ``request`` (serialised) on one of ``pool``'s idle plain connections. False when
         the pool has none (send it through ``pool.stream``); a ``Done`` when it failed at once
         (stale); True when it is in flight."""
-        connection = pool.take_idle()
+        if self._readable is None:
+            self._readable = {fd for fd, _ in self._epoll.poll(0)} if self._registered else set()
+        connection = pool.take_idle(self._quiet)
         if connection is None:
             return False
         fd = connection.fd
@@ -155,15 +164,33 @@ class Batch:
         self._live[fd] = pending
         return True
 
-    async def wait(self) -> list[Done]:
+    async def wait(self, scope: trio.CancelScope | None = None) -> list[Done]:
         """The exchanges that finished: answers, failures and passed deadlines; none when the
-        readiness it met finished nothing (then it is a checkpoint: the caller waits again)."""
+        readiness it met finished nothing (then it is a checkpoint: the caller waits again).
+
+        ``scope``: a cancel scope of the caller's, around its whole loop of waits, whose deadline
+        this brings forward to the soonest exchange's before it waits. When that deadline passes, the
+        wait raises ``Cancelled`` into the caller's scope (nothing of the batch changed); the
+        caller then opens a new scope and waits again, which reports the passed deadlines. One
+        scope per fan-out instead of one per wait: entering and leaving a cancel scope was about
+        a tenth of a fan-out's engine-call CPU (docs/benchmarks.md). Without ``scope``, each
+        wait opens its own."""
+        self._readable = None  # an await follows: the next start polls again
         if not self._live:
             return []
         ready = self._epoll.poll(0)
         if not ready:
             soonest = min(p.deadline for p in self._live.values())
-            with trio.move_on_at(soonest):
+            if scope is None:
+                with trio.move_on_at(soonest):
+                    await trio.lowlevel.wait_readable(self._epoll.fileno())
+            elif soonest > trio.current_time():
+                # A deadline already passed is not waited for (the new scope would be cancelled
+                # at once, again and again): the sweep below reports it. The scope's deadline
+                # only ever moves earlier (setting it is not free): one still set for an
+                # exchange that has finished wakes the caller early, which then waits again.
+                if scope.deadline > soonest:  # noqa: PLR1730 - min() would set it every time
+                    scope.deadline = soonest
                 await trio.lowlevel.wait_readable(self._epoll.fileno())
             ready = self._epoll.poll(0)
         done = []
@@ -191,6 +218,7 @@ class Batch:
         """Close every connection still in flight (cancelled or abandoned) and keep the epoll,
         empty, for the next use of this batch (``close`` ends it): a fan-out then makes no
         ``epoll_create1``, ``close`` and first registration with trio's own epoll of its own."""
+        self._readable = None
         live, self._live = self._live, {}
         for pending in live.values():
             # Out of the epoll before the socket closes: the kernel drops a closed fd's
@@ -205,6 +233,11 @@ class Batch:
         self._epoll.close()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _quiet(self, connection: object) -> bool:
+        """Registered here for this very connection, and not readable at this round's poll."""
+        fd = connection.fd  # type: ignore[attr-defined]
+        return self._registered.get(fd) is connection and fd not in self._readable  # type: ignore[operator]
 
     def _watch(self, fd: int, connection: object, events: int) -> None:
         if self._registered.get(fd) is connection:

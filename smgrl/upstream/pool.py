@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -152,12 +152,16 @@ class EnginePool:
     def host_header(self) -> bytes:
         return self._host_header
 
-    def take_idle(self) -> Connection | None:
+    def take_idle(self, quiet: Callable[[Connection], bool] | None = None) -> Connection | None:
         """An idle plain-TCP connection, now owned by the caller (counted as in use), or None:
-        nothing idle, a TLS pool, or a closed one. It goes back through ``give_back`` only."""
+        nothing idle, a TLS pool, or a closed one. It goes back through ``give_back`` only.
+
+        ``quiet(connection)``: True when the caller has just seen the connection silent (a
+        fan-out's batch polls its kept registrations at once: smgrl/upstream/batch.py); its own
+        idle check (a syscall per connection) is then skipped."""
         if self._closed or self._ssl_context is not None:
             return None
-        connection = self._checkout()
+        connection = self._checkout(quiet)
         if connection is not None:
             self._active += 1
         return connection
@@ -248,14 +252,16 @@ class EnginePool:
             # skipped: parse on.
             event = parser.next_event()
 
-    def _checkout(self) -> Connection | None:
+    def _checkout(self, quiet: Callable[[Connection], bool] | None = None) -> Connection | None:
         idle = self._idle
         if not idle:
             return None
         now = trio.current_time()
         while idle:
             connection = idle.pop()  # LIFO: the most recently used is the likeliest alive
-            if now - connection.idle_since < self._idle_timeout and not connection.readable_while_idle():
+            if now - connection.idle_since < self._idle_timeout and (
+                (quiet is not None and quiet(connection)) or not connection.readable_while_idle()
+            ):
                 return connection
             connection.close()
         return None

@@ -76,6 +76,31 @@ def test_status_from_trailers():
     assert call.trailers == (("x-k", "v"),)
 
 
+def test_blocks_seen_before_are_read_as_the_first_time_per_call():
+    # The same response headers and trailers on every call (a server's usual answer) are read
+    # once; what depends on the call itself is still decided per call.
+    trailers = [(b"grpc-status", b"0"), (b"x-k", b"v")]
+    for _ in range(3):
+        whole = CallState()
+        whole.on_headers(OK_HEADERS)
+        whole.on_data(encode(b"m"))
+        whole.on_headers(trailers)
+        assert (whole.status, whole.trailers, list(whole.messages)) == (
+            (StatusCode.OK, ""),
+            (("x-k", "v"),),
+            [b"m"],
+        )
+        assert whole.headers == ((":status", "200"), ("content-type", "application/grpc"))
+        cut = CallState()
+        cut.on_headers(OK_HEADERS)
+        cut.on_data(encode(b"message")[:-2])  # the same OK trailers, but inside a message
+        cut.on_headers(trailers)
+        assert cut.status == (StatusCode.INTERNAL, "stream ended inside a message")
+        refused = CallState()
+        refused.on_headers([(b":status", b"200"), (b"content-type", b"text/html")])
+        assert refused.status == (StatusCode.UNKNOWN, "invalid content-type 'text/html'")
+
+
 def test_trailers_only_answer():
     call = CallState()
     call.on_headers([*OK_HEADERS, (b"grpc-status", b"12"), (b"grpc-message", b"Method not found!")])

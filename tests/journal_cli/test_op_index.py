@@ -312,3 +312,22 @@ def test_compaction_leaves_the_index_true(tmp_path):
         assert store.verify().ok
         assert store.check_op_index().ok
         assert store._query("SELECT * FROM op_index") == before
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seq=st.integers(min_value=1, max_value=2**63 - 1),
+    worker_id=st.one_of(st.text(), st.integers(), st.none()),
+    status=st.one_of(st.none(), st.integers(min_value=-(2**70), max_value=2**70), st.booleans(), st.text()),
+    error_set=st.booleans(),
+    stage=st.one_of(st.none(), st.sampled_from(["connect", "send", "head", "body"]), st.text()),
+)
+def test_an_outcome_entry_is_its_canonical_json(seq, worker_id, status, error_set, stage):
+    """The directly formatted ``outcomes`` entry is byte for byte the canonical JSON of the list
+    (escapes, non-ASCII text, a bool or a string where a status belongs included)."""
+    from journal import opindex
+
+    want = opindex._dumps(
+        [seq, opindex._scalar(worker_id), opindex._scalar(status), error_set, opindex._scalar(stage)]
+    )
+    assert opindex._outcome_record(seq, worker_id, status, error_set, stage) == want

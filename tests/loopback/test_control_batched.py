@@ -447,3 +447,74 @@ async def test_a_wait_that_finishes_nothing_is_a_checkpoint(nursery):
     assert scope.cancelled_caught  # the wait checkpointed: nothing was finished
     batch.close()
     await pools.aclose()
+
+
+async def test_deadlines_passing_one_after_another_each_end_their_call(nursery):
+    """Stalled engines met one after another (concurrency 1): each call's deadline passes in its
+    own turn, the fan-out's one scope of waits ends each time, and every call still ends with its
+    own timeout outcome; the answering engine's outcome is kept."""
+    names = ["stalled", "json", "stalled"]
+    ws = workers([await serve(nursery, SCRIPTS[n]) for n in names])
+    pools = PoolSet()
+    got: dict = {}
+
+    async def run():
+        got.clear()
+        await run_batched(
+            ws, REQUEST, lambda w: None, pools, TIMEOUT, 1,
+            lambda w: call_worker(w, None, REQUEST, pools, TIMEOUT),
+            lambda w, o: got.__setitem__(w.id, o),
+        )  # fmt: skip
+
+    with trio.fail_after(SAFETY):
+        await run()  # the first requests: every engine answers "ok"
+        await run()
+    await pools.aclose()
+    assert [got[w.id].error.code if got[w.id].error else got[w.id].status for w in ws] == [
+        "upstream_timeout",
+        200,
+        "upstream_timeout",
+    ]
+
+
+async def test_a_kept_connection_the_engine_closed_is_not_taken_for_the_next_call(nursery):
+    """The batch vouches for its kept connections from one poll of its epoll instead of the
+    pool's check of each: one the engine closed while idle is readable there, so the pool still
+    checks it and discards it, and the batch's next call is not written on it (``start`` finds
+    nothing idle), where a connection taken unchecked would take the request and only fail
+    later, read as stale. The silent one beside it is taken."""
+    closed = trio.Event()
+
+    async def answer_every_request(peer: Peer) -> None:
+        while await peer.read_request() is not None:
+            await peer.stream.send_all(ok(b"x"))
+
+    ws = workers(
+        [await serve(nursery, partial(answer_and_close, closed)), await serve(nursery, answer_every_request)]
+    )
+    pools = PoolSet()
+    batches: list = []
+    got = {}
+    with trio.fail_after(SAFETY):
+        for w in ws:
+            assert (await call_worker(w, None, REQUEST, pools, TIMEOUT)).status == 200
+        await run_batched(
+            ws, REQUEST, lambda w: None, pools, TIMEOUT, 32,
+            lambda w: call_worker(w, None, REQUEST, pools, TIMEOUT),
+            lambda w, o: got.__setitem__(w.id, o), None, batches,
+        )  # fmt: skip
+        assert got["w0"].body == "second"
+        await closed.wait()
+        kept = batches[0]
+        raw = b"POST /flush_cache HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+        deadline = trio.current_time() + TIMEOUT
+        closed_pool, silent_pool = pools.get(ws[0].base_url), pools.get(ws[1].base_url)
+        assert closed_pool.idle_connections and silent_pool.idle_connections
+        assert kept.start(0, closed_pool, "POST", raw, deadline) is False
+        assert closed_pool.idle_connections == 0  # checked and discarded
+        assert kept.start(1, silent_pool, "POST", raw, deadline) is True
+        while not (done := await kept.wait()):
+            pass
+        assert done[0].status == 200
+        kept.close()
+    await pools.aclose()

@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from smgrl.core.wire import json_bytes
+from smgrl.dataplane import stamp as stamp_module
 from smgrl.dataplane.stamp import (
     FingerprintEvents,
+    RenderedJson,
     TokenTail,
     _reported_single,
     _tokens_single,
@@ -209,6 +212,41 @@ def test_the_fast_stamp_agrees_with_the_full_parse(answer, spaced, ascii_only, t
     assert stamp_generate(body, table, True, fast_min=0) == stamp_generate(
         body, table, True, fast_min=len(body) + 1
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    answers=st.lists(_answers(), min_size=1, max_size=3),
+    batch=st.booleans(),
+    single=st.booleans(),
+    table=st.sampled_from([None, "v1", "v2", "default"]),
+)
+def test_a_rendered_answer_is_stamped_from_its_object_as_its_bytes_would_be(answers, batch, single, table):
+    obj = answers if batch else answers[0]
+    rendered = RenderedJson.of(obj)
+    assert rendered == json_bytes(obj)
+    assert stamp_generate(rendered, table, single) == stamp_generate(json_bytes(obj), table, single)
+    openai = {"id": "c", "choices": [], "metadata": {"weight_version": answers[0].get("text")}}
+    before = json.loads(json.dumps(openai))
+    assert stamp_openai(RenderedJson.of(openai), table) == stamp_openai(json_bytes(openai), table)
+    assert openai == before  # the shared object is not rewritten
+
+
+def test_a_rendered_answer_is_not_parsed_again(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    single = RenderedJson.of(gen("v3", completion_tokens=4))
+    openai = RenderedJson.of({"id": "c", "choices": [], "metadata": {"weight_version": "v3"}})
+    monkeypatch.setattr(stamp_module.json, "loads", refuse)
+    assert stamp_generate(single, None, single=True).version == "v3"
+    assert stamp_openai(openai, None).version == "v3"
+    # The stamp took the objects: only the bytes stay held while the answer goes out, and a
+    # second reader parses them.
+    assert single.obj is None and openai.obj is None
+    monkeypatch.undo()
+    assert stamp_generate(single, None, single=True).version == "v3"
+    assert stamp_openai(openai, None).version == "v3"
 
 
 def test_a_large_answer_is_stamped_without_a_full_parse():

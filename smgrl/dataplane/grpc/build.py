@@ -30,7 +30,7 @@ class Untranslatable(ValueError):
         self.code = code
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a key of the serialized shared fields' cache, on every call
 class Sampling:
     """The sampling parameters every wire has a field for (None: the engine's default)."""
 

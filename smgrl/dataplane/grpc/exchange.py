@@ -139,10 +139,15 @@ class GrpcEngines:
         self.channels.clear()
         self._clients.clear()
 
-    @contextlib.asynccontextmanager
-    async def exchange(self, instance, version: str | None, route: str, body: bytes):
-        """The answer of ``instance`` (a gRPC one) to ``body`` on ``route``; yields once the
-        call started and its first message (or its whole answer, buffered) is in."""
+    def exchange(self, instance, version: str | None, route: str, body: bytes) -> Exchange:
+        """``async with engines.exchange(...) as answer``: the answer of ``instance`` (a gRPC
+        one) to ``body`` on ``route``; entered once the call started and its first message (or
+        its whole answer, buffered) is in."""
+        return Exchange(self, instance, version, route, body)
+
+    async def _answer(
+        self, ex: Exchange, instance, version: str | None, route: str, body: bytes
+    ) -> GrpcAnswer:
         client = self.client(instance.base_url, instance.wire)
         tokenizer = self.tokenizer
         if tokenizer is None:
@@ -151,11 +156,9 @@ class GrpcEngines:
             obj = json.loads(body) if body else None
             the_plan = plan(route, obj, tokenizer)
         except Untranslatable as exc:
-            yield error_answer(400, exc.code, str(exc))
-            return
+            return error_answer(400, exc.code, str(exc))
         except ValueError:
-            yield error_answer(400, "invalid_request", "the request body is not valid JSON")
-            return
+            return error_answer(400, "invalid_request", "the request body is not valid JSON")
         decode = None
         if tokenizer is not None:
             raw, skip = tokenizer.tokenizer, the_plan.sampling.skip_special_tokens
@@ -179,19 +182,51 @@ class GrpcEngines:
             except GrpcError as exc:
                 if exc.code == StatusCode.UNAVAILABLE:
                     raise ConnectError(f"gRPC engine {client.channel.authority}: {exc}") from None
-                yield _status_answer(exc)
-                return
-            yield GrpcAnswer(200, JSON, answer.body())
-            return
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                first = await call.open(stack, items[0])
-            except GrpcError as exc:
-                if exc.code == StatusCode.UNAVAILABLE:
-                    raise ConnectError(f"gRPC engine {client.channel.authority}: {exc}") from None
-                yield _status_answer(exc)
-                return
-            yield GrpcAnswer(200, SSE, run=call.events(stack, answer, items, first))
+                return _status_answer(exc)
+            return GrpcAnswer(200, JSON, answer.body())
+        # A streamed answer: its calls live in an exit stack that the block's end closes (a call
+        # left before its end is reset and its Abort sent: EngineClient.generate).
+        stack = contextlib.AsyncExitStack()
+        try:
+            first = await call.open(stack, items[0])
+        except GrpcError as exc:
+            if exc.code != StatusCode.UNAVAILABLE:
+                await stack.aclose()
+                return _status_answer(exc)
+            failed = ConnectError(f"gRPC engine {client.channel.authority}: {exc}")
+            # The calls see the failure leave (as an exception through their blocks), then it
+            # is raised alone.
+            await stack.__aexit__(ConnectError, failed, None)
+            raise failed from None
+        except BaseException as exc:
+            if not await stack.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+            raise AssertionError("unreachable: the calls' blocks never swallow an exception") from None
+        ex.stack = stack
+        return GrpcAnswer(200, SSE, run=call.events(stack, answer, items, first))
+
+
+class Exchange:
+    """The block of :meth:`GrpcEngines.exchange`. A class rather than an asynccontextmanager:
+    that one's generator, context object and two resumptions were paid on every request; a
+    streamed answer's calls are in ``stack``, closed when the block ends (with the exception
+    that ended it, as the calls' own blocks would see it)."""
+
+    __slots__ = ("_args", "stack")
+
+    def __init__(self, engines: GrpcEngines, instance, version: str | None, route: str, body: bytes) -> None:
+        self._args = (engines, instance, version, route, body)
+        self.stack: contextlib.AsyncExitStack | None = None
+
+    async def __aenter__(self) -> GrpcAnswer:
+        engines, instance, version, route, body = self._args
+        return await engines._answer(self, instance, version, route, body)
+
+    async def __aexit__(self, kind, exc, tb) -> bool:
+        stack, self.stack = self.stack, None
+        if stack is None:
+            return False
+        return await stack.__aexit__(kind, exc, tb)
 
 
 class GenerateCalls:

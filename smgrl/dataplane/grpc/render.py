@@ -20,6 +20,7 @@ from typing import Any
 from smgrl.core.wire import json_bytes
 from smgrl.dataplane.grpc.build import CHAT, COMPLETIONS, Plan
 from smgrl.dataplane.grpc.detok import Detokenizer
+from smgrl.dataplane.stamp import RenderedJson
 
 DONE = b"data: [DONE]\n\n"
 
@@ -67,9 +68,10 @@ class GenItem:
         if msg.prompt_tokens:
             self.prompt_tokens = msg.prompt_tokens
         self.cached = msg.cached_tokens or self.cached
-        version = getattr(msg, "weight_version", "")
-        if version:
-            self.version = version  # TokenSpeed names the weights of every chunk
+        if _has_field(msg.DESCRIPTOR, "weight_version"):
+            version = msg.weight_version
+            if version:
+                self.version = version  # TokenSpeed names the weights of every chunk
 
     def chunk(self, msg) -> tuple[list[int], str]:
         """A stream chunk: the ids and text it adds (text cut at a stop string)."""
@@ -208,6 +210,18 @@ def _matched(msg) -> Any:
 
 
 _MATCHED_ONEOF: dict[Any, bool] = {}
+_FIELDS: dict[tuple[Any, str], bool] = {}
+
+
+def _has_field(descriptor, name: str) -> bool:
+    """Whether this wire's message type has field ``name`` (looked up once per type: a
+    ``getattr`` with a default on a field it lacks raises and catches an AttributeError inside
+    on every message)."""
+    key = (descriptor, name)
+    known = _FIELDS.get(key)
+    if known is None:
+        known = _FIELDS[key] = name in descriptor.fields_by_name
+    return known
 
 
 def _has_matched_oneof(descriptor) -> bool:
@@ -236,7 +250,7 @@ class RenderedAnswer:
         plan = self.plan
         if plan.route not in (COMPLETIONS, CHAT):
             objs = [item.generate_obj(True) for item in self.items]
-            return json_bytes(objs if plan.batch else objs[0])
+            return RenderedJson.of(objs if plan.batch else objs[0])  # stamped without a parse
         chat = plan.route == CHAT
         choices = []
         for item in self.items:
@@ -250,7 +264,7 @@ class RenderedAnswer:
             choice["finish_reason"] = item.openai_finish
             choice["matched_stop"] = item.matched
             choices.append(choice)
-        return json_bytes({**self._head(chunk=False), "choices": choices, "usage": self._usage(),
+        return RenderedJson.of({**self._head(chunk=False), "choices": choices, "usage": self._usage(),
                            "metadata": {"weight_version": self._version()}})  # fmt: skip
 
     def _version(self) -> str:

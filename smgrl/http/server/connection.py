@@ -228,18 +228,15 @@ class ClientConnection:
     # the reader
 
     async def run(self) -> None:
-        try:
-            # A nursery per connection: each request's app runs as a task of its own (a fresh
-            # contextvars context per request, which Quart's request context needs) while this
-            # task goes on reading, to notice a client that leaves. The nursery waits for the
-            # apps: an operation whose client left still finishes, and is journaled.
-            async with trio.open_nursery() as nursery:
-                self.nursery = nursery
-                timed_out = await self._read_loop()
-                self._reader_done(timed_out)
-        finally:
-            self._close_socket()
-            self.server.connections.discard(self)
+        """Serve the connection until it ends (the server closes the socket after)."""
+        # A nursery per connection: each request's app runs as a task of its own (a fresh
+        # contextvars context per request, which Quart's request context needs) while this
+        # task goes on reading, to notice a client that leaves. The nursery waits for the
+        # apps: an operation whose client left still finishes, and is journaled.
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            timed_out = await self._read_loop()
+            self._reader_done(timed_out)
 
     async def _read_loop(self) -> bool:
         """Read until the client leaves, the connection closes or a bound passes (then True)."""
@@ -656,9 +653,9 @@ class ClientConnection:
             resume.set()
         if self.answered is not None:
             self.answered.set()
-        self._close_socket()
+        self.close_socket()
 
-    def _close_socket(self) -> None:
+    def close_socket(self) -> None:
         self.closed = True
         try:
             self.sock.close()

@@ -47,9 +47,22 @@ class Server:
         self.stop_deadline = math.inf
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        connection = ClientConnection(self, stream)
+        try:
+            connection = ClientConnection(self, stream)
+        except OSError:
+            # Gone before it was served (getpeername: ENOTCONN after a reset in the backlog).
+            await stream.aclose()
+            return
         self.connections.add(connection)
-        await connection.run()
+        try:
+            await connection.run()
+        except Exception:
+            # A connection's failure is its own: logged and closed, never the listener's end
+            # (this task runs in the nursery of every connection).
+            log.exception("a connection failed")
+        finally:
+            connection.close_socket()
+            self.connections.discard(connection)
 
     def terminate(self, deadline: float = math.inf) -> None:
         """Stop: idle connections close now, busy ones after their answer, none outlives

@@ -37,18 +37,26 @@ _ping_ids = itertools.count(1)
 class GrpcCall:
     """One stream's side of a call: its response state and the wake-up of the task reading it."""
 
-    __slots__ = ("_conn", "_event", "id", "state", "unacked")
+    __slots__ = ("_conn", "_waiter", "id", "state", "unacked")
 
     def __init__(self, conn: GrpcConnection, stream_id: int, max_message_bytes: int):
         self._conn = conn
         self.id = stream_id
         self.state = CallState(max_message_bytes)
         self.unacked = 0
-        self._event: trio.Event | None = None
+        self._waiter: trio.lowlevel.Task | None = None  # the task parked in next_message
 
     def wake(self) -> None:
-        if self._event is not None:
-            self._event.set()
+        # The parked task itself, rescheduled: no Event and ParkingLot per wait (a call waits
+        # once or twice, and at one call at a time each of these is paid cold).
+        task = self._waiter
+        if task is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(task)
+
+    def _abort(self, _raise_cancel) -> trio.lowlevel.Abort:
+        self._waiter = None  # cancelled (a deadline, the caller's scope): nobody to wake now
+        return trio.lowlevel.Abort.SUCCEEDED
 
     async def next_message(self, deadline: float = math.inf) -> bytes | None:
         """The next whole message, or None once the call is over (``state.status`` says how).
@@ -63,13 +71,14 @@ class GrpcCall:
                 # Flow control: the window reopens as the caller consumes, so a slow reader
                 # slows its stream (not the connection: each stream has its own window).
                 self._conn.acknowledge(self)
-            self._event = event = trio.Event()
+            self._waiter = trio.lowlevel.current_task()
             if deadline == math.inf:
-                await event.wait()  # no deadline: no cancel scope to set up per wait
+                # No deadline: no cancel scope to set up per wait. The wait is a checkpoint:
+                # a cancel of the caller's scope aborts it (``_abort``).
+                await trio.lowlevel.wait_task_rescheduled(self._abort)
             else:
                 with trio.fail_at(deadline):
-                    await event.wait()
-            self._event = None
+                    await trio.lowlevel.wait_task_rescheduled(self._abort)
 
     def cancel(self, error_code: int = http2.CANCEL) -> None:
         """RST_STREAM unless the stream is over (synchronous: safe in a cancelled scope)."""
@@ -244,14 +253,16 @@ class GrpcConnection:
         if call.unacked:
             self.h2.acknowledge(call.id, call.unacked)
             call.unacked = 0
-        self._changed.unpark_all()
+        if self._changed:  # a call waits for a slot
+            self._changed.unpark_all()
 
     def on_settings(self) -> None:
         self.settings_received = True
         self._changed.unpark_all()
 
     def on_window(self) -> None:
-        self._changed.unpark_all()
+        if self._changed:  # a body waits for window (most calls' bodies went out at once)
+            self._changed.unpark_all()
 
     def on_ping_ack(self) -> None:
         self.pings_acked += 1

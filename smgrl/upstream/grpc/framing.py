@@ -132,6 +132,52 @@ def _as_pairs(headers) -> list[tuple[str, str]]:
     return out
 
 
+# A server answers most calls with the same response headers and the same trailers: what a block
+# says (its pairs and their reading) is kept per distinct block, bounded, so a call's headers cost
+# one lookup. Keyed by the pairs as bytes (what the HTTP/2 codec decodes); the readings are pure.
+_MAX_SEEN = 256
+_RESPONSE_SEEN: dict[tuple, tuple] = {}
+_TRAILERS_SEEN: dict[tuple, tuple] = {}
+
+
+def _seen(cache: dict[tuple, tuple], headers, read) -> tuple:
+    try:
+        key = tuple(headers)
+        found = cache.get(key)
+    except TypeError:  # unhashable pairs (not from the codec): read every time
+        return read(_as_pairs(headers))
+    if found is None:
+        found = read(_as_pairs(headers))
+        if len(cache) >= _MAX_SEEN:
+            cache.clear()
+        cache[key] = found
+    return found
+
+
+def _read_response(pairs: list[tuple[str, str]]) -> tuple:
+    """The first HEADERS of a response: (pairs, None) when the call goes on, (pairs, (code,
+    message)) when this block ends it without being trailers, (pairs, "trailers") for a
+    trailers-only answer."""
+    values = dict(pairs)
+    if "grpc-status" in values:
+        return tuple(pairs), "trailers"  # trailers-only: the whole answer is this one block
+    http_status = values.get(":status")
+    if http_status != "200":
+        code = code_for_http_status(int(http_status)) if (http_status or "").isdigit() else StatusCode.UNKNOWN
+        return tuple(pairs), (code, f"Received http2 header with status: {http_status}")
+    ctype = values.get("content-type", "")
+    if not ctype.startswith("application/grpc"):
+        return tuple(pairs), (StatusCode.UNKNOWN, f"invalid content-type {ctype!r}")
+    return tuple(pairs), None
+
+
+def _read_trailers(pairs: list[tuple[str, str]]) -> tuple:
+    """Trailers: (the metadata a caller sees, the status code, its message)."""
+    values = dict(pairs)
+    trailers = tuple((k, v) for k, v in pairs if not k.startswith((":", "grpc-")) and k != "content-type")
+    return trailers, code_of(values.get("grpc-status")), decode_message(values.get("grpc-message"))
+
+
 class CallState:
     """One call's response, from its stream's h2 events (pure).
 
@@ -145,7 +191,7 @@ class CallState:
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.decoder = MessageDecoder(max_message_bytes)
         self.messages: collections.deque[bytes] = collections.deque()
-        self.headers: list[tuple[str, str]] = []
+        self.headers: tuple[tuple[str, str], ...] = ()
         self.trailers: tuple[tuple[str, str], ...] = ()
         self.status: tuple[StatusCode, str] | None = None
         self.refused = False  # reset with REFUSED_STREAM before any answer: never processed
@@ -162,29 +208,16 @@ class CallState:
     def on_headers(self, headers) -> None:
         if self.status is not None:
             return
-        pairs = _as_pairs(headers)
         if self._got_headers:
             self.on_trailers(headers)
             return
         self._got_headers = True
+        pairs, verdict = _seen(_RESPONSE_SEEN, headers, _read_response)
         self.headers = pairs
-        values = dict(pairs)
-        http_status = values.get(":status")
-        if "grpc-status" in values:
-            # Trailers-only: the whole answer is this one HEADERS frame.
-            self._status_from(pairs)
-            return
-        if http_status != "200":
-            code = (
-                code_for_http_status(int(http_status))
-                if (http_status or "").isdigit()
-                else StatusCode.UNKNOWN
-            )
-            self.finish(code, f"Received http2 header with status: {http_status}")
-            return
-        ctype = values.get("content-type", "")
-        if not ctype.startswith("application/grpc"):
-            self.finish(StatusCode.UNKNOWN, f"invalid content-type {ctype!r}")
+        if verdict == "trailers":
+            self._status_from(headers)
+        elif verdict is not None:
+            self.finish(*verdict)
 
     def on_data(self, data: bytes) -> None:
         if self.status is not None:
@@ -196,15 +229,10 @@ class CallState:
 
     def on_trailers(self, headers) -> None:
         if self.status is None:
-            self._status_from(_as_pairs(headers))
+            self._status_from(headers)
 
-    def _status_from(self, pairs: list[tuple[str, str]]) -> None:
-        values = dict(pairs)
-        self.trailers = tuple(
-            (k, v) for k, v in pairs if not k.startswith((":", "grpc-")) and k != "content-type"
-        )
-        code = code_of(values.get("grpc-status"))
-        message = decode_message(values.get("grpc-message"))
+    def _status_from(self, headers) -> None:
+        self.trailers, code, message = _seen(_TRAILERS_SEEN, headers, _read_trailers)
         if code == StatusCode.OK and self.decoder.pending:
             code, message = StatusCode.INTERNAL, "stream ended inside a message"
         self.finish(code, message)

@@ -1,0 +1,85 @@
+"""smgrl's HTTP/1.1 server (``smgrl.http.server``) on its own, on 127.0.0.1: what the wire
+differential and the patches' behaviour tests (which run on it too) do not reach."""
+
+import socket
+
+import pytest
+import trio
+
+from smgrl.http.server import connection as server_connection
+from smgrl.http.server import serve
+
+GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
+
+
+async def ok_app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def start(nursery, app=ok_app):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    stop = trio.Event()
+    await nursery.start(
+        lambda task_status: serve(
+            app, [sock], shutdown_trigger=stop.wait, graceful_timeout=2, task_status=task_status
+        )
+    )
+    return sock.getsockname()[1], stop
+
+
+async def get(port: int) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    with trio.fail_after(5):
+        await stream.send_all(GET)
+        answer = b""
+        while not answer.endswith(b"ok"):
+            data = await stream.receive_some(1024)
+            assert data, answer
+            answer += data
+    await stream.aclose()
+    return answer
+
+
+@pytest.mark.parametrize("where", ["construction", "run"])
+async def test_a_connection_that_fails_is_closed_and_the_server_serves_on(monkeypatch, where):
+    """A connection gone before it is served (getpeername raising ENOTCONN), or a bug in one
+    connection, ends that connection only: the listener's nursery holds every connection."""
+    failures = []
+    if where == "construction":
+        real = server_connection._addr
+
+        def failing_addr(name):
+            if not failures:
+                failures.append(name)
+                raise OSError(107, "Transport endpoint is not connected")
+            return real(name)
+
+        monkeypatch.setattr(server_connection, "_addr", failing_addr)
+    else:
+        real_run = server_connection.ClientConnection.run
+
+        async def failing_run(self):
+            if not failures:
+                failures.append(self)
+                raise RuntimeError("a bug in one connection")
+            await real_run(self)
+
+        monkeypatch.setattr(server_connection.ClientConnection, "run", failing_run)
+    async with trio.open_nursery() as nursery:
+        port, stop = await start(nursery)
+        first = await trio.open_tcp_stream("127.0.0.1", port)
+        with trio.fail_after(5):
+            await first.send_all(GET)
+            assert await first.receive_some(1024) == b""  # closed without an answer
+        assert failures
+        assert (await get(port)).startswith(b"HTTP/1.1 200 ")
+        stop.set()
