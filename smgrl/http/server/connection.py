@@ -30,7 +30,8 @@ import httptools
 import trio
 
 from smgrl.http.server import wire
-from smgrl.http.server.appqueue import DISCONNECT_EXTENSION, RECEIVE_NOWAIT, AppQueue, DisconnectHook
+from smgrl.http.server.appqueue import DISCONNECT_EXTENSION, RECEIVE_NOWAIT
+from smgrl.http.server.cycle import DONE, REQUEST, RequestCycle, declared_length
 
 if TYPE_CHECKING:
     from smgrl.http.server.serve import Server
@@ -45,88 +46,8 @@ DRAIN_SECS = 5.0
 # How long the rest of a partly written message may wait for a client that does not read.
 WRITE_STALL_SECS = 60.0
 
-_REQUEST, _RESPONSE, _DONE = 0, 1, 2
 _read = os.read  # a test can make the socket fail
 _write = os.write
-
-
-class UnexpectedMessage(Exception):
-    """An ASGI message the answer's state does not allow (a second start, a body before it)."""
-
-
-class RequestCycle:
-    """One request and its answer."""
-
-    __slots__ = (
-        "complete",
-        "conn",
-        "expect",
-        "framing",
-        "head",
-        "head_done",
-        "headers",
-        "hook",
-        "http11",
-        "keep_alive",
-        "method",
-        "pending",
-        "queue",
-        "remaining",
-        "started",
-        "state",
-        "target",
-    )
-
-    def __init__(self, conn: ClientConnection) -> None:
-        self.conn = conn
-        self.target = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.method = "GET"
-        self.http11 = True
-        self.keep_alive = True
-        self.expect = False
-        self.head_done = False
-        self.complete = False  # the request body has all arrived
-        self.pending: list[bytes] = []  # body bytes parsed, not yet queued for the app
-        self.queue = AppQueue(conn.server.max_app_queue)
-        self.hook = DisconnectHook()
-        self.started = False
-        self.state = _REQUEST
-        self.head: bytes | None = None  # the answer's head, held back for its first body bytes
-        self.framing = wire.NO_BODY
-        self.remaining = 0
-
-    async def send(self, message: dict[str, Any]) -> None:
-        """The app's ASGI ``send``."""
-        kind = message["type"]
-        if kind == "http.response.start" and self.state == _REQUEST:
-            status = message["status"]
-            head = wire.response_head(
-                status,
-                message.get("headers", []),
-                head_request=self.method == "HEAD",
-                http11=self.http11,
-                keep_alive=self.keep_alive,
-                early=not self.complete,
-            )
-            self.state = _RESPONSE
-            self.framing = wire.NO_BODY if wire.suppress_body(self.method, int(status)) else head.framing
-            self.remaining = head.length
-            if head.close:
-                self.keep_alive = False
-            self.head = head.data
-            return
-        if kind == "http.response.body" and self.state == _RESPONSE:
-            body = message.get("body", b"")
-            await self.conn.write_body(
-                self, body if type(body) is bytes else bytes(body), message.get("more_body", False)
-            )
-            return
-        if self.conn.closed:
-            return  # the connection is gone: nothing to answer on
-        raise UnexpectedMessage(
-            f"{kind} after {('the request', 'the answer start', 'the answer')[self.state]}"
-        )
 
 
 class ClientConnection:
@@ -303,7 +224,7 @@ class ClientConnection:
                 if cycle is None or not cycle.head_done:
                     await self._refuse(400, cycle)
                     return False
-                length = _declared_length(cycle)
+                length = declared_length(cycle)
                 if length is None:
                     await self._refuse(400, cycle)  # a chunked body after an upgrade head: not parsed
                     return False
@@ -341,7 +262,7 @@ class ClientConnection:
         if continues:
             self.continues = []
             for cycle in continues:
-                if cycle.state != _REQUEST:
+                if cycle.state != REQUEST:
                     continue
                 if cycle is self.cycles[0]:
                     await self._write(wire.CONTINUE)
@@ -395,7 +316,7 @@ class ClientConnection:
         try:
             if cycle.expect:
                 cycle.expect = False
-                if not cycle.complete and cycle.state == _REQUEST:
+                if not cycle.complete and cycle.state == REQUEST:
                     await self._write(wire.CONTINUE)  # the answers before it are complete
             await self.server.app(scope, cycle.queue.get, cycle.send)
         except Exception:
@@ -412,11 +333,11 @@ class ClientConnection:
             await self._app_done(cycle)
 
     async def _app_done(self, cycle: RequestCycle) -> None:
-        if cycle.state == _DONE or self.closed:
+        if cycle.state == DONE or self.closed:
             return
-        if cycle.state == _REQUEST:
+        if cycle.state == REQUEST:
             # The app ended without answering: a 500 with no body, and the connection ends.
-            cycle.state = _DONE
+            cycle.state = DONE
             await self._write(wire.error_answer(500))
         elif cycle.head is not None:
             # The app failed in the middle of its answer: what it started goes out, then the
@@ -453,9 +374,9 @@ class ClientConnection:
             if self.closed:
                 return
         current = self.cycles[0] if self.cycles else None
-        if current is None or current.state == _REQUEST:
+        if current is None or current.state == REQUEST:
             if current is not None:
-                current.state = _DONE
+                current.state = DONE
             await self._write(wire.error_answer(status))
         self._discard_unread()
         self._close()
@@ -489,7 +410,7 @@ class ClientConnection:
         self.eof = True
         for cycle in self.cycles:
             cycle.queue.close()
-            if cycle.started and cycle.state != _DONE:
+            if cycle.started and cycle.state != DONE:
                 cycle.hook._disconnected()
 
     async def _recv(self) -> bytes:
@@ -536,7 +457,7 @@ class ClientConnection:
         if short:
             raise wire.AnswerFramingError("Too little data for declared Content-Length")
         if not more:
-            cycle.state = _DONE
+            cycle.state = DONE
             self._finish(cycle)
 
     async def _write(self, data: bytes) -> None:
@@ -580,7 +501,7 @@ class ClientConnection:
         self.gone = True
         for cycle in self.cycles:
             cycle.queue.close()
-            if cycle.started and cycle.state != _DONE:
+            if cycle.started and cycle.state != DONE:
                 cycle.hook._disconnected()
 
     def _finish(self, cycle: RequestCycle) -> None:
@@ -666,17 +587,6 @@ class ClientConnection:
 class _Refused(Exception):
     """Raised inside a parser callback: the request breaks one of h11's rules that llhttp does
     not check (``ClientConnection.refusal`` says the status)."""
-
-
-def _declared_length(cycle: RequestCycle) -> int | None:
-    """The request body's Content-Length (0 without one), or None for a chunked body."""
-    length = 0
-    for name, value in cycle.headers:
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            length = int(value) if value.isdigit() else 0
-    return length
 
 
 def _addr(name: Any) -> tuple[str, int] | None:
