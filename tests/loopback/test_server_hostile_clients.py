@@ -12,6 +12,7 @@ from smgrl.http import server as smgrl_server
 from smgrl.http.server import connection as smgrl_connection
 
 HUGE = b"x" * (64 << 20)
+LARGE = b"y" * (8 << 20)
 
 
 async def lifespan(receive, send):
@@ -43,15 +44,16 @@ async def app(scope, receive, send):
         await send({"type": "http.response.body", "body": b"two", "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
-    if scope["path"] == "/huge":  # more than every socket buffer between server and client
+    if scope["path"] in ("/huge", "/large"):  # more than every socket buffer between the two
+        answer = HUGE if scope["path"] == "/huge" else LARGE
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-length", b"%d" % len(HUGE))],
+                "headers": [(b"content-length", b"%d" % len(answer))],
             }
         )
-        await send({"type": "http.response.body", "body": HUGE})
+        await send({"type": "http.response.body", "body": answer})
         return
     if scope["path"] == "/wait":
         await trio.testing.wait_all_tasks_blocked()  # the server has read what followed
@@ -218,3 +220,27 @@ async def test_a_graceful_stop_ends_within_its_grace_even_with_a_client_that_doe
     # Before the fix the rest of the answer's write, shielded, waited WRITE_STALL_SECS.
     assert trio.current_time() - stopped <= grace + 0.5
     await stream.aclose()
+
+
+async def test_a_client_reading_a_large_answer_slowly_but_steadily_gets_all_of_it(monkeypatch):
+    """The write-stall bound is on a client that stops reading, not on a long answer: a client
+    that keeps taking bytes, each pause shorter than the bound, reads the whole of an answer
+    that takes several bounds to read (the bound once applied to the whole rest of the
+    message, and cut such a reader mid-answer). The client's pacing is the subject here, in
+    real time: the server writes to a real socket whose buffers only the reading drains."""
+    monkeypatch.setattr(smgrl_connection, "WRITE_STALL_SECS", 0.2)
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /large HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        received = 0
+        started = trio.current_time()
+        with trio.fail_after(30):
+            while chunk := await stream.receive_some(1 << 16):
+                received += len(chunk)
+                await trio.sleep(0.01)  # a slow reader: a pause well under the 0.2 s bound
+        took = trio.current_time() - started
+        assert took > 4 * 0.2  # it took several bounds to read: the bound is not on the whole rest
+        head = b"HTTP/1.1 200 \r\ncontent-length: %d\r\nConnection: close\r\n\r\n" % len(LARGE)
+        assert received == len(head) + len(LARGE)
+        shutdown.set()

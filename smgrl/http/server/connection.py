@@ -481,17 +481,23 @@ class ClientConnection:
         # in order behind any other writer. Shielded: once part of a message is on the wire the
         # rest must follow, whatever cancels the app (Quart-trio cancels a request's task once
         # its answer is handed over), or the client reads a cut answer on a live connection.
-        # Bounded: a client that stops reading for WRITE_STALL_SECS loses the connection, and
-        # no write outlives a graceful stop's grace period (``shutdown``).
-        deadline = min(trio.current_time() + WRITE_STALL_SECS, self.server.stop_deadline)
-        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+        # Bounded: a client that takes nothing for WRITE_STALL_SECS loses the connection (the
+        # bound restarts with every byte the kernel takes: a slow but steady reader gets a
+        # large answer whole), and no write outlives a graceful stop's grace period (``shutdown``).
+        server = self.server
+        with trio.CancelScope(shield=True) as scope:
             self.write_scope = scope
             try:
                 async with self.write_lock:
-                    try:
-                        await self.stream.send_all(data)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        self._client_gone()
+                    view = memoryview(data)
+                    while view:
+                        scope.deadline = min(trio.current_time() + WRITE_STALL_SECS, server.stop_deadline)
+                        try:
+                            sent = await self.sock.send(view)
+                        except (OSError, trio.ClosedResourceError):
+                            self._client_gone()
+                            break
+                        view = view[sent:]
             finally:
                 self.write_scope = None
         if scope.cancelled_caught:
