@@ -10,6 +10,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
 
+from smgrl.core import hostport as core_hostport
 from smgrl.core.config import Config
 from smgrl.core.errors import StartupError
 
@@ -75,5 +76,5 @@ def close_sockets(sockets: Sockets) -> None:
 
 
 def hostport(sockname) -> str:
-    host, port = sockname[0], sockname[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    """A socket address (``getsockname()``) as ``host:port``."""
+    return core_hostport(sockname[0], sockname[1])

@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from smgrl.core import hostport
 from smgrl.http.server.connection import ClientConnection
 
 log = logging.getLogger("smgrl.http.server")
@@ -114,7 +115,7 @@ class Lifespan:
 
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{hostport(host, port)}"
 
 
 async def serve(
