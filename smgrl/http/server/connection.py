@@ -417,13 +417,8 @@ class ClientConnection:
         if timed_out or self.drain is not None:
             self._close()  # a bound passed (idle, or a head too slow), or the drain is over
             return
-        # The client went away: every request still in flight learns it (its app's engine call
-        # is cancelled through its hook); the socket closes once the apps are done.
-        self.gone = True
-        for cycle in self.cycles:
-            cycle.queue.close()
-            if cycle.started and cycle.state != _DONE:
-                cycle.hook._disconnected()
+        # The client went away: the socket closes once the apps are done.
+        self._client_gone()
 
     async def _recv(self) -> bytes:
         """One wait for readability, one read of the socket; b"" when the connection is over."""
@@ -503,6 +498,8 @@ class ClientConnection:
             self._close()
 
     def _client_gone(self) -> None:
+        """The client went away (EOF, reset, a failed write): every request still in flight
+        learns it, its app's engine call cancelled through its hook."""
         self.gone = True
         for cycle in self.cycles:
             cycle.queue.close()
