@@ -559,6 +559,8 @@ class ClientConnection:
         if self.closed:
             return
         self.closed = True
+        # The reader may be parked in wait_readable (or behind a pipelined request): cancelling
+        # its scope ends it at once, as a bound would; the apps' tasks are not in that scope.
         self.read_scope.cancel()
         for cycle in self.cycles:
             cycle.queue.close()

@@ -152,6 +152,9 @@ async def serve(
             server.terminate()
             connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
         lifespan.stopping.set()
+        # The app's lifespan shutdown gets a grace period of its own (a hung shutdown handler
+        # must not keep the process up); then its call, still parked in the lifespan nursery
+        # with whatever background work it left, is cancelled so the server returns.
         with trio.move_on_after(graceful_timeout):
             await lifespan.stopped.wait()
         lifespan_nursery.cancel_scope.cancel()
