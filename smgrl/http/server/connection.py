@@ -374,16 +374,17 @@ class ClientConnection:
     async def _app(self, cycle: RequestCycle, scope: dict[str, Any]) -> None:
         try:
             await self.server.app(scope, cycle.queue.get, cycle.send)
-        except Exception:
-            log.exception(
-                "error in the ASGI application (%s %s)",
-                scope["method"],
-                scope["path"][:200].encode("unicode_escape").decode(),
-            )
+        except Exception as exc:  # noqa: BLE001 - logged, with its request, by _log_app_error
+            _log_app_error(scope, exc)
         except BaseExceptionGroup as group:
-            if group.split(trio.Cancelled)[1] is None:
-                raise
-            log.exception("error in the ASGI application")
+            # The app's own errors beside a BaseException (trio's Cancelled, an interrupt): the
+            # errors are the app's, logged; the rest goes on up (trio needs its Cancelled back,
+            # an interrupt ends the server).
+            errors, rest = group.split(Exception)
+            if errors is not None:
+                _log_app_error(scope, errors)
+            if rest is not None:
+                raise rest from None
         finally:
             await self._app_done(cycle)
 
@@ -592,6 +593,16 @@ def _declared_length(cycle: RequestCycle) -> int | None:
         if name == b"content-length":
             length = int(value) if value.isdigit() else 0
     return length
+
+
+def _log_app_error(scope: dict[str, Any], exc: BaseException) -> None:
+    """The app's error with its request (the client's path escaped and cut: it is client text)."""
+    log.error(
+        "error in the ASGI application (%s %s)",
+        scope["method"],
+        scope["path"][:200].encode("unicode_escape").decode(),
+        exc_info=exc,
+    )
 
 
 def _addr(name: Any) -> tuple[str, int] | None:
