@@ -1,8 +1,8 @@
 """Differential: stock hypercorn 0.18.0, hypercorn with smgrl's patches and smgrl's own HTTP/1.1
 server (``smgrl.http.server``, the gateway's listener) put the same bytes on the wire for the same
 requests (keep-alive, pipelining, chunked and Expect: 100-continue bodies, HEAD, 204, a streamed
-and a large answer, refused answer headers, broken answer framing, a malformed request, an early
-answer), except where one deliberately differs (``DELIBERATE``, ``OWN_CASES``: each case said
+and a large answer, refused answer headers, broken answer framing, a malformed request, one
+pipelined behind a good one, a head and a trailer past their bounds, an early answer), except where one deliberately differs (``DELIBERATE``, ``OWN_CASES``: each case said
 explicitly). Each server runs in its own process (``apply()`` patches the classes of the process
 it runs in), on loopback."""
 
@@ -170,6 +170,22 @@ CASES = {
     ],
     "large answer": [b"GET /big HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"],
     "malformed request": [b"GET / HTTP/1.1\r\nbad header line\r\n\r\n"],
+    "a bad request pipelined behind a good one": [
+        b"POST /a HTTP/1.1\r\n" + H + b"content-length: 3\r\n\r\nabcXYZ\r\n\r\n"
+    ],
+    "a request without host pipelined behind a good one": [
+        b"GET /a HTTP/1.1\r\n" + H + b"\r\nGET /b HTTP/1.1\r\n\r\n"
+    ],
+    "chunk extensions and a trailer": [
+        b"POST /chunked HTTP/1.1\r\n" + H + b"transfer-encoding: chunked\r\n\r\n"
+        b'3;ext=1;e2="q"\r\nabc\r\n0\r\nx-trailer: 1\r\n\r\n',
+        b"GET /c HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n",
+    ],
+    "a head over 64 KiB in one write": [b"GET / HTTP/1.1\r\n" + H + b"x: " + b"a" * 70000 + b"\r\n\r\n"],
+    "a trailer over 16 KiB": [
+        b"POST /chunked HTTP/1.1\r\n" + H + b"transfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+        b"0\r\nx-t: " + b"a" * 40000,
+    ],
 }
 
 # Where the patched server deliberately differs from stock: case -> stock's bytes made into the

@@ -771,3 +771,28 @@ async def test_a_write_the_kernel_took_only_part_of_completes_even_if_the_app_is
             await finished.wait()
         await stream.aclose()
         shutdown.set()
+
+
+async def test_a_client_that_half_closes_after_its_request_still_reads_the_answer():
+    # ``shutdown(SHUT_WR)`` once the request is sent (``printf ... | nc``, some proxies): the FIN
+    # arrives while the app works; the app's answer is still written, then the connection ends.
+    async def answer_once_the_fin_is_read(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        await trio.testing.wait_all_tasks_blocked()  # the server has read the client's FIN
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, asgi=answer_once_the_fin_is_read)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /a HTTP/1.1\r\nhost: t\r\n\r\n")
+        await stream.send_eof()
+        received = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b"\r\n\r\nok")
+        await stream.aclose()
+        shutdown.set()

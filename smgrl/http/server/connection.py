@@ -144,17 +144,21 @@ class ClientConnection:
         self.touched: list[RequestCycle] = []  # cycles given body bytes (or their end) by the last feed
         self.continues: list[RequestCycle] = []  # heads asking for 100-continue in the last feed
         self.head_bytes = 0  # bytes read while a head was incomplete
+        self.framing_bytes = 0  # bytes read since the last body byte, while a body is incomplete
         self.refusal = 400  # the status for the parse error at hand
         self.served = False  # a head has been complete on this connection
         self.head_started = False  # bytes of the next head arrived while idle
         self.resume: trio.Event | None = None  # a reader paused behind a pipelined request
         self.drain: int | None = None  # bytes still to drop after an early answer
         self.raw_body = 0  # body bytes of an upgrade request still to come (unparsed by llhttp)
-        self.gone = False  # the client went away (EOF, reset, a failed write)
+        self.gone = False  # the client cannot be written to (a reset, a failed write)
+        self.eof = False  # the client sent its FIN (left, or only half-closed): no more requests
         self.closed = False
         self.write_lock = trio.Lock()
         self.read_scope = trio.CancelScope(deadline=trio.current_time() + server.header_read_timeout)
         self.nursery: trio.Nursery | None = None
+        self.answered: trio.Event | None = None  # a refusal waiting for the answers before it
+        self.write_scope: trio.CancelScope | None = None  # the shielded rest of a message
 
     # httptools' callbacks (synchronous, inside feed_data)
 
@@ -252,6 +256,7 @@ class ClientConnection:
                         return False
                     continue
                 parsing = self.parsing
+                in_body = None
                 if parsing is None or not parsing.head_done:
                     if not self.cycles and self.served and not self.head_started:
                         # The first bytes of the next head on a kept-alive connection: from
@@ -259,11 +264,21 @@ class ClientConnection:
                         self.head_started = True
                         self.read_scope.deadline = trio.current_time() + server.header_read_timeout
                     self.head_bytes += len(data)
+                else:
+                    in_body = parsing
                 if self.raw_body:
                     data = self._take_raw(data)
                 if data and not await self._feed(data):
                     return False
                 parsing = self.parsing
+                if in_body is not None and parsing is in_body:
+                    # A body's framing (chunk-size lines, extensions, trailers) is bounded as a
+                    # head is: httptools holds a trailer in memory whole, and a read that brings
+                    # no body byte must not be free (h11: 431 past 16 KiB of such bytes).
+                    self.framing_bytes = 0 if in_body.pending else self.framing_bytes + len(data)
+                    if self.framing_bytes > server.max_head_bytes:
+                        await self._refuse(431)
+                        return False
                 if self.head_bytes > server.max_head_bytes and (parsing is None or not parsing.head_done):
                     await self._refuse(431)
                     return False
@@ -286,11 +301,11 @@ class ClientConnection:
                 self.parser = httptools.HttpRequestParser(self)
                 cycle = self.cycles[-1] if self.cycles else None
                 if cycle is None or not cycle.head_done:
-                    await self._refuse(400)
+                    await self._refuse(400, cycle)
                     return False
                 length = _declared_length(cycle)
                 if length is None:
-                    await self._refuse(400)  # a chunked body after an upgrade head: not parsed
+                    await self._refuse(400, cycle)  # a chunked body after an upgrade head: not parsed
                     return False
                 if length:
                     cycle.complete = False
@@ -326,8 +341,14 @@ class ClientConnection:
         if continues:
             self.continues = []
             for cycle in continues:
-                if cycle.state == _REQUEST:
+                if cycle.state != _REQUEST:
+                    continue
+                if cycle is self.cycles[0]:
                     await self._write(wire.CONTINUE)
+                else:
+                    # Pipelined behind an answer still being written: its 100 would land in the
+                    # middle of that answer. Its app's task sends it when it starts (``_app``).
+                    cycle.expect = True
         touched = self.touched
         if touched:
             self.touched = []
@@ -341,10 +362,9 @@ class ClientConnection:
             first = cycles[0]
             if not first.started and first.head_done:
                 self._start(first)
-            last = cycles[-1]
-            if last is not first and last.complete and self.resume is None:
+            if len(cycles) > 1 and cycles[1].complete and self.resume is None:
                 # A whole request is waiting behind the one being answered (pipelining): stop
-                # reading until that answer is complete.
+                # reading until no whole request waits (``_finish``).
                 self.resume = trio.Event()
 
     def _start(self, cycle: RequestCycle) -> None:
@@ -373,13 +393,16 @@ class ClientConnection:
 
     async def _app(self, cycle: RequestCycle, scope: dict[str, Any]) -> None:
         try:
+            if cycle.expect:
+                cycle.expect = False
+                if not cycle.complete and cycle.state == _REQUEST:
+                    await self._write(wire.CONTINUE)  # the answers before it are complete
             await self.server.app(scope, cycle.queue.get, cycle.send)
         except Exception as exc:  # noqa: BLE001 - logged, with its request, by _log_app_error
             _log_app_error(scope, exc)
         except BaseExceptionGroup as group:
-            # The app's own errors beside a BaseException (trio's Cancelled, an interrupt): the
-            # errors are the app's, logged; the rest goes on up (trio needs its Cancelled back,
-            # an interrupt ends the server).
+            # The app's errors beside trio's Cancelled or an interrupt: the errors are logged,
+            # the rest goes on up (trio needs its Cancelled back; an interrupt ends the server).
             errors, rest = group.split(Exception)
             if errors is not None:
                 _log_app_error(scope, errors)
@@ -402,15 +425,56 @@ class ClientConnection:
             await self._write(head)
         self._close()
 
-    async def _refuse(self, status: int) -> None:
-        """A request that cannot be parsed: h11's error answer (when no answer has started on
-        the connection), then the close."""
+    async def _refuse(self, status: int, broken: RequestCycle | None = None) -> None:
+        """A request that cannot be parsed (``broken``, default the one being parsed): h11's
+        error answer (when no answer has started on the connection), then the close.
+
+        Whole requests pipelined before it are answered first, then the refusal goes out, as
+        h11 does (it parses a request only once the answer before it is complete): a client's
+        bad request does not cut, or take the place of, the answer to a good one before it. The
+        reader stops reading meanwhile."""
+        if broken is None:
+            broken = self.parsing
+        cycles = self.cycles
+        if broken is None or not broken.started:
+            # Not yet handed to its app (a request pipelined behind others, or the first one):
+            # it is dropped, the requests before it are served.
+            if broken in cycles:
+                cycles.remove(broken)
+            if broken in self.touched:
+                self.touched.remove(broken)
+            if broken in self.continues:
+                self.continues.remove(broken)
+            self.parsing = None
+        if cycles and cycles[-1] is not broken and not self.closed:
+            answered = self.answered = trio.Event()
+            await self._dispatch()  # the whole requests of the last read start, if not yet
+            await answered.wait()  # set by ``_finish`` once none is left, or by ``_close``
+            if self.closed:
+                return
         current = self.cycles[0] if self.cycles else None
         if current is None or current.state == _REQUEST:
             if current is not None:
                 current.state = _DONE
             await self._write(wire.error_answer(status))
+        self._discard_unread()
         self._close()
+
+    def _discard_unread(self) -> None:
+        """Drop what the client has already sent that will not be read (the rest of a head too
+        large, what followed a malformed line): a socket closed with unread bytes resets the
+        connection, and on loopback the reset overtakes the refusal, which the client never
+        reads. Non-blocking, bounded by ``DRAIN_BYTES``."""
+        fd = self.sock.fileno()
+        left = DRAIN_BYTES
+        while left > 0 and fd >= 0:
+            try:
+                data = _read(fd, MAX_RECV)
+            except OSError:
+                return  # nothing more yet (BlockingIOError), or the client reset
+            if not data:
+                return
+            left -= len(data)
 
     def _reader_done(self, timed_out: bool) -> None:
         if self.closed:
@@ -418,8 +482,12 @@ class ClientConnection:
         if timed_out or self.drain is not None:
             self._close()  # a bound passed (idle, or a head too slow), or the drain is over
             return
-        # The client went away: the socket closes once the apps are done.
-        self._client_gone()
+        # The client went away: every request still in flight learns it; the socket closes once
+        # the apps are done. Its FIN may be a half-close (``shutdown(SHUT_WR)``, then read): an
+        # answer the app still gives is written, as hypercorn writes it; if the client has really
+        # gone the write fails quietly.
+        self.eof = True
+        self._tell_apps_gone()
 
     async def _recv(self) -> bytes:
         """One wait for readability, one read of the socket; b"" when the connection is over."""
@@ -436,7 +504,8 @@ class ClientConnection:
         except BlockingIOError:
             return await self._recv()  # woken without data after all
         except OSError:
-            return b""  # reset by the client
+            self.gone = True  # reset by the client: nothing can be written to it either
+            return b""
 
     # the writer (the apps' tasks; the reader for 100-continue and refusals)
 
@@ -488,20 +557,29 @@ class ClientConnection:
         # in order behind any other writer. Shielded: once part of a message is on the wire the
         # rest must follow, whatever cancels the app (Quart-trio cancels a request's task once
         # its answer is handed over), or the client reads a cut answer on a live connection.
-        # Bounded: a client that stops reading for WRITE_STALL_SECS loses the connection.
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_STALL_SECS) as scope:
-            async with self.write_lock:
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._client_gone()
+        # Bounded: a client that stops reading for WRITE_STALL_SECS loses the connection, and
+        # no write outlives a graceful stop's grace period (``shutdown``).
+        deadline = min(trio.current_time() + WRITE_STALL_SECS, self.server.stop_deadline)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            self.write_scope = scope
+            try:
+                async with self.write_lock:
+                    try:
+                        await self.stream.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        self._client_gone()
+            finally:
+                self.write_scope = None
         if scope.cancelled_caught:
             self._close()
 
     def _client_gone(self) -> None:
-        """The client went away (EOF, reset, a failed write): every request still in flight
-        learns it, its app's engine call cancelled through its hook."""
+        """A reset or a failed write: nothing more is written, the requests in flight learn it."""
         self.gone = True
+        self._tell_apps_gone()
+
+    def _tell_apps_gone(self) -> None:
+        """Each request in flight: its queue ends, its app's engine call is cancelled (its hook)."""
         for cycle in self.cycles:
             cycle.queue.close()
             if cycle.started and cycle.state != _DONE:
@@ -513,7 +591,7 @@ class ClientConnection:
         if not cycle.complete:
             self._drain()
             return
-        if not cycle.keep_alive or self.server.terminated or self.gone:
+        if not cycle.keep_alive or self.server.terminated or self.gone or self.eof:
             self._close()
             return
         cycles = self.cycles
@@ -528,8 +606,12 @@ class ClientConnection:
                 self.read_scope.deadline = trio.current_time() + self.server.header_read_timeout
         else:
             self.read_scope.deadline = trio.current_time() + self.server.keep_alive_timeout
+            if self.answered is not None:
+                self.answered.set()  # a refusal waits behind the answers: it goes out now
         resume = self.resume
-        if resume is not None:
+        if resume is not None and not (len(cycles) > 1 and cycles[1].complete):
+            # Reading goes on only once no whole request waits behind the one now served: a
+            # client pipelining thousands of requests keeps at most one read's worth parsed.
             self.resume = None
             resume.set()
 
@@ -551,8 +633,12 @@ class ClientConnection:
             self.resume = None
             resume.set()
 
-    def shutdown(self) -> None:
-        """The server is stopping: an idle connection closes now, a busy one after its answer."""
+    def shutdown(self, deadline: float = math.inf) -> None:
+        """The server is stopping: an idle connection closes now, a busy one after its answer,
+        and a write waiting for a client that does not read ends at ``deadline``."""
+        scope = self.write_scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, deadline)
         if not self.cycles or not self.cycles[0].started:
             self._close()
 
@@ -560,8 +646,7 @@ class ClientConnection:
         if self.closed:
             return
         self.closed = True
-        # The reader may be parked in wait_readable (or behind a pipelined request): cancelling
-        # its scope ends it at once, as a bound would; the apps' tasks are not in that scope.
+        # Ends the reader wherever it waits, as a bound would (the apps are not in its scope).
         self.read_scope.cancel()
         for cycle in self.cycles:
             cycle.queue.close()
@@ -569,6 +654,8 @@ class ClientConnection:
         if resume is not None:
             self.resume = None
             resume.set()
+        if self.answered is not None:
+            self.answered.set()
         self.close_socket()
 
     def close_socket(self) -> None:

@@ -44,6 +44,8 @@ class Server:
         self.state: dict[str, Any] = {}  # the lifespan state, copied into every request's scope
         self.connections: set[ClientConnection] = set()
         self.terminated = False
+        # When a stop's grace period ends: no write outlives it, however shielded.
+        self.stop_deadline = math.inf
 
     async def handle(self, stream: trio.SocketStream) -> None:
         try:
@@ -63,10 +65,13 @@ class Server:
             connection.close_socket()
             self.connections.discard(connection)
 
-    def terminate(self) -> None:
+    def terminate(self, deadline: float = math.inf) -> None:
+        """Stop: idle connections close now, busy ones after their answer, none outlives
+        ``deadline`` (the end of the grace period)."""
         self.terminated = True
+        self.stop_deadline = deadline
         for connection in list(self.connections):
-            connection.shutdown()
+            connection.shutdown(deadline)
 
 
 class Lifespan:
@@ -149,8 +154,9 @@ async def serve(
                 task_status.started([url_of(sock) for sock in sockets])
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()
-            server.terminate()
-            connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
+            deadline = trio.current_time() + graceful_timeout
+            server.terminate(deadline)
+            connections.cancel_scope.deadline = deadline
         lifespan.stopping.set()
         # The app's lifespan shutdown gets a grace period of its own (a hung shutdown handler
         # must not keep the process up); then its call, still parked in the lifespan nursery
