@@ -610,7 +610,7 @@ def table(results: dict, args) -> str:
         lines += [
             "",
             (
-                "smgrl's own CPU per request (smgrl minus the bare patched hypercorn, same run); the"
+                "smgrl's own CPU per request (smgrl minus the bare server, same run); the"
                 " bare proxy minus the bare app is the upstream hop any forwarding app pays:"
             ),
             "",
@@ -727,7 +727,7 @@ def main() -> None:
     ap.add_argument("--fronts", action="store_true", help="also measure the Quart-route front")
     ap.add_argument("--smg-bin", default=shutil.which("smg") or "/tmp/smgvenv/bin/smg")
     ap.add_argument("--no-smg", action="store_true")
-    ap.add_argument("--no-bare", action="store_true", help="skip the bare-hypercorn floor")
+    ap.add_argument("--no-bare", action="store_true", help="skip the bare-server floor")
     ap.add_argument(
         "--baseline-src",
         default=None,

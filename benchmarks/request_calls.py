@@ -3,7 +3,7 @@
 counts, which do not depend on how busy the machine is) or system calls (``strace -c``).
 
 Starts four fake SGLang engines and a gateway (``smgrl launch``, or with ``--bare`` the bare
-proxy of ``benchmarks/dataplane.py``: patched hypercorn + smgrl's upstream pool, nothing else),
+proxy of ``benchmarks/dataplane.py``: smgrl's HTTP server + smgrl's upstream pool, nothing else),
 sends warm-up requests, then counts ``--requests`` sequential ``POST /generate`` on one kept-alive
 connection. The gateway profiles only between two SIGUSR1 (sent by this script). Everything
 listens on 127.0.0.1; every process is stopped by its PID.

@@ -197,6 +197,15 @@ def _outcome_record(seq: int, worker_id: Any, status: Any, error_set: bool, stag
     return _dumps([seq, _scalar(worker_id), _scalar(status), error_set, _scalar(stage)])
 
 
+def _add_outcome(added: dict[int, list[str]], target: int, record: str) -> None:
+    """``record`` onto the outcome entries of op row ``target`` gathered by this ``apply_rows``."""
+    entries = added.get(target)
+    if entries is None:
+        added[target] = [record]
+    else:
+        entries.append(record)
+
+
 def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, str, Any]]) -> None:
     """Fold ``(seq, ts, type, payload, event or None)`` control rows, in seq order and all newer
     than every row of ``op_index``, into ``op_index`` on ``conn``: the one code path of appends
@@ -225,12 +234,7 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
                 )  # fmt: skip
             target = _target(conn, op_id, latest, touched, stored_seqs)
             if target is not None:
-                record = _outcome_record(seq, worker_id, status, error_set, stage)
-                entries = added.get(target)
-                if entries is None:
-                    added[target] = [record]
-                else:
-                    entries.append(record)
+                _add_outcome(added, target, _outcome_record(seq, worker_id, status, error_set, stage))
             continue
         p = _fields(type_, payload, event)
         if p is None:
@@ -248,11 +252,7 @@ def apply_rows(conn: sqlite3.Connection, rows: Iterable[tuple[int, float, str, s
             record = _outcome_record(
                 seq, p.get("worker_id"), p.get("status"), p.get("error") is not None, p.get("stage")
             )
-            entries = added.get(target)
-            if entries is None:
-                added[target] = [record]
-            else:
-                entries.append(record)
+            _add_outcome(added, target, record)
             continue
         if row[_CLOSED] is None:
             row[_CLOSED] = seq

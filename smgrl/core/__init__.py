@@ -9,7 +9,7 @@ from smgrl.core.control_url import control_url_for
 from smgrl.core.discovery import Discovery, grpc_labels, is_vllm, sglang_labels, vllm_labels
 from smgrl.core.ids import new_operation_id, new_worker_id, worker_id_problem
 from smgrl.core.observe import PHASES, Intent, intent_of
-from smgrl.core.origin import origin_key, origin_of
+from smgrl.core.origin import hostport, origin_key, origin_of
 from smgrl.core.path import EnginePathError, metric_op, passthrough_query, validate_engine_path
 from smgrl.core.printable import escape, escape_for_json, escape_lines
 from smgrl.core.redact import redact_answer, redact_doc
@@ -73,6 +73,7 @@ __all__ = [
     "facts_for",
     "fleet_max",
     "grpc_labels",
+    "hostport",
     "intent_of",
     "is_vllm",
     "label_version",

@@ -22,6 +22,11 @@ def _scheme_authority(url: str) -> tuple[str, str]:
     return scheme, rest if end is None else rest[: end.start()]
 
 
+def hostport(host: str, port: int) -> str:
+    """``host:port`` as an authority: an IPv6 address in brackets (``[::1]:8080``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def authority_of(url: str) -> str:
     """What follows ``scheme://`` up to the path, query or fragment; ValueError without a scheme."""
     return _scheme_authority(url)[1]

@@ -1,6 +1,8 @@
 """The response head's header checks for the patched hypercorn (patch 12 of
 ``smgrl.http.hypercorn_patches``): h11's own checks of each header, made in one C call per header,
-a name seen before known good."""
+a name seen before known good. smgrl's own server takes h11's value pattern from here too
+(``FIELD_VALUE``, in ``smgrl.http.server.wire``); its known-good names are its own (they exclude
+the framing names), so the reference and the server do not share the check under test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Patches to hypercorn 0.18's trio worker: fixes and measured speed-ups, numbered as in
+"""Patches to hypercorn 0.18's trio worker (the test reference of smgrl's own server): fixes and measured speed-ups, numbered as in
 docs/hypercorn-patches.md (which has each one's reason, measurement and stock reproduction).
 
 hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace internals:
@@ -34,8 +34,10 @@ hypercorn is pinned to 0.18.0 in pyproject.toml because the patches replace inte
 
 The patches replace hypercorn internals, so they are pinned twice: ``apply()`` refuses any other
 version, and tests/loopback/test_hypercorn_patches.py hashes the source of every stock function
-replaced or relied on (``STOCK_SOURCES``), so an upgrade fails loudly. ``smgrl launch`` refuses to
-start when the patches cannot be applied (``require``): without them the keep-alive hang is back.
+replaced or relied on (``STOCK_SOURCES``), so an upgrade fails loudly. The gateway no longer runs
+hypercorn (its listener is ``smgrl.http.server``): the patched hypercorn is the reference that
+server's bytes and behaviours are tested against (docs/http-server.md), and the bare baseline of
+the benchmarks for a checkout from before it.
 """
 
 from __future__ import annotations

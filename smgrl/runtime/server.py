@@ -289,7 +289,7 @@ async def _serve_http(p: Process, gateway: Gateway, app, inner: trio.Nursery, ta
                 app,
                 served.insecure_sockets,
                 shutdown_trigger=p.shutdown.wait,
-                graceful_timeout=hc.graceful_timeout,
+                graceful_timeout=cfg.shutdown_grace_period_secs,
                 header_read_timeout=cfg.header_read_timeout_secs or math.inf,
                 keep_alive_timeout=cfg.idle_connection_timeout_secs or math.inf,
                 task_status=task_status,

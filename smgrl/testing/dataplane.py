@@ -1,6 +1,6 @@
 """Test helpers for the data plane (shipped, as ``smgrl.testing`` is).
 
-- ``gateway_on_loopback(cfg)``: the real ``smgrl.runtime.server.serve`` (hypercorn, the patched front,
+- ``gateway_on_loopback(cfg)``: the real ``smgrl.runtime.server.serve`` (smgrl's HTTP server, the raw front,
   the journal writer) on a loopback port with an in-memory journal, for what an in-process
   ASGI transport cannot show: streams arriving chunk by chunk, client disconnects.
 - ``ScriptedEngine``: a minimal SGLang-looking engine whose rollout answers the test scripts

@@ -1,5 +1,5 @@
 """An answer sent before the request body was read reaches a client still sending that body
-(RFC 9112 section 9.6): the real gateway on loopback (hypercorn with smgrl's patches),
+(RFC 9112 section 9.6): the real gateway on loopback (smgrl's own HTTP server),
 a raw socket client that sends its whole 2 MiB body in pieces after the head, as urllib3/requests
 do, and only then reads. Before the graceful close, the gateway closed with the body unread and
 the kernel reset the connection: the client's send failed and the answer was lost."""

@@ -83,3 +83,24 @@ async def test_a_connection_that_fails_is_closed_and_the_server_serves_on(monkey
         assert failures
         assert (await get(port)).startswith(b"HTTP/1.1 200 ")
         stop.set()
+
+
+async def test_an_interrupt_beside_an_app_error_is_not_swallowed(caplog):
+    """An app whose task ends with its own error and a BaseException beside it (an interrupt, or
+    trio's Cancelled) in one group: the error is logged with the request, the rest goes on up."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await ok_app(scope, receive, send)
+        raise BaseExceptionGroup("app", [ValueError("bad"), KeyboardInterrupt()])
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with trio.open_nursery() as nursery:
+            port, _stop = await start(nursery, app)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(GET)
+            with trio.fail_after(5):
+                await trio.sleep_forever()
+    assert info.value.subgroup(KeyboardInterrupt) is not None
+    assert info.value.subgroup(trio.TooSlowError) is None
+    assert "error in the ASGI application (GET /x)" in caplog.text

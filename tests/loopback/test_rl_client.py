@@ -775,7 +775,7 @@ def test_write_text_errors_and_unexpected_answers(rl, gateway):
 
 
 async def test_writes_against_the_real_gateway(monkeypatch):
-    """set_version / set_state through a real hypercorn-served gateway and fake engines."""
+    """set_version / set_state through a real gateway on loopback and fake engines."""
     import trio
 
     from journal import MemoryStore

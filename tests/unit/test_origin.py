@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from smgrl.core.origin import origin_key, origin_of
+from smgrl.core.origin import hostport, origin_key, origin_of
 
 CASES = [
     ("http://h:1", "http://h:1"),
@@ -33,3 +33,11 @@ def test_same_engine_whatever_the_case_and_path():
 def test_a_url_without_a_scheme_has_no_origin(url):
     with pytest.raises(ValueError, match="has no scheme"):
         origin_of(url)
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "expected"),
+    [("127.0.0.1", 8080, "127.0.0.1:8080"), ("::1", 30000, "[::1]:30000"), ("localhost", 0, "localhost:0")],
+)
+def test_hostport_brackets_an_ipv6_address(host, port, expected):
+    assert hostport(host, port) == expected

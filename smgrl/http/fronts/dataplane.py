@@ -206,8 +206,8 @@ class DataPlaneASGI:
             return await self._read_body_now(length, receive, hold, first)
         # A deadline for the whole body: a declared body holds its bytes of the memory budget
         # from the first read, so a client with the key trickling it (or never sending it) held
-        # them up to --request-timeout-secs. Cancelling receive() only stops waiting for hypercorn's
-        # next body message; the caller answers 408 and the connection is closed by h11.
+        # them up to --request-timeout-secs. Cancelling receive() only stops waiting for the server's
+        # next body message; the caller answers 408, an early answer: the server closes the connection.
         with trio.move_on_after(self.body_timeout):
             return await self._read_body_now(length, self.stalling(receive), hold, first)
         raise RequestBodyStalled(

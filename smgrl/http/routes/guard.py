@@ -31,7 +31,7 @@ from smgrl.telemetry.logs import event as log_event
 log = logging.getLogger("smgrl.audit")
 
 # Characters of a path kept in an audit log line or event; the rest is replaced by a marker with
-# the full length. A path is whatever a client sent (up to hypercorn's header limits).
+# the full length. A path is whatever a client sent (up to the server's 16 KiB head).
 LOG_PATH_CAP = 512
 
 

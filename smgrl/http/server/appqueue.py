@@ -1,7 +1,7 @@
 """What a server hands one request's ASGI app: its body and disconnect (``AppQueue``), and the
 two scope extensions smgrl's routes use: ``DisconnectHook`` (a scope cancelled when the client
 leaves, without a task) and ``AppQueue.get_nowait`` (``smgrl.receive_nowait``). Both smgrl's own
-HTTP/1.1 server and the patched hypercorn of the fake engines offer them."""
+HTTP/1.1 server and the patched hypercorn (its test reference) offer them."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ class DisconnectHook:
     The only way an ASGI app learns of a disconnect is ``http.disconnect`` from ``receive()``,
     so an app that must stop work when its client leaves (the data plane's engine call) has to
     keep a second task waiting in ``receive()`` for the whole request: a task spawn, a nursery
-    and a cancellation per request. hypercorn's connection reader already notices the
+    and a cancellation per request. The server's connection reader already notices the
     disconnect; through this hook it cancels the app's scope directly. A disconnect that only
-    follows a complete answer (hypercorn's end of every stream) is not a client leaving and
+    follows a complete answer (the end of every request) is not a client leaving and
     cancels nothing."""
 
     __slots__ = ("_scope", "gone")
@@ -45,7 +45,7 @@ class DisconnectHook:
 
 
 class AppQueue:
-    """What hypercorn's reader hands one request's app (body chunks, then the disconnect): stock
+    """What the server's reader hands one request's app (body chunks, then the disconnect): stock
     hypercorn's bounded memory channel, without its scheduler passes.
 
     Every ``send`` and every ``receive`` of a trio memory channel ends with a schedule point,

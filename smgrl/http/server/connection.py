@@ -319,16 +319,16 @@ class ClientConnection:
                 if not cycle.complete and cycle.state == REQUEST:
                     await self._write(wire.CONTINUE)  # the answers before it are complete
             await self.server.app(scope, cycle.queue.get, cycle.send)
-        except Exception:
-            log.exception(
-                "error in the ASGI application (%s %s)",
-                scope["method"],
-                scope["path"][:200].encode("unicode_escape").decode(),
-            )
+        except Exception as exc:  # noqa: BLE001 - logged, with its request, by _log_app_error
+            _log_app_error(scope, exc)
         except BaseExceptionGroup as group:
-            if group.split(trio.Cancelled)[1] is None:
-                raise
-            log.exception("error in the ASGI application")
+            # The app's errors beside trio's Cancelled or an interrupt: the errors are logged,
+            # the rest goes on up (trio needs its Cancelled back; an interrupt ends the server).
+            errors, rest = group.split(Exception)
+            if errors is not None:
+                _log_app_error(scope, errors)
+            if rest is not None:
+                raise rest from None
         finally:
             await self._app_done(cycle)
 
@@ -403,15 +403,12 @@ class ClientConnection:
         if timed_out or self.drain is not None:
             self._close()  # a bound passed (idle, or a head too slow), or the drain is over
             return
-        # The client went away: every request still in flight learns it (its app's engine call
-        # is cancelled through its hook); the socket closes once the apps are done. Its FIN may
-        # be a half-close (``shutdown(SHUT_WR)``, then read): an answer the app still gives is
-        # written, as hypercorn writes it; if the client has really gone the write fails quietly.
+        # The client went away: every request still in flight learns it; the socket closes once
+        # the apps are done. Its FIN may be a half-close (``shutdown(SHUT_WR)``, then read): an
+        # answer the app still gives is written, as hypercorn writes it; if the client has really
+        # gone the write fails quietly.
         self.eof = True
-        for cycle in self.cycles:
-            cycle.queue.close()
-            if cycle.started and cycle.state != DONE:
-                cycle.hook._disconnected()
+        self._tell_apps_gone()
 
     async def _recv(self) -> bytes:
         """One wait for readability, one read of the socket; b"" when the connection is over."""
@@ -504,7 +501,12 @@ class ClientConnection:
             self._close()
 
     def _client_gone(self) -> None:
+        """A reset or a failed write: nothing more is written, the requests in flight learn it."""
         self.gone = True
+        self._tell_apps_gone()
+
+    def _tell_apps_gone(self) -> None:
+        """Each request in flight: its queue ends, its app's engine call is cancelled (its hook)."""
         for cycle in self.cycles:
             cycle.queue.close()
             if cycle.started and cycle.state != DONE:
@@ -571,6 +573,7 @@ class ClientConnection:
         if self.closed:
             return
         self.closed = True
+        # Ends the reader wherever it waits, as a bound would (the apps are not in its scope).
         self.read_scope.cancel()
         for cycle in self.cycles:
             cycle.queue.close()
@@ -593,6 +596,16 @@ class ClientConnection:
 class _Refused(Exception):
     """Raised inside a parser callback: the request breaks one of h11's rules that llhttp does
     not check (``ClientConnection.refusal`` says the status)."""
+
+
+def _log_app_error(scope: dict[str, Any], exc: BaseException) -> None:
+    """The app's error with its request (the client's path escaped and cut: it is client text)."""
+    log.error(
+        "error in the ASGI application (%s %s)",
+        scope["method"],
+        scope["path"][:200].encode("unicode_escape").decode(),
+        exc_info=exc,
+    )
 
 
 def _addr(name: Any) -> tuple[str, int] | None:

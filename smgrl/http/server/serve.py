@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from smgrl.core import hostport
 from smgrl.http.server.connection import ClientConnection
 
 log = logging.getLogger("smgrl.http.server")
@@ -119,7 +120,7 @@ class Lifespan:
 
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{hostport(host, port)}"
 
 
 async def serve(
@@ -157,6 +158,9 @@ async def serve(
             server.terminate(deadline)
             connections.cancel_scope.deadline = deadline
         lifespan.stopping.set()
+        # The app's lifespan shutdown gets a grace period of its own (a hung shutdown handler
+        # must not keep the process up); then its call, still parked in the lifespan nursery
+        # with whatever background work it left, is cancelled so the server returns.
         with trio.move_on_after(graceful_timeout):
             await lifespan.stopped.wait()
         lifespan_nursery.cancel_scope.cancel()
