@@ -1,39 +1,25 @@
 """smgrl's HTTP/1.1 server (``smgrl.http.server``) on its own, on 127.0.0.1: what the wire
 differential and the patches' behaviour tests (which run on it too) do not reach."""
 
-import socket
-
 import pytest
 import trio
 
 from smgrl.http.server import connection as server_connection
-from smgrl.http.server import serve
+from tests.loopback.server_kit import lifespan, start_server
 
 GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
 
 
 async def ok_app(scope, receive, send):
     if scope["type"] == "lifespan":
-        while (await receive())["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await lifespan(receive, send)
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
 
 async def start(nursery, app=ok_app):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    stop = trio.Event()
-    await nursery.start(
-        lambda task_status: serve(
-            app, [sock], shutdown_trigger=stop.wait, graceful_timeout=2, task_status=task_status
-        )
-    )
-    return sock.getsockname()[1], stop
+    return await start_server(nursery, app, grace=2)
 
 
 async def get(port: int) -> bytes:

@@ -18,8 +18,8 @@ from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
 from smgrl.http import hypercorn_patches
-from smgrl.http import server as smgrl_server
 from smgrl.http.server import connection as smgrl_connection
+from tests.loopback.server_kit import lifespan, start_server
 
 SERVERS = ["patched hypercorn", "smgrl server"]
 _server = {"kind": SERVERS[0]}
@@ -47,16 +47,6 @@ def hypercorn_only(kind: str) -> None:
 SLOW_SECS = 2.0
 TOO_LARGE = b'{"error":"too large"}'
 BIG = bytes(range(256)) * (16 * 1024)  # 4 MiB, no two neighbouring KiB alike
-
-
-async def lifespan(receive, send):
-    while True:
-        msg = await receive()
-        if msg["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif msg["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 async def early_413(send) -> None:
@@ -163,25 +153,7 @@ async def start(nursery, keep_alive=5.0, asgi=None):
 
 
 async def start_smgrl(nursery, keep_alive, asgi):
-    import socket
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(100)
-    sock.setblocking(False)
-    shutdown = trio.Event()
-    await nursery.start(
-        lambda task_status: smgrl_server.serve(
-            asgi or app,
-            [sock],
-            shutdown_trigger=shutdown.wait,
-            graceful_timeout=5,
-            keep_alive_timeout=keep_alive,
-            header_read_timeout=keep_alive,
-            task_status=task_status,
-        )
-    )
-    return sock.getsockname()[1], shutdown
+    return await start_server(nursery, asgi or app, keep_alive=keep_alive)
 
 
 async def test_requests_on_one_connection_head_and_body_arrive_together():

@@ -3,26 +3,14 @@ behind a good one, ``Expect: 100-continue`` behind an answer being written, a ch
 framing without end. Real sockets on 127.0.0.1, raw bytes on the wire; each wait is for an event
 (the server's answer or close), bounded by ``fail_after``."""
 
-import socket
-
 import trio
 import trio.testing
 
-from smgrl.http import server as smgrl_server
 from smgrl.http.server import connection as smgrl_connection
+from tests.loopback.server_kit import lifespan, start_server
 
 HUGE = b"x" * (64 << 20)
 LARGE = b"y" * (8 << 20)
-
-
-async def lifespan(receive, send):
-    while True:
-        msg = await receive()
-        if msg["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif msg["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 async def app(scope, receive, send):
@@ -65,17 +53,7 @@ async def app(scope, receive, send):
 
 
 async def start(nursery, grace: float = 5):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(100)
-    sock.setblocking(False)
-    shutdown = trio.Event()
-    await nursery.start(
-        lambda task_status: smgrl_server.serve(
-            app, [sock], shutdown_trigger=shutdown.wait, graceful_timeout=grace, task_status=task_status
-        )
-    )
-    return sock.getsockname()[1], shutdown
+    return await start_server(nursery, app, grace=grace)
 
 
 async def read_until_closed(stream) -> bytes:
