@@ -81,17 +81,9 @@ async def run_batched(
         finally:
             runners[0] -= 1
 
-    # The runners' nursery, opened only once a target needs one (``waiting`` holds those met
-    # before): most fan-outs go all through the batch, and a nursery per fan-out was about 30 us.
-    nursery: list[trio.Nursery | None] = [None]
-    waiting: list[Worker] = []
-
     def to_runner(worker: Worker) -> None:
-        runners[0] += 1  # its slot is held from now on, started or waiting
-        if nursery[0] is None:
-            waiting.append(worker)
-        else:
-            nursery[0].start_soon(runner, worker)
+        runners[0] += 1
+        nursery.start_soon(runner, worker)
 
     def start(worker: Worker) -> None:
         route = routes.get(worker.id) if routes is not None else None
@@ -127,49 +119,40 @@ async def run_batched(
         else:
             to_runner(worker)  # nothing idle to reuse, or stale at once: the pool's way
 
-    async def drive() -> None:
-        """The batch's loop: until every target started and the batch is empty, or until a
-        target waits for a runner while no nursery is open."""
-        while True:
-            # The waits' deadline (brought forward to the soonest exchange's by ``batch.wait``):
-            # one scope for all of them; when it passes, a new scope, whose first wait reports
-            # the exchanges whose deadline passed.
-            with trio.CancelScope() as waits:
-                while True:
-                    while len(batch) + runners[0] < slots:
-                        worker = next(queue, None)
-                        if worker is None:
+    # One nursery per fan-out, owned by the request: cancelling the request (client gone,
+    # shutdown past its grace period) cancels the batch's wait and every runner in flight.
+    async with trio.open_nursery() as nursery:
+        try:
+            ended = False
+            while not ended:
+                # The waits' deadline (each set to the soonest exchange's by ``batch.wait``): one
+                # scope for all of them; when it passes, a new scope, whose first wait reports
+                # the exchanges whose deadline passed.
+                with trio.CancelScope() as waits:
+                    while True:
+                        while len(batch) + runners[0] < slots:
+                            worker = next(queue, None)
+                            if worker is None:
+                                break
+                            start(worker)
+                        if not len(batch):
+                            ended = True  # every target started; runners finish theirs
                             break
-                        start(worker)
-                    if (waiting and nursery[0] is None) or not len(batch):
-                        return  # a runner to start, or every target started (runners finish theirs)
-                    for done in await batch.wait(waits):
-                        worker, endpoint, started = calls.pop(done.token)
-                        if done.error == "stale":
-                            to_runner(worker)
-                            continue
-                        latency_ms = int((trio.current_time() - started) * 1000)
-                        on_outcome(worker, _outcome(worker, endpoint, request, latency_ms, timeout, done))
-
-    try:
-        await drive()
-        if waiting:
-            # A nursery owned by the request from here: cancelling the request (client gone,
-            # shutdown past its grace period) cancels the batch's wait and every runner in flight.
-            async with trio.open_nursery() as opened:
-                nursery[0] = opened
-                for worker in waiting:
-                    opened.start_soon(runner, worker)
-                waiting.clear()
-                await drive()
-    finally:
-        # Synchronous: connections still in flight are closed, never pooled. The batch goes
-        # back empty, so a cancelled fan-out leaves nothing in it for the next one.
-        if batches is not None and len(batches) < KEPT_BATCHES:
-            batch.release()
-            batches.append(batch)
-        else:
-            batch.close()
+                        for done in await batch.wait(waits):
+                            worker, endpoint, started = calls.pop(done.token)
+                            if done.error == "stale":
+                                to_runner(worker)
+                                continue
+                            latency_ms = int((trio.current_time() - started) * 1000)
+                            on_outcome(worker, _outcome(worker, endpoint, request, latency_ms, timeout, done))
+        finally:
+            # Synchronous: connections still in flight are closed, never pooled. The batch goes
+            # back empty, so a cancelled fan-out leaves nothing in it for the next one.
+            if batches is not None and len(batches) < KEPT_BATCHES:
+                batch.release()
+                batches.append(batch)
+            else:
+                batch.close()
 
 
 # Idle batches kept for later fan-outs: one per fan-out running at once, up to this many.
