@@ -72,7 +72,7 @@ def gateway(children, tmp_path):
         # chose its port. Any other early exit fails with the gateway's own words.
         for attempt in range(3):
             chosen = port or free_port()
-            path = tmp_path / f"gateway-{chosen}-{attempt}.log"
+            path = tmp_path / f"gateway-{chosen}.log"
             log = open(path, "a")  # noqa: SIM115 - held by the child for its lifetime
             child = start_gateway(
                 ["--journal", journal, "--prometheus-port", str(free_port()), *args], port=chosen, log=log
