@@ -75,7 +75,7 @@ class RequestCycle:
                 early=not self.complete,
             )
             self.state = RESPONSE
-            self.framing = wire.NO_BODY if wire.suppress_body(self.method, int(status)) else head.framing
+            self.framing = head.framing
             self.remaining = head.length
             if head.close:
                 self.keep_alive = False

@@ -146,8 +146,8 @@ def response_head(
         tokens.add(b"close")
         items = [(raw, value) for raw, value in items if raw.lower() != b"connection"]
         items.extend((b"Connection", token) for token in sorted(tokens))
-    if head_request:
-        framing = NO_BODY
+    if head_request or 100 <= status < 200:
+        framing = NO_BODY  # hypercorn's rule: no body bytes for a HEAD or a 1xx (nor 204, 304)
     parts = [b"HTTP/1.1 %d \r\n" % status]
     parts.extend([b"%s: %s\r\n" % pair for pair in items])
     parts.append(b"\r\n")
@@ -167,11 +167,6 @@ LAST_CHUNK = b"0\r\n\r\n"
 
 def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
-
-
-def suppress_body(method: str, status: int) -> bool:
-    """hypercorn's rule: no body bytes for a HEAD, a 1xx, a 204 or a 304."""
-    return method == "HEAD" or 100 <= status < 200 or status in (204, 304)
 
 
 class AnswerFramingError(Exception):
