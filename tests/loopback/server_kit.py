@@ -41,3 +41,12 @@ async def start_server(nursery, app, *, grace: float = 5, keep_alive: float | No
         )
     )
     return sock.getsockname()[1], shutdown
+
+
+async def read_until_closed(stream) -> bytes:
+    """Everything the server sent until it closed the connection (fails if it never does)."""
+    received = b""
+    with trio.fail_after(10):
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+    return received

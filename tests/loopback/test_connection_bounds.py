@@ -17,6 +17,7 @@ from smgrl.core.config import Config, HealthConfig, RlConfig
 from smgrl.core.errors import ConfigError
 from smgrl.http.routes import stream as stream_api
 from smgrl.runtime.server import serve
+from tests.loopback.server_kit import read_until_closed
 
 SHORT = 0.3  # the bound under test
 LONG = 60.0  # a bound that must not be the one closing the connection
@@ -39,15 +40,6 @@ async def start(nursery, *, header: float, idle: float):
     )
     port = int(running.urls[0].rsplit(":", 1)[1])
     return port, shutdown
-
-
-async def closed_by_server(stream) -> bytes:
-    """Everything the server sent until it closed the connection (fails if it never does)."""
-    received = b""
-    with trio.fail_after(10):
-        while chunk := await stream.receive_some(65536):
-            received += chunk
-    return received
 
 
 async def answer(stream, request: bytes) -> bytes:
@@ -75,7 +67,7 @@ async def test_a_connection_without_a_complete_head_is_closed_silently_after_the
         port, shutdown = await start(nursery, header=SHORT, idle=LONG)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(sent)
-        assert await closed_by_server(stream) == b""  # closed, no answer (as SMG)
+        assert await read_until_closed(stream) == b""  # closed, no answer (as SMG)
         shutdown.set()
 
 
@@ -104,7 +96,7 @@ async def test_a_keep_alive_connection_is_closed_after_the_idle_bound_not_the_he
         port, shutdown = await start(nursery, header=LONG, idle=SHORT)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         assert (await answer(stream, HEALTH)).startswith(b"HTTP/1.1 200")
-        assert await closed_by_server(stream) == b""
+        assert await read_until_closed(stream) == b""
         shutdown.set()
 
 
@@ -115,9 +107,9 @@ async def test_the_next_head_on_a_keep_alive_connection_has_the_header_read_boun
         assert (await answer(stream, HEALTH)).startswith(b"HTTP/1.1 200")
         # Served and idle: the header bound no longer applies until bytes of a next head come.
         probe = await trio.open_tcp_stream("127.0.0.1", port)  # accepted after the answer
-        assert await closed_by_server(probe) == b""
+        assert await read_until_closed(probe) == b""
         await stream.send_all(b"GET /health HTTP/1.1\r\n")
-        assert await closed_by_server(stream) == b""
+        assert await read_until_closed(stream) == b""
         shutdown.set()
 
 
@@ -134,7 +126,7 @@ async def test_a_slow_but_progressing_body_is_not_cut_by_either_bound():
             probe = await trio.open_tcp_stream("127.0.0.1", port)
             if bound == "idle":
                 await answer(probe, HEALTH)
-            assert await closed_by_server(probe) == b""
+            assert await read_until_closed(probe) == b""
         status = await answer(stream, body[10:])
         assert status.startswith(b"HTTP/1.1 ")  # the gateway answered (no worker: an error answer)
         assert (await answer(stream, HEALTH)).startswith(b"HTTP/1.1 200")  # and kept the connection

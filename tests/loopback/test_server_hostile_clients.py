@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from smgrl.http.server import connection as smgrl_connection
-from tests.loopback.server_kit import lifespan, start_server
+from tests.loopback.server_kit import lifespan, read_until_closed, start_server
 
 HUGE = b"x" * (64 << 20)
 LARGE = b"y" * (8 << 20)
@@ -54,14 +54,6 @@ async def app(scope, receive, send):
 
 async def start(nursery, grace: float = 5):
     return await start_server(nursery, app, grace=grace)
-
-
-async def read_until_closed(stream) -> bytes:
-    out = b""
-    with trio.fail_after(10):
-        while chunk := await stream.receive_some(65536):
-            out += chunk
-    return out
 
 
 async def exchange(data: bytes) -> bytes:
