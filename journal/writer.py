@@ -65,6 +65,10 @@ from .errors import JournalClosedError, JournalConflict, JournalFullError, Journ
 __all__ = ["JournalWriter", "Pending"]
 
 
+def _as_append(item: tuple | Append) -> Append:
+    return item if type(item) is Append else Append(*item)
+
+
 class JournalWriter(Committing, Following):
     """Group-commit writer over a synchronous store (SqliteStore, PgStore, MemoryStore). See the module docstring.
 
@@ -198,13 +202,17 @@ class JournalWriter(Committing, Following):
         await batch.done.wait()
         return _result(batch, index)
 
-    async def append_many(self, items: Sequence[tuple[str, Event | UnknownEvent]]) -> list[Recorded]:
+    async def append_many(self, items: Sequence[tuple[str, Event | UnknownEvent] | Append]) -> list[Recorded]:
         """Append several events in ONE transaction (all or none), in order; wait until durable.
+
+        An item is ``(stream, event)`` or an ``Append`` built (and so encoded) earlier: a fan-out
+        builds each outcome's as the engine answers, while it waits for the others, so that its
+        final transaction does not encode them after the last answer.
 
         Cancellation as for ``append``. The group is never split across transactions, even when it
         is larger than ``max_batch``.
         """
-        appends = [Append(stream, event) for stream, event in items]
+        appends = [_as_append(item) for item in items]
         if not appends:
             await trio.lowlevel.checkpoint()
             return []
@@ -233,8 +241,9 @@ class JournalWriter(Committing, Following):
         group fails on a conflict: it is never batched with other appends. Cancellation as for
         ``append``.
         """
-        # An item may carry a third element, its secrets (as ``append(..., secrets=)``).
-        appends = [Append(*item) for item in items]
+        # An item may carry a third element, its secrets (as ``append(..., secrets=)``), or be an
+        # Append built earlier (as in ``append_many``).
+        appends = [_as_append(item) for item in items]
         if not appends:
             raise ValueError("append_if needs at least one event")
         await self._wait_for_room()

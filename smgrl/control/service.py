@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from journal import Expect, JournalConflict, JournalWriteError
+from journal import Append, Expect, JournalConflict, JournalWriteError
 from smgrl.control.batched import run_batched
 from smgrl.control.call import ControlRequest, call_worker
 from smgrl.control.outcome import Outcome, fanout_body
@@ -69,8 +69,14 @@ class _Op:
     op_id: str
     intent: object  # journal.Pending of control.started
     ctx: CallContext
-    records: list = attrs.Factory(list)  # control.outcome events, in arrival order
+    # control.outcome events, in arrival order, each already an Append (encoded as it arrived)
+    records: list[Append] = attrs.Factory(list)
     intent_failed: bool = False
+    stream: str = attrs.field(init=False)  # the operation's journal stream
+
+    @stream.default
+    def _stream(self) -> str:
+        return f"op:{self.op_id}"
 
 
 @attrs.frozen
@@ -253,10 +259,10 @@ class ControlService:
             await self._finish(op, "cancelled", 499, total, succeeded, started, quiet=True)
 
     async def _record_outcomes_only(self, op: _Op) -> None:
-        items = [(f"op:{op.op_id}", e) for e in op.records]
+        items = op.records
         op.records = []
         if op.ctx.audit is not None:
-            items.append(("audit", op.ctx.audit(499)))
+            items.append(Append("audit", op.ctx.audit(499)))
         if not items:
             return
         # Shielded and bounded like the cancelled record: the gateway is going down.
@@ -266,7 +272,7 @@ class ControlService:
             except JournalWriteError:
                 pass  # the interrupted record then names these targets as cut short
 
-    async def _append_fenced(self, op: _Op, items: list) -> bool:
+    async def _append_fenced(self, op: _Op, items: list[Append]) -> bool:
         """Append an operation's closing records; False (nothing of the operation written, the
         audit kept) when another process closed it already.
 
@@ -280,7 +286,7 @@ class ControlService:
         if not self.identity or position is None:  # a lone gateway: nobody else closes its operations
             await self.journal.append_many(items)
             return True
-        stream = f"op:{op.op_id}"
+        stream = op.stream
         closed = self.fleet.operations.open.get(op.op_id) is None
         if not closed:
             expect = Expect(
@@ -295,7 +301,7 @@ class ControlService:
             "operation closed by another gateway process meanwhile; its outcomes here are not recorded",
             extra={"fields": {"op_id": op.op_id}},
         )
-        rest = [(name, e) for name, e in items if name != stream]  # the request's audit
+        rest = [item for item in items if item.stream != stream]  # the request's audit
         if rest:
             await self.journal.append_many(rest)
         return False
@@ -337,23 +343,24 @@ class ControlService:
                 latency_ms=outcome.latency_ms,
             )
         err = outcome.error
-        # Held for the operation's final transaction (see the module docstring). Built now, in
-        # this task: an outcome that cannot be encoded fails here, not the whole final batch.
-        op.records.append(
-            ControlOutcome(
-                op_id=op.op_id,
-                worker_id=worker.id,
-                url=worker.url,
-                control_url=outcome.control_url,
-                status=outcome.status,
-                latency_ms=outcome.latency_ms,
-                error=err.code if err else None,
-                message=err.message if err else None,
-                excerpt=outcome.excerpt(),
-                body_truncated=outcome.body_truncated,
-                stage=outcome.stage,
-            )
+        # Held for the operation's final transaction (see the module docstring). Built and
+        # encoded now, in this task: an outcome that cannot be encoded fails here, not the whole
+        # final batch; and in a fan-out, the encoding is done while the gateway waits for the other
+        # engines, not after the last answer, where every microsecond adds to the fan-out's time.
+        event = ControlOutcome(
+            op_id=op.op_id,
+            worker_id=worker.id,
+            url=worker.url,
+            control_url=outcome.control_url,
+            status=outcome.status,
+            latency_ms=outcome.latency_ms,
+            error=err.code if err else None,
+            message=err.message if err else None,
+            excerpt=outcome.excerpt(),
+            body_truncated=outcome.body_truncated,
+            stage=outcome.stage,
         )
+        op.records.append(Append(op.stream, event))
 
     async def _start(
         self,
@@ -423,12 +430,11 @@ class ControlService:
             failed=total - succeeded,
             latency_ms=int((trio.current_time() - started) * 1000),
         )
-        stream = f"op:{op.op_id}"
-        items = [(stream, e) for e in op.records]
-        items.append((stream, finished))
+        items = op.records
+        items.append(Append(op.stream, finished))
         op.records = []  # a second _finish (cancelled during the first) must not repeat them
         if op.ctx.audit is not None:
-            items.append(("audit", op.ctx.audit(http_status)))
+            items.append(Append("audit", op.ctx.audit(http_status)))
         try:
             # Outcomes, finish and audit: one transaction, durable before the answer.
             return await self._append_fenced(op, items)

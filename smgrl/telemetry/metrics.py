@@ -11,10 +11,11 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
+
+from smgrl.telemetry.tallies import Spread, Tally
 
 # SMG exposes no ``*_created`` series; prometheus_client adds one per counter and histogram unless
 # told not to (a process-wide switch, hence at import).
@@ -49,11 +50,12 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.rl_enabled = rl_enabled
         r = self.registry
-        self.journal_appends = Counter(
-            "smgrl_journal_events_total", "Events appended to the journal, by type", ["type"], registry=r
+        # The families updated on every fan-out and commit are tallies (smgrl/telemetry/tallies.py):
+        # the same scrape, without prometheus_client's per-update cost.
+        self.journal_appends = Tally(
+            "smgrl_journal_events", "Events appended to the journal, by type", ["type"], registry=r
         )
-        self._appends_by_type = Children(self.journal_appends)
-        self.journal_transactions = Counter(
+        self.journal_transactions = Tally(
             "smgrl_journal_transactions", "Journal transactions committed (one per group commit)", registry=r
         )
         # Read from the journal writer at scrape time (Gateway.build sets the function).
@@ -71,23 +73,21 @@ class Metrics:
         )
         if not rl_enabled:
             return
-        self.control_calls = Counter(
+        self.control_calls = Tally(
             "smg_rl_control_calls",
             "RL control-plane calls proxied to engines, by operation and result",
             ["op", "result"],
             registry=r,
         )
-        self.control_duration = Histogram(
+        self.control_duration = Spread(
             "smg_rl_control_call_duration_seconds",
             "Latency of one proxied RL control call, by operation",
             ["op"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self._calls = Children(self.control_calls)
-        self._call_durations = Children(self.control_duration)
-        self.fanouts = Counter("smg_rl_fanout", "RL fan-out requests, by result", ["result"], registry=r)
-        self.fanout_duration = Histogram(
+        self.fanouts = Tally("smg_rl_fanout", "RL fan-out requests, by result", ["result"], registry=r)
+        self.fanout_duration = Spread(
             "smg_rl_fanout_duration_seconds",
             "Wall time of one RL fan-out request",
             buckets=DURATION_BUCKETS,
@@ -95,12 +95,12 @@ class Metrics:
         )
 
     def control_call(self, op: str, result: str, seconds: float) -> None:
-        self._calls(op, result).inc()
-        self._call_durations(op).observe(seconds)
+        self.control_calls.inc((op, result))
+        self.control_duration.observe((op,), seconds)
 
     def fanout(self, result: str, seconds: float) -> None:
-        self.fanouts.labels(result=result).inc()
-        self.fanout_duration.observe(seconds)
+        self.fanouts.inc((result,))
+        self.fanout_duration.observe((), seconds)
 
     def journaled(self, records) -> None:
         """Count committed events by type (called with each committed batch: one transaction)."""
@@ -112,7 +112,7 @@ class Metrics:
             kind = getattr(rec.event, "TYPE", "unknown")
             by_type[kind] = by_type.get(kind, 0) + 1
         for kind, n in by_type.items():
-            self._appends_by_type(kind).inc(n)
+            self.journal_appends.inc((kind,), n)
 
     def render(self, registry_state=None) -> bytes:
         if registry_state is not None:
