@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -65,8 +66,11 @@ from .errors import JournalClosedError, JournalConflict, JournalFullError, Journ
 __all__ = ["JournalWriter", "Pending"]
 
 
-def _as_append(item: tuple | Append) -> Append:
-    return item if type(item) is Append else Append(*item)
+def _as_append(item: tuple[Any, ...] | Append) -> Append:
+    """An item of ``append_many`` / ``append_if``: ``(stream, event[, secrets])`` or a built Append."""
+    if isinstance(item, Append):
+        return item
+    return Append(*item)
 
 
 class JournalWriter(Committing, Following):

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from smgrl.core import parse_u64
-from smgrl.telemetry.metrics import DURATION_BUCKETS, Children
+from smgrl.telemetry.metrics import DURATION_BUCKETS
+from smgrl.telemetry.tallies import Spread, Tally
 
 CONTROL_CODES = {"active": 0, "paused": 1, "asleep": 2, "unknown": 3}
 
@@ -95,22 +96,21 @@ class DataPlaneMetrics:
     def __init__(self, registry, *, rl_enabled: bool, dataplane) -> None:
         r = registry
         self.rl_enabled = rl_enabled
-        self.requests = Counter(
+        # Updated on every rollout answer: tallies (smgrl/telemetry/tallies.py), as the fan-out's.
+        self.requests = Tally(
             "smgrl_dataplane_requests",
             "Rollout requests answered, by route and status",
             ["route", "status"],
             registry=r,
         )
         # Declarations shaped like smgrl/telemetry/metrics.py's: each names its own series, nothing to share.
-        self.duration = Histogram(
+        self.duration = Spread(
             "smgrl_dataplane_request_duration_seconds",
             "Wall time of one rollout request, streamed body included",
             ["route"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self._requests = Children(self.requests)
-        self._durations = Children(self.duration)
         self.retries = Counter(
             "smgrl_dataplane_retries", "Rollout attempts retried before the first byte", registry=r
         )
@@ -152,8 +152,8 @@ class DataPlaneMetrics:
     # -- hooks (cheap no-ops when RL is off) ---------------------------------------------------
 
     def answered(self, route: str, status: int, seconds: float) -> None:
-        self._requests(route, str(status)).inc()
-        self._durations(route).observe(seconds)
+        self.requests.inc((route, str(status)))
+        self.duration.observe((route,), seconds)
 
     def held_out(self, reasons: Mapping[str, int]) -> None:
         if self.rl_enabled:

@@ -27,24 +27,6 @@ DURATION_BUCKETS = (
 )  # fmt: skip
 
 
-class Children:
-    """The labelled children of one metric, each looked up once per label values: on the hot
-    paths (one call per engine of a fan-out, one per journaled event, one per rollout answer)
-    ``labels()`` cost more than the increment itself. Bounded as the metric's own labels are."""
-
-    __slots__ = ("_cache", "_metric")
-
-    def __init__(self, metric) -> None:
-        self._metric = metric
-        self._cache: dict[tuple[str, ...], object] = {}
-
-    def __call__(self, *values: str):
-        child = self._cache.get(values)
-        if child is None:
-            child = self._cache[values] = self._metric.labels(*values)
-        return child
-
-
 class Metrics:
     def __init__(self, *, rl_enabled: bool) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
