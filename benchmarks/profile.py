@@ -57,6 +57,7 @@ BUCKETS = [
     ("smgrl state/projections", "smgrl/state/"),
     ("smgrl logs", "smgrl/telemetry/logs.py"),
     ("smgrl metrics", "smgrl/telemetry/metrics.py"),
+    ("smgrl metrics", "smgrl/telemetry/tallies.py"),
     ("journal", "journal/"),
     ("h11", "h11/"),
     ("hypercorn", "hypercorn/"),
