@@ -3,6 +3,7 @@ own ``Counter`` and ``Histogram`` do after the same updates, byte for byte."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -70,7 +71,5 @@ def test_unlabelled_ones_scrape_as_prometheus_client_from_the_start(values):
 
 
 def test_buckets_out_of_order_are_refused():
-    import pytest
-
     with pytest.raises(ValueError, match="increasing"):
         Spread("x_seconds", "x", buckets=(1, 0.5), registry=CollectorRegistry())
