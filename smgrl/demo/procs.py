@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -33,6 +34,8 @@ class Child:
     name: str
     # Fake engines serving gRPC (``--grpc``): each engine's HTTP control URL, beside its gRPC URL.
     control_urls: list[str] = attrs.Factory(list)
+    # Where the child's output goes, when it was started with a log of its own.
+    log_path: pathlib.Path | None = None
 
     @property
     def pid(self) -> int:
@@ -85,6 +88,45 @@ def start_gateway(args: Sequence[str], *, port: int, env: dict | None = None, lo
         env={**os.environ, **(env or {})},
     )
     return Child(proc, "smgrl")
+
+
+def launch_gateway(
+    args: Sequence[str],
+    *,
+    log_dir: pathlib.Path,
+    env: dict | None = None,
+    port: int | None = None,
+    attempts: int = 3,
+) -> tuple[Child, int]:
+    """Start a gateway and wait until it answers; return it and its port.
+
+    A port ``free_port()`` saw free can be taken before the gateway binds it (a test suite opens
+    loopback connections by the thousand, each on an ephemeral port). A gateway that says it
+    cannot listen is started again on fresh ports, up to ``attempts`` times, unless the caller
+    chose its port. The gateway's output goes to ``log_dir/gateway-<port>.log``
+    (``Child.log_path``); ``--prometheus-port`` gets a free port unless ``args`` name one. Any
+    other early exit raises with the gateway's own last words.
+    """
+    for attempt in range(attempts):
+        chosen = port or free_port()
+        metrics = [] if "--prometheus-port" in args else ["--prometheus-port", str(free_port())]
+        argv = [*args, *metrics]
+        path = log_dir / f"gateway-{chosen}.log"
+        log = open(path, "a")  # noqa: SIM115 - held by the child for its lifetime
+        child = start_gateway(argv, port=chosen, env=env, log=log)
+        child.log_path = path
+        try:
+            wait_listening(f"http://127.0.0.1:{chosen}", child=child)
+        except RuntimeError as exc:
+            said = path.read_text(errors="replace")
+            if "cannot listen on" in said and port is None and attempt < attempts - 1:
+                continue
+            raise RuntimeError(f"{exc}; the gateway said: {said[-2000:]}") from None
+        except BaseException:
+            child.kill()  # it may still be starting: it is ours to end
+            raise
+        return child, chosen
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def wait_for_workers(

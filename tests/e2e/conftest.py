@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from smgrl.demo.procs import free_port, start_fake_engines, start_gateway, wait_listening
+from smgrl.demo.procs import launch_gateway, start_fake_engines
 
 pytestmark = pytest.mark.e2e  # (a conftest's pytestmark marks nothing: the hook below does)
 
@@ -64,29 +64,11 @@ def fakes(children):
 
 @pytest.fixture
 def gateway(children, tmp_path):
-    def start(*args, journal=None, port=None):
+    def start(*args, journal=None, port=None, env=None):
         journal = journal or str(tmp_path / "journal.db")
-        # A port free_port() saw free can be taken before the gateway binds it (the suite opens
-        # loopback connections by the thousand, each on an ephemeral port): a gateway that says
-        # it cannot listen is started again on fresh ports, up to three times, unless the test
-        # chose its port. Any other early exit fails with the gateway's own words.
-        for attempt in range(3):
-            chosen = port or free_port()
-            path = tmp_path / f"gateway-{chosen}.log"
-            log = open(path, "a")  # noqa: SIM115 - held by the child for its lifetime
-            child = start_gateway(
-                ["--journal", journal, "--prometheus-port", str(free_port()), *args], port=chosen, log=log
-            )
-            children.append(child)
-            try:
-                wait_listening(f"http://127.0.0.1:{chosen}", child=child)
-            except RuntimeError as exc:
-                said = path.read_text(errors="replace")
-                if "cannot listen on" in said and port is None and attempt < 2:
-                    continue
-                raise RuntimeError(f"{exc}; the gateway said: {said[-2000:]}") from None
-            return child, Http(f"http://127.0.0.1:{chosen}"), chosen
-        raise AssertionError("unreachable")
+        child, chosen = launch_gateway(["--journal", journal, *args], log_dir=tmp_path, env=env, port=port)
+        children.append(child)
+        return child, Http(f"http://127.0.0.1:{chosen}"), chosen
 
     return start
 

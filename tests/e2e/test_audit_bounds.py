@@ -15,7 +15,7 @@ import sqlite3
 
 import trio
 
-from smgrl.demo.procs import wait_listening
+from smgrl.demo.procs import launch_gateway
 
 KEY = "admin-key-0123456789"
 CONNECTIONS = 8
@@ -85,27 +85,13 @@ async def _send(port: int, total: int) -> dict[int, int]:
 
 
 def test_unauthenticated_requests_with_long_paths_do_not_grow_the_journal_or_memory(children, tmp_path):
-    from smgrl.demo.procs import free_port, start_gateway
 
     journal = str(tmp_path / "journal.db")
-    port = free_port()
-    log = open(tmp_path / "gateway.log", "w")  # noqa: SIM115 - held by the child for its lifetime
-    child = start_gateway(
-        [
-            "--enable-rl",
-            "--disable-health-check",
-            "--control-plane-api-keys",
-            f"adm:admin:admin:{KEY}",
-            "--journal",
-            journal,
-            "--prometheus-port",
-            str(free_port()),
-        ],
-        port=port,
-        log=log,
+    keys = ["--control-plane-api-keys", f"adm:admin:admin:{KEY}"]
+    child, port = launch_gateway(
+        ["--enable-rl", "--disable-health-check", *keys, "--journal", journal], log_dir=tmp_path
     )
     children.append(child)
-    wait_listening(f"http://127.0.0.1:{port}", child=child)
     pid = child.proc.pid
 
     assert trio.run(_send, port, WARMUP) == {401: WARMUP}
@@ -141,8 +127,7 @@ def test_unauthenticated_requests_with_long_paths_do_not_grow_the_journal_or_mem
     )
     assert denied == WARMUP + REQUESTS
     # ... and each one has its audit log line, the path cut.
-    log.close()
-    text = (tmp_path / "gateway.log").read_text()
+    text = child.log_path.read_text()
     lines = [line for line in text.splitlines() if "control_plane_audit" in line]
     assert len(lines) == WARMUP + REQUESTS
     assert max(len(line) for line in lines) < 2_000

@@ -28,7 +28,6 @@ import attrs
 import pytest
 
 from journal import SqliteStore
-from smgrl.demo.procs import free_port, start_gateway, wait_listening
 from smgrl.history.replay import restore
 
 pytestmark = pytest.mark.e2e
@@ -145,22 +144,19 @@ def journal_state(path: str) -> dict:
     return {"ops": ops, "registered": registered, "removed": removed, "registry": registry}
 
 
-def test_sigkill_at_random_points_loses_nothing_answered(fakes, children, tmp_path):
+def test_sigkill_at_random_points_loses_nothing_answered(fakes, gateway, tmp_path):
     rng = random.Random(SEED)
     urls = fakes("sglang", ENGINES, "--latency-ms", "15")
     journal = str(tmp_path / "crash.db")
     env = {"SMGRL_SNAPSHOT_EVERY": "40"}
-    args = ["--enable-rl", "--disable-health-check", "--rl-fanout-concurrency", "2", "--journal", journal]
+    args = ["--enable-rl", "--disable-health-check", "--rl-fanout-concurrency", "2"]
     seen = Seen()
     interrupted_total = 0
     before_kill: dict | None = None
     for round_no in range(ROUNDS + 1):
-        port = free_port()
-        log = open(tmp_path / f"gateway-{round_no}.log", "w")  # noqa: SIM115 - closed with the test
-        gw = start_gateway([*args, "--prometheus-port", str(free_port())], port=port, env=env, log=log)
-        children.append(gw)
+        # A fresh port each round, retried if another test takes it first (the fixture's start).
+        gw, _, port = gateway(*args, journal=journal, env=env)
         http = Http(f"http://127.0.0.1:{port}")
-        wait_listening(http.base, child=gw)
 
         if before_kill is not None:
             after = journal_state(journal)
@@ -195,7 +191,6 @@ def test_sigkill_at_random_points_loses_nothing_answered(fakes, children, tmp_pa
         stop.set()
         client.join(timeout=30)
         assert not client.is_alive()
-        log.close()
 
         before_kill = journal_state(journal)
         # Every answer the client received is in the journal.

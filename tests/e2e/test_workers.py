@@ -28,7 +28,7 @@ import pytest
 
 import smgrl.events  # noqa: F401 - registers the event catalogue: the journal is read below
 from journal import SqliteStore
-from smgrl.demo.procs import free_port, start_gateway, wait_listening
+from smgrl.demo.procs import free_port, launch_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -75,18 +75,15 @@ def ready_per_worker(text: str) -> dict[str, float]:
 
 
 def start_supervisor(children, tmp_path, journal: str, *args, env=None):
-    port, mport = free_port(), free_port()
-    log_path = tmp_path / f"supervisor-{port}.log"
-    log = open(log_path, "w")  # noqa: SIM115 - held by the child for its lifetime
-    child = start_gateway(
+    mport = free_port()
+    child, port = launch_gateway(
         ["--workers", "2", "--journal", journal, "--prometheus-port", str(mport), *args],
-        port=port,
-        log=log,
+        log_dir=tmp_path,
         env=env,
     )
     children.append(child)
+    log_path = child.log_path
     base = f"http://127.0.0.1:{port}"
-    wait_listening(base, child=child)
     line = wait_until(
         "the supervisor's listening line",
         lambda: next(

@@ -22,7 +22,7 @@ import pytest
 from test_workers import _ignore_errors, request, wait_until
 
 from journal.postgres import PgStore
-from smgrl.demo.procs import free_port, start_gateway, wait_listening
+from smgrl.demo.procs import launch_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -51,15 +51,10 @@ def pg_url():
 
 
 def start(children, tmp_path, url: str, *args):
-    port = free_port()
-    log = open(tmp_path / f"gateway-{port}.log", "w")  # noqa: SIM115 - held by the child for its lifetime
     # The URL (with its password) in the environment, not on the command line.
-    child = start_gateway(
-        ["--prometheus-port", str(free_port()), *args], port=port, env={"SMGRL_JOURNAL": url}, log=log
-    )
+    child, port = launch_gateway(args, log_dir=tmp_path, env={"SMGRL_JOURNAL": url})
     children.append(child)
     base = f"http://127.0.0.1:{port}"
-    wait_listening(base, child=child)
     return child, base
 
 

@@ -15,7 +15,7 @@ import attrs
 import httpx
 import pytest
 
-from smgrl.demo.procs import Child, free_port, start_fake_engines, start_gateway, wait_listening
+from smgrl.demo.procs import Child, launch_gateway, start_fake_engines
 
 MODEL = "/ckpt/psrl-policy"  # PSRL registers the model path it loaded, not the engine's served name
 
@@ -73,24 +73,12 @@ class Fleet:
 
 def start_fleet(tmp: pathlib.Path, kind: str, count: int, engine_args=(), gateway_args=()) -> Fleet:
     engines, urls = start_fake_engines(kind, count, list(engine_args))
-    port = free_port()
-    log = open(tmp / "gateway.log", "a")  # noqa: SIM115 - held by the child for its lifetime
     try:
-        gw = start_gateway(
-            [
-                "--journal",
-                str(tmp / "journal.db"),
-                "--prometheus-port",
-                str(free_port()),
-                "--enable-rl",
-                "--disable-health-check",
-                *gateway_args,
-            ],
-            port=port,
-            log=log,
+        gw, port = launch_gateway(
+            ["--journal", str(tmp / "journal.db"), "--enable-rl", "--disable-health-check", *gateway_args],
+            log_dir=tmp,
         )
         base = f"http://127.0.0.1:{port}"
-        wait_listening(base, child=gw)
     except BaseException:
         engines.stop()
         raise
