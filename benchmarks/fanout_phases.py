@@ -206,7 +206,9 @@ def main() -> None:
         with open(out) as f:
             rows = json.load(f)
         journal = args.journal or "a SQLite file"
-        print(f"{args.engines} engines, {args.fanouts} sequential fan-outs, journal {journal}; load {os.getloadavg()}")
+        print(
+            f"{args.engines} engines, {args.fanouts} sequential fan-outs, journal {journal}; load {os.getloadavg()}"
+        )
         print(summarise(rows[-args.fanouts :], client_ms))
 
 
