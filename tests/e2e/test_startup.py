@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from smgrl.demo.procs import free_port, start_gateway, wait_for_workers, wait_listening
+from smgrl.demo.procs import free_port, launch_gateway, start_gateway, wait_for_workers, wait_listening
 
 LAUNCH_TIMEOUT = 60
 
@@ -241,21 +241,11 @@ def test_prometheus_port_0_picks_a_free_port_and_logs_it(children, tmp_path):
 def test_second_ctrl_c_while_an_engine_call_hangs_ends_quietly(fakes, children, tmp_path):
     urls = fakes("sglang", 1)
     journal = str(tmp_path / "j.db")
-    log_path = tmp_path / "gw.log"
-    port = free_port()
-    args = [
-        "--enable-rl",
-        "--disable-health-check",
-        "--journal",
-        journal,
-        "--prometheus-port",
-        str(free_port()),
-    ]
-    with open(log_path, "w") as log:
-        gw = start_gateway([*args, "--worker-urls", urls[0]], port=port, log=log)
+    args = ["--enable-rl", "--disable-health-check", "--journal", journal, "--worker-urls", urls[0]]
+    gw, port = launch_gateway(args, log_dir=tmp_path)
     children.append(gw)
+    log_path = gw.log_path
     base = f"http://127.0.0.1:{port}"
-    wait_listening(base, child=gw)
     worker_id = wait_for_workers(base, 1, child=gw)[0]["id"]
     knobs = urllib.request.Request(
         urls[0] + "/_fake/knobs",
