@@ -120,6 +120,7 @@ def launch_gateway(
         except RuntimeError as exc:
             said = path.read_text(errors="replace")
             if "cannot listen on" in said and port is None and attempt < attempts - 1:
+                log.close()  # that gateway has exited: its log is complete
                 continue
             raise RuntimeError(f"{exc}; the gateway said: {said[-2000:]}") from None
         except BaseException:

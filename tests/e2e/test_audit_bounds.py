@@ -85,7 +85,6 @@ async def _send(port: int, total: int) -> dict[int, int]:
 
 
 def test_unauthenticated_requests_with_long_paths_do_not_grow_the_journal_or_memory(children, tmp_path):
-
     journal = str(tmp_path / "journal.db")
     keys = ["--control-plane-api-keys", f"adm:admin:admin:{KEY}"]
     child, port = launch_gateway(
