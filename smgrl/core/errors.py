@@ -54,7 +54,8 @@ OpenAI-style codes (``x-smg-error-code``)::
     │       │                                                         not all within --dataplane-body-timeout-secs
     │       └── (smgrl/sessions/errors.py) session_not_found 404 · session_gone 410 · session_closing 409 ·
     │                                   too_many_sessions 429 · sessions_disabled 503 · invalid_turn 400 ·
-    │                                   chat_template_error · engine_answer_invalid · turn_aborted (sessions.md)
+    │                                   chat_template_error · engine_refused 400 · engine_answer_invalid ·
+    │                                   turn_aborted (sessions.md)
     └── WorkerApiError              body ``{"error": message, "code": CODE}`` (the /workers surface)
             BAD_REQUEST 400 · WORKER_NOT_FOUND 404 · WORKER_ALREADY_EXISTS 409
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from smgrl.core.errors import ConfigError
 from smgrl.sessions.errors import (
     EngineAnswerInvalid,
+    EngineRefused,
     InvalidTurn,
     SessionBudgetExceeded,
     SessionClosing,
@@ -23,6 +24,7 @@ from smgrl.sessions.state import owner_of
 
 __all__ = [
     "EngineAnswerInvalid",
+    "EngineRefused",
     "InvalidTurn",
     "SessionBudgetExceeded",
     "SessionClosing",

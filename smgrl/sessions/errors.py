@@ -9,7 +9,11 @@
     SessionsDisabled     sessions_disabled       503  no --tokenizer-path
     InvalidTurn          invalid_turn            400  messages missing/not a list, bad trajectory id
     TemplateRefused      chat_template_error     400  the chat template refused the conversation
-    EngineAnswerInvalid  engine_answer_invalid   502  the engine's token-in answer has the wrong shape
+    EngineRefused        engine_refused          400  the engine refused the turn as asked (it answered
+                                                      400 or 422: a completion longer than its context,
+                                                      say); its message is relayed, nothing captured
+    EngineAnswerInvalid  engine_answer_invalid   502  the engine's token-in answer has the wrong shape,
+                                                      or another non-2xx status
     TurnAborted          turn_aborted            503  retryable: the engine aborted the generation
                                                       (a weight sync); nothing was captured
     SessionJournalUnavailable journal_unavailable 503  retryable: the journal cannot record the new
@@ -70,6 +74,11 @@ class InvalidTurn(DataPlaneError):
 
 class TemplateRefused(DataPlaneError):
     code = "chat_template_error"
+    status = 400
+
+
+class EngineRefused(DataPlaneError):
+    code = "engine_refused"
     status = 400
 
 

@@ -53,6 +53,8 @@ log = logging.getLogger("smgrl.sessions")
 # renders: messages, tools, template kwargs) is checked, rendered and tokenized in a worker thread.
 THREAD_CHARS = 16_384
 DEFAULT_MAX_TOKENS = 2048
+# An engine's answers that refuse the request as asked (answered 400 engine_refused, not 502).
+ENGINE_REFUSALS = frozenset({400, 422})
 # What one session may make the gateway hold (docs/sessions.md, "Bounds"): each default header a
 # session stores (and journals in session.created), the token ids of its captured trajectories,
 # and how long it may sit idle before it is ended (session.ended, reason ``idle``).
@@ -651,9 +653,13 @@ class SessionService:
                     seq = dispatched.seq
                 if not 200 <= status < 300:
                     outcome = "failed"
-                    raise errors.EngineAnswerInvalid(
-                        f"the engine answered {status}: {data[:200].decode('utf-8', 'replace')}"
-                    )
+                    said = f"the engine answered {status}: {data[:200].decode('utf-8', 'replace')}"
+                    # 400 and 422 are the engine refusing what the turn asked for (SGLang and vLLM
+                    # refuse a completion longer than the context so): the caller's to change, not
+                    # a fault of the engine or the gateway.
+                    if status in ENGINE_REFUSALS:
+                        raise errors.EngineRefused(said)
+                    raise errors.EngineAnswerInvalid(said)
                 try:
                     gen = eng.parse(kinds["kind"], data)
                 except eng.EngineAnswerError as e:

@@ -93,3 +93,22 @@ def test_no_session_turn_body_gets_a_gateway_5xx(live, body, through_header):
         sid = live.post("/sessions").json()["session_id"]
         r = live.post(f"/sessions/{sid}/v1/chat/completions", content=data, headers=head)
     assert r.status_code < 500, (r.status_code, r.text[:500], data[:500])
+
+
+@pytest.mark.parametrize("through_header", [False, True])
+def test_a_completion_longer_than_the_engines_context_is_the_callers_400(live, through_header):
+    """The engine refuses it (SGLang's 400 with its own words): relayed as engine_refused, not
+    blamed on the engine with a 502. Found by the property above."""
+    data = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40954}).encode()
+    head = {"content-type": "application/json"}
+    if through_header:
+        head["x-smg-tito-session-id"] = "long-" + uuid.uuid4().hex
+        r = live.post("/v1/chat/completions", content=data, headers=head)
+    else:
+        sid = live.post("/sessions").json()["session_id"]
+        r = live.post(f"/sessions/{sid}/v1/chat/completions", content=data, headers=head)
+    assert r.status_code == 400, r.text
+    assert r.headers["x-smg-error-code"] == "engine_refused"
+    error = r.json()["error"]
+    assert error["code"] == "engine_refused"
+    assert "the engine answered 400" in error["message"] and "context length" in error["message"]

@@ -49,6 +49,7 @@ from smgrl.http.openapi.schemas import (
 )
 from smgrl.sessions import (
     EngineAnswerInvalid,
+    EngineRefused,
     InvalidTurn,
     SessionBudgetExceeded,
     SessionClosing,
@@ -568,10 +569,13 @@ _TURN = {
     "400": _error(
         "invalid_turn (the body refused as the OpenAI chat route refuses it, a message field of the wrong "
         "type, bad x-smg-tito-trajectory-id), chat_template_error (the template refused the conversation) or "
-        "session_budget_exceeded (the session's captured trajectories reached --session-max-stored-tokens).",
+        "session_budget_exceeded (the session's captured trajectories reached --session-max-stored-tokens) or "
+        "engine_refused (the engine refused the turn as asked, e.g. a completion longer than its context; "
+        "its message is relayed).",
         InvalidTurn,
         TemplateRefused,
         SessionBudgetExceeded,
+        EngineRefused,
     ),
     **_GONE,
     "409": _error("session_closing: DELETE is draining the session.", SessionClosing),
