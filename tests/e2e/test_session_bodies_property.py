@@ -81,17 +81,22 @@ def live(fakes, gateway, tmp_path):
         yield client
 
 
+def turn(live: httpx.Client, data: bytes, through_header: bool) -> httpx.Response:
+    """One session turn with body ``data``: in a session opened for it, or through the session
+    header on the plain chat route."""
+    head = {"content-type": "application/json"}
+    if through_header:
+        head["x-smg-tito-session-id"] = "turn-" + uuid.uuid4().hex
+        return live.post("/v1/chat/completions", content=data, headers=head)
+    sid = live.post("/sessions").json()["session_id"]
+    return live.post(f"/sessions/{sid}/v1/chat/completions", content=data, headers=head)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=BODY, through_header=st.booleans())
 def test_no_session_turn_body_gets_a_gateway_5xx(live, body, through_header):
     data = json.dumps(body).encode()
-    head = {"content-type": "application/json"}
-    if through_header:
-        head["x-smg-tito-session-id"] = "prop-" + uuid.uuid4().hex
-        r = live.post("/v1/chat/completions", content=data, headers=head)
-    else:
-        sid = live.post("/sessions").json()["session_id"]
-        r = live.post(f"/sessions/{sid}/v1/chat/completions", content=data, headers=head)
+    r = turn(live, data, through_header)
     assert r.status_code < 500, (r.status_code, r.text[:500], data[:500])
 
 
@@ -100,13 +105,7 @@ def test_a_completion_longer_than_the_engines_context_is_the_callers_400(live, t
     """The engine refuses it (SGLang's 400 with its own words): relayed as engine_refused, not
     blamed on the engine with a 502. Found by the property above."""
     data = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40954}).encode()
-    head = {"content-type": "application/json"}
-    if through_header:
-        head["x-smg-tito-session-id"] = "long-" + uuid.uuid4().hex
-        r = live.post("/v1/chat/completions", content=data, headers=head)
-    else:
-        sid = live.post("/sessions").json()["session_id"]
-        r = live.post(f"/sessions/{sid}/v1/chat/completions", content=data, headers=head)
+    r = turn(live, data, through_header)
     assert r.status_code == 400, r.text
     assert r.headers["x-smg-error-code"] == "engine_refused"
     error = r.json()["error"]
